@@ -218,12 +218,26 @@ mod tests {
     #[test]
     fn lsn_parse_accepts_padded_and_lower_case() {
         assert_eq!("0/01000000".parse::<Lsn>().unwrap(), Lsn(0x0100_0000));
-        assert_eq!("00000001/0000abcd".parse::<Lsn>().unwrap(), Lsn(0x1_0000_abcd));
+        assert_eq!(
+            "00000001/0000abcd".parse::<Lsn>().unwrap(),
+            Lsn(0x1_0000_abcd)
+        );
     }
 
     #[test]
     fn lsn_parse_rejects_malformed() {
-        for bad in ["", "0", "/1", "1/", "0/1/2", "g/1", "0/123456789", " 0/1", "-1/0", "+1/0"] {
+        for bad in [
+            "",
+            "0",
+            "/1",
+            "1/",
+            "0/1/2",
+            "g/1",
+            "0/123456789",
+            " 0/1",
+            "-1/0",
+            "+1/0",
+        ] {
             assert!(bad.parse::<Lsn>().is_err(), "{bad:?} parsed");
         }
     }
@@ -251,9 +265,18 @@ mod tests {
     #[test]
     fn json_forms() {
         let id = SystemId(7_000_000_000_000_000_001);
-        assert_eq!(serde_json::to_string(&id).unwrap(), "\"7000000000000000001\"");
-        assert_eq!(serde_json::from_str::<SystemId>("\"42\"").unwrap(), SystemId(42));
-        assert_eq!(serde_json::to_string(&Lsn(0x1_0000_0060)).unwrap(), "\"1/60\"");
+        assert_eq!(
+            serde_json::to_string(&id).unwrap(),
+            "\"7000000000000000001\""
+        );
+        assert_eq!(
+            serde_json::from_str::<SystemId>("\"42\"").unwrap(),
+            SystemId(42)
+        );
+        assert_eq!(
+            serde_json::to_string(&Lsn(0x1_0000_0060)).unwrap(),
+            "\"1/60\""
+        );
         assert!(serde_json::from_str::<Lsn>("\"zz\"").is_err());
     }
 

@@ -1,2 +1,6 @@
-//! walsender-actor: one actix actor per replication connection, serving WAL to a standby
-//! or pg_receivewal. Empty until the walsender issue fills it; nothing here works yet.
+//! walsender-actor: one actix actor per replication connection, serving WAL to a standby or
+//! pg_receivewal. Being built under the walsender issue; what exists so far are the plain parts
+//! the actor will wrap: access rules ([`hba`]) and lag measurement ([`lag`]).
+
+pub mod hba;
+pub mod lag;

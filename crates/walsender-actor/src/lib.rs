@@ -4,3 +4,4 @@
 
 pub mod hba;
 pub mod lag;
+pub mod writer;

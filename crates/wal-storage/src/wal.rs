@@ -974,6 +974,13 @@ impl Wal {
         })
     }
 
+    /// Removes the segments no slot and no `wal_keep_size` needs, invalidating slots beyond
+    /// `max_slot_wal_keep_size`. It runs by itself at every segment switch; call it to apply a
+    /// change at once (after dropping or advancing a slot, say).
+    pub fn run_retention(&self) -> Result<()> {
+        writer::retain(&self.inner)
+    }
+
     /// Moves a slot's restart point (on a standby's flush feedback). Persisted in the
     /// background when it enters a new segment, and at a clean stop; after a crash the slot may
     /// be a little behind, which only retains more.

@@ -848,12 +848,20 @@ fn preallocate(inner: &Inner, tli: TimelineId, segno: u64) -> Result<File> {
 }
 
 /// Removes segments nobody needs and invalidates slots that hold too much.
-fn retain(inner: &Inner) -> Result<()> {
+pub(crate) fn retain(inner: &Inner) -> Result<()> {
     let seg = inner.cfg.segment_size;
-    let flushed = inner.state().flushed;
+    let (flushed, wal_start) = {
+        let st = inner.state();
+        (st.flushed, st.wal_start)
+    };
+    // The segment holding the last durable byte stays even when the flushed end sits exactly
+    // on a segment boundary: recovery reads it.
+    let last_byte_seg = Lsn(flushed.0.saturating_sub(1))
+        .max(wal_start)
+        .segment_number(seg);
     let keep = {
         let mut slots = inner.slots();
-        let keep = keep_segno(flushed, slots.min_restart_lsn(), &inner.cfg);
+        let keep = keep_segno(flushed, slots.min_restart_lsn(), &inner.cfg).min(last_byte_seg);
         let cutoff = Lsn(keep * seg);
         let doomed: Vec<String> = slots
             .slots

@@ -1,0 +1,128 @@
+//! Every file operation that can fail at run time goes through [`Io`], so that fsync can be
+//! turned off for throwaway directories, fsyncs can be counted (the benches and the group-commit
+//! test prove batching with the count), and, under the `failpoints` feature, faults can be
+//! injected at named points.
+//!
+//! Fail points are per [`Wal`](crate::Wal) instance, not global, so tests that run in parallel in
+//! one process do not disturb each other. The names:
+//!
+//! - `wal_storage::write::err`: writing WAL bytes into a segment file.
+//! - `wal_storage::fsync::err`: fdatasync of a segment file.
+//! - `wal_storage::pointer::err`: writing the flush pointer.
+//! - `wal_storage::prealloc::err`: zero-filling a new segment file.
+//! - `wal_storage::atomic::err`: writing a control, slot or history file.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub const FP_WRITE: &str = "wal_storage::write::err";
+pub const FP_FSYNC: &str = "wal_storage::fsync::err";
+pub const FP_POINTER: &str = "wal_storage::pointer::err";
+pub const FP_PREALLOC: &str = "wal_storage::prealloc::err";
+pub const FP_ATOMIC: &str = "wal_storage::atomic::err";
+
+#[derive(Debug, Default)]
+pub(crate) struct Io {
+    pub(crate) fsync: bool,
+    fsyncs: AtomicU64,
+    #[cfg(feature = "failpoints")]
+    pub(crate) failpoints: Failpoints,
+}
+
+impl Io {
+    pub(crate) fn new(fsync: bool) -> Io {
+        Io {
+            fsync,
+            ..Io::default()
+        }
+    }
+
+    pub(crate) fn fsync_count(&self) -> u64 {
+        self.fsyncs.load(Ordering::Relaxed)
+    }
+
+    #[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
+    pub(crate) fn check(&self, point: &'static str) -> io::Result<()> {
+        #[cfg(feature = "failpoints")]
+        self.failpoints.check(point)?;
+        Ok(())
+    }
+
+    pub(crate) fn pwrite_all(
+        &self,
+        f: &File,
+        buf: &[u8],
+        offset: u64,
+        point: &'static str,
+    ) -> io::Result<()> {
+        self.check(point)?;
+        f.write_all_at(buf, offset)
+    }
+
+    /// fdatasync: the file's data and the metadata needed to read it back.
+    pub(crate) fn sync_data(&self, f: &File, point: &'static str) -> io::Result<()> {
+        self.check(point)?;
+        if self.fsync {
+            self.fsyncs.fetch_add(1, Ordering::Relaxed);
+            f.sync_data()?;
+        }
+        Ok(())
+    }
+
+    /// fsync, for files whose size or name changed.
+    pub(crate) fn sync_all(&self, f: &File, point: &'static str) -> io::Result<()> {
+        self.check(point)?;
+        if self.fsync {
+            self.fsyncs.fetch_add(1, Ordering::Relaxed);
+            f.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// fsync of a directory, after creating, renaming or removing entries in it.
+    pub(crate) fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        if self.fsync {
+            self.fsyncs.fetch_add(1, Ordering::Relaxed);
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+/// Named fault-injection points of one `Wal`. While a point is set, every operation passing it
+/// fails with the given OS error (for example `libc::ENOSPC`), until it is cleared.
+#[cfg(feature = "failpoints")]
+#[derive(Debug, Default)]
+pub struct Failpoints {
+    points: std::sync::Mutex<std::collections::HashMap<&'static str, i32>>,
+}
+
+#[cfg(feature = "failpoints")]
+impl Failpoints {
+    pub fn set(&self, point: &'static str, errno: i32) {
+        self.lock().insert(point, errno);
+    }
+
+    pub fn clear(&self, point: &'static str) {
+        self.lock().remove(point);
+    }
+
+    pub fn clear_all(&self) {
+        self.lock().clear();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<&'static str, i32>> {
+        // A panic while holding this lock cannot leave the map inconsistent.
+        self.points.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn check(&self, point: &'static str) -> io::Result<()> {
+        match self.lock().get(point) {
+            Some(&errno) => Err(io::Error::from_raw_os_error(errno)),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! Reading segment files: which file holds an LSN of a timeline, a cache of open files, and
+//! positional reads into fresh buffers.
+//!
+//! PostgreSQL's rule decides the file: an LSN `x` of timeline `T` belongs to the timeline in
+//! `T`'s history that covers `x`; but the segment in which a timeline began is, on the new
+//! timeline, a copy of the old one up to the switch point, so for each segment the newest
+//! timeline of `T`'s ancestry that has bytes in it is preferred, falling back to older ones
+//! while `x` lies below their end.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use wal_types::{Lsn, TimelineId};
+
+use crate::naming::segment_file_name;
+use crate::{HistoryEntry, Result, WalError};
+
+/// A timeline with its ancestry: what `read` needs to find files.
+#[derive(Clone, Debug)]
+pub(crate) struct View {
+    pub tli: TimelineId,
+    /// The ancestry of `tli`, oldest first.
+    pub history: Arc<Vec<HistoryEntry>>,
+}
+
+impl View {
+    /// `(timeline, begin, end)` for every timeline of the view, newest first. The view's own
+    /// timeline ends at `u64::MAX`.
+    fn ranges(&self) -> impl Iterator<Item = (TimelineId, Lsn, Lsn)> + '_ {
+        let n = self.history.len();
+        (0..=n).rev().map(move |i| {
+            let begin = if i == 0 {
+                Lsn(0)
+            } else {
+                self.history[i - 1].switch_lsn
+            };
+            if i == n {
+                (self.tli, begin, Lsn::MAX)
+            } else {
+                (self.history[i].parent, begin, self.history[i].switch_lsn)
+            }
+        })
+    }
+
+    /// The timeline whose own WAL covers `x`.
+    pub(crate) fn timeline_of(&self, x: Lsn) -> TimelineId {
+        self.ranges()
+            .find(|&(_, begin, end)| x >= begin && x < end)
+            .map(|(t, _, _)| t)
+            .unwrap_or(self.tli)
+    }
+
+    /// Candidate files for segment `segno` that can serve `x`: `(timeline, serves up to)`,
+    /// preferred first.
+    pub(crate) fn candidates(&self, x: Lsn, segno: u64, seg: u64) -> Vec<(TimelineId, Lsn)> {
+        let seg_end = Lsn((segno + 1) * seg);
+        self.ranges()
+            .filter(|&(_, begin, end)| begin < seg_end && x < end)
+            .map(|(t, _, end)| (t, end))
+            .collect()
+    }
+}
+
+/// Opens and caches segment files for reading.
+#[derive(Debug)]
+pub(crate) struct SegmentFiles {
+    pub pg_wal: PathBuf,
+    pub seg: u64,
+    cache: Mutex<HashMap<(TimelineId, u64), Arc<File>>>,
+}
+
+/// How many open segment files the read cache keeps. A guess: readers mostly stream near the
+/// end, a few lagging standbys read older segments.
+const CACHE_LIMIT: usize = 64;
+
+impl SegmentFiles {
+    pub(crate) fn new(pg_wal: &Path, seg: u64) -> SegmentFiles {
+        SegmentFiles {
+            pg_wal: pg_wal.to_path_buf(),
+            seg,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn path(&self, tli: TimelineId, segno: u64) -> PathBuf {
+        self.pg_wal.join(segment_file_name(tli, segno, self.seg))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(TimelineId, u64), Arc<File>>> {
+        // The map stays consistent even if a holder panicked.
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The open file, or `None` if it does not exist.
+    pub(crate) fn open(&self, tli: TimelineId, segno: u64) -> Result<Option<Arc<File>>> {
+        if let Some(f) = self.lock().get(&(tli, segno)) {
+            return Ok(Some(f.clone()));
+        }
+        let path = self.path(tli, segno);
+        match File::open(&path) {
+            Ok(f) => {
+                let f = Arc::new(f);
+                let mut cache = self.lock();
+                if cache.len() >= CACHE_LIMIT {
+                    cache.clear();
+                }
+                cache.insert((tli, segno), f.clone());
+                Ok(Some(f))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(WalError::io(format!("opening {}", path.display()), e)),
+        }
+    }
+
+    /// Forgets cached files matching `pred` (after removing or replacing them).
+    pub(crate) fn evict(&self, pred: impl Fn(TimelineId, u64) -> bool) {
+        self.lock().retain(|&(t, s), _| !pred(t, s));
+    }
+
+    /// Reads up to `max_len` bytes of `view` at `x`, never at or past `limit`, within one
+    /// segment. Returns `Ok(None)` if no file holds `x`; an empty buffer only if `max_len` is 0
+    /// or `x >= limit`.
+    pub(crate) fn read(
+        &self,
+        view: &View,
+        x: Lsn,
+        limit: Lsn,
+        max_len: usize,
+    ) -> Result<Option<Bytes>> {
+        if x >= limit || max_len == 0 {
+            return Ok(Some(Bytes::new()));
+        }
+        let segno = x.segment_number(self.seg);
+        let seg_end = Lsn((segno + 1) * self.seg);
+        for (tli, serves_to) in view.candidates(x, segno, self.seg) {
+            let Some(file) = self.open(tli, segno)? else {
+                continue;
+            };
+            let upto = limit.min(seg_end).min(serves_to);
+            let n = (upto.0 - x.0).min(max_len as u64) as usize;
+            let buf = pread_exact(&file, n, x.segment_offset(self.seg)).map_err(|e| {
+                WalError::io(
+                    format!("reading {}", segment_file_name(tli, segno, self.seg)),
+                    e,
+                )
+            })?;
+            if buf.len() < n {
+                return Err(WalError::Corruption {
+                    segment: segment_file_name(tli, segno, self.seg),
+                    offset: x.segment_offset(self.seg) + buf.len() as u64,
+                    reason: "segment file is shorter than the WAL it should hold".into(),
+                });
+            }
+            return Ok(Some(buf));
+        }
+        Ok(None)
+    }
+}
+
+/// Reads `n` bytes at `offset` into a new buffer with one `pread` (more only on a short read),
+/// without zeroing the buffer first. Fewer bytes mean end of file.
+pub(crate) fn pread_exact(file: &File, n: usize, offset: u64) -> std::io::Result<Bytes> {
+    let mut buf = BytesMut::with_capacity(n);
+    let fd = file.as_raw_fd();
+    while buf.len() < n {
+        let want = n - buf.len();
+        let done = buf.len() as u64;
+        let spare = buf.spare_capacity_mut();
+        // SAFETY: `spare` is writable memory of at least `want` bytes owned by `buf`; pread
+        // writes at most `want` bytes into it, and we mark only the bytes it wrote as initialized.
+        let got = unsafe {
+            libc::pread(
+                fd,
+                spare.as_mut_ptr().cast(),
+                want,
+                (offset + done) as libc::off_t,
+            )
+        };
+        if got < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if got == 0 {
+            break;
+        }
+        // SAFETY: pread initialized `got` bytes past the current length.
+        unsafe { buf.set_len(buf.len() + got as usize) };
+    }
+    Ok(buf.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(tli: u32, hist: &[(u32, u64)]) -> View {
+        View {
+            tli: TimelineId(tli),
+            history: Arc::new(
+                hist.iter()
+                    .map(|&(p, s)| HistoryEntry {
+                        parent: TimelineId(p),
+                        switch_lsn: Lsn(s),
+                        reason: String::new(),
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    #[test]
+    fn file_choice_follows_postgres() {
+        const SEG: u64 = 1 << 20;
+        // Timeline 3: 1 until 0/250000, 2 until 0/480000, then 3.
+        let v = view(3, &[(1, 0x250000), (2, 0x480000)]);
+        let t = |x: u64| {
+            let x = Lsn(x);
+            v.candidates(x, x.segment_number(SEG), SEG)
+                .into_iter()
+                .map(|(t, e)| (t.0, e.0))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(t(0x100000), vec![(1, 0x250000)]);
+        // In the switch segment of 2, 2's copy is preferred, 1's file is the fallback.
+        assert_eq!(t(0x200010), vec![(2, 0x480000), (1, 0x250000)]);
+        assert_eq!(t(0x260000), vec![(2, 0x480000)]);
+        assert_eq!(t(0x300000), vec![(2, 0x480000)]);
+        assert_eq!(t(0x400000), vec![(3, u64::MAX), (2, 0x480000)]);
+        assert_eq!(t(0x490000), vec![(3, u64::MAX)]);
+        assert_eq!(v.timeline_of(Lsn(0x250000)), TimelineId(2));
+        assert_eq!(v.timeline_of(Lsn(0x24FFFF)), TimelineId(1));
+        assert_eq!(v.timeline_of(Lsn(0x500000)), TimelineId(3));
+    }
+}

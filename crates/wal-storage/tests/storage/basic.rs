@@ -1,0 +1,352 @@
+//! Layout, init/open, the byte-stream and record APIs, reads and flush notifications.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use wal_storage::*;
+
+use crate::common::*;
+
+#[test]
+fn init_creates_the_layout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let wal = init_primary(&dir, WalFormat::Walserver);
+    assert_eq!(wal.system_id(), SystemId(7));
+    assert_eq!(wal.format(), WalFormat::Walserver);
+    assert_eq!(wal.timeline(), TimelineId(1));
+    // A new primary starts at the start of segment 1, never at 0/0.
+    assert_eq!(wal.flushed(), Lsn(SEG));
+    assert_eq!(wal.oldest_retained(), Lsn(SEG));
+    assert!(wal.history().is_empty());
+    assert_eq!(wal.history_file(TimelineId(1)).unwrap(), None);
+    for f in [
+        "control",
+        "flush_pointer",
+        "walserver.lock",
+        "pg_wal",
+        "slots",
+    ] {
+        assert!(dir.join(f).exists(), "{f}");
+    }
+    let end = append(&wal, &[Bytes::from_static(b"hello")])[0];
+    // Segment header (24 bytes), record header (16) and payload padded to 8.
+    assert_eq!(end, Lsn(SEG + 24 + 16 + 8));
+    drop(wal);
+    for e in std::fs::read_dir(dir.join("pg_wal")).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        assert!(
+            parse_segment_file_name(&name, SEG).is_some()
+                || parse_history_file_name(&name).is_some(),
+            "pg_wal holds {name}"
+        );
+    }
+}
+
+#[test]
+fn init_and_open_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    assert!(matches!(
+        Wal::open(dir, cfg()),
+        Err(WalError::NotInitialized { .. })
+    ));
+    let bad = StorageConfig {
+        segment_size: 3 << 20,
+        ..cfg()
+    };
+    assert!(matches!(
+        Wal::init(
+            dir,
+            bad,
+            InitOptions::primary(SystemId(1), WalFormat::Walserver)
+        ),
+        Err(WalError::InvalidConfig(_))
+    ));
+    let wal = init_primary(dir, WalFormat::Walserver);
+    // A second user of the same directory is refused while the first holds it.
+    let err = Wal::open(dir, cfg()).unwrap_err();
+    assert!(matches!(err, WalError::Locked { .. }), "{err}");
+    assert!(err.to_string().contains("in use"), "{err}");
+    drop(wal);
+    assert!(matches!(
+        Wal::init(
+            dir,
+            cfg(),
+            InitOptions::primary(SystemId(1), WalFormat::Walserver)
+        ),
+        Err(WalError::AlreadyInitialized { .. })
+    ));
+    let other_size = StorageConfig {
+        segment_size: 2 << 20,
+        ..cfg()
+    };
+    assert!(matches!(
+        Wal::open(dir, other_size),
+        Err(WalError::SegmentSizeMismatch { stored: SEG, .. })
+    ));
+    Wal::open(dir, cfg()).unwrap();
+}
+
+#[test]
+fn unknown_control_version_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    drop(init_primary(tmp.path(), WalFormat::Walserver));
+    let path = tmp.path().join("control");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let body = text
+        .split_once('\n')
+        .unwrap()
+        .1
+        .replace("\"version\": 1", "\"version\": 9");
+    let header = format!(
+        "walserver-control crc32c={:08x}\n",
+        crc32c::crc32c(body.as_bytes())
+    );
+    std::fs::write(&path, header + &body).unwrap();
+    let err = Wal::open(tmp.path(), cfg()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            WalError::UnknownVersion {
+                found: 9,
+                supported: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // A damaged control file is an error too, not a guess.
+    std::fs::write(&path, b"walserver-control crc32c=00000000\n{}").unwrap();
+    assert!(matches!(
+        Wal::open(tmp.path(), cfg()),
+        Err(WalError::BadFile { .. })
+    ));
+}
+
+#[test]
+fn records_survive_reopen_and_decode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    let payloads: Vec<Bytes> = (0..200)
+        .map(|i| payload(i, (i as usize * 997) % 30_000))
+        .collect();
+    let mut ends = Vec::new();
+    for chunk in payloads.chunks(7) {
+        ends.extend(append(&wal, chunk));
+    }
+    assert!(wal.flushed() > Lsn(3 * SEG), "must span segments");
+    assert_eq!(wal.flushed(), *ends.last().unwrap());
+    let check = |wal: &Wal| {
+        let recs = records(wal, TimelineId(1), Lsn(SEG));
+        assert_eq!(recs.len(), payloads.len());
+        for (i, r) in recs.iter().enumerate() {
+            assert_eq!(r.payload, payloads[i], "record {i}");
+            assert_eq!(r.end, ends[i]);
+        }
+    };
+    check(&wal);
+    drop(wal);
+    let wal = Wal::open(tmp.path(), cfg()).unwrap();
+    assert_eq!(wal.flushed(), *ends.last().unwrap());
+    assert_eq!(wal.recovery_report().end, *ends.last().unwrap());
+    assert_eq!(wal.recovery_report().discarded_bytes, 0);
+    check(&wal);
+    // From a segment start, the reader finds the first record that begins in that segment.
+    let third = records(&wal, TimelineId(1), Lsn(3 * SEG));
+    let first = ends.iter().position(|&e| e > Lsn(3 * SEG)).unwrap() + 1;
+    assert_eq!(third[0].payload, payloads[first]);
+}
+
+#[test]
+fn record_size_and_format_rules() {
+    let tmp = tempfile::tempdir().unwrap();
+    let small = StorageConfig {
+        max_record_size: 1000,
+        ..cfg()
+    };
+    let wal = Wal::init(
+        tmp.path(),
+        small,
+        InitOptions::primary(SystemId(1), WalFormat::Walserver),
+    )
+    .unwrap();
+    let err = wal
+        .append(vec![
+            Bytes::from(vec![0u8; 10]),
+            Bytes::from(vec![0u8; 1001]),
+        ])
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            WalError::RecordTooLarge {
+                size: 1001,
+                max: 1000
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(wal.written(), Lsn(SEG), "nothing written");
+    append(&wal, &[Bytes::from(vec![1u8; 1000])]);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let pg = init_primary(tmp.path(), WalFormat::Postgres);
+    assert!(matches!(
+        pg.append(vec![Bytes::from_static(b"x")]),
+        Err(WalError::WrongFormat { .. })
+    ));
+    assert!(matches!(
+        pg.promote("test"),
+        Err(WalError::PromotionNotSupported)
+    ));
+    assert!(pg.record_reader(TimelineId(1), Lsn(SEG)).is_err());
+}
+
+#[test]
+fn byte_stream_writes_and_reads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Postgres);
+    let data = payload(1, (2 * SEG + 5000) as usize);
+    let start = Lsn(SEG);
+    // Written in pieces that cross segment boundaries.
+    let mut pos = 0;
+    let mut tickets = Vec::new();
+    for n in [10, 70_000, (SEG as usize) - 3, 300_000, 1] {
+        tickets.push(
+            wal.write(start + pos as u64, data.slice(pos..pos + n))
+                .unwrap(),
+        );
+        pos += n;
+    }
+    for t in tickets {
+        t.wait().unwrap();
+    }
+    let end = start + pos as u64;
+    assert_eq!(wal.flushed(), end);
+    assert_eq!(read_range(&wal, TimelineId(1), start, end), &data[..pos]);
+    // A read stops at the segment end and at the flushed end; at the end it is empty.
+    assert_eq!(
+        wal.read(TimelineId(1), Lsn(2 * SEG - 10), 100)
+            .unwrap()
+            .len(),
+        10
+    );
+    assert!(wal.read(TimelineId(1), end, 100).unwrap().is_empty());
+    assert!(matches!(
+        wal.read(TimelineId(1), end + 1, 100),
+        Err(WalError::BeyondEnd { .. })
+    ));
+    assert!(matches!(
+        wal.read(TimelineId(9), end, 100),
+        Err(WalError::UnknownTimeline(_))
+    ));
+
+    // A gap is an error.
+    let err = wal
+        .write(end + 8, Bytes::from_static(b"x"))
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(matches!(err, WalError::Gap { .. }), "{err}");
+    // An overlap with equal bytes writes only the new suffix.
+    let more = payload(2, 100);
+    let mut overlapping = data[pos - 50..pos].to_vec();
+    overlapping.extend_from_slice(&more);
+    let durable = wal
+        .write(Lsn(end.0 - 50), Bytes::from(overlapping))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(durable, end + 100);
+    assert_eq!(read_range(&wal, TimelineId(1), end, end + 100), &more[..]);
+    // An overlap with different bytes is an error naming where they differ.
+    let mut differing = more[..].to_vec();
+    differing[40] ^= 1;
+    let err = wal
+        .write(end, Bytes::from(differing))
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(err, WalError::OverlapMismatch { at, .. } if at == end + 40),
+        "{err}"
+    );
+    // Overlap entirely within the batch being staged: the second write repeats the first.
+    let a = wal
+        .write(end + 100, Bytes::from_static(b"abcdefgh"))
+        .unwrap();
+    let b = wal
+        .write(end + 104, Bytes::from_static(b"efghijkl"))
+        .unwrap();
+    a.wait().unwrap();
+    assert_eq!(b.wait().unwrap(), end + 112);
+    drop(wal);
+    let wal = Wal::open(tmp.path(), cfg()).unwrap();
+    assert_eq!(wal.flushed(), end + 112);
+    assert_eq!(
+        read_range(&wal, TimelineId(1), end + 100, end + 112),
+        b"abcdefghijkl"
+    );
+}
+
+#[test]
+fn subscribers_hear_every_flush() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    let mut rx = wal.subscribe();
+    assert_eq!(rx.borrow().flushed, Lsn(SEG));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for i in 0..20 {
+            let end = *wal
+                .append(vec![payload(i, 100)])
+                .unwrap()
+                .await
+                .unwrap()
+                .last()
+                .unwrap();
+            let pos =
+                tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|p| p.flushed >= end))
+                    .await
+                    .expect("flush notification")
+                    .unwrap();
+            assert!(pos.written >= pos.flushed);
+            assert_eq!(pos.timeline, TimelineId(1));
+        }
+    });
+}
+
+#[test]
+fn standby_layout_from_upstream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hist = b"1\t0/4025A50\tno recovery target specified\n".to_vec();
+    let wal = Wal::init(
+        tmp.path(),
+        StorageConfig {
+            segment_size: 16 << 20,
+            ..StorageConfig::default()
+        },
+        InitOptions {
+            system_id: SystemId(42),
+            format: WalFormat::Postgres,
+            timeline: TimelineId(2),
+            start_lsn: Some(Lsn(0x5000000)),
+            history: parse_history(&hist).unwrap(),
+            history_files: vec![(TimelineId(2), hist.clone())],
+        },
+    )
+    .unwrap();
+    assert_eq!(wal.flushed(), Lsn(0x5000000));
+    assert_eq!(wal.history_file(TimelineId(2)).unwrap(), Some(hist));
+    assert_eq!(wal.timeline_end(TimelineId(1)), Some(Lsn(0x4025A50)));
+    assert_eq!(wal.timeline_end(TimelineId(2)), None);
+    // Not segment-aligned: refused.
+    let tmp2 = tempfile::tempdir().unwrap();
+    let mut opts = InitOptions::primary(SystemId(1), WalFormat::Postgres);
+    opts.start_lsn = Some(Lsn(SEG + 8));
+    assert!(Wal::init(tmp2.path(), cfg(), opts).is_err());
+}

@@ -1,0 +1,14 @@
+//! Integration tests of wal-storage against real files in temporary directories. One target
+//! with a module per feature, to keep link times down.
+
+mod common;
+
+mod basic;
+mod crash;
+#[cfg(feature = "failpoints")]
+mod failpoints;
+mod golden;
+mod group_commit;
+mod slots;
+mod timelines;
+mod torn_tail;

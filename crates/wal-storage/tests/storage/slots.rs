@@ -1,0 +1,228 @@
+//! Replication slots: names, persistence, acquire/release, retention and invalidation.
+
+use wal_storage::*;
+
+use crate::common::*;
+
+fn cfg_with(wal_keep_size: u64, max_slot: Option<u64>) -> StorageConfig {
+    StorageConfig {
+        wal_keep_size,
+        max_slot_wal_keep_size: max_slot,
+        max_wal_size: 2 * SEG,
+        ..cfg()
+    }
+}
+
+/// Writes `n` segments' worth of raw bytes.
+fn fill_segments(wal: &Wal, n: u64) {
+    for _ in 0..n {
+        let at = wal.flushed();
+        wal.write(at, payload(at.0, SEG as usize))
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+}
+
+fn segments_on_disk(wal: &Wal) -> Vec<u64> {
+    let mut v: Vec<u64> = std::fs::read_dir(wal.data_dir().join("pg_wal"))
+        .unwrap()
+        .filter_map(|e| {
+            parse_segment_file_name(&e.unwrap().file_name().into_string().unwrap(), SEG)
+        })
+        .map(|(_, s)| s)
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn slot_lifecycle_and_persistence() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Postgres);
+    for bad in ["", "Upper", "with-dash", &"x".repeat(64)] {
+        assert!(matches!(
+            wal.create_slot(bad, false, true),
+            Err(WalError::SlotNameInvalid { .. })
+        ));
+    }
+    let s = wal.create_slot("standby_1", false, true).unwrap();
+    assert_eq!(s.restart_lsn, Some(Lsn(SEG)));
+    assert_eq!(s.restart_tli, Some(TimelineId(1)));
+    assert_eq!(s.wal_status, Some(WalStatus::Reserved));
+    assert!(!s.active);
+    let lazy = wal.create_slot("lazy", false, false).unwrap();
+    assert_eq!((lazy.restart_lsn, lazy.wal_status), (None, None));
+    assert!(matches!(
+        wal.create_slot("standby_1", false, true),
+        Err(WalError::SlotExists { .. })
+    ));
+    wal.create_slot("temp", true, true).unwrap();
+
+    let guard = wal.acquire_slot("standby_1").unwrap();
+    assert!(wal.slot("standby_1").unwrap().active);
+    assert!(matches!(
+        wal.acquire_slot("standby_1"),
+        Err(WalError::SlotInUse { .. })
+    ));
+    assert!(matches!(
+        wal.drop_slot("standby_1"),
+        Err(WalError::SlotInUse { .. })
+    ));
+    drop(guard);
+    assert!(!wal.slot("standby_1").unwrap().active);
+
+    fill_segments(&wal, 2);
+    wal.advance_slot("standby_1", Lsn(2 * SEG + 100), TimelineId(1))
+        .unwrap();
+    assert_eq!(
+        wal.slot("standby_1").unwrap().restart_lsn,
+        Some(Lsn(2 * SEG + 100))
+    );
+
+    // A temporary slot goes when released.
+    let t = wal.acquire_slot("temp").unwrap();
+    drop(t);
+    assert!(matches!(
+        wal.slot("temp"),
+        Err(WalError::SlotNotFound { .. })
+    ));
+    wal.create_slot("temp2", true, true).unwrap();
+    drop(wal);
+
+    let wal = Wal::open(tmp.path(), cfg()).unwrap();
+    let names: Vec<String> = wal.slots().into_iter().map(|s| s.name).collect();
+    assert_eq!(
+        names,
+        vec!["lazy", "standby_1"],
+        "temporary slots are not persisted"
+    );
+    // The restart point was persisted at the clean stop.
+    assert_eq!(
+        wal.slot("standby_1").unwrap().restart_lsn,
+        Some(Lsn(2 * SEG + 100))
+    );
+    wal.drop_slot("lazy").unwrap();
+    assert!(matches!(
+        wal.drop_slot("lazy"),
+        Err(WalError::SlotNotFound { .. })
+    ));
+    drop(wal);
+    let wal = Wal::open(tmp.path(), cfg()).unwrap();
+    assert_eq!(wal.slots().len(), 1);
+}
+
+#[test]
+fn slots_hold_segments_until_advanced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = cfg_with(0, None);
+    let wal = Wal::init(
+        tmp.path(),
+        c.clone(),
+        InitOptions::primary(SystemId(1), WalFormat::Postgres),
+    )
+    .unwrap();
+    wal.create_slot("s", false, true).unwrap();
+    fill_segments(&wal, 6);
+    wal.run_retention().unwrap();
+    assert_eq!(wal.oldest_retained(), Lsn(SEG));
+    assert_eq!(segments_on_disk(&wal)[0], 1);
+    assert_eq!(wal.read(TimelineId(1), Lsn(SEG), 10).unwrap().len(), 10);
+    // The slot moves to segment 4: segments 1 to 3 go.
+    wal.advance_slot("s", Lsn(4 * SEG + 5), TimelineId(1))
+        .unwrap();
+    wal.run_retention().unwrap();
+    assert_eq!(wal.oldest_retained(), Lsn(4 * SEG));
+    assert_eq!(segments_on_disk(&wal)[0], 4);
+    let err = wal.read(TimelineId(1), Lsn(2 * SEG), 10).unwrap_err();
+    assert!(
+        matches!(&err, WalError::SegmentRemoved { segment } if segment == "000000010000000000000002"),
+        "{err}"
+    );
+    assert!(err
+        .to_string()
+        .contains("000000010000000000000002 has already been removed"));
+    // Dropping the slot leaves only the current segment (wal_keep_size is 0).
+    wal.drop_slot("s").unwrap();
+    wal.run_retention().unwrap();
+    let cur = wal.flushed().segment_number(SEG) - 1;
+    assert!(segments_on_disk(&wal).iter().all(|&s| s >= cur));
+    drop(wal);
+    // What was removed stays removed across a restart.
+    let wal = Wal::open(tmp.path(), c).unwrap();
+    assert_eq!(wal.oldest_retained(), Lsn(cur * SEG));
+}
+
+#[test]
+fn wal_keep_size_keeps_segments() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = Wal::init(
+        tmp.path(),
+        cfg_with(3 * SEG, None),
+        InitOptions::primary(SystemId(1), WalFormat::Postgres),
+    )
+    .unwrap();
+    fill_segments(&wal, 8);
+    wal.run_retention().unwrap();
+    let cur = wal.flushed().segment_number(SEG);
+    assert_eq!(cur, 9);
+    assert_eq!(wal.oldest_retained(), Lsn((cur - 3) * SEG));
+    assert_eq!(segments_on_disk(&wal)[0], cur - 3);
+}
+
+#[test]
+fn slots_beyond_max_slot_wal_keep_size_are_invalidated() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = cfg_with(0, Some(2 * SEG));
+    let wal = Wal::init(
+        tmp.path(),
+        c.clone(),
+        InitOptions::primary(SystemId(1), WalFormat::Postgres),
+    )
+    .unwrap();
+    wal.create_slot("slow", false, true).unwrap();
+    wal.create_slot("fast", false, true).unwrap();
+    fill_segments(&wal, 2);
+    // Within the limit: the slot still holds, safe_wal_size says how much more may come.
+    wal.run_retention().unwrap();
+    let s = wal.slot("slow").unwrap();
+    assert_eq!(s.restart_lsn, Some(Lsn(SEG)));
+    assert_eq!(
+        s.safe_wal_size,
+        Some(((1 + 2 + 1) * SEG - wal.written().0) as i64)
+    );
+    assert_eq!(s.wal_status, Some(WalStatus::Reserved));
+    // "fast" keeps up (retention also runs by itself at each segment switch); "slow" does not.
+    for _ in 0..4 {
+        wal.advance_slot("fast", wal.flushed(), TimelineId(1))
+            .unwrap();
+        fill_segments(&wal, 1);
+    }
+    wal.advance_slot("fast", wal.flushed(), TimelineId(1))
+        .unwrap();
+    wal.run_retention().unwrap();
+    let s = wal.slot("slow").unwrap();
+    assert_eq!(
+        (s.restart_lsn, s.wal_status, s.safe_wal_size),
+        (None, Some(WalStatus::Lost), None)
+    );
+    assert_eq!(
+        wal.slot("fast").unwrap().wal_status,
+        Some(WalStatus::Reserved)
+    );
+    assert!(matches!(
+        wal.advance_slot("slow", wal.flushed(), TimelineId(1)),
+        Err(WalError::SlotInvalidated { .. })
+    ));
+    // Six segments written: the flushed end is the start of segment 7. With "slow" gone and
+    // "fast" at the end, only segment 6, which holds the last durable byte, is kept.
+    assert_eq!(wal.flushed(), Lsn(7 * SEG));
+    assert_eq!(wal.oldest_retained(), Lsn(6 * SEG));
+    drop(wal);
+    let wal = Wal::open(tmp.path(), c).unwrap();
+    assert_eq!(
+        wal.slot("slow").unwrap().wal_status,
+        Some(WalStatus::Lost),
+        "invalidation is persisted"
+    );
+}

@@ -1,0 +1,239 @@
+//! Promotion, reads across switch points, history files, following an upstream's switch, fork
+//! detection and rejoin by truncation.
+
+use bytes::Bytes;
+use wal_storage::*;
+
+use crate::common::*;
+
+/// Copies `[from, to)` of the primary's timeline `tli` into the standby, as a walreceiver does.
+fn relay(primary: &Wal, standby: &Wal, tli: TimelineId, from: Lsn, to: Lsn) {
+    let bytes = read_range(primary, tli, from, to);
+    standby
+        .write(from, Bytes::from(bytes))
+        .unwrap()
+        .wait()
+        .unwrap();
+}
+
+fn init_standby(dir: &std::path::Path) -> Wal {
+    let mut opts = InitOptions::primary(SystemId(7), WalFormat::Walserver);
+    opts.start_lsn = Some(Lsn(SEG));
+    Wal::init(dir, cfg(), opts).unwrap()
+}
+
+#[test]
+fn promote_and_read_across_the_switch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    let before: Vec<Bytes> = (0..30).map(|i| payload(i, 50_000)).collect();
+    let ends = append(&wal, &before);
+    let old_end = *ends.last().unwrap();
+    let mut rx = wal.subscribe();
+    let (tli, x) = wal.promote("operator asked").unwrap();
+    assert_eq!((tli, x), (TimelineId(2), old_end));
+    assert_eq!(wal.timeline(), TimelineId(2));
+    assert!(rx.has_changed().unwrap());
+    assert_eq!(rx.borrow_and_update().timeline, TimelineId(2));
+    assert_eq!(
+        wal.history_file(TimelineId(2)).unwrap().unwrap(),
+        format!("1\t{x}\toperator asked\n").into_bytes()
+    );
+    assert_eq!(wal.timeline_end(TimelineId(1)), Some(x));
+    let after: Vec<Bytes> = (100..120).map(|i| payload(i, 40_000)).collect();
+    append(&wal, &after);
+    // Timeline 1 ends at the switch point; timeline 2 reads through it.
+    let recs1 = records(&wal, TimelineId(1), Lsn(SEG));
+    assert_eq!(recs1.len(), 30);
+    assert!(wal.read(TimelineId(1), x, 100).unwrap().is_empty());
+    let recs2 = records(&wal, TimelineId(2), Lsn(SEG));
+    assert_eq!(recs2.len(), 50);
+    assert_eq!(recs2[30].start, x);
+    assert_eq!(recs2[30].payload, after[0]);
+    // The switch segment exists on both timelines; timeline 1's bytes below x are identical.
+    let seg_start = x.segment_start(SEG);
+    assert_eq!(
+        read_range(&wal, TimelineId(1), seg_start, x),
+        read_range(&wal, TimelineId(2), seg_start, x)
+    );
+    assert!(segment_path(tmp.path(), TimelineId(2), x).exists());
+    drop(wal);
+
+    // Everything holds after a restart, and a second promotion lists both ancestors.
+    let wal = Wal::open(tmp.path(), cfg()).unwrap();
+    assert_eq!(wal.timeline(), TimelineId(2));
+    assert_eq!(records(&wal, TimelineId(2), Lsn(SEG)).len(), 50);
+    let (tli3, y) = wal.promote("again").unwrap();
+    assert_eq!(tli3, TimelineId(3));
+    assert_eq!(
+        wal.history_file(TimelineId(3)).unwrap().unwrap(),
+        format!("1\t{x}\toperator asked\n2\t{y}\tagain\n").into_bytes()
+    );
+    assert_eq!(wal.history().len(), 2);
+    append(&wal, &[payload(500, 10)]);
+    let recs3 = records(&wal, TimelineId(3), Lsn(SEG));
+    assert_eq!(recs3.len(), 51);
+    assert_eq!(records(&wal, TimelineId(2), Lsn(SEG)).len(), 50);
+}
+
+#[test]
+fn promote_an_empty_wal_and_at_a_segment_boundary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    let (tli, x) = wal.promote("empty").unwrap();
+    assert_eq!((tli, x), (TimelineId(2), Lsn(SEG)));
+    let end = append(&wal, &[Bytes::from_static(b"first")])[0];
+    assert_eq!(end, Lsn(SEG + 24 + 24));
+    assert_eq!(records(&wal, TimelineId(2), Lsn(SEG)).len(), 1);
+}
+
+#[test]
+fn standby_promotes_at_its_last_complete_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let primary = init_primary(&tmp.path().join("p"), WalFormat::Walserver);
+    let ends = append(
+        &primary,
+        &(0..10).map(|i| payload(i, 30_000)).collect::<Vec<_>>(),
+    );
+    let standby = init_standby(&tmp.path().join("s"));
+    // The standby has received part of record 7 only.
+    let cut = ends[6] + 1000;
+    relay(&primary, &standby, TimelineId(1), Lsn(SEG), cut);
+    assert_eq!(standby.flushed(), cut);
+    drop(standby);
+    let standby = Wal::open(tmp.path().join("s"), cfg()).unwrap();
+    assert_eq!(
+        standby.flushed(),
+        cut,
+        "a mid-record end vouched by the pointer survives"
+    );
+    let (tli, x) = standby.promote("failover").unwrap();
+    assert_eq!((tli, x), (TimelineId(2), ends[6]));
+    assert_eq!(standby.timeline_end(TimelineId(1)), Some(ends[6]));
+    let recs = records(&standby, TimelineId(2), Lsn(SEG));
+    assert_eq!(recs.len(), 7);
+    append(&standby, &[payload(77, 10)]);
+    drop(standby);
+    let standby = Wal::open(tmp.path().join("s"), cfg()).unwrap();
+    let recs = records(&standby, TimelineId(2), Lsn(SEG));
+    assert_eq!(recs.len(), 8);
+    assert_eq!(recs[7].payload, payload(77, 10));
+}
+
+#[test]
+fn follow_fork_and_rejoin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let primary = init_primary(&tmp.path().join("p"), WalFormat::Walserver);
+    let ends = append(
+        &primary,
+        &(0..10).map(|i| payload(i, 20_000)).collect::<Vec<_>>(),
+    );
+    let a = init_standby(&tmp.path().join("a"));
+    let b = init_standby(&tmp.path().join("b"));
+    let c = init_standby(&tmp.path().join("c"));
+    relay(&primary, &a, TimelineId(1), Lsn(SEG), ends[9]);
+    relay(&primary, &b, TimelineId(1), Lsn(SEG), ends[5]);
+    relay(&primary, &c, TimelineId(1), Lsn(SEG), ends[9]);
+    // c gets WAL of timeline 1 that the primary never had: c forked.
+    let mut own = c.clone();
+    append(&own, &[payload(1000, 64)]);
+    own = c;
+
+    let (tli, x) = primary.promote("switchover").unwrap();
+    assert_eq!(x, ends[9]);
+    append(
+        &primary,
+        &(20..25).map(|i| payload(i, 20_000)).collect::<Vec<_>>(),
+    );
+    let hist = primary.history_file(tli).unwrap().unwrap();
+
+    // a is exactly at the switch point: it follows, stores the history file byte for byte,
+    // and receives timeline 2 from the switch point.
+    a.follow_timeline(tli, hist.clone(), x).unwrap();
+    assert_eq!(a.timeline(), tli);
+    assert_eq!(a.history_file(tli).unwrap().unwrap(), hist);
+    relay(&primary, &a, tli, x, primary.flushed());
+    assert_eq!(
+        read_range(&a, tli, Lsn(SEG), a.flushed()),
+        read_range(&primary, tli, Lsn(SEG), primary.flushed())
+    );
+    assert_eq!(records(&a, tli, Lsn(SEG)).len(), 15);
+
+    // b is behind: it must first receive the rest of timeline 1.
+    let err = b.follow_timeline(tli, hist.clone(), x).unwrap_err();
+    assert!(matches!(err, WalError::BehindSwitchPoint { .. }), "{err}");
+    relay(&primary, &b, TimelineId(1), ends[5], x);
+    b.follow_timeline(tli, hist.clone(), x).unwrap();
+
+    // c forked: the error names the fork point; after truncating to it, c follows.
+    let err = own.follow_timeline(tli, hist.clone(), x).unwrap_err();
+    assert!(
+        matches!(err, WalError::Forked { fork_lsn, local_end } if fork_lsn == x && local_end > x),
+        "{err}"
+    );
+    let dropped = own.truncate_to(x).unwrap();
+    assert_eq!(dropped, 16 + 64);
+    assert_eq!(own.flushed(), x);
+    drop(own);
+    let c = Wal::open(tmp.path().join("c"), cfg()).unwrap();
+    assert_eq!(c.flushed(), x, "truncation is durable");
+    c.follow_timeline(tli, hist.clone(), x).unwrap();
+    relay(&primary, &c, tli, x, primary.flushed());
+    assert_eq!(records(&c, tli, Lsn(SEG)).len(), 15);
+
+    // A history that does not continue this node's timeline is refused.
+    let bogus = b"1\t0/1\tx\n".to_vec();
+    let tmp2 = tempfile::tempdir().unwrap();
+    let d = init_standby(tmp2.path());
+    assert!(matches!(
+        d.follow_timeline(TimelineId(2), bogus, Lsn(1)),
+        Err(WalError::InvalidHistory(_)) | Err(WalError::Forked { .. })
+    ));
+}
+
+#[test]
+fn truncate_rules() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    let ends = append(
+        &wal,
+        &(0..40).map(|i| payload(i, 70_000)).collect::<Vec<_>>(),
+    );
+    assert!(matches!(
+        wal.truncate_to(ends[39] + 8),
+        Err(WalError::BadTruncate { .. })
+    ));
+    assert_eq!(wal.truncate_to(ends[39]).unwrap(), 0);
+    let dropped = wal.truncate_to(ends[3]).unwrap();
+    assert_eq!(dropped, ends[39].0 - ends[3].0);
+    drop(wal);
+    let wal = Wal::open(tmp.path(), cfg()).unwrap();
+    assert_eq!(wal.flushed(), ends[3]);
+    assert_eq!(records(&wal, TimelineId(1), Lsn(SEG)).len(), 4);
+    // Later segments of the timeline are gone; a new record is not followed by old ones.
+    append(&wal, &[payload(4, 70_000)]);
+    drop(wal);
+    let wal = Wal::open(tmp.path(), cfg()).unwrap();
+    assert_eq!(records(&wal, TimelineId(1), Lsn(SEG)).len(), 5);
+    let (tli, x) = wal.promote("p").unwrap();
+    assert!(matches!(
+        wal.truncate_to(Lsn(x.0 - 8)),
+        Err(WalError::BadTruncate { .. })
+    ));
+    assert_eq!(tli, TimelineId(2));
+}
+
+#[test]
+fn store_history_files_from_upstream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Postgres);
+    let hist = b"# from upstream\n1\t0/4025A50\tno recovery target specified\n".to_vec();
+    wal.store_history_file(TimelineId(2), hist.clone()).unwrap();
+    assert_eq!(wal.history_file(TimelineId(2)).unwrap(), Some(hist));
+    assert!(wal
+        .store_history_file(TimelineId(1), b"1\t0/1\tx\n".to_vec())
+        .is_err());
+    assert!(wal
+        .store_history_file(TimelineId(3), b"garbage".to_vec())
+        .is_err());
+}

@@ -25,6 +25,7 @@
 //! `Bytes` slices of the read buffer) and copied once on encode.
 
 pub mod codec;
+pub mod command;
 mod error;
 pub mod messages;
 mod wire;

@@ -28,6 +28,7 @@ pub mod codec;
 pub mod command;
 mod error;
 pub mod messages;
+pub mod results;
 mod wire;
 
 pub use codec::{ClientCodec, ServerCodec, SslResponseCodec, StartupCodec};

@@ -24,6 +24,7 @@
 //! configured limit for one message; XLogData's WAL bytes are never copied on decode (they are
 //! `Bytes` slices of the read buffer) and copied once on encode.
 
+pub mod auth;
 pub mod codec;
 pub mod command;
 mod error;

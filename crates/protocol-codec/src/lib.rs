@@ -27,9 +27,11 @@
 pub mod auth;
 pub mod codec;
 pub mod command;
+pub mod conninfo;
 mod error;
 pub mod messages;
 pub mod results;
+pub mod tls;
 mod wire;
 
 pub use codec::{ClientCodec, ServerCodec, SslResponseCodec, StartupCodec};

@@ -1,2 +1,42 @@
-//! protocol-codec: PostgreSQL 15's streaming-replication protocol as bytes in, typed messages
-//! out, and back (being built under the protocol-codec issue). No sockets and no actix here.
+//! protocol-codec: PostgreSQL 15's streaming-replication protocol, bytes in and typed messages
+//! out and back, for both ends of a connection: the server side (walserver's walsender) and
+//! the client side (walserver's walreceiver).
+//!
+//! What it owns:
+//! - [`messages`]: every message a physical replication connection uses, named by direction
+//!   (frontend = client to server, backend = server to client), with the wire format written
+//!   above each type, including the CopyData payloads of streaming (XLogData, keepalive,
+//!   standby status update, hot standby feedback).
+//! - [`codec`]: `tokio_util::codec` framing: [`StartupCodec`] for the untyped startup phase,
+//!   then [`ServerCodec`] / [`ClientCodec`]. Lengths are checked before anything is buffered.
+//! - [`command`]: the replication command language (IDENTIFY_SYSTEM, START_REPLICATION, ...).
+//! - [`results`]: the result sets PostgreSQL 15 answers those commands with, byte for byte.
+//! - [`auth`]: trust, cleartext, md5 and SCRAM-SHA-256, server and client side.
+//! - [`tls`]: rustls configurations for both sides, with libpq's `sslmode` meanings.
+//! - [`conninfo`]: libpq connection strings (`key=value` and `postgresql://` URIs).
+//!
+//! What it does not own: sockets, timers, actors, or any decision about what to answer. There
+//! is no I/O here; callers drive the codecs over their own transport. The connection state
+//! machine (when to switch codecs, when to start TLS, which hba rule applies) is the
+//! walsender's and walreceiver's.
+//!
+//! Invariants: decoding never panics on input bytes and never allocates more than the
+//! configured limit for one message; XLogData's WAL bytes are never copied on decode (they are
+//! `Bytes` slices of the read buffer) and copied once on encode.
+
+pub mod auth;
+pub mod codec;
+pub mod command;
+pub mod conninfo;
+mod error;
+pub mod messages;
+pub mod results;
+pub mod tls;
+mod wire;
+
+pub use codec::{ClientCodec, ServerCodec, SslResponseCodec, StartupCodec};
+pub use error::{CodecError, Result};
+pub use messages::{
+    AuthRequest, BackendMessage, ErrorFields, FrontendMessage, SqlState, StartupPacket,
+    MAX_STARTUP_PACKET_LEN,
+};

@@ -1,0 +1,433 @@
+//! pg-testkit: real PostgreSQL 15 for walserver's interop tests.
+//!
+//! It finds PostgreSQL 15's binaries ([`PgBin`]) and runs throwaway clusters ([`PgCluster`])
+//! in temporary directories on free loopback ports, stopped and removed on drop. Tests that
+//! use it are meant to fail, never skip, when PostgreSQL 15 is missing: the panic says how to
+//! install it.
+//!
+//! PostgreSQL refuses to run as root. When the tests run as root (as CI does), every server
+//! program runs as the `postgres` user through `runuser`, and the cluster's directory is
+//! handed to that user; otherwise programs run directly.
+//!
+//! The one bounded retry here is waiting for the server to accept connections, which
+//! `pg_ctl start -w` does against the postmaster's own readiness report.
+
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The PostgreSQL major version walserver is compatible with.
+pub const PG_MAJOR: &str = "15";
+
+const INSTALL_HINT: &str = "PostgreSQL 15 is required for walserver's interop tests. Install it \
+with `apt-get install postgresql-15` (Debian/Ubuntu; ./scripts/test.sh does this), or point \
+WALSERVER_PG_BIN at a directory holding PostgreSQL 15's initdb, pg_ctl and postgres.";
+
+/// Where PostgreSQL 15's programs are.
+#[derive(Clone, Debug)]
+pub struct PgBin {
+    dir: PathBuf,
+}
+
+impl PgBin {
+    /// Looks in `$WALSERVER_PG_BIN`, then `/usr/lib/postgresql/15/bin`, then
+    /// `pg_config --bindir`, and checks that `postgres` there is version 15.
+    pub fn find() -> Result<PgBin, String> {
+        let mut candidates = Vec::new();
+        if let Some(dir) = std::env::var_os("WALSERVER_PG_BIN") {
+            candidates.push(PathBuf::from(dir));
+        } else {
+            candidates.push(PathBuf::from("/usr/lib/postgresql/15/bin"));
+            if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+                if out.status.success() {
+                    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                    candidates.push(PathBuf::from(dir));
+                }
+            }
+        }
+        let mut tried = Vec::new();
+        for dir in candidates {
+            let postgres = dir.join("postgres");
+            match Command::new(&postgres).arg("--version").output() {
+                Ok(out) if out.status.success() => {
+                    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                    // "postgres (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)"
+                    let major = version
+                        .split_whitespace()
+                        .nth(2)
+                        .and_then(|v| v.split('.').next())
+                        .unwrap_or("");
+                    if major == PG_MAJOR {
+                        return Ok(PgBin { dir });
+                    }
+                    tried.push(format!("{}: {version}", postgres.display()));
+                }
+                _ => tried.push(format!("{}: not found", postgres.display())),
+            }
+        }
+        Err(format!(
+            "PostgreSQL 15 is missing (tried {}). {INSTALL_HINT}",
+            tried.join("; ")
+        ))
+    }
+
+    /// [`PgBin::find`], panicking with install instructions when PostgreSQL 15 is missing.
+    pub fn require() -> PgBin {
+        PgBin::find().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The path of one of PostgreSQL's programs (`initdb`, `pg_ctl`, `psql`,
+    /// `pg_receivewal`, `pg_basebackup`, `pg_waldump`, ...).
+    pub fn tool(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A command for a server-side program, run as `postgres` when we are root.
+    pub fn server_command(&self, name: &str) -> Command {
+        let program = self.tool(name);
+        if is_root() {
+            let mut c = Command::new("runuser");
+            c.arg("-u").arg("postgres").arg("--").arg(program);
+            c
+        } else {
+            Command::new(program)
+        }
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs `cmd` and panics with its output if it fails.
+fn run(mut cmd: Command, what: &str) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run {cmd:?}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "{what} failed ({}): {cmd:?}\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+/// A free loopback TCP port: bind port 0 and let the kernel pick. The port is released
+/// before the server binds it, so another process could take it in between; on this
+/// machine's loopback that race is rare enough for tests.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind a loopback port")
+}
+
+/// How to set up a cluster.
+#[derive(Clone, Debug, Default)]
+pub struct PgOptions {
+    /// Extra `postgresql.conf` lines, after the defaults (so they win).
+    pub conf: Vec<String>,
+    /// `pg_hba.conf` lines, after two that let the `postgres` superuser in over loopback
+    /// without a password (for [`PgCluster::psql`]).
+    pub hba: Vec<String>,
+}
+
+impl PgOptions {
+    pub fn conf(mut self, line: impl Into<String>) -> PgOptions {
+        self.conf.push(line.into());
+        self
+    }
+
+    pub fn hba(mut self, line: impl Into<String>) -> PgOptions {
+        self.hba.push(line.into());
+        self
+    }
+}
+
+/// A running PostgreSQL 15 cluster in a temporary directory, listening on
+/// `127.0.0.1:port()` (no Unix socket). Dropping it stops the server (fast mode) and
+/// removes the directory.
+pub struct PgCluster {
+    bin: PgBin,
+    dir: tempfile::TempDir,
+    port: u16,
+    running: bool,
+}
+
+impl PgCluster {
+    /// initdb, configure and start a primary with `wal_level=replica`,
+    /// `max_wal_senders=10` and `password_encryption=scram-sha-256`.
+    pub fn init_primary(opts: &PgOptions) -> PgCluster {
+        let bin = PgBin::require();
+        let dir = tempfile::Builder::new()
+            .prefix("pg-testkit-")
+            .tempdir()
+            .expect("create a temporary directory");
+        if is_root() {
+            let mut chown = Command::new("chown");
+            chown.arg("postgres:postgres").arg(dir.path());
+            run(chown, "chown the cluster directory to postgres");
+        }
+        let cluster = PgCluster {
+            bin,
+            dir,
+            port: free_port(),
+            running: false,
+        };
+        let mut initdb = cluster.bin.server_command("initdb");
+        initdb.arg("-D").arg(cluster.data_dir()).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "-N",
+        ]);
+        run(initdb, "initdb");
+
+        let mut conf = vec![
+            format!("port = {}", cluster.port),
+            "listen_addresses = '127.0.0.1'".to_string(),
+            "unix_socket_directories = ''".to_string(),
+            "wal_level = replica".to_string(),
+            "max_wal_senders = 10".to_string(),
+            "password_encryption = 'scram-sha-256'".to_string(),
+            "fsync = off".to_string(),
+            "log_replication_commands = on".to_string(),
+        ];
+        conf.extend(opts.conf.iter().cloned());
+        cluster.append_file("postgresql.conf", &conf);
+        let mut hba = vec![
+            "host all postgres 127.0.0.1/32 trust".to_string(),
+            "host replication postgres 127.0.0.1/32 trust".to_string(),
+        ];
+        hba.extend(opts.hba.iter().cloned());
+        cluster.write_file("pg_hba.conf", &hba);
+
+        let mut cluster = cluster;
+        cluster.start();
+        cluster
+    }
+
+    fn append_file(&self, name: &str, lines: &[String]) {
+        let path = self.data_dir().join(name);
+        let mut text = fs::read_to_string(&path).unwrap_or_default();
+        text.push('\n');
+        for l in lines {
+            text.push_str(l);
+            text.push('\n');
+        }
+        fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    }
+
+    fn write_file(&self, name: &str, lines: &[String]) {
+        let path = self.data_dir().join(name);
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    }
+
+    /// Starts the server and waits until it accepts connections (`pg_ctl start -w`, which
+    /// watches the postmaster's readiness report, bounded at 60 s).
+    pub fn start(&mut self) {
+        let mut cmd = self.bin.server_command("pg_ctl");
+        cmd.arg("-D")
+            .arg(self.data_dir())
+            .arg("-l")
+            .arg(self.log_path())
+            .args(["-w", "-t", "60", "start"]);
+        let out = cmd.output().expect("run pg_ctl start");
+        if !out.status.success() {
+            panic!(
+                "pg_ctl start failed: {}\n{}\nserver log:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                self.log()
+            );
+        }
+        self.running = true;
+    }
+
+    /// Stops the server in fast mode and waits for it to exit.
+    pub fn stop(&mut self) {
+        if !self.running {
+            return;
+        }
+        let mut cmd = self.bin.server_command("pg_ctl");
+        cmd.arg("-D")
+            .arg(self.data_dir())
+            .args(["-m", "fast", "-w", "-t", "60", "stop"]);
+        run(cmd, "pg_ctl stop");
+        self.running = false;
+    }
+
+    pub fn bin(&self) -> &PgBin {
+        &self.bin
+    }
+
+    pub fn host(&self) -> &'static str {
+        "127.0.0.1"
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// The data directory (PGDATA).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
+    /// The server log so far, for failure messages.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Runs SQL as the `postgres` superuser through psql and returns its unaligned, tuples-only
+    /// output, trimmed. Panics (with the server log) if psql fails.
+    pub fn psql(&self, sql: &str) -> String {
+        let mut cmd = Command::new(self.bin.tool("psql"));
+        cmd.args([
+            "-X",
+            "-A",
+            "-t",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            self.host(),
+        ])
+        .arg("-p")
+        .arg(self.port.to_string())
+        .args(["-U", "postgres", "-d", "postgres", "-c", sql])
+        .env_remove("PGPASSWORD")
+        .env_remove("PGSERVICE");
+        let out = cmd.output().expect("run psql");
+        if !out.status.success() {
+            panic!(
+                "psql {sql:?} failed: {}\nserver log:\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                self.log()
+            );
+        }
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Creates a login role with the REPLICATION attribute whose password is stored with
+    /// `encryption` (`scram-sha-256` or `md5`).
+    pub fn create_replication_role(&self, name: &str, password: &str, encryption: &str) {
+        self.psql(&format!(
+            "SET password_encryption = '{encryption}'; \
+             CREATE ROLE \"{name}\" LOGIN REPLICATION PASSWORD '{}'",
+            password.replace('\'', "''")
+        ));
+    }
+
+    /// A libpq connection string for this cluster.
+    pub fn conninfo(&self, user: &str, password: Option<&str>) -> String {
+        let mut s = format!("host={} port={} user={user}", self.host(), self.port);
+        if let Some(p) = password {
+            s.push_str(&format!(" password={p}"));
+        }
+        s
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        if self.running {
+            let mut cmd = self.bin.server_command("pg_ctl");
+            cmd.arg("-D")
+                .arg(self.data_dir())
+                .args(["-m", "immediate", "-w", "-t", "60", "stop"]);
+            // Errors cannot be reported from drop; the directory goes away regardless.
+            let _ = cmd.output();
+            self.running = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_postgresql_15() {
+        let bin = PgBin::require();
+        for tool in [
+            "initdb",
+            "pg_ctl",
+            "postgres",
+            "psql",
+            "pg_receivewal",
+            "pg_basebackup",
+            "pg_waldump",
+        ] {
+            assert!(
+                bin.tool(tool).exists(),
+                "{tool} missing in {}",
+                bin.dir().display()
+            );
+        }
+    }
+
+    #[test]
+    fn missing_binaries_fail_with_install_hint() {
+        // An explicit WALSERVER_PG_BIN is the only place looked at, so a wrong one must fail.
+        // Run the finder in a child process so this test's environment change stays local.
+        let exe = std::env::current_exe().unwrap();
+        let out = Command::new(exe)
+            .args(["--exact", "tests::finder_child", "--nocapture"])
+            .env("WALSERVER_PG_BIN", "/nonexistent/pg/bin")
+            .env("PG_TESTKIT_FINDER_CHILD", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains("PostgreSQL 15 is missing"), "{text}");
+        assert!(text.contains("apt-get install postgresql-15"), "{text}");
+    }
+
+    #[test]
+    fn finder_child() {
+        if std::env::var_os("PG_TESTKIT_FINDER_CHILD").is_some() {
+            println!("{}", PgBin::find().unwrap_err());
+        }
+    }
+
+    #[test]
+    fn cluster_starts_answers_and_cleans_up() {
+        let mut pg = PgCluster::init_primary(&PgOptions::default().conf("wal_keep_size = '16MB'"));
+        assert_eq!(pg.psql("SHOW wal_level"), "replica");
+        assert_eq!(pg.psql("SHOW wal_keep_size"), "16MB");
+        assert!(pg.psql("SELECT version()").contains("PostgreSQL 15"));
+        pg.create_replication_role("r1", "pw", "md5");
+        assert!(pg
+            .psql("SELECT rolpassword FROM pg_authid WHERE rolname = 'r1'")
+            .starts_with("md5"));
+        let dir = pg.data_dir();
+        pg.stop();
+        assert!(std::net::TcpStream::connect(pg.addr()).is_err());
+        pg.start();
+        assert_eq!(pg.psql("SELECT 1"), "1");
+        drop(pg);
+        assert!(!dir.exists());
+    }
+}

@@ -1,0 +1,639 @@
+//! libpq connection strings, as `primary_conninfo` and the walreceiver take them.
+//!
+//! Two forms, as libpq accepts them:
+//! ```text
+//! host=127.0.0.1 port=5433 user=repl password='a b\'c' sslmode=verify-full
+//! postgresql://repl:secret@[::1]:5433/dbname?sslmode=require&application_name=s1
+//! ```
+//! In the key=value form values may be single-quoted; a backslash escapes the next character
+//! inside or outside quotes; spaces around `=` are allowed. The URI form (`postgresql://` or
+//! `postgres://`) percent-decodes every part. A later setting of a key wins.
+//!
+//! Keys walserver uses become typed fields. The other keys libpq knows (`channel_binding`,
+//! `gssencmode`, `target_session_attrs`, ...) are kept in [`ConnInfo::other`] rather than
+//! refused, because a `primary_conninfo` copied from a PostgreSQL standby often carries some;
+//! the caller should warn that they are ignored ([`ConnInfo::ignored_options`]). A key libpq
+//! does not know is an error, as it is in libpq. A host list (`host=a,b`) is refused:
+//! walserver connects to one upstream.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use crate::tls::SslMode;
+
+/// PostgreSQL's default port.
+pub const DEFAULT_PORT: u16 = 5432;
+
+/// A parsed connection string.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// Host name or IP address; `None` means libpq's default, which for walserver (no Unix
+    /// sockets) is `localhost`: see [`ConnInfo::host_or_default`].
+    pub host: Option<String>,
+    pub port: u16,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub dbname: Option<String>,
+    pub application_name: Option<String>,
+    pub sslmode: SslMode,
+    pub sslrootcert: Option<PathBuf>,
+    pub sslcert: Option<PathBuf>,
+    pub sslkey: Option<PathBuf>,
+    /// Seconds; libpq treats 0 (or absent) as "wait forever" and 1 as 2.
+    pub connect_timeout: Option<u32>,
+    /// Command-line options for the server (`-c name=value ...`).
+    pub options: Option<String>,
+    /// Other keys libpq knows but walserver does not use, in the order given.
+    pub other: Vec<(String, String)>,
+}
+
+impl Default for ConnInfo {
+    fn default() -> ConnInfo {
+        ConnInfo {
+            host: None,
+            port: DEFAULT_PORT,
+            user: None,
+            password: None,
+            dbname: None,
+            application_name: None,
+            sslmode: SslMode::Prefer,
+            sslrootcert: None,
+            sslcert: None,
+            sslkey: None,
+            connect_timeout: None,
+            options: None,
+            other: Vec::new(),
+        }
+    }
+}
+
+/// Why a connection string is not valid. Each message names the bad part, in libpq's words.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConnInfoError {
+    #[error("invalid connection option \"{0}\"")]
+    InvalidOption(String),
+    #[error("missing \"=\" after \"{0}\" in connection info string")]
+    MissingEquals(String),
+    #[error("unterminated quoted string in connection info string")]
+    UnterminatedQuote,
+    #[error("invalid port number: \"{0}\"")]
+    InvalidPort(String),
+    #[error("invalid integer value \"{value}\" for connection option \"{key}\"")]
+    InvalidInteger { key: String, value: String },
+    #[error("invalid sslmode value: \"{0}\"")]
+    InvalidSslMode(String),
+    #[error("multiple hosts are not supported: \"{0}\"")]
+    MultipleHosts(String),
+    #[error("invalid URI query parameter: \"{0}\"")]
+    InvalidUriParameter(String),
+    #[error("missing key/value separator \"=\" in URI query parameter: \"{0}\"")]
+    MissingUriSeparator(String),
+    #[error("invalid percent-encoded token: \"{0}\"")]
+    InvalidPercentEncoding(String),
+    #[error("end of string reached when looking for matching \"]\" in IPv6 host address in URI: \"{0}\"")]
+    UnterminatedIpv6(String),
+    #[error("unexpected character \"{ch}\" at position {position} in URI (expected \":\" or \"/\"): \"{uri}\"")]
+    UnexpectedUriCharacter {
+        ch: char,
+        position: usize,
+        uri: String,
+    },
+}
+
+/// libpq's keywords that walserver keeps without using (PostgreSQL 15 to 17).
+const OTHER_LIBPQ_KEYS: &[&str] = &[
+    "service",
+    "passfile",
+    "channel_binding",
+    "hostaddr",
+    "client_encoding",
+    "fallback_application_name",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+    "replication",
+    "gssencmode",
+    "sslcompression",
+    "sslpassword",
+    "sslcrl",
+    "sslcrldir",
+    "sslsni",
+    "requirepeer",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "krbsrvname",
+    "gsslib",
+    "gssdelegation",
+    "target_session_attrs",
+    "require_auth",
+    "sslcertmode",
+    "load_balance_hosts",
+    "sslnegotiation",
+];
+
+impl ConnInfo {
+    /// Parses either form.
+    pub fn parse(s: &str) -> Result<ConnInfo, ConnInfoError> {
+        let mut info = ConnInfo::default();
+        if let Some(rest) = s
+            .strip_prefix("postgresql://")
+            .or_else(|| s.strip_prefix("postgres://"))
+        {
+            info.parse_uri(s, rest)?;
+        } else {
+            for (k, v) in parse_key_values(s)? {
+                info.set(&k, v)?;
+            }
+        }
+        Ok(info)
+    }
+
+    /// The host to connect to: the given one, or `localhost`.
+    pub fn host_or_default(&self) -> &str {
+        self.host.as_deref().unwrap_or("localhost")
+    }
+
+    /// The libpq keys given that walserver ignores, for a warning.
+    pub fn ignored_options(&self) -> impl Iterator<Item = &str> {
+        self.other.iter().map(|(k, _)| k.as_str())
+    }
+
+    fn set(&mut self, key: &str, value: String) -> Result<(), ConnInfoError> {
+        let path = |v: String| (!v.is_empty()).then(|| PathBuf::from(v));
+        let text = |v: String| (!v.is_empty()).then_some(v);
+        match key {
+            "host" => {
+                if value.contains(',') {
+                    return Err(ConnInfoError::MultipleHosts(value));
+                }
+                self.host = text(value);
+            }
+            "port" => self.port = parse_port(&value)?,
+            "user" => self.user = text(value),
+            "password" => self.password = Some(value),
+            "dbname" => self.dbname = text(value),
+            "application_name" => self.application_name = Some(value),
+            "sslmode" => self.sslmode = value.parse()?,
+            "sslrootcert" => self.sslrootcert = path(value),
+            "sslcert" => self.sslcert = path(value),
+            "sslkey" => self.sslkey = path(value),
+            "connect_timeout" => {
+                self.connect_timeout = if value.trim().is_empty() {
+                    None
+                } else {
+                    Some(
+                        value
+                            .trim()
+                            .parse()
+                            .map_err(|_| ConnInfoError::InvalidInteger {
+                                key: key.to_string(),
+                                value: value.clone(),
+                            })?,
+                    )
+                }
+            }
+            "options" => self.options = text(value),
+            k if OTHER_LIBPQ_KEYS.contains(&k) => {
+                self.other.retain(|(o, _)| o != k);
+                self.other.push((k.to_string(), value));
+            }
+            other => return Err(ConnInfoError::InvalidOption(other.to_string())),
+        }
+        Ok(())
+    }
+
+    fn parse_uri(&mut self, uri: &str, rest: &str) -> Result<(), ConnInfoError> {
+        let (main, query) = match rest.split_once('?') {
+            Some((m, q)) => (m, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match main.find('/') {
+            Some(i) if !main[..i].contains('[') || main[..i].contains(']') => {
+                (&main[..i], Some(&main[i + 1..]))
+            }
+            _ => match main.find(']') {
+                // An IPv6 address may not hold '/', but find the path after the bracket.
+                Some(close) => match main[close..].find('/') {
+                    Some(j) => (&main[..close + j], Some(&main[close + j + 1..])),
+                    None => (main, None),
+                },
+                None => (main, None),
+            },
+        };
+        let hostport = match authority.rfind('@') {
+            Some(at) => {
+                let userinfo = &authority[..at];
+                let (user, password) = match userinfo.split_once(':') {
+                    Some((u, p)) => (u, Some(p)),
+                    None => (userinfo, None),
+                };
+                if !user.is_empty() {
+                    self.set("user", percent_decode(user)?)?;
+                }
+                if let Some(p) = password {
+                    self.set("password", percent_decode(p)?)?;
+                }
+                &authority[at + 1..]
+            }
+            None => authority,
+        };
+        let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+            let close = v6
+                .find(']')
+                .ok_or_else(|| ConnInfoError::UnterminatedIpv6(uri.to_string()))?;
+            let after = &v6[close + 1..];
+            let port = match after.strip_prefix(':') {
+                Some(p) => Some(p),
+                None if after.is_empty() => None,
+                None => {
+                    let ch = after.chars().next().unwrap_or(' ');
+                    return Err(ConnInfoError::UnexpectedUriCharacter {
+                        ch,
+                        position: uri.len() - rest.len() + 1 + close + 2,
+                        uri: uri.to_string(),
+                    });
+                }
+            };
+            (v6[..close].to_string(), port)
+        } else {
+            match hostport.split_once(':') {
+                Some((h, p)) => (percent_decode(h)?, Some(p)),
+                None => (percent_decode(hostport)?, None),
+            }
+        };
+        if !host.is_empty() {
+            self.set("host", host)?;
+        }
+        if let Some(p) = port.filter(|p| !p.is_empty()) {
+            self.set("port", percent_decode(p)?)?;
+        }
+        if let Some(db) = path.filter(|p| !p.is_empty()) {
+            self.set("dbname", percent_decode(db)?)?;
+        }
+        for param in query.into_iter().flat_map(|q| q.split('&')) {
+            if param.is_empty() {
+                continue;
+            }
+            let (k, v) = param
+                .split_once('=')
+                .ok_or_else(|| ConnInfoError::MissingUriSeparator(param.to_string()))?;
+            let (k, v) = (percent_decode(k)?, percent_decode(v)?);
+            if k == "ssl" && v == "true" {
+                // libpq's JDBC-compatible spelling.
+                self.sslmode = SslMode::Require;
+                continue;
+            }
+            match self.set(&k, v) {
+                Err(ConnInfoError::InvalidOption(k)) => {
+                    return Err(ConnInfoError::InvalidUriParameter(k))
+                }
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The settings in key=value form without the password, for status displays and logs.
+    /// Parsing the result gives the same settings, less the password.
+    pub fn to_string_without_password(&self) -> String {
+        let mut parts: Vec<(&str, String)> = Vec::new();
+        let mut add = |k: &'static str, v: Option<String>| {
+            if let Some(v) = v {
+                parts.push((k, v));
+            }
+        };
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
+        add("host", self.host.clone());
+        add("port", Some(self.port.to_string()));
+        add("user", self.user.clone());
+        add("dbname", self.dbname.clone());
+        add("application_name", self.application_name.clone());
+        add("sslmode", Some(self.sslmode.to_string()));
+        add("sslrootcert", path(&self.sslrootcert));
+        add("sslcert", path(&self.sslcert));
+        add("sslkey", path(&self.sslkey));
+        add(
+            "connect_timeout",
+            self.connect_timeout.map(|t| t.to_string()),
+        );
+        add("options", self.options.clone());
+        let mut out: Vec<String> = parts
+            .into_iter()
+            .map(|(k, v)| format!("{k}={}", quote_value(&v)))
+            .collect();
+        out.extend(
+            self.other
+                .iter()
+                .map(|(k, v)| format!("{k}={}", quote_value(v))),
+        );
+        out.join(" ")
+    }
+}
+
+impl FromStr for ConnInfo {
+    type Err = ConnInfoError;
+    fn from_str(s: &str) -> Result<ConnInfo, ConnInfoError> {
+        ConnInfo::parse(s)
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SslMode {
+    type Err = ConnInfoError;
+    fn from_str(s: &str) -> Result<SslMode, ConnInfoError> {
+        Ok(match s {
+            "disable" => SslMode::Disable,
+            "allow" => SslMode::Allow,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            other => return Err(ConnInfoError::InvalidSslMode(other.to_string())),
+        })
+    }
+}
+
+/// A value for the key=value form, quoted when it must be.
+fn quote_value(v: &str) -> String {
+    if !v.is_empty() && !v.contains(|c: char| c.is_whitespace() || c == '\'' || c == '\\') {
+        return v.to_string();
+    }
+    let mut q = String::with_capacity(v.len() + 2);
+    q.push('\'');
+    for c in v.chars() {
+        if c == '\'' || c == '\\' {
+            q.push('\\');
+        }
+        q.push(c);
+    }
+    q.push('\'');
+    q
+}
+
+fn parse_port(value: &str) -> Result<u16, ConnInfoError> {
+    if value.is_empty() {
+        return Ok(DEFAULT_PORT);
+    }
+    if value.contains(',') {
+        return Err(ConnInfoError::MultipleHosts(value.to_string()));
+    }
+    value
+        .trim()
+        .parse::<u16>()
+        .ok()
+        .filter(|&p| p != 0 && value.trim().bytes().all(|b| b.is_ascii_digit()))
+        .ok_or_else(|| ConnInfoError::InvalidPort(value.to_string()))
+}
+
+/// libpq's key=value scanner (`conninfo_parse`).
+fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, ConnInfoError> {
+    let mut out = Vec::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.peek().is_none() {
+            return Ok(out);
+        }
+        let mut key = String::new();
+        while let Some(c) = chars.next_if(|&c| c != '=' && !c.is_whitespace()) {
+            key.push(c);
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.next() != Some('=') {
+            return Err(ConnInfoError::MissingEquals(key));
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if chars.next_if_eq(&'\'').is_some() {
+            loop {
+                match chars.next() {
+                    None => return Err(ConnInfoError::UnterminatedQuote),
+                    Some('\\') => match chars.next() {
+                        Some(c) => value.push(c),
+                        None => return Err(ConnInfoError::UnterminatedQuote),
+                    },
+                    Some('\'') => break,
+                    Some(c) => value.push(c),
+                }
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                if c == '\\' {
+                    if let Some(escaped) = chars.next() {
+                        value.push(escaped);
+                    }
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        out.push((key, value));
+    }
+}
+
+/// Decodes `%XX` escapes. A bad escape, `%00`, or a result that is not UTF-8 is an error.
+fn percent_decode(s: &str) -> Result<String, ConnInfoError> {
+    let bad = || ConnInfoError::InvalidPercentEncoding(s.to_string());
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3).ok_or_else(bad)?;
+            let hex = std::str::from_utf8(hex).map_err(|_| bad())?;
+            let byte = u8::from_str_radix(hex, 16).map_err(|_| bad())?;
+            if byte == 0 || !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+                return Err(bad());
+            }
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(s: &str, expected: ConnInfo) {
+        assert_eq!(ConnInfo::parse(s), Ok(expected), "{s:?}");
+    }
+
+    fn check_err(s: &str, message: &str) {
+        assert_eq!(
+            ConnInfo::parse(s).map_err(|e| e.to_string()),
+            Err(message.to_string()),
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn key_value_form() {
+        check(
+            "host=127.0.0.1 port=5433 user=repl password=secret application_name=s1 sslmode=verify-full sslrootcert=/r.crt connect_timeout=10",
+            ConnInfo {
+                host: Some("127.0.0.1".into()),
+                port: 5433,
+                user: Some("repl".into()),
+                password: Some("secret".into()),
+                application_name: Some("s1".into()),
+                sslmode: SslMode::VerifyFull,
+                sslrootcert: Some("/r.crt".into()),
+                connect_timeout: Some(10),
+                ..ConnInfo::default()
+            },
+        );
+        check(
+            "  user = 'a b\\'c'  password='x\\\\y' dbname=d\\ e options='-c wal_sender_timeout=0'",
+            ConnInfo {
+                user: Some("a b'c".into()),
+                password: Some("x\\y".into()),
+                dbname: Some("d e".into()),
+                options: Some("-c wal_sender_timeout=0".into()),
+                ..ConnInfo::default()
+            },
+        );
+        check("", ConnInfo::default());
+        check(
+            "password=''",
+            ConnInfo {
+                password: Some(String::new()),
+                ..ConnInfo::default()
+            },
+        );
+        check(
+            "port=1 port=2",
+            ConnInfo {
+                port: 2,
+                ..ConnInfo::default()
+            },
+        );
+        let info = ConnInfo::parse("host=h channel_binding=prefer gssencmode=disable").unwrap();
+        assert_eq!(
+            info.ignored_options().collect::<Vec<_>>(),
+            ["channel_binding", "gssencmode"]
+        );
+        assert_eq!(ConnInfo::default().host_or_default(), "localhost");
+        assert_eq!(ConnInfo::default().sslmode, SslMode::Prefer);
+    }
+
+    #[test]
+    fn uri_form() {
+        check(
+            "postgresql://repl:se%40cret@db.example:5433/mydb?sslmode=require&application_name=a%20b",
+            ConnInfo {
+                host: Some("db.example".into()),
+                port: 5433,
+                user: Some("repl".into()),
+                password: Some("se@cret".into()),
+                dbname: Some("mydb".into()),
+                application_name: Some("a b".into()),
+                sslmode: SslMode::Require,
+                ..ConnInfo::default()
+            },
+        );
+        check(
+            "postgres://[::1]:6000",
+            ConnInfo {
+                host: Some("::1".into()),
+                port: 6000,
+                ..ConnInfo::default()
+            },
+        );
+        check("postgresql://", ConnInfo::default());
+        check(
+            "postgresql:///?ssl=true&connect_timeout=5",
+            ConnInfo {
+                sslmode: SslMode::Require,
+                connect_timeout: Some(5),
+                ..ConnInfo::default()
+            },
+        );
+        check(
+            "postgresql://u@h/",
+            ConnInfo {
+                user: Some("u".into()),
+                host: Some("h".into()),
+                ..ConnInfo::default()
+            },
+        );
+    }
+
+    #[test]
+    fn errors_name_the_bad_part() {
+        check_err("foo=bar", "invalid connection option \"foo\"");
+        check_err(
+            "host",
+            "missing \"=\" after \"host\" in connection info string",
+        );
+        check_err(
+            "host 127.0.0.1",
+            "missing \"=\" after \"host\" in connection info string",
+        );
+        check_err(
+            "password='abc",
+            "unterminated quoted string in connection info string",
+        );
+        check_err("port=abc", "invalid port number: \"abc\"");
+        check_err("port=70000", "invalid port number: \"70000\"");
+        check_err("port=0", "invalid port number: \"0\"");
+        check_err(
+            "connect_timeout=soon",
+            "invalid integer value \"soon\" for connection option \"connect_timeout\"",
+        );
+        check_err("sslmode=sometimes", "invalid sslmode value: \"sometimes\"");
+        check_err("host=a,b", "multiple hosts are not supported: \"a,b\"");
+        check_err(
+            "postgresql://h/?foo=1",
+            "invalid URI query parameter: \"foo\"",
+        );
+        check_err(
+            "postgresql://h/?sslmode",
+            "missing key/value separator \"=\" in URI query parameter: \"sslmode\"",
+        );
+        check_err("postgresql://h:12x/", "invalid port number: \"12x\"");
+        check_err(
+            "postgresql://u%zz@h",
+            "invalid percent-encoded token: \"u%zz\"",
+        );
+        check_err(
+            "postgresql://u%00@h",
+            "invalid percent-encoded token: \"u%00\"",
+        );
+        check_err(
+            "postgresql://u%4@h",
+            "invalid percent-encoded token: \"u%4\"",
+        );
+        assert!(matches!(
+            ConnInfo::parse("postgresql://[::1"),
+            Err(ConnInfoError::UnterminatedIpv6(_))
+        ));
+    }
+
+    #[test]
+    fn display_hides_the_password_and_parses_back() {
+        let s = "host=h port=5433 user='we ird' password=topsecret application_name='x\\'y' sslmode=disable keepalives=1";
+        let info = ConnInfo::parse(s).unwrap();
+        let shown = info.to_string_without_password();
+        assert!(!shown.contains("topsecret"), "{shown}");
+        assert_eq!(
+            shown,
+            "host=h port=5433 user='we ird' application_name='x\\'y' sslmode=disable keepalives=1"
+        );
+        let mut expected = info.clone();
+        expected.password = None;
+        assert_eq!(ConnInfo::parse(&shown).unwrap(), expected);
+    }
+}

@@ -1,0 +1,463 @@
+//! TLS configuration for both ends, on rustls with the `ring` provider.
+//!
+//! Server side: [`server_config`] loads a PEM certificate chain and key. A server with a
+//! configuration answers SSLRequest with `'S'`, otherwise `'N'`; before `'S'` it must check
+//! that no plaintext bytes were pipelined after the SSLRequest
+//! ([`crate::messages::ensure_nothing_pipelined`]). Starting the handshake is the caller's.
+//!
+//! Client side: [`client_config`] builds the configuration for a libpq `sslmode`:
+//!
+//! | sslmode | TLS | server certificate checked |
+//! |---|---|---|
+//! | disable | never | – |
+//! | allow | only if plaintext is refused | as prefer |
+//! | prefer (default) | tried first, plaintext if the server says `'N'` | no (yes with a root certificate) |
+//! | require | always | no (yes, chain only, with a root certificate, as libpq does) |
+//! | verify-ca | always | chain up to `sslrootcert`, not the host name |
+//! | verify-full | always | chain and host name |
+//!
+//! libpq falls back to `~/.postgresql/root.crt`; here the root certificate file must be given.
+//! Client certificates (`sslcert`/`sslkey`) are not supported yet.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig,
+    SignatureScheme,
+};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+
+/// libpq's `sslmode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    Allow,
+    #[default]
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Allow => "allow",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+
+    /// Whether the client sends SSLRequest on its first attempt (allow tries plaintext
+    /// first and TLS only if the server refuses it).
+    pub fn tries_tls_first(self) -> bool {
+        !matches!(self, SslMode::Disable | SslMode::Allow)
+    }
+
+    /// Whether a server's `'N'` ends the attempt.
+    pub fn requires_tls(self) -> bool {
+        matches!(
+            self,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull
+        )
+    }
+}
+
+/// Why a TLS configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("could not read {what} from \"{path}\": {source}")]
+    Pem {
+        what: &'static str,
+        path: PathBuf,
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("no certificates found in \"{0}\"")]
+    NoCertificates(PathBuf),
+    #[error("sslmode {0} requires sslrootcert (a root certificate file)")]
+    RootCertRequired(SslMode),
+    #[error("invalid server name \"{0}\"")]
+    InvalidServerName(String),
+    #[error("could not build the certificate verifier: {0}")]
+    Verifier(String),
+    #[error("TLS configuration error: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+pub type Result<T, E = TlsError> = std::result::Result<T, E>;
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+    let pem = |source| TlsError::Pem {
+        what: "certificates",
+        path: path.to_path_buf(),
+        source,
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(pem)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(pem)?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificates(path.to_path_buf()));
+    }
+    Ok(certs)
+}
+
+/// The server's configuration from PEM files: the certificate chain (leaf first) and its
+/// private key (PKCS#8, PKCS#1 or SEC1).
+pub fn server_config(cert_pem_path: &Path, key_pem_path: &Path) -> Result<Arc<ServerConfig>> {
+    let certs = load_certs(cert_pem_path)?;
+    let key = PrivateKeyDer::from_pem_file(key_pem_path).map_err(|source| TlsError::Pem {
+        what: "a private key",
+        path: key_pem_path.to_path_buf(),
+        source,
+    })?;
+    let config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    Ok(Arc::new(config))
+}
+
+/// The client's configuration for `sslmode` (see the module docs), or `None` for
+/// `disable`. `sslrootcert` is a PEM file of trusted root certificates.
+pub fn client_config(
+    sslmode: SslMode,
+    sslrootcert: Option<&Path>,
+) -> Result<Option<Arc<ClientConfig>>> {
+    if sslmode == SslMode::Disable {
+        return Ok(None);
+    }
+    let verifier: Arc<dyn ServerCertVerifier> = match sslrootcert {
+        None if matches!(sslmode, SslMode::VerifyCa | SslMode::VerifyFull) => {
+            return Err(TlsError::RootCertRequired(sslmode))
+        }
+        None => Arc::new(AnyServerCert {
+            provider: provider(),
+        }),
+        Some(path) => {
+            let mut roots = RootCertStore::empty();
+            for cert in load_certs(path)? {
+                roots.add(cert)?;
+            }
+            let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+                .build()
+                .map_err(|e| TlsError::Verifier(e.to_string()))?;
+            if sslmode == SslMode::VerifyFull {
+                webpki
+            } else {
+                Arc::new(ChainOnly { inner: webpki })
+            }
+        }
+    };
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    Ok(Some(Arc::new(config)))
+}
+
+/// The name to give rustls for `host` (a DNS name or an IP address), for SNI and for
+/// verify-full's host name check.
+pub fn server_name(host: &str) -> Result<ServerName<'static>> {
+    ServerName::try_from(host.to_string()).map_err(|_| TlsError::InvalidServerName(host.into()))
+}
+
+/// verify-ca: the webpki chain check, with only a host name mismatch forgiven. webpki checks
+/// the chain first and the name last, so a name error means the chain was good.
+#[derive(Debug)]
+struct ChainOnly {
+    inner: Arc<WebPkiServerVerifier>,
+}
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// require/prefer/allow without a root certificate: encryption without authentication, as
+/// libpq does. The handshake signatures are still checked, so the peer must hold the key of
+/// the certificate it shows.
+#[derive(Debug)]
+struct AnyServerCert {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for AnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    use rustls::{ClientConnection, ServerConnection};
+
+    use super::*;
+
+    /// A CA and a server certificate for `localhost` signed by it, as PEM files.
+    struct Pki {
+        dir: tempfile::TempDir,
+    }
+
+    impl Pki {
+        fn new() -> Pki {
+            let dir = tempfile::tempdir().unwrap();
+            let ca_key = KeyPair::generate().unwrap();
+            let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+            ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            ca.distinguished_name
+                .push(DnType::CommonName, "walserver test CA");
+            let ca_cert = ca.clone().self_signed(&ca_key).unwrap();
+            let key = KeyPair::generate().unwrap();
+            let leaf = CertificateParams::new(vec!["localhost".to_string()])
+                .unwrap()
+                .signed_by(&key, &ca_cert, &ca_key)
+                .unwrap();
+            // A second, unrelated CA, for "wrong root" checks.
+            let other_key = KeyPair::generate().unwrap();
+            let other = ca.self_signed(&other_key).unwrap();
+            std::fs::write(dir.path().join("root.crt"), ca_cert.pem()).unwrap();
+            std::fs::write(dir.path().join("other.crt"), other.pem()).unwrap();
+            std::fs::write(dir.path().join("server.crt"), leaf.pem()).unwrap();
+            std::fs::write(dir.path().join("server.key"), key.serialize_pem()).unwrap();
+            Pki { dir }
+        }
+
+        fn path(&self, name: &str) -> PathBuf {
+            self.dir.path().join(name)
+        }
+
+        fn server(&self) -> Arc<ServerConfig> {
+            server_config(&self.path("server.crt"), &self.path("server.key")).unwrap()
+        }
+    }
+
+    /// Runs a handshake in memory, then sends a few bytes through; the error is the client's
+    /// or the server's. The loop is bounded by the number of handshake flights.
+    fn handshake(
+        client: Arc<ClientConfig>,
+        server: Arc<ServerConfig>,
+        host: &str,
+    ) -> Result<(), rustls::Error> {
+        let mut c = ClientConnection::new(client, server_name(host).unwrap())?;
+        let mut s = ServerConnection::new(server)?;
+        c.writer().write_all(b"hello").unwrap();
+        for _ in 0..10 {
+            let mut buf = Vec::new();
+            while c.wants_write() {
+                c.write_tls(&mut buf).unwrap();
+            }
+            let mut rd = &buf[..];
+            while !rd.is_empty() {
+                s.read_tls(&mut rd).unwrap();
+                s.process_new_packets()?;
+            }
+            let mut buf = Vec::new();
+            while s.wants_write() {
+                s.write_tls(&mut buf).unwrap();
+            }
+            let mut rd = &buf[..];
+            while !rd.is_empty() {
+                c.read_tls(&mut rd).unwrap();
+                c.process_new_packets()?;
+            }
+            let mut got = [0u8; 5];
+            if !c.is_handshaking() && s.reader().read_exact(&mut got).is_ok() {
+                assert_eq!(&got, b"hello");
+                return Ok(());
+            }
+        }
+        panic!("handshake did not finish");
+    }
+
+    #[test]
+    fn sslmodes() {
+        let pki = Pki::new();
+        let root = pki.path("root.crt");
+        let other = pki.path("other.crt");
+        let cfg = |mode, root: Option<&Path>| client_config(mode, root).unwrap().unwrap();
+
+        assert!(client_config(SslMode::Disable, None).unwrap().is_none());
+        // require without a root certificate encrypts but does not authenticate.
+        handshake(
+            cfg(SslMode::Require, None),
+            pki.server(),
+            "anything.example",
+        )
+        .unwrap();
+        handshake(cfg(SslMode::Prefer, None), pki.server(), "localhost").unwrap();
+        // verify-ca checks the chain but not the name.
+        handshake(
+            cfg(SslMode::VerifyCa, Some(&root)),
+            pki.server(),
+            "localhost",
+        )
+        .unwrap();
+        handshake(
+            cfg(SslMode::VerifyCa, Some(&root)),
+            pki.server(),
+            "wrong.example",
+        )
+        .unwrap();
+        assert!(handshake(
+            cfg(SslMode::VerifyCa, Some(&other)),
+            pki.server(),
+            "localhost"
+        )
+        .is_err());
+        // require with a root certificate behaves like verify-ca, as in libpq.
+        assert!(handshake(
+            cfg(SslMode::Require, Some(&other)),
+            pki.server(),
+            "localhost"
+        )
+        .is_err());
+        // verify-full checks both.
+        handshake(
+            cfg(SslMode::VerifyFull, Some(&root)),
+            pki.server(),
+            "localhost",
+        )
+        .unwrap();
+        let wrong_host = handshake(
+            cfg(SslMode::VerifyFull, Some(&root)),
+            pki.server(),
+            "wrong.example",
+        );
+        assert!(
+            matches!(
+                wrong_host,
+                Err(rustls::Error::InvalidCertificate(
+                    CertificateError::NotValidForName
+                        | CertificateError::NotValidForNameContext { .. }
+                ))
+            ),
+            "{wrong_host:?}"
+        );
+        assert!(handshake(
+            cfg(SslMode::VerifyFull, Some(&other)),
+            pki.server(),
+            "localhost"
+        )
+        .is_err());
+        // verify-* without a root certificate is a configuration error.
+        assert!(matches!(
+            client_config(SslMode::VerifyFull, None),
+            Err(TlsError::RootCertRequired(SslMode::VerifyFull))
+        ));
+    }
+
+    #[test]
+    fn bad_files() {
+        let pki = Pki::new();
+        assert!(server_config(&pki.path("missing.crt"), &pki.path("server.key")).is_err());
+        assert!(matches!(
+            server_config(&pki.path("server.key"), &pki.path("server.key")),
+            Err(TlsError::NoCertificates(_))
+        ));
+        assert!(server_config(&pki.path("server.crt"), &pki.path("server.crt")).is_err());
+        assert!(client_config(SslMode::VerifyCa, Some(&pki.path("nope.crt"))).is_err());
+        assert!(SslMode::Require.requires_tls() && !SslMode::Prefer.requires_tls());
+        assert!(SslMode::Prefer.tries_tls_first() && !SslMode::Allow.tries_tls_first());
+        assert!(server_name("127.0.0.1").is_ok());
+        assert!(server_name("bad name!").is_err());
+    }
+}

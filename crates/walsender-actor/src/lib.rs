@@ -4,4 +4,7 @@
 
 pub mod hba;
 pub mod lag;
+pub mod session;
+pub mod startup;
+pub mod status;
 pub mod writer;

@@ -22,7 +22,9 @@ impl SqlState {
     pub const UNDEFINED_OBJECT: SqlState = SqlState(*b"42704");
     pub const DUPLICATE_OBJECT: SqlState = SqlState(*b"42710");
     pub const TOO_MANY_CONNECTIONS: SqlState = SqlState(*b"53300");
+    pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState(*b"55000");
     pub const OBJECT_IN_USE: SqlState = SqlState(*b"55006");
+    pub const QUERY_CANCELED: SqlState = SqlState(*b"57014");
     pub const ADMIN_SHUTDOWN: SqlState = SqlState(*b"57P01");
     pub const UNDEFINED_FILE: SqlState = SqlState(*b"58P01");
     pub const INTERNAL_ERROR: SqlState = SqlState(*b"XX000");

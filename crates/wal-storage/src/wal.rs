@@ -442,6 +442,18 @@ impl Wal {
         Wal::open_locked(dir, cfg, lock)
     }
 
+    /// The segment size a data directory was made with, read from its control file, so a
+    /// caller can open it without knowing that in advance.
+    pub fn stored_segment_size(dir: impl AsRef<Path>) -> Result<u64> {
+        let dir = dir.as_ref();
+        if !dir.join("control").exists() {
+            return Err(WalError::NotInitialized {
+                dir: dir.to_path_buf(),
+            });
+        }
+        Ok(read_control(&dir.join("control"))?.segment_size)
+    }
+
     fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Wal> {
         let control = read_control(&dir.join("control"))?;
         if control.segment_size != cfg.segment_size {

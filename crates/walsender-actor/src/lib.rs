@@ -1,10 +1,50 @@
-//! walsender-actor: one actix actor per replication connection, serving WAL to a standby or
-//! pg_receivewal. Being built under the walsender issue; what exists so far are the plain parts
-//! the actor will wrap: access rules ([`hba`]) and lag measurement ([`lag`]).
+//! walsender-actor: PostgreSQL's walsender as actix actors.
+//!
+//! One [`WalSender`] actor serves one replication connection: it authenticates the client,
+//! answers replication commands and streams durable WAL from `wal-storage` in PostgreSQL 15's
+//! CopyBoth sub-protocol, so pg_receivewal, a PostgreSQL standby and walserver's own
+//! walreceiver can all stream from it. Its peer is the client on the socket; the node's other
+//! actors reach it through the [`WalSenderRegistry`], which knows every connection, enforces
+//! `max_wal_senders`, shows `pg_stat_replication` and fans out shutdown. The [`Listener`]
+//! accepts connections and starts walsenders.
+//!
+//! The protocol logic is in plain state machines the actors wrap: [`startup::Handshake`] (SSL
+//! negotiation and authentication) and [`session::Session`] (commands and streaming). They do
+//! no I/O, so their tests need no sockets.
+//!
+//! How a walsender stops:
+//! - normally, when the client sends Terminate or closes the socket;
+//! - on error: a FATAL (protocol violation, failed authentication, `max_wal_senders` reached)
+//!   is sent and the connection closed; an ERROR in a command (or inside COPY) is sent with
+//!   ReadyForQuery and the connection stays;
+//! - on `wal_sender_timeout`, after a keepalive at half of it went unanswered;
+//! - at shutdown ([`messages::Shutdown`]): immediate ends every connection with FATAL 57P01;
+//!   fast does that for connections not streaming, and lets streaming ones send all flushed
+//!   WAL and wait (until a deadline) for the standby to confirm it before CommandComplete.
+//!
+//! What it does not own: storage (it reads through a `Wal` handle), the decision to shut down
+//! (the supervisor's), synchronous replication (it reports standby positions; the tracker
+//! decides).
 
+mod actor;
+pub mod connection;
 pub mod hba;
 pub mod lag;
+mod listener;
+pub mod messages;
+mod registry;
 pub mod session;
+mod shared;
 pub mod startup;
 pub mod status;
 pub mod writer;
+
+pub use actor::WalSender;
+pub use listener::Listener;
+pub use registry::WalSenderRegistry;
+pub use shared::{Shared, WalSenderSettings};
+
+/// The `server_version` walserver reports. PostgreSQL 15's pg_receivewal refuses a server
+/// newer than itself, and its clients switch behaviour on the major version, so walserver
+/// presents itself as PostgreSQL 15.
+pub const SERVER_VERSION: &str = "15.0 (walserver)";

@@ -1,0 +1,227 @@
+//! The startup phase on a real socket: the async driver around [`crate::startup::Handshake`].
+//!
+//! It reads startup packets and authentication messages, writes the answers, upgrades to TLS
+//! when asked, and registers the walsender. It always listens for shutdown and for its
+//! deadline (`authentication_timeout`) too, so a client that connects and says nothing, or
+//! stops halfway through SCRAM, costs nothing once either comes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use protocol_codec::{
+    BackendMessage, CodecError, ErrorFields, FrontendMessage, ServerCodec, SqlState, StartupCodec,
+    StartupPacket,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio_util::codec::Decoder;
+
+use crate::messages::RegisterWalSender;
+use crate::session::{admin_shutdown, ShutdownMode};
+use crate::shared::Shared;
+use crate::startup::{greeting, ClientIdentity, Handshake, Step};
+use crate::status::WalSenderStatus;
+
+/// A byte stream in either direction: plain TCP or TLS.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// A connection that finished its startup phase.
+pub struct Established {
+    pub io: Box<dyn Io>,
+    /// Bytes the client sent after its last authentication message, already read.
+    pub leftover: BytesMut,
+    pub identity: ClientIdentity,
+    pub status: WalSenderStatus,
+}
+
+/// How a startup phase ended without a walsender.
+#[derive(Debug)]
+pub enum Ended {
+    /// A FATAL was sent (or the client left, or asked to cancel); nothing more to do.
+    Closed,
+}
+
+enum Phase {
+    Startup,
+    Messages,
+}
+
+/// Runs the startup phase of one connection.
+pub async fn handshake(
+    stream: TcpStream,
+    peer: SocketAddr,
+    pid: u32,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<Option<ShutdownMode>>,
+) -> Result<Established, Ended> {
+    let settings = shared.settings();
+    let deadline = tokio::time::Instant::now() + settings.authentication_timeout;
+    let _ = stream.set_nodelay(true);
+    let mut io: Box<dyn Io> = Box::new(stream);
+    let mut buf = BytesMut::with_capacity(1024);
+    let mut machine = Handshake::new(settings.auth.clone(), peer.ip());
+    let mut phase = Phase::Startup;
+    loop {
+        let item = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(Option::is_some) => {
+                return fail(&mut io, admin_shutdown()).await;
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                if machine.startup_received() {
+                    return fail(&mut io, ErrorFields::fatal(SqlState::QUERY_CANCELED, "canceling authentication due to timeout")).await;
+                }
+                // PostgreSQL closes a connection that never sent a startup packet silently.
+                return Err(Ended::Closed);
+            }
+            item = read_item(&mut io, &mut buf, &phase) => item,
+        };
+        let step = match item {
+            Ok(Some(Item::Packet(p))) => machine.on_packet(p),
+            Ok(Some(Item::Message(m))) => machine.on_message(m),
+            // The client left.
+            Ok(None) => return Err(Ended::Closed),
+            Err(e) => {
+                tracing::debug!(%peer, "bad startup traffic: {e}");
+                return fail(&mut io, ErrorFields::fatal(e.sqlstate(), e.to_string())).await;
+            }
+        };
+        match step {
+            Step::SslAnswer(answer) => {
+                if answer == b'S' {
+                    if let Err(e) = protocol_codec::messages::ensure_nothing_pipelined(&buf) {
+                        return fail(
+                            &mut io,
+                            ErrorFields::fatal(SqlState::PROTOCOL_VIOLATION, e.to_string()),
+                        )
+                        .await;
+                    }
+                    let Some(acceptor) = shared.tls.clone() else {
+                        return Err(Ended::Closed);
+                    };
+                    write(&mut io, &[answer]).await?;
+                    let tls = tokio::select! {
+                        _ = shutdown.wait_for(Option::is_some) => return Err(Ended::Closed),
+                        _ = tokio::time::sleep_until(deadline) => return Err(Ended::Closed),
+                        r = acceptor.accept(io) => r,
+                    };
+                    io = match tls {
+                        Ok(s) => Box::new(s),
+                        Err(e) => {
+                            tracing::info!(%peer, "TLS handshake failed: {e}");
+                            return Err(Ended::Closed);
+                        }
+                    };
+                    machine.tls_started();
+                } else {
+                    write(&mut io, &[answer]).await?;
+                }
+            }
+            Step::Send(msgs) => {
+                phase = Phase::Messages;
+                send(&mut io, &msgs).await?;
+            }
+            Step::Fatal(f) => return fail(&mut io, f).await,
+            Step::Close => return Err(Ended::Closed),
+            Step::Authenticated(msgs, identity) => {
+                send(&mut io, &msgs).await?;
+                let status =
+                    WalSenderStatus::new(pid, &identity.user, &identity.application_name, peer);
+                match shared.registry.send(RegisterWalSender { status: status.clone() }).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(too_many)) => {
+                        return fail(
+                            &mut io,
+                            ErrorFields::fatal(
+                                SqlState::TOO_MANY_CONNECTIONS,
+                                format!(
+                                    "number of requested standby connections exceeds max_wal_senders (currently {})",
+                                    too_many.max_wal_senders
+                                ),
+                            ),
+                        )
+                        .await
+                    }
+                    Err(_) => return fail(&mut io, admin_shutdown()).await,
+                }
+                let key = rand_key(pid);
+                let hello = greeting(
+                    &identity,
+                    &settings.server_version,
+                    settings.in_hot_standby,
+                    pid as i32,
+                    key,
+                );
+                send(&mut io, &hello).await?;
+                return Ok(Established {
+                    io,
+                    leftover: buf,
+                    identity,
+                    status,
+                });
+            }
+        }
+    }
+}
+
+enum Item {
+    Packet(StartupPacket),
+    Message(FrontendMessage),
+}
+
+/// Reads until one item decodes. Cancel-safe: bytes read stay in `buf`.
+async fn read_item(
+    io: &mut Box<dyn Io>,
+    buf: &mut BytesMut,
+    phase: &Phase,
+) -> Result<Option<Item>, CodecError> {
+    loop {
+        let item = match phase {
+            Phase::Startup => StartupCodec.decode(buf)?.map(Item::Packet),
+            Phase::Messages => ServerCodec::new().decode(buf)?.map(Item::Message),
+        };
+        if item.is_some() {
+            return Ok(item);
+        }
+        if io.read_buf(buf).await? == 0 {
+            return Ok(None);
+        }
+    }
+}
+
+async fn write(io: &mut Box<dyn Io>, bytes: &[u8]) -> Result<(), Ended> {
+    match io.write_all(bytes).await {
+        Ok(()) => io.flush().await.map_err(|_| Ended::Closed),
+        Err(_) => Err(Ended::Closed),
+    }
+}
+
+async fn send(io: &mut Box<dyn Io>, msgs: &[BackendMessage]) -> Result<(), Ended> {
+    let mut out = BytesMut::new();
+    for m in msgs {
+        if m.encode(&mut out).is_err() {
+            return Err(Ended::Closed);
+        }
+    }
+    write(io, &out).await
+}
+
+/// Sends a FATAL and closes.
+async fn fail(io: &mut Box<dyn Io>, fields: ErrorFields) -> Result<Established, Ended> {
+    let _ = send(io, &[BackendMessage::ErrorResponse(fields)]).await;
+    let _ = io.shutdown().await;
+    Err(Ended::Closed)
+}
+
+/// The BackendKeyData secret. walserver ignores cancel requests, so it need not be secret,
+/// only different per connection (PostgreSQL's walreceiver names temporary slots after it).
+fn rand_key(pid: u32) -> i32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    (nanos ^ pid.rotate_left(16)) as i32
+}

@@ -1,0 +1,83 @@
+//! The actix messages of walsender-actor. Commands are imperatives, events are in the past
+//! tense; each has an explicit result type.
+
+use actix::prelude::*;
+
+use crate::session::ShutdownMode;
+use crate::status::WalSenderStatus;
+use crate::WalSender;
+
+/// Listener → registry: a connection was accepted (it may still be in its startup phase).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ConnectionOpened {
+    pub pid: u32,
+    pub addr: Addr<WalSender>,
+}
+
+/// WalSender → registry: the client authenticated and wants to become a walsender; refused
+/// when `max_wal_senders` are already active.
+#[derive(Message)]
+#[rtype(result = "Result<(), TooManyWalSenders>")]
+pub struct RegisterWalSender {
+    pub status: WalSenderStatus,
+}
+
+/// Why [`RegisterWalSender`] was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooManyWalSenders {
+    pub max_wal_senders: usize,
+}
+
+/// WalSender → registry: its status changed (positions, lags, state).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StatusChanged {
+    pub status: WalSenderStatus,
+}
+
+/// WalSender → registry: the connection has ended.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ConnectionClosed {
+    pub pid: u32,
+}
+
+/// Anyone → registry: the rows of `pg_stat_replication`.
+#[derive(Message)]
+#[rtype(result = "Vec<WalSenderStatus>")]
+pub struct GetReplicationStatus;
+
+/// Supervisor → registry: end every connection as `mode` says; answered once all are gone.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ShutdownWalSenders {
+    pub mode: ShutdownMode,
+}
+
+/// Supervisor → registry: `max_wal_senders` changed (on reload).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetMaxWalSenders(pub usize);
+
+/// Registry → WalSender: end the connection as `mode` says.
+#[derive(Message, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct Shutdown {
+    pub mode: ShutdownMode,
+}
+
+/// Registry → WalSender: the shared settings were replaced (reload); re-read them.
+#[derive(Message, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct SettingsChanged;
+
+/// Supervisor → listener: stop accepting connections (the first step of shutdown).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopAccepting;
+
+/// Anyone → listener: the address it listens on (useful when bound to port 0).
+#[derive(Message)]
+#[rtype(result = "std::net::SocketAddr")]
+pub struct GetListenAddr;

@@ -1,0 +1,166 @@
+//! The registry of walsenders: who is connected, `max_wal_senders`, the rows of
+//! `pg_stat_replication`, and the fan-out of shutdown. One per node.
+//!
+//! Every connection is known from its accept (so shutdown reaches connections still in their
+//! startup phase), but only authenticated walsenders count toward `max_wal_senders`, as in
+//! PostgreSQL. A shutdown request is answered when the last connection has closed; each
+//! connection reports its close with a message, so nothing here waits on a timer.
+
+use std::collections::BTreeMap;
+
+use actix::prelude::*;
+
+use crate::messages::*;
+use crate::status::WalSenderStatus;
+use crate::WalSender;
+
+struct Entry {
+    addr: Addr<WalSender>,
+    /// Set once the connection has authenticated as a walsender.
+    status: Option<WalSenderStatus>,
+}
+
+pub struct WalSenderRegistry {
+    max_wal_senders: usize,
+    connections: BTreeMap<u32, Entry>,
+    /// Answered when `connections` becomes empty during shutdown.
+    shutdown_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
+    shutting_down: Option<crate::session::ShutdownMode>,
+}
+
+impl WalSenderRegistry {
+    pub fn new(max_wal_senders: usize) -> WalSenderRegistry {
+        WalSenderRegistry {
+            max_wal_senders,
+            connections: BTreeMap::new(),
+            shutdown_waiters: Vec::new(),
+            shutting_down: None,
+        }
+    }
+
+    fn active_walsenders(&self) -> usize {
+        self.connections
+            .values()
+            .filter(|e| e.status.is_some())
+            .count()
+    }
+
+    fn wake_if_empty(&mut self) {
+        if self.connections.is_empty() {
+            for w in self.shutdown_waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
+    }
+}
+
+impl Actor for WalSenderRegistry {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Status updates from many walsenders arrive here; a deeper mailbox keeps senders that
+        // use `send` from parking on a full one (ACTIX-NOTES §2c).
+        ctx.set_mailbox_capacity(1024);
+    }
+}
+
+impl Handler<ConnectionOpened> for WalSenderRegistry {
+    type Result = ();
+
+    fn handle(&mut self, msg: ConnectionOpened, _: &mut Context<Self>) {
+        if let Some(mode) = self.shutting_down {
+            // Accepted just before the listener stopped: end it like the rest.
+            msg.addr.do_send(Shutdown { mode });
+        }
+        self.connections.insert(
+            msg.pid,
+            Entry {
+                addr: msg.addr,
+                status: None,
+            },
+        );
+    }
+}
+
+impl Handler<RegisterWalSender> for WalSenderRegistry {
+    type Result = Result<(), TooManyWalSenders>;
+
+    fn handle(&mut self, msg: RegisterWalSender, _: &mut Context<Self>) -> Self::Result {
+        if self.active_walsenders() >= self.max_wal_senders {
+            return Err(TooManyWalSenders {
+                max_wal_senders: self.max_wal_senders,
+            });
+        }
+        if let Some(e) = self.connections.get_mut(&msg.status.pid) {
+            e.status = Some(msg.status);
+        }
+        Ok(())
+    }
+}
+
+impl Handler<StatusChanged> for WalSenderRegistry {
+    type Result = ();
+
+    fn handle(&mut self, msg: StatusChanged, _: &mut Context<Self>) {
+        if let Some(e) = self.connections.get_mut(&msg.status.pid) {
+            e.status = Some(msg.status);
+        }
+    }
+}
+
+impl Handler<ConnectionClosed> for WalSenderRegistry {
+    type Result = ();
+
+    fn handle(&mut self, msg: ConnectionClosed, _: &mut Context<Self>) {
+        self.connections.remove(&msg.pid);
+        self.wake_if_empty();
+    }
+}
+
+impl Handler<GetReplicationStatus> for WalSenderRegistry {
+    type Result = MessageResult<GetReplicationStatus>;
+
+    fn handle(&mut self, _: GetReplicationStatus, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(
+            self.connections
+                .values()
+                .filter_map(|e| e.status.clone())
+                .collect(),
+        )
+    }
+}
+
+impl Handler<ShutdownWalSenders> for WalSenderRegistry {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, msg: ShutdownWalSenders, _: &mut Context<Self>) -> Self::Result {
+        self.shutting_down = Some(msg.mode);
+        for e in self.connections.values() {
+            e.addr.do_send(Shutdown { mode: msg.mode });
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.shutdown_waiters.push(tx);
+        self.wake_if_empty();
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+}
+
+impl Handler<SetMaxWalSenders> for WalSenderRegistry {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetMaxWalSenders, _: &mut Context<Self>) {
+        self.max_wal_senders = msg.0;
+    }
+}
+
+impl Handler<SettingsChanged> for WalSenderRegistry {
+    type Result = ();
+
+    fn handle(&mut self, msg: SettingsChanged, _: &mut Context<Self>) {
+        for e in self.connections.values() {
+            e.addr.do_send(msg);
+        }
+    }
+}

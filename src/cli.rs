@@ -1,0 +1,159 @@
+//! The client commands that talk to a running node's admin API.
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+/// `http` is `HOST:PORT` or a full `http://` URL.
+pub fn base_url(http: &str) -> String {
+    if http.starts_with("http://") || http.starts_with("https://") {
+        http.trim_end_matches('/').to_string()
+    } else {
+        format!("http://{http}")
+    }
+}
+
+pub fn get_json(http: &str, path: &str, token: Option<&str>) -> anyhow::Result<Value> {
+    let url = format!("{}{path}", base_url(http));
+    let mut req = ureq::get(&url);
+    if let Some(t) = token {
+        req = req.header("Authorization", &format!("Bearer {t}"));
+    }
+    let mut resp = req
+        .call()
+        .with_context(|| format!("cannot reach the admin API at {url}"))?;
+    let text = resp
+        .body_mut()
+        .read_to_string()
+        .context("cannot read the admin API's answer")?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("the admin API answered something that is not JSON: {text}"))
+}
+
+/// `walserver status`: the node's status as a table, or as the API's JSON.
+pub fn status(http: &str, json: bool, token: Option<&str>) -> anyhow::Result<()> {
+    let v = get_json(http, "/status", token)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    print!("{}", render_status(&v)?);
+    Ok(())
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The status as people read it: the node's facts, then pg_stat_replication as a table.
+pub fn render_status(v: &Value) -> anyhow::Result<String> {
+    if !v.is_object() {
+        bail!("unexpected status document: {v}");
+    }
+    let mut out = String::new();
+    for key in [
+        "role",
+        "system_identifier",
+        "timeline",
+        "flush_lsn",
+        "wal_format",
+    ] {
+        out.push_str(&format!("{key:<18} {}\n", text(&v[key])));
+    }
+    let cols = [
+        "pid",
+        "application_name",
+        "client_addr",
+        "state",
+        "sent_lsn",
+        "write_lsn",
+        "flush_lsn",
+        "replay_lsn",
+        "write_lag",
+        "flush_lag",
+        "replay_lag",
+        "sync_priority",
+        "sync_state",
+    ];
+    let rows: Vec<Vec<String>> = v["replication"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| cols.iter().map(|c| text(&r[*c])).collect())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push_str(&format!("\nreplication ({} walsenders)\n", rows.len()));
+    out.push_str(&table(&cols, &rows));
+    if let Some(w) = v.get("wal_receiver").filter(|w| !w.is_null()) {
+        out.push_str("\nwal_receiver\n");
+        if let Some(o) = w.as_object() {
+            for (k, val) in o {
+                out.push_str(&format!("  {k:<24} {}\n", text(val)));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn table(cols: &[&str], rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = cols
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            rows.iter()
+                .map(|r| r[i].len())
+                .max()
+                .unwrap_or(0)
+                .max(c.len())
+        })
+        .collect();
+    let line = |cells: Vec<&str>| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+            .trim_end()
+            .to_string()
+            + "\n"
+    };
+    let mut out = line(cols.to_vec());
+    out.push_str(
+        &widths
+            .iter()
+            .map(|w| "-".repeat(*w))
+            .collect::<Vec<_>>()
+            .join("-+-"),
+    );
+    out.push('\n');
+    for r in rows {
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_a_table() {
+        let v: Value = serde_json::json!({
+            "role": "primary", "system_identifier": "7", "timeline": 1, "flush_lsn": "0/1000000",
+            "wal_format": "walserver",
+            "replication": [{"pid": 3, "application_name": "s1", "state": "streaming", "sent_lsn": "0/1000000",
+                              "write_lag": null, "sync_state": "async", "sync_priority": 0}]
+        });
+        let t = render_status(&v).unwrap();
+        assert!(t.contains("primary"));
+        assert!(t.contains("s1"));
+        assert!(t.contains("streaming"));
+        assert!(t.lines().any(|l| l.starts_with("pid ")), "{t}");
+        assert!(render_status(&Value::Null).is_err());
+    }
+}

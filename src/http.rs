@@ -1,0 +1,211 @@
+//! The HTTP admin API (actix-web): `/status`, `/slots`, `/metrics`.
+//!
+//! It listens on loopback by default. Bound anywhere else it requires `http_auth_token`,
+//! sent as `Authorization: Bearer ...`; with a certificate configured it serves TLS.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServerHandle, ServiceRequest, ServiceResponse};
+use actix_web::middleware::{from_fn, Next};
+use actix_web::{web, App, HttpResponse, HttpServer};
+use anyhow::Context;
+use serde::Serialize;
+use supervisor_actor::{GetNodeStatus, Node};
+use wal_storage::{Lsn, SlotInfo, TimelineId};
+
+use crate::config::Settings;
+
+pub struct HttpConfig {
+    pub addr: SocketAddr,
+    pub token: Option<String>,
+    pub tls: Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>,
+}
+
+impl HttpConfig {
+    pub fn from_settings(s: &Settings, addr: SocketAddr) -> anyhow::Result<HttpConfig> {
+        let tls = match (&s.ssl_cert_file, &s.ssl_key_file) {
+            (Some(c), Some(k)) => Some(protocol_codec::tls::server_config(c, k)?),
+            _ => None,
+        };
+        Ok(HttpConfig {
+            addr,
+            token: s.http_auth_token.clone().filter(|t| !t.is_empty()),
+            tls,
+        })
+    }
+}
+
+pub struct HttpServerHandle {
+    pub addr: SocketAddr,
+    pub handle: ServerHandle,
+}
+
+struct State {
+    node: Node,
+    token: Option<String>,
+}
+
+/// Starts the admin API in the current actix System.
+pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
+    let state = web::Data::new(State {
+        node,
+        token: cfg.token,
+    });
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .wrap(from_fn(check_token))
+            .route("/status", web::get().to(status))
+            .route("/slots", web::get().to(slots))
+            .route("/metrics", web::get().to(metrics))
+    })
+    .workers(1)
+    .disable_signals();
+    let server = match cfg.tls {
+        Some(tls) => server.bind_rustls_0_23(cfg.addr, (*tls).clone()),
+        None => server.bind(cfg.addr),
+    }
+    .with_context(|| format!("cannot listen on {} (http_listen)", cfg.addr))?;
+    let addr = server.addrs().first().copied().unwrap_or(cfg.addr);
+    let server = server.run();
+    let handle = server.handle();
+    actix_rt::spawn(server);
+    Ok(HttpServerHandle { addr, handle })
+}
+
+async fn check_token(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let expected = req
+        .app_data::<web::Data<State>>()
+        .and_then(|s| s.token.clone());
+    if let Some(token) = expected {
+        let given = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let ok = given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes()));
+        if !ok {
+            return Err(actix_web::error::ErrorUnauthorized(
+                "missing or wrong bearer token",
+            ));
+        }
+    }
+    next.call(req).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn unavailable(e: impl std::fmt::Display) -> HttpResponse {
+    HttpResponse::ServiceUnavailable().json(serde_json::json!({ "error": e.to_string() }))
+}
+
+async fn status(state: web::Data<State>) -> HttpResponse {
+    match state.node.supervisor.send(GetNodeStatus).await {
+        Ok(Ok(s)) => HttpResponse::Ok().json(s),
+        Ok(Err(e)) => unavailable(e),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// A row of `pg_replication_slots`, for physical slots.
+#[derive(Serialize)]
+struct SlotRow {
+    slot_name: String,
+    plugin: Option<String>,
+    slot_type: &'static str,
+    temporary: bool,
+    active: bool,
+    restart_lsn: Option<Lsn>,
+    restart_tli: Option<TimelineId>,
+    wal_status: Option<&'static str>,
+    safe_wal_size: Option<i64>,
+}
+
+impl From<SlotInfo> for SlotRow {
+    fn from(s: SlotInfo) -> SlotRow {
+        SlotRow {
+            slot_name: s.name,
+            plugin: None,
+            slot_type: "physical",
+            temporary: s.temporary,
+            active: s.active,
+            restart_lsn: s.restart_lsn,
+            restart_tli: s.restart_tli,
+            wal_status: s.wal_status.map(|w| w.as_str()),
+            safe_wal_size: s.safe_wal_size,
+        }
+    }
+}
+
+async fn slots(state: web::Data<State>) -> HttpResponse {
+    let rows: Vec<SlotRow> = state
+        .node
+        .wal
+        .slots()
+        .into_iter()
+        .map(SlotRow::from)
+        .collect();
+    HttpResponse::Ok().json(rows)
+}
+
+async fn metrics(state: web::Data<State>) -> HttpResponse {
+    let status = match state.node.supervisor.send(GetNodeStatus).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return unavailable(e),
+        Err(e) => return unavailable(e),
+    };
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, value: String| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+        );
+    };
+    gauge(
+        "walserver_flush_lsn_bytes",
+        "The durable end of WAL on the current timeline.",
+        status.flush_lsn.0.to_string(),
+    );
+    gauge(
+        "walserver_timeline",
+        "The current timeline.",
+        status.timeline.0.to_string(),
+    );
+    gauge(
+        "walserver_wal_senders",
+        "Connected walsenders.",
+        status.replication.len().to_string(),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP walserver_fsyncs_total fsync and fdatasync calls made by storage.\n# TYPE walserver_fsyncs_total counter\nwalserver_fsyncs_total {}",
+        state.node.wal.fsync_count()
+    );
+    let _ = writeln!(out, "# HELP walserver_standby_flush_lag_bytes WAL a standby has not confirmed flushed.\n# TYPE walserver_standby_flush_lag_bytes gauge");
+    for r in &status.replication {
+        let flushed = r.flush_lsn.unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "walserver_standby_flush_lag_bytes{{application_name=\"{}\",pid=\"{}\"}} {}",
+            escape_label(&r.application_name),
+            r.pid,
+            status.flush_lsn.saturating_sub(flushed)
+        );
+    }
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(out)
+}
+
+fn escape_label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}

@@ -1,0 +1,189 @@
+//! `walserver run`: a node from a configuration, with the admin API and signal handling.
+//!
+//! Signals become messages to the supervisor: SIGTERM and SIGINT ask for a fast shutdown
+//! (a second one, or SIGQUIT, for an immediate one), SIGHUP for a reload.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use supervisor_actor::{Node, NodeBuilder, NodeConfig, ShutdownNode};
+use wal_storage::{StorageConfig, Wal};
+use walsender_actor::hba::HbaRules;
+use walsender_actor::session::SessionConfig;
+use walsender_actor::startup::AuthSettings;
+use walsender_actor::{WalSenderSettings, SERVER_VERSION};
+
+use crate::config::Settings;
+use crate::units::{format_duration, format_size};
+
+/// What SIGTERM/SIGINT do first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StopMode {
+    Fast,
+    Immediate,
+}
+
+pub fn resolve_addr(text: &str, what: &str) -> anyhow::Result<SocketAddr> {
+    text.to_socket_addrs()
+        .with_context(|| format!("invalid {what} address {text:?}"))?
+        .next()
+        .with_context(|| format!("{what} address {text:?} resolves to nothing"))
+}
+
+/// The values SHOW answers, in PostgreSQL's spelling and formatting.
+pub fn show_values(s: &Settings, segment_size: u64) -> Vec<(String, String)> {
+    let v = |n: &str, val: String| (n.to_string(), val);
+    vec![
+        v("wal_segment_size", format_size(segment_size)),
+        v("data_directory_mode", "0700".into()),
+        v("server_version", SERVER_VERSION.into()),
+        v("server_version_num", "150000".into()),
+        v("server_encoding", "UTF8".into()),
+        v("client_encoding", "UTF8".into()),
+        v("integer_datetimes", "on".into()),
+        v("TimeZone", "Etc/UTC".into()),
+        v("DateStyle", "ISO, MDY".into()),
+        v("block_size", "8192".into()),
+        v("wal_block_size", "8192".into()),
+        v("wal_level", "replica".into()),
+        v("max_wal_senders", s.max_wal_senders.to_string()),
+        v("wal_sender_timeout", format_duration(s.wal_sender_timeout)),
+        v("wal_keep_size", format_size(s.wal_keep_size)),
+        v(
+            "max_slot_wal_keep_size",
+            s.max_slot_wal_keep_size.map_or("-1".into(), format_size),
+        ),
+        v("max_wal_size", format_size(s.max_wal_size)),
+        v(
+            "synchronous_standby_names",
+            s.synchronous_standby_names.clone(),
+        ),
+        v("synchronous_commit", s.synchronous_commit.clone()),
+        v(
+            "wal_receiver_timeout",
+            format_duration(s.wal_receiver_timeout),
+        ),
+        v(
+            "wal_receiver_status_interval",
+            format_duration(s.wal_receiver_status_interval),
+        ),
+        v(
+            "primary_slot_name",
+            s.primary_slot_name.clone().unwrap_or_default(),
+        ),
+        v("cluster_name", s.cluster_name.clone().unwrap_or_default()),
+    ]
+}
+
+/// The walsender settings a configuration gives.
+pub fn walsender_settings(
+    s: &Settings,
+    segment_size: u64,
+    tls: bool,
+) -> anyhow::Result<WalSenderSettings> {
+    Ok(WalSenderSettings {
+        auth: Arc::new(AuthSettings {
+            hba: HbaRules::from_config(&s.hba)?,
+            users: s.users.clone(),
+            tls_available: tls,
+        }),
+        session: Arc::new(SessionConfig {
+            wal_sender_timeout: s.wal_sender_timeout,
+            show: Arc::new(show_values(s, segment_size)),
+        }),
+        authentication_timeout: s.authentication_timeout,
+        close_grace: Duration::from_secs(10),
+        server_version: SERVER_VERSION.to_string(),
+        in_hot_standby: false,
+    })
+}
+
+/// The node configuration a settings file gives.
+pub fn node_config(s: &Settings, data_dir: &Path) -> anyhow::Result<NodeConfig> {
+    let listen = resolve_addr(&s.listen, "listen")?;
+    let segment_size = Wal::stored_segment_size(data_dir)
+        .with_context(|| format!("cannot read the data directory {}", data_dir.display()))?;
+    let tls = match (&s.ssl_cert_file, &s.ssl_key_file) {
+        (Some(c), Some(k)) => Some(
+            protocol_codec::tls::server_config(c, k).context("cannot load the TLS certificate")?,
+        ),
+        _ => None,
+    };
+    let mut cfg = NodeConfig::new(data_dir, listen);
+    cfg.storage = StorageConfig {
+        segment_size,
+        wal_keep_size: s.wal_keep_size,
+        max_slot_wal_keep_size: s.max_slot_wal_keep_size,
+        max_wal_size: s.max_wal_size,
+        ..StorageConfig::default()
+    };
+    cfg.max_wal_senders = s.max_wal_senders;
+    cfg.walsender = walsender_settings(s, segment_size, tls.is_some())?;
+    cfg.wal_sender_shutdown_timeout = s.wal_sender_shutdown_timeout;
+    cfg.tls = tls;
+    Ok(cfg)
+}
+
+/// Runs a node until it is shut down. Must be called outside any async runtime.
+pub fn run(
+    settings: Settings,
+    config_file: Option<&Path>,
+    stop_mode: StopMode,
+) -> anyhow::Result<()> {
+    let data_dir = settings.resolve_data_dir(config_file);
+    let http_addr = resolve_addr(&settings.http_listen, "http_listen")?;
+    if !http_addr.ip().is_loopback() && settings.http_auth_token.as_deref().unwrap_or("").is_empty()
+    {
+        bail!(
+            "http_listen {http_addr} is not a loopback address: set http_auth_token so the admin API is not open to anyone who can reach it"
+        );
+    }
+    let node_cfg = node_config(&settings, &data_dir)?;
+    let system = actix_rt::System::new();
+    system.block_on(async move {
+        let node = NodeBuilder::new(node_cfg).start().await?;
+        let http = crate::http::start(
+            crate::http::HttpConfig::from_settings(&settings, http_addr)?,
+            node.clone(),
+        )?;
+        tracing::info!(addr = %http.addr, "admin API listening");
+        wait_for_signals(&node, stop_mode).await?;
+        http.handle.stop(true).await;
+        Ok::<(), anyhow::Error>(())
+    })
+}
+
+async fn wait_for_signals(node: &Node, stop_mode: StopMode) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut quit = signal(SignalKind::quit())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut shutdown: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        let immediate = tokio::select! {
+            _ = term.recv() => shutdown.is_some() || stop_mode == StopMode::Immediate,
+            _ = int.recv() => shutdown.is_some() || stop_mode == StopMode::Immediate,
+            _ = quit.recv() => true,
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP received; reloading is not available yet, ignored");
+                continue;
+            }
+            r = async { shutdown.as_mut().expect("guarded by the precondition").await }, if shutdown.is_some() => {
+                r.context("shutdown task failed")?;
+                return Ok(());
+            }
+        };
+        let sup = node.supervisor.clone();
+        tracing::info!(immediate, "shutdown requested by signal");
+        let task = actix_rt::spawn(async move {
+            let _ = sup.send(ShutdownNode { immediate }).await;
+        });
+        if shutdown.is_none() {
+            shutdown = Some(task);
+        }
+    }
+}

@@ -11,52 +11,45 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use crossbeam_channel::{unbounded, Sender};
 use wal_storage::*;
 
-/// A fixed pool of writer threads, each appending `k` records of `size` bytes (waiting for each
-/// to be durable) when told to.
-struct Writers {
-    jobs: Vec<Sender<u64>>,
-    done: crossbeam_channel::Receiver<()>,
-}
-
-impl Writers {
-    fn new(wal: &Wal, n: usize, size: usize) -> Writers {
-        let (done_tx, done) = unbounded();
-        let jobs = (0..n)
-            .map(|_| {
-                let (tx, rx) = unbounded::<u64>();
+/// Runs `total` appends of `size` bytes from `writers` concurrent tasks on one current-thread
+/// runtime (as actors on one actix arbiter would), each task awaiting every append before the
+/// next, and returns the elapsed time.
+fn run_appends(
+    rt: &tokio::runtime::Runtime,
+    wal: &Wal,
+    writers: usize,
+    size: usize,
+    total: u64,
+) -> Duration {
+    let payload = Bytes::from(vec![0x5Au8; size]);
+    let n = writers as u64;
+    rt.block_on(async {
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let k = total / n + u64::from(i < total % n);
                 let wal = wal.clone();
-                let done_tx = done_tx.clone();
-                let payload = Bytes::from(vec![0x5Au8; size]);
-                std::thread::spawn(move || {
-                    for k in rx {
-                        for _ in 0..k {
-                            wal.append(vec![payload.clone()]).unwrap().wait().unwrap();
-                        }
-                        done_tx.send(()).unwrap();
+                let payload = payload.clone();
+                tokio::task::spawn(async move {
+                    for _ in 0..k {
+                        wal.append(vec![payload.clone()]).unwrap().await.unwrap();
                     }
-                });
-                tx
+                })
             })
             .collect();
-        Writers { jobs, done }
-    }
-
-    /// Runs `total` appends spread over the writers and returns the elapsed time.
-    fn run(&self, total: u64) -> Duration {
-        let n = self.jobs.len() as u64;
-        let start = Instant::now();
-        for (i, tx) in self.jobs.iter().enumerate() {
-            let k = total / n + u64::from((i as u64) < total % n);
-            tx.send(k).unwrap();
-        }
-        for _ in 0..n {
-            self.done.recv().unwrap();
+        for t in tasks {
+            t.await.unwrap();
         }
         start.elapsed()
-    }
+    })
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
 }
 
 fn append(c: &mut Criterion) {
@@ -75,14 +68,14 @@ fn append(c: &mut Criterion) {
                 InitOptions::primary(SystemId(1), WalFormat::Walserver),
             )
             .unwrap();
-            let pool = Writers::new(&wal, writers, size);
+            let rt = runtime();
             let appends = Arc::new(AtomicU64::new(0));
             let busy = Arc::new(AtomicU64::new(0));
             let fsyncs_before = wal.fsync_count();
             group.throughput(Throughput::Bytes(size as u64));
             group.bench_function(format!("writers={writers}/size={size}"), |b| {
                 b.iter_custom(|iters| {
-                    let t = pool.run(iters);
+                    let t = run_appends(&rt, &wal, writers, size, iters);
                     appends.fetch_add(iters, Ordering::Relaxed);
                     busy.fetch_add(t.as_nanos() as u64, Ordering::Relaxed);
                     t
@@ -100,7 +93,6 @@ fn append(c: &mut Criterion) {
                 fsyncs as f64 / n as f64,
                 n as f64 / fsyncs.max(1) as f64
             ));
-            drop(pool);
         }
     }
     group.finish();
@@ -188,5 +180,49 @@ fn read_stream(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, raw_fdatasync, append, read_stream);
+/// The bar, measured in pairs so that both sides see the same disk: appends/s of 64
+/// writers of 128 B against one writer waiting for each fsync, alternating one second each.
+fn group_commit_ratio(_: &mut Criterion) {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = Wal::init(
+        tmp.path(),
+        StorageConfig::default(),
+        InitOptions::primary(SystemId(1), WalFormat::Walserver),
+    )
+    .unwrap();
+    let rt = runtime();
+    let rate = |writers: usize| {
+        let f0 = wal.fsync_count();
+        let mut n = 0u64;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(1) {
+            run_appends(&rt, &wal, writers, 128, 64 * 16);
+            n += 64 * 16;
+        }
+        (
+            n as f64 / start.elapsed().as_secs_f64(),
+            n as f64 / (wal.fsync_count() - f0) as f64,
+        )
+    };
+    let mut ratios = Vec::new();
+    for round in 0..5 {
+        let (one, _) = rate(1);
+        let (many, per_fsync) = rate(64);
+        ratios.push(many / one);
+        println!(
+            "group commit round {round}: 1 writer {one:.0} appends/s, 64 writers {many:.0} appends/s ({per_fsync:.1} appends per fsync): ratio {:.1}",
+            many / one
+        );
+    }
+    ratios.sort_by(|a, b| a.total_cmp(b));
+    println!("group commit ratio, median of 5 pairs: {:.1}", ratios[2]);
+}
+
+criterion_group!(
+    benches,
+    raw_fdatasync,
+    append,
+    read_stream,
+    group_commit_ratio
+);
 criterion_main!(benches);

@@ -67,6 +67,9 @@ pub enum WalError {
     #[error("{op} needs walserver-format WAL, but this node stores {format}")]
     WrongFormat { op: &'static str, format: WalFormat },
 
+    #[error("cannot append at {end}: it is in the middle of a record received from upstream (the last complete record ends at {record_end}); promote this node first")]
+    NotAtRecordBoundary { end: Lsn, record_end: Lsn },
+
     #[error("record of {size} bytes exceeds the maximum record size of {max} bytes")]
     RecordTooLarge { size: usize, max: usize },
 

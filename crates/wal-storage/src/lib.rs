@@ -1,6 +1,116 @@
 //! wal-storage: how walserver keeps WAL on disk.
 //!
-//! (The full story is written once the crate is complete.)
+//! This crate owns a node's data directory, except its configuration: the segment files, the
+//! timeline history files, the control data, the flush pointer and the replication slots. It
+//! takes WAL in (raw bytes at given LSNs, or walserver records it frames itself), makes it
+//! durable with group commit, tells subscribers how far it is durable, serves any retained
+//! range of any timeline in the node's history, switches timelines, and removes WAL that
+//! nothing needs any more. It knows nothing of sockets, actix or the replication protocol: its
+//! callers are actors that use a [`Wal`] handle, its notifications are `tokio::sync` channels
+//! that need no runtime, and its blocking work happens on two threads of its own.
+//!
+//! # Layout
+//!
+//! ```text
+//! DATA/walserver.lock   held with an exclusive lock while a process uses the directory
+//! DATA/control          control data: JSON body + CRC32C, replaced atomically (files.rs)
+//! DATA/flush_pointer    durable end of the current timeline: two CRC'd slots updated in place (files.rs)
+//! DATA/pg_wal/          only segment files (TTTTTTTTXXXXXXXXYYYYYYYY) and TTTTTTTT.history files
+//! DATA/slots/NAME       one file per persistent physical slot, replaced atomically (slots.rs)
+//! DATA/tmp/             temp files of atomic replacements and preallocation; emptied at open
+//! ```
+//!
+//! Segment and history files are named and formatted as PostgreSQL names and formats them
+//! (`naming.rs`, `history.rs`), so relayed PostgreSQL WAL compares with pg_receivewal's output
+//! byte for byte. Every file is written whole elsewhere and renamed (or linked) into place, so
+//! `pg_wal` never holds a partial or temporary file.
+//!
+//! # What is stored
+//!
+//! A node stores one of two kinds of WAL ([`WalFormat`]), fixed at init. *Relayed PostgreSQL
+//! WAL* is stored byte for byte and never parsed. *walserver WAL* is a stream of walserver
+//! records in segments that begin with a segment header; its format is written down in
+//! `format.rs`: `| len | crc32c | start LSN | payload | padding |` records, 8-byte aligned,
+//! spanning segments by skipping the next segment's 24-byte header. A new primary's WAL starts
+//! at the start of segment 1 (0/1000000 with 16 MiB segments, since 0/0 means "no position" to
+//! PostgreSQL); its first record is at 0/1000018.
+//!
+//! # Writing: group commit
+//!
+//! [`Wal::write`] and [`Wal::append`] send a request over an unbounded crossbeam channel (a
+//! bounded send could block an actor's thread) to the writer thread and return a [`Ticket`].
+//! The writer takes what is queued as one batch, writes it with `pwrite`, makes one
+//! `fdatasync` per segment file touched, stores the flush pointer when needed, publishes the
+//! new [`WalPosition`] on a watch channel and completes every ticket. Segment files are
+//! created zero-filled to full size by the background thread before they are needed, so the
+//! hot path never extends a file (and fdatasync journals no size change). `writer.rs` has the
+//! details, including what a failed batch leaves behind.
+//!
+//! # Crash safety
+//!
+//! After a kill -9 or a power loss at any moment, [`Wal::open`] must find the end of durable
+//! WAL, every write reported durable must be there byte for byte, and a torn or half-written
+//! tail must be cut and never served. The reasoning:
+//!
+//! - A ticket resolves only after the fdatasync of every segment file its bytes went to. Data
+//!   that was acknowledged is therefore on disk; the question at open is only where it ends.
+//! - Raw bytes (a standby's byte stream, and all relayed PostgreSQL WAL) carry no framing
+//!   walserver can check, so their end is recorded: after a batch's data fdatasync the writer
+//!   stores `(timeline, end LSN, sequence number)` with a CRC in the flush pointer file, in the
+//!   slot not holding the newest value, and fdatasyncs it; only then are tickets completed. A
+//!   torn pointer write damages one slot only, whose CRC fails; open takes the valid slot with
+//!   the highest sequence. The data is synced before the pointer, so the pointer never vouches
+//!   for bytes that are not durable.
+//! - walserver records check themselves (CRC, their own start LSN), so a batch of appends need
+//!   not store the pointer; it does so only when the batch ends in another segment than the
+//!   pointer names (or after a truncation or recovery). At open, the scan starts at a record
+//!   boundary at or below the pointer, found through the `rem_len` of the newest segment
+//!   header below it, and goes forward record by record while records validate. The end is
+//!   `max(pointer, end of valid records)`: the pointer covers a standby whose durable end is in
+//!   the middle of a record, the scan covers appends made after the pointer was last stored.
+//!   The scan is contiguous from a durable point, so a record that reached the disk while an
+//!   earlier one did not is never counted.
+//! - A record that fails to validate below the pointer is corruption in the middle of durable
+//!   WAL, and open fails with [`WalError::Corruption`]; it does not silently cut.
+//! - Having found the end, open stores it in the pointer marked *exact* (so a crash during the
+//!   cut redoes the same cut), zeroes the rest of the end's segment, removes the timeline's
+//!   later segment files and fsyncs, before accepting writes. Otherwise a later, shorter write
+//!   could leave an old CRC-valid, never-acknowledged record right behind it, and a later scan
+//!   would accept it (a "phantom"). For the same reason a failed batch's bytes are zeroed by the
+//!   next successful one, and [`Wal::truncate_to`] stores an exact pointer before it cuts.
+//! - Control data, slots and history files change by write-to-temp, fsync, rename, fsync the
+//!   directory: a crash leaves the old or the new file. A timeline switch writes the history file
+//!   and the new switch segment first and the control file last, which is the commit point.
+//!
+//! The kill -9 test in `tests/storage/crash.rs` exercises all of this with a real child process
+//! for both kinds of WAL; the torn-tail table and the fault tests cover the rest.
+//!
+//! # Timelines
+//!
+//! [`Wal::promote`] starts timeline N+1 at the end of the last complete record at or below the
+//! flushed end (a standby's end may be mid-record), writes `0000000N+1.history` listing every
+//! ancestor, and makes the new timeline's first segment a copy of the old one up to the switch
+//! point, as PostgreSQL does. Reads of a timeline resolve each LSN to the file of the timeline
+//! in its history that covers it, preferring the newest timeline's copy of a switch segment
+//! (`segments.rs`). [`Wal::follow_timeline`] does the standby's side and detects forks.
+//!
+//! # Retention and slots
+//!
+//! At each segment switch the background thread removes every segment below the oldest one
+//! needed by a slot or by `wal_keep_size` (never the current one), invalidating slots that
+//! would hold more than `max_slot_wal_keep_size`. The arithmetic and `wal_status` follow
+//! PostgreSQL 15 exactly; `slots.rs` writes the rules down.
+//!
+//! # What this crate does not do
+//!
+//! It does not parse PostgreSQL WAL, speak the replication protocol, decide durability levels
+//! or synchronous replication, or log on its own beyond warnings about cut tails, invalidated
+//! slots and failed background work (through `tracing`); [`Wal::recovery_report`] returns what
+//! open found for the binary to log.
+//!
+//! **Invariants:** `flushed <= written` and the flushed end of a timeline never moves back
+//! except by an explicit [`Wal::truncate_to`]; nothing is readable beyond the flushed end; a
+//! timeline's WAL below its switch point never changes.
 
 mod config;
 mod error;

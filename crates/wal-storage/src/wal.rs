@@ -1128,9 +1128,10 @@ pub(crate) fn find_scan_start(
             return Ok(None);
         }
         if s + SEGMENT_HEADER_SIZE <= upto {
-            let b = files
-                .read(view, s, Lsn::MAX, SEGMENT_HEADER_SIZE as usize)?
-                .unwrap_or_default();
+            // A segment removed by retention ends the walk: nothing older can be scanned.
+            let Some(b) = files.read(view, s, Lsn::MAX, SEGMENT_HEADER_SIZE as usize)? else {
+                return Ok(None);
+            };
             let h = SegmentHeader::decode(&b, s).map_err(|reason| WalError::Corruption {
                 segment: segment_file_name(view.timeline_of(s), segno, seg),
                 offset: 0,

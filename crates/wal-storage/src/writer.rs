@@ -103,6 +103,9 @@ pub(crate) struct Writer {
     highest_seg: u64,
     pointer: PointerFile,
     bg: Option<JoinHandle<()>>,
+    /// The staged end is known to be a record boundary, so records may be appended there. Raw
+    /// writes (a standby's stream) end anywhere; the first append after them checks by scanning.
+    at_boundary: bool,
 }
 
 pub(crate) fn spawn(
@@ -131,6 +134,7 @@ pub(crate) fn spawn(
         highest_seg: st.flushed.segment_number(seg),
         pointer,
         bg: Some(bg),
+        at_boundary: false,
         inner,
     };
     let end_seg = st.flushed.segment_number(seg);
@@ -220,6 +224,7 @@ impl Writer {
                 if skip < data.len() {
                     self.batch.extend_from_slice(&data[skip..]);
                     self.batch_raw = true;
+                    self.at_boundary = false;
                 }
                 self.waiters.push(Waiter::Write(reply));
             }
@@ -289,6 +294,33 @@ impl Writer {
     }
 
     fn stage_append(&mut self, payloads: &[Bytes], reply: oneshot::Sender<Result<Vec<Lsn>>>) {
+        if !self.at_boundary {
+            // Make what is staged durable, then look for the last record boundary below it.
+            self.commit();
+            let st = self.inner.state().clone();
+            let checked = last_record_end(
+                &self.inner.files,
+                &st.view(),
+                &self.inner.cfg,
+                st.wal_start,
+                st.flushed,
+            )
+            .and_then(|record_end| {
+                if record_end == st.flushed {
+                    Ok(())
+                } else {
+                    Err(WalError::NotAtRecordBoundary {
+                        end: st.flushed,
+                        record_end,
+                    })
+                }
+            });
+            if let Err(e) = checked {
+                let _ = reply.send(Err(e));
+                return;
+            }
+            self.at_boundary = true;
+        }
         let mut framer = Framer {
             segment_size: self.seg(),
             pos: self.staged_end(),
@@ -358,6 +390,7 @@ impl Writer {
                 Ok(())
             }
             Err(e) => {
+                self.at_boundary = false;
                 self.dirty_until = self.dirty_until.max(end);
                 self.batch_start = self.flushed;
                 self.set_positions(self.flushed, self.flushed);
@@ -607,6 +640,7 @@ impl Writer {
         *self.inner.state_mut() = st;
         self.inner.publish();
         self.tli = new_tli;
+        self.at_boundary = true;
         self.flushed = x;
         self.batch_start = x;
         self.dirty_until = Lsn(0);
@@ -725,6 +759,7 @@ impl Writer {
             .sync_dir(self.inner.pg_wal())
             .map_err(|e| WalError::io("syncing pg_wal", e))?;
         let dropped = st.flushed.0 - lsn.0;
+        self.at_boundary = false;
         self.flushed = lsn;
         self.batch_start = lsn;
         self.dirty_until = Lsn(0);

@@ -4,7 +4,6 @@
 mod common;
 
 mod basic;
-mod crash;
 #[cfg(feature = "failpoints")]
 mod failpoints;
 mod golden;

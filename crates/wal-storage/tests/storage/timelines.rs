@@ -107,6 +107,16 @@ fn standby_promotes_at_its_last_complete_record() {
         cut,
         "a mid-record end vouched by the pointer survives"
     );
+    // Appending in the middle of a received record would corrupt it: refused.
+    let err = standby
+        .append(vec![payload(9, 10)])
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(err, WalError::NotAtRecordBoundary { end, record_end } if end == cut && record_end == ends[6]),
+        "{err}"
+    );
     let (tli, x) = standby.promote("failover").unwrap();
     assert_eq!((tli, x), (TimelineId(2), ends[6]));
     assert_eq!(standby.timeline_end(TimelineId(1)), Some(ends[6]));

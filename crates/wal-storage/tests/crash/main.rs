@@ -6,6 +6,10 @@
 //! Two modes, each with its own data directory: walserver records (four writer threads,
 //! records of varied sizes, some spanning segments) and raw bytes in PostgreSQL format (one
 //! writer pipelining writes, whose durable end only the flush pointer knows).
+//!
+//! It is a test target of its own because it forks: a child holds copies of the parent's file
+//! descriptors, among them other tests' data directory locks, until it execs, which would make
+//! their reopen fail now and then with `Locked`.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -16,7 +20,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use wal_storage::*;
 
-use crate::common::*;
+#[path = "../storage/common.rs"]
+#[allow(dead_code)]
+mod common;
+
+use common::*;
 
 const KILLS_PER_MODE: usize = 28;
 
@@ -126,7 +134,7 @@ fn child_entry_point() {
 fn run_child(dir: &Path, mode: &str, seed: u64, rng: &mut Rng, iteration: usize) -> Vec<String> {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
-            "crash::child_entry_point",
+            "child_entry_point",
             "--exact",
             "--nocapture",
             "--test-threads=1",
@@ -167,8 +175,9 @@ fn run_child(dir: &Path, mode: &str, seed: u64, rng: &mut Rng, iteration: usize)
         for _ in 0..want {
             let left = deadline.saturating_duration_since(Instant::now());
             if rx.recv_timeout(left).is_err() {
+                let status = child.try_wait();
                 let _ = child.kill();
-                panic!("child in {mode} mode acknowledged nothing for 30 s");
+                panic!("child in {mode} mode stopped acknowledging (exit status {status:?})");
             }
         }
         // A random moment after the last acknowledgement we waited for.

@@ -11,8 +11,9 @@ use actix_web::dev::{ServerHandle, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context;
+use bytes::{Buf, Bytes};
 use serde::Serialize;
-use supervisor_actor::{GetNodeStatus, Node};
+use supervisor_actor::{AppendError, AppendRecords, Durability, GetNodeStatus, Node};
 use wal_storage::{Lsn, SlotInfo, TimelineId};
 
 use crate::config::Settings;
@@ -60,6 +61,8 @@ pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
             .route("/status", web::get().to(status))
             .route("/slots", web::get().to(slots))
             .route("/metrics", web::get().to(metrics))
+            .app_data(web::PayloadConfig::new(MAX_BODY))
+            .route("/wal", web::post().to(append))
     })
     .workers(1)
     .disable_signals();
@@ -73,6 +76,107 @@ pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
     let handle = server.handle();
     actix_rt::spawn(server);
     Ok(HttpServerHandle { addr, handle })
+}
+
+/// The largest request body `POST /wal` takes. A guess: larger than any single record
+/// (16 MiB by default) with room for a batch, small enough that one request cannot exhaust
+/// memory.
+const MAX_BODY: usize = 64 << 20;
+
+/// The content type of a body holding many records, each a big-endian u32 length then bytes.
+pub const RECORDS_CONTENT_TYPE: &str = "application/x-walserver-records";
+
+/// Splits a length-delimited body into records.
+pub fn split_records(mut body: Bytes) -> Result<Vec<Bytes>, String> {
+    let mut out = Vec::new();
+    while !body.is_empty() {
+        if body.len() < 4 {
+            return Err(format!("truncated record length at byte {}", out.len()));
+        }
+        let len = body.get_u32() as usize;
+        if body.len() < len {
+            return Err(format!(
+                "record {} claims {len} bytes but only {} remain",
+                out.len(),
+                body.len()
+            ));
+        }
+        out.push(body.split_to(len));
+    }
+    Ok(out)
+}
+
+/// Joins records into a length-delimited body.
+pub fn join_records<'a>(records: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for r in records {
+        out.extend_from_slice(&(r.len() as u32).to_be_bytes());
+        out.extend_from_slice(r);
+    }
+    out
+}
+
+#[derive(serde::Deserialize)]
+struct AppendQuery {
+    durability: Option<String>,
+}
+
+async fn append(
+    state: web::Data<State>,
+    req: actix_web::HttpRequest,
+    query: web::Query<AppendQuery>,
+    body: Bytes,
+) -> HttpResponse {
+    let durability = match query.durability.as_deref().map(str::parse::<Durability>) {
+        None => None,
+        Some(Ok(d)) => Some(d),
+        Some(Err(e)) => return HttpResponse::BadRequest().json(serde_json::json!({ "error": e })),
+    };
+    let many = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with(RECORDS_CONTENT_TYPE));
+    let records = if many {
+        match split_records(body) {
+            Ok(r) => r,
+            Err(e) => return HttpResponse::BadRequest().json(serde_json::json!({ "error": e })),
+        }
+    } else {
+        vec![body]
+    };
+    match state
+        .node
+        .supervisor
+        .send(AppendRecords {
+            records,
+            durability,
+        })
+        .await
+    {
+        Ok(Ok(a)) => HttpResponse::Ok().json(serde_json::json!({
+            "end_lsn": a.end_lsn,
+            "records": a.record_ends.len(),
+            "timeline": a.timeline,
+            "durability": a.durability,
+        })),
+        Ok(Err(e)) => {
+            let status = match &e {
+                AppendError::Standby | AppendError::RelayedPostgresWal => {
+                    actix_web::http::StatusCode::CONFLICT
+                }
+                AppendError::Empty => actix_web::http::StatusCode::BAD_REQUEST,
+                AppendError::Storage(wal_storage::WalError::RecordTooLarge { .. }) => {
+                    actix_web::http::StatusCode::PAYLOAD_TOO_LARGE
+                }
+                AppendError::NotConfirmed { .. } => actix_web::http::StatusCode::GATEWAY_TIMEOUT,
+                AppendError::ShuttingDown => actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+                AppendError::Storage(_) => actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            HttpResponse::build(status).json(serde_json::json!({ "error": e.to_string() }))
+        }
+        Err(e) => unavailable(e),
+    }
 }
 
 async fn check_token(

@@ -10,7 +10,10 @@
 //! It never touches bytes of the protocol and never polls: children report to it with
 //! messages. The walreceiver and its restart policy join it with the standby issue.
 
+mod append;
 mod node;
+
+pub use append::{AppendError, AppendRecords, Appended, Durability};
 
 pub use node::{
     GetNodeStatus, Node, NodeBuilder, NodeConfig, NodeError, NodeRole, NodeStatus, ShutdownNode,

@@ -14,6 +14,8 @@ use walsender_actor::session::ShutdownMode;
 use walsender_actor::status::WalSenderStatus;
 use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 
+use crate::append::{AppendError, AppendRecords, Appended, Durability};
+
 /// Everything needed to start a node.
 #[derive(Clone)]
 pub struct NodeConfig {
@@ -202,6 +204,43 @@ pub struct Supervisor {
 
 impl Actor for Supervisor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Appends from many clients arrive here: a deeper mailbox keeps `send` from parking.
+        ctx.set_mailbox_capacity(4096);
+    }
+}
+
+impl Handler<AppendRecords> for Supervisor {
+    type Result = ResponseFuture<Result<Appended, AppendError>>;
+
+    fn handle(&mut self, msg: AppendRecords, _: &mut Context<Self>) -> Self::Result {
+        let wal = self.wal.clone();
+        let shutting_down = self.shutting_down;
+        Box::pin(async move {
+            let wal = match wal {
+                Some(w) if !shutting_down => w,
+                _ => return Err(AppendError::ShuttingDown),
+            };
+            if wal.format() != WalFormat::Walserver {
+                return Err(AppendError::RelayedPostgresWal);
+            }
+            if msg.records.is_empty() {
+                return Err(AppendError::Empty);
+            }
+            let durability = msg.durability.unwrap_or(Durability::Local);
+            let record_ends = wal.append(msg.records)?.await?;
+            let end_lsn = *record_ends
+                .last()
+                .expect("one end per record, and there are records");
+            Ok(Appended {
+                end_lsn,
+                record_ends,
+                timeline: wal.timeline(),
+                durability,
+            })
+        })
+    }
 }
 
 /// Shut the node down: stop accepting, end the walsenders as `mode` says (a fast shutdown

@@ -1,0 +1,96 @@
+//! Appending walserver records on a primary, with a durability level.
+//!
+//! Every way of appending (the embedding message, HTTP `POST /wal`, `walserver append`) ends
+//! in [`AppendRecords`], handled by the supervisor: storage's group commit makes the records
+//! durable locally, then the append waits until its durability level holds.
+
+use std::fmt;
+use std::str::FromStr;
+
+use actix::prelude::*;
+use bytes::Bytes;
+use serde::Serialize;
+use wal_storage::{Lsn, TimelineId, WalError};
+
+/// How durable an append must be before it is acknowledged, with PostgreSQL's
+/// `synchronous_commit` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// Flushed on this node.
+    Local,
+    /// Also written (not necessarily flushed) by the synchronous standbys.
+    RemoteWrite,
+    /// Also flushed by the synchronous standbys (PostgreSQL's `on`, "remote flush").
+    On,
+    /// Also applied by the synchronous standbys' applications.
+    RemoteApply,
+}
+
+impl FromStr for Durability {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Durability, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "local" | "off" => Ok(Durability::Local),
+            "remote_write" => Ok(Durability::RemoteWrite),
+            "on" | "remote_flush" | "true" | "yes" | "1" => Ok(Durability::On),
+            "remote_apply" => Ok(Durability::RemoteApply),
+            _ => Err(format!(
+                "invalid durability {s:?}: expected local, remote_write, on (remote_flush) or remote_apply"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Durability::Local => "local",
+            Durability::RemoteWrite => "remote_write",
+            Durability::On => "on",
+            Durability::RemoteApply => "remote_apply",
+        })
+    }
+}
+
+/// Append records; answered with their end LSNs once `durability` holds (the node's
+/// `synchronous_commit` when `None`).
+#[derive(Message, Debug)]
+#[rtype(result = "Result<Appended, AppendError>")]
+pub struct AppendRecords {
+    pub records: Vec<Bytes>,
+    pub durability: Option<Durability>,
+}
+
+/// Where appended records ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Appended {
+    /// The end of the last record: wait for this LSN to read your writes elsewhere.
+    pub end_lsn: Lsn,
+    /// The end of each record, in order.
+    pub record_ends: Vec<Lsn>,
+    pub timeline: TimelineId,
+    pub durability: Durability,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    #[error("cannot append: this node is a standby; append on the primary")]
+    Standby,
+    #[error("cannot append: this node relays PostgreSQL WAL, which walserver does not write")]
+    RelayedPostgresWal,
+    #[error("cannot append: the node is shutting down")]
+    ShuttingDown,
+    #[error("no records to append")]
+    Empty,
+    #[error(transparent)]
+    Storage(#[from] WalError),
+    /// The records are durable on this node but the synchronous standbys did not confirm them
+    /// within `synchronous_wait_timeout`.
+    #[error("the append is durable locally at {end_lsn} but was not confirmed by the synchronous standbys within synchronous_wait_timeout ({durability} requested)")]
+    NotConfirmed {
+        end_lsn: Lsn,
+        durability: Durability,
+    },
+}

@@ -161,11 +161,9 @@ impl WalSender {
                     }));
                 }
                 Output::StatusChanged => {
-                    if let Some(s) = &self.session {
-                        self.shared.registry.do_send(StatusChanged {
-                            status: s.status().clone(),
-                        });
-                    }
+                    self.shared
+                        .registry
+                        .do_send(StatusChanged { pid: self.pid });
                 }
                 Output::Close => self.close(ctx),
             }

@@ -22,7 +22,7 @@ use crate::messages::RegisterWalSender;
 use crate::session::{admin_shutdown, ShutdownMode};
 use crate::shared::Shared;
 use crate::startup::{greeting, ClientIdentity, Handshake, Step};
-use crate::status::WalSenderStatus;
+use crate::status::{SharedStatus, WalSenderStatus};
 
 /// A byte stream in either direction: plain TCP or TLS.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -34,7 +34,7 @@ pub struct Established {
     /// Bytes the client sent after its last authentication message, already read.
     pub leftover: BytesMut,
     pub identity: ClientIdentity,
-    pub status: WalSenderStatus,
+    pub status: SharedStatus,
 }
 
 /// How a startup phase ended without a walsender.
@@ -129,8 +129,9 @@ pub async fn handshake(
             Step::Authenticated(msgs, identity) => {
                 send(&mut io, &msgs).await?;
                 let status =
-                    WalSenderStatus::new(pid, &identity.user, &identity.application_name, peer);
-                match shared.registry.send(RegisterWalSender { status: status.clone() }).await {
+                    WalSenderStatus::new(pid, &identity.user, &identity.application_name, peer)
+                        .shared();
+                match shared.registry.send(RegisterWalSender { pid, status: status.clone() }).await {
                     Ok(Ok(())) => {}
                     Ok(Err(too_many)) => {
                         return fail(

@@ -4,7 +4,7 @@
 use actix::prelude::*;
 
 use crate::session::ShutdownMode;
-use crate::status::WalSenderStatus;
+use crate::status::{SharedStatus, WalSenderStatus};
 use crate::WalSender;
 
 /// Listener → registry: a connection was accepted (it may still be in its startup phase).
@@ -20,7 +20,8 @@ pub struct ConnectionOpened {
 #[derive(Message)]
 #[rtype(result = "Result<(), TooManyWalSenders>")]
 pub struct RegisterWalSender {
-    pub status: WalSenderStatus,
+    pub pid: u32,
+    pub status: SharedStatus,
 }
 
 /// Why [`RegisterWalSender`] was refused.
@@ -29,11 +30,12 @@ pub struct TooManyWalSenders {
     pub max_wal_senders: usize,
 }
 
-/// WalSender → registry: its status changed (positions, lags, state).
+/// WalSender → registry: the standby replied or the walsender's state changed; the new facts
+/// are in the shared status.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct StatusChanged {
-    pub status: WalSenderStatus,
+    pub pid: u32,
 }
 
 /// WalSender → registry: the connection has ended.
@@ -81,3 +83,8 @@ pub struct StopAccepting;
 #[derive(Message)]
 #[rtype(result = "std::net::SocketAddr")]
 pub struct GetListenAddr;
+
+/// Anyone → registry: how many connections are open (authenticated or not).
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct CountConnections;

@@ -11,13 +11,13 @@ use std::collections::BTreeMap;
 use actix::prelude::*;
 
 use crate::messages::*;
-use crate::status::WalSenderStatus;
+use crate::status::{lock, SharedStatus};
 use crate::WalSender;
 
 struct Entry {
     addr: Addr<WalSender>,
     /// Set once the connection has authenticated as a walsender.
-    status: Option<WalSenderStatus>,
+    status: Option<SharedStatus>,
 }
 
 pub struct WalSenderRegistry {
@@ -91,7 +91,7 @@ impl Handler<RegisterWalSender> for WalSenderRegistry {
                 max_wal_senders: self.max_wal_senders,
             });
         }
-        if let Some(e) = self.connections.get_mut(&msg.status.pid) {
+        if let Some(e) = self.connections.get_mut(&msg.pid) {
             e.status = Some(msg.status);
         }
         Ok(())
@@ -101,10 +101,8 @@ impl Handler<RegisterWalSender> for WalSenderRegistry {
 impl Handler<StatusChanged> for WalSenderRegistry {
     type Result = ();
 
-    fn handle(&mut self, msg: StatusChanged, _: &mut Context<Self>) {
-        if let Some(e) = self.connections.get_mut(&msg.status.pid) {
-            e.status = Some(msg.status);
-        }
+    fn handle(&mut self, _: StatusChanged, _: &mut Context<Self>) {
+        // The facts are in the shared status; synchronous replication will act on this event.
     }
 }
 
@@ -124,7 +122,7 @@ impl Handler<GetReplicationStatus> for WalSenderRegistry {
         MessageResult(
             self.connections
                 .values()
-                .filter_map(|e| e.status.clone())
+                .filter_map(|e| e.status.as_ref().map(|s| lock(s).clone()))
                 .collect(),
         )
     }
@@ -162,5 +160,13 @@ impl Handler<SettingsChanged> for WalSenderRegistry {
         for e in self.connections.values() {
             e.addr.do_send(msg);
         }
+    }
+}
+
+impl Handler<CountConnections> for WalSenderRegistry {
+    type Result = usize;
+
+    fn handle(&mut self, _: CountConnections, _: &mut Context<Self>) -> usize {
+        self.connections.len()
     }
 }

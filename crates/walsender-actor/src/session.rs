@@ -26,7 +26,7 @@ use protocol_codec::{results, BackendMessage, ErrorFields, FrontendMessage, SqlS
 use wal_storage::{Lsn, PgTimestamp, SlotGuard, TimelineId, Wal, WalError, WalPosition};
 
 use crate::lag::StandbyLags;
-use crate::status::{WalSenderState, WalSenderStatus};
+use crate::status::{lock, SharedStatus, WalSenderState, WalSenderStatus};
 
 /// PostgreSQL's `MAX_SEND_SIZE`: the most WAL one XLogData carries (16 × XLOG_BLCKSZ).
 pub const MAX_SEND_SIZE: usize = 128 * 1024;
@@ -229,7 +229,7 @@ pub struct Session {
     mode: Mode,
     /// The newest flushed position and timeline the session has been told of.
     position: WalPosition,
-    status: WalSenderStatus,
+    status: SharedStatus,
     lags: StandbyLags,
     temporary_slots: Vec<String>,
     /// Set once a fast shutdown has begun: the copy ends when the standby confirms, or at the
@@ -237,12 +237,15 @@ pub struct Session {
     stopping: Option<Instant>,
     /// Clock origin for the lag tracker's microsecond samples.
     epoch: Instant,
+    pid: u32,
 }
 
 impl Session {
-    pub fn new(wal: Wal, config: Arc<SessionConfig>, status: WalSenderStatus) -> Session {
+    pub fn new(wal: Wal, config: Arc<SessionConfig>, status: SharedStatus) -> Session {
         let position = wal.position();
+        let pid = lock(&status).pid;
         Session {
+            pid,
             wal,
             config,
             mode: Mode::Idle,
@@ -255,8 +258,9 @@ impl Session {
         }
     }
 
-    pub fn status(&self) -> &WalSenderStatus {
-        &self.status
+    /// A snapshot of the status.
+    pub fn status(&self) -> WalSenderStatus {
+        lock(&self.status).clone()
     }
 
     pub fn set_config(&mut self, config: Arc<SessionConfig>) {
@@ -548,10 +552,13 @@ impl Session {
                 out,
             );
         }
-        self.status.slot_name = stream.slot.as_ref().map(|g| g.name().to_string());
-        self.status.state = WalSenderState::Catchup;
-        self.status.timeline = Some(tli);
-        self.status.sent_lsn = Some(start);
+        {
+            let mut st = lock(&self.status);
+            st.slot_name = stream.slot.as_ref().map(|g| g.name().to_string());
+            st.state = WalSenderState::Catchup;
+            st.timeline = Some(tli);
+            st.sent_lsn = Some(start);
+        }
         self.mode = Mode::Streaming(stream);
         out.push(Output::StatusChanged);
         self.pump(usize::MAX, out);
@@ -596,8 +603,8 @@ impl Session {
                 // Everything up to the switch point is out: end the copy from our side.
                 stream.server_done = true;
                 out.push(Output::Msg(BackendMessage::CopyDone));
-            } else if self.status.state == WalSenderState::Catchup {
-                self.status.state = WalSenderState::Streaming;
+            } else if lock(&self.status).state == WalSenderState::Catchup {
+                lock(&self.status).state = WalSenderState::Streaming;
                 out.push(Output::StatusChanged);
             }
             self.check_drained(out);
@@ -672,7 +679,7 @@ impl Session {
             at = at + n as u64;
         }
         stream.sent = at;
-        self.status.sent_lsn = Some(at);
+        lock(&self.status).sent_lsn = Some(at);
         self.lags.record_sent(at, now_us);
         self.pump(room, out);
     }
@@ -682,15 +689,17 @@ impl Session {
         let Mode::Streaming(stream) = &mut self.mode else {
             return;
         };
-        self.status.write_lsn = Some(r.write);
-        self.status.flush_lsn = Some(r.flush);
-        self.status.replay_lsn = Some(r.apply);
-        self.status.reply_time = Some(r.send_time.to_system_time());
+        let mut st = lock(&self.status);
+        st.write_lsn = Some(r.write);
+        st.flush_lsn = Some(r.flush);
+        st.replay_lsn = Some(r.apply);
+        st.reply_time = Some(r.send_time.to_system_time());
         self.lags
             .on_reply(r.write, r.flush, r.apply, stream.sent, now_us);
-        self.status.write_lag = self.lags.write_lag;
-        self.status.flush_lag = self.lags.flush_lag;
-        self.status.replay_lag = self.lags.replay_lag;
+        st.write_lag = self.lags.write_lag;
+        st.flush_lag = self.lags.flush_lag;
+        st.replay_lag = self.lags.replay_lag;
+        drop(st);
         if let Some(slot) = &stream.slot {
             if r.flush.is_valid() {
                 if let Err(e) = self.wal.advance_slot(slot.name(), r.flush, stream.timeline) {
@@ -716,9 +725,10 @@ impl Session {
 
     fn on_feedback(&mut self, h: HotStandbyFeedback, out: &mut Vec<Output>) {
         // Recorded and shown; walserver has no snapshots for it to hold back.
-        self.status.backend_xmin = (h.xmin != 0).then_some(h.xmin);
-        self.status.backend_xmin_epoch = (h.xmin != 0).then_some(h.xmin_epoch);
-        self.status.reply_time = Some(h.send_time.to_system_time());
+        let mut st = lock(&self.status);
+        st.backend_xmin = (h.xmin != 0).then_some(h.xmin);
+        st.backend_xmin_epoch = (h.xmin != 0).then_some(h.xmin_epoch);
+        st.reply_time = Some(h.send_time.to_system_time());
         out.push(Output::StatusChanged);
     }
 
@@ -747,8 +757,9 @@ impl Session {
     fn end_stream_quietly(&mut self) {
         if let Mode::Streaming(_) = self.mode {
             self.mode = Mode::Idle; // Drops the stream and with it the slot guard.
-            self.status.state = WalSenderState::Startup;
-            self.status.slot_name = None;
+            let mut st = lock(&self.status);
+            st.state = WalSenderState::Startup;
+            st.slot_name = None;
         }
     }
 
@@ -774,8 +785,7 @@ impl Session {
         if let Some(deadline) = self.stopping {
             if now >= deadline && !self.is_closed() {
                 tracing::warn!(
-                    pid = self.status.pid,
-                    application_name = %self.status.application_name,
+                    pid = self.pid,
                     "standby did not confirm all WAL before wal_sender_shutdown_timeout; terminating"
                 );
                 return self.fatal(admin_shutdown(), out);
@@ -791,8 +801,7 @@ impl Session {
         if now >= stream.last_reply + timeout {
             // PostgreSQL only logs this (COMMERROR) and exits; the client is gone or stuck.
             tracing::info!(
-                pid = self.status.pid,
-                application_name = %self.status.application_name,
+                pid = self.pid,
                 "terminating walsender due to replication timeout"
             );
             return self.close(out);
@@ -815,7 +824,7 @@ impl Session {
             (_, Mode::Closed) => {}
             (ShutdownMode::Fast { deadline }, Mode::Streaming(stream)) if !stream.client_done => {
                 self.stopping = Some(deadline);
-                self.status.state = WalSenderState::Stopping;
+                lock(&self.status).state = WalSenderState::Stopping;
                 out.push(Output::StatusChanged);
                 self.pump(room, out);
                 self.check_drained(out);
@@ -838,9 +847,13 @@ impl Session {
             return;
         }
         // pg_receivewal without a slot reports flush 0: use its write position then.
-        let replicated = match self.status.flush_lsn {
+        let (flush, write) = {
+            let st = lock(&self.status);
+            (st.flush_lsn, st.write_lsn)
+        };
+        let replicated = match flush {
             Some(f) if f.is_valid() => f,
-            _ => self.status.write_lsn.unwrap_or(Lsn::INVALID),
+            _ => write.unwrap_or(Lsn::INVALID),
         };
         if replicated >= stream.sent {
             out.push(Output::Msg(BackendMessage::CommandComplete(
@@ -963,7 +976,7 @@ mod tests {
             wal_sender_timeout: Duration::from_secs(60),
             show: Arc::new(vec![("wal_segment_size".into(), "1MB".into())]),
         });
-        let status = WalSenderStatus::new(1, "u", "app", "127.0.0.1:1".parse().unwrap());
+        let status = WalSenderStatus::new(1, "u", "app", "127.0.0.1:1".parse().unwrap()).shared();
         let session = Session::new(wal.clone(), config, status);
         Fixture {
             _dir: dir,

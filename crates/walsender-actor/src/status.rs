@@ -1,6 +1,7 @@
 //! What a walsender shows about itself: the facts of PostgreSQL's `pg_stat_replication`.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
@@ -54,7 +55,21 @@ pub struct WalSenderStatus {
     pub backend_xmin_epoch: Option<u32>,
 }
 
+/// A walsender's status, written by its session and read by the registry, so that showing
+/// `pg_stat_replication` costs the walsender no messages.
+pub type SharedStatus = Arc<Mutex<WalSenderStatus>>;
+
+/// Locks a status; the data is plain and consistent between statements, so a poisoned lock
+/// (a panic elsewhere) is still safe to read.
+pub fn lock(s: &SharedStatus) -> MutexGuard<'_, WalSenderStatus> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl WalSenderStatus {
+    pub fn shared(self) -> SharedStatus {
+        Arc::new(Mutex::new(self))
+    }
+
     pub fn new(
         pid: u32,
         usename: &str,

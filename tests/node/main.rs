@@ -1,0 +1,522 @@
+//! Integration tests of a walserver primary over real sockets on 127.0.0.1: the walsender's
+//! protocol behaviour, the seed lessons (CopyDone while waiting for WAL, shutdown heard in
+//! every state, the fast-shutdown drain), bad input, limits and the admin API.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use common::*;
+use protocol_codec::auth::make_scram_verifier;
+use protocol_codec::messages::PrimaryKeepalive;
+use protocol_codec::{BackendMessage, FrontendMessage, StartupPacket};
+use wal_storage::Lsn;
+
+#[test]
+fn identify_system_show_and_errors_keep_the_connection() {
+    let node = TestNode::primary("");
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    let out = c.query("IDENTIFY_SYSTEM");
+    let BackendMessage::DataRow(row) = &out[1] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        row[0].as_deref(),
+        Some(node.wal().system_id().to_string().as_bytes())
+    );
+    assert_eq!(
+        row[2].as_deref(),
+        Some(node.wal().flushed().to_string().as_bytes())
+    );
+    let out = c.query("SHOW wal_segment_size");
+    let BackendMessage::DataRow(row) = &out[1] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(row[0].as_deref(), Some(&b"1MB"[..]));
+    assert_eq!(sqlstate(&c.query("SHOW no_such_thing")[0]), "42704");
+    assert_eq!(sqlstate(&c.query("SELECT 1")[0]), "0A000");
+    // PostgreSQL 15 takes unknown words for SQL; a replication command that does not parse is a
+    // syntax error.
+    assert_eq!(sqlstate(&c.query("FOO BAR")[0]), "0A000");
+    assert_eq!(sqlstate(&c.query("START_REPLICATION SLOT")[0]), "42601");
+    let ahead = node.wal().flushed() + 0x100;
+    let out = c.query(&format!("START_REPLICATION {ahead}"));
+    assert_eq!(out[0], BackendMessage::CopyBothResponse);
+    assert_eq!(sqlstate(&out[1]), "XX000");
+    // Still usable after every error.
+    assert!(matches!(
+        c.query("IDENTIFY_SYSTEM")[1],
+        BackendMessage::DataRow(_)
+    ));
+}
+
+/// The 2017 walsender bug (fca85f8ef157): a client that ends the copy while the walsender
+/// waits for WAL that does not exist yet must get the end of the copy at once.
+#[test]
+fn copy_done_while_waiting_for_wal_is_answered_at_once() {
+    let node = TestNode::primary("");
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    let end = node.wal().flushed();
+    c.start_replication(end);
+    let t = Instant::now();
+    c.send(FrontendMessage::CopyDone);
+    assert_eq!(c.recv(), BackendMessage::CopyDone);
+    assert_eq!(
+        c.recv(),
+        BackendMessage::CommandComplete("START_STREAMING".into())
+    );
+    assert_eq!(
+        c.recv(),
+        BackendMessage::CommandComplete("START_REPLICATION".into())
+    );
+    assert!(matches!(c.recv(), BackendMessage::ReadyForQuery(_)));
+    let delay = t.elapsed();
+    eprintln!("CopyDone while waiting for WAL answered in {delay:?}");
+    // The same connection runs the next command.
+    assert!(matches!(
+        c.query("IDENTIFY_SYSTEM")[1],
+        BackendMessage::DataRow(_)
+    ));
+    // And can stream again.
+    let end2 = node.append(3, 100, 1);
+    c.start_replication(end);
+    assert_eq!(c.receive_until(end, end2).len() as u64, end2.0 - end.0);
+}
+
+#[test]
+fn streams_appended_wal_byte_for_byte() {
+    let node = TestNode::primary("wal_keep_size = \"64MB\"");
+    let start = node.wal().flushed();
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    c.start_replication(start);
+    let mut end = start;
+    for i in 0..20u8 {
+        end = node.append(10, 30_000, i);
+    }
+    let got = c.receive_until(start, end);
+    let stored = read_wal(&node, start, end);
+    assert_eq!(got.len(), stored.len());
+    assert!(got == stored, "streamed bytes differ from stored bytes");
+}
+
+fn read_wal(node: &TestNode, start: Lsn, end: Lsn) -> Vec<u8> {
+    let wal = node.wal();
+    let mut out = Vec::new();
+    let mut at = start;
+    while at < end {
+        let b = wal
+            .read(wal.timeline(), at, (end.0 - at.0) as usize)
+            .unwrap();
+        assert!(!b.is_empty());
+        at = at + b.len() as u64;
+        out.extend_from_slice(&b);
+    }
+    out
+}
+
+/// Shutdown is heard in every state of a connection. Immediate: every connection gets FATAL
+/// 57P01 at once. Fast: those not streaming get it at once too.
+#[test]
+fn shutdown_is_heard_in_every_state() {
+    for immediate in [true, false] {
+        let verifier = make_scram_verifier("secret");
+        let node = TestNode::primary(&format!(
+            "[users]\nrepl = \"{verifier}\"\n[[hba]]\naddress = \"127.0.0.1/32\"\nuser = \"repl\"\nmethod = \"scram-sha-256\"\n[[hba]]\naddress = \"all\"\nuser = \"all\"\nmethod = \"trust\"\n"
+        ));
+        // Waiting for the startup packet.
+        let mut silent = PgConn::raw(node.addr());
+        // Mid-authentication: the SASL request has arrived, the client says no more.
+        let mut mid_auth = PgConn::raw(node.addr());
+        mid_auth.send_startup(StartupPacket::startup([
+            ("user", "repl"),
+            ("replication", "true"),
+        ]));
+        assert!(matches!(mid_auth.recv(), BackendMessage::Authentication(_)));
+        // Idle between commands.
+        let idle = PgConn::connect(node.addr(), "u", None).unwrap();
+        // Waiting for WAL that does not exist yet.
+        let mut waiting = PgConn::connect(node.addr(), "u", None).unwrap();
+        waiting.start_replication(node.wal().flushed());
+        // The registry must know of the silent connection before shutdown starts.
+        wait_until("connections registered", || {
+            futures_executor::block_on(
+                node.node
+                    .registry
+                    .send(walsender_actor::messages::CountConnections),
+            )
+            .unwrap()
+                >= 4
+        });
+        let t = Instant::now();
+        node.start_shutdown(immediate);
+        let mut conns = vec![("idle", idle), ("mid-auth", mid_auth)];
+        if immediate {
+            conns.push(("waiting for WAL", waiting));
+        } else {
+            // A streaming connection drains in a fast shutdown; it confirms at once here.
+            let end = node.wal().flushed();
+            loop {
+                match waiting.recv() {
+                    BackendMessage::PrimaryKeepalive(PrimaryKeepalive {
+                        reply_requested: true,
+                        ..
+                    }) => waiting.reply(end, end, false),
+                    BackendMessage::CommandComplete(tag) => {
+                        assert_eq!(tag, "COPY 0");
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            assert!(waiting.closed());
+        }
+        for (what, mut c) in conns {
+            let m = c.recv();
+            assert_eq!(sqlstate(&m), "57P01", "{what}");
+            assert_eq!(
+                message(&m),
+                "terminating connection due to administrator command",
+                "{what}"
+            );
+            assert!(c.closed(), "{what} still open");
+        }
+        let m = silent.recv();
+        assert_eq!(sqlstate(&m), "57P01", "waiting for the startup packet");
+        assert!(silent.closed());
+        eprintln!(
+            "shutdown (immediate={immediate}) reached every connection in {:?}",
+            t.elapsed()
+        );
+    }
+}
+
+#[test]
+fn fast_shutdown_drains_then_ends_the_copy() {
+    let node = TestNode::primary("wal_sender_shutdown_timeout = \"20s\"");
+    let start = node.wal().flushed();
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    c.start_replication(start);
+    let end = node.append(50, 20_000, 7);
+    // Do not read yet: the walsender must still send everything flushed after shutdown.
+    node.start_shutdown(false);
+    let mut at = start;
+    let mut confirmed = false;
+    loop {
+        match c.recv() {
+            BackendMessage::XLogData(x) => {
+                assert_eq!(x.wal_start, at);
+                at = at + x.data.len() as u64;
+            }
+            BackendMessage::PrimaryKeepalive(k) if k.reply_requested => {
+                // As pg_receivewal without a slot: write position, flush 0.
+                c.reply(at, Lsn::INVALID, false);
+                confirmed = true;
+            }
+            BackendMessage::PrimaryKeepalive(_) => {}
+            BackendMessage::CommandComplete(tag) => {
+                assert_eq!(tag, "COPY 0");
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(confirmed);
+    assert_eq!(at, end, "everything flushed was sent before the copy ended");
+    assert!(c.closed());
+}
+
+#[test]
+fn fast_shutdown_does_not_wait_past_its_deadline_for_a_silent_standby() {
+    let node = TestNode::primary("wal_sender_shutdown_timeout = \"300ms\"");
+    let start = node.wal().flushed();
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    c.start_replication(start);
+    node.append(5, 1000, 1);
+    let t = Instant::now();
+    node.shutdown(false);
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(300),
+        "shutdown did not wait for the standby: {took:?}"
+    );
+    // The client gets its WAL, an unanswered keepalive and then FATAL 57P01.
+    loop {
+        match c.recv() {
+            BackendMessage::ErrorResponse(f) => {
+                assert_eq!(f.get(b'C'), Some("57P01"));
+                break;
+            }
+            BackendMessage::XLogData(_) | BackendMessage::PrimaryKeepalive(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    eprintln!("fast shutdown with a silent standby took {took:?} (deadline 300ms)");
+}
+
+#[test]
+fn keepalive_then_timeout_for_a_silent_standby() {
+    let node = TestNode::primary("wal_sender_timeout = \"600ms\"");
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    let t = Instant::now();
+    c.start_replication(node.wal().flushed());
+    let m = c.recv();
+    assert!(
+        matches!(
+            m,
+            BackendMessage::PrimaryKeepalive(PrimaryKeepalive {
+                reply_requested: true,
+                ..
+            })
+        ),
+        "{m:?}"
+    );
+    let ping = t.elapsed();
+    assert!(c.closed(), "the walsender did not end a silent connection");
+    let gone = t.elapsed();
+    assert!(
+        ping >= Duration::from_millis(250) && gone >= Duration::from_millis(550),
+        "{ping:?} {gone:?}"
+    );
+}
+
+#[test]
+fn max_wal_senders_is_enforced() {
+    let node = TestNode::primary("max_wal_senders = 2");
+    let _a = PgConn::connect(node.addr(), "u", None).unwrap();
+    let _b = PgConn::connect(node.addr(), "u", None).unwrap();
+    let err = PgConn::connect(node.addr(), "u", None)
+        .err()
+        .expect("third connection refused");
+    assert_eq!(sqlstate(&err), "53300");
+    assert!(message(&err).contains("max_wal_senders (currently 2)"));
+}
+
+#[test]
+fn authentication_rules_and_passwords() {
+    let verifier = make_scram_verifier("secret");
+    let node = TestNode::primary(&format!(
+        "[users]\nrepl = \"{verifier}\"\n[[hba]]\naddress = \"127.0.0.1/32\"\nuser = \"bad\"\nmethod = \"reject\"\n[[hba]]\naddress = \"127.0.0.1/32\"\nuser = \"all\"\nmethod = \"scram-sha-256\"\n"
+    ));
+    PgConn::connect(node.addr(), "repl", Some("secret")).expect("right password");
+    assert_eq!(
+        sqlstate(
+            &PgConn::connect(node.addr(), "repl", Some("wrong"))
+                .err()
+                .unwrap()
+        ),
+        "28P01"
+    );
+    assert_eq!(
+        sqlstate(
+            &PgConn::connect(node.addr(), "nobody", Some("secret"))
+                .err()
+                .unwrap()
+        ),
+        "28P01"
+    );
+    let e = PgConn::connect(node.addr(), "bad", Some("x"))
+        .err()
+        .unwrap();
+    assert_eq!(sqlstate(&e), "28000");
+    assert!(
+        message(&e).contains("pg_hba.conf rejects replication connection"),
+        "{}",
+        message(&e)
+    );
+    // A non-replication connection.
+    let mut c = PgConn::raw(node.addr());
+    c.send_startup(StartupPacket::startup([
+        ("user", "repl"),
+        ("database", "postgres"),
+    ]));
+    assert_eq!(sqlstate(&c.recv()), "0A000");
+}
+
+#[test]
+fn a_client_that_never_finishes_startup_is_dropped_at_authentication_timeout() {
+    let node = TestNode::primary("authentication_timeout = \"300ms\"");
+    let mut c = PgConn::raw(node.addr());
+    let t = Instant::now();
+    assert!(c.closed());
+    assert!(t.elapsed() >= Duration::from_millis(250));
+}
+
+/// Hostile input costs only its own connection, and a stream beside it goes on.
+#[test]
+fn bad_input_costs_only_its_connection() {
+    let node = TestNode::primary("authentication_timeout = \"2s\"\nmax_wal_senders = 300");
+    let start = node.wal().flushed();
+    let mut stream = PgConn::connect(node.addr(), "u", None).unwrap();
+    stream.start_replication(start);
+
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", b"\x16\x03\x01garbage garbage garbage".to_vec()),
+        (
+            "length -1",
+            (-1i32)
+                .to_be_bytes()
+                .into_iter()
+                .chain(196608i32.to_be_bytes())
+                .collect(),
+        ),
+        (
+            "2 GiB length",
+            (i32::MAX)
+                .to_be_bytes()
+                .into_iter()
+                .chain(196608i32.to_be_bytes())
+                .collect(),
+        ),
+        ("startup over 10000 bytes", {
+            let mut p = 20_000i32.to_be_bytes().to_vec();
+            p.extend(196608i32.to_be_bytes());
+            p.extend(vec![b'a'; 19_992]);
+            p
+        }),
+    ];
+    for (what, bytes) in cases {
+        let mut c = PgConn::raw(node.addr());
+        c.send_raw(&bytes);
+        // Either an ErrorResponse then close, or a close: never a hang, never a crash.
+        let _ = c.try_recv();
+        assert!(c.closed(), "{what}: connection not closed");
+    }
+    // After authentication: a bad length, and an unknown message type mid-copy.
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    c.send_raw(&[b'Q', 0xff, 0xff, 0xff, 0xff]);
+    assert_eq!(sqlstate(&c.recv()), "08P01");
+    assert!(c.closed());
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    c.start_replication(start);
+    c.send_raw(&[b'Q', 0, 0, 0, 9, b'X', b'Y', b'Z', b'W', 0]);
+    assert_eq!(sqlstate(&c.recv()), "08P01");
+    assert!(c.closed());
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    c.start_replication(start);
+    c.send(FrontendMessage::CopyData(bytes::Bytes::from_static(
+        b"zzzz",
+    )));
+    assert_eq!(sqlstate(&c.recv()), "08P01");
+
+    // 200 connections at once, each saying nothing, then leaving.
+    let crowd: Vec<_> = (0..200).map(|_| PgConn::raw(node.addr())).collect();
+    let end = node.append(20, 10_000, 3);
+    let got = stream.receive_until(start, end);
+    assert_eq!(
+        got.len() as u64,
+        end.0 - start.0,
+        "the stream beside the bad clients kept going"
+    );
+    drop(crowd);
+    // The server is still healthy.
+    assert!(matches!(
+        PgConn::connect(node.addr(), "u", None)
+            .unwrap()
+            .query("IDENTIFY_SYSTEM")[1],
+        BackendMessage::DataRow(_)
+    ));
+}
+
+/// A standby that stops reading costs bounded memory: the walsender reads WAL only while its
+/// queue has room.
+#[test]
+fn a_standby_that_stops_reading_costs_bounded_memory() {
+    let node = TestNode::primary("wal_keep_size = \"256MB\"");
+    let start = node.wal().flushed();
+    for i in 0..32u8 {
+        node.append(4, 1 << 20, i);
+    }
+    let end = node.wal().flushed();
+    let before = rss_kib();
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    c.stream.set_nodelay(true).unwrap();
+    c.start_replication(start);
+    // Let the walsender fill its queue and the socket buffers, with no reading: wait until
+    // the registry reports what it has sent and it stops moving.
+    let sent = || -> u64 {
+        let v = node.http_get("/status");
+        v["replication"][0]["sent_lsn"]
+            .as_str()
+            .and_then(|s| s.parse::<Lsn>().ok())
+            .map_or(0, |l| l.0)
+    };
+    let mut last = 0;
+    let mut stable = 0;
+    wait_until(
+        "the walsender to stop sending to a client that does not read",
+        || {
+            let s = sent();
+            if s == last && s > start.0 {
+                stable += 1;
+            } else {
+                stable = 0;
+                last = s;
+            }
+            stable >= 20
+        },
+    );
+    let in_flight = last - start.0;
+    let grown = rss_kib().saturating_sub(before);
+    eprintln!(
+        "stalled client: {in_flight} bytes sent of {}; RSS grew by {grown} KiB",
+        end.0 - start.0
+    );
+    assert!(
+        in_flight < 64 << 20,
+        "the walsender kept sending to a client that does not read: {in_flight}"
+    );
+    assert!(grown < 64 << 10, "memory grew by {grown} KiB");
+    // Reading again, the client gets everything.
+    let got = c.receive_until(start, end);
+    assert_eq!(got.len() as u64, end.0 - start.0);
+}
+
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn status_slots_and_metrics() {
+    let node = TestNode::primary("");
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    c.query("CREATE_REPLICATION_SLOT s1 PHYSICAL RESERVE_WAL");
+    let start = node.wal().flushed();
+    c.send(FrontendMessage::Query(format!(
+        "START_REPLICATION SLOT s1 {start}"
+    )));
+    assert_eq!(c.recv(), BackendMessage::CopyBothResponse);
+    let end = node.append(3, 100, 0);
+    c.receive_until(start, end);
+    c.reply(end, end, false);
+    wait_until("status shows the reply", || {
+        node.http_get("/status")["replication"][0]["flush_lsn"]
+            == serde_json::json!(end.to_string())
+    });
+    let s = node.http_get("/status");
+    assert_eq!(s["role"], "primary");
+    assert_eq!(s["wal_format"], "walserver");
+    assert_eq!(s["replication"][0]["state"], "streaming");
+    assert_eq!(s["replication"][0]["application_name"], "testclient");
+    let slots = node.http_get("/slots");
+    assert_eq!(slots[0]["slot_name"], "s1");
+    assert_eq!(slots[0]["active"], true);
+    assert_eq!(slots[0]["restart_lsn"], serde_json::json!(end.to_string()));
+    assert_eq!(slots[0]["wal_status"], "reserved");
+    let mut metrics = String::new();
+    let mut sock = std::net::TcpStream::connect(node.http_addr).unwrap();
+    write!(sock, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    sock.read_to_string(&mut metrics).unwrap();
+    assert!(
+        metrics.contains(&format!("walserver_flush_lsn_bytes {}", end.0)),
+        "{metrics}"
+    );
+    let _ = BytesMut::new();
+}

@@ -19,7 +19,7 @@ use wal_storage::{Lsn, PgTimestamp, Wal};
 use walserver::config::{Settings, Sources};
 
 /// How long a test waits for something that should happen at once before it fails.
-pub const DEADLINE: Duration = Duration::from_secs(10);
+pub const DEADLINE: Duration = Duration::from_secs(30);
 
 /// A walserver node running in this process, configured from TOML text like the binary.
 pub struct TestNode {
@@ -34,9 +34,14 @@ pub struct TestNode {
 impl TestNode {
     /// A new primary with `extra` TOML lines (listen and http_listen are chosen here).
     pub fn primary(extra: &str) -> TestNode {
+        TestNode::primary_with_segments(1 << 20, extra)
+    }
+
+    /// A new primary whose WAL segments are `segment_size` bytes.
+    pub fn primary_with_segments(segment_size: u64, extra: &str) -> TestNode {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().join("data");
-        walserver::init::init_primary(&data, 1 << 20).expect("init");
+        walserver::init::init_primary(&data, segment_size).expect("init");
         TestNode::start_in(dir, extra)
     }
 

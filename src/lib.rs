@@ -2,6 +2,7 @@
 //! the `walserver` binary (`init`, `run`, `passwd`, `status`). The actors live in the
 //! workspace crates; this crate wires them together from a configuration file.
 
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod http;

@@ -414,7 +414,14 @@ impl Handler<GetReceiverStatus> for WalReceiver {
     type Result = MessageResult<GetReceiverStatus>;
 
     fn handle(&mut self, _: GetReceiverStatus, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.session.status().clone())
+        let mut status = self.session.status().clone();
+        // Storage's own position is newer than the last notification the stream delivered.
+        if status.flushed_lsn.is_some() {
+            let pos = self.wal.position();
+            status.flushed_lsn = Some(pos.flushed);
+            status.received_tli = Some(pos.timeline);
+        }
+        MessageResult(status)
     }
 }
 

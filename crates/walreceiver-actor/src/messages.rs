@@ -33,8 +33,11 @@ pub struct Applied {
     pub lsn: Lsn,
 }
 
-/// WalReceiver → owner: a stream began (after connecting, and again after each timeline
-/// switch), at `start` on `timeline`.
+/// WalReceiver → owner: a stream began at `start` on `timeline`: the upstream accepted
+/// START_REPLICATION and its first WAL or keepalive arrived (the walreceiver asks for one at
+/// once). Sent after connecting and again after each timeline switch. An upstream may still
+/// refuse right after (58P01 inside the copy, racing its keepalive), so a restart policy
+/// should count a run as healthy only after a stable period, not at this event.
 #[derive(Message, Clone, Debug)]
 #[rtype(result = "()")]
 pub struct StreamingStarted {

@@ -179,7 +179,6 @@ enum Phase {
     /// START_REPLICATION was sent: CopyBothResponse, an error, or (for a timeline that ends
     /// right at `start`) the next-timeline result without a copy comes next.
     Starting {
-        timeline: TimelineId,
         start: Lsn,
         collector: ResultCollector,
     },
@@ -218,6 +217,8 @@ pub struct Session {
     /// start of the silence `wal_receiver_timeout` measures.
     last_receipt: Instant,
     ping_sent: bool,
+    /// The start of a stream not yet announced to the owner.
+    unannounced: Option<Lsn>,
     status: ReceiverStatus,
 }
 
@@ -243,6 +244,7 @@ impl Session {
             last_status: now,
             last_receipt: now,
             ping_sent: false,
+            unannounced: None,
             status,
         }
     }
@@ -311,6 +313,18 @@ impl Session {
             Phase::Streaming => return self.on_stream_message(msg, now, out),
             Phase::Starting { .. } if msg == BackendMessage::CopyBothResponse => {
                 return self.begin_streaming(now, out)
+            }
+            // The upstream may still answer a status update after its CopyDone (PostgreSQL's
+            // walsender does too); libpq drops such copy data once the copy is over.
+            Phase::EndingCopy(_)
+                if matches!(
+                    msg,
+                    BackendMessage::PrimaryKeepalive(_)
+                        | BackendMessage::XLogData(_)
+                        | BackendMessage::CopyData(_)
+                ) =>
+            {
+                return
             }
             Phase::Command(_, c) | Phase::Starting { collector: c, .. } | Phase::EndingCopy(c) => {
                 c.feed(msg)
@@ -454,7 +468,7 @@ impl Session {
             return self.command(Command::TimelineHistory(tli), now, out);
         }
         if self.timeline == upstream {
-            return self.start_replication(self.timeline, self.handed, now, out);
+            return self.start_replication(now, out);
         }
         let entries = match parse_history(&self.histories[&upstream]) {
             Ok(e) => e,
@@ -486,7 +500,7 @@ impl Session {
         }
         if self.handed < switch {
             // Receive the rest of our timeline first; the upstream ends the copy at `switch`.
-            return self.start_replication(self.timeline, self.handed, now, out);
+            return self.start_replication(now, out);
         }
         let Some(history) = self.histories.get(&child).cloned() else {
             return self.fail(
@@ -506,42 +520,35 @@ impl Session {
         }));
     }
 
-    fn start_replication(
-        &mut self,
-        timeline: TimelineId,
-        start: Lsn,
-        now: Instant,
-        out: &mut Vec<Output>,
-    ) {
+    /// START_REPLICATION of this node's timeline from the end of what it has.
+    fn start_replication(&mut self, now: Instant, out: &mut Vec<Output>) {
+        let (timeline, start) = (self.timeline, self.handed);
         out.push(Output::Send(FrontendMessage::Query(
             start_replication_command(self.config.slot_name.as_deref(), start, timeline),
         )));
         self.last_receipt = now;
         self.phase = Phase::Starting {
-            timeline,
             start,
             collector: ResultCollector::default(),
         };
     }
 
     fn begin_streaming(&mut self, now: Instant, out: &mut Vec<Output>) {
-        let Phase::Starting {
-            timeline, start, ..
-        } = self.phase
-        else {
+        let Phase::Starting { start, .. } = self.phase else {
             return;
         };
         self.phase = Phase::Streaming;
-        self.status.status = ReceiverState::Streaming;
+        self.unannounced = Some(start);
         self.status.receive_start_lsn = Some(start);
-        self.status.receive_start_tli = Some(timeline);
+        self.status.receive_start_tli = Some(self.timeline);
         self.status.written_lsn = Some(self.handed);
         self.status.flushed_lsn = Some(self.flushed);
-        self.status.received_tli = Some(timeline);
-        out.push(Output::Streaming { timeline, start });
+        self.status.received_tli = Some(self.timeline);
         // As PostgreSQL's walreceiver does at the start of a stream: positions, and hot standby
-        // feedback with no xmin so an upstream forgets one a previous connection set.
-        self.send_status(now, true, false, out);
+        // feedback with no xmin so an upstream forgets one a previous connection set. The
+        // update asks for a reply, so that an upstream with nothing to send yet still says
+        // at once that the stream works (see `announce`).
+        self.send_status(now, true, true, out);
         out.push(Output::Send(FrontendMessage::HotStandbyFeedback(
             HotStandbyFeedback {
                 send_time: PgTimestamp::now(),
@@ -553,9 +560,23 @@ impl Session {
         )));
     }
 
+    /// The first WAL or keepalive of a stream: it works, so tell the owner it began. An
+    /// upstream can still refuse the start inside the copy (58P01 for WAL it removed), and an
+    /// owner that counted that as a start would reset its backoff and retry in a storm.
+    fn announce(&mut self, out: &mut Vec<Output>) {
+        if let Some(start) = self.unannounced.take() {
+            self.status.status = ReceiverState::Streaming;
+            out.push(Output::Streaming {
+                timeline: self.timeline,
+                start,
+            });
+        }
+    }
+
     fn on_stream_message(&mut self, msg: BackendMessage, now: Instant, out: &mut Vec<Output>) {
         match msg {
             BackendMessage::XLogData(x) => {
+                self.announce(out);
                 self.on_sender_report(x.wal_end, x.send_time);
                 if x.wal_start > self.handed {
                     return self.fail(
@@ -579,6 +600,7 @@ impl Session {
                 self.status.written_lsn = Some(self.handed);
             }
             BackendMessage::PrimaryKeepalive(k) => {
+                self.announce(out);
                 self.on_sender_report(k.wal_end, k.send_time);
                 if k.reply_requested {
                     self.send_status(now, true, false, out);
@@ -628,15 +650,17 @@ impl Session {
     fn on_stream_ended(&mut self, r: QueryResult, now: Instant, out: &mut Vec<Output>) {
         let (next, startpos) = match query::next_timeline(&r) {
             Ok(Some(n)) => n,
-            Ok(None) => return self.fail(
-                ReceiverError::UpstreamClosed {
-                    detail: format!(
+            Ok(None) => {
+                return self.fail(
+                    ReceiverError::UpstreamClosed {
+                        detail: format!(
                         "it ended streaming of timeline {} at {} without naming a next timeline",
                         self.timeline, self.handed
                     ),
-                },
-                out,
-            ),
+                    },
+                    out,
+                )
+            }
             Err(e) => return self.fail(e, out),
         };
         if next <= self.timeline {

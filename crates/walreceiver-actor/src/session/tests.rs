@@ -103,13 +103,17 @@ impl Harness {
             ))]
         );
         let out = self.feed([BackendMessage::CopyBothResponse]);
+        assert!(!out.iter().any(|o| matches!(o, Output::Streaming { .. })));
+        // The first message of the stream confirms it.
+        let out = self.feed([keepalive(start, false)]);
         assert_eq!(
-            out[0],
-            Output::Streaming {
+            out,
+            [Output::Streaming {
                 timeline: TimelineId(timeline),
                 start: Lsn(start)
-            }
+            }]
         );
+        assert_eq!(self.s.status().status, ReceiverState::Streaming);
         assert!(self.s.is_streaming());
     }
 }
@@ -369,10 +373,11 @@ fn status_updates_follow_flushes_and_the_interval() {
     h.connect();
     h.identified(SYSTEM, 1, 0x100_0000);
     let out = h.feed([BackendMessage::CopyBothResponse]);
-    // The start of a stream reports positions and clears hot standby feedback.
+    // The start of a stream reports positions (asking for a reply, which confirms the stream)
+    // and clears hot standby feedback.
     assert_eq!(
         updates(&out),
-        [(Lsn(0x100_0000), Lsn(0x100_0000), Lsn(0x100_0000), false)]
+        [(Lsn(0x100_0000), Lsn(0x100_0000), Lsn(0x100_0000), true)]
     );
     assert!(out.iter().any(|o| matches!(
         o,
@@ -483,6 +488,21 @@ fn an_error_during_copy_stops_with_its_sqlstate() {
     let e = stop_of(&out);
     assert_eq!(e.sqlstate(), Some("58P01"));
     assert!(e.to_string().contains("has already been removed"), "{e}");
+}
+
+#[test]
+fn an_error_at_the_start_of_the_copy_is_no_stream() {
+    let mut h = Harness::new(config(), 1, 0x100_0000);
+    h.connect();
+    h.identified(SYSTEM, 1, 0x900_0000);
+    h.feed([BackendMessage::CopyBothResponse]);
+    let out = h.feed([BackendMessage::ErrorResponse(ErrorFields::error(
+        SqlState::UNDEFINED_FILE,
+        "requested WAL segment 000000010000000000000001 has already been removed",
+    ))]);
+    // The owner hears of a stop, never of a stream that began.
+    assert!(matches!(out[..], [Output::Stop(_)]), "{out:?}");
+    assert_eq!(stop_of(&out).sqlstate(), Some("58P01"));
 }
 
 #[test]
@@ -611,14 +631,19 @@ fn follows_a_timeline_switch_as_postgresql_sends_it() {
     let out = h.feed(reads.next().unwrap());
     assert_eq!(out, [query("START_REPLICATION 0/5000000 TIMELINE 1")]);
     let out = h.feed(reads.next().unwrap());
-    assert!(matches!(out[0], Output::Streaming { .. }));
+    assert!(!out.iter().any(|o| matches!(o, Output::Streaming { .. })));
     // The WAL of the cut reads, up to the switch point 0/5046A00.
     let out = h.feed([xlog(0x500_0000, 0x46A00)]);
-    assert!(matches!(out[..], [Output::Write { .. }]));
+    assert!(matches!(
+        out[..],
+        [Output::Streaming { .. }, Output::Write { .. }]
+    ));
     // The upstream's CopyDone: we answer CopyDone and wait.
     let out = h.feed(reads.next().unwrap());
     assert_eq!(out, [Output::Send(FrontendMessage::CopyDone)]);
     assert_eq!(h.s.status().status, ReceiverState::Waiting);
+    // A keepalive the upstream sent before it saw our CopyDone is dropped, as libpq does.
+    assert!(h.feed([keepalive(0x5046A00, false)]).is_empty());
     // next_tli 2 at 0/5046A00, two CommandCompletes, a ParameterStatus, ReadyForQuery.
     let out = h.feed(reads.next().unwrap());
     assert_eq!(
@@ -652,7 +677,8 @@ fn follows_a_timeline_switch_as_postgresql_sends_it() {
         switch: Lsn(0x5046A00),
     }));
     assert_eq!(out, [query("START_REPLICATION 0/5046A00 TIMELINE 2")]);
-    let out = h.feed([BackendMessage::CopyBothResponse]);
+    h.feed([BackendMessage::CopyBothResponse]);
+    let out = h.feed([xlog(0x5046A00, 0x100)]);
     assert_eq!(
         out[0],
         Output::Streaming {
@@ -662,7 +688,6 @@ fn follows_a_timeline_switch_as_postgresql_sends_it() {
     );
     assert_eq!(h.s.status().receive_start_tli, Some(TimelineId(2)));
     // Flushes on the new timeline are reported.
-    h.feed([xlog(0x5046A00, 0x100)]);
     assert_eq!(updates(&h.position(2, 0x5046B00)).len(), 1);
 }
 

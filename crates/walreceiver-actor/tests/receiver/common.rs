@@ -1,6 +1,8 @@
 //! What the integration tests share: a walserver primary running in its own actix System on
 //! its own thread (so it can be killed as a process would be), standby storage, an owner
 //! actor that turns the walreceiver's events into a channel, and waits with deadlines.
+//! `benches/receive.rs` uses it too, and not all of it.
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -117,7 +119,7 @@ impl Primary {
             session: Arc::new(SessionConfig {
                 show: Arc::new(vec![(
                     "wal_segment_size".to_string(),
-                    format!("{}MB", SEGMENT >> 20),
+                    format!("{}MB", wal.segment_size() >> 20),
                 )]),
                 ..SessionConfig::default()
             }),
@@ -311,8 +313,18 @@ impl Receiving {
     /// Waits until `wal` is durable up to `lsn` on `timeline`; a stop of the walreceiver
     /// meanwhile fails the test with its reason, a stream beginning is kept for later.
     pub async fn wait_flushed(&mut self, wal: &Wal, timeline: TimelineId, lsn: Lsn) {
+        self.wait_flushed_within(wal, timeline, lsn, DEADLINE).await
+    }
+
+    pub async fn wait_flushed_within(
+        &mut self,
+        wal: &Wal,
+        timeline: TimelineId,
+        lsn: Lsn,
+        within: Duration,
+    ) {
         let mut rx = wal.subscribe();
-        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let deadline = tokio::time::Instant::now() + within;
         let mut kept = Vec::new();
         let reached = loop {
             tokio::select! {

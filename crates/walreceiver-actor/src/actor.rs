@@ -434,3 +434,77 @@ impl Handler<Applied> for WalReceiver {
         self.apply(out, None, ctx);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+
+    use bytes::BytesMut;
+    use protocol_codec::messages::XLogData;
+    use tokio::io::AsyncWriteExt;
+    use wal_storage::{Lsn, PgTimestamp};
+
+    use super::*;
+
+    /// While the in-flight bound is reached the read side neither yields WAL nor reads the
+    /// socket: the upstream's writes block once the (small) pipe is full. Releasing permits
+    /// (durability) lets it go on.
+    #[tokio::test]
+    async fn the_read_side_stops_reading_at_the_in_flight_bound() {
+        const CHUNK: usize = 100 << 10;
+        let (ours, mut upstream) = tokio::io::duplex(16 << 10);
+        let (reader, _writer) = tokio::io::split(Box::new(ours) as Box<dyn Io>);
+        let permits = Arc::new(Semaphore::new(250 << 10));
+        let mut stream = pin!(inbound(
+            FramedRead::new(reader, ClientCodec::new()),
+            permits.clone(),
+            250 << 10
+        ));
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = sent.clone();
+        let upstream_task = tokio::spawn(async move {
+            for i in 0..10u64 {
+                let mut buf = BytesMut::new();
+                BackendMessage::XLogData(XLogData {
+                    wal_start: Lsn(i * CHUNK as u64),
+                    wal_end: Lsn(0),
+                    send_time: PgTimestamp(0),
+                    data: Bytes::from(vec![i as u8; CHUNK]),
+                })
+                .encode(&mut buf)
+                .unwrap();
+                upstream.write_all(&buf).await.unwrap();
+                counter.store(i as usize + 1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        // Two chunks fit in 250 KiB; the third does not.
+        let first = stream.next().await.unwrap().unwrap();
+        let second = stream.next().await.unwrap().unwrap();
+        assert_eq!(permits.available_permits(), 50 << 10);
+        // Let both sides run until nothing moves: the third chunk waits for room.
+        for _ in 0..100 {
+            let polled = futures_util::poll!(stream.next());
+            assert!(polled.is_pending(), "the third chunk waits for room");
+            tokio::task::yield_now().await;
+        }
+        // The upstream is stuck in its fourth write at most: the socket is not being read.
+        assert!(sent.load(std::sync::atomic::Ordering::SeqCst) <= 3);
+        assert!(!upstream_task.is_finished());
+        // The first chunk becomes durable: its permits come back, and the third goes through.
+        drop(first);
+        let third = stream.next().await.unwrap().unwrap();
+        assert!(
+            matches!(third.msg, BackendMessage::XLogData(ref x) if x.wal_start == Lsn(2 * CHUNK as u64))
+        );
+        drop((second, third));
+        let mut n = 3;
+        while let Some(item) = stream.next().await {
+            drop(item.unwrap());
+            n += 1;
+            if n == 10 {
+                break;
+            }
+        }
+        upstream_task.await.unwrap();
+    }
+}

@@ -219,6 +219,62 @@ impl PgCluster {
         cluster
     }
 
+    /// A hot standby of this cluster: pg_basebackup (as the `postgres` superuser, with the WAL
+    /// streamed alongside and `-R` writing `standby.signal` and `primary_conninfo`), on a port
+    /// of its own, started. Its configuration and access rules are this cluster's, plus
+    /// `opts`.
+    pub fn init_standby(&self, opts: &PgOptions) -> PgCluster {
+        let dir = tempfile::Builder::new()
+            .prefix("pg-testkit-standby-")
+            .tempdir()
+            .expect("create a temporary directory");
+        if is_root() {
+            let mut chown = Command::new("chown");
+            chown.arg("postgres:postgres").arg(dir.path());
+            run(chown, "chown the standby's directory to postgres");
+        }
+        let standby = PgCluster {
+            bin: self.bin.clone(),
+            dir,
+            port: free_port(),
+            running: false,
+        };
+        let mut backup = standby.bin.server_command("pg_basebackup");
+        backup
+            .arg("-D")
+            .arg(standby.data_dir())
+            .args([
+                "-h",
+                self.host(),
+                "-U",
+                "postgres",
+                "-X",
+                "stream",
+                "-R",
+                "-c",
+                "fast",
+            ])
+            .arg("-p")
+            .arg(self.port.to_string());
+        run(backup, "pg_basebackup");
+        let mut conf = vec![format!("port = {}", standby.port)];
+        conf.extend(opts.conf.iter().cloned());
+        standby.append_file("postgresql.conf", &conf);
+        standby.append_file("pg_hba.conf", &opts.hba);
+        let mut standby = standby;
+        standby.start();
+        standby
+    }
+
+    /// Promotes a standby and waits until it accepts writes (`pg_ctl promote -w`).
+    pub fn promote(&self) {
+        let mut cmd = self.bin.server_command("pg_ctl");
+        cmd.arg("-D")
+            .arg(self.data_dir())
+            .args(["-w", "-t", "60", "promote"]);
+        run(cmd, "pg_ctl promote");
+    }
+
     fn append_file(&self, name: &str, lines: &[String]) {
         let path = self.data_dir().join(name);
         let mut text = fs::read_to_string(&path).unwrap_or_default();
@@ -410,6 +466,21 @@ mod tests {
         if std::env::var_os("PG_TESTKIT_FINDER_CHILD").is_some() {
             println!("{}", PgBin::find().unwrap_err());
         }
+    }
+
+    #[test]
+    fn a_standby_streams_and_promotes() {
+        let primary = PgCluster::init_primary(&PgOptions::default());
+        primary.psql("CREATE TABLE t AS SELECT 1 AS x");
+        let standby = primary.init_standby(&PgOptions::default());
+        assert_eq!(standby.psql("SELECT pg_is_in_recovery()"), "t");
+        assert_eq!(standby.psql("SELECT count(*) FROM t"), "1");
+        standby.promote();
+        assert_eq!(standby.psql("SELECT pg_is_in_recovery()"), "f");
+        assert_eq!(
+            standby.psql("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"),
+            "00000002"
+        );
     }
 
     #[test]

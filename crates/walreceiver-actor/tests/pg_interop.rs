@@ -1,7 +1,9 @@
-//! Interop with a real PostgreSQL 15 primary (pg-testkit; fails, never skips, without it): a
-//! walserver standby of PostgreSQL WAL, made with `fetch_upstream_identity` and
-//! `init_standby`, streams under write load with SCRAM authentication; every completed
-//! segment is byte-identical to the primary's, and pg_waldump reads walserver's segments.
+//! Interop with real PostgreSQL 15 (pg-testkit; fails, never skips, without it): a walserver
+//! standby of PostgreSQL WAL, made with `fetch_upstream_identity` and `init_standby`, streams
+//! from a primary under write load with SCRAM authentication; every completed segment is
+//! byte-identical to the primary's, and pg_waldump reads walserver's segments. Relaying from a
+//! PostgreSQL standby that is promoted, it follows timeline 2 on the same connection and
+//! stores the same history file and segments.
 
 use std::path::Path;
 use std::process::Command;
@@ -58,6 +60,16 @@ fn conninfo(pg: &PgCluster) -> ConnInfo {
     .unwrap()
 }
 
+/// The next event, which must be a stream beginning.
+async fn next_stream(
+    events: &mut mpsc::UnboundedReceiver<Result<StreamingStarted, ReceiverStopped>>,
+) -> StreamingStarted {
+    match tokio::time::timeout(DEADLINE, events.recv()).await.unwrap() {
+        Some(Ok(s)) => s,
+        other => panic!("expected a stream to begin, got {other:?}"),
+    }
+}
+
 /// Runs SQL on the primary off the test's thread, which the walreceiver shares.
 async fn psql(pg: &Arc<PgCluster>, sql: &str) -> String {
     let (pg, sql) = (pg.clone(), sql.to_string());
@@ -70,6 +82,7 @@ async fn psql(pg: &Arc<PgCluster>, sql: &str) -> String {
 /// stops first. Returns the streams that began meanwhile.
 async fn wait_flushed(
     wal: &Wal,
+    timeline: TimelineId,
     lsn: Lsn,
     events: &mut mpsc::UnboundedReceiver<Result<StreamingStarted, ReceiverStopped>>,
 ) -> Vec<StreamingStarted> {
@@ -78,7 +91,7 @@ async fn wait_flushed(
     let mut started = Vec::new();
     loop {
         tokio::select! {
-            r = rx.wait_for(|p| p.flushed >= lsn) => { r.unwrap(); return started; }
+            r = rx.wait_for(|p| p.timeline >= timeline && p.flushed >= lsn) => { r.unwrap(); return started; }
             e = events.recv() => match e {
                 Some(Err(stopped)) => panic!("the walreceiver stopped: {}", stopped.reason),
                 Some(Ok(s)) => started.push(s),
@@ -151,10 +164,8 @@ async fn a_walserver_standby_relays_a_postgresql_primary_byte_for_byte() {
     .start();
 
     // The stream begins before any load: PostgreSQL answers the first status update.
-    match tokio::time::timeout(DEADLINE, events.recv()).await.unwrap() {
-        Some(Ok(s)) => assert_eq!((s.timeline, s.start), (TimelineId(1), start)),
-        other => panic!("expected the stream's start, got {other:?}"),
-    }
+    let s = next_stream(&mut events).await;
+    assert_eq!((s.timeline, s.start), (TimelineId(1), start));
     // Write load while it streams: rows, and segment switches so that segments complete.
     // The second round fills more than a segment by itself, so segments complete without a
     // switch too.
@@ -177,7 +188,7 @@ async fn a_walserver_standby_relays_a_postgresql_primary_byte_for_byte() {
         .await
         .parse()
         .unwrap();
-    let started = wait_flushed(&standby, target, &mut events).await;
+    let started = wait_flushed(&standby, TimelineId(1), target, &mut events).await;
     assert!(started.is_empty(), "one stream only: {started:?}");
     let sql =
         "SELECT count(*) FROM pg_stat_replication WHERE application_name = 'walserver_standby'";
@@ -235,7 +246,7 @@ async fn a_walserver_standby_relays_a_postgresql_primary_byte_for_byte() {
 }
 
 #[actix_rt::test]
-async fn a_stopped_postgresql_primary_is_reported_with_its_sqlstate() {
+async fn a_fast_shutdown_of_postgresql_is_reported_as_its_controlled_close() {
     let mut pg = primary();
     let info = conninfo(&pg);
     let id = walreceiver_actor::fetch_upstream_identity(&info, None, "walserver_init")
@@ -253,10 +264,8 @@ async fn a_stopped_postgresql_primary_is_reported_with_its_sqlstate() {
         ReceiverOwner::of(&owner),
     )
     .start();
-    match tokio::time::timeout(DEADLINE, events.recv()).await.unwrap() {
-        Some(Ok(s)) => assert_eq!(s.receiver, ReceiverId(7)),
-        other => panic!("expected the stream's start, got {other:?}"),
-    }
+    let s = next_stream(&mut events).await;
+    assert_eq!(s.receiver, ReceiverId(7));
     // A fast shutdown ends the walsender's copy (after it drains) and closes the connection.
     tokio::task::spawn_blocking(move || {
         pg.stop();
@@ -266,16 +275,113 @@ async fn a_stopped_postgresql_primary_is_reported_with_its_sqlstate() {
     .unwrap();
     match tokio::time::timeout(DEADLINE, events.recv()).await.unwrap() {
         Some(Err(stopped)) => match stopped.reason {
-            StopReason::Failed(e) => assert!(
-                matches!(
-                    e,
-                    walreceiver_actor::ReceiverError::UpstreamClosed { .. }
-                        | walreceiver_actor::ReceiverError::Upstream { .. }
-                ),
-                "{e}"
-            ),
+            // PostgreSQL's WalSndDone: everything sent and confirmed, then "COPY 0" without
+            // CopyDone, then the connection closes.
+            StopReason::Failed(e) => match e {
+                walreceiver_actor::ReceiverError::UpstreamClosed { detail } => {
+                    assert!(detail.contains("COPY 0"), "{detail}")
+                }
+                other => panic!("{other}"),
+            },
             other => panic!("{other}"),
         },
         other => panic!("expected the stop, got {other:?}"),
     }
+}
+
+#[actix_rt::test]
+async fn follows_a_promoted_postgresql_standby_to_timeline_2() {
+    let mut a = primary();
+    a.psql("CREATE TABLE t (id int, filler text)");
+    // B: a PostgreSQL standby of A, which walserver relays from.
+    let b = Arc::new(a.init_standby(&PgOptions::default()));
+    let info = conninfo(&b);
+    let id = walreceiver_actor::fetch_upstream_identity(&info, None, "walserver_init")
+        .await
+        .unwrap();
+    assert_eq!(id.timeline, TimelineId(1));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StorageConfig {
+        wal_keep_size: 1 << 30,
+        ..StorageConfig::default()
+    };
+    let standby = walreceiver_actor::init_standby(dir.path(), cfg, &id).unwrap();
+    let (tx, mut events) = mpsc::unbounded_channel();
+    let owner = Recorder(tx).start();
+    let _receiver = WalReceiver::new(
+        ReceiverId(2),
+        ReceiverConfig::new(info, Some("walserver_cascade")),
+        standby.clone(),
+        ReceiverOwner::of(&owner),
+    )
+    .start();
+    let s = next_stream(&mut events).await;
+    assert_eq!(s.timeline, TimelineId(1));
+    // Load on A crosses a segment; A stops (its fast shutdown sends B everything, ending at
+    // a record boundary); B is promoted, after replaying all it received.
+    tokio::task::spawn_blocking(move || {
+        a.psql("INSERT INTO t SELECT g, repeat('a', 200) FROM generate_series(1, 90000) g");
+        a.psql("SELECT pg_switch_wal()");
+        a.psql("INSERT INTO t SELECT g, 'more' FROM generate_series(1, 1000) g");
+        a.stop();
+        a
+    })
+    .await
+    .unwrap();
+    let promoted = b.clone();
+    tokio::task::spawn_blocking(move || promoted.promote())
+        .await
+        .unwrap();
+    // Timeline 2 takes writes on B and reaches walserver without a reconnect.
+    psql(
+        &b,
+        "INSERT INTO t SELECT g, repeat('b', 200) FROM generate_series(1, 90000) g",
+    )
+    .await;
+    psql(&b, "SELECT pg_switch_wal()").await;
+    let target: Lsn = psql(&b, "SELECT pg_current_wal_flush_lsn()")
+        .await
+        .parse()
+        .unwrap();
+    let mut started = wait_flushed(&standby, TimelineId(2), target, &mut events).await;
+    if started.is_empty() {
+        started.push(next_stream(&mut events).await);
+    }
+    let [started] = started.as_slice() else {
+        panic!("one stream on timeline 2, got {started:?}");
+    };
+    assert_eq!(started.timeline, TimelineId(2));
+    assert_eq!(started.receiver, ReceiverId(2));
+    let switch = started.start;
+    assert_eq!(standby.timeline(), TimelineId(2));
+
+    // The same history file as PostgreSQL's.
+    let pg_wal = b.data_dir().join("pg_wal");
+    let ours = standby.data_dir().join("pg_wal");
+    cmp_segment(&pg_wal, &ours, "00000002.history");
+    assert_eq!(standby.history()[0].switch_lsn, switch);
+    // Timeline 1's complete segments before the switch, and timeline 2's from the switch
+    // segment (PostgreSQL's copy of it up to the switch point, then timeline 2) on.
+    let first = id.start_lsn().segment_number(SEGMENT);
+    let switch_seg = switch.segment_number(SEGMENT);
+    for segno in first..switch_seg {
+        cmp_segment(
+            &pg_wal,
+            &ours,
+            &segment_file_name(TimelineId(1), segno, SEGMENT),
+        );
+    }
+    let complete_end = target.segment_number(SEGMENT);
+    assert!(complete_end > switch_seg, "the switch segment completed");
+    for segno in switch_seg..complete_end {
+        cmp_segment(
+            &pg_wal,
+            &ours,
+            &segment_file_name(TimelineId(2), segno, SEGMENT),
+        );
+    }
+    assert!(
+        events.try_recv().is_err(),
+        "no stop and no other stream: the same connection"
+    );
 }

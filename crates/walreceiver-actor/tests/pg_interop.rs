@@ -5,41 +5,22 @@
 //! PostgreSQL standby that is promoted, it follows timeline 2 on the same connection and
 //! stores the same history file and segments.
 
+#[path = "receiver/common.rs"]
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
 
-use actix::prelude::*;
+use common::Receiving;
 use pg_testkit::{PgCluster, PgOptions};
 use protocol_codec::conninfo::ConnInfo;
-use tokio::sync::mpsc;
-use wal_storage::{segment_file_name, Lsn, StorageConfig, SystemId, TimelineId, Wal, WalFormat};
-use walreceiver_actor::messages::*;
-use walreceiver_actor::{ReceiverConfig, StopReason, WalReceiver};
+use wal_storage::{segment_file_name, Lsn, StorageConfig, SystemId, TimelineId, WalFormat};
+use walreceiver_actor::messages::StopReceiver;
+use walreceiver_actor::{ReceiverConfig, ReceiverError, StopReason};
 
-const SEGMENT: u64 = 16 << 20;
-const DEADLINE: Duration = Duration::from_secs(60);
-
-struct Recorder(mpsc::UnboundedSender<Result<StreamingStarted, ReceiverStopped>>);
-
-impl Actor for Recorder {
-    type Context = Context<Self>;
-}
-
-impl Handler<StreamingStarted> for Recorder {
-    type Result = ();
-    fn handle(&mut self, msg: StreamingStarted, _: &mut Context<Self>) {
-        let _ = self.0.send(Ok(msg));
-    }
-}
-
-impl Handler<ReceiverStopped> for Recorder {
-    type Result = ();
-    fn handle(&mut self, msg: ReceiverStopped, _: &mut Context<Self>) {
-        let _ = self.0.send(Err(msg));
-    }
-}
+/// PostgreSQL's default segment size.
+const PG_SEGMENT: u64 = 16 << 20;
 
 fn primary() -> PgCluster {
     let pg = PgCluster::init_primary(
@@ -60,48 +41,12 @@ fn conninfo(pg: &PgCluster) -> ConnInfo {
     .unwrap()
 }
 
-/// The next event, which must be a stream beginning.
-async fn next_stream(
-    events: &mut mpsc::UnboundedReceiver<Result<StreamingStarted, ReceiverStopped>>,
-) -> StreamingStarted {
-    match tokio::time::timeout(DEADLINE, events.recv()).await.unwrap() {
-        Some(Ok(s)) => s,
-        other => panic!("expected a stream to begin, got {other:?}"),
-    }
-}
-
 /// Runs SQL on the primary off the test's thread, which the walreceiver shares.
 async fn psql(pg: &Arc<PgCluster>, sql: &str) -> String {
     let (pg, sql) = (pg.clone(), sql.to_string());
     tokio::task::spawn_blocking(move || pg.psql(&sql))
         .await
         .unwrap()
-}
-
-/// Waits until `wal` is durable up to `lsn`, failing with the walreceiver's stop reason if it
-/// stops first. Returns the streams that began meanwhile.
-async fn wait_flushed(
-    wal: &Wal,
-    timeline: TimelineId,
-    lsn: Lsn,
-    events: &mut mpsc::UnboundedReceiver<Result<StreamingStarted, ReceiverStopped>>,
-) -> Vec<StreamingStarted> {
-    let mut rx = wal.subscribe();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let mut started = Vec::new();
-    loop {
-        tokio::select! {
-            r = rx.wait_for(|p| p.timeline >= timeline && p.flushed >= lsn) => { r.unwrap(); return started; }
-            e = events.recv() => match e {
-                Some(Err(stopped)) => panic!("the walreceiver stopped: {}", stopped.reason),
-                Some(Ok(s)) => started.push(s),
-                None => panic!("the owner went away"),
-            },
-            _ = tokio::time::sleep_until(deadline) => {
-                panic!("the standby did not reach {lsn}: it is at {:?}", wal.position())
-            }
-        }
-    }
 }
 
 fn cmp_segment(pg_wal: &Path, ours: &Path, name: &str) {
@@ -128,7 +73,7 @@ async fn a_walserver_standby_relays_a_postgresql_primary_byte_for_byte() {
         .unwrap();
     assert_eq!(id.system_id, system_id);
     assert_eq!(id.format, WalFormat::Postgres);
-    assert_eq!(id.segment_size, SEGMENT);
+    assert_eq!(id.segment_size, PG_SEGMENT);
     assert_eq!(id.timeline, TimelineId(1));
     assert!(
         id.server_version.starts_with("15."),
@@ -136,7 +81,7 @@ async fn a_walserver_standby_relays_a_postgresql_primary_byte_for_byte() {
         id.server_version
     );
     let start = id.start_lsn();
-    assert_eq!(start, id.xlogpos.segment_start(SEGMENT));
+    assert_eq!(start, id.xlogpos.segment_start(PG_SEGMENT));
 
     let dir = tempfile::tempdir().unwrap();
     let standby = tokio::task::spawn_blocking({
@@ -153,19 +98,12 @@ async fn a_walserver_standby_relays_a_postgresql_primary_byte_for_byte() {
     .unwrap();
     assert_eq!(standby.format(), WalFormat::Postgres);
 
-    let (tx, mut events) = mpsc::unbounded_channel();
-    let owner = Recorder(tx).start();
-    let receiver = WalReceiver::new(
-        ReceiverId(1),
+    let mut r = Receiving::start(
         ReceiverConfig::new(info, Some("walserver_standby")),
-        standby.clone(),
-        ReceiverOwner::of(&owner),
-    )
-    .start();
-
+        &standby,
+    );
     // The stream begins before any load: PostgreSQL answers the first status update.
-    let s = next_stream(&mut events).await;
-    assert_eq!((s.timeline, s.start), (TimelineId(1), start));
+    assert_eq!(r.streaming().await, (TimelineId(1), start));
     // Write load while it streams: rows, and segment switches so that segments complete.
     // The second round fills more than a segment by itself, so segments complete without a
     // switch too.
@@ -188,8 +126,8 @@ async fn a_walserver_standby_relays_a_postgresql_primary_byte_for_byte() {
         .await
         .parse()
         .unwrap();
-    let started = wait_flushed(&standby, TimelineId(1), target, &mut events).await;
-    assert!(started.is_empty(), "one stream only: {started:?}");
+    r.wait_flushed(&standby, TimelineId(1), target).await;
+    assert!(!r.has_event(), "one stream only");
     let sql =
         "SELECT count(*) FROM pg_stat_replication WHERE application_name = 'walserver_standby'";
     assert_eq!(psql(&pg, sql).await, "1");
@@ -197,8 +135,8 @@ async fn a_walserver_standby_relays_a_postgresql_primary_byte_for_byte() {
     // Every completed segment is PostgreSQL's, byte for byte.
     let pg_wal = pg.data_dir().join("pg_wal");
     let ours = standby.data_dir().join("pg_wal");
-    let first = start.segment_number(SEGMENT);
-    let complete_end = target.segment_number(SEGMENT);
+    let first = start.segment_number(PG_SEGMENT);
+    let complete_end = target.segment_number(PG_SEGMENT);
     assert!(
         complete_end - first >= 5,
         "{first}..{complete_end}: too few complete segments"
@@ -207,7 +145,7 @@ async fn a_walserver_standby_relays_a_postgresql_primary_byte_for_byte() {
         cmp_segment(
             &pg_wal,
             &ours,
-            &segment_file_name(TimelineId(1), segno, SEGMENT),
+            &segment_file_name(TimelineId(1), segno, PG_SEGMENT),
         );
     }
 
@@ -219,7 +157,7 @@ async fn a_walserver_standby_relays_a_postgresql_primary_byte_for_byte() {
         .args(["-t", "1", "-s"])
         .arg(start.to_string())
         .arg("-e")
-        .arg(Lsn(complete_end * SEGMENT).to_string())
+        .arg(Lsn(complete_end * PG_SEGMENT).to_string())
         .arg("--stats")
         .output()
         .unwrap();
@@ -232,17 +170,8 @@ async fn a_walserver_standby_relays_a_postgresql_primary_byte_for_byte() {
     let stats = String::from_utf8_lossy(&out.stdout);
     assert!(stats.contains("Heap"), "{stats}");
 
-    receiver.send(StopReceiver).await.unwrap();
-    loop {
-        match tokio::time::timeout(DEADLINE, events.recv()).await.unwrap() {
-            Some(Err(stopped)) => {
-                assert_eq!(stopped.reason, StopReason::ShutdownRequested);
-                break;
-            }
-            Some(Ok(_)) => {}
-            None => panic!("the owner went away"),
-        }
-    }
+    r.addr.send(StopReceiver).await.unwrap();
+    assert_eq!(r.stopped().await.reason, StopReason::ShutdownRequested);
 }
 
 #[actix_rt::test]
@@ -255,17 +184,8 @@ async fn a_fast_shutdown_of_postgresql_is_reported_as_its_controlled_close() {
     let dir = tempfile::tempdir().unwrap();
     let standby =
         walreceiver_actor::init_standby(dir.path(), StorageConfig::default(), &id).unwrap();
-    let (tx, mut events) = mpsc::unbounded_channel();
-    let owner = Recorder(tx).start();
-    let _receiver = WalReceiver::new(
-        ReceiverId(7),
-        ReceiverConfig::new(info, None),
-        standby.clone(),
-        ReceiverOwner::of(&owner),
-    )
-    .start();
-    let s = next_stream(&mut events).await;
-    assert_eq!(s.receiver, ReceiverId(7));
+    let mut r = Receiving::start(ReceiverConfig::new(info, None), &standby);
+    r.streaming().await;
     // A fast shutdown ends the walsender's copy (after it drains) and closes the connection.
     tokio::task::spawn_blocking(move || {
         pg.stop();
@@ -273,19 +193,13 @@ async fn a_fast_shutdown_of_postgresql_is_reported_as_its_controlled_close() {
     })
     .await
     .unwrap();
-    match tokio::time::timeout(DEADLINE, events.recv()).await.unwrap() {
-        Some(Err(stopped)) => match stopped.reason {
-            // PostgreSQL's WalSndDone: everything sent and confirmed, then "COPY 0" without
-            // CopyDone, then the connection closes.
-            StopReason::Failed(e) => match e {
-                walreceiver_actor::ReceiverError::UpstreamClosed { detail } => {
-                    assert!(detail.contains("COPY 0"), "{detail}")
-                }
-                other => panic!("{other}"),
-            },
-            other => panic!("{other}"),
-        },
-        other => panic!("expected the stop, got {other:?}"),
+    // PostgreSQL's WalSndDone: everything sent and confirmed, then "COPY 0" without CopyDone,
+    // then the connection closes.
+    match r.stopped().await.reason {
+        StopReason::Failed(ReceiverError::UpstreamClosed { detail }) => {
+            assert!(detail.contains("COPY 0"), "{detail}")
+        }
+        other => panic!("{other}"),
     }
 }
 
@@ -306,17 +220,11 @@ async fn follows_a_promoted_postgresql_standby_to_timeline_2() {
         ..StorageConfig::default()
     };
     let standby = walreceiver_actor::init_standby(dir.path(), cfg, &id).unwrap();
-    let (tx, mut events) = mpsc::unbounded_channel();
-    let owner = Recorder(tx).start();
-    let _receiver = WalReceiver::new(
-        ReceiverId(2),
+    let mut r = Receiving::start(
         ReceiverConfig::new(info, Some("walserver_cascade")),
-        standby.clone(),
-        ReceiverOwner::of(&owner),
-    )
-    .start();
-    let s = next_stream(&mut events).await;
-    assert_eq!(s.timeline, TimelineId(1));
+        &standby,
+    );
+    assert_eq!(r.streaming().await.0, TimelineId(1));
     // Load on A crosses a segment; A stops (its fast shutdown sends B everything, ending at
     // a record boundary); B is promoted, after replaying all it received.
     tokio::task::spawn_blocking(move || {
@@ -343,16 +251,10 @@ async fn follows_a_promoted_postgresql_standby_to_timeline_2() {
         .await
         .parse()
         .unwrap();
-    let mut started = wait_flushed(&standby, TimelineId(2), target, &mut events).await;
-    if started.is_empty() {
-        started.push(next_stream(&mut events).await);
-    }
-    let [started] = started.as_slice() else {
-        panic!("one stream on timeline 2, got {started:?}");
-    };
-    assert_eq!(started.timeline, TimelineId(2));
-    assert_eq!(started.receiver, ReceiverId(2));
-    let switch = started.start;
+    r.wait_flushed(&standby, TimelineId(2), target).await;
+    // The stream of timeline 2 began at the switch point, with no stop in between.
+    let (timeline, switch) = r.streaming().await;
+    assert_eq!(timeline, TimelineId(2));
     assert_eq!(standby.timeline(), TimelineId(2));
 
     // The same history file as PostgreSQL's.
@@ -362,26 +264,26 @@ async fn follows_a_promoted_postgresql_standby_to_timeline_2() {
     assert_eq!(standby.history()[0].switch_lsn, switch);
     // Timeline 1's complete segments before the switch, and timeline 2's from the switch
     // segment (PostgreSQL's copy of it up to the switch point, then timeline 2) on.
-    let first = id.start_lsn().segment_number(SEGMENT);
-    let switch_seg = switch.segment_number(SEGMENT);
+    let first = id.start_lsn().segment_number(PG_SEGMENT);
+    let switch_seg = switch.segment_number(PG_SEGMENT);
     for segno in first..switch_seg {
         cmp_segment(
             &pg_wal,
             &ours,
-            &segment_file_name(TimelineId(1), segno, SEGMENT),
+            &segment_file_name(TimelineId(1), segno, PG_SEGMENT),
         );
     }
-    let complete_end = target.segment_number(SEGMENT);
+    let complete_end = target.segment_number(PG_SEGMENT);
     assert!(complete_end > switch_seg, "the switch segment completed");
     for segno in switch_seg..complete_end {
         cmp_segment(
             &pg_wal,
             &ours,
-            &segment_file_name(TimelineId(2), segno, SEGMENT),
+            &segment_file_name(TimelineId(2), segno, PG_SEGMENT),
         );
     }
     assert!(
-        events.try_recv().is_err(),
+        !r.has_event(),
         "no stop and no other stream: the same connection"
     );
 }

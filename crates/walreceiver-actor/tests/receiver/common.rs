@@ -1,7 +1,7 @@
 //! What the integration tests share: a walserver primary running in its own actix System on
 //! its own thread (so it can be killed as a process would be), standby storage, an owner
 //! actor that turns the walreceiver's events into a channel, and waits with deadlines.
-//! `benches/receive.rs` uses it too, and not all of it.
+//! `tests/pg_interop.rs` and `benches/receive.rs` use it too, and not all of it.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -28,7 +28,7 @@ use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 pub const SEGMENT: u64 = 1 << 20;
 pub const SYSTEM: SystemId = SystemId(7_000_000_000_000_000_042);
 /// Long enough never to fire in a test that does not mean it to.
-pub const DEADLINE: Duration = Duration::from_secs(20);
+pub const DEADLINE: Duration = Duration::from_secs(30);
 
 pub fn storage_config() -> StorageConfig {
     StorageConfig {

@@ -131,6 +131,20 @@ pub fn free_port() -> u16 {
         .expect("bind a loopback port")
 }
 
+/// A temporary directory for a cluster, owned by `postgres` when we are root.
+fn cluster_dir(prefix: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("create a temporary directory");
+    if is_root() {
+        let mut chown = Command::new("chown");
+        chown.arg("postgres:postgres").arg(dir.path());
+        run(chown, "chown the cluster directory to postgres");
+    }
+    dir
+}
+
 /// How to set up a cluster.
 #[derive(Clone, Debug, Default)]
 pub struct PgOptions {
@@ -168,18 +182,9 @@ impl PgCluster {
     /// `max_wal_senders=10` and `password_encryption=scram-sha-256`.
     pub fn init_primary(opts: &PgOptions) -> PgCluster {
         let bin = PgBin::require();
-        let dir = tempfile::Builder::new()
-            .prefix("pg-testkit-")
-            .tempdir()
-            .expect("create a temporary directory");
-        if is_root() {
-            let mut chown = Command::new("chown");
-            chown.arg("postgres:postgres").arg(dir.path());
-            run(chown, "chown the cluster directory to postgres");
-        }
         let cluster = PgCluster {
             bin,
-            dir,
+            dir: cluster_dir("pg-testkit-"),
             port: free_port(),
             running: false,
         };
@@ -224,18 +229,9 @@ impl PgCluster {
     /// of its own, started. Its configuration and access rules are this cluster's, plus
     /// `opts`.
     pub fn init_standby(&self, opts: &PgOptions) -> PgCluster {
-        let dir = tempfile::Builder::new()
-            .prefix("pg-testkit-standby-")
-            .tempdir()
-            .expect("create a temporary directory");
-        if is_root() {
-            let mut chown = Command::new("chown");
-            chown.arg("postgres:postgres").arg(dir.path());
-            run(chown, "chown the standby's directory to postgres");
-        }
         let standby = PgCluster {
             bin: self.bin.clone(),
-            dir,
+            dir: cluster_dir("pg-testkit-standby-"),
             port: free_port(),
             running: false,
         };

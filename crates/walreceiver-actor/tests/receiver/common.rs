@@ -207,6 +207,16 @@ pub async fn append(wal: &Wal, n: usize, size: usize) -> Lsn {
     *ends.last().expect("records")
 }
 
+/// Starts the next timeline on `wal` (off the async thread: it fsyncs); returns it and its
+/// switch point.
+pub async fn promote(wal: &Wal) -> (TimelineId, Lsn) {
+    let wal = wal.clone();
+    tokio::task::spawn_blocking(move || wal.promote("test"))
+        .await
+        .expect("promotion ran")
+        .expect("promoted")
+}
+
 /// What the walreceiver told its owner.
 #[derive(Debug)]
 pub enum Event {

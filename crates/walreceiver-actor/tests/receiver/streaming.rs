@@ -68,11 +68,7 @@ async fn follows_a_promotion_on_the_same_connection() {
     let pid = primary.replication().await[0].pid;
 
     // The primary starts timeline 2 while the walreceiver streams.
-    let wal = primary.wal.clone();
-    let (tli, switch) = tokio::task::spawn_blocking(move || wal.promote("test"))
-        .await
-        .unwrap()
-        .unwrap();
+    let (tli, switch) = promote(&primary.wal).await;
     assert_eq!(tli, TimelineId(2));
     // The stream of timeline 1 ends at the switch; the next begins there, with no stop.
     assert_eq!(r.streaming().await, (TimelineId(2), switch));
@@ -101,11 +97,7 @@ async fn a_standby_behind_a_switch_streams_the_old_timeline_then_follows() {
     let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let primary = Primary::start(primary_wal(dirs.0.path()), Access::Trust);
     append(&primary.wal, 100, 5_000).await;
-    let wal = primary.wal.clone();
-    let (_, switch) = tokio::task::spawn_blocking(move || wal.promote("test"))
-        .await
-        .unwrap()
-        .unwrap();
+    let (_, switch) = promote(&primary.wal).await;
     append(&primary.wal, 100, 5_000).await;
     // A standby still on timeline 1 at its very start.
     let standby = standby_wal(dirs.1.path(), SYSTEM);
@@ -138,11 +130,7 @@ async fn a_standby_made_by_init_standby_streams() {
     let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let primary = Primary::start(primary_wal(dirs.0.path()), Access::Trust);
     append(&primary.wal, 250, 10_000).await;
-    let wal = primary.wal.clone();
-    let (_, switch) = tokio::task::spawn_blocking(move || wal.promote("test"))
-        .await
-        .unwrap()
-        .unwrap();
+    let (_, switch) = promote(&primary.wal).await;
     append(&primary.wal, 150, 10_000).await;
     let conninfo = primary.conninfo("");
     let id = walreceiver_actor::fetch_upstream_identity(&conninfo, None, "init")

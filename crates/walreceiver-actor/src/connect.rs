@@ -15,18 +15,17 @@ use protocol_codec::auth::ClientAuthenticator;
 use protocol_codec::conninfo::ConnInfo;
 use protocol_codec::tls::{self, SslMode};
 use protocol_codec::{BackendMessage, ClientCodec, FrontendMessage, StartupPacket};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::ClientConfig;
 use tokio_rustls::TlsConnector;
 use tokio_util::codec::Decoder;
 
+/// A byte stream in either direction, plain TCP or TLS: the walsender's, the same for both ends.
+pub use walsender_actor::connection::Io;
+
 use crate::error::ReceiverError;
 use crate::query::{QueryResult, ResultCollector};
-
-/// A byte stream in either direction: plain TCP or TLS.
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// An authenticated replication connection, idle (after its first ReadyForQuery).
 pub struct Connection {

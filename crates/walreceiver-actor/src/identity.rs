@@ -242,6 +242,11 @@ mod tests {
     }
 
     #[test]
+    fn our_walsender_is_told_from_postgresql() {
+        assert!(walsender_actor::SERVER_VERSION.ends_with(WALSERVER_VERSION_SUFFIX));
+    }
+
+    #[test]
     fn starts_at_the_segment_of_the_flush_position_or_the_slot() {
         let id = identity(0x5046A30, vec![], None);
         assert_eq!(id.start_lsn(), Lsn(0x500_0000));

@@ -131,6 +131,20 @@ pub fn free_port() -> u16 {
         .expect("bind a loopback port")
 }
 
+/// A temporary directory for a cluster, owned by `postgres` when we are root.
+fn cluster_dir(prefix: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("create a temporary directory");
+    if is_root() {
+        let mut chown = Command::new("chown");
+        chown.arg("postgres:postgres").arg(dir.path());
+        run(chown, "chown the cluster directory to postgres");
+    }
+    dir
+}
+
 /// How to set up a cluster.
 #[derive(Clone, Debug, Default)]
 pub struct PgOptions {
@@ -168,18 +182,9 @@ impl PgCluster {
     /// `max_wal_senders=10` and `password_encryption=scram-sha-256`.
     pub fn init_primary(opts: &PgOptions) -> PgCluster {
         let bin = PgBin::require();
-        let dir = tempfile::Builder::new()
-            .prefix("pg-testkit-")
-            .tempdir()
-            .expect("create a temporary directory");
-        if is_root() {
-            let mut chown = Command::new("chown");
-            chown.arg("postgres:postgres").arg(dir.path());
-            run(chown, "chown the cluster directory to postgres");
-        }
         let cluster = PgCluster {
             bin,
-            dir,
+            dir: cluster_dir("pg-testkit-"),
             port: free_port(),
             running: false,
         };
@@ -217,6 +222,53 @@ impl PgCluster {
         let mut cluster = cluster;
         cluster.start();
         cluster
+    }
+
+    /// A hot standby of this cluster: pg_basebackup (as the `postgres` superuser, with the WAL
+    /// streamed alongside and `-R` writing `standby.signal` and `primary_conninfo`), on a port
+    /// of its own, started. Its configuration and access rules are this cluster's, plus
+    /// `opts`.
+    pub fn init_standby(&self, opts: &PgOptions) -> PgCluster {
+        let standby = PgCluster {
+            bin: self.bin.clone(),
+            dir: cluster_dir("pg-testkit-standby-"),
+            port: free_port(),
+            running: false,
+        };
+        let mut backup = standby.bin.server_command("pg_basebackup");
+        backup
+            .arg("-D")
+            .arg(standby.data_dir())
+            .args([
+                "-h",
+                self.host(),
+                "-U",
+                "postgres",
+                "-X",
+                "stream",
+                "-R",
+                "-c",
+                "fast",
+            ])
+            .arg("-p")
+            .arg(self.port.to_string());
+        run(backup, "pg_basebackup");
+        let mut conf = vec![format!("port = {}", standby.port)];
+        conf.extend(opts.conf.iter().cloned());
+        standby.append_file("postgresql.conf", &conf);
+        standby.append_file("pg_hba.conf", &opts.hba);
+        let mut standby = standby;
+        standby.start();
+        standby
+    }
+
+    /// Promotes a standby and waits until it accepts writes (`pg_ctl promote -w`).
+    pub fn promote(&self) {
+        let mut cmd = self.bin.server_command("pg_ctl");
+        cmd.arg("-D")
+            .arg(self.data_dir())
+            .args(["-w", "-t", "60", "promote"]);
+        run(cmd, "pg_ctl promote");
     }
 
     fn append_file(&self, name: &str, lines: &[String]) {
@@ -410,6 +462,21 @@ mod tests {
         if std::env::var_os("PG_TESTKIT_FINDER_CHILD").is_some() {
             println!("{}", PgBin::find().unwrap_err());
         }
+    }
+
+    #[test]
+    fn a_standby_streams_and_promotes() {
+        let primary = PgCluster::init_primary(&PgOptions::default());
+        primary.psql("CREATE TABLE t AS SELECT 1 AS x");
+        let standby = primary.init_standby(&PgOptions::default());
+        assert_eq!(standby.psql("SELECT pg_is_in_recovery()"), "t");
+        assert_eq!(standby.psql("SELECT count(*) FROM t"), "1");
+        standby.promote();
+        assert_eq!(standby.psql("SELECT pg_is_in_recovery()"), "f");
+        assert_eq!(
+            standby.psql("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"),
+            "00000002"
+        );
     }
 
     #[test]

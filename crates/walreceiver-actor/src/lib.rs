@@ -1,2 +1,67 @@
-//! walreceiver-actor: the actix actor that streams WAL from an upstream into local storage.
-//! Empty until the walreceiver issue fills it; nothing here works yet.
+//! walreceiver-actor: PostgreSQL's walreceiver as an actix actor.
+//!
+//! A standby runs one [`WalReceiver`] while it streams. It connects to the upstream named by
+//! `primary_conninfo` (a walserver primary or standby, or a real PostgreSQL 15 server) with
+//! libpq's rules: TLS by `sslmode`, a replication startup packet, trust, cleartext, md5 or
+//! SCRAM-SHA-256. It checks that the upstream has this node's system identifier, fetches the
+//! history files it lacks, and streams from its durable end on its own timeline. Every
+//! XLogData is written at its LSN, byte for byte, through a [`wal_storage::Wal`]; storage
+//! makes it durable with group commit and says so on its watch channel, which is what makes
+//! the walreceiver send a status update (write, flush, apply) upstream and what wakes this
+//! node's own walsenders for cascading. When the upstream's timeline ends (it was promoted,
+//! or it follows a promotion itself), the walreceiver reads the next timeline, has storage
+//! follow it, and goes on streaming on the same connection.
+//!
+//! Its peer is the upstream's walsender, on the socket. Its owner is the node's supervisor,
+//! which starts it, stops it with [`messages::StopReceiver`], and is told of its life with
+//! two events: [`messages::StreamingStarted`] when a stream begins, and
+//! [`messages::ReceiverStopped`] with a [`StopReason`] when it ends. The owner is a pair of
+//! `Recipient`s ([`messages::ReceiverOwner`]), so this crate does not know the supervisor.
+//! Restarting, backoff and start requests are the owner's; a walreceiver runs once.
+//!
+//! The protocol logic is the plain state machine [`session::Session`]: no I/O, testable with
+//! message sequences. The actor is glue: sockets, storage calls, timers, events.
+//!
+//! How a walreceiver stops:
+//! - normally, never: it streams until told to stop;
+//! - on error: the upstream closes the connection or reports an error (with its SQLSTATE:
+//!   58P01 when it no longer has the WAL we need, 57P01 when it shuts down), the system
+//!   identifiers differ, this node's WAL forked from the upstream's history, the upstream
+//!   stays silent for `wal_receiver_timeout`, the socket or the protocol breaks, or storage
+//!   fails. Each is a [`ReceiverError`] in [`StopReason::Failed`];
+//! - at shutdown (or when `primary_conninfo` changes, or at promotion): [`messages::StopReceiver`]
+//!   ends it at once, in any state, connecting included; it sends Terminate if connected and
+//!   closes the socket. WAL already handed to storage still becomes durable: storage's writer
+//!   finishes it.
+//!
+//! It also holds what makes a standby: [`fetch_upstream_identity`] and [`init_standby`] create
+//! a standby's data directory that adopts its upstream's system identifier, timeline history,
+//! segment size and kind of WAL.
+//!
+//! What it does not own: storage (a `Wal` handle, shared with the node), the decision to run
+//! (the supervisor's), the restart policy, promotion, and what applying WAL means (an
+//! application reports it with [`messages::Applied`]).
+//!
+//! **Invariants:** WAL is handed to storage in upstream order and at the LSNs the upstream
+//! gave it, so a standby's WAL is a byte-identical prefix of its upstream's, timeline by
+//! timeline; the flush position reported upstream is never ahead of what storage made
+//! durable; at most `max_wal_in_flight` bytes are received and not yet durable.
+
+mod actor;
+mod config;
+pub mod connect;
+mod error;
+mod identity;
+pub mod messages;
+pub mod query;
+pub mod session;
+pub mod status;
+
+pub use actor::WalReceiver;
+pub use config::{ReceiverConfig, DEFAULT_MAX_WAL_IN_FLIGHT};
+pub use error::{ReceiverError, StopReason};
+pub use identity::{
+    fetch_upstream_identity, init_standby, UpstreamIdentity, WALSERVER_VERSION_SUFFIX,
+};
+pub use session::{ApplyReporting, SessionConfig};
+pub use status::{ReceiverState, ReceiverStatus};

@@ -1,0 +1,510 @@
+//! The WalReceiver actor: thin glue around [`Session`].
+//!
+//! It connects ([`crate::connect`]) in a future it owns, then reads upstream messages as a
+//! stream, hears of durable WAL as a stream of [`WalPosition`]s from storage's watch channel,
+//! and writes through a small bounded queue to a writer task. Storage work that touches files
+//! runs on the tokio blocking pool of its arbiter; WAL goes to storage with `Wal::write`, which
+//! only queues it for storage's writer thread. Nothing here blocks the arbiter and nothing
+//! polls: every wakeup is an upstream message, a flush notification, a finished ticket or
+//! storage job, a message from the owner, or one of the session's two timers.
+//!
+//! Backpressure: the read stream takes permits from a semaphore of `max_wal_in_flight` bytes
+//! before it yields an XLogData, and each write's permits are released only when its ticket
+//! resolves (the bytes are durable). While the bound is reached the stream does not read the
+//! socket, TCP's window fills, and the upstream's walsender waits; the actor meanwhile still
+//! handles flush notifications, timers and `StopReceiver`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::prelude::*;
+use bytes::{Bytes, BytesMut};
+use futures_util::{Stream, StreamExt};
+use protocol_codec::{BackendMessage, ClientCodec, CodecError, FrontendMessage};
+use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_stream::wrappers::WatchStream;
+use tokio_util::codec::FramedRead;
+use wal_storage::{Wal, WalError, WalPosition};
+
+use crate::config::ReceiverConfig;
+use crate::connect::{self, Connection, Io};
+use crate::error::{ReceiverError, StopReason};
+use crate::messages::*;
+use crate::session::{LocalWal, Output, Session};
+use crate::status::ReceiverStatus;
+
+/// Messages queued for the writer task. Only status updates and the few commands of a
+/// conversation go there, so a full queue means the upstream stopped reading.
+const WRITE_QUEUE: usize = 64;
+/// How long the writer may take to deliver the last messages (a Terminate) of a stopped
+/// walreceiver to an upstream that does not read; then the socket is dropped.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+pub struct WalReceiver {
+    id: ReceiverId,
+    config: Arc<ReceiverConfig>,
+    wal: Wal,
+    owner: ReceiverOwner,
+    session: Session,
+    writer: Option<mpsc::Sender<Bytes>>,
+    writer_task: Option<tokio::task::JoinHandle<()>>,
+    in_flight: Arc<Semaphore>,
+    timer: Option<(Instant, SpawnHandle)>,
+    stop_reason: Option<StopReason>,
+}
+
+/// An upstream message, with the in-flight permits an XLogData holds until it is durable.
+struct Inbound {
+    msg: BackendMessage,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl WalReceiver {
+    /// A walreceiver that will stream from `config.conninfo` into `wal` once started. `wal`
+    /// must not be the last handle on the data directory: dropping the last one joins
+    /// storage's threads, which would block the arbiter.
+    pub fn new(
+        id: ReceiverId,
+        config: ReceiverConfig,
+        wal: Wal,
+        owner: ReceiverOwner,
+    ) -> WalReceiver {
+        let status = ReceiverStatus::new(
+            config.conninfo.to_string_without_password(),
+            config.session.slot_name.clone(),
+        );
+        let session = Session::new(
+            Arc::new(config.session.clone()),
+            LocalWal::of(&wal),
+            status,
+            Instant::now(),
+        );
+        WalReceiver {
+            id,
+            in_flight: Arc::new(Semaphore::new(config.max_wal_in_flight())),
+            config: Arc::new(config),
+            wal,
+            owner,
+            session,
+            writer: None,
+            writer_task: None,
+            timer: None,
+            stop_reason: None,
+        }
+    }
+
+    fn established(&mut self, conn: Connection, ctx: &mut Context<Self>) {
+        tracing::info!(
+            receiver = self.id.0,
+            upstream = %conn.peer,
+            tls = conn.tls,
+            server_version = conn.param("server_version").unwrap_or("?"),
+            "walreceiver connected"
+        );
+        let status = self.session.status_mut();
+        status.sender_host = Some(self.config.conninfo.host_or_default().to_string());
+        status.sender_port = Some(self.config.conninfo.port);
+        let (reader, writer) = tokio::io::split(conn.io);
+        let mut framed = FramedRead::new(reader, ClientCodec::new());
+        framed.read_buffer_mut().extend_from_slice(&conn.leftover);
+        ctx.add_stream(inbound(
+            framed,
+            self.in_flight.clone(),
+            self.config.max_wal_in_flight(),
+        ));
+        let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+        let me = ctx.address().downgrade();
+        self.writer_task = Some(actix_rt::spawn(async move {
+            if let Err(e) = write_loop(writer, rx).await {
+                if let Some(me) = me.upgrade() {
+                    me.do_send(WriterFailed(e.to_string()));
+                }
+            }
+        }));
+        self.writer = Some(tx);
+        ctx.add_stream(WatchStream::from_changes(self.wal.subscribe()));
+        let mut out = Vec::new();
+        self.session.on_connected(Instant::now(), &mut out);
+        self.apply(out, None, ctx);
+    }
+
+    /// Carries out what the session asked for. `permit` belongs to the XLogData that made it.
+    fn apply(
+        &mut self,
+        out: Vec<Output>,
+        mut permit: Option<OwnedSemaphorePermit>,
+        ctx: &mut Context<Self>,
+    ) {
+        for o in out {
+            match o {
+                Output::Send(m) => self.send(&m),
+                Output::Write { start, data } => self.write(start, data, permit.take(), ctx),
+                Output::Run(op) => {
+                    let wal = self.wal.clone();
+                    let job = tokio::task::spawn_blocking(move || op.run(&wal));
+                    ctx.spawn(job.into_actor(self).map(|res, act, ctx| {
+                        let res = res.unwrap_or_else(|e| {
+                            Err(WalError::Io {
+                                context: "storage work on the blocking pool".into(),
+                                source: std::io::Error::other(e.to_string()),
+                            })
+                        });
+                        let mut out = Vec::new();
+                        act.session.on_storage_done(res, Instant::now(), &mut out);
+                        act.apply(out, None, ctx);
+                    }));
+                }
+                Output::Streaming { timeline, start } => {
+                    tracing::info!(receiver = self.id.0, %timeline, %start, "walreceiver started streaming");
+                    self.owner.streaming.do_send(StreamingStarted {
+                        receiver: self.id,
+                        timeline,
+                        start,
+                    });
+                }
+                Output::Stop(e) => {
+                    self.stop_reason.get_or_insert(StopReason::Failed(e));
+                    ctx.stop();
+                }
+            }
+        }
+        self.arm_timer(ctx);
+    }
+
+    fn write(
+        &mut self,
+        start: wal_storage::Lsn,
+        data: Bytes,
+        permit: Option<OwnedSemaphorePermit>,
+        ctx: &mut Context<Self>,
+    ) {
+        let timeline = self.session.timeline();
+        match self.wal.write(start, data) {
+            Ok(ticket) => {
+                let durable = async move {
+                    let r = ticket.await;
+                    drop(permit);
+                    r
+                };
+                ctx.spawn(durable.into_actor(self).map(move |r, act, ctx| {
+                    if let Err(e) = r {
+                        act.fail(ReceiverError::storage(e, timeline), ctx);
+                    }
+                }));
+            }
+            Err(e) => self.fail(ReceiverError::storage(e, timeline), ctx),
+        }
+    }
+
+    fn send(&mut self, msg: &FrontendMessage) {
+        let Some(writer) = &self.writer else {
+            return;
+        };
+        let mut buf = BytesMut::with_capacity(64);
+        if let Err(e) = msg.encode(&mut buf) {
+            tracing::error!(receiver = self.id.0, "cannot encode a message: {e}");
+            return;
+        }
+        match writer.try_send(buf.freeze()) {
+            Ok(()) => {}
+            // Status updates supersede each other; a later one carries the same news.
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                tracing::debug!(
+                    receiver = self.id.0,
+                    "the upstream is not reading; a message was dropped"
+                )
+            }
+            // The writer ended; its error arrives as WriterFailed.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    fn fail(&mut self, e: ReceiverError, ctx: &mut Context<Self>) {
+        let mut out = Vec::new();
+        self.session.stop(&mut out);
+        self.stop_reason.get_or_insert(StopReason::Failed(e));
+        ctx.stop();
+    }
+
+    /// Keeps one timer at the session's earliest deadline. A later deadline leaves the timer
+    /// as it is: when it fires early the session does nothing and the timer is set again.
+    fn arm_timer(&mut self, ctx: &mut Context<Self>) {
+        let Some(deadline) = self.session.next_deadline() else {
+            return;
+        };
+        if let Some((at, _)) = self.timer {
+            if at <= deadline {
+                return;
+            }
+        }
+        if let Some((_, handle)) = self.timer.take() {
+            ctx.cancel_future(handle);
+        }
+        let delay = deadline.saturating_duration_since(Instant::now());
+        let handle = ctx.run_later(delay, |act, ctx| {
+            act.timer = None;
+            let mut out = Vec::new();
+            act.session.on_tick(Instant::now(), &mut out);
+            act.apply(out, None, ctx);
+        });
+        self.timer = Some((deadline, handle));
+    }
+}
+
+/// The read side: upstream messages, each XLogData only once its bytes fit in the in-flight
+/// bound. While it waits for permits it does not read the socket.
+fn inbound(
+    framed: FramedRead<ReadHalf<Box<dyn Io>>, ClientCodec>,
+    permits: Arc<Semaphore>,
+    max_in_flight: usize,
+) -> impl Stream<Item = Result<Inbound, CodecError>> {
+    futures_util::stream::unfold((framed, permits), move |(mut framed, permits)| async move {
+        let item = match framed.next().await? {
+            Ok(BackendMessage::XLogData(x)) => {
+                // A message larger than the whole bound waits for all of it.
+                let n = x.data.len().clamp(1, max_in_flight) as u32;
+                let permit = permits.clone().acquire_many_owned(n).await.ok()?;
+                Ok(Inbound {
+                    msg: BackendMessage::XLogData(x),
+                    permit: Some(permit),
+                })
+            }
+            Ok(msg) => Ok(Inbound { msg, permit: None }),
+            Err(e) => Err(e),
+        };
+        Some((item, (framed, permits)))
+    })
+}
+
+/// The write side: sends what the actor queues, gathering what is queued into one flush.
+async fn write_loop(
+    mut w: WriteHalf<Box<dyn Io>>,
+    mut rx: mpsc::Receiver<Bytes>,
+) -> std::io::Result<()> {
+    while let Some(b) = rx.recv().await {
+        w.write_all(&b).await?;
+        while let Ok(b) = rx.try_recv() {
+            w.write_all(&b).await?;
+        }
+        w.flush().await?;
+    }
+    w.shutdown().await
+}
+
+/// The writer task failed: the connection is broken.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct WriterFailed(String);
+
+impl Handler<WriterFailed> for WalReceiver {
+    type Result = ();
+
+    fn handle(&mut self, msg: WriterFailed, ctx: &mut Context<Self>) {
+        self.fail(ReceiverError::Io { message: msg.0 }, ctx);
+    }
+}
+
+impl Actor for WalReceiver {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(64);
+        let config = self.config.clone();
+        let timeout = connect::setup_timeout(
+            &config.conninfo,
+            (!config.session.wal_receiver_timeout.is_zero())
+                .then_some(config.session.wal_receiver_timeout),
+        );
+        let connecting = async move {
+            connect::connect(&config.conninfo, &config.application_name, timeout).await
+        };
+        ctx.spawn(connecting.into_actor(self).map(|res, act, ctx| match res {
+            Ok(conn) => act.established(conn, ctx),
+            Err(e) => act.fail(e, ctx),
+        }));
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        // Dropping the sender lets the writer deliver what is queued (a Terminate) and shut
+        // the socket down; an upstream that does not read gets `CLOSE_GRACE`.
+        self.writer = None;
+        if let Some(mut task) = self.writer_task.take() {
+            actix_rt::spawn(async move {
+                if tokio::time::timeout(CLOSE_GRACE, &mut task).await.is_err() {
+                    task.abort();
+                }
+            });
+        }
+        let reason = self
+            .stop_reason
+            .take()
+            .unwrap_or(StopReason::ShutdownRequested);
+        match &reason {
+            StopReason::ShutdownRequested => {
+                tracing::info!(receiver = self.id.0, "walreceiver stopped")
+            }
+            StopReason::Failed(e) => {
+                tracing::warn!(receiver = self.id.0, "walreceiver stopped: {e}")
+            }
+        }
+        self.owner.stopped.do_send(ReceiverStopped {
+            receiver: self.id,
+            reason,
+            status: self.session.status().clone(),
+        });
+    }
+}
+
+impl StreamHandler<Result<Inbound, CodecError>> for WalReceiver {
+    fn handle(&mut self, item: Result<Inbound, CodecError>, ctx: &mut Context<Self>) {
+        match item {
+            Ok(Inbound { msg, permit }) => {
+                let mut out = Vec::new();
+                self.session.on_message(msg, Instant::now(), &mut out);
+                self.apply(out, permit, ctx);
+            }
+            Err(e) => self.fail(e.into(), ctx),
+        }
+    }
+
+    fn finished(&mut self, ctx: &mut Context<Self>) {
+        if !self.session.is_closed() {
+            self.fail(
+                ReceiverError::UpstreamClosed {
+                    detail: String::new(),
+                },
+                ctx,
+            );
+        }
+    }
+}
+
+impl StreamHandler<WalPosition> for WalReceiver {
+    fn handle(&mut self, pos: WalPosition, ctx: &mut Context<Self>) {
+        let mut out = Vec::new();
+        self.session.on_position(pos, Instant::now(), &mut out);
+        self.apply(out, None, ctx);
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {
+        // Storage stopped publishing (it is shutting down); the owner stops us as part of
+        // the same shutdown.
+    }
+}
+
+impl Handler<StopReceiver> for WalReceiver {
+    type Result = ();
+
+    fn handle(&mut self, _: StopReceiver, ctx: &mut Context<Self>) {
+        let mut out = Vec::new();
+        self.session.stop(&mut out);
+        self.stop_reason
+            .get_or_insert(StopReason::ShutdownRequested);
+        for o in out {
+            if let Output::Send(m) = o {
+                self.send(&m);
+            }
+        }
+        ctx.stop();
+    }
+}
+
+impl Handler<GetReceiverStatus> for WalReceiver {
+    type Result = MessageResult<GetReceiverStatus>;
+
+    fn handle(&mut self, _: GetReceiverStatus, _: &mut Context<Self>) -> Self::Result {
+        let mut status = self.session.status().clone();
+        // Storage's own position is newer than the last notification the stream delivered.
+        if status.flushed_lsn.is_some() {
+            let pos = self.wal.position();
+            status.flushed_lsn = Some(pos.flushed);
+            status.received_tli = Some(pos.timeline);
+        }
+        MessageResult(status)
+    }
+}
+
+impl Handler<Applied> for WalReceiver {
+    type Result = ();
+
+    fn handle(&mut self, msg: Applied, ctx: &mut Context<Self>) {
+        let mut out = Vec::new();
+        self.session.on_applied(msg.lsn, Instant::now(), &mut out);
+        self.apply(out, None, ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+
+    use bytes::BytesMut;
+    use protocol_codec::messages::XLogData;
+    use tokio::io::AsyncWriteExt;
+    use wal_storage::{Lsn, PgTimestamp};
+
+    use super::*;
+
+    /// While the in-flight bound is reached the read side neither yields WAL nor reads the
+    /// socket: the upstream's writes block once the (small) pipe is full. Releasing permits
+    /// (durability) lets it go on.
+    #[tokio::test]
+    async fn the_read_side_stops_reading_at_the_in_flight_bound() {
+        const CHUNK: usize = 100 << 10;
+        let (ours, mut upstream) = tokio::io::duplex(16 << 10);
+        let (reader, _writer) = tokio::io::split(Box::new(ours) as Box<dyn Io>);
+        let permits = Arc::new(Semaphore::new(250 << 10));
+        let mut stream = pin!(inbound(
+            FramedRead::new(reader, ClientCodec::new()),
+            permits.clone(),
+            250 << 10
+        ));
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = sent.clone();
+        let upstream_task = tokio::spawn(async move {
+            for i in 0..10u64 {
+                let mut buf = BytesMut::new();
+                BackendMessage::XLogData(XLogData {
+                    wal_start: Lsn(i * CHUNK as u64),
+                    wal_end: Lsn(0),
+                    send_time: PgTimestamp(0),
+                    data: Bytes::from(vec![i as u8; CHUNK]),
+                })
+                .encode(&mut buf)
+                .unwrap();
+                upstream.write_all(&buf).await.unwrap();
+                counter.store(i as usize + 1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        // Two chunks fit in 250 KiB; the third does not.
+        let first = stream.next().await.unwrap().unwrap();
+        let second = stream.next().await.unwrap().unwrap();
+        assert_eq!(permits.available_permits(), 50 << 10);
+        // Let both sides run until nothing moves: the third chunk waits for room.
+        for _ in 0..100 {
+            let polled = futures_util::poll!(stream.next());
+            assert!(polled.is_pending(), "the third chunk waits for room");
+            tokio::task::yield_now().await;
+        }
+        // The upstream is stuck in its fourth write at most: the socket is not being read.
+        assert!(sent.load(std::sync::atomic::Ordering::SeqCst) <= 3);
+        assert!(!upstream_task.is_finished());
+        // The first chunk becomes durable: its permits come back, and the third goes through.
+        drop(first);
+        let third = stream.next().await.unwrap().unwrap();
+        assert!(
+            matches!(third.msg, BackendMessage::XLogData(ref x) if x.wal_start == Lsn(2 * CHUNK as u64))
+        );
+        drop((second, third));
+        let mut n = 3;
+        while let Some(item) = stream.next().await {
+            drop(item.unwrap());
+            n += 1;
+            if n == 10 {
+                break;
+            }
+        }
+        upstream_task.await.unwrap();
+    }
+}

@@ -1,0 +1,715 @@
+//! The session driven by message sequences: what goes in, what comes out.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use protocol_codec::messages::{PrimaryKeepalive, TransactionStatus, XLogData};
+use protocol_codec::{results, ClientCodec, ErrorFields, SqlState};
+use tokio_util::codec::Decoder;
+use wal_storage::format_history;
+
+use super::*;
+
+const SYSTEM: SystemId = SystemId(7713831534704266365);
+
+struct Harness {
+    s: Session,
+    now: Instant,
+}
+
+fn config() -> SessionConfig {
+    SessionConfig {
+        slot_name: None,
+        wal_receiver_timeout: Duration::from_secs(60),
+        wal_receiver_status_interval: Duration::from_secs(10),
+        apply: ApplyReporting::FollowFlush,
+    }
+}
+
+impl Harness {
+    fn new(cfg: SessionConfig, timeline: u32, flushed: u64) -> Harness {
+        let now = Instant::now();
+        let local = LocalWal {
+            system_id: SYSTEM,
+            timeline: TimelineId(timeline),
+            flushed: Lsn(flushed),
+        };
+        let status = ReceiverStatus::new("host=up".into(), cfg.slot_name.clone());
+        Harness {
+            s: Session::new(Arc::new(cfg), local, status, now),
+            now,
+        }
+    }
+
+    /// Connected: IDENTIFY_SYSTEM must go out.
+    fn connect(&mut self) {
+        let mut out = Vec::new();
+        self.s.on_connected(self.now, &mut out);
+        assert_eq!(out, [query("IDENTIFY_SYSTEM")]);
+    }
+
+    fn feed(&mut self, msgs: impl IntoIterator<Item = BackendMessage>) -> Vec<Output> {
+        let mut out = Vec::new();
+        for m in msgs {
+            self.s.on_message(m, self.now, &mut out);
+            self.s.check_invariants();
+        }
+        out
+    }
+
+    fn done(&mut self, r: Result<StorageDone, WalError>) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.s.on_storage_done(r, self.now, &mut out);
+        out
+    }
+
+    fn position(&mut self, timeline: u32, flushed: u64) -> Vec<Output> {
+        let mut out = Vec::new();
+        let pos = WalPosition {
+            timeline: TimelineId(timeline),
+            written: Lsn(flushed),
+            flushed: Lsn(flushed),
+        };
+        self.s.on_position(pos, self.now, &mut out);
+        out
+    }
+
+    fn tick_at(&mut self, at: Instant) -> Vec<Output> {
+        self.now = at;
+        let mut out = Vec::new();
+        self.s.on_tick(at, &mut out);
+        out
+    }
+
+    /// IDENTIFY_SYSTEM answered with the upstream on `timeline` at `xlogpos`.
+    fn identified(&mut self, system: SystemId, timeline: u32, xlogpos: u64) -> Vec<Output> {
+        self.feed(ready(results::identify_system(
+            system,
+            TimelineId(timeline),
+            Lsn(xlogpos),
+            None,
+        )))
+    }
+
+    /// Brings the session to streaming `timeline` from `start`, on an upstream on that timeline.
+    fn streaming(&mut self, timeline: u32, start: u64) {
+        self.connect();
+        let out = self.identified(SYSTEM, timeline, start);
+        assert_eq!(
+            out,
+            [query(&format!(
+                "START_REPLICATION {} TIMELINE {timeline}",
+                Lsn(start)
+            ))]
+        );
+        let out = self.feed([BackendMessage::CopyBothResponse]);
+        assert!(!out.iter().any(|o| matches!(o, Output::Streaming { .. })));
+        // The first message of the stream confirms it.
+        let out = self.feed([keepalive(start, false)]);
+        assert_eq!(
+            out,
+            [Output::Streaming {
+                timeline: TimelineId(timeline),
+                start: Lsn(start)
+            }]
+        );
+        assert_eq!(self.s.status().status, ReceiverState::Streaming);
+        assert!(self.s.is_streaming());
+    }
+}
+
+fn query(q: &str) -> Output {
+    Output::Send(FrontendMessage::Query(q.to_string()))
+}
+
+fn ready(mut msgs: Vec<BackendMessage>) -> Vec<BackendMessage> {
+    msgs.push(BackendMessage::ReadyForQuery(TransactionStatus::Idle));
+    msgs
+}
+
+fn xlog(start: u64, len: usize) -> BackendMessage {
+    BackendMessage::XLogData(XLogData {
+        wal_start: Lsn(start),
+        wal_end: Lsn(start + len as u64),
+        send_time: PgTimestamp::now(),
+        data: Bytes::from(vec![0x78; len]),
+    })
+}
+
+fn keepalive(wal_end: u64, reply_requested: bool) -> BackendMessage {
+    BackendMessage::PrimaryKeepalive(PrimaryKeepalive {
+        wal_end: Lsn(wal_end),
+        send_time: PgTimestamp::now(),
+        reply_requested,
+    })
+}
+
+/// The status updates among `out`: (write, flush, apply, reply_requested).
+fn updates(out: &[Output]) -> Vec<(Lsn, Lsn, Lsn, bool)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Send(FrontendMessage::StandbyStatusUpdate(u)) => {
+                Some((u.write, u.flush, u.apply, u.reply_requested))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn stop_of(out: &[Output]) -> &ReceiverError {
+    match out.last() {
+        Some(Output::Stop(e)) => e,
+        other => panic!("expected a stop, got {other:?} in {out:?}"),
+    }
+}
+
+fn history(entries: &[(u32, u64)]) -> Bytes {
+    let entries: Vec<HistoryEntry> = entries
+        .iter()
+        .map(|&(p, s)| HistoryEntry {
+            parent: TimelineId(p),
+            switch_lsn: Lsn(s),
+            reason: "no recovery target specified".into(),
+        })
+        .collect();
+    Bytes::from(format_history(&entries))
+}
+
+#[test]
+fn refuses_an_upstream_with_another_system_identifier() {
+    let mut h = Harness::new(config(), 1, 0x300_0000);
+    h.connect();
+    let out = h.identified(SystemId(42), 1, 0x500_0000);
+    let e = stop_of(&out);
+    assert_eq!(
+        *e,
+        ReceiverError::SystemIdMismatch {
+            local: SYSTEM,
+            upstream: SystemId(42)
+        }
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("7713831534704266365") && text.contains("42"),
+        "{text}"
+    );
+    assert!(h.s.is_closed());
+    // Nothing more happens on a closed session.
+    assert!(h.feed([keepalive(1, true)]).is_empty());
+    assert_eq!(h.s.next_deadline(), None);
+}
+
+#[test]
+fn refuses_an_upstream_behind_our_timeline() {
+    let mut h = Harness::new(config(), 3, 0x300_0000);
+    h.connect();
+    let out = h.identified(SYSTEM, 2, 0x500_0000);
+    assert_eq!(
+        *stop_of(&out),
+        ReceiverError::UpstreamBehind {
+            local: TimelineId(3),
+            upstream: TimelineId(2)
+        }
+    );
+}
+
+#[test]
+fn starts_at_the_durable_end_with_the_slot_quoted() {
+    let cfg = SessionConfig {
+        slot_name: Some("standby_1".into()),
+        ..config()
+    };
+    let mut h = Harness::new(cfg, 1, 0x300_0128);
+    h.connect();
+    let out = h.identified(SYSTEM, 1, 0x500_0000);
+    assert_eq!(
+        out,
+        [query(
+            "START_REPLICATION SLOT \"standby_1\" 0/3000128 TIMELINE 1"
+        )]
+    );
+}
+
+#[test]
+fn fetches_the_history_files_it_lacks_and_streams_its_own_timeline_first() {
+    let mut h = Harness::new(config(), 1, 0x300_0000);
+    h.connect();
+    let out = h.identified(SYSTEM, 3, 0x900_0000);
+    assert_eq!(
+        out,
+        [Output::Run(StorageOp::ReadHistoryFiles(vec![
+            TimelineId(2),
+            TimelineId(3)
+        ]))]
+    );
+    // Timeline 2's file is stored here already; 3's is fetched.
+    let h2 = history(&[(1, 0x4025A50)]);
+    let h3 = history(&[(1, 0x4025A50), (2, 0x700_0000)]);
+    let out = h.done(Ok(StorageDone::HistoryFiles(vec![
+        (TimelineId(2), Some(h2.clone())),
+        (TimelineId(3), None),
+    ])));
+    assert_eq!(out, [query("TIMELINE_HISTORY 3")]);
+    let out = h.feed(ready(results::timeline_history(TimelineId(3), h3.clone())));
+    assert_eq!(
+        out,
+        [Output::Run(StorageOp::StoreHistoryFile {
+            timeline: TimelineId(3),
+            content: h3
+        })]
+    );
+    // Our timeline 1 ends at 0/4025A50 upstream and we are below it: stream it first.
+    let out = h.done(Ok(StorageDone::HistoryStored(TimelineId(3))));
+    assert_eq!(out, [query("START_REPLICATION 0/3000000 TIMELINE 1")]);
+}
+
+#[test]
+fn at_a_switch_point_it_follows_at_once() {
+    let mut h = Harness::new(config(), 1, 0x4025A50);
+    h.connect();
+    h.identified(SYSTEM, 3, 0x900_0000);
+    let h2 = history(&[(1, 0x4025A50)]);
+    let h3 = history(&[(1, 0x4025A50), (2, 0x700_0000)]);
+    let out = h.done(Ok(StorageDone::HistoryFiles(vec![
+        (TimelineId(2), Some(h2.clone())),
+        (TimelineId(3), Some(h3.clone())),
+    ])));
+    assert_eq!(
+        out,
+        [Output::Run(StorageOp::FollowTimeline {
+            timeline: TimelineId(2),
+            history: h2,
+            switch: Lsn(0x4025A50)
+        })]
+    );
+    assert_eq!(h.s.status().status, ReceiverState::Waiting);
+    let out = h.done(Ok(StorageDone::Followed {
+        timeline: TimelineId(2),
+        switch: Lsn(0x4025A50),
+    }));
+    assert_eq!(out, [query("START_REPLICATION 0/4025A50 TIMELINE 2")]);
+    assert_eq!(h.s.timeline(), TimelineId(2));
+}
+
+#[test]
+fn wal_beyond_the_switch_point_is_a_fork() {
+    let mut h = Harness::new(config(), 1, 0x500_0000);
+    h.connect();
+    h.identified(SYSTEM, 2, 0x900_0000);
+    let out = h.done(Ok(StorageDone::HistoryFiles(vec![(
+        TimelineId(2),
+        Some(history(&[(1, 0x4025A50)])),
+    )])));
+    let e = stop_of(&out);
+    assert_eq!(
+        *e,
+        ReceiverError::Forked {
+            timeline: TimelineId(1),
+            fork_lsn: Lsn(0x4025A50),
+            local_end: Lsn(0x500_0000)
+        }
+    );
+    assert!(e.to_string().contains("0/4025A50"), "{e}");
+}
+
+#[test]
+fn a_timeline_outside_the_upstream_history_is_refused() {
+    let mut h = Harness::new(config(), 2, 0x500_0000);
+    h.connect();
+    h.identified(SYSTEM, 3, 0x900_0000);
+    // Timeline 3 branched from 1: our 2 is a sibling, not an ancestor.
+    let out = h.done(Ok(StorageDone::HistoryFiles(vec![(
+        TimelineId(3),
+        Some(history(&[(1, 0x400_0000)])),
+    )])));
+    assert_eq!(
+        *stop_of(&out),
+        ReceiverError::NotInUpstreamHistory {
+            local: TimelineId(2),
+            upstream: TimelineId(3)
+        }
+    );
+}
+
+#[test]
+fn writes_each_xlogdata_at_its_lsn_and_refuses_gaps() {
+    let mut h = Harness::new(config(), 1, 0x100_0000);
+    h.streaming(1, 0x100_0000);
+    let out = h.feed([xlog(0x100_0000, 100), xlog(0x100_0064, 28)]);
+    let writes: Vec<(Lsn, usize)> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Write { start, data } => Some((*start, data.len())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(writes, [(Lsn(0x100_0000), 100), (Lsn(0x100_0064), 28)]);
+    assert_eq!(h.s.handed(), Lsn(0x100_0080));
+    assert_eq!(h.s.status().written_lsn, Some(Lsn(0x100_0080)));
+    // Writes alone send no status update: durability does.
+    assert!(updates(&out).is_empty());
+    let out = h.feed([xlog(0x100_0100, 8)]);
+    assert!(matches!(stop_of(&out), ReceiverError::Protocol { .. }));
+}
+
+#[test]
+fn answers_a_keepalive_that_asks_at_once() {
+    let mut h = Harness::new(config(), 1, 0x100_0000);
+    h.streaming(1, 0x100_0000);
+    assert!(h.feed([keepalive(0x100_0000, false)]).is_empty());
+    h.feed([xlog(0x100_0000, 0x80)]);
+    let out = h.feed([keepalive(0x100_0080, true)]);
+    assert_eq!(
+        updates(&out),
+        [(Lsn(0x100_0080), Lsn(0x100_0000), Lsn(0x100_0000), false)]
+    );
+    assert_eq!(h.s.status().latest_end_lsn, Some(Lsn(0x100_0080)));
+}
+
+#[test]
+fn status_updates_follow_flushes_and_the_interval() {
+    let mut h = Harness::new(config(), 1, 0x100_0000);
+    let t0 = h.now;
+    h.connect();
+    h.identified(SYSTEM, 1, 0x100_0000);
+    let out = h.feed([BackendMessage::CopyBothResponse]);
+    // The start of a stream reports positions (asking for a reply, which confirms the stream)
+    // and clears hot standby feedback.
+    assert_eq!(
+        updates(&out),
+        [(Lsn(0x100_0000), Lsn(0x100_0000), Lsn(0x100_0000), true)]
+    );
+    assert!(out.iter().any(|o| matches!(
+        o,
+        Output::Send(FrontendMessage::HotStandbyFeedback(f)) if f.xmin == 0
+    )));
+    h.feed([xlog(0x100_0000, 0x1000)]);
+    // A flush batch: report it.
+    let out = h.position(1, 0x100_0800);
+    assert_eq!(
+        updates(&out),
+        [(Lsn(0x100_1000), Lsn(0x100_0800), Lsn(0x100_0800), false)]
+    );
+    // The same position again, or one of another timeline: nothing.
+    assert!(h.position(1, 0x100_0800).is_empty());
+    assert!(h.position(2, 0x100_0900).is_empty());
+    // With nothing new, the next update is due a status interval after the last.
+    assert_eq!(h.s.next_deadline(), Some(t0 + Duration::from_secs(10)));
+    assert!(h.tick_at(t0 + Duration::from_secs(5)).is_empty());
+    let out = h.tick_at(t0 + Duration::from_secs(10));
+    assert_eq!(
+        updates(&out),
+        [(Lsn(0x100_1000), Lsn(0x100_0800), Lsn(0x100_0800), false)]
+    );
+    assert_eq!(h.s.next_deadline(), Some(t0 + Duration::from_secs(20)));
+    // An application reports what it applied: apply stops following flush.
+    let mut out = Vec::new();
+    h.s.on_applied(Lsn(0x100_0400), h.now, &mut out);
+    assert_eq!(
+        updates(&out),
+        [(Lsn(0x100_1000), Lsn(0x100_0800), Lsn(0x100_0400), false)]
+    );
+    let out = h.position(1, 0x100_1000);
+    assert_eq!(
+        updates(&out),
+        [(Lsn(0x100_1000), Lsn(0x100_1000), Lsn(0x100_0400), false)]
+    );
+}
+
+#[test]
+fn a_zero_status_interval_sends_only_requested_updates() {
+    let cfg = SessionConfig {
+        wal_receiver_status_interval: Duration::ZERO,
+        wal_receiver_timeout: Duration::ZERO,
+        ..config()
+    };
+    let mut h = Harness::new(cfg, 1, 0x100_0000);
+    h.connect();
+    h.identified(SYSTEM, 1, 0x100_0000);
+    let out = h.feed([BackendMessage::CopyBothResponse]);
+    // The stream's first update is forced, as PostgreSQL's is.
+    assert_eq!(updates(&out).len(), 1);
+    h.feed([xlog(0x100_0000, 0x80)]);
+    assert!(h.position(1, 0x100_0080).is_empty());
+    assert_eq!(h.s.next_deadline(), None);
+    assert_eq!(updates(&h.feed([keepalive(0x100_0080, true)])).len(), 1);
+}
+
+#[test]
+fn silence_asks_for_a_reply_then_times_out() {
+    let mut h = Harness::new(config(), 1, 0x100_0000);
+    h.streaming(1, 0x100_0000);
+    let t0 = h.now;
+    // The status interval (10 s) comes before half the timeout (30 s).
+    h.tick_at(t0 + Duration::from_secs(10));
+    h.tick_at(t0 + Duration::from_secs(20));
+    assert_eq!(h.s.next_deadline(), Some(t0 + Duration::from_secs(30)));
+    let out = h.tick_at(t0 + Duration::from_secs(30));
+    assert_eq!(updates(&out).len(), 1);
+    assert!(updates(&out)[0].3, "the ping asks for a reply");
+    // A message resets the silence.
+    h.now = t0 + Duration::from_secs(40);
+    h.feed([keepalive(0x100_0000, false)]);
+    assert!(h
+        .s
+        .next_deadline()
+        .is_some_and(|d| d <= t0 + Duration::from_secs(70)));
+    let out = h.tick_at(t0 + Duration::from_secs(70));
+    assert!(updates(&out)[0].3);
+    assert!(h
+        .tick_at(t0 + Duration::from_secs(80))
+        .iter()
+        .all(|o| !matches!(o, Output::Stop(_))));
+    let out = h.tick_at(t0 + Duration::from_secs(100));
+    assert_eq!(
+        *stop_of(&out),
+        ReceiverError::Timeout { timeout_ms: 60_000 }
+    );
+}
+
+#[test]
+fn a_silent_upstream_times_out_before_streaming_too() {
+    let mut h = Harness::new(config(), 1, 0x100_0000);
+    h.connect();
+    let t0 = h.now;
+    assert_eq!(h.s.next_deadline(), Some(t0 + Duration::from_secs(60)));
+    let out = h.tick_at(t0 + Duration::from_secs(60));
+    assert!(matches!(stop_of(&out), ReceiverError::Timeout { .. }));
+}
+
+#[test]
+fn an_error_during_copy_stops_with_its_sqlstate() {
+    let mut h = Harness::new(config(), 1, 0x100_0000);
+    h.streaming(1, 0x100_0000);
+    let out = h.feed([BackendMessage::ErrorResponse(ErrorFields::error(
+        SqlState::UNDEFINED_FILE,
+        "requested WAL segment 000000010000000000000001 has already been removed",
+    ))]);
+    let e = stop_of(&out);
+    assert_eq!(e.sqlstate(), Some("58P01"));
+    assert!(e.to_string().contains("has already been removed"), "{e}");
+}
+
+#[test]
+fn an_error_at_the_start_of_the_copy_is_no_stream() {
+    let mut h = Harness::new(config(), 1, 0x100_0000);
+    h.connect();
+    h.identified(SYSTEM, 1, 0x900_0000);
+    h.feed([BackendMessage::CopyBothResponse]);
+    let out = h.feed([BackendMessage::ErrorResponse(ErrorFields::error(
+        SqlState::UNDEFINED_FILE,
+        "requested WAL segment 000000010000000000000001 has already been removed",
+    ))]);
+    // The owner hears of a stop, never of a stream that began.
+    assert!(matches!(out[..], [Output::Stop(_)]), "{out:?}");
+    assert_eq!(stop_of(&out).sqlstate(), Some("58P01"));
+}
+
+#[test]
+fn an_error_before_copy_stops_too() {
+    let mut h = Harness::new(
+        SessionConfig {
+            slot_name: Some("gone".into()),
+            ..config()
+        },
+        1,
+        0x100_0000,
+    );
+    h.connect();
+    h.identified(SYSTEM, 1, 0x100_0000);
+    let out = h.feed(ready(vec![BackendMessage::ErrorResponse(
+        ErrorFields::error(
+            SqlState::UNDEFINED_OBJECT,
+            "replication slot \"gone\" does not exist",
+        ),
+    )]));
+    assert_eq!(stop_of(&out).sqlstate(), Some("42704"));
+}
+
+#[test]
+fn a_controlled_shutdown_of_the_upstream_is_a_close() {
+    let mut h = Harness::new(config(), 1, 0x100_0000);
+    h.streaming(1, 0x100_0000);
+    let out = h.feed([BackendMessage::CommandComplete("COPY 0".into())]);
+    assert!(matches!(
+        stop_of(&out),
+        ReceiverError::UpstreamClosed { .. }
+    ));
+}
+
+#[test]
+fn stop_says_goodbye_once() {
+    let mut h = Harness::new(config(), 1, 0x100_0000);
+    h.streaming(1, 0x100_0000);
+    let mut out = Vec::new();
+    h.s.stop(&mut out);
+    assert_eq!(out, [Output::Send(FrontendMessage::Terminate)]);
+    assert_eq!(h.s.status().status, ReceiverState::Stopping);
+    out.clear();
+    h.s.stop(&mut out);
+    assert!(out.is_empty());
+    // Stopping while still connecting has nobody to say goodbye to.
+    let mut h = Harness::new(config(), 1, 0x100_0000);
+    h.s.stop(&mut out);
+    assert!(out.is_empty());
+}
+
+/// An upstream that switched timelines between IDENTIFY_SYSTEM and START_REPLICATION, with
+/// our start exactly at the switch point, answers without a copy: the next timeline at once.
+#[test]
+fn a_timeline_that_ends_at_the_start_point_answers_without_a_copy() {
+    let mut h = Harness::new(config(), 1, 0x280_0000);
+    h.connect();
+    let out = h.identified(SYSTEM, 1, 0x280_0000);
+    assert_eq!(out, [query("START_REPLICATION 0/2800000 TIMELINE 1")]);
+    let mut msgs = results::end_of_timeline(TimelineId(2), Lsn(0x280_0000));
+    msgs.extend(results::end_of_streaming());
+    let out = h.feed(ready(msgs));
+    assert_eq!(
+        out,
+        [Output::Run(StorageOp::ReadHistoryFiles(vec![TimelineId(
+            2
+        )]))]
+    );
+    let h2 = history(&[(1, 0x280_0000)]);
+    let out = h.done(Ok(StorageDone::HistoryFiles(vec![(
+        TimelineId(2),
+        Some(h2.clone()),
+    )])));
+    assert_eq!(
+        out,
+        [Output::Run(StorageOp::FollowTimeline {
+            timeline: TimelineId(2),
+            history: h2,
+            switch: Lsn(0x280_0000)
+        })]
+    );
+}
+
+/// Decodes the upstream's side of a real PostgreSQL 15 session: each read that the capture
+/// kept whole (bulk WAL reads are cut at 4 KiB and skipped), after the authentication phase.
+fn captured_upstream_messages(name: &str) -> Vec<Vec<BackendMessage>> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../protocol-codec/testdata/pg15-captures")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut reads = Vec::new();
+    for line in text.lines() {
+        let rec: serde_json::Value = serde_json::from_str(line).unwrap();
+        let hex = rec["hex"].as_str().unwrap();
+        let len = rec["len"].as_u64().unwrap() as usize;
+        if rec["dir"] != "s2c" || hex.len() != 2 * len || len < 5 {
+            continue;
+        }
+        let bytes: Vec<u8> = (0..len)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        let mut buf = BytesMut::from(&bytes[..]);
+        let mut msgs = Vec::new();
+        while let Some(m) = ClientCodec::new().decode(&mut buf).unwrap() {
+            msgs.push(m);
+        }
+        assert!(buf.is_empty(), "a whole read decodes to whole messages");
+        if !matches!(msgs[0], BackendMessage::Authentication(_)) {
+            reads.push(msgs);
+        }
+    }
+    reads
+}
+
+/// The timeline switch as a real PostgreSQL 15 upstream did it (a cascading standby whose
+/// upstream was promoted): our session answers the same way PostgreSQL's walreceiver did, up
+/// to the restart on timeline 2, which it makes at the switch point instead of the segment
+/// start.
+#[test]
+fn follows_a_timeline_switch_as_postgresql_sends_it() {
+    let reads = captured_upstream_messages("pg15-cascade-timeline-switch.1.jsonl");
+    let mut reads = reads.into_iter();
+    let mut h = Harness::new(config(), 1, 0x500_0000);
+    h.connect();
+    // IDENTIFY_SYSTEM's answer, then START_REPLICATION as the standby sent it.
+    let out = h.feed(reads.next().unwrap());
+    assert_eq!(out, [query("START_REPLICATION 0/5000000 TIMELINE 1")]);
+    let out = h.feed(reads.next().unwrap());
+    assert!(!out.iter().any(|o| matches!(o, Output::Streaming { .. })));
+    // The WAL of the cut reads, up to the switch point 0/5046A00.
+    let out = h.feed([xlog(0x500_0000, 0x46A00)]);
+    assert!(matches!(
+        out[..],
+        [Output::Streaming { .. }, Output::Write { .. }]
+    ));
+    // The upstream's CopyDone: we answer CopyDone and wait.
+    let out = h.feed(reads.next().unwrap());
+    assert_eq!(out, [Output::Send(FrontendMessage::CopyDone)]);
+    assert_eq!(h.s.status().status, ReceiverState::Waiting);
+    // A keepalive the upstream sent before it saw our CopyDone is dropped, as libpq does.
+    assert!(h.feed([keepalive(0x5046A00, false)]).is_empty());
+    // next_tli 2 at 0/5046A00, two CommandCompletes, a ParameterStatus, ReadyForQuery.
+    let out = h.feed(reads.next().unwrap());
+    assert_eq!(
+        out,
+        [Output::Run(StorageOp::ReadHistoryFiles(vec![TimelineId(
+            2
+        )]))]
+    );
+    let out = h.done(Ok(StorageDone::HistoryFiles(vec![(TimelineId(2), None)])));
+    assert_eq!(out, [query("TIMELINE_HISTORY 2")]);
+    let out = h.feed(reads.next().unwrap());
+    let content = Bytes::from_static(b"1\t0/5046A00\tno recovery target specified\n");
+    assert_eq!(
+        out,
+        [Output::Run(StorageOp::StoreHistoryFile {
+            timeline: TimelineId(2),
+            content: content.clone()
+        })]
+    );
+    let out = h.done(Ok(StorageDone::HistoryStored(TimelineId(2))));
+    assert_eq!(
+        out,
+        [Output::Run(StorageOp::FollowTimeline {
+            timeline: TimelineId(2),
+            history: content,
+            switch: Lsn(0x5046A00)
+        })]
+    );
+    let out = h.done(Ok(StorageDone::Followed {
+        timeline: TimelineId(2),
+        switch: Lsn(0x5046A00),
+    }));
+    assert_eq!(out, [query("START_REPLICATION 0/5046A00 TIMELINE 2")]);
+    h.feed([BackendMessage::CopyBothResponse]);
+    let out = h.feed([xlog(0x5046A00, 0x100)]);
+    assert_eq!(
+        out[0],
+        Output::Streaming {
+            timeline: TimelineId(2),
+            start: Lsn(0x5046A00)
+        }
+    );
+    assert_eq!(h.s.status().receive_start_tli, Some(TimelineId(2)));
+    // Flushes on the new timeline are reported.
+    assert_eq!(updates(&h.position(2, 0x5046B00)).len(), 1);
+}
+
+#[test]
+fn a_failed_follow_names_the_fork() {
+    let mut h = Harness::new(config(), 1, 0x280_0000);
+    h.connect();
+    h.identified(SYSTEM, 2, 0x300_0000);
+    h.done(Ok(StorageDone::HistoryFiles(vec![(
+        TimelineId(2),
+        Some(history(&[(1, 0x280_0000)])),
+    )])));
+    let out = h.done(Err(WalError::Forked {
+        fork_lsn: Lsn(0x280_0000),
+        local_end: Lsn(0x290_0000),
+    }));
+    assert_eq!(
+        *stop_of(&out),
+        ReceiverError::Forked {
+            timeline: TimelineId(1),
+            fork_lsn: Lsn(0x280_0000),
+            local_end: Lsn(0x290_0000)
+        }
+    );
+}

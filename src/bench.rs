@@ -24,8 +24,14 @@ pub struct ReplClient {
 }
 
 impl ReplClient {
-    pub fn connect(host: &str, port: u16, user: &str, password: Option<&str>) -> anyhow::Result<ReplClient> {
-        let stream = TcpStream::connect((host, port)).with_context(|| format!("cannot connect to {host}:{port}"))?;
+    pub fn connect(
+        host: &str,
+        port: u16,
+        user: &str,
+        password: Option<&str>,
+    ) -> anyhow::Result<ReplClient> {
+        let stream = TcpStream::connect((host, port))
+            .with_context(|| format!("cannot connect to {host}:{port}"))?;
         stream.set_nodelay(true)?;
         let mut c = ReplClient {
             stream,
@@ -34,7 +40,11 @@ impl ReplClient {
         };
         let mut out = BytesMut::new();
         StartupCodec.encode(
-            StartupPacket::startup([("user", user), ("replication", "true"), ("application_name", "walserver-bench")]),
+            StartupPacket::startup([
+                ("user", user),
+                ("replication", "true"),
+                ("application_name", "walserver-bench"),
+            ]),
             &mut out,
         )?;
         c.stream.write_all(&out)?;
@@ -46,7 +56,9 @@ impl ReplClient {
                         c.send(m)?;
                     }
                 }
-                BackendMessage::ErrorResponse(e) => bail!("server refused: {}", e.message().unwrap_or("")),
+                BackendMessage::ErrorResponse(e) => {
+                    bail!("server refused: {}", e.message().unwrap_or(""))
+                }
                 BackendMessage::ReadyForQuery(_) => return Ok(c),
                 _ => {}
             }
@@ -70,7 +82,8 @@ impl ReplClient {
                 let spare = self.buf.spare_capacity_mut();
                 // SAFETY: read() writes initialised bytes into the spare capacity and reports
                 // how many; only those are exposed by set_len below.
-                let spare = unsafe { &mut *(spare as *mut [std::mem::MaybeUninit<u8>] as *mut [u8]) };
+                let spare =
+                    unsafe { &mut *(spare as *mut [std::mem::MaybeUninit<u8>] as *mut [u8]) };
                 self.stream.read(spare)?
             };
             if n == 0 {
@@ -83,7 +96,12 @@ impl ReplClient {
 }
 
 /// Streams `[start, end)` and discards it; returns the bytes received and the seconds taken.
-pub fn catchup(c: &mut ReplClient, start: Lsn, end: Lsn, timeline: Option<u32>) -> anyhow::Result<(u64, f64)> {
+pub fn catchup(
+    c: &mut ReplClient,
+    start: Lsn,
+    end: Lsn,
+    timeline: Option<u32>,
+) -> anyhow::Result<(u64, f64)> {
     let q = match timeline {
         Some(t) => format!("START_REPLICATION {start} TIMELINE {t}"),
         None => format!("START_REPLICATION {start}"),
@@ -114,7 +132,9 @@ pub fn catchup(c: &mut ReplClient, start: Lsn, end: Lsn, timeline: Option<u32>) 
                     }))?;
                 }
             }
-            BackendMessage::ErrorResponse(e) => bail!("server error: {}", e.message().unwrap_or("")),
+            BackendMessage::ErrorResponse(e) => {
+                bail!("server error: {}", e.message().unwrap_or(""))
+            }
             other => bail!("unexpected message while streaming: {other:?}"),
         }
     }

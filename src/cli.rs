@@ -137,6 +137,105 @@ fn table(cols: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+fn post(
+    http: &str,
+    path: &str,
+    token: Option<&str>,
+    content_type: &str,
+    body: &[u8],
+) -> anyhow::Result<Value> {
+    let url = format!("{}{path}", base_url(http));
+    let mut req = ureq::post(&url).header("Content-Type", content_type);
+    if let Some(t) = token {
+        req = req.header("Authorization", &format!("Bearer {t}"));
+    }
+    let config = req.config().http_status_as_error(false).build();
+    let mut resp = config
+        .send(body)
+        .with_context(|| format!("cannot reach the admin API at {url}"))?;
+    let status = resp.status();
+    let text = resp
+        .body_mut()
+        .read_to_string()
+        .context("cannot read the admin API's answer")?;
+    let v: Value = serde_json::from_str(&text)
+        .with_context(|| format!("the admin API answered something that is not JSON: {text}"))?;
+    if !status.is_success() {
+        bail!("{}", v["error"].as_str().unwrap_or(&text));
+    }
+    Ok(v)
+}
+
+/// `walserver promote`.
+pub fn promote(http: &str, token: Option<&str>) -> anyhow::Result<()> {
+    let v = post(http, "/promote", token, "application/json", b"")?;
+    println!(
+        "promoted: timeline {} starts at {}",
+        text(&v["timeline"]),
+        text(&v["switch_lsn"])
+    );
+    Ok(())
+}
+
+/// `walserver append`.
+pub fn append(
+    http: &str,
+    count: Option<usize>,
+    size: usize,
+    durability: Option<&str>,
+    batch: usize,
+    raw: bool,
+    token: Option<&str>,
+) -> anyhow::Result<()> {
+    use std::io::Read;
+    let records: Vec<Vec<u8>> = match count {
+        Some(n) => (0..n)
+            .map(|i| {
+                let mut r = format!("record {i} ").into_bytes();
+                r.resize(size.max(r.len()), b'.');
+                r.truncate(size);
+                r
+            })
+            .collect(),
+        None => {
+            let mut input = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut input)
+                .context("cannot read standard input")?;
+            if raw {
+                vec![input]
+            } else {
+                input
+                    .split(|b| *b == b'\n')
+                    .filter(|l| !l.is_empty())
+                    .map(<[u8]>::to_vec)
+                    .collect()
+            }
+        }
+    };
+    anyhow::ensure!(!records.is_empty(), "nothing to append");
+    let path = match durability {
+        Some(d) => format!("/wal?durability={d}"),
+        None => "/wal".to_string(),
+    };
+    let started = std::time::Instant::now();
+    let mut last = Value::Null;
+    for chunk in records.chunks(batch.max(1)) {
+        let body = crate::http::join_records(chunk.iter().map(Vec::as_slice));
+        last = post(http, &path, token, crate::http::RECORDS_CONTENT_TYPE, &body)?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "appended {} records ({} bytes) in {secs:.3} s; end LSN {} on timeline {} ({})",
+        records.len(),
+        records.iter().map(Vec::len).sum::<usize>(),
+        text(&last["end_lsn"]),
+        text(&last["timeline"]),
+        text(&last["durability"])
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,9 @@ use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context;
 use bytes::{Buf, Bytes};
 use serde::Serialize;
-use supervisor_actor::{AppendError, AppendRecords, Durability, GetNodeStatus, Node};
+use supervisor_actor::{
+    AppendError, AppendRecords, Durability, GetNodeStatus, Node, Promote, PromoteError,
+};
 use wal_storage::{Lsn, SlotInfo, TimelineId};
 
 use crate::config::Settings;
@@ -22,6 +24,8 @@ pub struct HttpConfig {
     pub addr: SocketAddr,
     pub token: Option<String>,
     pub tls: Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// How `POST /reload` re-reads the configuration; without it the endpoint answers 501.
+    pub reloader: Option<std::sync::Arc<crate::server::Reloader>>,
 }
 
 impl HttpConfig {
@@ -34,6 +38,7 @@ impl HttpConfig {
             addr,
             token: s.http_auth_token.clone().filter(|t| !t.is_empty()),
             tls,
+            reloader: None,
         })
     }
 }
@@ -46,6 +51,7 @@ pub struct HttpServerHandle {
 struct State {
     node: Node,
     token: Option<String>,
+    reloader: Option<std::sync::Arc<crate::server::Reloader>>,
 }
 
 /// Starts the admin API in the current actix System.
@@ -53,6 +59,7 @@ pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
     let state = web::Data::new(State {
         node,
         token: cfg.token,
+        reloader: cfg.reloader,
     });
     let server = HttpServer::new(move || {
         App::new()
@@ -63,6 +70,8 @@ pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
             .route("/metrics", web::get().to(metrics))
             .app_data(web::PayloadConfig::new(MAX_BODY))
             .route("/wal", web::post().to(append))
+            .route("/promote", web::post().to(promote))
+            .route("/reload", web::post().to(reload))
     })
     .workers(1)
     .disable_signals();
@@ -176,6 +185,38 @@ async fn append(
             HttpResponse::build(status).json(serde_json::json!({ "error": e.to_string() }))
         }
         Err(e) => unavailable(e),
+    }
+}
+
+async fn promote(state: web::Data<State>) -> HttpResponse {
+    match state.node.supervisor.send(Promote).await {
+        Ok(Ok(p)) => HttpResponse::Ok().json(p),
+        Ok(Err(e)) => {
+            let status = match e {
+                PromoteError::NotStandby | PromoteError::InProgress => {
+                    actix_web::http::StatusCode::CONFLICT
+                }
+                PromoteError::Storage(wal_storage::WalError::PromotionNotSupported) => {
+                    actix_web::http::StatusCode::CONFLICT
+                }
+                PromoteError::ShuttingDown => actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+                PromoteError::Storage(_) => actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            HttpResponse::build(status).json(serde_json::json!({ "error": e.to_string() }))
+        }
+        Err(e) => unavailable(e),
+    }
+}
+
+async fn reload(state: web::Data<State>) -> HttpResponse {
+    let Some(reloader) = state.reloader.clone() else {
+        return HttpResponse::NotImplemented().json(
+            serde_json::json!({ "error": "this node was not started from a configuration file" }),
+        );
+    };
+    match reloader.reload(&state.node).await {
+        Ok(()) => HttpResponse::Ok().json(serde_json::json!({ "reloaded": true })),
+        Err(e) => HttpResponse::BadRequest().json(serde_json::json!({ "error": format!("{e:#}") })),
     }
 }
 

@@ -21,13 +21,27 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Make a new data directory.
+    /// Make a new data directory: a primary's, or with --standby a standby's that adopts its
+    /// upstream's system identifier, timeline history and kind of WAL.
     Init {
         #[arg(long)]
         data_dir: PathBuf,
-        /// WAL segment size: a power of two from 1MB to 1GB.
+        /// WAL segment size of a new primary: a power of two from 1MB to 1GB. A standby takes
+        /// its upstream's.
         #[arg(long, default_value = "16MB")]
         wal_segment_size: String,
+        /// Make a standby of the upstream named by --primary-conninfo.
+        #[arg(long, requires = "primary_conninfo")]
+        standby: bool,
+        /// libpq connection string of the upstream (key=value or postgresql:// URI).
+        #[arg(long)]
+        primary_conninfo: Option<String>,
+        /// Start at this slot's restart point (and stream through it).
+        #[arg(long)]
+        primary_slot_name: Option<String>,
+        /// Start here instead of at the start of the upstream's current segment.
+        #[arg(long)]
+        start_lsn: Option<wal_storage::Lsn>,
     },
     /// Run a node.
     Run {
@@ -40,6 +54,47 @@ enum Command {
         /// What the first SIGTERM or SIGINT does; a second one is always immediate.
         #[arg(long, value_enum, default_value = "fast")]
         mode: StopMode,
+    },
+    /// Promote a standby through its admin API: it stops following, starts the next timeline
+    /// and takes appends.
+    Promote {
+        #[arg(long, default_value = "127.0.0.1:8433")]
+        http: String,
+        #[arg(long, env = "WALSERVER_HTTP_AUTH_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
+    /// Make a node whose WAL forked from its new upstream's history follow it: drop the
+    /// divergent tail (saying how much), and mark the node a standby. Run with the node stopped.
+    Rejoin {
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The new upstream.
+        #[arg(long)]
+        primary_conninfo: String,
+        #[arg(long)]
+        primary_slot_name: Option<String>,
+    },
+    /// Append records through a node's admin API: records from standard input (one per line,
+    /// or the whole input with --raw), or --count generated records of --size bytes.
+    Append {
+        #[arg(long, default_value = "127.0.0.1:8433")]
+        http: String,
+        #[arg(long)]
+        count: Option<usize>,
+        #[arg(long, default_value_t = 100)]
+        size: usize,
+        /// local, remote_write, on (remote flush) or remote_apply; default: the node's
+        /// synchronous_commit.
+        #[arg(long)]
+        durability: Option<String>,
+        /// Records per request.
+        #[arg(long, default_value_t = 256)]
+        batch: usize,
+        /// Take all of standard input as one record.
+        #[arg(long)]
+        raw: bool,
+        #[arg(long, env = "WALSERVER_HTTP_AUTH_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// Print a SCRAM-SHA-256 verifier for a password read from standard input, for `[users]`.
     Passwd,
@@ -104,7 +159,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Init {
             data_dir,
+            standby: true,
+            primary_conninfo: Some(conninfo),
+            primary_slot_name,
+            start_lsn,
+            ..
+        } => {
+            init_tracing("warn");
+            let id = walserver::init::init_standby(
+                &data_dir,
+                &conninfo,
+                primary_slot_name.as_deref(),
+                start_lsn,
+            )?;
+            println!(
+                "initialised standby data directory {} (system identifier {}, timeline {}, {} WAL from {}, starting at {})",
+                data_dir.display(),
+                id.system_id,
+                id.start_timeline().0,
+                id.format,
+                id.server_version,
+                id.start_lsn()
+            );
+            Ok(())
+        }
+        Command::Init {
+            data_dir,
             wal_segment_size,
+            ..
         } => {
             init_tracing("warn");
             let size = walserver::units::parse_size(&wal_segment_size, 1 << 20)
@@ -123,13 +205,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .map(|a| parse_override(a))
                 .collect::<anyhow::Result<_>>()?;
             let sources = Sources {
-                file: config.clone(),
+                file: config,
                 overrides,
                 env: None,
             };
             let settings = Settings::load(&sources)?;
             init_tracing(&settings.log_level);
-            walserver::server::run(settings, config.as_deref(), mode)
+            walserver::server::run(settings, sources, mode)
         }
         Command::Passwd => {
             let mut line = String::new();
@@ -142,18 +224,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", protocol_codec::auth::make_scram_verifier(password));
             Ok(())
         }
-        Command::Bench(BenchCommand::Catchup { host, port, user, start, end, json }) => {
+        Command::Bench(BenchCommand::Catchup {
+            host,
+            port,
+            user,
+            start,
+            end,
+            json,
+        }) => {
             let password = std::env::var("PGPASSWORD").ok();
-            let mut c = walserver::bench::ReplClient::connect(&host, port, &user, password.as_deref())?;
+            let mut c =
+                walserver::bench::ReplClient::connect(&host, port, &user, password.as_deref())?;
             let end = match end {
                 Some(e) => e,
                 None => {
-                    c.send(protocol_codec::FrontendMessage::Query("IDENTIFY_SYSTEM".into()))?;
+                    c.send(protocol_codec::FrontendMessage::Query(
+                        "IDENTIFY_SYSTEM".into(),
+                    ))?;
                     let mut pos = None;
                     loop {
                         match c.recv()? {
                             protocol_codec::BackendMessage::DataRow(r) => {
-                                pos = r.get(2).cloned().flatten().and_then(|b| std::str::from_utf8(&b).ok()?.parse().ok())
+                                pos = r
+                                    .get(2)
+                                    .cloned()
+                                    .flatten()
+                                    .and_then(|b| std::str::from_utf8(&b).ok()?.parse().ok())
                             }
                             protocol_codec::BackendMessage::ReadyForQuery(_) => break,
                             _ => {}
@@ -165,12 +261,41 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let (bytes, secs) = walserver::bench::catchup(&mut c, start, end, None)?;
             let mbps = bytes as f64 / secs / 1e6;
             if json {
-                println!("{}", serde_json::json!({ "bytes": bytes, "seconds": secs, "mb_per_s": mbps }));
+                println!(
+                    "{}",
+                    serde_json::json!({ "bytes": bytes, "seconds": secs, "mb_per_s": mbps })
+                );
             } else {
                 println!("streamed {bytes} bytes in {secs:.3} s: {mbps:.0} MB/s");
             }
             Ok(())
         }
+        Command::Promote { http, token } => walserver::cli::promote(&http, token.as_deref()),
+        Command::Rejoin {
+            data_dir,
+            primary_conninfo,
+            primary_slot_name,
+        } => {
+            init_tracing("warn");
+            walserver::init::rejoin(&data_dir, &primary_conninfo, primary_slot_name.as_deref())
+        }
+        Command::Append {
+            http,
+            count,
+            size,
+            durability,
+            batch,
+            raw,
+            token,
+        } => walserver::cli::append(
+            &http,
+            count,
+            size,
+            durability.as_deref(),
+            batch,
+            raw,
+            token.as_deref(),
+        ),
         Command::Status { http, json, token } => {
             walserver::cli::status(&http, json, token.as_deref())
         }

@@ -9,14 +9,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use supervisor_actor::{Node, NodeBuilder, NodeConfig, ShutdownNode};
+use supervisor_actor::{Node, NodeBuilder, NodeConfig, Reconfigure, ShutdownNode};
 use wal_storage::{StorageConfig, Wal};
+use walreceiver_actor::ReceiverConfig;
 use walsender_actor::hba::HbaRules;
 use walsender_actor::session::SessionConfig;
 use walsender_actor::startup::AuthSettings;
 use walsender_actor::{WalSenderSettings, SERVER_VERSION};
 
-use crate::config::Settings;
+use crate::config::{Settings, Sources};
+use crate::init::{StandbySignal, STANDBY_SIGNAL};
 use crate::units::{format_duration, format_size};
 
 /// What SIGTERM/SIGINT do first.
@@ -34,7 +36,11 @@ pub fn resolve_addr(text: &str, what: &str) -> anyhow::Result<SocketAddr> {
 }
 
 /// The values SHOW answers, in PostgreSQL's spelling and formatting.
-pub fn show_values(s: &Settings, segment_size: u64) -> Vec<(String, String)> {
+pub fn show_values(
+    s: &Settings,
+    segment_size: u64,
+    wal_format: wal_storage::WalFormat,
+) -> Vec<(String, String)> {
     let v = |n: &str, val: String| (n.to_string(), val);
     vec![
         v("wal_segment_size", format_size(segment_size)),
@@ -75,6 +81,7 @@ pub fn show_values(s: &Settings, segment_size: u64) -> Vec<(String, String)> {
             s.primary_slot_name.clone().unwrap_or_default(),
         ),
         v("cluster_name", s.cluster_name.clone().unwrap_or_default()),
+        v("wal_format", wal_format.to_string()),
     ]
 }
 
@@ -82,6 +89,7 @@ pub fn show_values(s: &Settings, segment_size: u64) -> Vec<(String, String)> {
 pub fn walsender_settings(
     s: &Settings,
     segment_size: u64,
+    wal_format: wal_storage::WalFormat,
     tls: bool,
 ) -> anyhow::Result<WalSenderSettings> {
     Ok(WalSenderSettings {
@@ -92,7 +100,7 @@ pub fn walsender_settings(
         }),
         session: Arc::new(SessionConfig {
             wal_sender_timeout: s.wal_sender_timeout,
-            show: Arc::new(show_values(s, segment_size)),
+            show: Arc::new(show_values(s, segment_size, wal_format)),
         }),
         authentication_timeout: s.authentication_timeout,
         close_grace: Duration::from_secs(10),
@@ -101,11 +109,46 @@ pub fn walsender_settings(
     })
 }
 
+/// The walreceiver's configuration for a standby (the data directory holds `standby.signal`);
+/// `None` for a primary.
+pub fn receiver_config(s: &Settings, data_dir: &Path) -> anyhow::Result<Option<ReceiverConfig>> {
+    let Some(signal) = StandbySignal::read(data_dir)? else {
+        return Ok(None);
+    };
+    let conninfo = s
+        .primary_conninfo
+        .clone()
+        .or(signal.primary_conninfo)
+        .with_context(|| {
+            format!(
+                "{} marks this node a standby, but primary_conninfo is not set",
+                data_dir.join(STANDBY_SIGNAL).display()
+            )
+        })?;
+    let mut cfg = ReceiverConfig::parse(&conninfo, s.cluster_name.as_deref())
+        .with_context(|| "invalid primary_conninfo".to_string())?;
+    cfg.session.slot_name = s
+        .primary_slot_name
+        .clone()
+        .or(signal.primary_slot_name)
+        .filter(|n| !n.is_empty());
+    cfg.session.wal_receiver_timeout = s.wal_receiver_timeout;
+    cfg.session.wal_receiver_status_interval = s.wal_receiver_status_interval;
+    Ok(Some(cfg))
+}
+
+/// What a data directory says about itself without opening it for writing.
+fn stored_facts(data_dir: &Path) -> anyhow::Result<(u64, wal_storage::WalFormat)> {
+    let segment_size = Wal::stored_segment_size(data_dir)
+        .with_context(|| format!("cannot read the data directory {}", data_dir.display()))?;
+    let format = Wal::stored_format(data_dir)?;
+    Ok((segment_size, format))
+}
+
 /// The node configuration a settings file gives.
 pub fn node_config(s: &Settings, data_dir: &Path) -> anyhow::Result<NodeConfig> {
     let listen = resolve_addr(&s.listen, "listen")?;
-    let segment_size = Wal::stored_segment_size(data_dir)
-        .with_context(|| format!("cannot read the data directory {}", data_dir.display()))?;
+    let (segment_size, wal_format) = stored_facts(data_dir)?;
     let tls = match (&s.ssl_cert_file, &s.ssl_key_file) {
         (Some(c), Some(k)) => Some(
             protocol_codec::tls::server_config(c, k).context("cannot load the TLS certificate")?,
@@ -121,19 +164,65 @@ pub fn node_config(s: &Settings, data_dir: &Path) -> anyhow::Result<NodeConfig> 
         ..StorageConfig::default()
     };
     cfg.max_wal_senders = s.max_wal_senders;
-    cfg.walsender = walsender_settings(s, segment_size, tls.is_some())?;
+    cfg.walsender = walsender_settings(s, segment_size, wal_format, tls.is_some())?;
     cfg.wal_sender_shutdown_timeout = s.wal_sender_shutdown_timeout;
     cfg.tls = tls;
+    cfg.standby = receiver_config(s, data_dir)?;
+    cfg.standby_signal = Some(data_dir.join(STANDBY_SIGNAL));
     Ok(cfg)
 }
 
+/// Re-reads the configuration for a reload (SIGHUP, `POST /reload`).
+pub struct Reloader {
+    pub sources: Sources,
+    pub data_dir: std::path::PathBuf,
+    /// The settings the node runs with, to say which changes need a restart.
+    pub running: Settings,
+}
+
+impl Reloader {
+    pub fn reconfigure(&self) -> anyhow::Result<Reconfigure> {
+        let s = Settings::load(&self.sources)?;
+        for (name, changed) in [
+            ("listen", s.listen != self.running.listen),
+            ("http_listen", s.http_listen != self.running.http_listen),
+            ("data_dir", s.data_dir != self.running.data_dir),
+            (
+                "ssl_cert_file",
+                s.ssl_cert_file != self.running.ssl_cert_file,
+            ),
+            ("ssl_key_file", s.ssl_key_file != self.running.ssl_key_file),
+        ] {
+            if changed {
+                tracing::warn!("{name} changed: the new value takes effect at the next restart");
+            }
+        }
+        let (segment_size, wal_format) = stored_facts(&self.data_dir)?;
+        let tls = self.running.ssl_cert_file.is_some();
+        Ok(Reconfigure {
+            walsender: walsender_settings(&s, segment_size, wal_format, tls)?,
+            max_wal_senders: s.max_wal_senders,
+            receiver: receiver_config(&s, &self.data_dir)?,
+        })
+    }
+
+    /// Reloads and applies; errors leave the running settings as they were.
+    pub async fn reload(&self, node: &Node) -> anyhow::Result<()> {
+        let r = self
+            .reconfigure()
+            .context("reload refused; the running settings stay")?;
+        node.supervisor
+            .send(r)
+            .await
+            .context("the supervisor is gone")?;
+        tracing::info!("configuration reloaded");
+        Ok(())
+    }
+}
+
 /// Runs a node until it is shut down. Must be called outside any async runtime.
-pub fn run(
-    settings: Settings,
-    config_file: Option<&Path>,
-    stop_mode: StopMode,
-) -> anyhow::Result<()> {
-    let data_dir = settings.resolve_data_dir(config_file);
+pub fn run(settings: Settings, sources: Sources, stop_mode: StopMode) -> anyhow::Result<()> {
+    let data_dir = settings.resolve_data_dir(sources.file.as_deref());
     let http_addr = resolve_addr(&settings.http_listen, "http_listen")?;
     if !http_addr.ip().is_loopback() && settings.http_auth_token.as_deref().unwrap_or("").is_empty()
     {
@@ -142,21 +231,29 @@ pub fn run(
         );
     }
     let node_cfg = node_config(&settings, &data_dir)?;
+    let reloader = Arc::new(Reloader {
+        sources,
+        data_dir,
+        running: settings.clone(),
+    });
     let system = actix_rt::System::new();
     system.block_on(async move {
         let node = NodeBuilder::new(node_cfg).start().await?;
-        let http = crate::http::start(
-            crate::http::HttpConfig::from_settings(&settings, http_addr)?,
-            node.clone(),
-        )?;
+        let mut http_cfg = crate::http::HttpConfig::from_settings(&settings, http_addr)?;
+        http_cfg.reloader = Some(reloader.clone());
+        let http = crate::http::start(http_cfg, node.clone())?;
         tracing::info!(addr = %http.addr, "admin API listening");
-        wait_for_signals(&node, stop_mode).await?;
+        wait_for_signals(&node, stop_mode, &reloader).await?;
         http.handle.stop(true).await;
         Ok::<(), anyhow::Error>(())
     })
 }
 
-async fn wait_for_signals(node: &Node, stop_mode: StopMode) -> anyhow::Result<()> {
+async fn wait_for_signals(
+    node: &Node,
+    stop_mode: StopMode,
+    reloader: &Reloader,
+) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -169,7 +266,9 @@ async fn wait_for_signals(node: &Node, stop_mode: StopMode) -> anyhow::Result<()
             _ = int.recv() => shutdown.is_some() || stop_mode == StopMode::Immediate,
             _ = quit.recv() => true,
             _ = hup.recv() => {
-                tracing::info!("SIGHUP received; reloading is not available yet, ignored");
+                if let Err(e) = reloader.reload(node).await {
+                    tracing::error!("{e:#}");
+                }
                 continue;
             }
             r = async { shutdown.as_mut().expect("guarded by the precondition").await }, if shutdown.is_some() => {

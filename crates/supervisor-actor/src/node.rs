@@ -1,20 +1,18 @@
-//! Starting a node and the supervisor actor that owns it.
+//! Starting a node: the configuration and the builder that hands back the actors' addresses.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::prelude::*;
-use serde::Serialize;
 use tokio::net::TcpListener;
-use wal_storage::{Lsn, StorageConfig, SystemId, TimelineId, Wal, WalError, WalFormat};
-use walsender_actor::messages::{GetReplicationStatus, ShutdownWalSenders, StopAccepting};
-use walsender_actor::session::ShutdownMode;
-use walsender_actor::status::WalSenderStatus;
+use wal_storage::{StorageConfig, Wal, WalError};
+use walreceiver_actor::ReceiverConfig;
 use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 
-use crate::append::{AppendError, AppendRecords, Appended, Durability};
+use crate::restart::RestartPolicy;
+use crate::supervisor::Supervisor;
 
 /// Everything needed to start a node.
 #[derive(Clone)]
@@ -30,8 +28,14 @@ pub struct NodeConfig {
     pub wal_sender_shutdown_timeout: Duration,
     /// TLS for the replication port, if configured.
     pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
-    /// Threads that host walsenders; 0 keeps them on the caller's arbiter.
+    /// Threads that host walsenders and the walreceiver; 0 keeps them on the caller's arbiter.
     pub io_threads: usize,
+    /// `Some` makes the node a standby that streams from this upstream.
+    pub standby: Option<ReceiverConfig>,
+    pub restart_policy: RestartPolicy,
+    /// A file whose presence marks a standby (PostgreSQL's `standby.signal`); promotion
+    /// removes it so a restart does not make the node a standby again.
+    pub standby_signal: Option<PathBuf>,
 }
 
 impl NodeConfig {
@@ -45,6 +49,9 @@ impl NodeConfig {
             wal_sender_shutdown_timeout: Duration::from_secs(10),
             tls: None,
             io_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            standby: None,
+            restart_policy: RestartPolicy::default(),
+            standby_signal: None,
         }
     }
 }
@@ -95,6 +102,9 @@ impl NodeBuilder {
             wal_sender_shutdown_timeout,
             tls,
             io_threads,
+            standby,
+            restart_policy,
+            standby_signal,
         } = self.config;
         // Recovery reads and fsyncs: keep it off the actor thread.
         let wal = tokio::task::spawn_blocking(move || {
@@ -120,12 +130,12 @@ impl NodeBuilder {
             addr: listen,
             source,
         })?;
-        if tls.is_none() {
-            walsender.auth = Arc::new(walsender_actor::startup::AuthSettings {
-                tls_available: false,
-                ..clone_auth(&walsender.auth)
-            });
+        if tls.is_none() && walsender.auth.tls_available {
+            let mut auth = (*walsender.auth).clone();
+            auth.tls_available = false;
+            walsender.auth = Arc::new(auth);
         }
+        walsender.in_hot_standby = standby.is_some();
         let registry = WalSenderRegistry::new(max_wal_senders).start();
         let shared = Shared::new(
             wal.clone(),
@@ -134,23 +144,26 @@ impl NodeBuilder {
             registry.clone(),
         );
         let arbiters: Vec<Arbiter> = (0..io_threads).map(|_| Arbiter::new()).collect();
-        let handles = arbiters.iter().map(Arbiter::handle).collect();
-        let listener = Listener::start(listener, shared.clone(), handles).map_err(|source| {
-            NodeError::Listen {
-                addr: listen,
-                source,
-            }
-        })?;
-        tracing::info!(%listen_addr, "accepting replication connections");
-        let supervisor = Supervisor {
-            wal: Some(wal.clone()),
-            registry: registry.clone(),
-            listener: Some(listener),
+        let handles: Vec<ArbiterHandle> = arbiters.iter().map(Arbiter::handle).collect();
+        let listener =
+            Listener::start(listener, shared.clone(), handles.clone()).map_err(|source| {
+                NodeError::Listen {
+                    addr: listen,
+                    source,
+                }
+            })?;
+        tracing::info!(%listen_addr, standby = standby.is_some(), "accepting replication connections");
+        let supervisor = Supervisor::new(
+            wal.clone(),
+            shared.clone(),
+            registry.clone(),
+            listener,
             arbiters,
-            shutdown_timeout: wal_sender_shutdown_timeout,
-            shutting_down: false,
-            shutdown_waiters: Vec::new(),
-        }
+            wal_sender_shutdown_timeout,
+            standby,
+            restart_policy,
+            standby_signal,
+        )
         .start();
         Ok(Node {
             supervisor,
@@ -158,184 +171,6 @@ impl NodeBuilder {
             shared,
             wal,
             listen_addr,
-        })
-    }
-}
-
-fn clone_auth(
-    a: &walsender_actor::startup::AuthSettings,
-) -> walsender_actor::startup::AuthSettings {
-    walsender_actor::startup::AuthSettings {
-        hba: a.hba.clone(),
-        users: a.users.clone(),
-        tls_available: a.tls_available,
-    }
-}
-
-/// Whether the node serves as a primary or follows an upstream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NodeRole {
-    Primary,
-    Standby,
-}
-
-/// What `/status` shows.
-#[derive(Clone, Debug, Serialize)]
-pub struct NodeStatus {
-    pub role: NodeRole,
-    pub system_identifier: SystemId,
-    pub timeline: TimelineId,
-    pub flush_lsn: Lsn,
-    pub wal_format: WalFormat,
-    pub replication: Vec<WalSenderStatus>,
-}
-
-/// Owns the node's children and shuts them down in order.
-pub struct Supervisor {
-    wal: Option<Wal>,
-    registry: Addr<WalSenderRegistry>,
-    listener: Option<Addr<Listener>>,
-    arbiters: Vec<Arbiter>,
-    shutdown_timeout: Duration,
-    shutting_down: bool,
-    shutdown_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl Actor for Supervisor {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        // Appends from many clients arrive here: a deeper mailbox keeps `send` from parking.
-        ctx.set_mailbox_capacity(4096);
-    }
-}
-
-impl Handler<AppendRecords> for Supervisor {
-    type Result = ResponseFuture<Result<Appended, AppendError>>;
-
-    fn handle(&mut self, msg: AppendRecords, _: &mut Context<Self>) -> Self::Result {
-        let wal = self.wal.clone();
-        let shutting_down = self.shutting_down;
-        Box::pin(async move {
-            let wal = match wal {
-                Some(w) if !shutting_down => w,
-                _ => return Err(AppendError::ShuttingDown),
-            };
-            if wal.format() != WalFormat::Walserver {
-                return Err(AppendError::RelayedPostgresWal);
-            }
-            if msg.records.is_empty() {
-                return Err(AppendError::Empty);
-            }
-            let durability = msg.durability.unwrap_or(Durability::Local);
-            let record_ends = wal.append(msg.records)?.await?;
-            let end_lsn = *record_ends
-                .last()
-                .expect("one end per record, and there are records");
-            Ok(Appended {
-                end_lsn,
-                record_ends,
-                timeline: wal.timeline(),
-                durability,
-            })
-        })
-    }
-}
-
-/// Shut the node down: stop accepting, end the walsenders as `mode` says (a fast shutdown
-/// waits up to `wal_sender_shutdown_timeout` for standbys to confirm), then release storage.
-/// Answered when done; a second request while one runs may turn a fast shutdown immediate.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ShutdownNode {
-    pub immediate: bool,
-}
-
-/// The node's status, as `/status` shows it.
-#[derive(Message)]
-#[rtype(result = "Result<NodeStatus, MailboxError>")]
-pub struct GetNodeStatus;
-
-#[derive(Message)]
-#[rtype(result = "()")]
-struct ShutdownDone;
-
-impl Handler<ShutdownNode> for Supervisor {
-    type Result = ResponseFuture<()>;
-
-    fn handle(&mut self, msg: ShutdownNode, ctx: &mut Context<Self>) -> Self::Result {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.shutdown_waiters.push(tx);
-        let mode = if msg.immediate {
-            ShutdownMode::Immediate
-        } else {
-            ShutdownMode::Fast {
-                deadline: Instant::now() + self.shutdown_timeout,
-            }
-        };
-        if self.shutting_down && !msg.immediate {
-            return Box::pin(async move {
-                let _ = rx.await;
-            });
-        }
-        tracing::info!(?mode, "shutting down");
-        if let Some(l) = self.listener.take() {
-            l.do_send(StopAccepting);
-        }
-        // A second, immediate request reaches the walsenders still draining.
-        let registry = self.registry.clone();
-        let first = !self.shutting_down;
-        self.shutting_down = true;
-        let me = ctx.address();
-        actix_rt::spawn(async move {
-            let _ = registry.send(ShutdownWalSenders { mode }).await;
-            if first {
-                me.do_send(ShutdownDone);
-            }
-        });
-        Box::pin(async move {
-            let _ = rx.await;
-        })
-    }
-}
-
-impl Handler<ShutdownDone> for Supervisor {
-    type Result = ();
-
-    fn handle(&mut self, _: ShutdownDone, ctx: &mut Context<Self>) {
-        // Storage last: dropping the supervisor's handle lets the writer thread finish once
-        // the other holders are gone; every acknowledged write is already durable.
-        self.wal = None;
-        for a in self.arbiters.drain(..) {
-            a.stop();
-        }
-        for w in self.shutdown_waiters.drain(..) {
-            let _ = w.send(());
-        }
-        tracing::info!("shutdown complete");
-        ctx.stop();
-    }
-}
-
-impl Handler<GetNodeStatus> for Supervisor {
-    type Result = ResponseFuture<Result<NodeStatus, MailboxError>>;
-
-    fn handle(&mut self, _: GetNodeStatus, _: &mut Context<Self>) -> Self::Result {
-        let registry = self.registry.clone();
-        let wal = self.wal.clone();
-        Box::pin(async move {
-            let replication = registry.send(GetReplicationStatus).await?;
-            let wal = wal.ok_or(MailboxError::Closed)?;
-            let pos = wal.position();
-            Ok(NodeStatus {
-                role: NodeRole::Primary,
-                system_identifier: wal.system_id(),
-                timeline: pos.timeline,
-                flush_lsn: pos.flushed,
-                wal_format: wal.format(),
-                replication,
-            })
         })
     }
 }

@@ -454,6 +454,17 @@ impl Wal {
         Ok(read_control(&dir.join("control"))?.segment_size)
     }
 
+    /// The kind of WAL a data directory holds, read from its control file.
+    pub fn stored_format(dir: impl AsRef<Path>) -> Result<WalFormat> {
+        let dir = dir.as_ref();
+        if !dir.join("control").exists() {
+            return Err(WalError::NotInitialized {
+                dir: dir.to_path_buf(),
+            });
+        }
+        Ok(read_control(&dir.join("control"))?.wal_format)
+    }
+
     fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Wal> {
         let control = read_control(&dir.join("control"))?;
         if control.segment_size != cfg.segment_size {

@@ -18,7 +18,7 @@ use protocol_codec::{
 use crate::hba::{AuthMethod, EncryptionWords, HbaDecision, HbaRules};
 
 /// What authentication needs to know about the node; shared, and replaced whole on reload.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct AuthSettings {
     pub hba: HbaRules,
     /// User name to stored secret: a SCRAM verifier, an md5 verifier or a plain password.

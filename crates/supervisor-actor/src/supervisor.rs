@@ -1,0 +1,638 @@
+//! The supervisor actor: owns a node's children and their lifecycle.
+//!
+//! - A request to run the walreceiver is state (`wanted`), kept until a walreceiver runs, never
+//!   an edge that can be lost: whenever anything changes (a walreceiver stopped, a retry timer
+//!   fired, the configuration was reloaded) the supervisor compares what is wanted with what
+//!   runs and starts one if none runs. A walreceiver's start and stop are confirmed by its own
+//!   events, and a late event from a walreceiver already replaced carries an old id and is
+//!   ignored, so a surplus start request is harmless.
+//! - Shutdown goes in order: stop accepting, drain the walsenders (with their deadline), stop
+//!   the walreceiver, release storage.
+//! - Promotion stops the walreceiver, waits for its stop event, starts the next timeline in
+//!   storage, and turns the node into a primary.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use serde::Serialize;
+use wal_storage::{Lsn, SystemId, TimelineId, Wal, WalError, WalFormat};
+use walreceiver_actor::messages::{
+    Applied, GetReceiverStatus, ReceiverId, ReceiverOwner, ReceiverStopped, StopReceiver,
+    StreamingStarted,
+};
+use walreceiver_actor::{ApplyReporting, ReceiverConfig, ReceiverStatus, StopReason, WalReceiver};
+use walsender_actor::messages::{
+    GetReplicationStatus, SetMaxWalSenders, SettingsChanged, ShutdownWalSenders, StopAccepting,
+};
+use walsender_actor::session::ShutdownMode;
+use walsender_actor::status::WalSenderStatus;
+use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
+
+use crate::append::{AppendError, AppendRecords, Appended, Durability};
+use crate::restart::{RestartPolicy, RestartState};
+
+/// Whether the node serves as a primary or follows an upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeRole {
+    Primary,
+    Standby,
+}
+
+/// The walreceiver part of `/status`: `pg_stat_wal_receiver`'s columns, and the supervisor's
+/// restart state, shown even while no walreceiver runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct WalReceiverInfo {
+    /// `pid`: the current walreceiver's id, if one runs.
+    pub pid: Option<u64>,
+    #[serde(flatten)]
+    pub status: Option<ReceiverStatus>,
+    /// Why no walreceiver is streaming right now, if none is.
+    pub not_streaming_reason: Option<String>,
+    #[serde(flatten)]
+    pub restart: RestartState,
+}
+
+/// What `/status` shows.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeStatus {
+    pub role: NodeRole,
+    pub system_identifier: SystemId,
+    pub timeline: TimelineId,
+    pub flush_lsn: Lsn,
+    pub wal_format: WalFormat,
+    pub replication: Vec<WalSenderStatus>,
+    pub wal_receiver: Option<WalReceiverInfo>,
+}
+
+struct Receiver {
+    config: ReceiverConfig,
+    /// The start request: a walreceiver should be running.
+    wanted: bool,
+    current: Option<(ReceiverId, Addr<WalReceiver>)>,
+    streaming: bool,
+    next_id: u64,
+    retry: Option<SpawnHandle>,
+    restart: RestartState,
+    last_status: Option<ReceiverStatus>,
+    /// The application's last reported apply position, carried to each new walreceiver.
+    applied: Option<Lsn>,
+    /// Waiting for the current walreceiver to stop (promotion).
+    stop_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Owns the node's children and shuts them down in order.
+pub struct Supervisor {
+    wal: Option<Wal>,
+    shared: Arc<Shared>,
+    registry: Addr<WalSenderRegistry>,
+    listener: Option<Addr<Listener>>,
+    arbiters: Vec<Arbiter>,
+    shutdown_timeout: Duration,
+    shutting_down: bool,
+    shutdown_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
+    role: NodeRole,
+    receiver: Option<Receiver>,
+    policy: RestartPolicy,
+    standby_signal: Option<PathBuf>,
+    promoting: bool,
+}
+
+impl Supervisor {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        wal: Wal,
+        shared: Arc<Shared>,
+        registry: Addr<WalSenderRegistry>,
+        listener: Addr<Listener>,
+        arbiters: Vec<Arbiter>,
+        shutdown_timeout: Duration,
+        standby: Option<ReceiverConfig>,
+        policy: RestartPolicy,
+        standby_signal: Option<PathBuf>,
+    ) -> Supervisor {
+        Supervisor {
+            wal: Some(wal),
+            shared,
+            registry,
+            listener: Some(listener),
+            arbiters,
+            shutdown_timeout,
+            shutting_down: false,
+            shutdown_waiters: Vec::new(),
+            role: if standby.is_some() {
+                NodeRole::Standby
+            } else {
+                NodeRole::Primary
+            },
+            receiver: standby.map(|config| Receiver {
+                config,
+                wanted: true,
+                current: None,
+                streaming: false,
+                next_id: 1,
+                retry: None,
+                restart: RestartState::default(),
+                last_status: None,
+                applied: None,
+                stop_waiters: Vec::new(),
+            }),
+            policy,
+            standby_signal,
+            promoting: false,
+        }
+    }
+
+    /// Starts a walreceiver if one is wanted and none runs or waits for a retry.
+    fn reconcile(&mut self, ctx: &mut Context<Self>) {
+        let Some(wal) = self.wal.clone() else { return };
+        let arbiter = self.arbiters.first().map(Arbiter::handle);
+        let owner = ReceiverOwner::of(&ctx.address());
+        let Some(r) = self.receiver.as_mut() else {
+            return;
+        };
+        if !r.wanted || r.current.is_some() || r.retry.is_some() || self.shutting_down {
+            return;
+        }
+        let id = ReceiverId(r.next_id);
+        r.next_id += 1;
+        let mut config = r.config.clone();
+        if let Some(applied) = r.applied {
+            config.session.apply = ApplyReporting::Application { applied };
+        }
+        r.restart.on_started();
+        r.streaming = false;
+        let addr = match arbiter {
+            Some(a) => {
+                WalReceiver::start_in_arbiter(&a, move |_| WalReceiver::new(id, config, wal, owner))
+            }
+            None => WalReceiver::new(id, config, wal, owner).start(),
+        };
+        tracing::info!(receiver = id.0, "walreceiver started");
+        r.current = Some((id, addr));
+    }
+
+    fn stop_receiver(&mut self) {
+        if let Some(r) = self.receiver.as_mut() {
+            r.wanted = false;
+            if let Some((_, addr)) = &r.current {
+                addr.do_send(StopReceiver);
+            }
+        }
+    }
+
+    /// Resolves once no walreceiver runs.
+    fn receiver_stopped(&mut self) -> impl std::future::Future<Output = ()> + 'static {
+        let rx = match self.receiver.as_mut() {
+            Some(r) if r.current.is_some() => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                r.stop_waiters.push(tx);
+                Some(rx)
+            }
+            _ => None,
+        };
+        async move {
+            if let Some(rx) = rx {
+                let _ = rx.await;
+            }
+        }
+    }
+}
+
+impl Actor for Supervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Appends from many clients arrive here: a deeper mailbox keeps `send` from parking.
+        ctx.set_mailbox_capacity(4096);
+        self.reconcile(ctx);
+    }
+}
+
+impl Handler<StreamingStarted> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: StreamingStarted, _: &mut Context<Self>) {
+        let Some(r) = self.receiver.as_mut() else {
+            return;
+        };
+        if r.current.as_ref().map(|(id, _)| *id) != Some(msg.receiver) {
+            return; // A walreceiver already replaced.
+        }
+        tracing::info!(timeline = %msg.timeline, start = %msg.start, "streaming from upstream");
+        r.streaming = true;
+        r.restart.on_streaming(Instant::now());
+    }
+}
+
+impl Handler<ReceiverStopped> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ReceiverStopped, ctx: &mut Context<Self>) {
+        let policy = self.policy.clone();
+        let Some(r) = self.receiver.as_mut() else {
+            return;
+        };
+        if r.current.as_ref().map(|(id, _)| *id) != Some(msg.receiver) {
+            return;
+        }
+        r.current = None;
+        r.streaming = false;
+        r.last_status = Some(msg.status);
+        for w in r.stop_waiters.drain(..) {
+            let _ = w.send(());
+        }
+        match msg.reason {
+            StopReason::ShutdownRequested => {
+                tracing::info!(receiver = msg.receiver.0, "walreceiver stopped on request");
+            }
+            StopReason::Failed(e) => {
+                let delay = r
+                    .restart
+                    .on_failed(&policy, &e, Instant::now(), rand::random::<f64>());
+                tracing::warn!(
+                    receiver = msg.receiver.0,
+                    attempts = r.restart.attempts,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "walreceiver stopped: {e}"
+                );
+                if !delay.is_zero() {
+                    r.retry = Some(ctx.run_later(delay, |act, ctx| {
+                        if let Some(r) = act.receiver.as_mut() {
+                            r.retry = None;
+                        }
+                        act.reconcile(ctx);
+                    }));
+                }
+            }
+        }
+        self.reconcile(ctx);
+    }
+}
+
+/// Shut the node down: stop accepting, end the walsenders as `immediate` says (a fast
+/// shutdown waits up to `wal_sender_shutdown_timeout` for standbys to confirm), stop the
+/// walreceiver, then release storage. Answered when done; a second, immediate request while
+/// a fast one runs reaches the walsenders still draining.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ShutdownNode {
+    pub immediate: bool,
+}
+
+/// The node's status, as `/status` shows it.
+#[derive(Message)]
+#[rtype(result = "Result<NodeStatus, MailboxError>")]
+pub struct GetNodeStatus;
+
+/// Promote a standby of walserver records: stop the walreceiver, start the next timeline at
+/// the end of flushed WAL (its history file made durable), take appends.
+#[derive(Message)]
+#[rtype(result = "Result<Promoted, PromoteError>")]
+pub struct Promote;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Promoted {
+    pub timeline: TimelineId,
+    pub switch_lsn: Lsn,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PromoteError {
+    #[error("this node is already a primary")]
+    NotStandby,
+    #[error("a promotion is already in progress")]
+    InProgress,
+    #[error("the node is shutting down")]
+    ShuttingDown,
+    #[error("cannot promote: {0}")]
+    Storage(#[from] WalError),
+}
+
+/// New settings from a reload: applied without a restart.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Reconfigure {
+    pub walsender: WalSenderSettings,
+    pub max_wal_senders: usize,
+    /// The walreceiver's configuration; a change restarts the walreceiver at once.
+    pub receiver: Option<ReceiverConfig>,
+}
+
+/// An application on a standby applied WAL up to `lsn` (reported upstream as apply).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReportApplied {
+    pub lsn: Lsn,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ShutdownDone;
+
+impl Handler<ShutdownNode> for Supervisor {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, msg: ShutdownNode, ctx: &mut Context<Self>) -> Self::Result {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.shutdown_waiters.push(tx);
+        let wait = Box::pin(async move {
+            let _ = rx.await;
+        });
+        if self.shutting_down && !msg.immediate {
+            return wait;
+        }
+        let mode = if msg.immediate {
+            ShutdownMode::Immediate
+        } else {
+            ShutdownMode::Fast {
+                deadline: Instant::now() + self.shutdown_timeout,
+            }
+        };
+        tracing::info!(?mode, "shutting down");
+        if let Some(l) = self.listener.take() {
+            l.do_send(StopAccepting);
+        }
+        let first = !self.shutting_down;
+        self.shutting_down = true;
+        if let Some(r) = self.receiver.as_mut() {
+            if let Some(h) = r.retry.take() {
+                ctx.cancel_future(h);
+            }
+        }
+        let registry = self.registry.clone();
+        let me = ctx.address();
+        ctx.spawn(
+            async move {
+                let _ = registry.send(ShutdownWalSenders { mode }).await;
+            }
+            .into_actor(self)
+            .then(move |(), act, _| {
+                // Walsenders are gone: now the walreceiver.
+                act.stop_receiver();
+                act.receiver_stopped().into_actor(act)
+            })
+            .map(move |(), _, _| {
+                if first {
+                    me.do_send(ShutdownDone);
+                }
+            }),
+        );
+        wait
+    }
+}
+
+impl Handler<ShutdownDone> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, _: ShutdownDone, ctx: &mut Context<Self>) {
+        // Storage last: every acknowledged write is already durable; dropping the supervisor's
+        // handle lets the writer thread finish once the other holders are gone.
+        self.wal = None;
+        for a in self.arbiters.drain(..) {
+            a.stop();
+        }
+        for w in self.shutdown_waiters.drain(..) {
+            let _ = w.send(());
+        }
+        tracing::info!("shutdown complete");
+        ctx.stop();
+    }
+}
+
+impl Handler<GetNodeStatus> for Supervisor {
+    type Result = ResponseFuture<Result<NodeStatus, MailboxError>>;
+
+    fn handle(&mut self, _: GetNodeStatus, _: &mut Context<Self>) -> Self::Result {
+        let registry = self.registry.clone();
+        let wal = self.wal.clone();
+        let role = self.role;
+        let receiver = self.receiver.as_ref().map(|r| {
+            let not_streaming_reason = if r.streaming {
+                None
+            } else if !r.wanted {
+                Some("the walreceiver was stopped on request".to_string())
+            } else if r.current.is_some() {
+                Some("connecting to the upstream".to_string())
+            } else {
+                r.restart
+                    .last_error
+                    .clone()
+                    .map(|e| format!("waiting to retry after: {e}"))
+            };
+            (
+                r.current.as_ref().map(|(id, a)| (*id, a.clone())),
+                r.last_status.clone(),
+                r.restart.clone(),
+                not_streaming_reason,
+            )
+        });
+        Box::pin(async move {
+            let replication = registry.send(GetReplicationStatus).await?;
+            let wal = wal.ok_or(MailboxError::Closed)?;
+            let pos = wal.position();
+            let wal_receiver = match receiver {
+                None => None,
+                Some((current, last, restart, not_streaming_reason)) => {
+                    let (pid, status) = match current {
+                        Some((id, addr)) => {
+                            (Some(id.0), addr.send(GetReceiverStatus).await.ok().or(last))
+                        }
+                        None => (None, last),
+                    };
+                    Some(WalReceiverInfo {
+                        pid,
+                        status,
+                        not_streaming_reason,
+                        restart,
+                    })
+                }
+            };
+            Ok(NodeStatus {
+                role,
+                system_identifier: wal.system_id(),
+                timeline: pos.timeline,
+                flush_lsn: pos.flushed,
+                wal_format: wal.format(),
+                replication,
+                wal_receiver,
+            })
+        })
+    }
+}
+
+impl Handler<Promote> for Supervisor {
+    type Result = ResponseActFuture<Self, Result<Promoted, PromoteError>>;
+
+    fn handle(&mut self, _: Promote, _: &mut Context<Self>) -> Self::Result {
+        let refuse = |e| Box::pin(actix::fut::ready(Err(e))) as Self::Result;
+        if self.shutting_down {
+            return refuse(PromoteError::ShuttingDown);
+        }
+        if self.role != NodeRole::Standby {
+            return refuse(PromoteError::NotStandby);
+        }
+        if self.promoting {
+            return refuse(PromoteError::InProgress);
+        }
+        let Some(wal) = self.wal.clone() else {
+            return refuse(PromoteError::ShuttingDown);
+        };
+        if wal.format() != WalFormat::Walserver {
+            return refuse(PromoteError::Storage(WalError::PromotionNotSupported));
+        }
+        self.promoting = true;
+        self.stop_receiver();
+        let signal = self.standby_signal.clone();
+        let stopped = self.receiver_stopped();
+        let work = async move {
+            stopped.await;
+            // Promotion writes and fsyncs the history file and the switch segment.
+            tokio::task::spawn_blocking(move || {
+                let (timeline, switch_lsn) = wal.promote("promoted by walserver")?;
+                if let Some(path) = signal {
+                    remove_durably(&path)?;
+                }
+                Ok::<_, WalError>(Promoted {
+                    timeline,
+                    switch_lsn,
+                })
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err(WalError::Io {
+                    context: "promoting".into(),
+                    source: std::io::Error::other(e.to_string()),
+                })
+            })
+        };
+        Box::pin(work.into_actor(self).map(|res, act, _| {
+            act.promoting = false;
+            let promoted = res?;
+            act.role = NodeRole::Primary;
+            act.receiver = None;
+            let mut settings = (*act.shared.settings()).clone();
+            settings.in_hot_standby = false;
+            act.shared.replace_settings(settings);
+            act.registry.do_send(SettingsChanged);
+            tracing::info!(timeline = %promoted.timeline, switch = %promoted.switch_lsn, "promoted to primary");
+            Ok(promoted)
+        }))
+    }
+}
+
+/// Removes a file and makes the removal durable (fsync of its directory).
+fn remove_durably(path: &std::path::Path) -> Result<(), WalError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(WalError::Io {
+                context: format!("removing {}", path.display()),
+                source: e,
+            })
+        }
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| WalError::Io {
+                context: format!("syncing {}", dir.display()),
+                source: e,
+            })?;
+    }
+    Ok(())
+}
+
+impl Handler<Reconfigure> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Reconfigure, ctx: &mut Context<Self>) {
+        let mut walsender = msg.walsender;
+        walsender.in_hot_standby = self.role == NodeRole::Standby;
+        if self.shared.tls.is_none() && walsender.auth.tls_available {
+            let mut auth = (*walsender.auth).clone();
+            auth.tls_available = false;
+            walsender.auth = Arc::new(auth);
+        }
+        self.shared.replace_settings(walsender);
+        self.registry.do_send(SetMaxWalSenders(msg.max_wal_senders));
+        self.registry.do_send(SettingsChanged);
+        let (Some(r), Some(new)) = (self.receiver.as_mut(), msg.receiver) else {
+            return;
+        };
+        let changed = new.conninfo != r.config.conninfo
+            || new.application_name != r.config.application_name
+            || new.session != r.config.session
+            || new.max_wal_in_flight != r.config.max_wal_in_flight;
+        if !changed {
+            return;
+        }
+        tracing::info!(conninfo = %new.conninfo.to_string_without_password(), "walreceiver configuration changed; reconnecting");
+        r.config = new;
+        // A new upstream deserves a fresh start: no backoff carried over.
+        r.restart = RestartState::default();
+        if let Some(h) = r.retry.take() {
+            ctx.cancel_future(h);
+        }
+        // The start request stays: the old walreceiver stops, and its stop event starts the
+        // new one.
+        if let Some((_, addr)) = &r.current {
+            addr.do_send(StopReceiver);
+        }
+        self.reconcile(ctx);
+    }
+}
+
+impl Handler<ReportApplied> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ReportApplied, _: &mut Context<Self>) {
+        if let Some(r) = self.receiver.as_mut() {
+            r.applied = Some(r.applied.map_or(msg.lsn, |a| a.max(msg.lsn)));
+            if let Some((_, addr)) = &r.current {
+                addr.do_send(Applied { lsn: msg.lsn });
+            }
+        }
+    }
+}
+
+impl Handler<AppendRecords> for Supervisor {
+    type Result = ResponseFuture<Result<Appended, AppendError>>;
+
+    fn handle(&mut self, msg: AppendRecords, _: &mut Context<Self>) -> Self::Result {
+        let wal = self.wal.clone();
+        let refusal = if self.shutting_down {
+            Some(AppendError::ShuttingDown)
+        } else if self.role == NodeRole::Standby || self.promoting {
+            Some(AppendError::Standby)
+        } else {
+            None
+        };
+        Box::pin(async move {
+            if let Some(e) = refusal {
+                return Err(e);
+            }
+            let wal = wal.ok_or(AppendError::ShuttingDown)?;
+            if wal.format() != WalFormat::Walserver {
+                return Err(AppendError::RelayedPostgresWal);
+            }
+            if msg.records.is_empty() {
+                return Err(AppendError::Empty);
+            }
+            let durability = msg.durability.unwrap_or(Durability::Local);
+            let record_ends = wal.append(msg.records)?.await?;
+            let end_lsn = *record_ends
+                .last()
+                .expect("one end per record, and there are records");
+            Ok(Appended {
+                end_lsn,
+                record_ends,
+                timeline: wal.timeline(),
+                durability,
+            })
+        })
+    }
+}

@@ -70,6 +70,7 @@ pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
             .route("/metrics", web::get().to(metrics))
             .app_data(web::PayloadConfig::new(MAX_BODY))
             .route("/wal", web::post().to(append))
+            .route("/wal", web::get().to(read_wal))
             .route("/promote", web::post().to(promote))
             .route("/reload", web::post().to(reload))
     })
@@ -186,6 +187,93 @@ async fn append(
         }
         Err(e) => unavailable(e),
     }
+}
+
+#[derive(serde::Deserialize)]
+struct ReadQuery {
+    from: String,
+    #[serde(default)]
+    follow: bool,
+    #[serde(default)]
+    format: Option<String>,
+}
+
+/// `GET /wal?from=LSN[&follow=true][&format=ndjson|binary]`: the node's records from `from`
+/// (a record boundary or a segment start), streamed as they become durable with `follow`.
+/// NDJSON (the default) gives one object per record, `{"timeline", "start", "end", "data"}`
+/// with the payload in base64, and `{"timeline_switch": {"from", "to", "at"}}` where the
+/// stream moves to the next timeline; `binary` gives the payloads length-delimited, as
+/// `POST /wal` takes them.
+async fn read_wal(state: web::Data<State>, query: web::Query<ReadQuery>) -> HttpResponse {
+    use base64::Engine as _;
+    use futures_util::StreamExt;
+    let from: wal_storage::Lsn = match query.from.parse() {
+        Ok(l) => l,
+        Err(e) => {
+            return HttpResponse::BadRequest().json(serde_json::json!({ "error": e.to_string() }))
+        }
+    };
+    let binary = match query.format.as_deref() {
+        None | Some("ndjson") => false,
+        Some("binary") => true,
+        Some(other) => return HttpResponse::BadRequest().json(
+            serde_json::json!({ "error": format!("unknown format {other:?}: ndjson or binary") }),
+        ),
+    };
+    let follow = if query.follow {
+        supervisor_actor::Follow::Forever
+    } else {
+        supervisor_actor::Follow::UntilCurrentEnd
+    };
+    let stream =
+        state
+            .node
+            .records(from, follow)
+            .map(move |ev| -> Result<Bytes, actix_web::Error> {
+                let ev = ev.map_err(actix_web::error::ErrorInternalServerError)?;
+                Ok(match ev {
+                    supervisor_actor::RecordEvent::Record {
+                        timeline,
+                        start,
+                        end,
+                        payload,
+                    } => {
+                        if binary {
+                            Bytes::from(join_records([payload.as_ref()]))
+                        } else {
+                            let mut line = serde_json::to_vec(&serde_json::json!({
+                                "timeline": timeline,
+                                "start": start,
+                                "end": end,
+                                "data": base64::engine::general_purpose::STANDARD.encode(&payload),
+                            }))
+                            .unwrap_or_default();
+                            line.push(b'\n');
+                            Bytes::from(line)
+                        }
+                    }
+                    supervisor_actor::RecordEvent::TimelineSwitch { from, to, at } => {
+                        if binary {
+                            Bytes::new()
+                        } else {
+                            let mut line = serde_json::to_vec(&serde_json::json!({
+                                "timeline_switch": { "from": from, "to": to, "at": at }
+                            }))
+                            .unwrap_or_default();
+                            line.push(b'\n');
+                            Bytes::from(line)
+                        }
+                    }
+                })
+            });
+    let content_type = if binary {
+        RECORDS_CONTENT_TYPE
+    } else {
+        "application/x-ndjson"
+    };
+    HttpResponse::Ok()
+        .content_type(content_type)
+        .streaming(stream)
 }
 
 async fn promote(state: web::Data<State>) -> HttpResponse {

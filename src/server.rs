@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use supervisor_actor::{Node, NodeBuilder, NodeConfig, Reconfigure, ShutdownNode};
+use supervisor_actor::{
+    Durability, Node, NodeBuilder, NodeConfig, Reconfigure, ShutdownNode, SyncSettings,
+};
 use wal_storage::{StorageConfig, Wal};
 use walreceiver_actor::ReceiverConfig;
 use walsender_actor::hba::HbaRules;
@@ -137,6 +139,22 @@ pub fn receiver_config(s: &Settings, data_dir: &Path) -> anyhow::Result<Option<R
     Ok(Some(cfg))
 }
 
+/// Synchronous replication from the settings.
+pub fn sync_settings(s: &Settings) -> anyhow::Result<SyncSettings> {
+    let standby_names =
+        walsender_actor::syncrep::parse_sync_standby_names(&s.synchronous_standby_names)
+            .map_err(anyhow::Error::msg)?;
+    let default_durability: Durability = s
+        .synchronous_commit
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("synchronous_commit: {e}"))?;
+    Ok(SyncSettings {
+        standby_names,
+        default_durability,
+        wait_timeout: (!s.synchronous_wait_timeout.is_zero()).then_some(s.synchronous_wait_timeout),
+    })
+}
+
 /// What a data directory says about itself without opening it for writing.
 fn stored_facts(data_dir: &Path) -> anyhow::Result<(u64, wal_storage::WalFormat)> {
     let segment_size = Wal::stored_segment_size(data_dir)
@@ -169,6 +187,7 @@ pub fn node_config(s: &Settings, data_dir: &Path) -> anyhow::Result<NodeConfig> 
     cfg.tls = tls;
     cfg.standby = receiver_config(s, data_dir)?;
     cfg.standby_signal = Some(data_dir.join(STANDBY_SIGNAL));
+    cfg.sync = sync_settings(s)?;
     Ok(cfg)
 }
 
@@ -203,6 +222,7 @@ impl Reloader {
             walsender: walsender_settings(&s, segment_size, wal_format, tls)?,
             max_wal_senders: s.max_wal_senders,
             receiver: receiver_config(&s, &self.data_dir)?,
+            sync: sync_settings(&s)?,
         })
     }
 

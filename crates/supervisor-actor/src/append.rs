@@ -54,6 +54,41 @@ impl fmt::Display for Durability {
     }
 }
 
+/// How appends wait for synchronous standbys: PostgreSQL's `synchronous_standby_names`,
+/// `synchronous_commit`, and walserver's `synchronous_wait_timeout`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyncSettings {
+    pub standby_names: Option<walsender_actor::syncrep::SyncStandbyNames>,
+    /// The durability of an append that does not name one.
+    pub default_durability: Durability,
+    /// After this long an append still waiting for standbys fails with
+    /// [`AppendError::NotConfirmed`]; `None` waits as long as it takes, as PostgreSQL does.
+    pub wait_timeout: Option<std::time::Duration>,
+}
+
+impl Default for SyncSettings {
+    fn default() -> Self {
+        SyncSettings {
+            standby_names: None,
+            default_durability: Durability::On,
+            wait_timeout: None,
+        }
+    }
+}
+
+impl Durability {
+    /// The standby position this level waits for, `None` for `local`.
+    pub fn wait_level(self) -> Option<walsender_actor::syncrep::WaitLevel> {
+        use walsender_actor::syncrep::WaitLevel;
+        match self {
+            Durability::Local => None,
+            Durability::RemoteWrite => Some(WaitLevel::Write),
+            Durability::On => Some(WaitLevel::Flush),
+            Durability::RemoteApply => Some(WaitLevel::Apply),
+        }
+    }
+}
+
 /// Append records; answered with their end LSNs once `durability` holds (the node's
 /// `synchronous_commit` when `None`).
 #[derive(Message, Debug)]

@@ -19,11 +19,13 @@
 
 mod append;
 mod node;
+mod records;
 mod restart;
 mod supervisor;
 
-pub use append::{AppendError, AppendRecords, Appended, Durability};
-pub use node::{Node, NodeBuilder, NodeConfig, NodeError};
+pub use append::{AppendError, AppendRecords, Appended, Durability, SyncSettings};
+pub use node::{LocalLevel, Node, NodeBuilder, NodeConfig, NodeError};
+pub use records::{subscribe_records, Follow, RecordEvent};
 pub use restart::{RestartPolicy, RestartState};
 pub use supervisor::{
     GetNodeStatus, NodeRole, NodeStatus, Promote, PromoteError, Promoted, Reconfigure,

@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use tokio::net::TcpListener;
-use wal_storage::{StorageConfig, Wal, WalError};
+use wal_storage::{Lsn, StorageConfig, Wal, WalError};
 use walreceiver_actor::ReceiverConfig;
 use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 
+use crate::append::SyncSettings;
+use crate::records::{subscribe_records, Follow, RecordEvent};
 use crate::restart::RestartPolicy;
+use crate::supervisor::ReportApplied;
 use crate::supervisor::Supervisor;
 
 /// Everything needed to start a node.
@@ -36,6 +39,8 @@ pub struct NodeConfig {
     /// A file whose presence marks a standby (PostgreSQL's `standby.signal`); promotion
     /// removes it so a restart does not make the node a standby again.
     pub standby_signal: Option<PathBuf>,
+    /// Synchronous replication and the default durability of appends.
+    pub sync: SyncSettings,
 }
 
 impl NodeConfig {
@@ -52,6 +57,7 @@ impl NodeConfig {
             standby: None,
             restart_policy: RestartPolicy::default(),
             standby_signal: None,
+            sync: SyncSettings::default(),
         }
     }
 }
@@ -84,6 +90,60 @@ pub struct Node {
     pub wal: Wal,
     /// The replication listener's actual address.
     pub listen_addr: SocketAddr,
+    /// What this node's application has applied (see [`Node::report_applied`]).
+    applied: Arc<tokio::sync::watch::Sender<Lsn>>,
+}
+
+/// A position on this node that [`Node::wait_for_lsn`] can wait for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalLevel {
+    /// Durable in this node's storage.
+    Flushed,
+    /// Applied by this node's application (reported with [`Node::report_applied`]).
+    Applied,
+}
+
+impl Node {
+    /// The node's walserver records from `from` (a record boundary or a segment start), in
+    /// LSN order, across timeline switches, as they become durable.
+    pub fn records(
+        &self,
+        from: Lsn,
+        follow: Follow,
+    ) -> impl futures_util::Stream<Item = Result<RecordEvent, WalError>> {
+        subscribe_records(self.wal.clone(), from, follow)
+    }
+
+    /// Tells the node its application has applied WAL up to `lsn`. On a standby the position
+    /// travels upstream in status updates, so `remote_apply` appends there wait for it.
+    ///
+    /// Until the first report, a standby reports its flush position as apply (nothing there
+    /// applies WAL); an application registers by reporting where it starts, before it reads.
+    pub fn report_applied(&self, lsn: Lsn) {
+        self.applied.send_if_modified(|a| {
+            let advanced = lsn > *a;
+            if advanced {
+                *a = lsn;
+            }
+            advanced
+        });
+        self.supervisor.do_send(ReportApplied { lsn });
+    }
+
+    /// Waits until `lsn` is durable (or applied) on this node: read-your-writes for a client
+    /// that got `lsn` from an append on the primary.
+    pub async fn wait_for_lsn(&self, lsn: Lsn, level: LocalLevel) {
+        match level {
+            LocalLevel::Flushed => {
+                let mut rx = self.wal.subscribe();
+                let _ = rx.wait_for(|p| p.flushed >= lsn).await;
+            }
+            LocalLevel::Applied => {
+                let mut rx = self.applied.subscribe();
+                let _ = rx.wait_for(|a| *a >= lsn).await;
+            }
+        }
+    }
 }
 
 impl NodeBuilder {
@@ -105,6 +165,7 @@ impl NodeBuilder {
             standby,
             restart_policy,
             standby_signal,
+            sync,
         } = self.config;
         // Recovery reads and fsyncs: keep it off the actor thread.
         let wal = tokio::task::spawn_blocking(move || {
@@ -163,6 +224,7 @@ impl NodeBuilder {
             standby,
             restart_policy,
             standby_signal,
+            sync,
         )
         .start();
         Ok(Node {
@@ -171,6 +233,7 @@ impl NodeBuilder {
             shared,
             wal,
             listen_addr,
+            applied: Arc::new(tokio::sync::watch::channel(Lsn::INVALID).0),
         })
     }
 }

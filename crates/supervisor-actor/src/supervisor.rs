@@ -24,13 +24,14 @@ use walreceiver_actor::messages::{
 };
 use walreceiver_actor::{ApplyReporting, ReceiverConfig, ReceiverStatus, StopReason, WalReceiver};
 use walsender_actor::messages::{
-    GetReplicationStatus, SetMaxWalSenders, SettingsChanged, ShutdownWalSenders, StopAccepting,
+    GetReplicationStatus, SetMaxWalSenders, SetSyncStandbyNames, SettingsChanged,
+    ShutdownWalSenders, StopAccepting, WaitForSync,
 };
 use walsender_actor::session::ShutdownMode;
 use walsender_actor::status::WalSenderStatus;
 use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 
-use crate::append::{AppendError, AppendRecords, Appended, Durability};
+use crate::append::{AppendError, AppendRecords, Appended, SyncSettings};
 use crate::restart::{RestartPolicy, RestartState};
 
 /// Whether the node serves as a primary or follows an upstream.
@@ -98,6 +99,7 @@ pub struct Supervisor {
     policy: RestartPolicy,
     standby_signal: Option<PathBuf>,
     promoting: bool,
+    sync: SyncSettings,
 }
 
 impl Supervisor {
@@ -112,6 +114,7 @@ impl Supervisor {
         standby: Option<ReceiverConfig>,
         policy: RestartPolicy,
         standby_signal: Option<PathBuf>,
+        sync: SyncSettings,
     ) -> Supervisor {
         Supervisor {
             wal: Some(wal),
@@ -142,6 +145,7 @@ impl Supervisor {
             policy,
             standby_signal,
             promoting: false,
+            sync,
         }
     }
 
@@ -207,6 +211,8 @@ impl Actor for Supervisor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         // Appends from many clients arrive here: a deeper mailbox keeps `send` from parking.
         ctx.set_mailbox_capacity(4096);
+        self.registry
+            .do_send(SetSyncStandbyNames(self.sync.standby_names.clone()));
         self.reconcile(ctx);
     }
 }
@@ -319,6 +325,8 @@ pub struct Reconfigure {
     pub max_wal_senders: usize,
     /// The walreceiver's configuration; a change restarts the walreceiver at once.
     pub receiver: Option<ReceiverConfig>,
+    /// Synchronous replication; waiting appends the new setting satisfies are released.
+    pub sync: SyncSettings,
 }
 
 /// An application on a standby applied WAL up to `lsn` (reported upstream as apply).
@@ -560,6 +568,11 @@ impl Handler<Reconfigure> for Supervisor {
         self.shared.replace_settings(walsender);
         self.registry.do_send(SetMaxWalSenders(msg.max_wal_senders));
         self.registry.do_send(SettingsChanged);
+        if msg.sync != self.sync {
+            self.registry
+                .do_send(SetSyncStandbyNames(msg.sync.standby_names.clone()));
+            self.sync = msg.sync;
+        }
         let (Some(r), Some(new)) = (self.receiver.as_mut(), msg.receiver) else {
             return;
         };
@@ -611,6 +624,12 @@ impl Handler<AppendRecords> for Supervisor {
         } else {
             None
         };
+        let registry = self.registry.clone();
+        let durability = msg.durability.unwrap_or(self.sync.default_durability);
+        let wait_timeout = self.sync.wait_timeout;
+        // Without synchronous standbys every level is satisfied by local durability, as in
+        // PostgreSQL; skip the trip to the registry.
+        let sync_configured = self.sync.standby_names.is_some();
         Box::pin(async move {
             if let Some(e) = refusal {
                 return Err(e);
@@ -622,11 +641,32 @@ impl Handler<AppendRecords> for Supervisor {
             if msg.records.is_empty() {
                 return Err(AppendError::Empty);
             }
-            let durability = msg.durability.unwrap_or(Durability::Local);
+            // Local durability first: storage's group commit.
             let record_ends = wal.append(msg.records)?.await?;
             let end_lsn = *record_ends
                 .last()
                 .expect("one end per record, and there are records");
+            // Then the synchronous standbys, if the level asks for them.
+            if let Some(level) = durability.wait_level().filter(|_| sync_configured) {
+                let wait = registry.send(WaitForSync {
+                    lsn: end_lsn,
+                    level,
+                });
+                let outcome = match wait_timeout {
+                    Some(t) => tokio::time::timeout(t, wait).await.ok(),
+                    None => Some(wait.await),
+                };
+                match outcome {
+                    Some(Ok(Ok(()))) => {}
+                    Some(_) => return Err(AppendError::ShuttingDown),
+                    None => {
+                        return Err(AppendError::NotConfirmed {
+                            end_lsn,
+                            durability,
+                        })
+                    }
+                }
+            }
             Ok(Appended {
                 end_lsn,
                 record_ends,

@@ -37,6 +37,7 @@ pub mod session;
 mod shared;
 pub mod startup;
 pub mod status;
+pub mod syncrep;
 pub mod writer;
 
 pub use actor::WalSender;

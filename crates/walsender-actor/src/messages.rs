@@ -88,3 +88,22 @@ pub struct GetListenAddr;
 #[derive(Message)]
 #[rtype(result = "usize")]
 pub struct CountConnections;
+
+/// Supervisor → registry: the parsed `synchronous_standby_names` (at start and on reload).
+/// Waiting appends the new setting satisfies are released at once.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetSyncStandbyNames(pub Option<crate::syncrep::SyncStandbyNames>);
+
+/// Supervisor → registry: wait until the synchronous standbys have reached `lsn` at `level`.
+/// Answered at once when no synchronous standbys are configured.
+#[derive(Message)]
+#[rtype(result = "Result<(), SyncWaitAbandoned>")]
+pub struct WaitForSync {
+    pub lsn: wal_storage::Lsn,
+    pub level: crate::syncrep::WaitLevel,
+}
+
+/// The registry stopped before the standbys confirmed (the node is shutting down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncWaitAbandoned;

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use actix::prelude::*;
 
 use crate::messages::*;
-use crate::status::{lock, SharedStatus};
+use crate::status::{lock, SharedStatus, WalSenderState};
+use crate::syncrep::{decide, StandbyPositions, SyncStandbyNames, Waiters};
 use crate::WalSender;
 
 struct Entry {
@@ -22,6 +23,8 @@ struct Entry {
 
 pub struct WalSenderRegistry {
     max_wal_senders: usize,
+    sync: Option<SyncStandbyNames>,
+    waiters: Waiters<tokio::sync::oneshot::Sender<()>>,
     connections: BTreeMap<u32, Entry>,
     /// Answered when `connections` becomes empty during shutdown.
     shutdown_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
@@ -32,6 +35,8 @@ impl WalSenderRegistry {
     pub fn new(max_wal_senders: usize) -> WalSenderRegistry {
         WalSenderRegistry {
             max_wal_senders,
+            sync: None,
+            waiters: Waiters::default(),
             connections: BTreeMap::new(),
             shutdown_waiters: Vec::new(),
             shutting_down: None,
@@ -43,6 +48,41 @@ impl WalSenderRegistry {
             .values()
             .filter(|e| e.status.is_some())
             .count()
+    }
+
+    /// Decides each walsender's `sync_state` and releases the appends the synchronous
+    /// standbys now cover. Runs on every event that can change either: a reply, a walsender
+    /// coming or going, a new setting.
+    fn recompute(&mut self) {
+        let mut standbys = Vec::new();
+        for (pid, e) in &self.connections {
+            if let Some(st) = &e.status {
+                let st = lock(st);
+                standbys.push(StandbyPositions {
+                    pid: *pid,
+                    application_name: st.application_name.clone(),
+                    streaming: st.state == WalSenderState::Streaming,
+                    write: st.write_lsn.unwrap_or_default(),
+                    flush: st.flush_lsn.unwrap_or_default(),
+                    apply: st.replay_lsn.unwrap_or_default(),
+                });
+            }
+        }
+        let decision = decide(self.sync.as_ref(), &standbys);
+        for (pid, (priority, state)) in &decision.states {
+            if let Some(st) = self.connections.get(pid).and_then(|e| e.status.as_ref()) {
+                let mut st = lock(st);
+                st.sync_priority = *priority;
+                if st.sync_state != *state {
+                    st.sync_state = state.to_string();
+                }
+            }
+        }
+        if let Some(p) = decision.positions {
+            for w in self.waiters.release(p) {
+                let _ = w.send(());
+            }
+        }
     }
 
     fn wake_if_empty(&mut self) {
@@ -94,6 +134,7 @@ impl Handler<RegisterWalSender> for WalSenderRegistry {
         if let Some(e) = self.connections.get_mut(&msg.pid) {
             e.status = Some(msg.status);
         }
+        self.recompute();
         Ok(())
     }
 }
@@ -102,7 +143,8 @@ impl Handler<StatusChanged> for WalSenderRegistry {
     type Result = ();
 
     fn handle(&mut self, _: StatusChanged, _: &mut Context<Self>) {
-        // The facts are in the shared status; synchronous replication will act on this event.
+        // The facts are in the shared status.
+        self.recompute();
     }
 }
 
@@ -111,6 +153,7 @@ impl Handler<ConnectionClosed> for WalSenderRegistry {
 
     fn handle(&mut self, msg: ConnectionClosed, _: &mut Context<Self>) {
         self.connections.remove(&msg.pid);
+        self.recompute();
         self.wake_if_empty();
     }
 }
@@ -168,5 +211,38 @@ impl Handler<CountConnections> for WalSenderRegistry {
 
     fn handle(&mut self, _: CountConnections, _: &mut Context<Self>) -> usize {
         self.connections.len()
+    }
+}
+
+impl Handler<SetSyncStandbyNames> for WalSenderRegistry {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetSyncStandbyNames, _: &mut Context<Self>) {
+        self.sync = msg.0;
+        if self.sync.is_none() {
+            // No synchronous standbys any more: nobody waits (PostgreSQL wakes them all).
+            for w in self.waiters.release_all() {
+                let _ = w.send(());
+            }
+        }
+        self.recompute();
+    }
+}
+
+impl Handler<WaitForSync> for WalSenderRegistry {
+    type Result = ResponseFuture<Result<(), SyncWaitAbandoned>>;
+
+    fn handle(&mut self, msg: WaitForSync, _: &mut Context<Self>) -> Self::Result {
+        if self.sync.is_none() {
+            return Box::pin(async { Ok(()) });
+        }
+        // Appends that gave up (synchronous_wait_timeout) leave closed senders behind.
+        if self.waiters.len() >= 1024 {
+            self.waiters.retain(|w| !w.is_closed());
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.waiters.push(msg.level, msg.lsn, tx);
+        self.recompute();
+        Box::pin(async move { rx.await.map_err(|_| SyncWaitAbandoned) })
     }
 }

@@ -1,0 +1,465 @@
+//! Synchronous replication, durability levels and applying on standbys, end to end over real
+//! sockets: PostgreSQL's 007_sync_rep scenarios as status, appends held until the chosen
+//! standbys confirm, reloads that release them, synchronous_wait_timeout, remote_apply
+//! through a standby's application, pg_receivewal as a synchronous standby, and kill -9 of
+//! the primary during synchronous appends.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use futures_util::StreamExt;
+use supervisor_actor::{AppendError, AppendRecords, Durability, Follow, Reconfigure, RecordEvent};
+use wal_storage::Lsn;
+
+/// A walserver standby of `upstream` named `name` (its application_name upstream).
+fn standby_of(upstream: &TestNode, name: &str, extra: &str) -> TestNode {
+    let dir = tempfile::tempdir().unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=repl application_name={name}",
+        upstream.addr().port()
+    );
+    walserver::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
+        .expect("init standby");
+    TestNode::start_in(dir, extra)
+}
+
+fn append(node: &TestNode, payload: &[u8], durability: Durability) -> Result<Lsn, AppendError> {
+    let msg = AppendRecords {
+        records: vec![Bytes::copy_from_slice(payload)],
+        durability: Some(durability),
+    };
+    futures_executor::block_on(node.node.supervisor.send(msg))
+        .expect("supervisor")
+        .map(|a| a.end_lsn)
+}
+
+/// Appends in a thread; the result arrives on the channel.
+fn append_in_background(
+    node: &TestNode,
+    payload: &'static [u8],
+    durability: Durability,
+) -> mpsc::Receiver<Result<Lsn, String>> {
+    let (tx, rx) = mpsc::channel();
+    let sup = node.node.supervisor.clone();
+    std::thread::spawn(move || {
+        let msg = AppendRecords {
+            records: vec![Bytes::from_static(payload)],
+            durability: Some(durability),
+        };
+        let r = futures_executor::block_on(sup.send(msg)).expect("supervisor");
+        let _ = tx.send(r.map(|a| a.end_lsn).map_err(|e| e.to_string()));
+    });
+    rx
+}
+
+fn sync_row(node: &TestNode, name: &str) -> (u64, String) {
+    let s = node.http_get("/status");
+    let row = s["replication"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["application_name"] == name)
+        .unwrap_or_else(|| panic!("no walsender for {name}: {s}"))
+        .clone();
+    (
+        row["sync_priority"].as_u64().unwrap(),
+        row["sync_state"].as_str().unwrap().to_string(),
+    )
+}
+
+fn wait_streaming(node: &TestNode, names: &[&str]) {
+    wait_until("standbys streaming", || {
+        let s = node.http_get("/status");
+        names.iter().all(|n| {
+            s["replication"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["application_name"] == *n && r["state"] == "streaming")
+        })
+    });
+}
+
+#[test]
+fn sync_state_and_priority_follow_the_setting() {
+    let primary = TestNode::primary("synchronous_standby_names = 'FIRST 1 (s1, s2)'");
+    let s1 = standby_of(&primary, "s1", "");
+    let s2 = standby_of(&primary, "s2", "");
+    let s3 = standby_of(&primary, "s3", "");
+    wait_streaming(&primary, &["s1", "s2", "s3"]);
+    append(&primary, b"x", Durability::On).unwrap();
+    assert_eq!(sync_row(&primary, "s1"), (1, "sync".into()));
+    assert_eq!(sync_row(&primary, "s2"), (2, "potential".into()));
+    assert_eq!(sync_row(&primary, "s3"), (0, "async".into()));
+    // The sync standby leaves: the potential one takes over.
+    drop(s1);
+    wait_until("s2 to become sync", || {
+        sync_row(&primary, "s2") == (2, "sync".into())
+    });
+    // Quorum with "*", by reload.
+    reconfigure(&primary, "ANY 2 (*)");
+    wait_until("quorum states", || {
+        sync_row(&primary, "s2") == (1, "quorum".into())
+            && sync_row(&primary, "s3") == (1, "quorum".into())
+    });
+    append(&primary, b"y", Durability::On).unwrap();
+    drop((s2, s3));
+}
+
+/// Applies a new synchronous_standby_names as a reload would.
+fn reconfigure(node: &TestNode, names: &str) {
+    let mut settings = node.settings.clone();
+    settings.synchronous_standby_names = names.to_string();
+    let msg = Reconfigure {
+        walsender: (*node.node.shared.settings()).clone(),
+        max_wal_senders: settings.max_wal_senders,
+        receiver: None,
+        sync: walserver::server::sync_settings(&settings).unwrap(),
+    };
+    futures_executor::block_on(node.node.supervisor.send(msg)).unwrap();
+}
+
+#[test]
+fn an_append_waits_for_the_only_sync_standby_and_completes_when_it_returns() {
+    let primary =
+        TestNode::primary("synchronous_standby_names = 'ANY 1 (s1)'\nwal_keep_size = '64MB'");
+    let s1 = standby_of(&primary, "s1", "");
+    wait_streaming(&primary, &["s1"]);
+    let end = append(&primary, b"first", Durability::On).unwrap();
+    assert!(
+        s1.wal().flushed() >= end,
+        "acknowledged before the standby flushed it"
+    );
+    // The standby goes away: a remote-flush append does not complete.
+    let dir = s1.stop();
+    let pending = append_in_background(&primary, b"second", Durability::On);
+    assert!(
+        pending.recv_timeout(Duration::from_millis(500)).is_err(),
+        "completed without its standby"
+    );
+    // local appends still complete.
+    append(&primary, b"local", Durability::Local).unwrap();
+    // Back: the append completes as soon as the standby has confirmed it.
+    let s1 = TestNode::start_in(dir, "");
+    let end = pending
+        .recv_timeout(DEADLINE)
+        .expect("append never completed")
+        .unwrap();
+    assert!(s1.wal().flushed() >= end);
+}
+
+#[test]
+fn synchronous_wait_timeout_fails_with_a_distinct_error() {
+    let primary =
+        TestNode::primary("synchronous_standby_names = 's1'\nsynchronous_wait_timeout = '200ms'");
+    match append(&primary, b"x", Durability::On) {
+        Err(AppendError::NotConfirmed {
+            end_lsn,
+            durability,
+        }) => {
+            assert_eq!(durability, Durability::On);
+            assert!(primary.wal().flushed() >= end_lsn, "it is durable locally");
+        }
+        other => panic!("expected NotConfirmed, got {other:?}"),
+    }
+    // The error says what happened, for people.
+    let e = append(&primary, b"x", Durability::RemoteWrite)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("durable locally") && e.contains("synchronous_wait_timeout"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_reload_releases_the_waiters_it_satisfies() {
+    let primary = TestNode::primary("synchronous_standby_names = 'FIRST 1 (nobody)'");
+    let a = standby_of(&primary, "a", "");
+    wait_streaming(&primary, &["a"]);
+    let pending = append_in_background(&primary, b"held", Durability::On);
+    assert!(pending.recv_timeout(Duration::from_millis(300)).is_err());
+    // Naming the connected standby releases the append.
+    reconfigure(&primary, "a");
+    pending
+        .recv_timeout(DEADLINE)
+        .expect("not released by the reload")
+        .unwrap();
+    assert_eq!(sync_row(&primary, "a"), (1, "sync".into()));
+    // Turning synchronous replication off releases everyone.
+    reconfigure(&primary, "nobody");
+    let pending = append_in_background(&primary, b"held again", Durability::On);
+    assert!(pending.recv_timeout(Duration::from_millis(300)).is_err());
+    reconfigure(&primary, "");
+    pending
+        .recv_timeout(DEADLINE)
+        .expect("not released when turned off")
+        .unwrap();
+    drop(a);
+}
+
+#[test]
+fn remote_apply_waits_for_the_standbys_application() {
+    let primary = TestNode::primary("synchronous_standby_names = 's1'\nwal_keep_size = '64MB'");
+    let s1 = standby_of(&primary, "s1", "");
+    wait_streaming(&primary, &["s1"]);
+    // The standby's application: applies records and reports them, on its own thread.
+    let start = s1.wal().flushed();
+    // Registering as the applier: from this report on, the standby tells its upstream the
+    // application's position as apply, instead of its flush position.
+    s1.node.report_applied(start);
+    let node = s1.node.clone();
+    let (applied_tx, applied_rx) = mpsc::channel::<Vec<u8>>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let mut records = Box::pin(node.records(start, Follow::Forever));
+            while let Some(ev) = records.next().await {
+                if let Ok(RecordEvent::Record { end, payload, .. }) = ev {
+                    // Apply only when told to, so the test can see the append wait.
+                    let _ = go_rx.recv();
+                    let _ = applied_tx.send(payload.to_vec());
+                    node.report_applied(end);
+                }
+            }
+        });
+    });
+    let pending = append_in_background(&primary, b"apply me", Durability::RemoteApply);
+    // Flushed on the standby, but not applied: the append waits.
+    assert!(
+        pending.recv_timeout(Duration::from_millis(500)).is_err(),
+        "remote_apply did not wait for the application"
+    );
+    go_tx.send(()).unwrap();
+    assert_eq!(applied_rx.recv_timeout(DEADLINE).unwrap(), b"apply me");
+    pending
+        .recv_timeout(DEADLINE)
+        .expect("remote_apply append never completed")
+        .unwrap();
+}
+
+fn walserver_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_walserver")
+}
+
+/// pg_receivewal with --synchronous and a slot is a synchronous standby of a walserver
+/// primary: it reports flush, and remote-flush appends complete through it.
+#[test]
+fn pg_receivewal_is_accepted_as_a_synchronous_standby() {
+    let bin = pg_testkit::PgBin::require();
+    let primary = TestNode::primary(
+        "synchronous_standby_names = 'pg_receivewal'\nsynchronous_wait_timeout = '20s'",
+    );
+    let port = primary.addr().port().to_string();
+    let out = Command::new(bin.tool("pg_receivewal"))
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            "repl",
+            "--no-password",
+            "--create-slot",
+            "--slot",
+            "sync1",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(bin.tool("pg_receivewal"))
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            "repl",
+            "--no-password",
+            "--slot",
+            "sync1",
+            "--synchronous",
+            "-D",
+        ])
+        .arg(dir.path())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_streaming(&primary, &["pg_receivewal"]);
+    for i in 0..20u8 {
+        let end =
+            append(&primary, &[i; 1000], Durability::On).expect("append through pg_receivewal");
+        assert!(end.is_valid());
+    }
+    assert_eq!(sync_row(&primary, "pg_receivewal"), (1, "sync".into()));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+struct Proc {
+    child: Child,
+    http: String,
+}
+
+fn spawn_node(config: &Path, log: &Path) -> Proc {
+    let text = std::fs::read_to_string(config).unwrap();
+    let http = text
+        .lines()
+        .find_map(|l| l.strip_prefix("http_listen = "))
+        .unwrap()
+        .trim_matches('"')
+        .to_string();
+    let child = Command::new(walserver_bin())
+        .args(["run", "--config"])
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .unwrap(),
+        )
+        .spawn()
+        .unwrap();
+    // The node is up when its admin API answers.
+    wait_until("the node to answer", || {
+        walserver::cli::get_json(&http, "/status", None).is_ok()
+    });
+    Proc { child, http }
+}
+
+/// kill -9 of the primary while clients append with remote flush, 20 times: every append
+/// that was acknowledged is on the restarted primary and on the synchronous standby.
+#[test]
+fn kill_9_of_the_primary_loses_no_acknowledged_synchronous_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let p_data = dir.path().join("p");
+    walserver::init::init_primary(&p_data, 1 << 20).unwrap();
+    let port = |()| pg_testkit::free_port();
+    let (p_port, p_http, s_port, s_http) = (port(()), port(()), port(()), port(()));
+    let p_conf = dir.path().join("p.toml");
+    std::fs::write(
+        &p_conf,
+        format!(
+            "data_dir = {:?}\nlisten = \"127.0.0.1:{p_port}\"\nhttp_listen = \"127.0.0.1:{p_http}\"\nsynchronous_standby_names = 's1'\nwal_keep_size = '1GB'\n",
+            p_data.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut primary = spawn_node(&p_conf, &dir.path().join("p.log"));
+    let s_data = dir.path().join("s");
+    walserver::init::init_standby(
+        &s_data,
+        &format!("host=127.0.0.1 port={p_port} user=repl application_name=s1"),
+        None,
+        None,
+    )
+    .unwrap();
+    let s_conf = dir.path().join("s.toml");
+    std::fs::write(
+        &s_conf,
+        format!(
+            "data_dir = {:?}\nlisten = \"127.0.0.1:{s_port}\"\nhttp_listen = \"127.0.0.1:{s_http}\"\nwal_keep_size = '1GB'\n",
+            s_data.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut standby = spawn_node(&s_conf, &dir.path().join("s.log"));
+    let mut acked: Vec<Vec<u8>> = Vec::new();
+    for round in 0..20u32 {
+        // Four clients append until the primary dies under them.
+        let (tx, rx) = mpsc::channel::<Vec<u8>>();
+        let clients: Vec<_> = (0..4u32)
+            .map(|c| {
+                let tx = tx.clone();
+                let http = primary.http.clone();
+                std::thread::spawn(move || {
+                    for seq in 0.. {
+                        let payload = format!("round {round} client {c} seq {seq}").into_bytes();
+                        let body = walserver::http::join_records([payload.as_slice()]);
+                        let url = format!("http://{http}/wal?durability=on");
+                        let ok = ureq::post(&url)
+                            .header("Content-Type", walserver::http::RECORDS_CONTENT_TYPE)
+                            .send(&body[..])
+                            .is_ok_and(|r| r.status().is_success());
+                        if !ok {
+                            return;
+                        }
+                        let _ = tx.send(payload);
+                    }
+                })
+            })
+            .collect();
+        drop(tx);
+        // Kill after some acknowledgements.
+        let first: Vec<Vec<u8>> = rx.iter().take(5 + round as usize).collect();
+        primary.child.kill().unwrap(); // SIGKILL
+        primary.child.wait().unwrap();
+        for c in clients {
+            c.join().unwrap();
+        }
+        acked.extend(first);
+        acked.extend(rx.try_iter());
+        primary = spawn_node(&p_conf, &dir.path().join("p.log"));
+    }
+    // Let the standby catch up with the restarted primary, then compare.
+    let primary_records = read_all(&primary.http);
+    wait_until("the standby to catch up", || {
+        read_all(&standby.http).len() >= primary_records.len()
+    });
+    let standby_records: HashSet<Vec<u8>> = read_all(&standby.http).into_iter().collect();
+    let primary_records: HashSet<Vec<u8>> = primary_records.into_iter().collect();
+    for a in &acked {
+        assert!(
+            primary_records.contains(a),
+            "acknowledged append lost on the primary: {}",
+            String::from_utf8_lossy(a)
+        );
+        assert!(
+            standby_records.contains(a),
+            "acknowledged append missing on the standby: {}",
+            String::from_utf8_lossy(a)
+        );
+    }
+    eprintln!(
+        "{} acknowledged synchronous appends survived 20 kill -9 of the primary",
+        acked.len()
+    );
+    standby.child.kill().unwrap();
+    primary.child.kill().unwrap();
+}
+
+/// Every record a node holds, from the start of its WAL.
+fn read_all(http: &str) -> Vec<Vec<u8>> {
+    use base64::Engine as _;
+    let mut resp = ureq::get(&format!("http://{http}/wal?from=0/100000"))
+        .call()
+        .unwrap();
+    let text = resp.body_mut().read_to_string().unwrap();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            v["data"]
+                .as_str()
+                .map(|d| base64::engine::general_purpose::STANDARD.decode(d).unwrap())
+        })
+        .collect()
+}

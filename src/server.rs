@@ -37,26 +37,15 @@ pub fn resolve_addr(text: &str, what: &str) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("{what} address {text:?} resolves to nothing"))
 }
 
-/// The values SHOW answers, in PostgreSQL's spelling and formatting.
+/// The values SHOW answers, in PostgreSQL's spelling and formatting: the storage's facts
+/// (`walsender_actor::session::base_show_values`) and the replication knobs users ask for.
 pub fn show_values(
     s: &Settings,
     segment_size: u64,
     wal_format: wal_storage::WalFormat,
 ) -> Vec<(String, String)> {
     let v = |n: &str, val: String| (n.to_string(), val);
-    vec![
-        v("wal_segment_size", format_size(segment_size)),
-        v("data_directory_mode", "0700".into()),
-        v("server_version", SERVER_VERSION.into()),
-        v("server_version_num", "150000".into()),
-        v("server_encoding", "UTF8".into()),
-        v("client_encoding", "UTF8".into()),
-        v("integer_datetimes", "on".into()),
-        v("TimeZone", "Etc/UTC".into()),
-        v("DateStyle", "ISO, MDY".into()),
-        v("block_size", "8192".into()),
-        v("wal_block_size", "8192".into()),
-        v("wal_level", "replica".into()),
+    let knobs = vec![
         v("max_wal_senders", s.max_wal_senders.to_string()),
         v("wal_sender_timeout", format_duration(s.wal_sender_timeout)),
         v("wal_keep_size", format_size(s.wal_keep_size)),
@@ -83,8 +72,11 @@ pub fn show_values(
             s.primary_slot_name.clone().unwrap_or_default(),
         ),
         v("cluster_name", s.cluster_name.clone().unwrap_or_default()),
-        v("wal_format", wal_format.to_string()),
-    ]
+    ];
+    walsender_actor::session::merge_show_values(
+        walsender_actor::session::base_show_values(segment_size, wal_format),
+        &knobs,
+    )
 }
 
 /// The walsender settings a configuration gives.

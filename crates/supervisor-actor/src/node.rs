@@ -197,6 +197,14 @@ impl NodeBuilder {
             walsender.auth = Arc::new(auth);
         }
         walsender.in_hot_standby = standby.is_some();
+        // Every node answers the SHOWs its storage decides, whatever else was configured.
+        let base = walsender_actor::session::base_show_values(wal.segment_size(), wal.format());
+        let mut session = (*walsender.session).clone();
+        session.show = Arc::new(walsender_actor::session::merge_show_values(
+            base,
+            &session.show,
+        ));
+        walsender.session = Arc::new(session);
         let registry = WalSenderRegistry::new(max_wal_senders).start();
         let shared = Shared::new(
             wal.clone(),

@@ -54,6 +54,53 @@ impl Default for SessionConfig {
     }
 }
 
+/// The SHOW values every walserver node answers, from facts of its storage: what PostgreSQL
+/// 15's clients ask for (pg_receivewal: `wal_segment_size`, `data_directory_mode`) and what
+/// identifies the server. Configured values are laid over these.
+pub fn base_show_values(
+    segment_size: u64,
+    wal_format: wal_storage::WalFormat,
+) -> Vec<(String, String)> {
+    let size = if segment_size % (1 << 30) == 0 {
+        format!("{}GB", segment_size >> 30)
+    } else {
+        format!("{}MB", segment_size >> 20)
+    };
+    [
+        ("wal_segment_size", size.as_str()),
+        ("data_directory_mode", "0700"),
+        ("server_version", crate::SERVER_VERSION),
+        ("server_version_num", "150000"),
+        ("server_encoding", "UTF8"),
+        ("client_encoding", "UTF8"),
+        ("integer_datetimes", "on"),
+        ("TimeZone", "Etc/UTC"),
+        ("DateStyle", "ISO, MDY"),
+        ("block_size", "8192"),
+        ("wal_block_size", "8192"),
+        ("wal_level", "replica"),
+        ("wal_format", &wal_format.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// `base` with `overrides` laid over it, names compared case-insensitively.
+pub fn merge_show_values(
+    base: Vec<(String, String)>,
+    overrides: &[(String, String)],
+) -> Vec<(String, String)> {
+    let mut out = base;
+    for (k, v) in overrides {
+        match out.iter_mut().find(|(n, _)| n.eq_ignore_ascii_case(k)) {
+            Some(slot) => slot.1 = v.clone(),
+            None => out.push((k.clone(), v.clone())),
+        }
+    }
+    out
+}
+
 /// How the server is going down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShutdownMode {

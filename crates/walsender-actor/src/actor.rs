@@ -57,12 +57,18 @@ pub struct WalSender {
 }
 
 impl WalSender {
-    pub fn new(pid: u32, stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) -> WalSender {
+    /// A walsender for an accepted connection; with `None` it stops as soon as it starts.
+    pub fn new(
+        pid: u32,
+        stream: Option<TcpStream>,
+        peer: SocketAddr,
+        shared: Arc<Shared>,
+    ) -> WalSender {
         WalSender {
             pid,
             peer,
             shared,
-            stream: Some(stream),
+            stream,
             handshake_shutdown: None,
             session: None,
             frames: None,
@@ -352,6 +358,10 @@ impl Actor for WalSender {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(256);
+        self.shared.registry.do_send(ConnectionOpened {
+            pid: self.pid,
+            addr: ctx.address(),
+        });
         let Some(stream) = self.stream.take() else {
             ctx.stop();
             return;

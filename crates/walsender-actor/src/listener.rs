@@ -67,9 +67,10 @@ impl Handler<Accepted> for Listener {
         let pid = self.next_pid;
         self.next_pid = self.next_pid.wrapping_add(1).max(1);
         let shared = self.shared.clone();
-        let registry = shared.registry.clone();
-        let addr = if self.arbiters.is_empty() {
-            WalSender::new(pid, stream, peer, shared).start()
+        // The walsender announces itself to the registry from its own context, so its later
+        // messages (registration, close) can never overtake that announcement.
+        if self.arbiters.is_empty() {
+            WalSender::new(pid, Some(stream), peer, shared).start();
         } else {
             let arbiter = &self.arbiters[self.next_arbiter % self.arbiters.len()];
             self.next_arbiter += 1;
@@ -82,13 +83,15 @@ impl Handler<Accepted> for Listener {
                     return;
                 }
             };
-            WalSender::start_in_arbiter(arbiter, move |_| {
-                let stream = TcpStream::from_std(std_stream)
-                    .expect("a connected socket registers with the arbiter's runtime");
-                WalSender::new(pid, stream, peer, shared)
-            })
-        };
-        registry.do_send(ConnectionOpened { pid, addr });
+            WalSender::start_in_arbiter(arbiter, move |_| match TcpStream::from_std(std_stream) {
+                Ok(stream) => WalSender::new(pid, Some(stream), peer, shared),
+                Err(e) => {
+                    // Out of resources: the walsender stops at once and the socket closes.
+                    tracing::warn!(%peer, "cannot register a connection with its arbiter: {e}");
+                    WalSender::new(pid, None, peer, shared)
+                }
+            });
+        }
     }
 }
 

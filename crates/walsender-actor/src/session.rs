@@ -61,7 +61,7 @@ pub fn base_show_values(
     segment_size: u64,
     wal_format: wal_storage::WalFormat,
 ) -> Vec<(String, String)> {
-    let size = if segment_size % (1 << 30) == 0 {
+    let size = if segment_size.is_multiple_of(1 << 30) {
         format!("{}GB", segment_size >> 30)
     } else {
         format!("{}MB", segment_size >> 20)

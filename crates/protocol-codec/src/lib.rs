@@ -20,6 +20,13 @@
 //! machine (when to switch codecs, when to start TLS, which hba rule applies) is the
 //! walsender's and walreceiver's.
 //!
+//! Errors, one type per concern, because each is reported to a different audience:
+//! [`CodecError`] (the peer broke the protocol: FATAL 08P01 and close),
+//! [`command::CommandError`] (a bad command: ERROR 42601/42602 and the session goes on),
+//! [`auth::AuthError`] (FATAL 28P01/28000/08P01, without telling the client why),
+//! [`tls::TlsError`] and [`conninfo::ConnInfoError`] (local configuration, for the operator).
+//! Each knows its SQLSTATE where one applies.
+//!
 //! Invariants: decoding never panics on input bytes and never allocates more than the
 //! configured limit for one message; XLogData's WAL bytes are never copied on decode (they are
 //! `Bytes` slices of the read buffer) and copied once on encode.

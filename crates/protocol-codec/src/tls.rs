@@ -71,6 +71,12 @@ impl SslMode {
     }
 }
 
+impl std::fmt::Display for SslMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Why a TLS configuration could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {

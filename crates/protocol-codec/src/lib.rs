@@ -38,6 +38,8 @@ pub mod conninfo;
 mod error;
 pub mod messages;
 pub mod results;
+#[cfg(test)]
+mod test_util;
 pub mod tls;
 mod wire;
 

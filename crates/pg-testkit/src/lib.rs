@@ -143,6 +143,9 @@ pub struct PgOptions {
     /// `pg_hba.conf` lines, after two that let the `postgres` superuser in over loopback
     /// without a password (for [`PgCluster::psql`]).
     pub hba: Vec<String>,
+    /// Files to write into the data directory before the server starts (certificates and
+    /// keys for `ssl = on`, say), readable only by the server's user.
+    pub files: Vec<(String, Vec<u8>)>,
 }
 
 impl PgOptions {
@@ -153,6 +156,11 @@ impl PgOptions {
 
     pub fn hba(mut self, line: impl Into<String>) -> PgOptions {
         self.hba.push(line.into());
+        self
+    }
+
+    pub fn file(mut self, name: impl Into<String>, contents: impl Into<Vec<u8>>) -> PgOptions {
+        self.files.push((name.into(), contents.into()));
         self
     }
 }
@@ -199,6 +207,7 @@ impl PgCluster {
         conf.extend(opts.conf.iter().cloned());
         cluster.append_file("postgresql.conf", &conf);
         cluster.write_hba(opts);
+        cluster.write_files(opts);
 
         let mut cluster = cluster;
         cluster.start();
@@ -228,6 +237,7 @@ impl PgCluster {
         conf.extend(opts.conf.iter().cloned());
         cluster.append_file("postgresql.conf", &conf);
         cluster.write_hba(opts);
+        cluster.write_files(opts);
         if let Some(ci) = primary_conninfo {
             cluster.append_file(
                 "postgresql.auto.conf",
@@ -255,6 +265,22 @@ impl PgCluster {
             dir,
             port: free_port(),
             running: false,
+        }
+    }
+
+    /// Writes `opts.files` into the data directory with mode 0600, owned by the server's
+    /// user (PostgreSQL refuses a private key others can read).
+    fn write_files(&self, opts: &PgOptions) {
+        use std::os::unix::fs::PermissionsExt;
+        for (name, contents) in &opts.files {
+            let path = self.data_dir().join(name);
+            fs::write(&path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).expect("chmod 0600");
+            if is_root() {
+                let mut chown = Command::new("chown");
+                chown.arg("postgres:postgres").arg(&path);
+                run(chown, "chown a data directory file to postgres");
+            }
         }
     }
 

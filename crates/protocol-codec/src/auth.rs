@@ -660,12 +660,14 @@ impl ClientAuthenticator {
                             mechanisms.join(", ")
                         )))
                     }
+                    // No TLS, or TLS to a server that can bind while we cannot: "n,,".
                     ChannelBindingMode::NoTls => {
                         (SCRAM_SHA_256, ScramClient::without_binding(password))
                     }
                     _ if offers(SCRAM_SHA_256_PLUS) => {
                         (SCRAM_SHA_256, ScramClient::without_binding(password))
                     }
+                    // TLS to a server that cannot bind: "y,,".
                     _ => (SCRAM_SHA_256, ScramClient::new(password, true)),
                 };
                 let data = bytes::Bytes::copy_from_slice(client.client_first());

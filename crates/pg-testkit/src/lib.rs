@@ -13,8 +13,14 @@
 //! postmaster's own readiness report, and [`PgCluster::wait_for`] re-runs a query until a
 //! deadline (a standby catching up has no other signal to wait on).
 //!
+//! TLS: [`TestPki`] makes a throwaway CA and server certificate.
+//!
 //! Standbys: [`PgCluster::init_standby_from`] makes one with `pg_basebackup -R`, optionally
 //! pointing its `primary_conninfo` elsewhere (at a walserver, say).
+
+mod pki;
+
+pub use pki::{PkiFiles, TestPki};
 
 use std::fs;
 use std::net::TcpListener;

@@ -345,38 +345,30 @@ impl ServerCertVerifier for AnyServerCert {
 mod tests {
     use std::io::{Read, Write};
 
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    use pg_testkit::{PkiFiles, TestPki};
+    use rcgen::{CertificateParams, KeyPair};
     use rustls::{ClientConnection, ServerConnection};
 
     use super::*;
 
-    /// A CA and a server certificate for `localhost` signed by it, as PEM files.
+    /// A CA and a server certificate for `localhost`, and an unrelated CA, as files.
     struct Pki {
         dir: tempfile::TempDir,
+        files: PkiFiles,
+        other_root: PathBuf,
     }
 
     impl Pki {
         fn new() -> Pki {
             let dir = tempfile::tempdir().unwrap();
-            let ca_key = KeyPair::generate().unwrap();
-            let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-            ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-            ca.distinguished_name
-                .push(DnType::CommonName, "walserver test CA");
-            let ca_cert = ca.clone().self_signed(&ca_key).unwrap();
-            let key = KeyPair::generate().unwrap();
-            let leaf = CertificateParams::new(vec!["localhost".to_string()])
-                .unwrap()
-                .signed_by(&key, &ca_cert, &ca_key)
-                .unwrap();
-            // A second, unrelated CA, for "wrong root" checks.
-            let other_key = KeyPair::generate().unwrap();
-            let other = ca.self_signed(&other_key).unwrap();
-            std::fs::write(dir.path().join("root.crt"), ca_cert.pem()).unwrap();
-            std::fs::write(dir.path().join("other.crt"), other.pem()).unwrap();
-            std::fs::write(dir.path().join("server.crt"), leaf.pem()).unwrap();
-            std::fs::write(dir.path().join("server.key"), key.serialize_pem()).unwrap();
-            Pki { dir }
+            let files = TestPki::new(&["localhost"]).write_to(dir.path());
+            let other_root = dir.path().join("other.crt");
+            std::fs::write(&other_root, TestPki::new(&["localhost"]).root_pem).unwrap();
+            Pki {
+                dir,
+                files,
+                other_root,
+            }
         }
 
         fn path(&self, name: &str) -> PathBuf {
@@ -384,7 +376,7 @@ mod tests {
         }
 
         fn server(&self) -> Arc<ServerConfig> {
-            server_config(&self.path("server.crt"), &self.path("server.key")).unwrap()
+            server_config(&self.files.cert, &self.files.key).unwrap()
         }
     }
 
@@ -429,8 +421,8 @@ mod tests {
     #[test]
     fn sslmodes() {
         let pki = Pki::new();
-        let root = pki.path("root.crt");
-        let other = pki.path("other.crt");
+        let root = pki.files.root.clone();
+        let other = pki.other_root.clone();
         let cfg = |mode, root: Option<&Path>| client_config(mode, root).unwrap().unwrap();
 
         assert!(client_config(SslMode::Disable, None).unwrap().is_none());

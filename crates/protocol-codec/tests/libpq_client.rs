@@ -12,7 +12,7 @@ use std::thread;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use pg_testkit::PgBin;
+use pg_testkit::{PgBin, TestPki};
 use protocol_codec::auth::{make_scram_verifier, ScramServer};
 use protocol_codec::command::{parse_command, ReplicationCommand};
 use protocol_codec::messages::{
@@ -209,31 +209,13 @@ fn run_psql(
 
 #[test]
 fn libpq_logs_in_over_tls_and_plaintext() {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     let dir = tempfile::tempdir().unwrap();
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "walserver test CA");
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .signed_by(&key, &ca_cert, &ca_key)
-        .unwrap();
-    let path = |n: &str| dir.path().join(n);
-    std::fs::write(path("root.crt"), ca_cert.pem()).unwrap();
-    std::fs::write(path("server.crt"), leaf.pem()).unwrap();
-    std::fs::write(path("server.key"), key.serialize_pem()).unwrap();
-    let config = tls::server_config(&path("server.crt"), &path("server.key")).unwrap();
+    let files = TestPki::new(&["localhost"]).write_to(dir.path());
+    let config = tls::server_config(&files.cert, &files.key).unwrap();
 
     // verify-full over our TLS: libpq checks our certificate and sends y,, because we do not
     // offer SCRAM-SHA-256-PLUS; our server accepts that.
-    let verify_full = format!(
-        "sslmode=verify-full sslrootcert={}",
-        path("root.crt").display()
-    );
+    let verify_full = format!("sslmode=verify-full sslrootcert={}", files.root.display());
     let (out, gs2) = run_psql(
         Some(config.clone()),
         &verify_full,

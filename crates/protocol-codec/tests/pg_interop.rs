@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use pg_testkit::{PgCluster, PgOptions};
+use pg_testkit::{PgCluster, PgOptions, TestPki};
 use protocol_codec::auth::{
     make_scram_verifier, ChannelBindingMode, ClientAuthenticator, ScramClient, ScramServer,
 };
@@ -418,36 +418,9 @@ fn scram_verifiers_cross_check() {
     assert!(run("Secret").is_err());
 }
 
-/// A CA and a `localhost` server certificate signed by it, as PEM.
-struct TestPki {
-    root_pem: String,
-    cert_pem: String,
-    key_pem: String,
-}
-
-fn test_pki() -> TestPki {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "walserver test CA");
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .signed_by(&key, &ca_cert, &ca_key)
-        .unwrap();
-    TestPki {
-        root_pem: ca_cert.pem(),
-        cert_pem: leaf.pem(),
-        key_pem: key.serialize_pem(),
-    }
-}
-
 #[test]
 fn tls_sslmodes_and_scram_channel_binding() {
-    let pki = test_pki();
+    let pki = TestPki::new(&["localhost"]);
     let pg = PgCluster::init_primary(
         &PgOptions::default()
             .file("server.crt", pki.cert_pem.as_bytes())
@@ -512,6 +485,6 @@ fn tls_sslmodes_and_scram_channel_binding() {
     assert!(Conn::connect_tls(&pg, SslMode::VerifyFull, Some(&root), "127.0.0.1").is_err());
     Conn::connect_tls(&pg, SslMode::VerifyCa, Some(&root), "127.0.0.1").unwrap();
     let other = dir.path().join("other.crt");
-    std::fs::write(&other, test_pki().root_pem).unwrap();
+    std::fs::write(&other, TestPki::new(&["localhost"]).root_pem).unwrap();
     assert!(Conn::connect_tls(&pg, SslMode::VerifyCa, Some(&other), "localhost").is_err());
 }

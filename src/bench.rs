@@ -48,7 +48,11 @@ impl ReplClient {
             &mut out,
         )?;
         c.stream.write_all(&out)?;
-        let mut auth = ClientAuthenticator::new(user, password, false);
+        let mut auth = ClientAuthenticator::new(
+            user,
+            password,
+            protocol_codec::auth::ChannelBindingMode::NoTls,
+        );
         loop {
             match c.recv()? {
                 BackendMessage::Authentication(req) => {

@@ -199,7 +199,11 @@ impl PgConn {
         user: &str,
         password: Option<&str>,
     ) -> Result<(), BackendMessage> {
-        let mut auth = ClientAuthenticator::new(user, password, false);
+        let mut auth = ClientAuthenticator::new(
+            user,
+            password,
+            protocol_codec::auth::ChannelBindingMode::NoTls,
+        );
         loop {
             match self.recv() {
                 BackendMessage::Authentication(req) => {

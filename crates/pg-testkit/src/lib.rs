@@ -9,8 +9,18 @@
 //! program runs as the `postgres` user through `runuser`, and the cluster's directory is
 //! handed to that user; otherwise programs run directly.
 //!
-//! The one bounded retry here is waiting for the server to accept connections, which
-//! `pg_ctl start -w` does against the postmaster's own readiness report.
+//! Waiting is bounded and only on the external server: `pg_ctl start -w` waits on the
+//! postmaster's own readiness report, and [`PgCluster::wait_for`] re-runs a query until a
+//! deadline (a standby catching up has no other signal to wait on).
+//!
+//! TLS: [`TestPki`] makes a throwaway CA and server certificate.
+//!
+//! Standbys: [`PgCluster::init_standby_from`] makes one with `pg_basebackup -R`, optionally
+//! pointing its `primary_conninfo` elsewhere (at a walserver, say).
+
+mod pki;
+
+pub use pki::{PkiFiles, TestPki};
 
 use std::fs;
 use std::net::TcpListener;
@@ -153,6 +163,9 @@ pub struct PgOptions {
     /// `pg_hba.conf` lines, after two that let the `postgres` superuser in over loopback
     /// without a password (for [`PgCluster::psql`]).
     pub hba: Vec<String>,
+    /// Files to write into the data directory before the server starts (certificates and
+    /// keys for `ssl = on`, say), readable only by the server's user.
+    pub files: Vec<(String, Vec<u8>)>,
 }
 
 impl PgOptions {
@@ -163,6 +176,11 @@ impl PgOptions {
 
     pub fn hba(mut self, line: impl Into<String>) -> PgOptions {
         self.hba.push(line.into());
+        self
+    }
+
+    pub fn file(mut self, name: impl Into<String>, contents: impl Into<Vec<u8>>) -> PgOptions {
+        self.files.push((name.into(), contents.into()));
         self
     }
 }
@@ -179,15 +197,11 @@ pub struct PgCluster {
 
 impl PgCluster {
     /// initdb, configure and start a primary with `wal_level=replica`,
-    /// `max_wal_senders=10` and `password_encryption=scram-sha-256`.
+    /// `max_wal_senders=10`, `password_encryption=scram-sha-256`,
+    /// `log_replication_commands=on` and `fsync=off` (the data is thrown away; a line in
+    /// `opts.conf` overrides any of these).
     pub fn init_primary(opts: &PgOptions) -> PgCluster {
-        let bin = PgBin::require();
-        let cluster = PgCluster {
-            bin,
-            dir: cluster_dir("pg-testkit-"),
-            port: free_port(),
-            running: false,
-        };
+        let cluster = PgCluster::new_dir();
         let mut initdb = cluster.bin.server_command("initdb");
         initdb.arg("-D").arg(cluster.data_dir()).args([
             "-U",
@@ -212,16 +226,97 @@ impl PgCluster {
         ];
         conf.extend(opts.conf.iter().cloned());
         cluster.append_file("postgresql.conf", &conf);
+        cluster.write_hba(opts);
+        cluster.write_files(opts);
+
+        let mut cluster = cluster;
+        cluster.start();
+        cluster
+    }
+
+    /// A standby of `primary`: `pg_basebackup -R` (which writes `standby.signal` and a
+    /// `primary_conninfo` pointing at `primary`), then the standby's own port and `opts`,
+    /// then started. `primary_conninfo`, when given, replaces the one pg_basebackup wrote,
+    /// so the standby can stream from somewhere else (a walserver) while its data came from
+    /// `primary`.
+    pub fn init_standby_from(
+        primary: &PgCluster,
+        primary_conninfo: Option<&str>,
+        opts: &PgOptions,
+    ) -> PgCluster {
+        let mut cluster = PgCluster::new_dir();
+        let mut backup = cluster.bin.server_command("pg_basebackup");
+        backup
+            .arg("-D")
+            .arg(cluster.data_dir())
+            .args(["-h", primary.host(), "-U", "postgres", "-X", "stream", "-R"])
+            .args(["--checkpoint=fast", "-p"])
+            .arg(primary.port.to_string());
+        run(backup, "pg_basebackup");
+        let mut conf = vec![format!("port = {}", cluster.port)];
+        conf.extend(opts.conf.iter().cloned());
+        cluster.append_file("postgresql.conf", &conf);
+        cluster.write_hba(opts);
+        cluster.write_files(opts);
+        if let Some(ci) = primary_conninfo {
+            cluster.append_file(
+                "postgresql.auto.conf",
+                &[format!("primary_conninfo = '{}'", ci.replace('\'', "''"))],
+            );
+        }
+        cluster.start();
+        cluster
+    }
+
+    /// A fresh directory owned by the server's user, and a free port.
+    fn new_dir() -> PgCluster {
+        PgCluster {
+            bin: PgBin::require(),
+            dir: cluster_dir("pg-testkit-"),
+            port: free_port(),
+            running: false,
+        }
+    }
+
+    /// Writes `opts.files` into the data directory with mode 0600, owned by the server's
+    /// user (PostgreSQL refuses a private key others can read).
+    fn write_files(&self, opts: &PgOptions) {
+        use std::os::unix::fs::PermissionsExt;
+        for (name, contents) in &opts.files {
+            let path = self.data_dir().join(name);
+            fs::write(&path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).expect("chmod 0600");
+            if is_root() {
+                let mut chown = Command::new("chown");
+                chown.arg("postgres:postgres").arg(&path);
+                run(chown, "chown a data directory file to postgres");
+            }
+        }
+    }
+
+    fn write_hba(&self, opts: &PgOptions) {
         let mut hba = vec![
             "host all postgres 127.0.0.1/32 trust".to_string(),
             "host replication postgres 127.0.0.1/32 trust".to_string(),
         ];
         hba.extend(opts.hba.iter().cloned());
-        cluster.write_file("pg_hba.conf", &hba);
+        self.write_file("pg_hba.conf", &hba);
+    }
 
-        let mut cluster = cluster;
-        cluster.start();
-        cluster
+    /// Runs `sql` until its output is `expected` or `timeout` passes, and says whether it got
+    /// there. For waiting on the server's own progress (a standby catching up), the one
+    /// place where polling an external process with a deadline is the only way to know.
+    pub fn wait_for(&self, sql: &str, expected: &str, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if self.psql(sql) == expected {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 
     /// A hot standby of this cluster: pg_basebackup (as the `postgres` superuser, with the WAL
@@ -496,5 +591,36 @@ mod tests {
         assert_eq!(pg.psql("SELECT 1"), "1");
         drop(pg);
         assert!(!dir.exists());
+    }
+
+    #[test]
+    fn standby_streams_from_primary() {
+        let primary = PgCluster::init_primary(&PgOptions::default());
+        let standby = PgCluster::init_standby_from(
+            &primary,
+            Some(&format!(
+                "host=127.0.0.1 port={} user=postgres application_name=testkit_standby",
+                primary.port()
+            )),
+            &PgOptions::default(),
+        );
+        assert_eq!(standby.psql("SELECT pg_is_in_recovery()"), "t");
+        primary.psql("CREATE TABLE t AS SELECT generate_series(1, 100) AS i");
+        let timeout = std::time::Duration::from_secs(60);
+        assert!(
+            standby.wait_for(
+                "SELECT count(*) FROM pg_class WHERE relname = 't'",
+                "1",
+                timeout
+            ),
+            "standby never saw the table:\n{}",
+            standby.log()
+        );
+        assert_eq!(standby.psql("SELECT count(*) FROM t"), "100");
+        assert!(primary.wait_for(
+            "SELECT application_name FROM pg_stat_replication",
+            "testkit_standby",
+            timeout
+        ));
     }
 }

@@ -524,6 +524,9 @@ fn parse_client_first_bare(bare: &str) -> Result<&str, AuthError> {
     Ok(nonce)
 }
 
+/// The PLUS variant, with channel binding, which PostgreSQL offers on TLS connections.
+pub const SCRAM_SHA_256_PLUS: &str = "SCRAM-SHA-256-PLUS";
+
 /// The client side of SCRAM-SHA-256, over postgres-protocol's implementation (which checks
 /// the server's signature in the final message).
 pub struct ScramClient {
@@ -531,8 +534,8 @@ pub struct ScramClient {
 }
 
 impl ScramClient {
-    /// `tls` says whether the connection is encrypted: then the gs2 header is `y,,` ("I could
-    /// bind, but you did not offer it"), otherwise `n,,`, as libpq does.
+    /// Without channel binding. `tls` says whether the connection is encrypted: then the gs2
+    /// header is `y,,` ("I could bind, but you did not offer it"), otherwise `n,,`.
     pub fn new(password: &str, tls: bool) -> ScramClient {
         let binding = if tls {
             ChannelBinding::unrequested()
@@ -542,6 +545,22 @@ impl ScramClient {
         ScramClient {
             inner: ScramSha256::new(password.as_bytes(), binding),
         }
+    }
+
+    /// For SCRAM-SHA-256-PLUS: gs2 header `p=tls-server-end-point,,` with the server
+    /// certificate's hash ([`crate::tls::tls_server_end_point`]).
+    pub fn with_channel_binding(password: &str, server_end_point: Vec<u8>) -> ScramClient {
+        ScramClient {
+            inner: ScramSha256::new(
+                password.as_bytes(),
+                ChannelBinding::tls_server_end_point(server_end_point),
+            ),
+        }
+    }
+
+    /// Neither binding nor claiming to be able to: gs2 header `n,,`.
+    fn without_binding(password: &str) -> ScramClient {
+        ScramClient::new(password, false)
     }
 
     /// client-first-message, for SASLInitialResponse.
@@ -565,22 +584,41 @@ impl ScramClient {
     }
 }
 
+/// What the connection allows for SCRAM channel binding, which decides the mechanism and
+/// gs2 header the client uses (libpq's `channel_binding=prefer`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChannelBindingMode {
+    /// A plaintext connection: SCRAM-SHA-256 with `n,,`.
+    NoTls,
+    /// TLS, but the server certificate's hash is not at hand: `y,,` if the server offers
+    /// only SCRAM-SHA-256, and `n,,` if it also offers -PLUS (a server that can bind refuses
+    /// `y,,` as a possible downgrade).
+    TlsWithoutBinding,
+    /// TLS with the server certificate's tls-server-end-point hash: SCRAM-SHA-256-PLUS when
+    /// offered (PostgreSQL offers it on every TLS connection), else `y,,`.
+    TlsServerEndPoint(Vec<u8>),
+}
+
 /// The client's side of authentication: give it each [`AuthRequest`] the server sends, send
 /// what it returns.
 pub struct ClientAuthenticator {
     user: String,
     password: Option<String>,
-    tls: bool,
+    binding: ChannelBindingMode,
     scram: Option<ScramClient>,
     scram_verified: bool,
 }
 
 impl ClientAuthenticator {
-    pub fn new(user: &str, password: Option<&str>, tls: bool) -> ClientAuthenticator {
+    pub fn new(
+        user: &str,
+        password: Option<&str>,
+        binding: ChannelBindingMode,
+    ) -> ClientAuthenticator {
         ClientAuthenticator {
             user: user.to_string(),
             password: password.map(str::to_string),
-            tls,
+            binding,
             scram: None,
             scram_verified: false,
         }
@@ -609,17 +647,33 @@ impl ClientAuthenticator {
                 &md5_response(&self.user, self.password()?, *salt),
             ))),
             AuthRequest::Sasl { mechanisms } => {
-                if !mechanisms.iter().any(|m| m == SCRAM_SHA_256) {
-                    return Err(AuthError::Unsupported(format!(
-                        "none of the server's SASL authentication mechanisms are supported: {}",
-                        mechanisms.join(", ")
-                    )));
-                }
-                let client = ScramClient::new(self.password()?, self.tls);
+                let offers = |m: &str| mechanisms.iter().any(|o| o == m);
+                let password = self.password()?;
+                let (mechanism, client) = match &self.binding {
+                    ChannelBindingMode::TlsServerEndPoint(hash) if offers(SCRAM_SHA_256_PLUS) => (
+                        SCRAM_SHA_256_PLUS,
+                        ScramClient::with_channel_binding(password, hash.clone()),
+                    ),
+                    _ if !offers(SCRAM_SHA_256) => {
+                        return Err(AuthError::Unsupported(format!(
+                            "none of the server's SASL authentication mechanisms are supported: {}",
+                            mechanisms.join(", ")
+                        )))
+                    }
+                    // No TLS, or TLS to a server that can bind while we cannot: "n,,".
+                    ChannelBindingMode::NoTls => {
+                        (SCRAM_SHA_256, ScramClient::without_binding(password))
+                    }
+                    _ if offers(SCRAM_SHA_256_PLUS) => {
+                        (SCRAM_SHA_256, ScramClient::without_binding(password))
+                    }
+                    // TLS to a server that cannot bind: "y,,".
+                    _ => (SCRAM_SHA_256, ScramClient::new(password, true)),
+                };
                 let data = bytes::Bytes::copy_from_slice(client.client_first());
                 self.scram = Some(client);
                 Ok(Some(FrontendMessage::SaslInitialResponse {
-                    mechanism: SCRAM_SHA_256.to_string(),
+                    mechanism: mechanism.to_string(),
                     data: Some(data),
                 }))
             }
@@ -847,7 +901,7 @@ mod tests {
 
     #[test]
     fn client_authenticator_drives_each_method() {
-        let mut c = ClientAuthenticator::new("repl", Some("secret"), false);
+        let mut c = ClientAuthenticator::new("repl", Some("secret"), ChannelBindingMode::NoTls);
         assert_eq!(c.step(&AuthRequest::Ok).unwrap(), None);
         assert_eq!(
             c.step(&AuthRequest::CleartextPassword).unwrap(),
@@ -877,7 +931,7 @@ mod tests {
             panic!()
         };
         // AuthenticationOk before the server proved itself is refused.
-        let mut early = ClientAuthenticator::new("repl", Some("secret"), false);
+        let mut early = ClientAuthenticator::new("repl", Some("secret"), ChannelBindingMode::NoTls);
         early.step(&ScramServer::request()).unwrap();
         assert!(early.step(&AuthRequest::Ok).is_err());
 
@@ -890,7 +944,7 @@ mod tests {
         assert_eq!(c.step(&AuthRequest::Ok).unwrap(), None);
 
         // A forged server signature is refused.
-        let mut c = ClientAuthenticator::new("repl", Some("secret"), false);
+        let mut c = ClientAuthenticator::new("repl", Some("secret"), ChannelBindingMode::NoTls);
         let mut server = ScramServer::new(&make_scram_verifier("other"), "repl").unwrap();
         let Some(FrontendMessage::SaslInitialResponse { data, .. }) =
             c.step(&ScramServer::request()).unwrap()
@@ -902,14 +956,51 @@ mod tests {
         let forged = format!("v={}", B64.encode([0u8; 32]));
         assert!(c.step(&AuthRequest::SaslFinal(forged.into())).is_err());
 
-        let mut nopw = ClientAuthenticator::new("repl", None, false);
+        // The gs2 header and mechanism follow what the connection and the server allow.
+        let first = |binding: ChannelBindingMode, offered: &[&str]| {
+            let mut c = ClientAuthenticator::new("repl", Some("pw"), binding);
+            let req = AuthRequest::Sasl {
+                mechanisms: offered.iter().map(|m| m.to_string()).collect(),
+            };
+            let Some(FrontendMessage::SaslInitialResponse { mechanism, data }) =
+                c.step(&req).unwrap()
+            else {
+                panic!()
+            };
+            (
+                mechanism,
+                String::from_utf8(data.unwrap()[..3].to_vec()).unwrap(),
+            )
+        };
+        let both = [SCRAM_SHA_256_PLUS, SCRAM_SHA_256];
+        let plain = |h: &str| (SCRAM_SHA_256.to_string(), h.to_string());
+        assert_eq!(first(ChannelBindingMode::NoTls, &both), plain("n,,"));
+        assert_eq!(
+            first(ChannelBindingMode::TlsWithoutBinding, &both),
+            plain("n,,")
+        );
+        assert_eq!(
+            first(ChannelBindingMode::TlsWithoutBinding, &[SCRAM_SHA_256]),
+            plain("y,,")
+        );
+        let hash = ChannelBindingMode::TlsServerEndPoint(vec![1; 32]);
+        assert_eq!(first(hash.clone(), &[SCRAM_SHA_256]), plain("y,,"));
+        assert_eq!(
+            first(hash, &both),
+            (SCRAM_SHA_256_PLUS.to_string(), "p=t".to_string())
+        );
+
+        let mut nopw = ClientAuthenticator::new("repl", None, ChannelBindingMode::NoTls);
         assert!(matches!(
             nopw.step(&AuthRequest::CleartextPassword),
             Err(AuthError::NoPassword)
         ));
+        // A server that offers only -PLUS to a client that cannot bind.
+        let mut cannot_bind =
+            ClientAuthenticator::new("repl", Some("pw"), ChannelBindingMode::NoTls);
         assert!(matches!(
-            nopw.step(&AuthRequest::Sasl {
-                mechanisms: vec!["SCRAM-SHA-256-PLUS".into()]
+            cannot_bind.step(&AuthRequest::Sasl {
+                mechanisms: vec![SCRAM_SHA_256_PLUS.into()]
             }),
             Err(AuthError::Unsupported(_))
         ));

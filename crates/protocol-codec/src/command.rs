@@ -88,16 +88,9 @@ impl fmt::Display for ReplicationCommand {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ReplicationCommand::IdentifySystem => f.write_str("IDENTIFY_SYSTEM"),
-            ReplicationCommand::Show { name } => {
-                f.write_str("SHOW ")?;
-                for (i, part) in name.split('.').enumerate() {
-                    if i > 0 {
-                        f.write_str(".")?;
-                    }
-                    write!(f, "{}", quote_ident(part))?;
-                }
-                Ok(())
-            }
+            // One quoted identifier: `SHOW a.b` and `SHOW "a.b"` both name "a.b" (PostgreSQL
+            // joins the parts with dots too), and a part may itself hold a dot.
+            ReplicationCommand::Show { name } => write!(f, "SHOW {}", quote_ident(name)),
             ReplicationCommand::TimelineHistory { timeline } => {
                 write!(f, "TIMELINE_HISTORY {timeline}")
             }
@@ -1030,6 +1023,12 @@ mod tests {
             },
             start(Some("s"), u64::MAX, Some(u32::MAX)),
             start(None, 0, None),
+            // Found by the command fuzz target: a quoted name holding a dot once printed as
+            // `"a".""`, which does not parse.
+            C::Show { name: "a.".into() },
+            C::Show {
+                name: "\"x\".y".into(),
+            },
         ] {
             assert_eq!(parse_command(&c.to_string()), Ok(c.clone()), "{c}");
         }

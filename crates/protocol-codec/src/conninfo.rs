@@ -16,7 +16,6 @@
 //! does not know is an error, as it is in libpq. A host list (`host=a,b`) is refused:
 //! walserver connects to one upstream.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -340,12 +339,7 @@ impl FromStr for ConnInfo {
     }
 }
 
-impl fmt::Display for SslMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
+/// sslmode as libpq spells it; the error is the connection string's.
 impl FromStr for SslMode {
     type Err = ConnInfoError;
     fn from_str(s: &str) -> Result<SslMode, ConnInfoError> {

@@ -20,6 +20,42 @@
 //! machine (when to switch codecs, when to start TLS, which hba rule applies) is the
 //! walsender's and walreceiver's.
 //!
+//! A server reads the startup phase with [`StartupCodec`] and then switches to
+//! [`ServerCodec`] (with `tokio_util::codec::Framed`, `map_codec` keeps the read buffer):
+//!
+//! ```
+//! use bytes::BytesMut;
+//! use protocol_codec::messages::{ReplicationMode, TransactionStatus};
+//! use protocol_codec::{BackendMessage, FrontendMessage, ServerCodec, StartupCodec, StartupPacket};
+//! use tokio_util::codec::{Decoder, Encoder};
+//!
+//! // What a client sent: a StartupMessage, then a query.
+//! let mut input = BytesMut::new();
+//! StartupCodec
+//!     .encode(StartupPacket::startup([("user", "repl"), ("replication", "true")]), &mut input)
+//!     .unwrap();
+//! FrontendMessage::Query("IDENTIFY_SYSTEM".into()).encode(&mut input).unwrap();
+//!
+//! let startup = StartupCodec.decode(&mut input).unwrap().unwrap();
+//! assert_eq!(startup.replication().unwrap(), ReplicationMode::Physical);
+//! let mut codec = ServerCodec::new();
+//! let query = codec.decode(&mut input).unwrap().unwrap();
+//! assert_eq!(query, FrontendMessage::Query("IDENTIFY_SYSTEM".into()));
+//!
+//! let mut output = BytesMut::new();
+//! codec
+//!     .encode(BackendMessage::ReadyForQuery(TransactionStatus::Idle), &mut output)
+//!     .unwrap();
+//! assert_eq!(&output[..], b"Z\0\0\0\x05I");
+//! ```
+//!
+//! Errors, one type per concern, because each is reported to a different audience:
+//! [`CodecError`] (the peer broke the protocol: FATAL 08P01 and close),
+//! [`command::CommandError`] (a bad command: ERROR 42601/42602 and the session goes on),
+//! [`auth::AuthError`] (FATAL 28P01/28000/08P01, without telling the client why),
+//! [`tls::TlsError`] and [`conninfo::ConnInfoError`] (local configuration, for the operator).
+//! Each knows its SQLSTATE where one applies.
+//!
 //! Invariants: decoding never panics on input bytes and never allocates more than the
 //! configured limit for one message; XLogData's WAL bytes are never copied on decode (they are
 //! `Bytes` slices of the read buffer) and copied once on encode.
@@ -31,6 +67,8 @@ pub mod conninfo;
 mod error;
 pub mod messages;
 pub mod results;
+#[cfg(test)]
+mod test_util;
 pub mod tls;
 mod wire;
 

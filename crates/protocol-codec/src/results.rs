@@ -199,14 +199,7 @@ mod tests {
     use bytes::BytesMut;
 
     use super::*;
-
-    fn hex(s: &str) -> Vec<u8> {
-        let s: String = s.split_whitespace().collect();
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
+    use crate::test_util::hex;
 
     /// The messages encode to exactly `expected` (hex, one message per string).
     fn check(messages: Vec<BackendMessage>, expected: &[&str]) {

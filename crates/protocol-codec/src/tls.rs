@@ -71,6 +71,12 @@ impl SslMode {
     }
 }
 
+impl std::fmt::Display for SslMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Why a TLS configuration could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -173,6 +179,58 @@ pub fn client_config(
 /// verify-full's host name check.
 pub fn server_name(host: &str) -> Result<ServerName<'static>> {
     ServerName::try_from(host.to_string()).map_err(|_| TlsError::InvalidServerName(host.into()))
+}
+
+/// The tls-server-end-point channel binding data (RFC 5929) of a server certificate: its DER
+/// hashed with the hash of its signature algorithm, SHA-256 for MD5, SHA-1 and SHA-256
+/// signatures. This is what SCRAM-SHA-256-PLUS binds to; PostgreSQL computes the same on its
+/// side. Certificates signed with SHA-384 or SHA-512 (RSA or ECDSA) use those hashes; any
+/// other or unreadable algorithm falls back to SHA-256 (PostgreSQL refuses to bind to
+/// Ed25519 and RSASSA-PSS certificates at all, so the fallback is never accepted for them).
+pub fn tls_server_end_point(cert_der: &[u8]) -> Vec<u8> {
+    use sha2::{Digest, Sha256, Sha384, Sha512};
+    const SHA384_RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0c];
+    const SHA512_RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0d];
+    const SHA384_ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x03];
+    const SHA512_ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x04];
+    match signature_algorithm_oid(cert_der) {
+        Some(SHA384_RSA | SHA384_ECDSA) => Sha384::digest(cert_der).to_vec(),
+        Some(SHA512_RSA | SHA512_ECDSA) => Sha512::digest(cert_der).to_vec(),
+        _ => Sha256::digest(cert_der).to_vec(),
+    }
+}
+
+/// The OID of a certificate's outer signatureAlgorithm:
+/// `Certificate ::= SEQUENCE { tbsCertificate SEQUENCE, signatureAlgorithm SEQUENCE { OID, .. }, .. }`.
+fn signature_algorithm_oid(cert: &[u8]) -> Option<&[u8]> {
+    let (cert, _) = der_expect(cert, 0x30)?;
+    let (_tbs, rest) = der_expect(cert, 0x30)?;
+    let (alg, _) = der_expect(rest, 0x30)?;
+    let (oid, _) = der_expect(alg, 0x06)?;
+    Some(oid)
+}
+
+/// One DER element with tag `tag` at the start of `input`: its contents and what follows.
+fn der_expect(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+    if *input.first()? != tag {
+        return None;
+    }
+    let first = *input.get(1)?;
+    let (len, header) = if first < 0x80 {
+        (first as usize, 2)
+    } else {
+        let n = (first & 0x7f) as usize;
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let bytes = input.get(2..2 + n)?;
+        (
+            bytes.iter().fold(0usize, |acc, b| acc << 8 | *b as usize),
+            2 + n,
+        )
+    };
+    let contents = input.get(header..header.checked_add(len)?)?;
+    Some((contents, &input[header + len..]))
 }
 
 /// verify-ca: the webpki chain check, with only a host name mismatch forgiven. webpki checks
@@ -287,38 +345,30 @@ impl ServerCertVerifier for AnyServerCert {
 mod tests {
     use std::io::{Read, Write};
 
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    use pg_testkit::{PkiFiles, TestPki};
+    use rcgen::{CertificateParams, KeyPair};
     use rustls::{ClientConnection, ServerConnection};
 
     use super::*;
 
-    /// A CA and a server certificate for `localhost` signed by it, as PEM files.
+    /// A CA and a server certificate for `localhost`, and an unrelated CA, as files.
     struct Pki {
         dir: tempfile::TempDir,
+        files: PkiFiles,
+        other_root: PathBuf,
     }
 
     impl Pki {
         fn new() -> Pki {
             let dir = tempfile::tempdir().unwrap();
-            let ca_key = KeyPair::generate().unwrap();
-            let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-            ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-            ca.distinguished_name
-                .push(DnType::CommonName, "walserver test CA");
-            let ca_cert = ca.clone().self_signed(&ca_key).unwrap();
-            let key = KeyPair::generate().unwrap();
-            let leaf = CertificateParams::new(vec!["localhost".to_string()])
-                .unwrap()
-                .signed_by(&key, &ca_cert, &ca_key)
-                .unwrap();
-            // A second, unrelated CA, for "wrong root" checks.
-            let other_key = KeyPair::generate().unwrap();
-            let other = ca.self_signed(&other_key).unwrap();
-            std::fs::write(dir.path().join("root.crt"), ca_cert.pem()).unwrap();
-            std::fs::write(dir.path().join("other.crt"), other.pem()).unwrap();
-            std::fs::write(dir.path().join("server.crt"), leaf.pem()).unwrap();
-            std::fs::write(dir.path().join("server.key"), key.serialize_pem()).unwrap();
-            Pki { dir }
+            let files = TestPki::new(&["localhost"]).write_to(dir.path());
+            let other_root = dir.path().join("other.crt");
+            std::fs::write(&other_root, TestPki::new(&["localhost"]).root_pem).unwrap();
+            Pki {
+                dir,
+                files,
+                other_root,
+            }
         }
 
         fn path(&self, name: &str) -> PathBuf {
@@ -326,7 +376,7 @@ mod tests {
         }
 
         fn server(&self) -> Arc<ServerConfig> {
-            server_config(&self.path("server.crt"), &self.path("server.key")).unwrap()
+            server_config(&self.files.cert, &self.files.key).unwrap()
         }
     }
 
@@ -371,8 +421,8 @@ mod tests {
     #[test]
     fn sslmodes() {
         let pki = Pki::new();
-        let root = pki.path("root.crt");
-        let other = pki.path("other.crt");
+        let root = pki.files.root.clone();
+        let other = pki.other_root.clone();
         let cfg = |mode, root: Option<&Path>| client_config(mode, root).unwrap().unwrap();
 
         assert!(client_config(SslMode::Disable, None).unwrap().is_none());
@@ -443,6 +493,37 @@ mod tests {
             client_config(SslMode::VerifyFull, None),
             Err(TlsError::RootCertRequired(SslMode::VerifyFull))
         ));
+    }
+
+    #[test]
+    fn server_end_point_hash_follows_the_signature_algorithm() {
+        use rcgen::{PKCS_ECDSA_P256_SHA256, PKCS_ECDSA_P384_SHA384};
+        use sha2::Digest;
+        let cert = |alg| {
+            let key = KeyPair::generate_for(alg).unwrap();
+            CertificateParams::new(vec!["localhost".to_string()])
+                .unwrap()
+                .self_signed(&key)
+                .unwrap()
+                .der()
+                .to_vec()
+        };
+        let p256 = cert(&PKCS_ECDSA_P256_SHA256);
+        assert_eq!(
+            tls_server_end_point(&p256),
+            sha2::Sha256::digest(&p256).to_vec()
+        );
+        let p384 = cert(&PKCS_ECDSA_P384_SHA384);
+        assert_eq!(
+            tls_server_end_point(&p384),
+            sha2::Sha384::digest(&p384).to_vec()
+        );
+        // Garbage is hashed with SHA-256 rather than refused.
+        assert_eq!(
+            tls_server_end_point(b"\x30\x84"),
+            sha2::Sha256::digest(b"\x30\x84").to_vec()
+        );
+        assert_eq!(signature_algorithm_oid(&[0x30, 0x85, 1, 1, 1, 1, 1]), None);
     }
 
     #[test]

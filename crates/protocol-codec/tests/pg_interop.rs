@@ -5,12 +5,16 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use pg_testkit::{PgCluster, PgOptions};
-use protocol_codec::auth::{make_scram_verifier, ClientAuthenticator, ScramClient, ScramServer};
+use pg_testkit::{PgCluster, PgOptions, TestPki};
+use protocol_codec::auth::{
+    make_scram_verifier, ChannelBindingMode, ClientAuthenticator, ScramClient, ScramServer,
+};
 use protocol_codec::messages::{SslResponse, StandbyStatusUpdate, TransactionStatus};
+use protocol_codec::tls::{self, SslMode};
 use protocol_codec::{
     results, BackendMessage, ClientCodec, ErrorFields, FrontendMessage, SqlState, StartupCodec,
     StartupPacket,
@@ -18,29 +22,88 @@ use protocol_codec::{
 use tokio_util::codec::{Decoder, Encoder};
 use wal_types::{Lsn, PgTimestamp, SystemId, TimelineId};
 
-/// A replication connection over a plain blocking socket. The read timeout is a deadline
-/// that turns a hang into a failure, not a synchronisation device.
+trait Transport: Read + Write {}
+impl<T: Read + Write> Transport for T {}
+
+/// A replication connection over a blocking socket, plain or TLS. The read timeout is a
+/// deadline that turns a hang into a failure, not a synchronisation device.
 struct Conn {
-    stream: TcpStream,
+    stream: Box<dyn Transport>,
     rbuf: BytesMut,
     codec: ClientCodec,
+    /// The SASL mechanism our authenticator chose, once it has.
+    mechanism: Option<String>,
+    /// The backend's pid, from BackendKeyData.
+    pid: i32,
+}
+
+fn tcp(pg: &PgCluster) -> TcpStream {
+    let stream = TcpStream::connect(pg.addr()).expect("connect to PostgreSQL");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream
+}
+
+/// Sends SSLRequest on a fresh socket and reads the one-byte answer, and nothing more.
+fn ssl_request(socket: &mut TcpStream) -> SslResponse {
+    let mut b = BytesMut::new();
+    StartupCodec
+        .encode(StartupPacket::SslRequest, &mut b)
+        .unwrap();
+    socket.write_all(&b).unwrap();
+    let mut answer = [0u8; 1];
+    socket.read_exact(&mut answer).unwrap();
+    SslResponse::decode(&mut BytesMut::from(&answer[..]))
+        .unwrap()
+        .unwrap()
 }
 
 impl Conn {
-    fn connect(pg: &PgCluster) -> Conn {
-        let stream = TcpStream::connect(pg.addr()).expect("connect to PostgreSQL");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
+    fn over(stream: Box<dyn Transport>) -> Conn {
         Conn {
             stream,
             rbuf: BytesMut::new(),
             codec: ClientCodec::new(),
+            mechanism: None,
+            pid: 0,
         }
+    }
+
+    /// A plaintext connection, after the server refused SSLRequest.
+    fn connect(pg: &PgCluster) -> Conn {
+        let mut socket = tcp(pg);
+        assert_eq!(ssl_request(&mut socket), SslResponse::Refuse);
+        Conn::over(Box::new(socket))
+    }
+
+    /// SSLRequest, `'S'`, and a rustls handshake for `sslmode` with `host` as the server
+    /// name. Returns the connection and the server certificate's tls-server-end-point hash.
+    fn connect_tls(
+        pg: &PgCluster,
+        sslmode: SslMode,
+        root: Option<&Path>,
+        host: &str,
+    ) -> std::io::Result<(Conn, Vec<u8>)> {
+        let mut socket = tcp(pg);
+        assert_eq!(ssl_request(&mut socket), SslResponse::Accept);
+        let config = tls::client_config(sslmode, root).unwrap().unwrap();
+        let mut session =
+            rustls::ClientConnection::new(config, tls::server_name(host).unwrap()).unwrap();
+        while session.is_handshaking() {
+            session.complete_io(&mut socket)?;
+        }
+        let cert = session.peer_certificates().unwrap()[0].to_vec();
+        let stream = rustls::StreamOwned::new(session, socket);
+        Ok((
+            Conn::over(Box::new(stream)),
+            tls::tls_server_end_point(&cert),
+        ))
     }
 
     fn write(&mut self, buf: &[u8]) {
         self.stream.write_all(buf).expect("write");
+        self.stream.flush().expect("flush");
     }
 
     fn send(&mut self, msg: &FrontendMessage) {
@@ -65,26 +128,23 @@ impl Conn {
         }
     }
 
-    /// SSLRequest (refused: the cluster has no certificate), StartupMessage, then the
-    /// authentication exchange. Returns the server's error if authentication fails.
+    /// Logs in on a plaintext connection.
     fn start(
         &mut self,
         user: &str,
         password: Option<&str>,
     ) -> Result<Vec<(String, String)>, ErrorFields> {
-        let mut b = BytesMut::new();
-        StartupCodec
-            .encode(StartupPacket::SslRequest, &mut b)
-            .unwrap();
-        self.write(&b);
-        let answer = loop {
-            if let Some(a) = SslResponse::decode(&mut self.rbuf).unwrap() {
-                break a;
-            }
-            self.fill();
-        };
-        assert_eq!(answer, SslResponse::Refuse);
+        self.login(user, password, ChannelBindingMode::NoTls)
+    }
 
+    /// StartupMessage, then the authentication exchange. Returns the ParameterStatus set, or
+    /// the server's error if authentication fails.
+    fn login(
+        &mut self,
+        user: &str,
+        password: Option<&str>,
+        binding: ChannelBindingMode,
+    ) -> Result<Vec<(String, String)>, ErrorFields> {
         let mut b = BytesMut::new();
         let startup = StartupPacket::startup([
             ("user", user),
@@ -95,17 +155,20 @@ impl Conn {
         StartupCodec.encode(startup, &mut b).unwrap();
         self.write(&b);
 
-        let mut auth = ClientAuthenticator::new(user, password, false);
+        let mut auth = ClientAuthenticator::new(user, password, binding);
         let mut params = Vec::new();
         loop {
             match self.recv() {
                 BackendMessage::Authentication(req) => {
                     if let Some(reply) = auth.step(&req).expect("client side of auth") {
+                        if let FrontendMessage::SaslInitialResponse { mechanism, .. } = &reply {
+                            self.mechanism = Some(mechanism.clone());
+                        }
                         self.send(&reply);
                     }
                 }
                 BackendMessage::ParameterStatus { name, value } => params.push((name, value)),
-                BackendMessage::BackendKeyData { pid, .. } => assert!(pid > 0),
+                BackendMessage::BackendKeyData { pid, .. } => self.pid = pid,
                 BackendMessage::ReadyForQuery(TransactionStatus::Idle) => return Ok(params),
                 BackendMessage::ErrorResponse(e) => return Err(e),
                 other => panic!("unexpected during startup: {other:?}"),
@@ -353,4 +416,75 @@ fn scram_verifiers_cross_check() {
     };
     run("secret").expect("PostgreSQL's verifier works with our server");
     assert!(run("Secret").is_err());
+}
+
+#[test]
+fn tls_sslmodes_and_scram_channel_binding() {
+    let pki = TestPki::new(&["localhost"]);
+    let pg = PgCluster::init_primary(
+        &PgOptions::default()
+            .file("server.crt", pki.cert_pem.as_bytes())
+            .file("server.key", pki.key_pem.as_bytes())
+            .conf("ssl = on")
+            .conf("ssl_cert_file = 'server.crt'")
+            .conf("ssl_key_file = 'server.key'")
+            .hba("hostssl replication all 127.0.0.1/32 scram-sha-256"),
+    );
+    pg.create_replication_role("repl", "secret", "scram-sha-256");
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root.crt");
+    std::fs::write(&root, &pki.root_pem).unwrap();
+
+    // verify-full, then SCRAM-SHA-256-PLUS bound to the certificate PostgreSQL presented.
+    let (mut c, end_point) =
+        Conn::connect_tls(&pg, SslMode::VerifyFull, Some(&root), "localhost").unwrap();
+    c.login(
+        "repl",
+        Some("secret"),
+        ChannelBindingMode::TlsServerEndPoint(end_point.clone()),
+    )
+    .expect("SCRAM-SHA-256-PLUS over TLS");
+    assert_eq!(c.mechanism.as_deref(), Some("SCRAM-SHA-256-PLUS"));
+    assert_eq!(
+        pg.psql(&format!(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = {}",
+            c.pid
+        )),
+        "t"
+    );
+    assert_eq!(
+        data_row(&c.query("IDENTIFY_SYSTEM"))[1].as_deref(),
+        Some("1")
+    );
+
+    // Binding to the wrong certificate is caught by PostgreSQL: the proof of a MITM.
+    let (mut c, _) = Conn::connect_tls(&pg, SslMode::VerifyFull, Some(&root), "localhost").unwrap();
+    let err = c
+        .login(
+            "repl",
+            Some("secret"),
+            ChannelBindingMode::TlsServerEndPoint(vec![0; end_point.len()]),
+        )
+        .unwrap_err();
+    assert!(err.is_fatal(), "{err}");
+    assert_eq!(err.message(), Some("SCRAM channel binding check failed"));
+
+    // Without the hash, over TLS: plain SCRAM-SHA-256 with n,, (y,, would be refused by a
+    // server that offers -PLUS).
+    let (mut c, _) = Conn::connect_tls(&pg, SslMode::Require, None, "localhost").unwrap();
+    c.login(
+        "repl",
+        Some("secret"),
+        ChannelBindingMode::TlsWithoutBinding,
+    )
+    .expect("SCRAM-SHA-256 over TLS without binding");
+    assert_eq!(c.mechanism.as_deref(), Some("SCRAM-SHA-256"));
+
+    // Host name checks: verify-full refuses a name the certificate does not carry,
+    // verify-ca accepts it, and a wrong root fails both.
+    assert!(Conn::connect_tls(&pg, SslMode::VerifyFull, Some(&root), "127.0.0.1").is_err());
+    Conn::connect_tls(&pg, SslMode::VerifyCa, Some(&root), "127.0.0.1").unwrap();
+    let other = dir.path().join("other.crt");
+    std::fs::write(&other, TestPki::new(&["localhost"]).root_pem).unwrap();
+    assert!(Conn::connect_tls(&pg, SslMode::VerifyCa, Some(&other), "localhost").is_err());
 }

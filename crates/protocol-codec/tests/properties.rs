@@ -297,8 +297,14 @@ fn render(cmd: &ReplicationCommand, style: u32) -> String {
     let mut out = match cmd {
         ReplicationCommand::IdentifySystem => kw("IDENTIFY_SYSTEM"),
         ReplicationCommand::Show { name } => {
-            let parts: Vec<String> = name.split('.').map(|p| ident(p, q)).collect();
-            format!("{}{sp}{}", kw("SHOW"), parts.join("."))
+            // Dotted parts where the name splits into non-empty ones, else one quoted name.
+            let target = if name.split('.').any(str::is_empty) {
+                ident(name, true)
+            } else {
+                let parts: Vec<String> = name.split('.').map(|p| ident(p, q)).collect();
+                parts.join(".")
+            };
+            format!("{}{sp}{target}", kw("SHOW"))
         }
         ReplicationCommand::TimelineHistory { timeline } => {
             format!("{}{sp}{timeline}", kw("TIMELINE_HISTORY"))
@@ -377,7 +383,7 @@ fn command() -> impl Strategy<Value = ReplicationCommand> {
     let tli = (1u32..).prop_map(TimelineId);
     prop_oneof![
         Just(ReplicationCommand::IdentifySystem),
-        vec("[a-z_][a-z0-9_]{0,10}|[^\u{0}.]{1,8}", 1..3)
+        vec("[a-z_][a-z0-9_]{0,10}|[^\u{0}]{1,8}", 1..3)
             .prop_map(|p| ReplicationCommand::Show { name: p.join(".") }),
         tli.clone()
             .prop_map(|timeline| ReplicationCommand::TimelineHistory { timeline }),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use protocol_codec::auth::ClientAuthenticator;
+use protocol_codec::auth::{ChannelBindingMode, ClientAuthenticator};
 use protocol_codec::conninfo::ConnInfo;
 use protocol_codec::tls::{self, SslMode};
 use protocol_codec::{BackendMessage, ClientCodec, FrontendMessage, StartupPacket};
@@ -227,7 +227,14 @@ async fn attempt(
     StartupPacket::startup(params).encode(&mut buf)?;
     write_all(&mut io, &buf).await?;
 
-    let mut auth = ClientAuthenticator::new(&user, info.password.as_deref(), encrypted);
+    // Without the server certificate's hash at hand, SCRAM over TLS uses `n,,` when the server
+    // offers -PLUS (PostgreSQL refuses `y,,` then as a possible downgrade) and `y,,` otherwise.
+    let binding = if encrypted {
+        ChannelBindingMode::TlsWithoutBinding
+    } else {
+        ChannelBindingMode::NoTls
+    };
+    let mut auth = ClientAuthenticator::new(&user, info.password.as_deref(), binding);
     let mut rbuf = BytesMut::with_capacity(1024);
     let mut server_params = Vec::new();
     let mut authenticated = false;

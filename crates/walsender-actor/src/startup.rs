@@ -449,7 +449,11 @@ mod tests {
     /// Runs a whole exchange with postgres-protocol's client logic on the other side.
     fn run(settings: Arc<AuthSettings>, user: &str, password: Option<&str>) -> Step {
         let mut hs = Handshake::new(settings, localhost());
-        let mut client = ClientAuthenticator::new(user, password, false);
+        let mut client = ClientAuthenticator::new(
+            user,
+            password,
+            protocol_codec::auth::ChannelBindingMode::NoTls,
+        );
         let mut step = hs.on_packet(startup(user, "true"));
         loop {
             let msgs = match step {

@@ -6,15 +6,8 @@ use wal_types::{Lsn, PgTimestamp};
 
 use super::*;
 use crate::codec::{ClientCodec, ServerCodec, StartupCodec};
+use crate::test_util::hex;
 use crate::CodecError;
-
-fn hex(s: &str) -> Vec<u8> {
-    let s: String = s.split_whitespace().collect();
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
 
 /// A backend message encodes to `bytes`, and `bytes` decode to it with nothing left over.
 fn check_backend(msg: BackendMessage, bytes: &[u8]) {

@@ -272,6 +272,36 @@ mod tests {
     }
 
     #[test]
+    fn the_example_configs_load_and_document_every_key() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        let mut documented = String::new();
+        for name in ["primary.toml", "standby.toml"] {
+            let path = dir.join(name);
+            let s = Settings::load(&Sources {
+                file: Some(path.clone()),
+                overrides: vec![],
+                env: Some(Default::default()),
+            })
+            .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            assert!(s.data_dir.to_string_lossy().contains("data"));
+            documented.push_str(&std::fs::read_to_string(&path).unwrap());
+        }
+        for key in KEYS {
+            let key = if *key == "hba" {
+                "[[hba]]"
+            } else if *key == "users" {
+                "[users]"
+            } else {
+                key
+            };
+            assert!(
+                documented.contains(key),
+                "{key} is not documented in configs/"
+            );
+        }
+    }
+
+    #[test]
     fn defaults() {
         let s = load("data_dir = \"/d\"", &[], &[]).unwrap();
         assert_eq!(s.listen, "127.0.0.1:5433");

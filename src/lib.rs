@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod http;
 pub mod init;
 pub mod server;

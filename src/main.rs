@@ -96,6 +96,13 @@ enum Command {
         #[arg(long, env = "WALSERVER_HTTP_AUTH_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// A cluster in one process: a primary, a synchronous standby and a cascading one; appends
+    /// for a few seconds, shows the status, promotes, shows the others following.
+    Demo {
+        /// How long to append.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
     /// Print a SCRAM-SHA-256 verifier for a password read from standard input, for `[users]`.
     Passwd,
     /// Load tools: `bench catchup` streams a WAL range from any PostgreSQL-protocol server and
@@ -269,6 +276,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("streamed {bytes} bytes in {secs:.3} s: {mbps:.0} MB/s");
             }
             Ok(())
+        }
+        Command::Demo { seconds } => {
+            init_tracing("warn");
+            walserver::demo::run(seconds)
         }
         Command::Promote { http, token } => walserver::cli::promote(&http, token.as_deref()),
         Command::Rejoin {

@@ -520,3 +520,21 @@ fn status_slots_and_metrics() {
     );
     let _ = BytesMut::new();
 }
+
+/// The README's main command: the demo runs a cluster, promotes, and exits 0.
+#[test]
+fn the_demo_runs_and_exits_zero() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_walserver"))
+        .args(["demo", "--seconds", "1"])
+        .output()
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("standby2 follows: timeline 2"), "{stdout}");
+    assert!(stdout.contains("| standby1 "), "{stdout}");
+    assert!(stdout.contains("quorum"), "{stdout}");
+}

@@ -16,6 +16,48 @@
 //!
 //! It never touches the protocol's bytes and never polls: children report with messages, and
 //! its only timers are the restart policy's backoff.
+//!
+//! # Embedding
+//!
+//! An actix application starts a node inside its own System and talks to it with messages:
+//! append records with a durability level, read them back in LSN order, wait for an LSN.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use futures_util::StreamExt;
+//! use supervisor_actor::{AppendRecords, Durability, Follow, NodeBuilder, NodeConfig, RecordEvent, ShutdownNode};
+//! use wal_storage::{InitOptions, StorageConfig, SystemId, Wal, WalFormat};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! // A primary's data directory (what `walserver init` makes).
+//! let storage = StorageConfig { segment_size: 1 << 20, ..StorageConfig::default() };
+//! drop(Wal::init(dir.path(), storage, InitOptions::primary(SystemId(7), WalFormat::Walserver))?);
+//!
+//! actix_rt::System::new().block_on(async {
+//!     // Replication clients may connect on `node.listen_addr`.
+//!     let config = NodeConfig::new(dir.path(), "127.0.0.1:0".parse()?);
+//!     let node = NodeBuilder::new(config).start().await?;
+//!
+//!     let from = node.wal.flushed();
+//!     let appended = node
+//!         .supervisor
+//!         .send(AppendRecords { records: vec![Bytes::from("hello")], durability: Some(Durability::Local) })
+//!         .await??;
+//!
+//!     let mut records = Box::pin(node.records(from, Follow::UntilCurrentEnd));
+//!     match records.next().await {
+//!         Some(Ok(RecordEvent::Record { payload, end, .. })) => {
+//!             assert_eq!(payload, "hello");
+//!             assert_eq!(end, appended.end_lsn);
+//!         }
+//!         other => panic!("{other:?}"),
+//!     }
+//!     node.supervisor.send(ShutdownNode { immediate: false }).await?;
+//!     Ok(())
+//! })
+//! # }
+//! ```
 
 mod append;
 mod node;

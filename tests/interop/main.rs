@@ -102,16 +102,27 @@ fn pg_receivewal_streams_byte_identical_segments_and_resumes_after_a_restart() {
     interrupt(&mut child);
     let end = append_mib(&node, 20, 3);
     let mut child = pg_receivewal(&bin, &node, recv.path(), &[]);
-    wait_for_segment(recv.path(), end.segment_number(SEG) - 1, SEG);
+    let last = end.segment_number(SEG) - 1;
+    wait_for_segment(recv.path(), last, SEG);
     child.kill().unwrap();
     child.wait().unwrap();
+    // Every segment from the first to the last completed one is there, and equal: no gap.
+    let listing: Vec<_> = std::fs::read_dir(recv.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    for segno in 1..=last {
+        let name = segment_file_name(TimelineId(1), segno, SEG);
+        assert!(
+            recv.path().join(&name).exists(),
+            "pg_receivewal has no {name}: {listing:?}"
+        );
+    }
     let compared = compare_segments(&node, recv.path());
-    assert!(compared >= 6, "only {compared} segments compared");
-    // Segment 1 (the first) is among them: nothing is missing from the start.
-    assert!(recv
-        .path()
-        .join(segment_file_name(TimelineId(1), 1, SEG))
-        .exists());
+    assert!(
+        compared as u64 >= last,
+        "only {compared} segments compared: {listing:?}"
+    );
 }
 
 #[test]
@@ -265,5 +276,47 @@ fn libpq_scram_wrong_password_and_rejected_address() {
                 .unwrap()
         ),
         "28000"
+    );
+}
+
+/// libpq over TLS: the walsender answers SSLRequest with 'S' when it has a certificate, and
+/// psql with sslmode=verify-full (and SCRAM inside TLS) runs a command.
+#[test]
+fn libpq_over_tls_verify_full() {
+    let bin = PgBin::require();
+    let certs = tempfile::tempdir().unwrap();
+    let files = pg_testkit::TestPki::new(&["localhost", "127.0.0.1"]).write_to(certs.path());
+    let verifier = make_scram_verifier("secret");
+    let node = TestNode::primary(&format!(
+        "ssl_cert_file = {:?}\nssl_key_file = {:?}\n[users]\nrepl = \"{verifier}\"\n[[hba]]\ntype = \"hostssl\"\naddress = \"127.0.0.1/32\"\nuser = \"all\"\nmethod = \"scram-sha-256\"\n[[hba]]\ntype = \"hostnossl\"\naddress = \"all\"\nuser = \"all\"\nmethod = \"reject\"\n",
+        files.cert.display().to_string(),
+        files.key.display().to_string()
+    ));
+    let run = |sslmode: &str| {
+        Command::new(bin.tool("psql"))
+            .arg(format!(
+                "host=localhost port={} user=repl replication=true sslmode={sslmode} sslrootcert={}",
+                node.addr().port(),
+                files.root.display()
+            ))
+            .args(["-X", "-A", "-t", "-c", "IDENTIFY_SYSTEM"])
+            .env("PGPASSWORD", "secret")
+            .output()
+            .unwrap()
+    };
+    let out = run("verify-full");
+    assert!(
+        out.status.success(),
+        "TLS connection failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with(&node.wal().system_id().to_string()));
+    // Without TLS the rules refuse it.
+    let out = run("disable");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("pg_hba.conf rejects"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -538,3 +538,38 @@ fn the_demo_runs_and_exits_zero() {
     assert!(stdout.contains("| standby1 "), "{stdout}");
     assert!(stdout.contains("quorum"), "{stdout}");
 }
+
+/// DROP_REPLICATION_SLOT on a slot in use: 55006 at once, or with WAIT, the drop happens as
+/// soon as its user releases it (woken by the release, not by polling).
+#[test]
+fn drop_replication_slot_wait_waits_for_the_release() {
+    let node = TestNode::primary("");
+    let mut user = PgConn::connect(node.addr(), "u", None).unwrap();
+    user.query("CREATE_REPLICATION_SLOT s1 PHYSICAL RESERVE_WAL");
+    let start = node.wal().flushed();
+    user.send(FrontendMessage::Query(format!(
+        "START_REPLICATION SLOT s1 {start}"
+    )));
+    assert_eq!(user.recv(), BackendMessage::CopyBothResponse);
+    let mut dropper = PgConn::connect(node.addr(), "u", None).unwrap();
+    let out = dropper.query("DROP_REPLICATION_SLOT s1");
+    assert_eq!(sqlstate(&out[0]), "55006");
+    dropper.send(FrontendMessage::Query(
+        "DROP_REPLICATION_SLOT s1 WAIT".into(),
+    ));
+    // Nothing yet: the slot is still in use.
+    dropper
+        .stream
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    assert!(dropper.try_recv().is_err(), "dropped a slot in use");
+    dropper.stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    // The user ends its stream: the slot is released and the drop completes.
+    user.send(FrontendMessage::CopyDone);
+    assert_eq!(
+        dropper.recv(),
+        BackendMessage::CommandComplete("DROP_REPLICATION_SLOT".into())
+    );
+    assert!(matches!(dropper.recv(), BackendMessage::ReadyForQuery(_)));
+    assert!(node.wal().slot("s1").is_err());
+}

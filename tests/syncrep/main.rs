@@ -463,3 +463,44 @@ fn read_all(http: &str) -> Vec<Vec<u8>> {
         })
         .collect()
 }
+
+/// Read-your-writes: the end LSN of an append on the primary, awaited on a standby, means the
+/// record is durable there (or applied, for the application's level).
+#[test]
+fn wait_for_lsn_gives_read_your_writes_on_a_standby() {
+    let primary = TestNode::primary("wal_keep_size = '64MB'");
+    let standby = standby_of(&primary, "s1", "");
+    wait_streaming(&primary, &["s1"]);
+    let end = append(&primary, b"read me", Durability::Local).unwrap();
+    let node = standby.node.clone();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(node.wait_for_lsn(end, supervisor_actor::LocalLevel::Flushed));
+        let _ = tx.send(node.wal.flushed());
+    });
+    let flushed = rx
+        .recv_timeout(DEADLINE)
+        .expect("wait_for_lsn never returned");
+    assert!(flushed >= end);
+    // The applied level waits for the application's report.
+    let node = standby.node.clone();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(node.wait_for_lsn(end, supervisor_actor::LocalLevel::Applied));
+        let _ = tx.send(());
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "applied before any report"
+    );
+    standby.node.report_applied(end);
+    rx.recv_timeout(DEADLINE).expect("not woken by the report");
+}

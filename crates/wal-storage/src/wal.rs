@@ -141,6 +141,8 @@ pub(crate) struct Inner {
     pub files: SegmentFiles,
     pub state: RwLock<TimelineState>,
     pub pos_tx: watch::Sender<WalPosition>,
+    /// Counts slot releases, so a `DROP_REPLICATION_SLOT ... WAIT` can wait for one.
+    pub slot_released: watch::Sender<u64>,
     pub oldest_retained: AtomicU64,
     pub slots: Mutex<SlotTable>,
     pub recovery: RecoveryReport,
@@ -327,6 +329,10 @@ impl Drop for SlotGuard {
         if temporary {
             slots.slots.remove(&self.name);
         }
+        drop(slots);
+        self.inner
+            .slot_released
+            .send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 
@@ -631,6 +637,7 @@ impl Wal {
             files,
             state: RwLock::new(st),
             pos_tx,
+            slot_released: watch::channel(0).0,
             oldest_retained: AtomicU64::new(oldest.0),
             slots: Mutex::new(slots),
             recovery: report,
@@ -738,6 +745,12 @@ impl Wal {
     /// the newest covers earlier ones).
     pub fn subscribe(&self) -> watch::Receiver<WalPosition> {
         self.inner.pos_tx.subscribe()
+    }
+
+    /// Changes each time a slot stops being in use: waiting for an active slot to become
+    /// free awaits this instead of polling.
+    pub fn slot_releases(&self) -> watch::Receiver<u64> {
+        self.inner.slot_released.subscribe()
     }
 
     fn send(&self, req: Request) -> Result<()> {

@@ -148,16 +148,30 @@ impl WalSender {
                 }
                 Output::Run(cmd) => {
                     let wal = self.shared.wal.clone();
-                    let run = tokio::task::spawn_blocking(move || cmd.run(&wal));
-                    ctx.spawn(run.into_actor(self).map(|res, act, ctx| {
-                        let result = res.unwrap_or_else(|e| CommandResult {
-                            messages: vec![BackendMessage::ErrorResponse(ErrorFields::error(
-                                protocol_codec::SqlState::INTERNAL_ERROR,
-                                format!("command failed: {e}"),
-                            ))],
-                            failed: true,
-                            temporary_slot: None,
-                        });
+                    let run = async move {
+                        loop {
+                            // Subscribed before the attempt, so a release during it is seen.
+                            let mut releases = wal.slot_releases();
+                            let (w, c) = (wal.clone(), cmd.clone());
+                            let result = tokio::task::spawn_blocking(move || c.run(&w))
+                                .await
+                                .unwrap_or_else(|e| CommandResult {
+                                    messages: vec![BackendMessage::ErrorResponse(
+                                        ErrorFields::error(
+                                            protocol_codec::SqlState::INTERNAL_ERROR,
+                                            format!("command failed: {e}"),
+                                        ),
+                                    )],
+                                    failed: true,
+                                    temporary_slot: None,
+                                    retry_after_release: false,
+                                });
+                            if !result.retry_after_release || releases.changed().await.is_err() {
+                                return result;
+                            }
+                        }
+                    };
+                    ctx.spawn(run.into_actor(self).map(|result, act, ctx| {
                         let mut out = Vec::new();
                         if let Some(s) = act.session.as_mut() {
                             s.on_command_done(result, &mut out);

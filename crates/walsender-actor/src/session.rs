@@ -144,6 +144,8 @@ pub enum BlockingCommand {
     },
     DropSlot {
         name: String,
+        /// `WAIT`: if the slot is in use, wait until it is released, then drop it.
+        wait: bool,
     },
 }
 
@@ -155,6 +157,9 @@ pub struct CommandResult {
     pub failed: bool,
     /// A temporary slot this session now owns.
     pub temporary_slot: Option<String>,
+    /// The command must run again once a slot is released (`DROP_REPLICATION_SLOT ... WAIT`
+    /// on a slot in use); the actor waits for [`Wal::slot_releases`] and retries.
+    pub retry_after_release: bool,
 }
 
 impl BlockingCommand {
@@ -164,6 +169,7 @@ impl BlockingCommand {
             messages,
             failed: false,
             temporary_slot: None,
+            retry_after_release: false,
         };
         let err = |mut messages: Vec<BackendMessage>, e: ErrorFields| {
             messages.push(BackendMessage::ErrorResponse(e));
@@ -171,6 +177,7 @@ impl BlockingCommand {
                 messages,
                 failed: true,
                 temporary_slot: None,
+                retry_after_release: false,
             }
         };
         match self {
@@ -202,11 +209,18 @@ impl BlockingCommand {
                     messages: results::create_replication_slot(&name, Lsn::INVALID, None, None),
                     failed: false,
                     temporary_slot: temporary.then_some(name),
+                    retry_after_release: false,
                 },
                 Err(e) => err(Vec::new(), wal_error_fields(&e)),
             },
-            BlockingCommand::DropSlot { name } => match wal.drop_slot(&name) {
+            BlockingCommand::DropSlot { name, wait } => match wal.drop_slot(&name) {
                 Ok(()) => ok(results::drop_replication_slot()),
+                Err(WalError::SlotInUse { .. }) if wait => CommandResult {
+                    messages: Vec::new(),
+                    failed: false,
+                    temporary_slot: None,
+                    retry_after_release: true,
+                },
                 Err(e) => err(Vec::new(), wal_error_fields(&e)),
             },
         }
@@ -469,13 +483,14 @@ impl Session {
                 self.ready(out);
             }
             ReplicationCommand::DropReplicationSlot { slot_name, wait } => {
-                // Dropping our own temporary slot is allowed; another session's active slot
-                // is "in use". WAIT would need to be told when the owner releases it; it is
-                // accepted and behaves like the plain form (see ARCHITECTURE.md).
-                let _ = wait;
+                // Another session's active slot is "in use"; with WAIT the command waits until
+                // that session releases it.
                 self.temporary_slots.retain(|s| s != &slot_name);
                 self.mode = Mode::Busy;
-                out.push(Output::Run(BlockingCommand::DropSlot { name: slot_name }));
+                out.push(Output::Run(BlockingCommand::DropSlot {
+                    name: slot_name,
+                    wait,
+                }));
             }
             ReplicationCommand::StartReplication {
                 slot_name,
@@ -757,7 +772,8 @@ impl Session {
                 }
             }
         }
-        if r.reply_requested {
+        // After our CopyDone no more CopyData may follow, not even a keepalive.
+        if r.reply_requested && !stream.server_done {
             out.push(Output::Msg(BackendMessage::PrimaryKeepalive(
                 PrimaryKeepalive {
                     wal_end: stream.sent,
@@ -853,7 +869,8 @@ impl Session {
             );
             return self.close(out);
         }
-        if !stream.waiting_for_ping && now >= stream.last_reply + timeout / 2 {
+        if !stream.waiting_for_ping && !stream.server_done && now >= stream.last_reply + timeout / 2
+        {
             stream.waiting_for_ping = true;
             out.push(Output::Msg(BackendMessage::PrimaryKeepalive(
                 PrimaryKeepalive {
@@ -890,7 +907,9 @@ impl Session {
         let Mode::Streaming(stream) = &mut self.mode else {
             return;
         };
-        if stream.read_in_flight || stream.sent < stream.limit(flushed) && !stream.server_done {
+        // After our own CopyDone (a historic timeline ended) the client's CopyDone ends the
+        // stream; until then, or the deadline, there is nothing to add.
+        if stream.read_in_flight || stream.server_done || stream.sent < stream.limit(flushed) {
             return;
         }
         // pg_receivewal without a slot reports flush 0: use its write position then.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use supervisor_actor::{
     AppendError, AppendRecords, Appended, GetNodeStatus, NodeStatus, Promote, PromoteError,
-    Promoted, ShutdownNode, WalReceiverInfo,
+    Promoted, Reconfigure, ShutdownNode, WalReceiverInfo,
 };
 use wal_storage::{segment_file_name, Lsn, TimelineId, WalPosition};
 use walreceiver_actor::ReceiverState;
@@ -126,6 +126,24 @@ impl TestNode {
         }
     }
 
+    /// Runs `f` while the node's System thread, where the supervisor runs, is held busy:
+    /// messages sent to the supervisor meanwhile wait in its mailbox, in order, and are
+    /// handled once `f` returns.
+    pub fn with_supervisor_held(&self, f: impl FnOnce()) {
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let system = self.system.as_ref().expect("the node runs");
+        assert!(system.arbiter().spawn_fn(move || {
+            let _ = held_tx.send(());
+            let _ = release_rx.recv_timeout(DEADLINE);
+        }));
+        held_rx
+            .recv_timeout(DEADLINE)
+            .expect("the System thread to be held");
+        f();
+        let _ = release_tx.send(());
+    }
+
     /// Appends through the supervisor, as `POST /wal` and embedding applications do.
     pub fn append_records(&self, n: usize, size: usize, seed: u8) -> Result<Appended, AppendError> {
         let records = (0..n)
@@ -170,6 +188,7 @@ impl TestNode {
                 .expect("shutdown");
         }
         let dir = self.stop();
+        wait_unlocked(&dir.path().join("data"));
         std::fs::write(dir.path().join("port"), port.to_string()).expect("remember the port");
         dir
     }
@@ -177,6 +196,12 @@ impl TestNode {
     /// Re-reads the node's configuration file after replacing its extra lines with `extra`,
     /// and applies it as `POST /reload` and SIGHUP do (the binary's Reloader).
     pub fn reload_with(&self, extra: &str) {
+        let reconfigure = self.reconfigure_with(extra);
+        futures_executor::block_on(self.node.supervisor.send(reconfigure)).expect("supervisor");
+    }
+
+    /// What a reload with `extra` as the configuration's extra lines sends the supervisor.
+    pub fn reconfigure_with(&self, extra: &str) -> Reconfigure {
         let path = self.dir.path().join("walserver.toml");
         let text = std::fs::read_to_string(&path).expect("read the node's configuration");
         let head: String = text.lines().take(3).map(|l| format!("{l}\n")).collect();
@@ -190,8 +215,26 @@ impl TestNode {
             data_dir: self.data_dir(),
             running: self.settings.clone(),
         };
-        let reconfigure = reloader.reconfigure().expect("reload");
-        futures_executor::block_on(self.node.supervisor.send(reconfigure)).expect("supervisor");
+        reloader.reconfigure().expect("reload")
+    }
+}
+
+/// Waits until no thread of a stopped node holds its data directory's lock. The System's
+/// arbiters (the admin API's worker among them, which holds a `Node`) end after the System's
+/// own thread, and nothing reports when; so this tries the lock, as the next node will.
+fn wait_unlocked(data_dir: &Path) {
+    let lock = std::fs::OpenOptions::new()
+        .write(true)
+        .open(data_dir.join("walserver.lock"))
+        .expect("open the data directory's lock file");
+    let start = Instant::now();
+    while lock.try_lock().is_err() {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the stopped node still holds {}",
+            data_dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

@@ -67,9 +67,10 @@ impl Handler<Accepted> for Listener {
         let pid = self.next_pid;
         self.next_pid = self.next_pid.wrapping_add(1).max(1);
         let shared = self.shared.clone();
-        let registry = shared.registry.clone();
-        let addr = if self.arbiters.is_empty() {
-            WalSender::new(pid, stream, peer, shared).start()
+        // The walsender tells the registry of itself when it starts (ConnectionOpened), so that
+        // its later events (authenticated, closed) cannot overtake that news.
+        if self.arbiters.is_empty() {
+            WalSender::new(pid, stream, peer, shared).start();
         } else {
             let arbiter = &self.arbiters[self.next_arbiter % self.arbiters.len()];
             self.next_arbiter += 1;
@@ -86,9 +87,8 @@ impl Handler<Accepted> for Listener {
                 let stream = TcpStream::from_std(std_stream)
                     .expect("a connected socket registers with the arbiter's runtime");
                 WalSender::new(pid, stream, peer, shared)
-            })
-        };
-        registry.do_send(ConnectionOpened { pid, addr });
+            });
+        }
     }
 }
 

@@ -630,6 +630,13 @@ impl Handler<AppendRecords> for Supervisor {
         let wal = self.wal.clone();
         let refusal = if self.shutting_down {
             Some(AppendError::ShuttingDown)
+        } else if wal
+            .as_ref()
+            .is_some_and(|w| w.format() != WalFormat::Walserver)
+        {
+            // Said before "this node is a standby; append on the primary", which would send
+            // the client to a PostgreSQL server that takes no walserver records either.
+            Some(AppendError::RelayedPostgresWal)
         } else if self.role == NodeRole::Standby || self.promoting {
             Some(AppendError::Standby)
         } else {

@@ -306,6 +306,41 @@ pub fn assert_same_history(a: &TestNode, b: &TestNode, tli: TimelineId) {
     assert_eq!(x, y, "history files of timeline {tli} differ");
 }
 
+impl super::PgConn {
+    /// Connects and logs in as `user` without a password (`replication=true`); `None` if the
+    /// server refuses the connection or the login, or closes it (a server still starting
+    /// answers FATAL 57P03): what `pg_isready` tells as "accepting connections".
+    pub fn try_connect(addr: SocketAddr, user: &str) -> Option<super::PgConn> {
+        use std::io::Write;
+        let stream = std::net::TcpStream::connect(addr).ok()?;
+        stream.set_read_timeout(Some(DEADLINE)).ok()?;
+        stream.set_nodelay(true).ok()?;
+        let mut c = super::PgConn {
+            stream,
+            buf: bytes::BytesMut::new(),
+        };
+        let mut out = bytes::BytesMut::new();
+        tokio_util::codec::Encoder::encode(
+            &mut protocol_codec::StartupCodec,
+            protocol_codec::StartupPacket::startup([
+                ("user", user),
+                ("replication", "true"),
+                ("application_name", "probe"),
+            ]),
+            &mut out,
+        )
+        .ok()?;
+        c.stream.write_all(&out).ok()?;
+        loop {
+            match c.try_recv().ok()? {
+                protocol_codec::BackendMessage::ReadyForQuery(_) => return Some(c),
+                protocol_codec::BackendMessage::ErrorResponse(_) => return None,
+                _ => {}
+            }
+        }
+    }
+}
+
 /// POSTs `body` to the admin API at `http` and returns the status code and the JSON answer.
 pub fn http_post(http: SocketAddr, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
     let url = format!("http://{http}{path}");

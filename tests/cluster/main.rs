@@ -50,11 +50,12 @@ fn rejoin_cli(data_dir: &std::path::Path, conninfo: &str) -> String {
     stdout
 }
 
-/// Issue 5, item 7: a primary P, a standby A of P, a standby B of A. Everything appended on P
-/// is byte-identical on all three; A is promoted and B follows timeline 2 on the same
-/// connection and keeps receiving what A takes; P, restarted as a standby of A, is refused for
-/// its fork (the error names the fork LSN) until `walserver rejoin` drops its divergent tail,
-/// and then follows A byte for byte. Appends on standbys are refused.
+/// Issue 5, item 7: a primary P, standbys A and C of P, a standby B of A. Everything appended
+/// on P is byte-identical on all four; A is promoted and B follows timeline 2 on the same
+/// connection and keeps receiving what A takes; C, re-pointed at A by a reload, follows too;
+/// P, restarted as a standby of A, is refused for its fork (the error names the fork LSN)
+/// until `walserver rejoin` drops its divergent tail, and then follows A byte for byte.
+/// Appends on standbys are refused.
 #[test]
 fn a_cascade_promotes_follows_and_the_old_primary_rejoins() {
     // Every node keeps its WAL, so it can be compared from the start.
@@ -62,6 +63,7 @@ fn a_cascade_promotes_follows_and_the_old_primary_rejoins() {
     let start = p.wal().flushed();
     let a = TestNode::standby_of(p.addr(), "a", KEEP);
     let b = TestNode::standby_of(a.addr(), "b", KEEP);
+    let c = TestNode::standby_of(p.addr(), "c", KEEP);
 
     // Standbys refuse appends, through the supervisor and through the admin API.
     assert!(matches!(
@@ -80,7 +82,8 @@ fn a_cascade_promotes_follows_and_the_old_primary_rejoins() {
     let end = append_mib(&p, 3, 1);
     a.wait_flushed(TL1, end);
     b.wait_flushed(TL1, end);
-    for (name, n) in [("A", &a), ("B", &b)] {
+    c.wait_flushed(TL1, end);
+    for (name, n) in [("A", &a), ("B", &b), ("C", &c)] {
         assert_eq!(n.wal().system_id(), p.wal().system_id(), "{name}");
         assert_same_wal(&p, n, TL1, start, end);
         assert!(assert_same_segments(&p, n, TL1, start, end) >= 2, "{name}");
@@ -134,6 +137,17 @@ fn a_cascade_promotes_follows_and_the_old_primary_rejoins() {
     assert_same_wal(&a, &b, TL2, switch, a_end);
     assert!(assert_same_segments(&a, &b, TL2, switch, a_end) >= 1);
 
+    // C, re-pointed at A by a reload (before P writes anything A does not have), follows
+    // timeline 2 from A.
+    c.reload_with(&format!("{KEEP}primary_conninfo = {:?}\n", a.conninfo("c")));
+    c.wait_flushed(TL2, a_end);
+    let info = c.wait_receiver("C to stream from A", |i| {
+        i.status.as_ref().unwrap().sender_port == Some(a.addr().port())
+    });
+    assert_eq!(info.status.unwrap().received_tli, Some(TL2));
+    assert_same_history(&a, &c, TL2);
+    assert_same_wal(&a, &c, TL2, switch, a_end);
+
     // P goes on as a primary of timeline 1 for a while: its WAL forks from A's history.
     let p_end = p.append(4, 10_000, 99);
     assert!(p_end > switch);
@@ -183,6 +197,8 @@ fn a_cascade_promotes_follows_and_the_old_primary_rejoins() {
     assert_same_wal(&a, &p, TL1, start, switch);
     assert_same_wal(&a, &p, TL2, switch, a_end);
     assert_same_wal(&a, &b, TL2, switch, a_end);
+    c.wait_flushed(TL2, a_end);
+    assert_same_wal(&a, &c, TL2, switch, a_end);
     assert!(assert_same_segments(&a, &p, TL2, switch, a_end) >= 1);
     // The old primary is a standby now: it refuses appends.
     let (code, _) = http_post(p.http_addr, "/wal", b"record");

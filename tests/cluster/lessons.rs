@@ -63,6 +63,29 @@ fn a_start_request_made_while_the_walreceiver_stops_is_kept() {
         .collect();
     assert!(names.contains(&"s-again".to_string()), "{names:?}");
     assert!(!names.contains(&"s".to_string()), "{names:?}");
+
+    // The race PostgreSQL lost, literally: the upstream dies (the walreceiver fails and
+    // reports it) while a request to start one for another upstream is pending. Whichever of
+    // the two the supervisor hears first, a walreceiver streams from the new upstream.
+    u2.wait_flushed(TL1, end);
+    let before = s.wait_receiver("S to stream from U1", |_| true);
+    let to_u2 = s.reconfigure_with(&format!(
+        "primary_conninfo = {:?}\n",
+        u2.conninfo("s-via-u2")
+    ));
+    let t = Instant::now();
+    s.with_supervisor_held(|| {
+        drop(u1.down(Down::Kill));
+        s.node.supervisor.do_send(to_u2);
+    });
+    let after = s.wait_receiver("S to stream from U2 after U1 died", |i| {
+        i.status.as_ref().unwrap().sender_port == Some(u2.addr().port())
+    });
+    let took = t.elapsed();
+    eprintln!("upstream died during a reload: streaming from the new upstream after {took:?}");
+    assert!(after.pid > before.pid);
+    assert!(took < RESUME_DEADLINE, "{took:?}");
+    s.wait_flushed(TL1, end);
 }
 
 /// An upstream shut down immediately and started again on its data directory and port: the

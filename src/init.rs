@@ -143,8 +143,13 @@ pub fn rejoin(data_dir: &Path, primary_conninfo: &str, slot: Option<&str>) -> an
             &config.application_name,
         ))
         .context("cannot identify the new upstream")?;
+    // Rejoin drops the divergent tail and nothing else. Opening storage runs retention at the
+    // first segment it touches; with the default wal_keep_size of 0 that would remove every
+    // older segment the node's own configuration keeps (for its cascading standbys), so keep
+    // everything here and leave retention to the node when it runs.
     let cfg = StorageConfig {
         segment_size: Wal::stored_segment_size(data_dir)?,
+        wal_keep_size: u64::MAX,
         ..StorageConfig::default()
     };
     let wal = Wal::open(data_dir, cfg).with_context(|| {

@@ -2,6 +2,8 @@
 //! actix System thread, and a small blocking replication-protocol client over a real socket.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -47,9 +49,14 @@ impl TestNode {
 
     /// Starts a node on an existing data directory `DIR/data`.
     pub fn start_in(dir: tempfile::TempDir, extra: &str) -> TestNode {
+        TestNode::start_listening(dir, "127.0.0.1:0", extra)
+    }
+
+    /// Starts a node on `DIR/data` whose replication port listens on `listen`.
+    pub fn start_listening(dir: tempfile::TempDir, listen: &str, extra: &str) -> TestNode {
         let data = dir.path().join("data");
         let toml = format!(
-            "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n{extra}",
+            "data_dir = {:?}\nlisten = {listen:?}\nhttp_listen = \"127.0.0.1:0\"\n{extra}",
             data.display().to_string()
         );
         let path = dir.path().join("walserver.toml");

@@ -573,3 +573,36 @@ fn drop_replication_slot_wait_waits_for_the_release() {
     assert!(matches!(dropper.recv(), BackendMessage::ReadyForQuery(_)));
     assert!(node.wal().slot("s1").is_err());
 }
+
+/// The registry hears of a connection (accepted), of its walsender (authenticated) and of its
+/// close from two threads: the listener's and the walsender's arbiter. Whatever the order they
+/// run in, every authenticated walsender is in pg_stat_replication, and a connection that
+/// closed at once leaves nothing behind that a shutdown would wait for.
+#[test]
+fn every_connection_is_registered_whatever_the_order_of_its_events() {
+    let node = TestNode::primary("max_wal_senders = 100");
+    // Connections that close at once, before their walsender has done anything.
+    for _ in 0..300 {
+        drop(std::net::TcpStream::connect(node.addr()).unwrap());
+    }
+    // Walsenders that authenticate at once (trust) and stay.
+    let conns: Vec<PgConn> = (0..40)
+        .map(|_| PgConn::connect(node.addr(), "u", None).unwrap())
+        .collect();
+    wait_until("every walsender in pg_stat_replication", || {
+        node.http_get("/status")["replication"]
+            .as_array()
+            .is_some_and(|r| r.len() == conns.len())
+    });
+    drop(conns);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let supervisor = node.node.supervisor.clone();
+    std::thread::spawn(move || {
+        let _ = futures_executor::block_on(
+            supervisor.send(supervisor_actor::ShutdownNode { immediate: false }),
+        );
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(DEADLINE)
+        .expect("the shutdown waited for connections that had closed");
+}

@@ -166,6 +166,9 @@ pub struct PgOptions {
     /// Files to write into the data directory before the server starts (certificates and
     /// keys for `ssl = on`, say), readable only by the server's user.
     pub files: Vec<(String, Vec<u8>)>,
+    /// For [`PgCluster::init_standby`]: stream from this upstream instead of the cluster the
+    /// base backup was taken from (a libpq connection string; a walserver standby, say).
+    pub primary_conninfo: Option<String>,
 }
 
 impl PgOptions {
@@ -181,6 +184,11 @@ impl PgOptions {
 
     pub fn file(mut self, name: impl Into<String>, contents: impl Into<Vec<u8>>) -> PgOptions {
         self.files.push((name.into(), contents.into()));
+        self
+    }
+
+    pub fn primary_conninfo(mut self, conninfo: impl Into<String>) -> PgOptions {
+        self.primary_conninfo = Some(conninfo.into());
         self
     }
 }
@@ -322,7 +330,7 @@ impl PgCluster {
     /// A hot standby of this cluster: pg_basebackup (as the `postgres` superuser, with the WAL
     /// streamed alongside and `-R` writing `standby.signal` and `primary_conninfo`), on a port
     /// of its own, started. Its configuration and access rules are this cluster's, plus
-    /// `opts`.
+    /// `opts`; `opts.primary_conninfo` points it at another upstream.
     pub fn init_standby(&self, opts: &PgOptions) -> PgCluster {
         let standby = PgCluster {
             bin: self.bin.clone(),
@@ -352,6 +360,16 @@ impl PgCluster {
         conf.extend(opts.conf.iter().cloned());
         standby.append_file("postgresql.conf", &conf);
         standby.append_file("pg_hba.conf", &opts.hba);
+        if let Some(conninfo) = &opts.primary_conninfo {
+            // After the line `-R` wrote in postgresql.auto.conf, which is read last: this wins.
+            standby.append_file(
+                "postgresql.auto.conf",
+                &[format!(
+                    "primary_conninfo = '{}'",
+                    conninfo.replace('\\', "\\\\").replace('\'', "''")
+                )],
+            );
+        }
         let mut standby = standby;
         standby.start();
         standby

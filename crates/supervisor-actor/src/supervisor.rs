@@ -399,14 +399,38 @@ impl Handler<ShutdownDone> for Supervisor {
         // Storage last: every acknowledged write is already durable; dropping the supervisor's
         // handle lets the writer thread finish once the other holders are gone.
         self.wal = None;
-        for a in self.arbiters.drain(..) {
-            a.stop();
+        // The arbiters' threads hold the walsenders' and the walreceiver's storage handles
+        // until their event loops end: wait for that (off this thread) before answering, so
+        // that a node reopened on the same data directory right after finds it unlocked.
+        let arbiters = std::mem::take(&mut self.arbiters);
+        let joined = tokio::task::spawn_blocking(move || join_arbiters(arbiters));
+        ctx.spawn(joined.into_actor(self).map(|_, act, ctx| {
+            for w in act.shutdown_waiters.drain(..) {
+                let _ = w.send(());
+            }
+            tracing::info!("shutdown complete");
+            ctx.stop();
+        }));
+    }
+}
+
+/// Stops the arbiters and waits for their threads to end.
+fn join_arbiters(arbiters: Vec<Arbiter>) {
+    for a in &arbiters {
+        a.stop();
+    }
+    for a in arbiters {
+        if a.join().is_err() {
+            tracing::error!("an arbiter thread panicked");
         }
-        for w in self.shutdown_waiters.drain(..) {
-            let _ = w.send(());
-        }
-        tracing::info!("shutdown complete");
-        ctx.stop();
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        // A System stopped without a shutdown (an embedding application's exit, a test's
+        // kill) drops the supervisor: its arbiters still end before storage is free again.
+        join_arbiters(std::mem::take(&mut self.arbiters));
     }
 }
 
@@ -619,6 +643,13 @@ impl Handler<AppendRecords> for Supervisor {
         let wal = self.wal.clone();
         let refusal = if self.shutting_down {
             Some(AppendError::ShuttingDown)
+        } else if wal
+            .as_ref()
+            .is_some_and(|w| w.format() != WalFormat::Walserver)
+        {
+            // Said before "this node is a standby; append on the primary", which would send
+            // the client to a PostgreSQL server that takes no walserver records either.
+            Some(AppendError::RelayedPostgresWal)
         } else if self.role == NodeRole::Standby || self.promoting {
             Some(AppendError::Standby)
         } else {

@@ -372,6 +372,11 @@ impl Actor for WalSender {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(256);
+        // First of all: the registry must know of this connection before it hears that it
+        // authenticated or closed. Sent from here, in order with those events; sent by the
+        // listener (another thread) it could arrive after them, and then the walsender was
+        // missing from pg_stat_replication, or a connection already closed stayed registered
+        // and a shutdown waited for it forever.
         self.shared.registry.do_send(ConnectionOpened {
             pid: self.pid,
             addr: ctx.address(),

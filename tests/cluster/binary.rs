@@ -1,0 +1,280 @@
+//! The `walserver` binary as an operator runs it: a reload (SIGHUP, `POST /reload`) that
+//! changes `primary_conninfo` reconnects without a restart; SIGTERM is a fast shutdown that
+//! exits 0, and a second SIGTERM (or SIGQUIT) during it is immediate.
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use protocol_codec::messages::PrimaryKeepalive;
+use protocol_codec::BackendMessage;
+use wal_storage::Lsn;
+
+use super::common::cluster::*;
+use super::common::*;
+use super::{KEEP, TL1};
+
+/// A `walserver run` process, its log lines delivered as they are written.
+struct Walserver {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    log: Vec<String>,
+    http: SocketAddr,
+    listen: SocketAddr,
+}
+
+impl Walserver {
+    fn run(config: &Path) -> Walserver {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_walserver"))
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start walserver");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::channel();
+        // The channel closes when the process's stderr does: that is its exit.
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut w = Walserver {
+            child,
+            lines,
+            log: Vec::new(),
+            http: "0.0.0.0:0".parse().unwrap(),
+            listen: "0.0.0.0:0".parse().unwrap(),
+        };
+        let line = w.wait_line("accepting replication connections");
+        w.listen = field(&line, "listen_addr").parse().expect("listen_addr");
+        let line = w.wait_line("admin API listening");
+        w.http = field(&line, "addr").parse().expect("addr");
+        w
+    }
+
+    /// Waits for a log line containing `needle` and returns it.
+    fn wait_line(&mut self, needle: &str) -> String {
+        let start = Instant::now();
+        loop {
+            let left = DEADLINE.saturating_sub(start.elapsed());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.log.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(e) => panic!(
+                    "no log line with {needle:?} ({e}); the log:\n{}",
+                    self.log.join("\n")
+                ),
+            }
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// Waits for the process to exit (its stderr closes), up to the deadline.
+    fn wait_exit(&mut self) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            let left = DEADLINE.saturating_sub(start.elapsed());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.log.push(line),
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("walserver did not exit; its log:\n{}", self.log.join("\n"))
+                }
+            }
+        }
+        self.child.wait().expect("wait")
+    }
+
+    fn status(&self) -> serde_json::Value {
+        walserver::cli::get_json(&self.http.to_string(), "/status", None).expect("/status")
+    }
+}
+
+impl Drop for Walserver {
+    fn drop(&mut self) {
+        if self.running() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The value of `name=value` in a tracing log line.
+fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    let key = format!("{name}=");
+    let at = line
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {name} in {line:?}"));
+    line[at + key.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+}
+
+fn write_config(dir: &Path, lines: &str) -> PathBuf {
+    let path = dir.join("walserver.toml");
+    let text = format!(
+        "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\nlog_level = \"info\"\n{lines}",
+        dir.join("data").display().to_string()
+    );
+    std::fs::write(&path, text).expect("write the configuration");
+    path
+}
+
+/// Waits until the process's walreceiver streams from `port`; returns its id.
+fn wait_streaming_from(w: &Walserver, port: u16) -> u64 {
+    let mut pid = 0;
+    wait_until(
+        &format!("the walreceiver to stream from port {port}"),
+        || {
+            let r = &w.status()["wal_receiver"];
+            pid = r["pid"].as_u64().unwrap_or(0);
+            r["status"] == "streaming" && r["sender_port"] == port
+        },
+    );
+    pid
+}
+
+#[test]
+fn a_reload_changes_the_upstream_without_a_restart() {
+    let u1 = TestNode::primary(KEEP);
+    let u2 = TestNode::standby_of(u1.addr(), "u2", KEEP);
+    let dir = tempfile::tempdir().unwrap();
+    walserver::init::init_standby(&dir.path().join("data"), &u1.conninfo("s"), None, None)
+        .expect("init_standby");
+    let config = write_config(
+        dir.path(),
+        &format!("primary_conninfo = {:?}\n", u1.conninfo("s")),
+    );
+    let mut w = Walserver::run(&config);
+    let first = wait_streaming_from(&w, u1.addr().port());
+
+    // SIGHUP with a new upstream: the same process streams from it.
+    write_config(
+        dir.path(),
+        &format!("primary_conninfo = {:?}\n", u2.conninfo("s")),
+    );
+    w.signal(libc::SIGHUP);
+    w.wait_line("configuration reloaded");
+    let second = wait_streaming_from(&w, u2.addr().port());
+    assert!(second > first, "a new walreceiver, {second} after {first}");
+    assert!(w.running());
+
+    // POST /reload, back to the first upstream under another name.
+    write_config(
+        dir.path(),
+        &format!("primary_conninfo = {:?}\n", u1.conninfo("s2")),
+    );
+    let (code, body) = http_post(w.http, "/reload", b"");
+    assert_eq!(code, 200, "{body}");
+    wait_streaming_from(&w, u1.addr().port());
+    let end = u1.append(16, 1000, 3);
+    u2.wait_flushed(TL1, end);
+    wait_until("the standby to flush what U1 appended", || {
+        w.status()["flush_lsn"] == serde_json::json!(end.to_string())
+    });
+    let names: Vec<String> = u1
+        .status()
+        .replication
+        .iter()
+        .map(|r| r.application_name.clone())
+        .collect();
+    assert!(
+        names.contains(&"s2".to_string()),
+        "{names:?} {}",
+        w.status()
+    );
+
+    // A reload that cannot be applied leaves the running settings as they are.
+    std::fs::write(&config, "this is not toml = = =").unwrap();
+    let (code, body) = http_post(w.http, "/reload", b"");
+    assert_eq!(code, 400, "{body}");
+    assert!(w.running());
+
+    // SIGTERM: a fast shutdown, exit status 0.
+    let t = Instant::now();
+    w.signal(libc::SIGTERM);
+    let status = w.wait_exit();
+    eprintln!("SIGTERM: a standby exited in {:?}", t.elapsed());
+    assert!(status.success(), "{status}");
+}
+
+/// A primary with a streaming standby that never confirms: SIGTERM starts the fast shutdown,
+/// whose drain would wait `wal_sender_shutdown_timeout` (60 s) for the confirmation; a second
+/// SIGTERM, or a SIGQUIT, ends it at once. A standby that confirms lets the first SIGTERM
+/// finish by itself. Every way exits 0.
+#[test]
+fn sigterm_is_a_fast_shutdown_and_a_second_signal_is_immediate() {
+    for second in [None, Some(libc::SIGTERM), Some(libc::SIGQUIT)] {
+        let dir = tempfile::tempdir().unwrap();
+        walserver::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
+        let config = write_config(dir.path(), "wal_sender_shutdown_timeout = \"60s\"\n");
+        let mut w = Walserver::run(&config);
+        let end: Lsn = w.status()["flush_lsn"].as_str().unwrap().parse().unwrap();
+        let mut standby = PgConn::connect(w.listen, "standby", None).unwrap();
+        standby.start_replication(end);
+        wait_until("the walsender to be registered", || {
+            w.status()["replication"]
+                .as_array()
+                .is_some_and(|r| r.len() == 1)
+        });
+        let t = Instant::now();
+        w.signal(libc::SIGTERM);
+        // The drain asks the standby to confirm what it was sent.
+        loop {
+            match standby.recv() {
+                BackendMessage::PrimaryKeepalive(PrimaryKeepalive {
+                    reply_requested: true,
+                    ..
+                }) => break,
+                BackendMessage::PrimaryKeepalive(_) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        match second {
+            None => {
+                standby.reply(end, end, false);
+                assert_eq!(
+                    standby.recv(),
+                    BackendMessage::CommandComplete("COPY 0".into())
+                );
+            }
+            Some(sig) => {
+                assert!(
+                    w.running(),
+                    "the fast shutdown did not wait for the standby"
+                );
+                w.signal(sig);
+            }
+        }
+        let status = w.wait_exit();
+        let took = t.elapsed();
+        eprintln!("SIGTERM then {second:?}: exited in {took:?}");
+        assert!(status.success(), "{second:?}: {status}");
+        assert!(took < Duration::from_secs(10), "{second:?}: {took:?}");
+        assert!(standby.closed());
+    }
+}

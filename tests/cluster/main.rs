@@ -1,0 +1,206 @@
+//! Clusters of walserver nodes over real sockets on 127.0.0.1: a primary, a standby and a
+//! standby cascading from it; promotion and timeline following without a reconnect; the old
+//! primary refused for its fork until it rejoins; and the supervisor's lessons (start requests
+//! are never lost and never wait for a fixed retry interval; an upstream restarted many times
+//! loses no byte).
+
+mod binary;
+#[path = "../common/mod.rs"]
+mod common;
+mod lessons;
+
+use std::process::Command;
+
+use common::cluster::*;
+use common::*;
+use supervisor_actor::{AppendError, NodeRole, PromoteError};
+use wal_storage::{Lsn, TimelineId};
+use walserver::init::StandbySignal;
+
+const TL1: TimelineId = TimelineId(1);
+const TL2: TimelineId = TimelineId(2);
+const KEEP: &str = "wal_keep_size = \"64MB\"\n";
+
+/// Appends `mib` MiB on `node` in records of 16 KiB (through storage, as the tests of the
+/// primary do); returns the end.
+fn append_mib(node: &TestNode, mib: usize, seed: u8) -> Lsn {
+    let mut end = Lsn::INVALID;
+    for i in 0..mib * 8 {
+        end = node.append(8, 16 << 10, seed.wrapping_add(i as u8));
+    }
+    end
+}
+
+/// Runs `walserver rejoin` on a stopped node's data directory and returns what it printed.
+fn rejoin_cli(data_dir: &std::path::Path, conninfo: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_walserver"))
+        .arg("rejoin")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--primary-conninfo")
+        .arg(conninfo)
+        .output()
+        .expect("run walserver rejoin");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "walserver rejoin failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Issue 5, item 7: a primary P, standbys A and C of P, a standby B of A. Everything appended
+/// on P is byte-identical on all four; A is promoted and B follows timeline 2 on the same
+/// connection and keeps receiving what A takes; C, re-pointed at A by a reload, follows too;
+/// P, restarted as a standby of A, is refused for its fork (the error names the fork LSN)
+/// until `walserver rejoin` drops its divergent tail, and then follows A byte for byte.
+/// Appends on standbys are refused.
+#[test]
+fn a_cascade_promotes_follows_and_the_old_primary_rejoins() {
+    // Every node keeps its WAL, so it can be compared from the start.
+    let p = TestNode::primary(KEEP);
+    let start = p.wal().flushed();
+    let a = TestNode::standby_of(p.addr(), "a", KEEP);
+    let b = TestNode::standby_of(a.addr(), "b", KEEP);
+    let c = TestNode::standby_of(p.addr(), "c", KEEP);
+
+    // Standbys refuse appends, through the supervisor and through the admin API.
+    assert!(matches!(
+        a.append_records(1, 10, 0),
+        Err(AppendError::Standby)
+    ));
+    let (code, body) = http_post(b.http_addr, "/wal", b"record");
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("standby"),
+        "{body}"
+    );
+    // A primary refuses promotion.
+    assert!(matches!(p.promote(), Err(PromoteError::NotStandby)));
+
+    let end = append_mib(&p, 3, 1);
+    a.wait_flushed(TL1, end);
+    b.wait_flushed(TL1, end);
+    c.wait_flushed(TL1, end);
+    for (name, n) in [("A", &a), ("B", &b), ("C", &c)] {
+        assert_eq!(n.wal().system_id(), p.wal().system_id(), "{name}");
+        assert_same_wal(&p, n, TL1, start, end);
+        assert!(assert_same_segments(&p, n, TL1, start, end) >= 2, "{name}");
+    }
+    let a_info = a.wait_receiver("A to stream from P", |_| true);
+    let b_info = b.wait_receiver("B to stream from A", |_| true);
+    let status = b_info.status.as_ref().unwrap();
+    assert_eq!(
+        status.sender_port,
+        Some(a.addr().port()),
+        "B cascades from A"
+    );
+    assert_eq!(
+        a_info.status.as_ref().unwrap().sender_port,
+        Some(p.addr().port())
+    );
+    // A's walsender to B shows in A's replication status.
+    assert_eq!(a.status().replication.len(), 1);
+    assert_eq!(a.status().replication[0].application_name, "b");
+
+    // Promote A through its admin API.
+    let (code, promoted) = http_post(a.http_addr, "/promote", b"");
+    assert_eq!(code, 200, "{promoted}");
+    assert_eq!(promoted["timeline"], 2);
+    let switch: Lsn = promoted["switch_lsn"].as_str().unwrap().parse().unwrap();
+    assert_eq!(switch, end, "A had received everything P wrote");
+    let a_status = a.status();
+    assert_eq!(a_status.role, NodeRole::Primary);
+    assert_eq!(a_status.timeline, TL2);
+    assert!(a_status.wal_receiver.is_none());
+    assert!(!a.data_dir().join("standby.signal").exists());
+    assert!(matches!(a.promote(), Err(PromoteError::NotStandby)));
+
+    // B follows timeline 2 with the walreceiver it had, and receives what A now takes.
+    b.wait_flushed(TL2, switch);
+    let appended = a.append_records(64, 16 << 10, 7).expect("append on A");
+    assert_eq!(appended.timeline, TL2);
+    let a_end = append_mib(&a, 1, 8);
+    b.wait_flushed(TL2, a_end);
+    let b_after = b.wait_receiver("B to stream timeline 2", |i| {
+        i.status.as_ref().unwrap().received_tli == Some(TL2)
+    });
+    assert_eq!(
+        b_after.pid, b_info.pid,
+        "B reconnected instead of following on the same connection"
+    );
+    assert_eq!(b_after.restart.attempts, 0, "B's walreceiver never failed");
+    assert_eq!(b.status().timeline, TL2);
+    assert_same_history(&a, &b, TL2);
+    assert_same_wal(&a, &b, TL1, start, switch);
+    assert_same_wal(&a, &b, TL2, switch, a_end);
+    assert!(assert_same_segments(&a, &b, TL2, switch, a_end) >= 1);
+
+    // C, re-pointed at A by a reload (before P writes anything A does not have), follows
+    // timeline 2 from A.
+    c.reload_with(&format!("{KEEP}primary_conninfo = {:?}\n", a.conninfo("c")));
+    c.wait_flushed(TL2, a_end);
+    let info = c.wait_receiver("C to stream from A", |i| {
+        i.status.as_ref().unwrap().sender_port == Some(a.addr().port())
+    });
+    assert_eq!(info.status.unwrap().received_tli, Some(TL2));
+    assert_same_history(&a, &c, TL2);
+    assert_same_wal(&a, &c, TL2, switch, a_end);
+
+    // P goes on as a primary of timeline 1 for a while: its WAL forks from A's history.
+    let p_end = p.append(4, 10_000, 99);
+    assert!(p_end > switch);
+    let p_dir = p.down(Down::Immediate);
+    let p_data = p_dir.path().join("data");
+    StandbySignal {
+        primary_conninfo: Some(a.conninfo("p")),
+        primary_slot_name: None,
+    }
+    .write(&p_data)
+    .unwrap();
+    let p = TestNode::start_in(p_dir, KEEP);
+    // Refused, with the fork LSN named in /status; nothing of P's WAL is dropped.
+    let mut last_error = String::new();
+    wait_until("P to be refused for its fork", || {
+        let s = p.http_get("/status");
+        last_error = s["wal_receiver"]["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        last_error.contains("forked")
+    });
+    assert!(
+        last_error.contains(&switch.to_string()),
+        "the error does not name the fork LSN {switch}: {last_error}"
+    );
+    let status = p.status();
+    assert_eq!(status.role, NodeRole::Standby);
+    assert_eq!((status.timeline, status.flush_lsn), (TL1, p_end));
+    assert!(status.wal_receiver.unwrap().restart.attempts >= 1);
+
+    // `walserver rejoin` drops the divergent tail and says how much.
+    let p_dir = p.down(Down::Immediate);
+    let said = rejoin_cli(&p_dir.path().join("data"), &a.conninfo("p"));
+    let dropped = p_end.0 - switch.0;
+    assert!(
+        said.contains(&format!("dropped {dropped} bytes")),
+        "rejoin did not say it dropped {dropped} bytes: {said}"
+    );
+    let p = TestNode::start_in(p_dir, KEEP);
+    let a_end = a.append_records(32, 1000, 9).unwrap().end_lsn;
+    p.wait_flushed(TL2, a_end);
+    b.wait_flushed(TL2, a_end);
+    let info = p.wait_receiver("P to stream from A", |_| true);
+    assert_eq!(info.status.unwrap().sender_port, Some(a.addr().port()));
+    assert_same_history(&a, &p, TL2);
+    assert_same_wal(&a, &p, TL1, start, switch);
+    assert_same_wal(&a, &p, TL2, switch, a_end);
+    assert_same_wal(&a, &b, TL2, switch, a_end);
+    c.wait_flushed(TL2, a_end);
+    assert_same_wal(&a, &c, TL2, switch, a_end);
+    assert!(assert_same_segments(&a, &p, TL2, switch, a_end) >= 1);
+    // The old primary is a standby now: it refuses appends.
+    let (code, _) = http_post(p.http_addr, "/wal", b"record");
+    assert_eq!(code, 409);
+}

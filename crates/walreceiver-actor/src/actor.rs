@@ -26,6 +26,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::codec::FramedRead;
 use wal_storage::{Wal, WalError, WalPosition};
+use walsender_actor::timer::DeadlineTimer;
 
 use crate::config::ReceiverConfig;
 use crate::connect::{self, Connection, Io};
@@ -50,7 +51,7 @@ pub struct WalReceiver {
     writer: Option<mpsc::Sender<Bytes>>,
     writer_task: Option<tokio::task::JoinHandle<()>>,
     in_flight: Arc<Semaphore>,
-    timer: Option<(Instant, SpawnHandle)>,
+    timer: DeadlineTimer,
     stop_reason: Option<StopReason>,
 }
 
@@ -89,7 +90,7 @@ impl WalReceiver {
             session,
             writer: None,
             writer_task: None,
-            timer: None,
+            timer: DeadlineTimer::default(),
             stop_reason: None,
         }
     }
@@ -227,28 +228,15 @@ impl WalReceiver {
         ctx.stop();
     }
 
-    /// Keeps one timer at the session's earliest deadline. A later deadline leaves the timer
-    /// as it is: when it fires early the session does nothing and the timer is set again.
+    /// Keeps a timer at the session's earliest deadline (status interval, ping, timeout).
     fn arm_timer(&mut self, ctx: &mut Context<Self>) {
-        let Some(deadline) = self.session.next_deadline() else {
-            return;
-        };
-        if let Some((at, _)) = self.timer {
-            if at <= deadline {
-                return;
-            }
-        }
-        if let Some((_, handle)) = self.timer.take() {
-            ctx.cancel_future(handle);
-        }
-        let delay = deadline.saturating_duration_since(Instant::now());
-        let handle = ctx.run_later(delay, |act, ctx| {
-            act.timer = None;
+        let deadline = self.session.next_deadline();
+        self.timer.arm(deadline, ctx, |act, ctx| {
+            act.timer.fired();
             let mut out = Vec::new();
             act.session.on_tick(Instant::now(), &mut out);
             act.apply(out, None, ctx);
         });
-        self.timer = Some((deadline, handle));
     }
 }
 

@@ -31,6 +31,7 @@ use crate::connection::{self, Established};
 use crate::messages::*;
 use crate::session::{CommandResult, Output, Session, ShutdownMode, MAX_SEND_SIZE};
 use crate::shared::Shared;
+use crate::timer::DeadlineTimer;
 use crate::writer::{frame_queue, Frame, FrameSender, QueueError};
 
 pub struct WalSender {
@@ -50,7 +51,7 @@ pub struct WalSender {
     /// Messages that arrived while a blocking command ran.
     held: VecDeque<FrontendMessage>,
     waiting_for_room: bool,
-    timer: Option<(Instant, SpawnHandle)>,
+    timer: DeadlineTimer,
     closing: bool,
     /// The writer task; aborted if it cannot deliver the last bytes within `close_grace`.
     writer_task: Option<tokio::task::JoinHandle<()>>,
@@ -76,7 +77,7 @@ impl WalSender {
             pending: BytesMut::new(),
             held: VecDeque::new(),
             waiting_for_room: false,
-            timer: None,
+            timer: DeadlineTimer::default(),
             closing: false,
             writer_task: None,
         }
@@ -296,23 +297,11 @@ impl WalSender {
         self.wait_for_room_if_needed(ctx);
     }
 
-    /// Keeps one timer at the session's earliest deadline. A later deadline leaves the timer
-    /// as it is: when it fires early the session does nothing and the timer is set again.
+    /// Keeps a timer at the session's earliest deadline (keepalive, timeout, shutdown).
     fn arm_timer(&mut self, ctx: &mut Context<Self>) {
-        let Some(deadline) = self.session.as_ref().and_then(Session::next_deadline) else {
-            return;
-        };
-        if let Some((at, _)) = self.timer {
-            if at <= deadline {
-                return;
-            }
-        }
-        if let Some((_, handle)) = self.timer.take() {
-            ctx.cancel_future(handle);
-        }
-        let delay = deadline.saturating_duration_since(Instant::now());
-        let handle = ctx.run_later(delay, |act, ctx| {
-            act.timer = None;
+        let deadline = self.session.as_ref().and_then(Session::next_deadline);
+        self.timer.arm(deadline, ctx, |act, ctx| {
+            act.timer.fired();
             let mut out = Vec::new();
             if let Some(s) = act.session.as_mut() {
                 s.on_tick(Instant::now(), &mut out);
@@ -320,7 +309,6 @@ impl WalSender {
             act.apply(out, ctx);
             act.arm_timer(ctx);
         });
-        self.timer = Some((deadline, handle));
     }
 
     /// Ends the connection: stop reading, let the writer deliver what is queued, then stop.

@@ -38,6 +38,7 @@ mod shared;
 pub mod startup;
 pub mod status;
 pub mod syncrep;
+pub mod timer;
 pub mod writer;
 
 pub use actor::WalSender;

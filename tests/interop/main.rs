@@ -311,6 +311,26 @@ fn libpq_over_tls_verify_full() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).starts_with(&node.wal().system_id().to_string()));
+    // The admin API serves TLS with the same certificate.
+    let config = protocol_codec::tls::client_config(
+        protocol_codec::tls::SslMode::VerifyFull,
+        Some(&files.root),
+    )
+    .unwrap()
+    .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(config, name).unwrap();
+    let sock = std::net::TcpStream::connect(node.http_addr).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    use std::io::{Read, Write};
+    write!(tls, "GET /status HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    let _ = tls.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
+        "{answer}"
+    );
+    assert!(answer.contains("\"role\":\"primary\""), "{answer}");
     // Without TLS the rules refuse it.
     let out = run("disable");
     assert!(!out.status.success());

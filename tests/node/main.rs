@@ -606,3 +606,37 @@ fn every_connection_is_registered_whatever_the_order_of_its_events() {
     rx.recv_timeout(DEADLINE)
         .expect("the shutdown waited for connections that had closed");
 }
+
+/// The admin API bound beyond loopback without a token is refused at start, with a reason.
+#[test]
+fn a_public_admin_api_without_a_token_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    walserver::init::init_primary(&data, 1 << 20).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_walserver"))
+        .args(["run", "-c"])
+        .arg(format!("data_dir={}", data.display()))
+        .args(["-c", "listen=127.0.0.1:0", "-c", "http_listen=0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("http_auth_token"), "{err}");
+}
+
+/// With a token, the admin API answers only requests that carry it.
+#[test]
+fn the_admin_api_checks_its_bearer_token() {
+    let node = TestNode::primary("http_auth_token = \"s3cret\"");
+    let url = format!("http://{}/status", node.http_addr);
+    let status = |token: Option<&str>| {
+        let mut req = ureq::get(&url).config().http_status_as_error(false).build();
+        if let Some(t) = token {
+            req = req.header("Authorization", &format!("Bearer {t}"));
+        }
+        req.call().unwrap().status().as_u16()
+    };
+    assert_eq!(status(None), 401);
+    assert_eq!(status(Some("wrong")), 401);
+    assert_eq!(status(Some("s3cret")), 200);
+}

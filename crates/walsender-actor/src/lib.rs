@@ -5,8 +5,10 @@
 //! CopyBoth sub-protocol, so pg_receivewal, a PostgreSQL standby and walserver's own
 //! walreceiver can all stream from it. Its peer is the client on the socket; the node's other
 //! actors reach it through the [`WalSenderRegistry`], which knows every connection, enforces
-//! `max_wal_senders`, shows `pg_stat_replication` and fans out shutdown. The [`Listener`]
-//! accepts connections and starts walsenders.
+//! `max_wal_senders`, shows `pg_stat_replication`, fans out shutdown, and runs synchronous
+//! replication ([`syncrep`]): on every standby reply it decides who is synchronous and
+//! releases the appends their positions cover. The [`Listener`] accepts connections and
+//! starts walsenders.
 //!
 //! The protocol logic is in plain state machines the actors wrap: [`startup::Handshake`] (SSL
 //! negotiation and authentication) and [`session::Session`] (commands and streaming). They do
@@ -23,8 +25,8 @@
 //!   WAL and wait (until a deadline) for the standby to confirm it before CommandComplete.
 //!
 //! What it does not own: storage (it reads through a `Wal` handle), the decision to shut down
-//! (the supervisor's), synchronous replication (it reports standby positions; the tracker
-//! decides).
+//! (the supervisor's), appends (the supervisor makes them durable, then asks the registry to
+//! wait for the synchronous standbys).
 
 mod actor;
 pub mod connection;

@@ -353,8 +353,10 @@ fn one_run(
                     .arg(&dir)
                     .arg("--slot")
                     .arg(&slots[i])
+                    // pg_receivewal stops once it has received WAL past --endpos
+                    // (PostgreSQL 15 compares endpos < received): one byte short of the end.
                     .arg("--endpos")
-                    .arg(end.to_string())
+                    .arg(Lsn(end.0 - 1).to_string())
                     .env("PGAPPNAME", name)
                     .stdin(Stdio::null())
                     .stdout(Stdio::null());

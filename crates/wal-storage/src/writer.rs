@@ -204,6 +204,17 @@ impl Writer {
     /// At a clean stop: persist slots and the durable end, stop the background thread.
     fn close(&mut self) {
         persist_dirty_slots(&self.inner);
+        // Raw writes of walserver records move the pointer only per segment; a clean stop
+        // records the end exactly, so the next start need not scan or drop a partial record.
+        let p = self.pointer.last;
+        if !p.exact || p.end != self.flushed || p.timeline != self.tli {
+            if let Err(e) = self
+                .pointer
+                .store(&self.inner.io, self.tli, self.flushed, true)
+            {
+                tracing::warn!(error = %e, "could not record the exact durable end at shutdown");
+            }
+        }
         let st = self.inner.state().clone();
         if let Err(e) = self.inner.write_control(&st) {
             tracing::warn!(error = %e, "could not record the durable end in the control file at shutdown");
@@ -447,8 +458,16 @@ impl Writer {
                     )
                 })?;
         }
+        // Raw bytes of relayed PostgreSQL WAL cannot be scanned back, so each batch's end is
+        // stored exactly. Raw bytes of walserver records can: recovery scans records past a
+        // non-exact pointer (`Wal::open`) and finds every complete record that was flushed,
+        // so, as for appends, the pointer moves only when the end enters a new segment. That
+        // saves a second fdatasync per batch on a standby, which sat on every synchronous
+        // commit's path. What recovery may then drop is the partial record at the end, which
+        // lies in the segment of the last durable end (the pointer is always in that segment),
+        // a segment the upstream still keeps for this standby (its slot is at most there).
         let p = self.pointer.last;
-        if self.batch_raw
+        if (self.batch_raw && self.inner.format != crate::WalFormat::Walserver)
             || p.exact
             || p.timeline != self.tli
             || p.end.segment_number(seg) != end.segment_number(seg)

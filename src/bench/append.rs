@@ -57,6 +57,10 @@ pub struct AppendArgs {
     /// Threads that run the in-process writers (tasks on current-thread runtimes).
     #[arg(long, default_value_t = 1)]
     pub writer_threads: usize,
+    /// Threads for each in-process node's walsenders and walreceiver (0: on the node's own
+    /// System thread, beside its supervisor and registry).
+    #[arg(long, default_value_t = 0)]
+    pub io_threads: usize,
     /// Process ids of the remote nodes, for their peak RSS (from /proc).
     #[arg(long = "pid")]
     pub pids: Vec<u32>,
@@ -451,6 +455,7 @@ pub fn measure(args: &AppendArgs) -> anyhow::Result<AppendReport> {
                 sync_names: args.sync_names.clone(),
                 fsync: !args.no_fsync,
                 base_dir: args.dir.clone(),
+                io_threads: args.io_threads,
                 ..ClusterOptions::default()
             };
             let c = Cluster::start(&opts).context("cannot start the in-process cluster")?;

@@ -31,6 +31,9 @@ pub struct ClusterOptions {
     /// Where the nodes' temporary directories go (the system's temporary directory if `None`).
     pub base_dir: Option<PathBuf>,
     pub segment_size: u64,
+    /// Threads for each node's walsenders and walreceiver (`NodeConfig::io_threads`); 0 runs
+    /// them on the node's own System thread, beside its supervisor and registry.
+    pub io_threads: usize,
 }
 
 impl Default for ClusterOptions {
@@ -41,17 +44,18 @@ impl Default for ClusterOptions {
             fsync: true,
             base_dir: None,
             segment_size: 16 << 20,
+            io_threads: 0,
         }
     }
 }
 
-/// A primary and its standbys running in this process on one actix System thread.
+/// A primary and its standbys running in this process, each node on an actix System thread
+/// of its own (as separate processes would be), with its storage threads.
 pub struct Cluster {
     pub primary: Node,
     pub standbys: Vec<Node>,
-    system: actix_rt::System,
-    arbiter: actix_rt::ArbiterHandle,
-    thread: Option<JoinHandle<()>>,
+    primary_system: Option<SystemThread>,
+    standby_systems: Vec<SystemThread>,
     _dir: tempfile::TempDir,
 }
 
@@ -98,62 +102,33 @@ impl Cluster {
         ])?;
         let mut cfg = crate::server::node_config(&s, &data)?;
         cfg.storage.fsync = opts.fsync;
-        let (tx, rx) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("bench-cluster".into())
-            .spawn(move || {
-                let system = actix_rt::System::new();
-                system.block_on(async move {
-                    let node = NodeBuilder::new(cfg).start().await;
-                    let _ =
-                        tx.send(node.map(|n| {
-                            (n, actix_rt::System::current(), actix_rt::Arbiter::current())
-                        }));
-                });
-                let _ = system.run();
-            })?;
-        let (primary, system, arbiter) = rx
-            .recv()
-            .context("the cluster thread ended")?
-            .context("cannot start the primary")?;
+        cfg.io_threads = opts.io_threads;
+        let primary_system = SystemThread::spawn("bench-primary")?;
+        let primary =
+            start_node_on(&primary_system.arbiter, cfg).context("cannot start the primary")?;
         let mut c = Cluster {
             primary,
             standbys: Vec::new(),
-            system,
-            arbiter,
-            thread: Some(thread),
+            primary_system: Some(primary_system),
+            standby_systems: Vec::new(),
             _dir: dir,
         };
         for i in 0..opts.standbys {
             let data = c._dir.path().join(standby_name(i));
-            let node = c.start_standby(&data, &standby_name(i), opts.fsync, None)?;
+            let system = SystemThread::spawn(&format!("bench-{}", standby_name(i)))?;
+            let node = start_standby_on(
+                &system.arbiter,
+                c.primary.listen_addr,
+                &data,
+                &standby_name(i),
+                opts.fsync,
+                None,
+                opts.io_threads,
+            )?;
             c.standbys.push(node);
+            c.standby_systems.push(system);
         }
         Ok(c)
-    }
-
-    /// Makes a standby of the primary in `data` (which must not exist), starting at `start`
-    /// (default: the primary's current segment), and runs it on the cluster's thread.
-    pub fn start_standby(
-        &self,
-        data: &Path,
-        name: &str,
-        fsync: bool,
-        start: Option<Lsn>,
-    ) -> anyhow::Result<Node> {
-        start_standby_on(
-            &self.arbiter,
-            self.primary.listen_addr,
-            data,
-            name,
-            fsync,
-            start,
-        )
-    }
-
-    /// Starts a node on the cluster's thread.
-    pub fn start_node(&self, cfg: NodeConfig) -> anyhow::Result<Node> {
-        start_node_on(&self.arbiter, cfg)
     }
 
     /// Waits until every standby streams from the primary.
@@ -182,7 +157,8 @@ impl Cluster {
     }
 }
 
-fn start_node_on(arbiter: &actix_rt::ArbiterHandle, cfg: NodeConfig) -> anyhow::Result<Node> {
+/// Starts a node on `arbiter` and waits until it runs.
+pub fn start_node_on(arbiter: &actix_rt::ArbiterHandle, cfg: NodeConfig) -> anyhow::Result<Node> {
     let (tx, rx) = mpsc::channel();
     arbiter.spawn(async move {
         let _ = tx.send(NodeBuilder::new(cfg).start().await);
@@ -198,13 +174,36 @@ pub fn start_standby_on(
     name: &str,
     fsync: bool,
     start: Option<Lsn>,
+    io_threads: usize,
 ) -> anyhow::Result<Node> {
+    init_standby_dir(upstream, data, name, start)?;
+    start_standby_node(arbiter, data, fsync, io_threads)
+}
+
+/// `walserver init --standby` of `upstream` in `data` (which must not exist), starting at
+/// `start` (default: the upstream's current segment); `name` is its application_name.
+pub fn init_standby_dir(
+    upstream: SocketAddr,
+    data: &Path,
+    name: &str,
+    start: Option<Lsn>,
+) -> anyhow::Result<()> {
     let conninfo = format!(
         "host={} port={} user=bench application_name={name}",
         upstream.ip(),
         upstream.port()
     );
     crate::init::init_standby(data, &conninfo, None, start)?;
+    Ok(())
+}
+
+/// Runs the standby whose data directory `init_standby_dir` made, on `arbiter`.
+pub fn start_standby_node(
+    arbiter: &actix_rt::ArbiterHandle,
+    data: &Path,
+    fsync: bool,
+    io_threads: usize,
+) -> anyhow::Result<Node> {
     let s = settings(&[
         ("data_dir", data.display().to_string()),
         ("listen", "127.0.0.1:0".into()),
@@ -212,7 +211,25 @@ pub fn start_standby_on(
     ])?;
     let mut cfg = crate::server::node_config(&s, data)?;
     cfg.storage.fsync = fsync;
-    cfg.io_threads = 1;
+    cfg.io_threads = io_threads;
+    start_node_on(arbiter, cfg)
+}
+
+/// A primary of its own on `arbiter`, in `data` (made here), keeping all its WAL.
+pub fn start_primary_on(
+    arbiter: &actix_rt::ArbiterHandle,
+    data: &Path,
+    segment_size: u64,
+    max_wal_senders: usize,
+) -> anyhow::Result<Node> {
+    crate::init::init_primary(data, segment_size)?;
+    let s = settings(&[
+        ("data_dir", data.display().to_string()),
+        ("listen", "127.0.0.1:0".into()),
+        ("max_wal_senders", max_wal_senders.to_string()),
+        ("wal_keep_size", "1TB".into()),
+    ])?;
+    let cfg = crate::server::node_config(&s, data)?;
     start_node_on(arbiter, cfg)
 }
 
@@ -261,11 +278,9 @@ impl Drop for Cluster {
         for s in &self.standbys {
             shutdown(s);
         }
+        self.standby_systems.clear();
         shutdown(&self.primary);
-        self.system.stop();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.primary_system.take();
     }
 }
 

@@ -866,6 +866,33 @@ fn bg_main(inner: Arc<Inner>, rx: Receiver<BgRequest>) {
     }
 }
 
+/// Gives a new, empty segment file its full size of zeros.
+///
+/// On tmpfs nothing is made durable and the kernel hands out zeroed pages, so `fallocate`
+/// reserves the memory without copying 16 MiB of zeros from user space: that copy was about
+/// 40% of a standby's CPU while catching up on tmpfs. Elsewhere the zeros are written, so
+/// that later overwrites, and their fdatasync, change no file-system metadata (an unwritten
+/// extent from fallocate would make every small commit's fdatasync a journal commit).
+fn zero_fill(io: &Io, f: &File, len: u64) -> io::Result<()> {
+    if on_tmpfs(f) {
+        io.check(FP_PREALLOC)?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: fallocate on a descriptor we own, over a valid range.
+        if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) } == 0 {
+            return Ok(());
+        }
+    }
+    write_zeros(io, f, 0, len, FP_PREALLOC)
+}
+
+fn on_tmpfs(f: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fstatfs fills the struct we pass for a descriptor we own.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::fstatfs(f.as_raw_fd(), &mut st) } == 0;
+    ok && st.f_type as u64 == libc::TMPFS_MAGIC as u64
+}
+
 /// Creates a zero-filled segment file outside `pg_wal`, makes it durable, then links it into
 /// `pg_wal` under its final name (never replacing a file there) and fsyncs the directory.
 fn preallocate(inner: &Inner, tli: TimelineId, segno: u64) -> Result<File> {
@@ -881,7 +908,7 @@ fn preallocate(inner: &Inner, tli: TimelineId, segno: u64) -> Result<File> {
             .create(true)
             .truncate(true)
             .open(&tmp)?;
-        write_zeros(io, &f, 0, seg, FP_PREALLOC)?;
+        zero_fill(io, &f, seg)?;
         io.sync_all(&f, FP_PREALLOC)?;
         match fs::hard_link(&tmp, &target) {
             Ok(()) => {}

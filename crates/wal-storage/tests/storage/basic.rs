@@ -271,6 +271,35 @@ fn raw_walserver_records_cost_one_fsync_per_batch_and_recover_by_scanning() {
     assert_eq!(records(&wal, TimelineId(1), Lsn(SEG)).len(), 11);
 }
 
+/// On tmpfs, segments are preallocated with fallocate instead of written zeros: they still
+/// read as zeros past the end, so records append, reopen and scan as anywhere else.
+#[test]
+fn preallocated_segments_on_tmpfs_read_as_zeros() {
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return; // No tmpfs here: the written-zeros path is what every other test covers.
+    }
+    let tmp = tempfile::tempdir_in(shm).unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    // Enough to fill the first segment and start the next two (preallocated ahead).
+    let payloads: Vec<Bytes> = (0..40).map(|i| payload(i, 60_000)).collect();
+    let ends = append(&wal, &payloads);
+    let end = *ends.last().unwrap();
+    assert!(end.0 > 3 * SEG);
+    drop(wal);
+    let wal = Wal::open(tmp.path(), cfg()).unwrap();
+    assert_eq!(wal.flushed(), end);
+    assert_eq!(wal.recovery_report().discarded_bytes, 0);
+    let got = records(&wal, TimelineId(1), Lsn(SEG));
+    assert_eq!(got.len(), payloads.len());
+    assert!(got.iter().zip(&payloads).all(|(r, p)| r.payload == *p));
+    // The next segment, preallocated, holds nothing but zeros.
+    let next = segment_path(tmp.path(), TimelineId(1), Lsn((end.0 / SEG + 1) * SEG));
+    if next.exists() {
+        assert!(std::fs::read(&next).unwrap().iter().all(|b| *b == 0));
+    }
+}
+
 #[test]
 fn byte_stream_writes_and_reads() {
     let tmp = tempfile::tempdir().unwrap();

@@ -245,12 +245,18 @@ done
 # ---------------------------------------------------------------------------------------------
 # (b) catch-up into a standby, fsync on; the disk's write + fdatasync bandwidth; tmpfs
 # ---------------------------------------------------------------------------------------------
+# The disk's sequential write + fdatasync bandwidth, in 16 MiB writes with O_DSYNC (write,
+# then fdatasync, per write): into a new file (blocks allocated as it grows), then over the
+# same file again (blocks already allocated, as a standby overwrites its pre-zeroed segments).
 disk_bw() {
-    local out bytes secs
-    out=$(dd if=/dev/zero of="$WORK/dd.bin" bs=16M count=$((MIB / 16)) oflag=dsync 2>&1 | tail -1)
+    local out bytes secs mode
+    for mode in new overwrite; do
+        if [ "$mode" = new ]; then rm -f "$WORK/dd.bin"; fi
+        out=$(dd if=/dev/zero of="$WORK/dd.bin" bs=16M count=$((MIB / 16)) oflag=dsync conv=notrunc 2>&1 | tail -1)
+        bytes=$(awk '{ print $1 }' <<< "$out"); secs=$(awk -F', ' '{ print $3 }' <<< "$out" | awk '{ print $1 }')
+        record "disk_${mode}_mbps" disk "$(awk -v b="$bytes" -v s="$secs" 'BEGIN { printf "%.0f", b / s / 1e6 }')"
+    done
     rm -f "$WORK/dd.bin"
-    bytes=$(awk '{ print $1 }' <<< "$out"); secs=$(awk -F', ' '{ print $3 }' <<< "$out" | awk '{ print $1 }')
-    awk -v b="$bytes" -v s="$secs" 'BEGIN { printf "%.0f", b / s / 1e6 }'
 }
 
 b_pg() {
@@ -290,7 +296,7 @@ b_ws() { # run where(disk|shm)
 
 log "(b) catch-up into a standby (fsync on), $RUNS runs, with the disk's write+fdatasync bandwidth"
 for r in $(seq 1 "$RUNS"); do
-    record disk_write_fdatasync_mbps disk "$(disk_bw)"
+    disk_bw
     if [ $((r % 2)) = 1 ]; then b_pg "$r"; b_ws "$r" disk; else b_ws "$r" disk; b_pg "$r"; fi
     b_ws "$r" shm
 done
@@ -391,7 +397,7 @@ LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 echo
 echo "walserver vs PostgreSQL 15 — $MACHINE_DATE"
 echo "machine: $MACHINE_NPROC cores ($MACHINE_CPU), disk $MACHINE_DISK, load average $LOAD_START at start, $LOAD_END at end"
-echo "volume: $((PG_BYTES >> 20)) MiB (PostgreSQL) / $((WS_BYTES >> 20)) MiB (walserver) of WAL; $RUNS run(s) per pair, alternating; medians, [min–max]"
+echo "volume: $((PG_BYTES >> 20)) MiB (PostgreSQL) / $((WS_BYTES >> 20)) MiB (walserver) of WAL; $RUNS run(s) per pair, alternating; medians, [min..max]"
 echo
 awk -F'\t' '
 function median(key,    n, i, j, t, a) {
@@ -404,7 +410,7 @@ function cell(key,    m) {
     if (!(key in vals)) return "-"
     m = median(key)
     if (lo[key] == hi[key]) return sprintf("%g", m)
-    return sprintf("%g [%g–%g]", m, lo[key], hi[key])
+    return sprintf("%g [%g..%g]", m, lo[key], hi[key])
 }
 function row(label, key, better,    w, p, r) {
     w = (key SUBSEP "ws") in vals ? median(key SUBSEP "ws") : ""
@@ -422,7 +428,8 @@ END {
     row("(b) catch-up into a standby, fsync on, MB/s", "b_standby_mbps", "higher")
     row("(b) sender CPU per MB sent, ms", "b_sender_cpu_ms_per_mb", "lower")
     row("(b) walserver standby on tmpfs, MB/s", "b_tmpfs_mbps", "higher")
-    printf "| %-52s | %-22s | %-22s | %-6s | %s |\n", "(b) disk: sequential write + fdatasync (16 MiB), MB/s", cell("disk_write_fdatasync_mbps" SUBSEP "disk"), "", "", ""
+    printf "| %-52s | %-22s | %-22s | %-6s | %s |\n", "(b) disk: 16 MiB write+fdatasync, new file, MB/s", cell("disk_new_mbps" SUBSEP "disk"), "", "", ""
+    printf "| %-52s | %-22s | %-22s | %-6s | %s |\n", "(b) disk: 16 MiB write+fdatasync, overwrite, MB/s", cell("disk_overwrite_mbps" SUBSEP "disk"), "", "", ""
     row("(c) sync commit, 1 client, commits/s", "c1_tps", "higher")
     row("(c) sync commit, 1 client, p50 ms", "c1_p50_ms", "lower")
     row("(c) sync commit, 1 client, p99 ms", "c1_p99_ms", "lower")

@@ -359,7 +359,10 @@ fn one_run(
                     .arg(Lsn(end.0 - 1).to_string())
                     .env("PGAPPNAME", name)
                     .stdin(Stdio::null())
-                    .stdout(Stdio::null());
+                    .stdout(Stdio::null())
+                    // Its notes ("not renaming ... segment is not complete") would bury the
+                    // report; a failure shows in its exit status.
+                    .stderr(Stdio::null());
                 if args.synchronous {
                     cmd.arg("--synchronous");
                 }

@@ -57,6 +57,10 @@ pub struct AppendArgs {
     /// Threads that run the in-process writers (tasks on current-thread runtimes).
     #[arg(long, default_value_t = 1)]
     pub writer_threads: usize,
+    /// Run the in-process writers as tasks on the primary's own System thread, as an
+    /// embedding application's actors would be, instead of on threads of their own.
+    #[arg(long)]
+    pub writers_in_node: bool,
     /// Threads for each in-process node's walsenders and walreceiver (0: on the node's own
     /// System thread, beside its supervisor and registry).
     #[arg(long, default_value_t = 0)]
@@ -277,26 +281,99 @@ fn parse_metric(text: &str, name: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-/// Writers of the in-process path: tasks on current-thread runtimes sending `AppendRecords`.
+/// One writer of the in-process path: appends and waits, until the budget is spent.
+async fn writer_loop(
+    sup: actix::Addr<supervisor_actor::Supervisor>,
+    stats: Arc<Mutex<Stats>>,
+    budget: Arc<Budget>,
+    payload: Bytes,
+    batch: usize,
+    durability: Durability,
+) {
+    let bytes = payload.len() * batch;
+    while budget.take(bytes as u64) {
+        let msg = AppendRecords {
+            records: vec![payload.clone(); batch],
+            durability: Some(durability),
+        };
+        let t = Instant::now();
+        let r = sup.send(msg).await;
+        let lat = t.elapsed();
+        let mut s = stats.lock().expect("stats lock");
+        match r {
+            Ok(Ok(_)) => s.ok(lat, batch, bytes),
+            Ok(Err(e)) => s.err(e.to_string()),
+            Err(e) => {
+                s.err(e.to_string());
+                budget.stop.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Writers of the in-process path: tasks sending `AppendRecords` to the primary's supervisor,
+/// on current-thread runtimes of their own, or (`--writers-in-node`) on the primary's own
+/// System thread, as an embedding application's actors would be. The handles end when every
+/// writer has.
 fn spawn_cluster_writers(
     args: &AppendArgs,
-    node: &Node,
+    cluster: &Cluster,
     durability: Durability,
     stats: &Arc<Mutex<Stats>>,
     budget: &Arc<Budget>,
 ) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
-    let threads = args.writer_threads.clamp(1, args.writers.max(1));
     let payload = Bytes::from(vec![b'x'; args.size]);
+    let batch = args.batch.max(1);
+    let sup = cluster.primary.supervisor.clone();
+    if args.writers_in_node {
+        let arbiter = cluster
+            .primary_arbiter()
+            .context("the primary's thread is gone")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..args.writers {
+            let w = writer_loop(
+                sup.clone(),
+                stats.clone(),
+                budget.clone(),
+                payload.clone(),
+                batch,
+                durability,
+            );
+            let tx = tx.clone();
+            arbiter.spawn(async move {
+                w.await;
+                let _ = tx.send(());
+            });
+        }
+        drop(tx);
+        let n = args.writers;
+        let waiter = std::thread::Builder::new()
+            .name("bench-writers-wait".into())
+            .spawn(move || {
+                for _ in 0..n {
+                    if rx.recv().is_err() {
+                        break;
+                    }
+                }
+            })?;
+        return Ok(vec![waiter]);
+    }
+    let threads = args.writer_threads.clamp(1, args.writers.max(1));
     let mut handles = Vec::new();
     for t in 0..threads {
         let n = args.writers / threads + usize::from(t < args.writers % threads);
-        let (sup, stats, budget, payload) = (
-            node.supervisor.clone(),
-            stats.clone(),
-            budget.clone(),
-            payload.clone(),
-        );
-        let batch = args.batch.max(1);
+        let writers: Vec<_> = (0..n)
+            .map(|_| {
+                writer_loop(
+                    sup.clone(),
+                    stats.clone(),
+                    budget.clone(),
+                    payload.clone(),
+                    batch,
+                    durability,
+                )
+            })
+            .collect();
         let h = std::thread::Builder::new()
             .name(format!("bench-writers-{t}"))
             .spawn(move || {
@@ -305,30 +382,8 @@ fn spawn_cluster_writers(
                     .build()
                     .expect("a current-thread runtime");
                 let local = tokio::task::LocalSet::new();
-                for _ in 0..n {
-                    let (sup, stats, budget, payload) =
-                        (sup.clone(), stats.clone(), budget.clone(), payload.clone());
-                    local.spawn_local(async move {
-                        let bytes = payload.len() * batch;
-                        while budget.take(bytes as u64) {
-                            let msg = AppendRecords {
-                                records: vec![payload.clone(); batch],
-                                durability: Some(durability),
-                            };
-                            let t = Instant::now();
-                            let r = sup.send(msg).await;
-                            let lat = t.elapsed();
-                            let mut s = stats.lock().expect("stats lock");
-                            match r {
-                                Ok(Ok(_)) => s.ok(lat, batch, bytes),
-                                Ok(Err(e)) => s.err(e.to_string()),
-                                Err(e) => {
-                                    s.err(e.to_string());
-                                    budget.stop.store(true, Ordering::Relaxed);
-                                }
-                            }
-                        }
-                    });
+                for w in writers {
+                    local.spawn_local(w);
                 }
                 rt.block_on(local);
             })?;
@@ -473,7 +528,7 @@ pub fn measure(args: &AppendArgs) -> anyhow::Result<AppendReport> {
         stop: AtomicBool::new(false),
     });
     let handles = match &target {
-        Target::Cluster(c) => spawn_cluster_writers(args, &c.primary, durability, &stats, &budget)?,
+        Target::Cluster(c) => spawn_cluster_writers(args, c, durability, &stats, &budget)?,
         Target::Http { url, token } => spawn_http_writers(
             args,
             url,

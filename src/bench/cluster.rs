@@ -131,6 +131,11 @@ impl Cluster {
         Ok(c)
     }
 
+    /// The primary's System thread, to run tasks beside the node's actors.
+    pub fn primary_arbiter(&self) -> Option<&actix_rt::ArbiterHandle> {
+        self.primary_system.as_ref().map(|s| &s.arbiter)
+    }
+
     /// Waits until every standby streams from the primary.
     pub fn wait_streaming(&self, timeout: Duration) -> anyhow::Result<()> {
         let started = Instant::now();

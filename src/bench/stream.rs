@@ -115,6 +115,8 @@ pub struct StreamReport {
     pub fill_seconds: f64,
     pub fill_mb_per_s: f64,
     pub runs: Vec<RunResult>,
+    /// Peak RSS of this process, which runs the in-process standbys or codec clients.
+    pub clients_peak_rss: Option<u64>,
 }
 
 fn pg_bin(args: &StreamArgs) -> PathBuf {
@@ -265,6 +267,7 @@ pub fn measure(args: &StreamArgs) -> anyhow::Result<StreamReport> {
         fill_seconds,
         fill_mb_per_s: per_standby as f64 / fill_seconds / 1e6,
         runs,
+        clients_peak_rss: sys::peak_rss(None),
     })
 }
 
@@ -490,6 +493,16 @@ pub fn summary(r: &StreamReport) -> String {
         r.fill_seconds,
         r.fill_mb_per_s
     );
+    if r.client != Client::PgReceivewal {
+        out.push_str(&format!(
+            "  peak RSS of this process ({} in-process): {}\n",
+            match r.client {
+                Client::Walserver => "the standbys",
+                _ => "the clients",
+            },
+            r.clients_peak_rss.map_or("-".into(), report::human_bytes)
+        ));
+    }
     for (i, run) in r.runs.iter().enumerate() {
         let rates: Vec<f64> = run.standbys.iter().map(|s| s.mb_per_s).collect();
         let min = rates.iter().copied().fold(f64::INFINITY, f64::min);

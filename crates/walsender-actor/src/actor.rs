@@ -33,11 +33,6 @@ use crate::session::{CommandResult, Output, Session, ShutdownMode, MAX_SEND_SIZE
 use crate::shared::Shared;
 use crate::writer::{frame_queue, Frame, FrameSender, QueueError};
 
-/// Reads up to this many bytes run on the walsender's own thread rather than the blocking
-/// pool: they are live streaming's small reads of WAL flushed a moment ago. A guess: large
-/// enough for any commit's WAL, small enough that a read from a cold cache stays short.
-const INLINE_READ_MAX: usize = 64 << 10;
-
 pub struct WalSender {
     pid: u32,
     peer: SocketAddr,
@@ -133,21 +128,6 @@ impl WalSender {
                         Ok(h) => self.queue(Frame::with_body(Bytes::copy_from_slice(&h), x.data)),
                         Err(e) => tracing::error!(pid = self.pid, "cannot encode XLogData: {e}"),
                     }
-                }
-                Output::Read {
-                    timeline,
-                    start,
-                    len,
-                } if len <= INLINE_READ_MAX => {
-                    // Streaming live: a few bytes just written, in the page cache. The pread
-                    // costs microseconds; the blocking pool's two thread wake-ups cost more,
-                    // and they sat on every synchronous commit's path. The result is handled
-                    // on this actor's next turn, as the pool's would be.
-                    let res = self.shared.wal.read(timeline, start, len);
-                    ctx.spawn(
-                        actix::fut::ready(res)
-                            .map(move |res, act: &mut Self, ctx| act.on_read(start, res, ctx)),
-                    );
                 }
                 Output::Read {
                     timeline,

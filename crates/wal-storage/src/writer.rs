@@ -546,6 +546,13 @@ impl Writer {
         }
         self.dirty_until = Lsn(0);
         self.flushed = end;
+        // Into the tail cache before the new end is published, so that a walsender woken by
+        // it finds the bytes in memory.
+        let len = (end.0 - start.0) as usize;
+        if len > 0 {
+            let parts = self.batch.slices(0, len);
+            self.inner.tail.add(self.tli, start, len, &parts);
+        }
         self.set_positions(end, end);
         Ok(())
     }
@@ -716,6 +723,7 @@ impl Writer {
             self.copy_switch_segment(new_tli, x)?;
         }
         let old = self.inner.state().clone();
+        self.inner.tail.clear();
         let st = TimelineState {
             tli: new_tli,
             history: Arc::new(history),
@@ -814,6 +822,7 @@ impl Writer {
         if lsn < self.inner.oldest_retained() {
             return Err(bad("that WAL was already removed".into()));
         }
+        self.inner.tail.clear();
         // The exact pointer first: a crash in the middle of the cut redoes it at open.
         self.pointer.store(&self.inner.io, st.tli, lsn, true)?;
         self.files.clear();

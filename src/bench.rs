@@ -1,148 +1,140 @@
 //! `walserver bench`: load tools for people who measure.
 //!
-//! `catchup` is a plain replication client built on protocol-codec: it streams a range of
-//! WAL from any server that speaks PostgreSQL 15's protocol (walserver or PostgreSQL itself)
-//! and throws the bytes away, so the figure is the sender's and the network's, not a disk's.
+//! - `append`: N writers appending records at a durability level, against an in-process
+//!   cluster (the embedding path) or a running node's `POST /wal`; throughput, latency
+//!   percentiles from an HDR histogram, fsyncs per append, peak RSS, replication lag over time.
+//! - `stream`: catch-up of one or K standbys (walserver standbys, plain codec clients or
+//!   pg_receivewal) from a primary holding G GiB; per-standby MB/s and the primary's CPU time
+//!   per MB sent.
+//! - `catchup`: a plain protocol-codec client that streams a WAL range from any server that
+//!   speaks PostgreSQL 15's protocol and discards it.
+//! - `wait-lsn`: times another process (a standby) until its IDENTIFY_SYSTEM position
+//!   reaches an LSN; `benches/compare-postgres.sh` uses it on both PostgreSQL and walserver.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Instant;
+mod append;
+mod client;
+pub mod cluster;
+pub mod report;
+mod stream;
+pub mod sys;
 
-use anyhow::{bail, Context};
-use bytes::BytesMut;
-use protocol_codec::auth::ClientAuthenticator;
-use protocol_codec::messages::StandbyStatusUpdate;
-use protocol_codec::{BackendMessage, ClientCodec, FrontendMessage, StartupCodec, StartupPacket};
-use tokio_util::codec::{Decoder, Encoder};
-use wal_storage::{Lsn, PgTimestamp};
+pub use append::{AppendArgs, AppendReport};
+pub use client::{catchup, wait_lsn, ReplClient, WaitReport};
+pub use stream::{Client, StreamArgs, StreamReport};
 
-/// A minimal blocking replication client.
-pub struct ReplClient {
-    stream: TcpStream,
-    buf: BytesMut,
-    out: BytesMut,
-}
+use std::time::Duration;
 
-impl ReplClient {
-    pub fn connect(
-        host: &str,
+use anyhow::Context;
+use wal_storage::Lsn;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Append load: N writers, record size, durability level, for a time or a volume.
+    Append(AppendArgs),
+    /// Stream load: catch-up of 1..64 standbys from a primary holding G GiB.
+    Stream(StreamArgs),
+    /// Stream [start, end) from a walserver or PostgreSQL server and discard it.
+    Catchup {
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long, default_value_t = 5433)]
         port: u16,
-        user: &str,
-        password: Option<&str>,
-    ) -> anyhow::Result<ReplClient> {
-        let stream = TcpStream::connect((host, port))
-            .with_context(|| format!("cannot connect to {host}:{port}"))?;
-        stream.set_nodelay(true)?;
-        let mut c = ReplClient {
-            stream,
-            buf: BytesMut::with_capacity(1 << 20),
-            out: BytesMut::new(),
-        };
-        let mut out = BytesMut::new();
-        StartupCodec.encode(
-            StartupPacket::startup([
-                ("user", user),
-                ("replication", "true"),
-                ("application_name", "walserver-bench"),
-            ]),
-            &mut out,
-        )?;
-        c.stream.write_all(&out)?;
-        let mut auth = ClientAuthenticator::new(
-            user,
-            password,
-            protocol_codec::auth::ChannelBindingMode::NoTls,
-        );
-        loop {
-            match c.recv()? {
-                BackendMessage::Authentication(req) => {
-                    if let Some(m) = auth.step(&req)? {
-                        c.send(m)?;
-                    }
-                }
-                BackendMessage::ErrorResponse(e) => {
-                    bail!("server refused: {}", e.message().unwrap_or(""))
-                }
-                BackendMessage::ReadyForQuery(_) => return Ok(c),
-                _ => {}
-            }
-        }
-    }
-
-    pub fn send(&mut self, m: FrontendMessage) -> anyhow::Result<()> {
-        self.out.clear();
-        ClientCodec::new().encode(m, &mut self.out)?;
-        self.stream.write_all(&self.out)?;
-        Ok(())
-    }
-
-    pub fn recv(&mut self) -> anyhow::Result<BackendMessage> {
-        loop {
-            if let Some(m) = ClientCodec::new().decode(&mut self.buf)? {
-                return Ok(m);
-            }
-            self.buf.reserve(1 << 20);
-            let n = {
-                let spare = self.buf.spare_capacity_mut();
-                // SAFETY: read() writes initialised bytes into the spare capacity and reports
-                // how many; only those are exposed by set_len below.
-                let spare =
-                    unsafe { &mut *(spare as *mut [std::mem::MaybeUninit<u8>] as *mut [u8]) };
-                self.stream.read(spare)?
-            };
-            if n == 0 {
-                bail!("the server closed the connection");
-            }
-            // SAFETY: n bytes were just written by read().
-            unsafe { self.buf.set_len(self.buf.len() + n) };
-        }
-    }
+        #[arg(long, default_value = "postgres")]
+        user: String,
+        /// Where to start (a segment boundary, as PostgreSQL's clients ask).
+        #[arg(long)]
+        start: Lsn,
+        /// Where to stop; defaults to the server's flush position (IDENTIFY_SYSTEM).
+        #[arg(long)]
+        end: Option<Lsn>,
+        /// Print one JSON object instead of a sentence.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Wait until a server's IDENTIFY_SYSTEM position reaches an LSN, and say how long it
+    /// took (timing a standby that catches up, from outside).
+    WaitLsn {
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long)]
+        port: u16,
+        #[arg(long, default_value = "postgres")]
+        user: String,
+        #[arg(long)]
+        target: Lsn,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 600.0)]
+        timeout: f64,
+        /// Milliseconds between two IDENTIFY_SYSTEM.
+        #[arg(long, default_value_t = 2)]
+        interval_ms: u64,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
-/// Streams `[start, end)` and discards it; returns the bytes received and the seconds taken.
-pub fn catchup(
-    c: &mut ReplClient,
-    start: Lsn,
-    end: Lsn,
-    timeline: Option<u32>,
-) -> anyhow::Result<(u64, f64)> {
-    let q = match timeline {
-        Some(t) => format!("START_REPLICATION {start} TIMELINE {t}"),
-        None => format!("START_REPLICATION {start}"),
-    };
-    c.send(FrontendMessage::Query(q))?;
-    let t = Instant::now();
-    let mut at = start;
-    loop {
-        match c.recv()? {
-            BackendMessage::CopyBothResponse => {}
-            BackendMessage::XLogData(x) => {
-                if x.wal_start != at {
-                    bail!("XLogData at {} where {at} was expected", x.wal_start);
-                }
-                at = at + x.data.len() as u64;
-                if at >= end {
-                    break;
-                }
+pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Append(args) => append::run(args),
+        BenchCommand::Stream(args) => stream::run(args),
+        BenchCommand::Catchup {
+            host,
+            port,
+            user,
+            start,
+            end,
+            json,
+        } => {
+            let password = std::env::var("PGPASSWORD").ok();
+            let mut c = ReplClient::connect(&host, port, &user, password.as_deref())?;
+            let end = match end {
+                Some(e) => e,
+                None => c.identify_system().context("IDENTIFY_SYSTEM")?.1,
+            };
+            let (bytes, secs) = catchup(&mut c, start, end, None)?;
+            let mbps = bytes as f64 / secs / 1e6;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "bytes": bytes, "seconds": secs, "mb_per_s": mbps })
+                );
+            } else {
+                println!("streamed {bytes} bytes in {secs:.3} s: {mbps:.0} MB/s");
             }
-            BackendMessage::PrimaryKeepalive(k) => {
-                if k.reply_requested {
-                    c.send(FrontendMessage::StandbyStatusUpdate(StandbyStatusUpdate {
-                        write: at,
-                        flush: at,
-                        apply: at,
-                        send_time: PgTimestamp::now(),
-                        reply_requested: false,
-                    }))?;
-                }
+            Ok(())
+        }
+        BenchCommand::WaitLsn {
+            host,
+            port,
+            user,
+            target,
+            timeout,
+            interval_ms,
+            json,
+        } => {
+            let r = wait_lsn(
+                &host,
+                port,
+                &user,
+                target,
+                Duration::from_secs_f64(timeout),
+                Duration::from_millis(interval_ms),
+            )?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "reached {} after {:.3} s (connected after {:.3} s; {} from {} in {:.3} s: {:.0} MB/s)",
+                    r.target,
+                    r.reached_s,
+                    r.connected_s,
+                    report::human_bytes(r.window_bytes),
+                    r.first_lsn,
+                    r.reached_s - r.first_s,
+                    r.window_mb_per_s
+                );
             }
-            BackendMessage::ErrorResponse(e) => {
-                bail!("server error: {}", e.message().unwrap_or(""))
-            }
-            other => bail!("unexpected message while streaming: {other:?}"),
+            Ok(())
         }
     }
-    let secs = t.elapsed().as_secs_f64();
-    c.send(FrontendMessage::CopyDone)?;
-    Ok((at.0 - start.0, secs))
 }

@@ -105,10 +105,10 @@ enum Command {
     },
     /// Print a SCRAM-SHA-256 verifier for a password read from standard input, for `[users]`.
     Passwd,
-    /// Load tools: `bench catchup` streams a WAL range from any PostgreSQL-protocol server and
-    /// discards it, printing the throughput.
+    /// Load tools: `append` and `stream` loads with latency percentiles and plots, `catchup`
+    /// (a discarding protocol client), `wait-lsn` (times a standby catching up).
     #[command(subcommand)]
-    Bench(BenchCommand),
+    Bench(walserver::bench::BenchCommand),
     /// Show a running node's status through its admin API.
     Status {
         /// The admin API address.
@@ -120,28 +120,6 @@ enum Command {
         /// Bearer token, if the API requires one (or WALSERVER_HTTP_AUTH_TOKEN).
         #[arg(long, env = "WALSERVER_HTTP_AUTH_TOKEN", hide_env_values = true)]
         token: Option<String>,
-    },
-}
-
-#[derive(Subcommand)]
-enum BenchCommand {
-    /// Stream [start, end) from a walserver or PostgreSQL server and discard it.
-    Catchup {
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        #[arg(long, default_value_t = 5433)]
-        port: u16,
-        #[arg(long, default_value = "postgres")]
-        user: String,
-        /// Where to start (a segment boundary, as PostgreSQL's clients ask).
-        #[arg(long)]
-        start: wal_storage::Lsn,
-        /// Where to stop; defaults to the server's flush position (IDENTIFY_SYSTEM).
-        #[arg(long)]
-        end: Option<wal_storage::Lsn>,
-        /// Print one JSON object instead of a sentence.
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -231,52 +209,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", protocol_codec::auth::make_scram_verifier(password));
             Ok(())
         }
-        Command::Bench(BenchCommand::Catchup {
-            host,
-            port,
-            user,
-            start,
-            end,
-            json,
-        }) => {
-            let password = std::env::var("PGPASSWORD").ok();
-            let mut c =
-                walserver::bench::ReplClient::connect(&host, port, &user, password.as_deref())?;
-            let end = match end {
-                Some(e) => e,
-                None => {
-                    c.send(protocol_codec::FrontendMessage::Query(
-                        "IDENTIFY_SYSTEM".into(),
-                    ))?;
-                    let mut pos = None;
-                    loop {
-                        match c.recv()? {
-                            protocol_codec::BackendMessage::DataRow(r) => {
-                                pos = r
-                                    .get(2)
-                                    .cloned()
-                                    .flatten()
-                                    .and_then(|b| std::str::from_utf8(&b).ok()?.parse().ok())
-                            }
-                            protocol_codec::BackendMessage::ReadyForQuery(_) => break,
-                            _ => {}
-                        }
-                    }
-                    pos.context("IDENTIFY_SYSTEM gave no position")?
-                }
-            };
-            let (bytes, secs) = walserver::bench::catchup(&mut c, start, end, None)?;
-            let mbps = bytes as f64 / secs / 1e6;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "bytes": bytes, "seconds": secs, "mb_per_s": mbps })
-                );
-            } else {
-                println!("streamed {bytes} bytes in {secs:.3} s: {mbps:.0} MB/s");
-            }
-            Ok(())
-        }
+        Command::Bench(cmd) => walserver::bench::run(cmd),
         Command::Demo { seconds } => {
             init_tracing("warn");
             walserver::demo::run(seconds)

@@ -62,6 +62,64 @@ impl Io {
         f.write_all_at(buf, offset)
     }
 
+    /// Writes the slices one after another at `offset` with `pwritev` (in groups of at most
+    /// IOV_MAX), retrying short writes.
+    pub(crate) fn pwritev_all(
+        &self,
+        f: &File,
+        bufs: &[&[u8]],
+        mut offset: u64,
+        point: &'static str,
+    ) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        const IOV_MAX: usize = 1024;
+        self.check(point)?;
+        let mut bufs: Vec<&[u8]> = bufs.iter().copied().filter(|b| !b.is_empty()).collect();
+        let mut i = 0;
+        while i < bufs.len() {
+            let iov: Vec<libc::iovec> = bufs[i..]
+                .iter()
+                .take(IOV_MAX)
+                .map(|b| libc::iovec {
+                    iov_base: b.as_ptr() as *mut libc::c_void,
+                    iov_len: b.len(),
+                })
+                .collect();
+            // SAFETY: every iovec points into a live slice of `bufs` for its whole length, and
+            // pwritev only reads them.
+            let n = unsafe {
+                libc::pwritev(
+                    f.as_raw_fd(),
+                    iov.as_ptr(),
+                    iov.len() as libc::c_int,
+                    offset as libc::off_t,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::Error::from(io::ErrorKind::WriteZero));
+            }
+            let mut n = n as usize;
+            offset += n as u64;
+            while n > 0 {
+                if n >= bufs[i].len() {
+                    n -= bufs[i].len();
+                    i += 1;
+                } else {
+                    bufs[i] = &bufs[i][n..];
+                    n = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// fdatasync: the file's data and the metadata needed to read it back.
     pub(crate) fn sync_data(&self, f: &File, point: &'static str) -> io::Result<()> {
         self.check(point)?;

@@ -121,6 +121,7 @@ mod io;
 mod naming;
 mod segments;
 mod slots;
+mod tail;
 mod wal;
 mod writer;
 

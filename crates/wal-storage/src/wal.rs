@@ -148,6 +148,8 @@ pub(crate) struct Inner {
     pub recovery: RecoveryReport,
     /// Feeds the background thread (preallocation, retention, slot persistence).
     pub bg_tx: Sender<BgRequest>,
+    /// The last small durable batches, for readers at the end of WAL.
+    pub tail: crate::tail::TailCache,
     /// Held for the life of the data directory's use; the lock goes with the file.
     _lock: File,
 }
@@ -197,6 +199,21 @@ impl Inner {
             &self.dir.join("control"),
             &encode_envelope("control", &c),
         )
+    }
+
+    /// Bytes of the current timeline at `start` from the tail cache; see [`Wal::read_cached`].
+    pub(crate) fn read_cached(&self, tli: TimelineId, start: Lsn, max_len: usize) -> Option<Bytes> {
+        let limit = {
+            let st = self.state();
+            if st.tli != tli {
+                return None;
+            }
+            st.flushed
+        };
+        // Like `read`, stop at the segment's end.
+        let seg = self.cfg.segment_size;
+        let in_segment = usize::try_from(seg - start.segment_offset(seg)).unwrap_or(usize::MAX);
+        self.tail.get(tli, start, max_len.min(in_segment), limit)
     }
 
     /// Bytes of timeline `tli` at `start`; see [`Wal::read`].
@@ -642,6 +659,7 @@ impl Wal {
             slots: Mutex::new(slots),
             recovery: report,
             bg_tx,
+            tail: Default::default(),
             _lock: lock,
         });
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -790,6 +808,19 @@ impl Wal {
     /// A plain blocking `pread`; async callers run it on a blocking pool.
     pub fn read(&self, tli: TimelineId, start: Lsn, max_len: usize) -> Result<Bytes> {
         self.inner.read(tli, start, max_len)
+    }
+
+    /// Like [`Wal::read`], but only from memory: the last small batches made durable (at most
+    /// 1 MiB, each at most 64 KiB), which is where a reader following the end of WAL reads.
+    /// `None` when they do not hold `start` (the caller then runs [`Wal::read`] on a blocking
+    /// pool); `Some` holds at least one byte, never beyond the flushed end, and is what
+    /// `read` would return or a prefix of it. It never touches a file, so an actor may call
+    /// it on its own thread.
+    pub fn read_cached(&self, tli: TimelineId, start: Lsn, max_len: usize) -> Option<Bytes> {
+        if max_len == 0 {
+            return None;
+        }
+        self.inner.read_cached(tli, start, max_len)
     }
 
     /// A decoder of the records of timeline `tli` from `from`, which must be a record boundary

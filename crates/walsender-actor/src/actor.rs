@@ -135,6 +135,17 @@ impl WalSender {
                     start,
                     len,
                 } => {
+                    // Streaming live reads what was flushed a moment ago: storage keeps it in
+                    // memory, and taking it here spares the two thread hand-offs of the
+                    // blocking pool on every synchronous commit's path. The result is handled
+                    // on this actor's next turn, as the pool's would be.
+                    if let Some(bytes) = self.shared.wal.read_cached(timeline, start, len) {
+                        ctx.spawn(
+                            actix::fut::ready(Ok(bytes))
+                                .map(move |res, act: &mut Self, ctx| act.on_read(start, res, ctx)),
+                        );
+                        continue;
+                    }
                     let wal = self.shared.wal.clone();
                     let read = tokio::task::spawn_blocking(move || wal.read(timeline, start, len));
                     ctx.spawn(read.into_actor(self).map(move |res, act, ctx| {

@@ -104,9 +104,11 @@ impl FrameSender {
 }
 
 /// How many frames may wait in the queue. With XLogData of at most 128 KiB this bounds the
-/// queued bytes of one connection to about 4 MiB, a guess that keeps a loopback socket busy
-/// (ACTIX-NOTES measured 2 GB/s and more with windows of this size).
-pub const QUEUE_FRAMES: usize = 32;
+/// queued bytes of one connection to about 1 MiB, on top of what the socket's own buffer holds.
+/// Measured with `walserver bench stream` (benches/README.md): 8 frames stream as fast as 32
+/// did (one standby on tmpfs about 1.5 GB/s, a codec client about 4 GB/s, 16 pg_receivewal
+/// about 1.5 GB/s together) with a third to a half less memory per walsender.
+pub const QUEUE_FRAMES: usize = 8;
 
 /// Frames written with one vectored call at most; bounded by IOV_MAX (1024) with room to spare.
 const MAX_BATCH: usize = 64;

@@ -247,3 +247,60 @@ fn store_history_files_from_upstream() {
         .store_history_file(TimelineId(3), b"garbage".to_vec())
         .is_err());
 }
+
+/// The tail cache serves exactly what the files hold: small batches just flushed come from
+/// memory, large ones and ranges it does not hold do not, and after a cut or a new timeline
+/// it never serves the bytes that were replaced.
+#[test]
+fn cached_reads_match_the_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    let t1 = TimelineId(1);
+    let start = wal.flushed();
+    let mut ends = Vec::new();
+    for i in 0..20 {
+        ends.extend(append(&wal, &[payload(i, 300 + i as usize * 37)]));
+    }
+    let end = *ends.last().unwrap();
+    // Every byte just written is in memory and equal to what `read` returns.
+    let mut pos = start;
+    while pos < end {
+        let b = wal
+            .read_cached(t1, pos, 1 << 20)
+            .unwrap_or_else(|| panic!("{pos} is not cached"));
+        assert!(!b.is_empty() && pos + b.len() as u64 <= end);
+        assert_eq!(&b[..], &read_range(&wal, t1, pos, pos + b.len() as u64)[..]);
+        pos = pos + b.len() as u64;
+    }
+    assert_eq!(wal.read_cached(t1, end, 10), None, "nothing beyond the end");
+    assert_eq!(wal.read_cached(TimelineId(9), start, 10), None);
+
+    // A large batch is read from the files only.
+    let big = append(&wal, &[payload(99, 200_000)])[0];
+    assert_eq!(wal.read_cached(t1, end, 10), None);
+    assert_eq!(
+        wal.read_cached(t1, ends[0], 10),
+        None,
+        "the large batch emptied it"
+    );
+
+    // After a cut, new bytes at the same positions are what the cache serves.
+    wal.truncate_to(end).unwrap();
+    assert_eq!(wal.read_cached(t1, end, 10), None);
+    let after = append(&wal, &[payload(1000, 500)])[0];
+    assert!(after < big);
+    let b = wal
+        .read_cached(t1, end, 1 << 20)
+        .expect("the new record is cached");
+    assert_eq!(&b[..], &read_range(&wal, t1, end, after)[..]);
+
+    // A new timeline: the old one's tail is not served under either timeline.
+    let (t2, x) = wal.promote("p").unwrap();
+    assert_eq!(wal.read_cached(t1, end, 10), None);
+    assert_eq!(wal.read_cached(t2, end, 10), None);
+    let e2 = append(&wal, &[payload(2000, 100)])[0];
+    let b = wal
+        .read_cached(t2, x, 1 << 20)
+        .expect("the new timeline's record is cached");
+    assert_eq!(&b[..], &read_range(&wal, t2, x, e2)[..]);
+}

@@ -1,0 +1,445 @@
+#!/usr/bin/env bash
+# walserver and PostgreSQL 15 side by side, on this machine, in one run, with the same clients.
+#
+#   benches/compare-postgres.sh            # full: 1 GiB, 3 alternating runs per pair (~10 min)
+#   benches/compare-postgres.sh --quick    # 256 MiB, 1 run, short pgbench (for development)
+#   benches/compare-postgres.sh --runs 5 --mib 2048 --pgbench-seconds 20 --fanout-mib 256
+#
+# It prints one table of medians (with the spread over the runs) and ratios walserver/PostgreSQL:
+#   (a) catch-up of the same already-stored WAL into the same pg_receivewal (--synchronous,
+#       writing to the same disk), through a physical slot made with RESERVE_WAL before the
+#       WAL was generated; and into a plain protocol-codec client that discards it;
+#   (b) catch-up into a standby (fsync on): a PostgreSQL standby from a base backup taken
+#       before the load, and a walserver standby initialised before the load, each started
+#       after the primary holds the WAL and timed until its flushed position (IDENTIFY_SYSTEM)
+#       reaches the end; with the sending side's CPU per MB; and the walserver standby with
+#       its data directory on tmpfs; and the disk's sequential write + fdatasync bandwidth;
+#   (c) synchronous commit with one synchronous standby, 1 and 16 clients: pgbench running a
+#       one-row INSERT with synchronous_commit=on vs `walserver bench append --cluster 1
+#       --durability on --size 100`; throughput and p50/p99 latency;
+#   (d) fan-out: 16 pg_receivewal processes at once, aggregate MB/s, and memory per walsender.
+#
+# PostgreSQL runs from $WALSERVER_PG_BIN or /usr/lib/postgresql/15/bin, as the postgres user
+# (runuser) when this runs as root, on 127.0.0.1 only. Everything lives in one temporary
+# directory on the disk (/var/tmp) and one on /dev/shm, removed with every server at exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+QUICK=0
+RUNS=3
+MIB=1024
+PGBENCH_SECS=10
+FANOUT_MIB=256
+FANOUT_N=16
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) QUICK=1; RUNS=1; MIB=256; PGBENCH_SECS=3; FANOUT_MIB=64; shift ;;
+        --runs) RUNS="$2"; shift 2 ;;
+        --mib) MIB="$2"; shift 2 ;;
+        --pgbench-seconds) PGBENCH_SECS="$2"; shift 2 ;;
+        --fanout-mib) FANOUT_MIB="$2"; shift 2 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+PG_BIN="${WALSERVER_PG_BIN:-/usr/lib/postgresql/15/bin}"
+for tool in initdb pg_ctl psql pg_receivewal pg_basebackup pgbench; do
+    [ -x "$PG_BIN/$tool" ] || { echo "PostgreSQL 15's $tool is missing in $PG_BIN (apt-get install postgresql-15)" >&2; exit 1; }
+done
+for tool in jq curl dd awk; do
+    command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install $tool)" >&2; exit 1; }
+done
+
+SECONDS=0
+log() { printf '[%4ds] %s\n' "$SECONDS" "$*" >&2; }
+
+# ---------------------------------------------------------------------------------------------
+# Setup and cleanup
+# ---------------------------------------------------------------------------------------------
+WORK=$(mktemp -d /var/tmp/walbench.XXXXXX)
+SHM=$(mktemp -d /dev/shm/walbench.XXXXXX)
+chmod 755 "$WORK" "$SHM"
+PG_DIRS=()
+BG_PIDS=()
+RES="$WORK/results.tsv"
+: > "$RES"
+
+as_pg() {
+    if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+own_pg() {
+    if [ "$(id -u)" = 0 ]; then chown -R postgres:postgres "$@"; fi
+}
+
+cleanup() {
+    set +e
+    for p in "${BG_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${BG_PIDS[@]}"; do wait "$p" 2>/dev/null; done
+    for d in "${PG_DIRS[@]}"; do
+        [ -f "$d/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl" -D "$d" -m immediate -w stop >/dev/null 2>&1
+    done
+    rm -rf "$WORK" "$SHM"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null \
+        || echo $((20000 + RANDOM % 30000))
+}
+
+lsn2int() { local hi=${1%/*} lo=${1#*/}; echo $(( (16#$hi << 32) + 16#$lo )); }
+int2lsn() { printf '%X/%X\n' $(( $1 >> 32 )) $(( $1 & 0xFFFFFFFF )); }
+seg_start() { echo $(( $1 / (16 << 20) * (16 << 20) )); }
+
+record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$RES"; }
+
+# CPU seconds (user + system) of a process so far, from /proc/PID/stat.
+cpu_of() {
+    local tck; tck=$(getconf CLK_TCK)
+    awk -v t="$tck" '{ sub(/^.*\) /, ""); print ($12 + $13) / t }' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+pss_kb() { awk '/^Pss:/ { print $2 }' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
+
+log "building walserver (release)"
+cargo build --release -j2 --quiet --bin walserver
+WS="$PWD/target/release/walserver"
+
+# ---------------------------------------------------------------------------------------------
+# Machine
+# ---------------------------------------------------------------------------------------------
+MACHINE_DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
+MACHINE_CPU=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
+MACHINE_NPROC=$(nproc)
+MACHINE_DISK=$(df --output=source,fstype "$WORK" | tail -1 | awk '{ print $1 " (" $2 ")" }')
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---------------------------------------------------------------------------------------------
+# The two primaries, each holding ~MIB of WAL behind physical slots made before it was written
+# ---------------------------------------------------------------------------------------------
+PG_PORT=$(free_port)
+PGP="$WORK/pg-primary"
+mkdir -p "$PGP"; own_pg "$WORK" "$SHM"
+log "PostgreSQL primary on port $PG_PORT"
+as_pg "$PG_BIN/initdb" -D "$PGP" -U postgres --auth=trust -E UTF8 --locale=C -N >/dev/null
+PG_DIRS+=("$PGP")
+cat >> "$PGP/postgresql.conf" <<EOF
+port = $PG_PORT
+listen_addresses = '127.0.0.1'
+unix_socket_directories = ''
+wal_level = replica
+max_wal_senders = 48
+max_replication_slots = 96
+fsync = on
+synchronous_commit = on
+max_wal_size = '16GB'
+checkpoint_timeout = '1h'
+shared_buffers = '256MB'
+max_connections = 64
+EOF
+cat > "$PGP/pg_hba.conf" <<EOF
+host all all 127.0.0.1/32 trust
+host replication all 127.0.0.1/32 trust
+EOF
+as_pg "$PG_BIN/pg_ctl" -D "$PGP" -l "$WORK/pg-primary.log" -w start >/dev/null
+psql_pg() { "$PG_BIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "${PORT:-$PG_PORT}" -U postgres -d postgres -c "$1"; }
+
+WS_PORT=$(free_port); WS_HTTP=$(free_port)
+WSP="$WORK/ws-primary"
+log "walserver primary on port $WS_PORT (admin API $WS_HTTP)"
+"$WS" init --data-dir "$WSP" >/dev/null
+"$WS" run -c "data_dir=$WSP" -c "listen=127.0.0.1:$WS_PORT" -c "http_listen=127.0.0.1:$WS_HTTP" \
+    -c max_wal_senders=48 -c log_level=warn 2> "$WORK/ws-primary.log" &
+WS_PID=$!
+BG_PIDS+=("$WS_PID")
+for _ in $(seq 1 500); do curl -sf "http://127.0.0.1:$WS_HTTP/status" >/dev/null && break; sleep 0.02; done
+repl_ws() { "$PG_BIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 "host=127.0.0.1 port=$WS_PORT user=postgres replication=true" -c "$1" >/dev/null; }
+
+# Slots: one per pg_receivewal run (a), FANOUT_N per fan-out run (d), one per standby (b).
+log "slots and standbys made before the load"
+for r in $(seq 1 "$RUNS"); do
+    psql_pg "SELECT pg_create_physical_replication_slot('recv_$r', true)" >/dev/null
+    repl_ws "CREATE_REPLICATION_SLOT recv_$r PHYSICAL RESERVE_WAL"
+    for i in $(seq 1 "$FANOUT_N"); do
+        psql_pg "SELECT pg_create_physical_replication_slot('fan_${r}_$i', true)" >/dev/null
+        repl_ws "CREATE_REPLICATION_SLOT fan_${r}_$i PHYSICAL RESERVE_WAL"
+    done
+    # A PostgreSQL standby per run from a base backup taken now, streaming through its slot.
+    d="$WORK/pg-standby-$r"
+    mkdir -p "$d"; own_pg "$d"; chmod 700 "$d"
+    as_pg "$PG_BIN/pg_basebackup" -D "$d" -h 127.0.0.1 -p "$PG_PORT" -U postgres -X stream -R \
+        -C -S "stby_$r" -c fast >/dev/null 2>&1
+    PG_DIRS+=("$d")
+    port=$(free_port)
+    printf 'port = %s\ncluster_name = %s\n' "$port" "pgstby$r" >> "$d/postgresql.conf"
+    echo "$port" > "$WORK/pg-standby-$r.port"
+    # A walserver standby per run, on the disk and on tmpfs, each with its own slot.
+    for where in disk shm; do
+        repl_ws "CREATE_REPLICATION_SLOT stby_${where}_$r PHYSICAL RESERVE_WAL"
+        base=$WORK; [ "$where" = shm ] && base=$SHM
+        "$WS" init --standby --data-dir "$base/ws-standby-$r" \
+            --primary-conninfo "host=127.0.0.1 port=$WS_PORT user=postgres application_name=wsstby_${where}_$r" \
+            --primary-slot-name "stby_${where}_$r" >/dev/null
+    done
+done
+
+log "generating ${MIB} MiB of WAL in PostgreSQL (INSERTs)"
+psql_pg "CREATE TABLE fill (id int, filler text)"
+PG_START=$(seg_start "$(lsn2int "$(psql_pg "SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'recv_1'")")")
+target=$(( PG_START + (MIB << 20) ))
+n=0
+while [ "$(lsn2int "$(psql_pg "SELECT pg_current_wal_lsn()")")" -lt "$target" ]; do
+    psql_pg "INSERT INTO fill SELECT g, repeat('y', 500) FROM generate_series($n, $n + 49999) g"
+    n=$((n + 50000))
+done
+PG_END_LSN=$(psql_pg "SELECT pg_current_wal_flush_lsn()")
+PG_END=$(lsn2int "$PG_END_LSN")
+PG_BYTES=$(( PG_END - PG_START ))
+
+log "appending the same volume to walserver"
+WS_START=$(seg_start "$(lsn2int "$(curl -sf "http://127.0.0.1:$WS_HTTP/slots" | jq -r '.[] | select(.slot_name == "recv_1") | .restart_lsn')")")
+"$WS" bench append --http "127.0.0.1:$WS_HTTP" --durability local --size 8192 --batch 128 --writers 2 \
+    --bytes "$PG_BYTES" --json > "$WORK/ws-fill.json"
+WS_END_LSN=$(curl -sf "http://127.0.0.1:$WS_HTTP/status" | jq -r .flush_lsn)
+WS_END=$(lsn2int "$WS_END_LSN")
+WS_BYTES=$(( WS_END - WS_START ))
+log "PostgreSQL: $(int2lsn "$PG_START") .. $PG_END_LSN ($PG_BYTES bytes); walserver: $(int2lsn "$WS_START") .. $WS_END_LSN ($WS_BYTES bytes)"
+sync
+
+# ---------------------------------------------------------------------------------------------
+# (a) catch-up into pg_receivewal and into a plain codec client
+# ---------------------------------------------------------------------------------------------
+# pg_receivewal stops once it has received WAL *past* --endpos (PostgreSQL 15 compares
+# endpos < received), so the end it is given is one byte short of the last byte to receive.
+# pg_receivewal PORT SLOT END(int) DIR -> "real user sys" of the process
+run_receivewal() {
+    mkdir -p "$4"
+    local TIMEFORMAT='%R %U %S' out
+    out=$( { time timeout 600 "$PG_BIN/pg_receivewal" -h 127.0.0.1 -p "$1" -U postgres -D "$4" --slot "$2" \
+        --synchronous --endpos "$(int2lsn $(( $3 - 1 )))" -n -w >/dev/null 2>"$4.err"; } 2>&1 ) \
+        || { echo "pg_receivewal failed:" >&2; cat "$4.err" >&2; exit 1; }
+    echo "$out"
+}
+
+a_one() { # system run
+    local sys=$1 r=$2 port start end bytes t
+    if [ "$sys" = pg ]; then port=$PG_PORT start=$PG_START end=$PG_END bytes=$PG_BYTES
+    else port=$WS_PORT start=$WS_START end=$WS_END bytes=$WS_BYTES; fi
+    t=$(run_receivewal "$port" "recv_$r" "$end" "$WORK/recv-$sys-$r")
+    read -r real user sys_t <<< "$t"
+    record a_recv_mbps "$sys" "$(awk -v b="$bytes" -v s="$real" 'BEGIN { printf "%.0f", b / s / 1e6 }')"
+    record a_recv_client_cpu "$sys" "$(awk -v u="$user" -v s="$sys_t" -v r="$real" 'BEGIN { printf "%.2f", (u + s) / r }')"
+    rm -rf "$WORK/recv-$sys-$r"
+    local j
+    j=$(timeout 600 "$WS" bench catchup --port "$port" --user postgres --start "$(int2lsn "$start")" --end "$(int2lsn "$end")" --json)
+    record a_codec_mbps "$sys" "$(jq -r '.mb_per_s | floor' <<< "$j")"
+}
+
+log "(a) catch-up into pg_receivewal --synchronous, $RUNS runs"
+for r in $(seq 1 "$RUNS"); do
+    if [ $((r % 2)) = 1 ]; then a_one pg "$r"; a_one ws "$r"; else a_one ws "$r"; a_one pg "$r"; fi
+done
+
+# ---------------------------------------------------------------------------------------------
+# (b) catch-up into a standby, fsync on; the disk's write + fdatasync bandwidth; tmpfs
+# ---------------------------------------------------------------------------------------------
+# The disk's sequential write + fdatasync bandwidth, in 16 MiB writes with O_DSYNC (write,
+# then fdatasync, per write): into a new file (blocks allocated as it grows), then over the
+# same file again (blocks already allocated, as a standby overwrites its pre-zeroed segments).
+disk_bw() {
+    local out bytes secs mode
+    for mode in new overwrite; do
+        if [ "$mode" = new ]; then rm -f "$WORK/dd.bin"; fi
+        out=$(dd if=/dev/zero of="$WORK/dd.bin" bs=16M count=$((MIB / 16)) oflag=dsync conv=notrunc 2>&1 | tail -1)
+        bytes=$(awk '{ print $1 }' <<< "$out"); secs=$(awk -F', ' '{ print $3 }' <<< "$out" | awk '{ print $1 }')
+        record "disk_${mode}_mbps" disk "$(awk -v b="$bytes" -v s="$secs" 'BEGIN { printf "%.0f", b / s / 1e6 }')"
+    done
+    rm -f "$WORK/dd.bin"
+}
+
+b_pg() {
+    local r=$1 d="$WORK/pg-standby-$1" port wj pid cpu mb
+    port=$(cat "$WORK/pg-standby-$r.port")
+    as_pg "$PG_BIN/pg_ctl" -D "$d" -l "$WORK/pg-standby-$r.log" start >/dev/null
+    wj=$(timeout 900 "$WS" bench wait-lsn --port "$port" --user postgres --target "$PG_END_LSN" --interval-ms 2 --json)
+    pid=$(psql_pg "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'stby_$r'")
+    cpu=$(cpu_of "$pid")
+    mb=$(jq -r '.window_bytes / 1e6' <<< "$wj")
+    record b_standby_mbps pg "$(jq -r '.window_mb_per_s | floor' <<< "$wj")"
+    record b_sender_cpu_ms_per_mb pg "$(awk -v c="$cpu" -v m="$mb" 'BEGIN { printf "%.3f", c * 1000 / m }')"
+    as_pg "$PG_BIN/pg_ctl" -D "$d" -m fast -w stop >/dev/null
+}
+
+b_ws() { # run where(disk|shm)
+    local r=$1 where=$2 base=$WORK port http pid cpu0 cpu1 wj mb
+    [ "$where" = shm ] && base=$SHM
+    port=$(free_port); http=$(free_port)
+    cpu0=$(cpu_of "$WS_PID")
+    "$WS" run -c "data_dir=$base/ws-standby-$r" -c "listen=127.0.0.1:$port" -c "http_listen=127.0.0.1:$http" \
+        -c log_level=warn 2> "$WORK/ws-standby-$where-$r.log" &
+    pid=$!
+    BG_PIDS+=("$pid")
+    wj=$(timeout 900 "$WS" bench wait-lsn --port "$port" --user postgres --target "$WS_END_LSN" --interval-ms 2 --json)
+    cpu1=$(cpu_of "$WS_PID")
+    mb=$(jq -r '.window_bytes / 1e6' <<< "$wj")
+    if [ "$where" = disk ]; then
+        record b_standby_mbps ws "$(jq -r '.window_mb_per_s | floor' <<< "$wj")"
+        record b_sender_cpu_ms_per_mb ws "$(awk -v a="$cpu0" -v b="$cpu1" -v m="$mb" 'BEGIN { printf "%.3f", (b - a) * 1000 / m }')"
+    else
+        record b_tmpfs_mbps ws "$(jq -r '.window_mb_per_s | floor' <<< "$wj")"
+    fi
+    kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+    rm -rf "$base/ws-standby-$r"
+}
+
+log "(b) catch-up into a standby (fsync on), $RUNS runs, with the disk's write+fdatasync bandwidth"
+for r in $(seq 1 "$RUNS"); do
+    disk_bw
+    if [ $((r % 2)) = 1 ]; then b_pg "$r"; b_ws "$r" disk; else b_ws "$r" disk; b_pg "$r"; fi
+    b_ws "$r" shm
+done
+
+# ---------------------------------------------------------------------------------------------
+# (d) fan-out: FANOUT_N pg_receivewal processes at once
+# ---------------------------------------------------------------------------------------------
+d_one() { # system run
+    local sys=$1 r=$2 port start endlsn pids=() t0 t1 i peak=0 base_mem=0 sampler
+    if [ "$sys" = pg ]; then port=$PG_PORT start=$PG_START; else port=$WS_PORT start=$WS_START; fi
+    endlsn=$(int2lsn $(( start + (FANOUT_MIB << 20) - 1 )))
+    [ "$sys" = ws ] && base_mem=$(rss_kb "$WS_PID")
+    # Memory while streaming: walserver's whole process RSS (minus before); PostgreSQL's
+    # walsender processes' PSS (their share of shared memory included).
+    (
+        peak=0
+        while :; do
+            if [ "$sys" = ws ]; then m=$(rss_kb "$WS_PID")
+            else m=0; for p in $(pgrep -f "postgres: walsender" || true); do m=$((m + $(pss_kb "$p"))); done; fi
+            [ "$m" -gt "$peak" ] && { peak=$m; echo "$peak" > "$WORK/fan-peak"; }
+            sleep 0.05
+        done
+    ) &
+    sampler=$!
+    t0=$(date +%s.%N)
+    for i in $(seq 1 "$FANOUT_N"); do
+        mkdir -p "$SHM/fan-$sys-$i"
+        timeout 600 "$PG_BIN/pg_receivewal" -h 127.0.0.1 -p "$port" -U postgres -D "$SHM/fan-$sys-$i" \
+            --slot "fan_${r}_$i" --endpos "$endlsn" -n -w >/dev/null 2>"$SHM/fan-$sys-$i.err" &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || { cat "$SHM"/fan-*.err >&2; exit 1; }; done
+    t1=$(date +%s.%N)
+    kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
+    peak=$(cat "$WORK/fan-peak" 2>/dev/null || echo 0); rm -f "$WORK/fan-peak"
+    record d_fanout_mbps "$sys" "$(awk -v n="$FANOUT_N" -v b=$((FANOUT_MIB << 20)) -v a="$t0" -v z="$t1" 'BEGIN { printf "%.0f", n * b / (z - a) / 1e6 }')"
+    record d_mem_per_walsender_kib "$sys" "$(( (peak - base_mem) / FANOUT_N ))"
+    rm -rf "$SHM"/fan-*
+}
+
+log "(d) fan-out to $FANOUT_N pg_receivewal, $FANOUT_MIB MiB each, $RUNS runs"
+for r in $(seq 1 "$RUNS"); do
+    if [ $((r % 2)) = 1 ]; then d_one pg "$r"; d_one ws "$r"; else d_one ws "$r"; d_one pg "$r"; fi
+done
+
+# ---------------------------------------------------------------------------------------------
+# (c) synchronous commit with one synchronous standby, 1 and 16 clients
+# ---------------------------------------------------------------------------------------------
+log "(c) synchronous commit: PostgreSQL standby 1 as the synchronous standby"
+kill -TERM "$WS_PID"; wait "$WS_PID" 2>/dev/null || true
+SB1="$WORK/pg-standby-1"
+as_pg "$PG_BIN/pg_ctl" -D "$SB1" -l "$WORK/pg-standby-1.log" -w start >/dev/null
+psql_pg "ALTER SYSTEM SET synchronous_standby_names = 'FIRST 1 (pgstby1)'" >/dev/null
+psql_pg "SELECT pg_reload_conf()" >/dev/null
+psql_pg "CREATE TABLE sc (id int, v text)"
+for _ in $(seq 1 500); do
+    [ "$(psql_pg "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'pgstby1'")" = sync ] && break
+    sleep 0.05
+done
+echo "INSERT INTO sc VALUES (1, repeat('x', 100));" > "$WORK/insert.sql"
+mkdir -p "$WORK/pgbench"; own_pg "$WORK/pgbench" "$WORK/insert.sql"
+
+c_pg() { # clients
+    local c=$1 j=1 out
+    [ "$c" -gt 1 ] && j=2
+    rm -f "$WORK"/pgbench/log*
+    out=$(cd "$WORK/pgbench" && as_pg "$PG_BIN/pgbench" -h 127.0.0.1 -p "$PG_PORT" -U postgres -n \
+        -c "$c" -j "$j" -T "$PGBENCH_SECS" -f "$WORK/insert.sql" -l --log-prefix="$WORK/pgbench/log" postgres 2>&1)
+    record "c${c}_tps" pg "$(awk '/^tps = / { printf "%.0f", $3 }' <<< "$out")"
+    # Per-transaction log: client, tx, latency (us), script, epoch, us.
+    cat "$WORK"/pgbench/log* | awk '{ print $3 }' | sort -n > "$WORK/pgbench/lat"
+    local n; n=$(wc -l < "$WORK/pgbench/lat")
+    record "c${c}_p50_ms" pg "$(awk -v k=$(( (n + 1) / 2 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/lat")"
+    record "c${c}_p99_ms" pg "$(awk -v k=$(( (n * 99 + 99) / 100 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/lat")"
+}
+
+c_ws() { # clients
+    local c=$1 j
+    j=$("$WS" bench append --cluster 1 --durability on --size 100 --writers "$c" --seconds "$PGBENCH_SECS" \
+        --dir "$WORK" --json)
+    record "c${c}_tps" ws "$(jq -r '.appends_per_s | floor' <<< "$j")"
+    record "c${c}_p50_ms" ws "$(jq -r '.latency.p50_ms' <<< "$j")"
+    record "c${c}_p99_ms" ws "$(jq -r '.latency.p99_ms' <<< "$j")"
+}
+
+log "(c) pgbench vs walserver bench append, ${PGBENCH_SECS}s each, $RUNS runs"
+for r in $(seq 1 "$RUNS"); do
+    for c in 1 16; do
+        if [ $((r % 2)) = 1 ]; then c_pg "$c"; c_ws "$c"; else c_ws "$c"; c_pg "$c"; fi
+    done
+done
+
+LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---------------------------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------------------------
+echo
+echo "walserver vs PostgreSQL 15 — $MACHINE_DATE"
+echo "machine: $MACHINE_NPROC cores ($MACHINE_CPU), disk $MACHINE_DISK, load average $LOAD_START at start, $LOAD_END at end"
+echo "volume: $((PG_BYTES >> 20)) MiB (PostgreSQL) / $((WS_BYTES >> 20)) MiB (walserver) of WAL; $RUNS run(s) per pair, alternating; medians, [min..max]"
+echo
+awk -F'\t' '
+function median(key,    n, i, j, t, a) {
+    n = split(vals[key], a, " ")
+    for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
+    lo[key] = a[1]; hi[key] = a[n]
+    return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+}
+function cell(key,    m) {
+    if (!(key in vals)) return "-"
+    m = median(key)
+    if (lo[key] == hi[key]) return sprintf("%g", m)
+    return sprintf("%g [%g..%g]", m, lo[key], hi[key])
+}
+function row(label, key, better,    w, p, r) {
+    w = (key SUBSEP "ws") in vals ? median(key SUBSEP "ws") : ""
+    p = (key SUBSEP "pg") in vals ? median(key SUBSEP "pg") : ""
+    r = (w != "" && p != "" && p + 0 != 0) ? sprintf("%.2f", w / p) : "-"
+    printf "| %-52s | %-22s | %-22s | %-6s | %s |\n", label, cell(key SUBSEP "ws"), cell(key SUBSEP "pg"), r, better
+}
+{ k = $1 SUBSEP $2; vals[k] = (k in vals) ? vals[k] " " $3 : $3 }
+END {
+    printf "| %-52s | %-22s | %-22s | %-6s | %s |\n", "measure", "walserver", "PostgreSQL 15", "ws/pg", "better"
+    printf "|%s|%s|%s|%s|%s|\n", "------------------------------------------------------", "------------------------", "------------------------", "--------", "--------"
+    row("(a) catch-up into pg_receivewal --synchronous, MB/s", "a_recv_mbps", "higher")
+    row("(a) pg_receivewal CPU, cores busy", "a_recv_client_cpu", "-")
+    row("(a) catch-up into a plain codec client, MB/s", "a_codec_mbps", "higher")
+    row("(b) catch-up into a standby, fsync on, MB/s", "b_standby_mbps", "higher")
+    row("(b) sender CPU per MB sent, ms", "b_sender_cpu_ms_per_mb", "lower")
+    row("(b) walserver standby on tmpfs, MB/s", "b_tmpfs_mbps", "higher")
+    printf "| %-52s | %-22s | %-22s | %-6s | %s |\n", "(b) disk: 16 MiB write+fdatasync, new file, MB/s", cell("disk_new_mbps" SUBSEP "disk"), "", "", ""
+    printf "| %-52s | %-22s | %-22s | %-6s | %s |\n", "(b) disk: 16 MiB write+fdatasync, overwrite, MB/s", cell("disk_overwrite_mbps" SUBSEP "disk"), "", "", ""
+    row("(c) sync commit, 1 client, commits/s", "c1_tps", "higher")
+    row("(c) sync commit, 1 client, p50 ms", "c1_p50_ms", "lower")
+    row("(c) sync commit, 1 client, p99 ms", "c1_p99_ms", "lower")
+    row("(c) sync commit, 16 clients, commits/s", "c16_tps", "higher")
+    row("(c) sync commit, 16 clients, p50 ms", "c16_p50_ms", "lower")
+    row("(c) sync commit, 16 clients, p99 ms", "c16_p99_ms", "lower")
+    row("(d) fan-out to 16 pg_receivewal, aggregate MB/s", "d_fanout_mbps", "higher")
+    row("(d) memory per walsender, KiB", "d_mem_per_walsender_kib", "lower")
+}' "$RES"
+echo
+echo "(b) standby rates are measured from the standby's first reported position to the end (start-up left out)."
+echo "(d) memory: walserver = growth of its process RSS / 16; PostgreSQL = PSS of the 16 walsender processes / 16."
+log "done in ${SECONDS}s"

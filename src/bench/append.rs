@@ -1,0 +1,833 @@
+//! `walserver bench append`: N writers appending records of S bytes at a durability level,
+//! against an in-process cluster (the embedding path: `AppendRecords` to the primary's
+//! supervisor) or a running node's `POST /wal`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use supervisor_actor::{AppendRecords, Durability, Node};
+
+use super::cluster::{Cluster, ClusterOptions};
+use super::report::{self, Percentiles, Sample};
+use super::sys;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct AppendArgs {
+    /// Concurrent writers, each waiting for its append before sending the next.
+    #[arg(long, default_value_t = 1)]
+    pub writers: usize,
+    /// Record size in bytes.
+    #[arg(long, default_value_t = 100)]
+    pub size: usize,
+    /// Records per append (one `AppendRecords` or one `POST /wal`).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// local, remote_write, on (remote flush) or remote_apply.
+    #[arg(long, default_value = "on")]
+    pub durability: String,
+    /// Run this long (default 10 s unless --bytes is given).
+    #[arg(long, conflicts_with = "bytes")]
+    pub seconds: Option<f64>,
+    /// Stop after appending this much payload (`1GB`, `64MB`, bytes).
+    #[arg(long)]
+    pub bytes: Option<String>,
+    /// A running node's admin API (HOST:PORT): append through `POST /wal`.
+    #[arg(long, conflicts_with = "cluster")]
+    pub http: Option<String>,
+    /// Start an in-process cluster of a primary and this many standbys (the default is 1),
+    /// the first synchronous, on free loopback ports in temporary directories.
+    #[arg(long)]
+    pub cluster: Option<usize>,
+    /// `synchronous_standby_names` of the in-process primary (default `FIRST 1 (s1)`).
+    #[arg(long)]
+    pub sync_names: Option<String>,
+    /// Where the in-process cluster's directories go (e.g. /dev/shm); default the system's
+    /// temporary directory.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Turn fdatasync off on the in-process nodes (to see what the disk costs).
+    #[arg(long)]
+    pub no_fsync: bool,
+    /// Threads that run the in-process writers (tasks on current-thread runtimes).
+    #[arg(long, default_value_t = 1)]
+    pub writer_threads: usize,
+    /// Run the in-process writers as tasks on the primary's own System thread, as an
+    /// embedding application's actors would be, instead of on threads of their own.
+    #[arg(long)]
+    pub writers_in_node: bool,
+    /// Threads for each in-process node's walsenders and walreceiver (0: on the node's own
+    /// System thread, beside its supervisor and registry).
+    #[arg(long, default_value_t = 0)]
+    pub io_threads: usize,
+    /// Process ids of the remote nodes, for their peak RSS (from /proc).
+    #[arg(long = "pid")]
+    pub pids: Vec<u32>,
+    #[arg(long, env = "WALSERVER_HTTP_AUTH_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Print one JSON object (with the time series) instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Write latency and replication lag over time to this SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// What the writers have done so far.
+struct Stats {
+    total: Histogram<u64>,
+    interval: Histogram<u64>,
+    appends: u64,
+    records: u64,
+    bytes: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Stats {
+    fn new() -> Stats {
+        Stats {
+            total: report::latency_histogram(),
+            interval: report::latency_histogram(),
+            appends: 0,
+            records: 0,
+            bytes: 0,
+            errors: 0,
+            first_error: None,
+        }
+    }
+
+    fn ok(&mut self, latency: Duration, records: usize, bytes: usize) {
+        report::record(&mut self.total, latency);
+        report::record(&mut self.interval, latency);
+        self.appends += 1;
+        self.records += records as u64;
+        self.bytes += bytes as u64;
+    }
+
+    fn err(&mut self, e: String) {
+        self.errors += 1;
+        self.first_error.get_or_insert(e);
+    }
+}
+
+/// When the writers stop: after a time or a byte budget.
+struct Budget {
+    deadline: Option<Instant>,
+    bytes: Option<u64>,
+    issued: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Budget {
+    /// Claims `n` bytes; false once the budget is spent or the time is up.
+    fn take(&self, n: u64) -> bool {
+        if self.stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return false;
+        }
+        match self.bytes {
+            Some(limit) => self.issued.fetch_add(n, Ordering::Relaxed) < limit,
+            None => true,
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct PeakRss {
+    pub node: String,
+    pub bytes: Option<u64>,
+}
+
+#[derive(Serialize, Default)]
+pub struct LagSummary {
+    pub max_bytes: Option<u64>,
+    pub mean_bytes: Option<f64>,
+    pub last_bytes: Option<u64>,
+    pub max_flush_lag_ms: Option<f64>,
+}
+
+#[derive(Serialize)]
+pub struct AppendReport {
+    pub target: String,
+    pub standbys: Option<usize>,
+    pub writers: usize,
+    pub size: usize,
+    pub batch: usize,
+    pub durability: String,
+    pub seconds: f64,
+    pub appends: u64,
+    pub records: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+    pub appends_per_s: f64,
+    pub records_per_s: f64,
+    pub mb_per_s: f64,
+    pub latency: Percentiles,
+    /// fsync/fdatasync calls on the primary per append (every fsync storage makes).
+    pub fsyncs_per_append: Option<f64>,
+    /// The same on the synchronous standby (in-process clusters only).
+    pub standby_fsyncs_per_append: Option<f64>,
+    pub peak_rss: Vec<PeakRss>,
+    pub lag: LagSummary,
+    pub samples: Vec<Sample>,
+}
+
+/// Where the appends go and how lag and fsyncs are read.
+enum Target {
+    Cluster(Box<Cluster>),
+    Http { url: String, token: Option<String> },
+}
+
+/// One reading of replication: the primary's flushed end and the most-behind standby.
+struct LagReading {
+    lag_bytes: Option<u64>,
+    flush_lag_ms: Option<f64>,
+}
+
+impl Target {
+    fn fsyncs(&self) -> (Option<u64>, Option<u64>) {
+        match self {
+            Target::Cluster(c) => (
+                Some(c.primary.wal.fsync_count()),
+                c.standbys.first().map(|s| s.wal.fsync_count()),
+            ),
+            Target::Http { url, token } => (remote_fsyncs(url, token.as_deref()), None),
+        }
+    }
+
+    fn lag(&self) -> LagReading {
+        match self {
+            Target::Cluster(c) => lag_of_node(&c.primary),
+            Target::Http { url, token } => {
+                match crate::cli::get_json(url, "/status", token.as_deref()) {
+                    Ok(v) => lag_of_status(&v),
+                    Err(_) => LagReading {
+                        lag_bytes: None,
+                        flush_lag_ms: None,
+                    },
+                }
+            }
+        }
+    }
+}
+
+fn lag_of_node(node: &Node) -> LagReading {
+    let flushed = node.wal.flushed();
+    let rows = futures_executor::block_on(
+        node.registry
+            .send(walsender_actor::messages::GetReplicationStatus),
+    )
+    .unwrap_or_default();
+    LagReading {
+        lag_bytes: rows
+            .iter()
+            .map(|r| flushed.saturating_sub(r.flush_lsn.unwrap_or_default()))
+            .max(),
+        flush_lag_ms: rows
+            .iter()
+            .filter_map(|r| r.flush_lag)
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .reduce(f64::max),
+    }
+}
+
+/// `00:00:01.250000` in milliseconds.
+fn parse_interval_ms(s: &str) -> Option<f64> {
+    let mut parts = s.split(':');
+    let h: f64 = parts.next()?.parse().ok()?;
+    let m: f64 = parts.next()?.parse().ok()?;
+    let sec: f64 = parts.next()?.parse().ok()?;
+    Some(((h * 60.0 + m) * 60.0 + sec) * 1000.0)
+}
+
+fn lag_of_status(v: &serde_json::Value) -> LagReading {
+    let lsn = |x: &serde_json::Value| x.as_str().and_then(|s| s.parse::<wal_storage::Lsn>().ok());
+    let flushed = lsn(&v["flush_lsn"]).unwrap_or_default();
+    let rows = v["replication"].as_array().cloned().unwrap_or_default();
+    LagReading {
+        lag_bytes: rows
+            .iter()
+            .map(|r| flushed.saturating_sub(lsn(&r["flush_lsn"]).unwrap_or_default()))
+            .max(),
+        flush_lag_ms: rows
+            .iter()
+            .filter_map(|r| parse_interval_ms(r["flush_lag"].as_str()?))
+            .reduce(f64::max),
+    }
+}
+
+fn remote_fsyncs(url: &str, token: Option<&str>) -> Option<u64> {
+    let mut req = ureq::get(format!("{}/metrics", crate::cli::base_url(url)));
+    if let Some(t) = token {
+        req = req.header("Authorization", &format!("Bearer {t}"));
+    }
+    let text = req.call().ok()?.body_mut().read_to_string().ok()?;
+    parse_metric(&text, "walserver_fsyncs_total")
+}
+
+/// The value of an unlabelled metric in Prometheus text.
+fn parse_metric(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// One writer of the in-process path: appends and waits, until the budget is spent.
+async fn writer_loop(
+    sup: actix::Addr<supervisor_actor::Supervisor>,
+    stats: Arc<Mutex<Stats>>,
+    budget: Arc<Budget>,
+    payload: Bytes,
+    batch: usize,
+    durability: Durability,
+) {
+    let bytes = payload.len() * batch;
+    while budget.take(bytes as u64) {
+        let msg = AppendRecords {
+            records: vec![payload.clone(); batch],
+            durability: Some(durability),
+        };
+        let t = Instant::now();
+        let r = sup.send(msg).await;
+        let lat = t.elapsed();
+        let mut s = stats.lock().expect("stats lock");
+        match r {
+            Ok(Ok(_)) => s.ok(lat, batch, bytes),
+            Ok(Err(e)) => s.err(e.to_string()),
+            Err(e) => {
+                s.err(e.to_string());
+                budget.stop.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Writers of the in-process path: tasks sending `AppendRecords` to the primary's supervisor,
+/// on current-thread runtimes of their own, or (`--writers-in-node`) on the primary's own
+/// System thread, as an embedding application's actors would be. The handles end when every
+/// writer has.
+fn spawn_cluster_writers(
+    args: &AppendArgs,
+    cluster: &Cluster,
+    durability: Durability,
+    stats: &Arc<Mutex<Stats>>,
+    budget: &Arc<Budget>,
+) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
+    let payload = Bytes::from(vec![b'x'; args.size]);
+    let batch = args.batch.max(1);
+    let sup = cluster.primary.supervisor.clone();
+    if args.writers_in_node {
+        let arbiter = cluster
+            .primary_arbiter()
+            .context("the primary's thread is gone")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..args.writers {
+            let w = writer_loop(
+                sup.clone(),
+                stats.clone(),
+                budget.clone(),
+                payload.clone(),
+                batch,
+                durability,
+            );
+            let tx = tx.clone();
+            arbiter.spawn(async move {
+                w.await;
+                let _ = tx.send(());
+            });
+        }
+        drop(tx);
+        let n = args.writers;
+        let waiter = std::thread::Builder::new()
+            .name("bench-writers-wait".into())
+            .spawn(move || {
+                for _ in 0..n {
+                    if rx.recv().is_err() {
+                        break;
+                    }
+                }
+            })?;
+        return Ok(vec![waiter]);
+    }
+    let threads = args.writer_threads.clamp(1, args.writers.max(1));
+    let mut handles = Vec::new();
+    for t in 0..threads {
+        let n = args.writers / threads + usize::from(t < args.writers % threads);
+        let writers: Vec<_> = (0..n)
+            .map(|_| {
+                writer_loop(
+                    sup.clone(),
+                    stats.clone(),
+                    budget.clone(),
+                    payload.clone(),
+                    batch,
+                    durability,
+                )
+            })
+            .collect();
+        let h = std::thread::Builder::new()
+            .name(format!("bench-writers-{t}"))
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a current-thread runtime");
+                let local = tokio::task::LocalSet::new();
+                for w in writers {
+                    local.spawn_local(w);
+                }
+                rt.block_on(local);
+            })?;
+        handles.push(h);
+    }
+    Ok(handles)
+}
+
+/// Writers of the HTTP path: one thread and one keep-alive connection each.
+fn spawn_http_writers(
+    args: &AppendArgs,
+    url: &str,
+    durability: &str,
+    token: Option<&str>,
+    stats: &Arc<Mutex<Stats>>,
+    budget: &Arc<Budget>,
+) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
+    let batch = args.batch.max(1);
+    let record = vec![b'x'; args.size];
+    let body: Arc<Vec<u8>> = Arc::new(crate::http::join_records(std::iter::repeat_n(
+        record.as_slice(),
+        batch,
+    )));
+    let endpoint = format!("{}/wal?durability={durability}", crate::cli::base_url(url));
+    let mut handles = Vec::new();
+    for i in 0..args.writers {
+        let (stats, budget, body, endpoint) = (
+            stats.clone(),
+            budget.clone(),
+            body.clone(),
+            endpoint.clone(),
+        );
+        let token = token.map(str::to_string);
+        let bytes = args.size * batch;
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("bench-writer-{i}"))
+                .spawn(move || {
+                    let agent: ureq::Agent = ureq::Agent::config_builder()
+                        .http_status_as_error(false)
+                        .build()
+                        .into();
+                    while budget.take(bytes as u64) {
+                        let mut req = agent
+                            .post(&endpoint)
+                            .header("Content-Type", crate::http::RECORDS_CONTENT_TYPE);
+                        if let Some(t) = &token {
+                            req = req.header("Authorization", &format!("Bearer {t}"));
+                        }
+                        let t = Instant::now();
+                        let r = req.send(body.as_slice());
+                        let lat = t.elapsed();
+                        let outcome = match r {
+                            Ok(mut resp) if resp.status().is_success() => {
+                                // Read the answer so the connection can be reused.
+                                let _ = resp.body_mut().read_to_string();
+                                Ok(())
+                            }
+                            Ok(mut resp) => Err(format!(
+                                "HTTP {}: {}",
+                                resp.status(),
+                                resp.body_mut().read_to_string().unwrap_or_default()
+                            )),
+                            Err(e) => Err(e.to_string()),
+                        };
+                        let mut s = stats.lock().expect("stats lock");
+                        match outcome {
+                            Ok(()) => s.ok(lat, batch, bytes),
+                            Err(e) => {
+                                s.err(e);
+                                budget.stop.store(true, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                })?,
+        );
+    }
+    Ok(handles)
+}
+
+pub fn run(args: AppendArgs) -> anyhow::Result<()> {
+    let report = measure(&args)?;
+    if let Some(path) = &args.plot {
+        plot(&report, path)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", summary(&report));
+        if let Some(path) = &args.plot {
+            println!("plot written to {}", path.display());
+        }
+    }
+    if report.appends == 0 {
+        bail!(
+            "no append succeeded: {}",
+            report.first_error.as_deref().unwrap_or("unknown error")
+        );
+    }
+    Ok(())
+}
+
+/// Runs the load and gathers the report.
+pub fn measure(args: &AppendArgs) -> anyhow::Result<AppendReport> {
+    anyhow::ensure!(args.writers > 0, "--writers must be at least 1");
+    let durability: Durability = args.durability.parse().map_err(anyhow::Error::msg)?;
+    let byte_limit = args
+        .bytes
+        .as_deref()
+        .map(|b| crate::units::parse_size(b, 1).map_err(anyhow::Error::msg))
+        .transpose()?
+        .flatten();
+    let seconds = args
+        .seconds
+        .unwrap_or(if byte_limit.is_some() { 0.0 } else { 10.0 });
+    let target = match &args.http {
+        Some(url) => Target::Http {
+            url: url.clone(),
+            token: args.token.clone(),
+        },
+        None => {
+            let opts = ClusterOptions {
+                standbys: args.cluster.unwrap_or(1),
+                sync_names: args.sync_names.clone(),
+                fsync: !args.no_fsync,
+                base_dir: args.dir.clone(),
+                io_threads: args.io_threads,
+                ..ClusterOptions::default()
+            };
+            let c = Cluster::start(&opts).context("cannot start the in-process cluster")?;
+            c.wait_streaming(Duration::from_secs(30))?;
+            Target::Cluster(Box::new(c))
+        }
+    };
+    let stats = Arc::new(Mutex::new(Stats::new()));
+    let (fsync0, sfsync0) = target.fsyncs();
+    let started = Instant::now();
+    let budget = Arc::new(Budget {
+        deadline: (seconds > 0.0).then(|| started + Duration::from_secs_f64(seconds)),
+        bytes: byte_limit,
+        issued: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+    });
+    let handles = match &target {
+        Target::Cluster(c) => spawn_cluster_writers(args, c, durability, &stats, &budget)?,
+        Target::Http { url, token } => spawn_http_writers(
+            args,
+            url,
+            &durability.to_string(),
+            token.as_deref(),
+            &stats,
+            &budget,
+        )?,
+    };
+    let (bar_len, unit) = match byte_limit {
+        Some(b) => (b / (1 << 20), "MiB"),
+        None => ((seconds * 10.0) as u64, "×100ms"),
+    };
+    let bar = report::progress_bar(bar_len.max(1), unit, args.json);
+    let mut samples = Vec::new();
+    let (mut last_appends, mut last_bytes, mut last_t) = (0u64, 0u64, 0.0f64);
+    while handles.iter().any(|h| !h.is_finished()) {
+        std::thread::sleep(report::SAMPLE_INTERVAL);
+        let t = started.elapsed().as_secs_f64();
+        let lag = target.lag();
+        let (appends, bytes, p) = {
+            let mut s = stats.lock().expect("stats lock");
+            let p = Percentiles::of(&s.interval);
+            s.interval.reset();
+            (s.appends, s.bytes, p)
+        };
+        let dt = (t - last_t).max(1e-6);
+        let sample = Sample {
+            t,
+            appends_per_s: (appends - last_appends) as f64 / dt,
+            mb_per_s: (bytes - last_bytes) as f64 / dt / 1e6,
+            p50_ms: p.p50_ms,
+            p99_ms: p.p99_ms,
+            max_ms: p.max_ms,
+            lag_bytes: lag.lag_bytes,
+            flush_lag_ms: lag.flush_lag_ms,
+        };
+        bar.set_position(match byte_limit {
+            Some(_) => bytes / (1 << 20),
+            None => (t * 10.0) as u64,
+        });
+        bar.set_message(format!(
+            "{:.0} appends/s {:.1} MB/s p99 {:.2} ms lag {}",
+            sample.appends_per_s,
+            sample.mb_per_s,
+            sample.p99_ms,
+            sample.lag_bytes.map_or("-".into(), report::human_bytes)
+        ));
+        samples.push(sample);
+        (last_appends, last_bytes, last_t) = (appends, bytes, t);
+    }
+    for h in handles {
+        let _ = h.join();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let (fsync1, sfsync1) = target.fsyncs();
+    let s = stats.lock().expect("stats lock");
+    let per_append = |a: Option<u64>, b: Option<u64>| {
+        a.zip(b)
+            .filter(|_| s.appends > 0)
+            .map(|(a, b)| b.saturating_sub(a) as f64 / s.appends as f64)
+    };
+    let lags: Vec<u64> = samples.iter().filter_map(|x| x.lag_bytes).collect();
+    let lag = LagSummary {
+        max_bytes: lags.iter().copied().max(),
+        mean_bytes: (!lags.is_empty()).then(|| lags.iter().sum::<u64>() as f64 / lags.len() as f64),
+        last_bytes: lags.last().copied(),
+        max_flush_lag_ms: samples
+            .iter()
+            .filter_map(|x| x.flush_lag_ms)
+            .reduce(f64::max),
+    };
+    let peak_rss = match &target {
+        Target::Cluster(c) => vec![PeakRss {
+            node: format!(
+                "this process (primary and {} standbys in-process)",
+                c.standbys.len()
+            ),
+            bytes: sys::peak_rss(None),
+        }],
+        Target::Http { .. } => args
+            .pids
+            .iter()
+            .map(|p| PeakRss {
+                node: format!("pid {p}"),
+                bytes: sys::peak_rss(Some(*p)),
+            })
+            .collect(),
+    };
+    Ok(AppendReport {
+        target: match &target {
+            Target::Cluster(_) => "cluster".into(),
+            Target::Http { url, .. } => format!("http {url}"),
+        },
+        standbys: match &target {
+            Target::Cluster(c) => Some(c.standbys.len()),
+            Target::Http { .. } => None,
+        },
+        writers: args.writers,
+        size: args.size,
+        batch: args.batch.max(1),
+        durability: durability.to_string(),
+        seconds: elapsed,
+        appends: s.appends,
+        records: s.records,
+        bytes: s.bytes,
+        errors: s.errors,
+        first_error: s.first_error.clone(),
+        appends_per_s: s.appends as f64 / elapsed,
+        records_per_s: s.records as f64 / elapsed,
+        mb_per_s: s.bytes as f64 / elapsed / 1e6,
+        latency: Percentiles::of(&s.total),
+        fsyncs_per_append: per_append(fsync0, fsync1),
+        standby_fsyncs_per_append: per_append(sfsync0, sfsync1),
+        peak_rss,
+        lag,
+        samples,
+    })
+}
+
+/// The report for people.
+pub fn summary(r: &AppendReport) -> String {
+    let mut out = String::new();
+    let l = &r.latency;
+    let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}"));
+    out.push_str(&format!(
+        "append: {} writers, {} B records x {} per append, durability {}, target {}{}\n",
+        r.writers,
+        r.size,
+        r.batch,
+        r.durability,
+        r.target,
+        r.standbys
+            .map_or(String::new(), |k| format!(" (primary + {k} standbys)"))
+    ));
+    out.push_str(&format!(
+        "  {:.1} s: {} appends, {} records, {}; {} errors\n",
+        r.seconds,
+        r.appends,
+        r.records,
+        report::human_bytes(r.bytes),
+        r.errors
+    ));
+    out.push_str(&format!(
+        "  throughput  {:.0} appends/s, {:.0} records/s, {:.2} MB/s\n",
+        r.appends_per_s, r.records_per_s, r.mb_per_s
+    ));
+    out.push_str(&format!(
+        "  latency ms  p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}  (mean {:.3})\n",
+        l.p50_ms, l.p90_ms, l.p99_ms, l.p999_ms, l.max_ms, l.mean_ms
+    ));
+    out.push_str(&format!(
+        "  fsyncs per append: primary {}, sync standby {}\n",
+        opt(r.fsyncs_per_append),
+        opt(r.standby_fsyncs_per_append)
+    ));
+    for p in &r.peak_rss {
+        out.push_str(&format!(
+            "  peak RSS of {}: {}\n",
+            p.node,
+            p.bytes.map_or("-".into(), report::human_bytes)
+        ));
+    }
+    out.push_str(&format!(
+        "  replication lag (sampled every 100 ms): max {}, mean {}, last {}; max flush_lag {} ms\n",
+        r.lag.max_bytes.map_or("-".into(), report::human_bytes),
+        r.lag
+            .mean_bytes
+            .map_or("-".into(), |m| report::human_bytes(m as u64)),
+        r.lag.last_bytes.map_or("-".into(), report::human_bytes),
+        opt(r.lag.max_flush_lag_ms)
+    ));
+    if let Some(e) = &r.first_error {
+        out.push_str(&format!("  first error: {e}\n"));
+    }
+    out
+}
+
+fn plot(r: &AppendReport, path: &std::path::Path) -> anyhow::Result<()> {
+    use report::{Panel, Series};
+    let pts = |f: &dyn Fn(&Sample) -> Option<f64>| -> Vec<(f64, f64)> {
+        r.samples
+            .iter()
+            .filter_map(|s| Some((s.t, f(s)?)))
+            .collect()
+    };
+    let panels = [
+        Panel {
+            title: "append latency per 100 ms",
+            y_label: "ms",
+            series: vec![
+                Series {
+                    name: "p50",
+                    points: pts(&|s| (s.appends_per_s > 0.0).then_some(s.p50_ms)),
+                },
+                Series {
+                    name: "p99",
+                    points: pts(&|s| (s.appends_per_s > 0.0).then_some(s.p99_ms)),
+                },
+                Series {
+                    name: "max",
+                    points: pts(&|s| (s.appends_per_s > 0.0).then_some(s.max_ms)),
+                },
+            ],
+        },
+        Panel {
+            title: "throughput",
+            y_label: "appends/s",
+            series: vec![Series {
+                name: "appends/s",
+                points: pts(&|s| Some(s.appends_per_s)),
+            }],
+        },
+        Panel {
+            title: "replication lag (most-behind standby)",
+            y_label: "KiB",
+            series: vec![Series {
+                name: "flush lag KiB",
+                points: pts(&|s| s.lag_bytes.map(|b| b as f64 / 1024.0)),
+            }],
+        },
+    ];
+    report::plot_svg(
+        path,
+        &format!(
+            "walserver bench append: {} writers, {} B, {}",
+            r.writers, r.size, r.durability
+        ),
+        &panels,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_metrics_and_lag_text() {
+        let text = "# HELP walserver_fsyncs_total x\n# TYPE walserver_fsyncs_total counter\nwalserver_fsyncs_total 42\nwalserver_fsyncs_totalx 1\n";
+        assert_eq!(parse_metric(text, "walserver_fsyncs_total"), Some(42));
+        assert_eq!(parse_metric(text, "nothing"), None);
+        assert_eq!(parse_interval_ms("00:00:01.250000"), Some(1250.0));
+        assert_eq!(parse_interval_ms("01:00:00.000000"), Some(3_600_000.0));
+        let v = serde_json::json!({
+            "flush_lsn": "0/2000000",
+            "replication": [
+                {"flush_lsn": "0/1F00000", "flush_lag": "00:00:00.002000"},
+                {"flush_lsn": "0/2000000", "flush_lag": null}
+            ]
+        });
+        let l = lag_of_status(&v);
+        assert_eq!(l.lag_bytes, Some(0x100000));
+        assert_eq!(l.flush_lag_ms, Some(2.0));
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: AppendArgs,
+    }
+
+    /// A short run against an in-process primary and one synchronous standby: every append
+    /// is counted once, in the histogram too, and each cost at least one fsync somewhere.
+    #[test]
+    fn runs_against_an_in_process_cluster() {
+        use clap::Parser;
+        let cli = Cli::try_parse_from([
+            "bench",
+            "--cluster",
+            "1",
+            "--writers",
+            "4",
+            "--size",
+            "64",
+            "--bytes",
+            "64kB",
+        ])
+        .unwrap();
+        let r = measure(&cli.args).unwrap();
+        assert_eq!(r.errors, 0, "{:?}", r.first_error);
+        assert!(r.appends >= 1000, "{}", r.appends);
+        assert_eq!(r.latency.count, r.appends);
+        assert_eq!(r.records * 64, r.bytes);
+        assert!(r.fsyncs_per_append.unwrap() > 0.0);
+        assert!(r.standby_fsyncs_per_append.unwrap() > 0.0);
+        assert_eq!(r.durability, "on");
+        assert!(summary(&r).contains("p99.9"));
+    }
+
+    #[test]
+    fn a_byte_budget_stops_the_writers() {
+        let b = Budget {
+            deadline: None,
+            bytes: Some(250),
+            issued: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        };
+        let taken = (0..10).filter(|_| b.take(100)).count();
+        assert_eq!(taken, 3);
+    }
+}

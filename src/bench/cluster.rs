@@ -1,0 +1,364 @@
+//! Nodes for a bench: an in-process cluster (a primary and K standbys on one actix System
+//! thread, the embedding path) and a node run as a child process (`walserver run`), whose
+//! CPU time and memory the kernel reports apart from the bench's own.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use supervisor_actor::{Node, NodeBuilder, NodeConfig, ShutdownNode};
+use wal_storage::Lsn;
+
+use crate::config::{Settings, Sources};
+
+/// The application_name of standby `i` (0-based): `s1`, `s2`, ...
+pub fn standby_name(i: usize) -> String {
+    format!("s{}", i + 1)
+}
+
+/// How to build an in-process cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    pub standbys: usize,
+    /// `synchronous_standby_names` of the primary; `FIRST 1 (s1)` when there are standbys.
+    pub sync_names: Option<String>,
+    /// fdatasync on every node (off only to see what the disk costs).
+    pub fsync: bool,
+    /// Where the nodes' temporary directories go (the system's temporary directory if `None`).
+    pub base_dir: Option<PathBuf>,
+    pub segment_size: u64,
+    /// Threads for each node's walsenders and walreceiver (`NodeConfig::io_threads`); 0 runs
+    /// them on the node's own System thread, beside its supervisor and registry.
+    pub io_threads: usize,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            standbys: 1,
+            sync_names: None,
+            fsync: true,
+            base_dir: None,
+            segment_size: 16 << 20,
+            io_threads: 0,
+        }
+    }
+}
+
+/// A primary and its standbys running in this process, each node on an actix System thread
+/// of its own (as separate processes would be), with its storage threads.
+pub struct Cluster {
+    pub primary: Node,
+    pub standbys: Vec<Node>,
+    primary_system: Option<SystemThread>,
+    standby_systems: Vec<SystemThread>,
+    _dir: tempfile::TempDir,
+}
+
+/// Settings as the binary would load them from `key = value` overrides.
+fn settings(pairs: &[(&str, String)]) -> anyhow::Result<Settings> {
+    Settings::load(&Sources {
+        file: None,
+        overrides: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
+        env: Some(Default::default()),
+    })
+}
+
+fn temp_dir(base: Option<&Path>, prefix: &str) -> anyhow::Result<tempfile::TempDir> {
+    let mut b = tempfile::Builder::new();
+    b.prefix(prefix);
+    match base {
+        Some(dir) => b.tempdir_in(dir),
+        None => b.tempdir(),
+    }
+    .context("cannot create a temporary directory")
+}
+
+impl Cluster {
+    pub fn start(opts: &ClusterOptions) -> anyhow::Result<Cluster> {
+        let dir = temp_dir(opts.base_dir.as_deref(), "walserver-bench-")?;
+        let data = dir.path().join("primary");
+        crate::init::init_primary(&data, opts.segment_size)?;
+        let sync = opts.sync_names.clone().unwrap_or_else(|| {
+            if opts.standbys > 0 {
+                "FIRST 1 (s1)".into()
+            } else {
+                String::new()
+            }
+        });
+        let s = settings(&[
+            ("data_dir", data.display().to_string()),
+            ("listen", "127.0.0.1:0".into()),
+            ("synchronous_standby_names", sync),
+            ("max_wal_senders", (opts.standbys + 4).to_string()),
+            ("wal_keep_size", "1024".into()),
+        ])?;
+        let mut cfg = crate::server::node_config(&s, &data)?;
+        cfg.storage.fsync = opts.fsync;
+        cfg.io_threads = opts.io_threads;
+        let primary_system = SystemThread::spawn("bench-primary")?;
+        let primary =
+            start_node_on(&primary_system.arbiter, cfg).context("cannot start the primary")?;
+        let mut c = Cluster {
+            primary,
+            standbys: Vec::new(),
+            primary_system: Some(primary_system),
+            standby_systems: Vec::new(),
+            _dir: dir,
+        };
+        for i in 0..opts.standbys {
+            let data = c._dir.path().join(standby_name(i));
+            let system = SystemThread::spawn(&format!("bench-{}", standby_name(i)))?;
+            let node = start_standby_on(
+                &system.arbiter,
+                c.primary.listen_addr,
+                &data,
+                &standby_name(i),
+                opts.fsync,
+                None,
+                opts.io_threads,
+            )?;
+            c.standbys.push(node);
+            c.standby_systems.push(system);
+        }
+        Ok(c)
+    }
+
+    /// The primary's System thread, to run tasks beside the node's actors.
+    pub fn primary_arbiter(&self) -> Option<&actix_rt::ArbiterHandle> {
+        self.primary_system.as_ref().map(|s| &s.arbiter)
+    }
+
+    /// Waits until every standby streams from the primary.
+    pub fn wait_streaming(&self, timeout: Duration) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let want = self.standbys.len();
+        loop {
+            let rows = futures_executor::block_on(
+                self.primary
+                    .registry
+                    .send(walsender_actor::messages::GetReplicationStatus),
+            )?;
+            let streaming = rows
+                .iter()
+                .filter(|r| r.state == walsender_actor::status::WalSenderState::Streaming)
+                .count();
+            if streaming >= want {
+                return Ok(());
+            }
+            if started.elapsed() > timeout {
+                bail!("only {streaming} of {want} standbys streaming after {timeout:?}");
+            }
+            // Start-up of nodes this bench made: a short bounded wait, not event discovery.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Starts a node on `arbiter` and waits until it runs.
+pub fn start_node_on(arbiter: &actix_rt::ArbiterHandle, cfg: NodeConfig) -> anyhow::Result<Node> {
+    let (tx, rx) = mpsc::channel();
+    arbiter.spawn(async move {
+        let _ = tx.send(NodeBuilder::new(cfg).start().await);
+    });
+    Ok(rx.recv().context("the cluster thread ended")??)
+}
+
+/// `walserver init --standby` of `upstream` in `data`, then the node started on `arbiter`.
+pub fn start_standby_on(
+    arbiter: &actix_rt::ArbiterHandle,
+    upstream: SocketAddr,
+    data: &Path,
+    name: &str,
+    fsync: bool,
+    start: Option<Lsn>,
+    io_threads: usize,
+) -> anyhow::Result<Node> {
+    init_standby_dir(upstream, data, name, start)?;
+    start_standby_node(arbiter, data, fsync, io_threads)
+}
+
+/// `walserver init --standby` of `upstream` in `data` (which must not exist), starting at
+/// `start` (default: the upstream's current segment); `name` is its application_name.
+pub fn init_standby_dir(
+    upstream: SocketAddr,
+    data: &Path,
+    name: &str,
+    start: Option<Lsn>,
+) -> anyhow::Result<()> {
+    let conninfo = format!(
+        "host={} port={} user=bench application_name={name}",
+        upstream.ip(),
+        upstream.port()
+    );
+    crate::init::init_standby(data, &conninfo, None, start)?;
+    Ok(())
+}
+
+/// Runs the standby whose data directory `init_standby_dir` made, on `arbiter`.
+pub fn start_standby_node(
+    arbiter: &actix_rt::ArbiterHandle,
+    data: &Path,
+    fsync: bool,
+    io_threads: usize,
+) -> anyhow::Result<Node> {
+    let s = settings(&[
+        ("data_dir", data.display().to_string()),
+        ("listen", "127.0.0.1:0".into()),
+        ("wal_receiver_status_interval", "1".into()),
+    ])?;
+    let mut cfg = crate::server::node_config(&s, data)?;
+    cfg.storage.fsync = fsync;
+    cfg.io_threads = io_threads;
+    start_node_on(arbiter, cfg)
+}
+
+/// A primary of its own on `arbiter`, in `data` (made here), keeping all its WAL.
+pub fn start_primary_on(
+    arbiter: &actix_rt::ArbiterHandle,
+    data: &Path,
+    segment_size: u64,
+    max_wal_senders: usize,
+) -> anyhow::Result<Node> {
+    crate::init::init_primary(data, segment_size)?;
+    let s = settings(&[
+        ("data_dir", data.display().to_string()),
+        ("listen", "127.0.0.1:0".into()),
+        ("max_wal_senders", max_wal_senders.to_string()),
+        ("wal_keep_size", "1TB".into()),
+    ])?;
+    let cfg = crate::server::node_config(&s, data)?;
+    start_node_on(arbiter, cfg)
+}
+
+/// An actix System on its own thread, to run nodes away from the caller's thread.
+pub struct SystemThread {
+    pub arbiter: actix_rt::ArbiterHandle,
+    system: actix_rt::System,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl SystemThread {
+    pub fn spawn(name: &str) -> anyhow::Result<SystemThread> {
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let system = actix_rt::System::new();
+                let _ = tx.send((actix_rt::System::current(), actix_rt::Arbiter::current()));
+                let _ = system.run();
+            })?;
+        let (system, arbiter) = rx.recv().context("the system thread ended")?;
+        Ok(SystemThread {
+            arbiter,
+            system,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for SystemThread {
+    fn drop(&mut self) {
+        self.system.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Asks a node to shut down (immediately: a bench has nothing to drain) and waits.
+pub fn shutdown(node: &Node) {
+    let _ = futures_executor::block_on(node.supervisor.send(ShutdownNode { immediate: true }));
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for s in &self.standbys {
+            shutdown(s);
+        }
+        self.standby_systems.clear();
+        shutdown(&self.primary);
+        self.primary_system.take();
+    }
+}
+
+/// A free loopback port (bound and released; another process could take it in between,
+/// which on loopback is rare enough for a bench).
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A node run as a child process: `walserver run` of this executable.
+pub struct ChildNode {
+    pub child: Child,
+    pub listen: SocketAddr,
+    pub http: SocketAddr,
+    pub data_dir: PathBuf,
+}
+
+impl ChildNode {
+    /// Runs `walserver run` on `data_dir` with `-c` settings, and waits for its admin API.
+    pub fn spawn(data_dir: &Path, settings: &[(&str, String)]) -> anyhow::Result<ChildNode> {
+        let listen: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let http: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let exe = std::env::current_exe().context("cannot find this executable")?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("run")
+            .arg("-c")
+            .arg(format!("data_dir={}", data_dir.display()))
+            .arg("-c")
+            .arg(format!("listen={listen}"))
+            .arg("-c")
+            .arg(format!("http_listen={http}"))
+            .arg("-c")
+            .arg("log_level=warn");
+        for (k, v) in settings {
+            cmd.arg("-c").arg(format!("{k}={v}"));
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::null());
+        let child = cmd.spawn().context("cannot run walserver")?;
+        let mut node = ChildNode {
+            child,
+            listen,
+            http,
+            data_dir: data_dir.to_path_buf(),
+        };
+        let started = Instant::now();
+        loop {
+            if crate::cli::get_json(&http.to_string(), "/status", None).is_ok() {
+                return Ok(node);
+            }
+            if let Some(status) = node.child.try_wait()? {
+                bail!("walserver run exited with {status} before its admin API answered");
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("walserver run did not answer on {http} within 30 s");
+            }
+            // Waiting for a process this bench started to listen: bounded, not discovery.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ChildNode {
+    fn drop(&mut self) {
+        // SIGQUIT: an immediate shutdown (a bench's node has nothing worth draining); then
+        // wait so no zombie is left.
+        // SAFETY: kill with a pid of our own child and a valid signal number.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGQUIT) };
+        let _ = self.child.wait();
+    }
+}

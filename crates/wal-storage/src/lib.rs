@@ -39,8 +39,10 @@
 //!
 //! [`Wal::write`] and [`Wal::append`] send a request over an unbounded crossbeam channel (a
 //! bounded send could block an actor's thread) to the writer thread and return a [`Ticket`].
-//! The writer takes what is queued as one batch, writes it with `pwrite`, makes one
-//! `fdatasync` per segment file touched, stores the flush pointer when needed, publishes the
+//! The writer takes what is queued as one batch, writes it with one `pwritev` (received
+//! buffers are written as they arrived, not copied), makes one `fdatasync` per segment file
+//! touched, stores the flush pointer when needed, keeps a copy of the batch if it is small
+//! (`tail.rs`: [`Wal::read_cached`] serves a reader at the end from memory), publishes the
 //! new [`WalPosition`] on a watch channel and completes every ticket. Segment files are
 //! created zero-filled to full size by the background thread before they are needed, so the
 //! hot path never extends a file (and fdatasync journals no size change). `writer.rs` has the

@@ -4,6 +4,7 @@
 //! are never lost and never wait for a fixed retry interval; an upstream restarted many times
 //! loses no byte).
 
+mod bench;
 mod binary;
 #[path = "../common/mod.rs"]
 mod common;

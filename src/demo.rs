@@ -44,12 +44,9 @@ async fn start_node(
     let http = crate::http::start(
         crate::http::HttpConfig::from_settings(&settings, "127.0.0.1:0".parse()?)?,
         node.clone(),
-    )?;
-    Ok(DemoNode {
-        name,
-        node,
-        http: http.addr,
-    })
+    )?
+    .supervise(&node);
+    Ok(DemoNode { name, node, http })
 }
 
 async fn init_standby(

@@ -46,6 +46,29 @@ impl HttpConfig {
 pub struct HttpServerHandle {
     pub addr: SocketAddr,
     pub handle: ServerHandle,
+    /// The server's task: it ends when the server stops, with its error if it failed.
+    pub task: actix_rt::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl HttpServerHandle {
+    /// Hands the admin API to the node's supervisor, which stops it in the node's shutdown
+    /// order (after the walsenders and the walreceiver, so `/status` shows their drain) and
+    /// shows in status if it ends on its own. Returns its address.
+    pub fn supervise(self, node: &Node) -> SocketAddr {
+        let HttpServerHandle { addr, handle, task } = self;
+        node.supervisor.do_send(supervisor_actor::SuperviseService {
+            name: "admin API".into(),
+            ended: Box::pin(async move {
+                match task.await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(format!("the admin API failed: {e}")),
+                    Err(e) => Err(format!("the admin API's task ended: {e}")),
+                }
+            }),
+            stop: Box::new(move || Box::pin(async move { handle.stop(true).await })),
+        });
+        addr
+    }
 }
 
 struct State {
@@ -75,6 +98,10 @@ pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
             .route("/reload", web::post().to(reload))
     })
     .workers(1)
+    // A graceful stop waits for requests in flight; a `GET /wal?follow=true` reader never
+    // finishes by itself, so it is cut after this long. A guess: longer than any other request
+    // takes.
+    .shutdown_timeout(2)
     .disable_signals();
     let server = match cfg.tls {
         Some(tls) => server.bind_rustls_0_23(cfg.addr, (*tls).clone()),
@@ -84,8 +111,8 @@ pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
     let addr = server.addrs().first().copied().unwrap_or(cfg.addr);
     let server = server.run();
     let handle = server.handle();
-    actix_rt::spawn(server);
-    Ok(HttpServerHandle { addr, handle })
+    let task = actix_rt::spawn(server);
+    Ok(HttpServerHandle { addr, handle, task })
 }
 
 /// The largest request body `POST /wal` takes. A guess: larger than any single record

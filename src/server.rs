@@ -253,10 +253,10 @@ pub fn run(settings: Settings, sources: Sources, stop_mode: StopMode) -> anyhow:
         let node = NodeBuilder::new(node_cfg).start().await?;
         let mut http_cfg = crate::http::HttpConfig::from_settings(&settings, http_addr)?;
         http_cfg.reloader = Some(reloader.clone());
-        let http = crate::http::start(http_cfg, node.clone())?;
-        tracing::info!(addr = %http.addr, "admin API listening");
+        let http = crate::http::start(http_cfg, node.clone())?.supervise(&node);
+        tracing::info!(addr = %http, "admin API listening");
+        // The supervisor stops the admin API in the node's shutdown order.
         wait_for_signals(&node, stop_mode, &reloader).await?;
-        http.handle.stop(true).await;
         Ok::<(), anyhow::Error>(())
     })
 }

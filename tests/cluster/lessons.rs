@@ -5,6 +5,8 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
+use protocol_codec::BackendMessage;
+
 use super::common::cluster::*;
 use super::common::*;
 use super::{KEEP, TL1};
@@ -195,4 +197,46 @@ fn an_upstream_killed_20_times_loses_no_byte() {
         "20 upstream restarts: streaming again after min {:?}, median {:?}, max {:?} of the upstream accepting",
         times[0], times[10], times[19]
     );
+}
+
+/// The admin API is one of the supervisor's children: status shows it, it still answers while
+/// a fast shutdown drains the walsenders (an operator can watch the drain), and it stops once
+/// the walsenders have ended.
+#[test]
+fn the_admin_api_answers_during_the_drain_and_stops_after_it() {
+    let node = TestNode::primary("wal_sender_shutdown_timeout = \"20s\"");
+    assert_eq!(
+        node.http_get("/status")["services"],
+        serde_json::json!([{"name": "admin API", "state": "running", "last_error": null}])
+    );
+    let start = node.wal().flushed();
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    c.start_replication(start);
+    let end = node.append(5, 1000, 1);
+    node.start_shutdown(false);
+    // The drain asks the standby to confirm what it was sent; until it does, shutdown waits.
+    let mut at = start;
+    loop {
+        match c.recv() {
+            BackendMessage::XLogData(x) => at = x.wal_start + x.data.len() as u64,
+            BackendMessage::PrimaryKeepalive(k) if k.reply_requested && at == end => break,
+            BackendMessage::PrimaryKeepalive(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let during = node.http_get("/status");
+    assert_eq!(
+        during["replication"].as_array().map(Vec::len),
+        Some(1),
+        "the draining walsender is in /status: {during}"
+    );
+    c.reply(end, end, false);
+    match c.recv() {
+        BackendMessage::CommandComplete(tag) => assert_eq!(tag, "COPY 0"),
+        other => panic!("unexpected {other:?}"),
+    }
+    let http = node.http_addr.to_string();
+    wait_until("the admin API to stop after the drain", || {
+        walserver::cli::get_json(&http, "/status", None).is_err()
+    });
 }

@@ -81,8 +81,9 @@ impl TestNode {
                         .unwrap(),
                     node.clone(),
                 )
-                .expect("http");
-                tx.send((node, http.addr, sys)).unwrap();
+                .expect("http")
+                .supervise(&node);
+                tx.send((node, http, sys)).unwrap();
             });
             system.run().ok();
         });

@@ -11,7 +11,8 @@
 //! - the restart policy is data ([`RestartPolicy`]): the first retry at once, then backoff
 //!   with jitter to a cap, reset after a stable period; its state is in `/status`;
 //! - shutdown goes in order: stop accepting, drain walsenders with their deadline, stop the
-//!   walreceiver, release storage;
+//!   walreceiver, stop the services handed to it ([`SuperviseService`]: walserver's admin
+//!   API), release storage;
 //! - promotion stops the walreceiver, starts the next timeline and makes the node a primary.
 //!
 //! It never touches the protocol's bytes and never polls: children report with messages, and
@@ -71,6 +72,6 @@ pub use records::{subscribe_records, Follow, RecordEvent};
 pub use restart::{RestartPolicy, RestartState};
 pub use supervisor::{
     GetNodeStatus, NodeRole, NodeStatus, Promote, PromoteError, Promoted, Reconfigure,
-    ReportApplied, ShutdownNode, Supervisor, WalReceiverInfo,
+    ReportApplied, ServiceInfo, ShutdownNode, SuperviseService, Supervisor, WalReceiverInfo,
 };
 pub use walsender_actor::session::ShutdownMode;

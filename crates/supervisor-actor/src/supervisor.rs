@@ -7,7 +7,8 @@
 //!   events, and a late event from a walreceiver already replaced carries an old id and is
 //!   ignored, so a surplus start request is harmless.
 //! - Shutdown goes in order: stop accepting, drain the walsenders (with their deadline), stop
-//!   the walreceiver, release storage.
+//!   the walreceiver, stop the services handed over with [`SuperviseService`] (the admin API,
+//!   which so answers `/status` during the drain), release storage.
 //! - Promotion stops the walreceiver, waits for its stop event, starts the next timeline in
 //!   storage, and turns the node into a primary.
 
@@ -66,6 +67,38 @@ pub struct NodeStatus {
     pub wal_format: WalFormat,
     pub replication: Vec<WalSenderStatus>,
     pub wal_receiver: Option<WalReceiverInfo>,
+    /// The services the supervisor stops with the node ([`SuperviseService`]).
+    pub services: Vec<ServiceInfo>,
+}
+
+/// A service that runs beside the node, handed to its supervisor so that it stops in the
+/// node's shutdown order and its end, with the reason, is known: walserver's admin API. The
+/// supervisor stops it after the walsenders and the walreceiver (so it can answer while they
+/// drain) and before storage is released. A service that ends on its own is logged, with why,
+/// and shown in status; the node goes on replicating.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SuperviseService {
+    pub name: String,
+    /// Resolves when the service has ended: `Err` with the reason if it failed.
+    pub ended: futures_util::future::BoxFuture<'static, Result<(), String>>,
+    /// Stops the service; resolves once it has stopped.
+    pub stop: Box<dyn FnOnce() -> futures_util::future::BoxFuture<'static, ()> + Send>,
+}
+
+/// One supervised service in status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ServiceInfo {
+    pub name: String,
+    /// `running`, `stopped` (by the supervisor, or cleanly on its own) or `failed`.
+    pub state: &'static str,
+    /// Why it failed, or why it ended when nobody stopped it.
+    pub last_error: Option<String>,
+}
+
+struct Service {
+    info: ServiceInfo,
+    stop: Option<Box<dyn FnOnce() -> futures_util::future::BoxFuture<'static, ()> + Send>>,
 }
 
 struct Receiver {
@@ -100,6 +133,7 @@ pub struct Supervisor {
     standby_signal: Option<PathBuf>,
     promoting: bool,
     sync: SyncSettings,
+    services: Vec<Service>,
 }
 
 impl Supervisor {
@@ -145,6 +179,7 @@ impl Supervisor {
             policy,
             standby_signal,
             promoting: false,
+            services: Vec::new(),
             sync,
         }
     }
@@ -201,6 +236,69 @@ impl Supervisor {
             if let Some(rx) = rx {
                 let _ = rx.await;
             }
+        }
+    }
+}
+
+impl Supervisor {
+    /// Stops every supervised service that still runs; resolves when all have stopped.
+    fn stop_services(&mut self) -> impl std::future::Future<Output = ()> + 'static {
+        let stops: Vec<_> = self
+            .services
+            .iter_mut()
+            .filter_map(|s| s.stop.take().map(|stop| stop()))
+            .collect();
+        async move {
+            futures_util::future::join_all(stops).await;
+        }
+    }
+
+    fn service_ended(&mut self, i: usize, result: Result<(), String>) {
+        let Some(s) = self.services.get_mut(i) else {
+            return;
+        };
+        // A service whose stop was not taken ended without the supervisor asking.
+        let on_its_own = s.stop.take().is_some();
+        match (result, on_its_own) {
+            (Err(e), _) => {
+                tracing::error!(service = %s.info.name, "service failed: {e}");
+                s.info.state = "failed";
+                s.info.last_error = Some(e);
+            }
+            (Ok(()), true) => {
+                tracing::warn!(service = %s.info.name, "service ended without being stopped");
+                s.info.state = "stopped";
+                s.info.last_error = Some("ended without being stopped".into());
+            }
+            (Ok(()), false) => {
+                tracing::debug!(service = %s.info.name, "service stopped");
+                s.info.state = "stopped";
+            }
+        }
+    }
+}
+
+impl Handler<SuperviseService> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SuperviseService, ctx: &mut Context<Self>) {
+        let i = self.services.len();
+        self.services.push(Service {
+            info: ServiceInfo {
+                name: msg.name,
+                state: "running",
+                last_error: None,
+            },
+            stop: Some(msg.stop),
+        });
+        ctx.spawn(
+            msg.ended
+                .into_actor(self)
+                .map(move |res, act, _| act.service_ended(i, res)),
+        );
+        if self.shutting_down {
+            // Handed over too late to stop in order: stop it now.
+            ctx.spawn(self.stop_services().into_actor(self));
         }
     }
 }
@@ -382,6 +480,11 @@ impl Handler<ShutdownNode> for Supervisor {
                 act.stop_receiver();
                 act.receiver_stopped().into_actor(act)
             })
+            .then(move |(), act, _| {
+                // Then the services beside the node, such as the admin API, which could show
+                // the drain in `/status` until now.
+                act.stop_services().into_actor(act)
+            })
             .map(move |(), _, _| {
                 if first {
                     me.do_send(ShutdownDone);
@@ -441,6 +544,7 @@ impl Handler<GetNodeStatus> for Supervisor {
         let registry = self.registry.clone();
         let wal = self.wal.clone();
         let role = self.role;
+        let services = self.services.iter().map(|s| s.info.clone()).collect();
         let receiver = self.receiver.as_ref().map(|r| {
             let not_streaming_reason = if r.streaming {
                 None
@@ -490,6 +594,7 @@ impl Handler<GetNodeStatus> for Supervisor {
                 wal_format: wal.format(),
                 replication,
                 wal_receiver,
+                services,
             })
         })
     }

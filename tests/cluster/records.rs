@@ -17,7 +17,7 @@ use super::common::*;
 use super::{KEEP, TL1, TL2};
 
 /// Every event of `node`'s records from `from` to its current end.
-fn read_records(node: &TestNode, from: Lsn) -> Vec<RecordEvent> {
+pub(crate) fn read_records(node: &TestNode, from: Lsn) -> Vec<RecordEvent> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

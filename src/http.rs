@@ -231,6 +231,12 @@ struct ReadQuery {
 /// with the payload in base64, and `{"timeline_switch": {"from", "to", "at"}}` where the
 /// stream moves to the next timeline; `binary` gives the payloads length-delimited, as
 /// `POST /wal` takes them.
+///
+/// In `binary` a timeline switch adds nothing to the body. The format carries payloads alone
+/// (no LSNs, no timelines), and the records before and after a switch are, in order, the one
+/// history this node holds, so the body is exactly what `POST /wal` would need to append the
+/// same records elsewhere; a marker would break that. Readers who need to see switches (or
+/// positions, to resume) read NDJSON.
 async fn read_wal(state: web::Data<State>, query: web::Query<ReadQuery>) -> HttpResponse {
     use base64::Engine as _;
     use futures_util::StreamExt;
@@ -281,6 +287,7 @@ async fn read_wal(state: web::Data<State>, query: web::Query<ReadQuery>) -> Http
                     }
                     supervisor_actor::RecordEvent::TimelineSwitch { from, to, at } => {
                         if binary {
+                            // An empty item, which the filter below drops.
                             Bytes::new()
                         } else {
                             let mut line = serde_json::to_vec(&serde_json::json!({
@@ -293,6 +300,10 @@ async fn read_wal(state: web::Data<State>, query: web::Query<ReadQuery>) -> Http
                     }
                 })
             });
+    // No empty items: in chunked encoding an empty chunk ends the body, and only actix's
+    // skipping of them keeps one from doing so.
+    let stream =
+        stream.filter(|item| std::future::ready(!item.as_ref().is_ok_and(Bytes::is_empty)));
     let content_type = if binary {
         RECORDS_CONTENT_TYPE
     } else {

@@ -1,6 +1,8 @@
 //! The `walserver` binary as an operator runs it: a reload (SIGHUP, `POST /reload`) that
-//! changes `primary_conninfo` reconnects without a restart; SIGTERM is a fast shutdown that
-//! exits 0, and a second SIGTERM (or SIGQUIT) during it is immediate.
+//! changes `primary_conninfo` reconnects without a restart, and one that changes
+//! `synchronous_standby_names` changes sync states and releases the appends it satisfies;
+//! SIGTERM is a fast shutdown that exits 0, and a second SIGTERM (or SIGQUIT) during it is
+//! immediate.
 
 use std::io::BufRead;
 use std::net::SocketAddr;
@@ -277,4 +279,126 @@ fn sigterm_is_a_fast_shutdown_and_a_second_signal_is_immediate() {
         assert!(took < Duration::from_secs(10), "{second:?}: {took:?}");
         assert!(standby.closed());
     }
+}
+
+/// The `sync_priority` and `sync_state` of the walsender serving `name`, if it is connected.
+fn sync_row(w: &Walserver, name: &str) -> Option<(u64, String)> {
+    let s = w.status();
+    let row = s["replication"]
+        .as_array()?
+        .iter()
+        .find(|r| r["application_name"] == name)?
+        .clone();
+    Some((
+        row["sync_priority"].as_u64()?,
+        row["sync_state"].as_str()?.to_string(),
+    ))
+}
+
+/// `POST /wal?durability=on` of one record, in a thread; the status code and answer arrive on
+/// the channel.
+fn append_on_in_background(
+    http: SocketAddr,
+    payload: &'static [u8],
+) -> mpsc::Receiver<(u16, serde_json::Value)> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(http_post(http, "/wal?durability=on", payload));
+    });
+    rx
+}
+
+/// Rewrites the process's configuration with `names` and reloads it through `POST /reload`.
+fn reload_sync_names_by_http(
+    w: &mut Walserver,
+    dir: &Path,
+    names: &str,
+) -> (u16, serde_json::Value) {
+    write_config(dir, &format!("synchronous_standby_names = {names:?}\n"));
+    http_post(w.http, "/reload", b"")
+}
+
+/// A `walserver run` primary whose configuration file changes synchronous_standby_names:
+/// `POST /reload` and SIGHUP each apply it (through the binary's Reloader, not a message sent
+/// by the test), /status shows the standby's new sync_state, and an `on` append held for a
+/// synchronous standby is released as soon as the new setting is satisfied.
+#[test]
+fn a_reload_changes_synchronous_standby_names() {
+    let dir = tempfile::tempdir().unwrap();
+    walserver::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
+    let config = write_config(dir.path(), "synchronous_standby_names = \"nobody\"\n");
+    let mut w = Walserver::run(&config);
+    let s1 = TestNode::standby_of(w.listen, "s1", "");
+    wait_until("s1 to stream as an asynchronous standby", || {
+        sync_row(&w, "s1") == Some((0, "async".into()))
+    });
+
+    // Nobody named is connected: the append waits.
+    let pending = append_on_in_background(w.http, b"held by nobody");
+    assert!(
+        pending.recv_timeout(Duration::from_millis(300)).is_err(),
+        "an `on` append completed with no synchronous standby connected"
+    );
+    // POST /reload naming s1 releases it, and s1 has the record.
+    let (code, body) = reload_sync_names_by_http(&mut w, dir.path(), "s1");
+    assert_eq!(code, 200, "{body}");
+    w.wait_line("configuration reloaded");
+    let (code, body) = pending
+        .recv_timeout(DEADLINE)
+        .expect("the append was not released by POST /reload");
+    assert_eq!(code, 200, "{body}");
+    let end: Lsn = body["end_lsn"].as_str().unwrap().parse().unwrap();
+    assert!(s1.wal().flushed() >= end, "released before s1 flushed it");
+    wait_until("s1 to be sync", || {
+        sync_row(&w, "s1") == Some((1, "sync".into()))
+    });
+
+    // A setting that does not parse is refused; the running one stays.
+    let (code, body) = reload_sync_names_by_http(&mut w, dir.path(), "ANY 0 (s1)");
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("synchronous_standby_names"),
+        "{body}"
+    );
+    assert_eq!(sync_row(&w, "s1"), Some((1, "sync".into())));
+
+    // Back to nobody, then SIGHUP with a quorum that s1 satisfies.
+    let (code, body) = reload_sync_names_by_http(&mut w, dir.path(), "nobody");
+    assert_eq!(code, 200, "{body}");
+    w.wait_line("configuration reloaded");
+    wait_until("s1 to be async again", || {
+        sync_row(&w, "s1") == Some((0, "async".into()))
+    });
+    let pending = append_on_in_background(w.http, b"held by nobody again");
+    // The append is durable locally before it waits for a standby: once /status shows the
+    // primary's end past the last one, it is waiting.
+    wait_until("the second append to be durable on the primary", || {
+        w.status()["flush_lsn"]
+            .as_str()
+            .and_then(|l| l.parse::<Lsn>().ok())
+            > Some(end)
+    });
+    assert!(
+        pending.try_recv().is_err(),
+        "an `on` append completed with no synchronous standby connected"
+    );
+    write_config(
+        dir.path(),
+        "synchronous_standby_names = \"ANY 1 (other, s1)\"\n",
+    );
+    w.signal(libc::SIGHUP);
+    w.wait_line("configuration reloaded");
+    let (code, body) = pending
+        .recv_timeout(DEADLINE)
+        .expect("the append was not released by SIGHUP");
+    assert_eq!(code, 200, "{body}");
+    let end: Lsn = body["end_lsn"].as_str().unwrap().parse().unwrap();
+    assert!(s1.wal().flushed() >= end, "released before s1 flushed it");
+    wait_until("s1 to be a quorum standby", || {
+        sync_row(&w, "s1") == Some((1, "quorum".into()))
+    });
+    assert!(w.running());
 }

@@ -2,13 +2,16 @@
 //! standby cascading from it; promotion and timeline following without a reconnect; the old
 //! primary refused for its fork until it rejoins; and the supervisor's lessons (start requests
 //! are never lost and never wait for a fixed retry interval; an upstream restarted many times
-//! loses no byte).
+//! loses no byte); reading records across a promotion and as they arrive; the CLI clients run
+//! as commands.
 
 mod bench;
 mod binary;
+mod cli;
 #[path = "../common/mod.rs"]
 mod common;
 mod lessons;
+mod records;
 
 use std::process::Command;
 

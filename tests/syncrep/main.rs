@@ -114,6 +114,152 @@ fn sync_state_and_priority_follow_the_setting() {
     drop((s2, s3));
 }
 
+/// A replication client named `name` that streams from the primary's end and confirms it:
+/// a candidate for synchronous standby as soon as its walsender has caught up.
+fn streaming_client(node: &TestNode, name: &str) -> PgConn {
+    let mut c = PgConn::raw(node.addr());
+    c.send_startup(protocol_codec::StartupPacket::startup([
+        ("user", "repl"),
+        ("replication", "true"),
+        ("application_name", name),
+    ]));
+    c.authenticate("repl", None).expect("login");
+    let end = node.wal().flushed();
+    c.start_replication(end);
+    c.reply(end, end, false);
+    c
+}
+
+/// `application_name|sync_priority|sync_state` per walsender, in application_name order: what
+/// 007_sync_rep.pl's query of pg_stat_replication prints.
+fn sync_table(node: &TestNode) -> String {
+    let s = node.http_get("/status");
+    let mut rows: Vec<String> = s["replication"]
+        .as_array()
+        .expect("replication rows")
+        .iter()
+        .map(|r| {
+            format!(
+                "{}|{}|{}",
+                r["application_name"].as_str().unwrap_or(""),
+                r["sync_priority"],
+                r["sync_state"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    rows.sort();
+    rows.join("\n")
+}
+
+/// Reloads `setting` when given, then waits until the table is `expected`, as the script's
+/// test_sync_state does.
+fn check_sync_table(node: &TestNode, expected: &str, what: &str, setting: Option<&str>) {
+    if let Some(names) = setting {
+        reconfigure(node, names);
+    }
+    // wait_until's way, with the table it last saw in the failure.
+    let start = std::time::Instant::now();
+    loop {
+        let got = sync_table(node);
+        if got == expected {
+            return;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "{what}: expected\n{expected}\ngot\n{got}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// PostgreSQL's src/test/recovery/t/007_sync_rep.pl over real connections, step by step: the
+/// standbys are replication clients that confirm what they were sent, so the order in which
+/// they connect (which decides among equal priorities) is the test's to choose.
+#[test]
+fn sync_rep_007_over_real_connections() {
+    let primary = TestNode::primary("");
+    let s1 = streaming_client(&primary, "standby1");
+    let s2 = streaming_client(&primary, "standby2");
+    let s3 = streaming_client(&primary, "standby3");
+    check_sync_table(
+        &primary,
+        "standby1|1|sync\nstandby2|2|potential\nstandby3|0|async",
+        "old syntax of synchronous_standby_names",
+        Some("standby1,standby2"),
+    );
+    check_sync_table(
+        &primary,
+        "standby1|1|sync\nstandby2|1|potential\nstandby3|1|potential",
+        "asterisk in synchronous_standby_names",
+        Some("*"),
+    );
+    // Every standby goes; standby2 and standby3 come back first, so among equal priorities
+    // they are now preferred.
+    drop((s1, s2, s3));
+    wait_until("every walsender to go", || sync_table(&primary).is_empty());
+    let s2 = streaming_client(&primary, "standby2");
+    let s3 = streaming_client(&primary, "standby3");
+    check_sync_table(
+        &primary,
+        "standby2|2|sync\nstandby3|3|sync",
+        "2 synchronous standbys",
+        Some("2(standby1,standby2,standby3)"),
+    );
+    let s1 = streaming_client(&primary, "standby1");
+    let s4 = streaming_client(&primary, "standby4");
+    check_sync_table(
+        &primary,
+        "standby1|1|sync\nstandby2|2|sync\nstandby3|3|potential\nstandby4|0|async",
+        "2 sync, 1 potential, and 1 async",
+        None,
+    );
+    check_sync_table(
+        &primary,
+        "standby1|0|async\nstandby2|4|sync\nstandby3|3|sync\nstandby4|1|sync",
+        "num_sync exceeds the num of potential sync standbys",
+        Some("6(standby4,standby0,standby3,standby2)"),
+    );
+    check_sync_table(
+        &primary,
+        "standby1|1|sync\nstandby2|2|sync\nstandby3|2|potential\nstandby4|2|potential",
+        "asterisk comes before another standby name",
+        Some("2(standby1,*,standby2)"),
+    );
+    check_sync_table(
+        &primary,
+        "standby1|1|potential\nstandby2|1|sync\nstandby3|1|sync\nstandby4|1|potential",
+        "multiple standbys having the same priority are chosen as sync",
+        Some("2(*)"),
+    );
+    drop(s3);
+    check_sync_table(
+        &primary,
+        "standby1|1|sync\nstandby2|1|sync\nstandby4|1|potential",
+        "potential standby found earlier in array is promoted to sync",
+        None,
+    );
+    check_sync_table(
+        &primary,
+        "standby1|1|sync\nstandby2|2|sync\nstandby4|0|async",
+        "priority-based sync replication specified by FIRST keyword",
+        Some("FIRST 2(standby1, standby2)"),
+    );
+    check_sync_table(
+        &primary,
+        "standby1|1|quorum\nstandby2|1|quorum\nstandby4|0|async",
+        "2 quorum and 1 async",
+        Some("ANY 2(standby1, standby2)"),
+    );
+    let s3 = streaming_client(&primary, "standby3");
+    check_sync_table(
+        &primary,
+        "standby1|1|quorum\nstandby2|1|quorum\nstandby3|1|quorum\nstandby4|1|quorum",
+        "all standbys are considered as candidates for quorum sync standbys",
+        Some("ANY 2(*)"),
+    );
+    drop((s1, s2, s3, s4));
+}
+
 /// Applies a new synchronous_standby_names as a reload would.
 fn reconfigure(node: &TestNode, names: &str) {
     let mut settings = node.settings.clone();

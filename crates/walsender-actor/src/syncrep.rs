@@ -307,8 +307,9 @@ pub fn decide(cfg: Option<&SyncStandbyNames>, standbys: &[StandbyPositions]) -> 
         .map(|s| (cfg.priority(&s.application_name), s))
         .filter(|(p, s)| *p > 0 && s.streaming && s.flush.is_valid())
         .collect();
-    // Lower priority values first; equal priorities in walsender order, as PostgreSQL's slot
-    // array gives them.
+    // Lower priority values first; equal priorities in connection order (pids grow).
+    // PostgreSQL orders them by WalSnd slot, which is the same order except that a new
+    // walsender there takes the lowest free slot, ahead of older connections in later ones.
     candidates.sort_by_key(|(p, s)| (*p, s.pid));
     let chosen: Vec<&StandbyPositions> = match cfg.method {
         SyncMethod::First => candidates
@@ -587,6 +588,114 @@ mod tests {
         assert_eq!(
             states("standby1,standby2", &[catching, s2]),
             triple(&[("standby1", 1, "potential"), ("standby2", 2, "sync")])
+        );
+    }
+
+    /// The second half of 007_sync_rep.pl, after every standby was stopped and standby2,
+    /// standby3, standby1, standby4 reconnected in that order: among equal priorities the
+    /// earlier connection (a lower pid here, an earlier WalSnd slot there) wins. Rows are in
+    /// application_name order, as the script's query sorts them.
+    #[test]
+    fn sync_rep_007_after_the_standbys_reconnect() {
+        let s2 = sb(10, "standby2", 100);
+        let s3 = sb(11, "standby3", 100);
+        let s1 = sb(12, "standby1", 100);
+        let s4 = sb(13, "standby4", 100);
+        let only_2_3 = [s2.clone(), s3.clone()];
+        let all = [s1.clone(), s2.clone(), s3.clone(), s4.clone()];
+        let without_3 = [s1.clone(), s2.clone(), s4.clone()];
+        // "2 synchronous standbys".
+        assert_eq!(
+            states("2(standby1,standby2,standby3)", &only_2_3),
+            triple(&[("standby2", 2, "sync"), ("standby3", 3, "sync")])
+        );
+        // "2 sync, 1 potential, and 1 async".
+        assert_eq!(
+            states("2(standby1,standby2,standby3)", &all),
+            triple(&[
+                ("standby1", 1, "sync"),
+                ("standby2", 2, "sync"),
+                ("standby3", 3, "potential"),
+                ("standby4", 0, "async")
+            ])
+        );
+        // "num_sync exceeds the num of potential sync standbys": every candidate is sync, and
+        // a listed name nobody uses (standby0) still takes its place in the priorities.
+        let six = "6(standby4,standby0,standby3,standby2)";
+        assert_eq!(
+            states(six, &all),
+            triple(&[
+                ("standby1", 0, "async"),
+                ("standby2", 4, "sync"),
+                ("standby3", 3, "sync"),
+                ("standby4", 1, "sync")
+            ])
+        );
+        // With fewer than six synchronous standbys streaming nothing is released, as
+        // PostgreSQL's SyncRepGetSyncRecPtr gives no position then.
+        let cfg = parse(six);
+        assert_eq!(decide(Some(&cfg), &all).positions, None);
+        // "asterisk comes before another standby name": standby2 matches "*" first, so its
+        // priority is 2, and it wins over standby3 and standby4 by connecting earlier.
+        assert_eq!(
+            states("2(standby1,*,standby2)", &all),
+            triple(&[
+                ("standby1", 1, "sync"),
+                ("standby2", 2, "sync"),
+                ("standby3", 2, "potential"),
+                ("standby4", 2, "potential")
+            ])
+        );
+        // "multiple standbys having the same priority are chosen as sync": the two earliest
+        // connections.
+        assert_eq!(
+            states("2(*)", &all),
+            triple(&[
+                ("standby1", 1, "potential"),
+                ("standby2", 1, "sync"),
+                ("standby3", 1, "sync"),
+                ("standby4", 1, "potential")
+            ])
+        );
+        // "potential standby found earlier in array is promoted to sync": standby3 stops, and
+        // standby1, connected before standby4, takes its place.
+        assert_eq!(
+            states("2(*)", &without_3),
+            triple(&[
+                ("standby1", 1, "sync"),
+                ("standby2", 1, "sync"),
+                ("standby4", 1, "potential")
+            ])
+        );
+        // "priority-based sync replication specified by FIRST keyword".
+        assert_eq!(
+            states("FIRST 2(standby1, standby2)", &without_3),
+            triple(&[
+                ("standby1", 1, "sync"),
+                ("standby2", 2, "sync"),
+                ("standby4", 0, "async")
+            ])
+        );
+        // "2 quorum and 1 async".
+        assert_eq!(
+            states("ANY 2(standby1, standby2)", &without_3),
+            triple(&[
+                ("standby1", 1, "quorum"),
+                ("standby2", 1, "quorum"),
+                ("standby4", 0, "async")
+            ])
+        );
+        // standby3 comes back (a new connection, so the last one): "all standbys are
+        // considered as candidates for quorum sync standbys".
+        let s3_again = sb(14, "standby3", 100);
+        assert_eq!(
+            states("ANY 2(*)", &[s1, s2, s3_again, s4]),
+            triple(&[
+                ("standby1", 1, "quorum"),
+                ("standby2", 1, "quorum"),
+                ("standby3", 1, "quorum"),
+                ("standby4", 1, "quorum")
+            ])
         );
     }
 

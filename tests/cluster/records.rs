@@ -1,0 +1,241 @@
+//! Reading a node's records as applications do: `Node::records` and `GET /wal` across a
+//! promotion (the old timeline's records, a timeline switch, the new timeline's), `GET /wal`
+//! following records appended after the request, and `format=binary` byte for byte.
+
+use std::io::{BufRead, Read};
+use std::net::SocketAddr;
+use std::sync::mpsc;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use supervisor_actor::{Follow, RecordEvent};
+use wal_storage::{Lsn, TimelineId};
+use walserver::http::{join_records, RECORDS_CONTENT_TYPE};
+
+use super::common::*;
+use super::{KEEP, TL1, TL2};
+
+/// Every event of `node`'s records from `from` to its current end.
+pub(crate) fn read_records(node: &TestNode, from: Lsn) -> Vec<RecordEvent> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(
+        node.node
+            .records(from, Follow::UntilCurrentEnd)
+            .collect::<Vec<_>>(),
+    )
+    .into_iter()
+    .map(|ev| ev.expect("read records"))
+    .collect()
+}
+
+/// `GET /wal` with `query`, its content type and whole body.
+fn get_wal(http: SocketAddr, query: &str) -> (String, Vec<u8>) {
+    let mut resp = ureq::get(&format!("http://{http}/wal?{query}"))
+        .call()
+        .expect("GET /wal");
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let mut body = Vec::new();
+    resp.body_mut()
+        .as_reader()
+        .read_to_end(&mut body)
+        .expect("read the body");
+    (content_type, body)
+}
+
+/// The payloads `append_records(n, size, seed)` appends.
+fn payloads(n: usize, size: usize, seed: u8) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| vec![seed.wrapping_add(i as u8); size])
+        .collect()
+}
+
+/// A standby promoted after receiving records of timeline 1, then taking records of its own:
+/// read from the start, its records are timeline 1's, one switch to timeline 2 at the
+/// promotion's switch LSN, then timeline 2's, contiguous. `GET /wal` says the same in NDJSON,
+/// and in `format=binary` gives the payloads alone, with nothing in place of the switch.
+#[test]
+fn records_read_across_a_promotion_switch_timelines() {
+    let p = TestNode::primary(KEEP);
+    let start = p.wal().flushed();
+    let s = TestNode::standby_of(p.addr(), "s", KEEP);
+    let before = p.append_records(10, 300, 1).expect("append on P");
+    s.wait_flushed(TL1, before.end_lsn);
+    let promoted = s.promote().expect("promote");
+    assert_eq!(promoted.timeline, TL2);
+    assert_eq!(promoted.switch_lsn, before.end_lsn);
+    let after = s
+        .append_records(5, 200, 100)
+        .expect("append on the promoted standby");
+    assert_eq!(after.timeline, TL2);
+    let mut want: Vec<(TimelineId, Vec<u8>)> =
+        payloads(10, 300, 1).into_iter().map(|p| (TL1, p)).collect();
+    want.extend(payloads(5, 200, 100).into_iter().map(|p| (TL2, p)));
+
+    // Node::records: the records in order, one switch between the timelines.
+    let events = read_records(&s, start);
+    let switch_at = events
+        .iter()
+        .position(|e| matches!(e, RecordEvent::TimelineSwitch { .. }))
+        .expect("no TimelineSwitch event");
+    assert_eq!(
+        events[switch_at],
+        RecordEvent::TimelineSwitch {
+            from: TL1,
+            to: TL2,
+            at: promoted.switch_lsn
+        }
+    );
+    assert_eq!(
+        switch_at, 10,
+        "the switch comes after timeline 1's ten records"
+    );
+    let mut got = Vec::new();
+    // A segment starts with a header; the first record follows it.
+    let mut next = None;
+    for e in events
+        .iter()
+        .filter(|e| !matches!(e, RecordEvent::TimelineSwitch { .. }))
+    {
+        let RecordEvent::Record {
+            timeline,
+            start,
+            end,
+            payload,
+        } = e
+        else {
+            unreachable!("switches were filtered out")
+        };
+        assert!(next.is_none_or(|n| n == *start), "records are contiguous");
+        next = Some(*end);
+        got.push((*timeline, payload.to_vec()));
+    }
+    assert_eq!(got, want);
+    assert_eq!(next, Some(after.end_lsn));
+
+    // GET /wal, NDJSON: the same, the switch as its own line.
+    let (content_type, body) = get_wal(s.http_addr, &format!("from={start}"));
+    assert_eq!(content_type, "application/x-ndjson");
+    let lines: Vec<serde_json::Value> = body
+        .lines()
+        .map(|l| serde_json::from_str(&l.expect("a line")).expect("JSON"))
+        .collect();
+    assert_eq!(lines.len(), 16, "15 records and one switch");
+    assert_eq!(
+        lines[10],
+        serde_json::json!({ "timeline_switch": {
+            "from": 1, "to": 2, "at": promoted.switch_lsn.to_string()
+        }})
+    );
+    let got: Vec<(TimelineId, Vec<u8>)> = lines
+        .iter()
+        .filter(|l| l.get("data").is_some())
+        .map(|l| {
+            let tli = TimelineId(l["timeline"].as_u64().unwrap() as u32);
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(l["data"].as_str().unwrap())
+                .unwrap();
+            (tli, data)
+        })
+        .collect();
+    assert_eq!(got, want);
+
+    // GET /wal, binary: exactly the payloads, length-delimited, as POST /wal takes them.
+    let (content_type, body) = get_wal(s.http_addr, &format!("from={start}&format=binary"));
+    assert_eq!(content_type, RECORDS_CONTENT_TYPE);
+    assert_eq!(body, join_records(want.iter().map(|(_, p)| p.as_slice())));
+    // From the switch on, only the new timeline's records.
+    let (_, body) = get_wal(
+        s.http_addr,
+        &format!("from={}&format=binary", promoted.switch_lsn),
+    );
+    assert_eq!(
+        body,
+        join_records(want[10..].iter().map(|(_, p)| p.as_slice()))
+    );
+}
+
+/// `GET /wal?follow=true` delivers records appended after the request was answered, in
+/// NDJSON and in binary; without `follow` the same request ends at once.
+#[test]
+fn get_wal_follow_delivers_records_appended_after_the_request() {
+    let node = TestNode::primary("");
+    node.append_records(3, 50, 7).expect("append");
+    let from = node.wal().flushed();
+
+    // Without follow: the stream ends where the WAL ends, with nothing after `from`.
+    let (_, body) = get_wal(node.http_addr, &format!("from={from}"));
+    assert!(body.is_empty(), "{}", String::from_utf8_lossy(&body));
+
+    // The response's head has arrived, so the node has subscribed for the records: whatever
+    // is appended from now on is after the request.
+    let mut ndjson = ureq::get(&format!(
+        "http://{}/wal?from={from}&follow=true",
+        node.http_addr
+    ))
+    .call()
+    .expect("GET /wal follow");
+    let mut binary = ureq::get(&format!(
+        "http://{}/wal?from={from}&follow=true&format=binary",
+        node.http_addr
+    ))
+    .call()
+    .expect("GET /wal follow binary");
+    // Each body is read on its own thread, which hands over what it reads as it reads it.
+    let (line_tx, lines) = mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        let reader = std::io::BufReader::new(ndjson.body_mut().as_reader());
+        for line in reader.lines() {
+            let Ok(line) = line else { return };
+            let Ok(v) = serde_json::from_str(&line) else {
+                return;
+            };
+            if line_tx.send(v).is_err() {
+                return;
+            }
+        }
+    });
+    let (rec_tx, records) = mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut reader = binary.body_mut().as_reader();
+        loop {
+            let mut len = [0u8; 4];
+            if reader.read_exact(&mut len).is_err() {
+                return;
+            }
+            let mut payload = vec![0u8; u32::from_be_bytes(len) as usize];
+            if reader.read_exact(&mut payload).is_err() || rec_tx.send(payload).is_err() {
+                return;
+            }
+        }
+    });
+
+    let mut at = from;
+    for (round, (n, seed)) in [(2, 20u8), (4, 40u8)].into_iter().enumerate() {
+        let appended = node.append_records(n, 64, seed).expect("append");
+        for want in payloads(n, 64, seed) {
+            let line = lines
+                .recv_timeout(DEADLINE)
+                .unwrap_or_else(|e| panic!("round {round}: no NDJSON record ({e})"));
+            assert_eq!(line["start"], serde_json::json!(at.to_string()));
+            at = line["end"].as_str().unwrap().parse().unwrap();
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(line["data"].as_str().unwrap())
+                .unwrap();
+            assert_eq!(data, want, "round {round}");
+            let got = records
+                .recv_timeout(DEADLINE)
+                .unwrap_or_else(|e| panic!("round {round}: no binary record ({e})"));
+            assert_eq!(Bytes::from(got), Bytes::from(want), "round {round}");
+        }
+        assert_eq!(at, appended.end_lsn);
+    }
+}

@@ -213,6 +213,7 @@ fn the_admin_api_answers_during_the_drain_and_stops_after_it() {
     let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
     c.start_replication(start);
     let end = node.append(5, 1000, 1);
+    let t = Instant::now();
     node.start_shutdown(false);
     // The drain asks the standby to confirm what it was sent; until it does, shutdown waits.
     let mut at = start;
@@ -220,8 +221,11 @@ fn the_admin_api_answers_during_the_drain_and_stops_after_it() {
         match c.recv() {
             BackendMessage::XLogData(x) => at = x.wal_start + x.data.len() as u64,
             BackendMessage::PrimaryKeepalive(k) if k.reply_requested && at == end => break,
+            // Asked before the walsender knew of the last append: answer, as standbys do, so
+            // that it asks again once it has sent everything.
+            BackendMessage::PrimaryKeepalive(k) if k.reply_requested => c.reply(at, at, false),
             BackendMessage::PrimaryKeepalive(_) => {}
-            other => panic!("unexpected {other:?}"),
+            other => panic!("unexpected {other:?} after {:?}", t.elapsed()),
         }
     }
     let during = node.http_get("/status");

@@ -285,7 +285,7 @@ fn an_append_waits_for_the_only_sync_standby_and_completes_when_it_returns() {
         "acknowledged before the standby flushed it"
     );
     // The standby goes away: a remote-flush append does not complete.
-    let dir = s1.stop();
+    let dir = s1.down(common::cluster::Down::Kill);
     let pending = append_in_background(&primary, b"second", Durability::On);
     assert!(
         pending.recv_timeout(Duration::from_millis(500)).is_err(),

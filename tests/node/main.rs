@@ -118,14 +118,19 @@ fn read_wal(node: &TestNode, start: Lsn, end: Lsn) -> Vec<u8> {
 }
 
 /// Shutdown is heard in every state of a connection. Immediate: every connection gets FATAL
-/// 57P01 at once. Fast: those not streaming get it at once too.
+/// 57P01 at once, a streaming one after the WAL already on its way. Fast: those not streaming
+/// get it at once too.
 #[test]
 fn shutdown_is_heard_in_every_state() {
     for immediate in [true, false] {
         let verifier = make_scram_verifier("secret");
         let node = TestNode::primary(&format!(
-            "[users]\nrepl = \"{verifier}\"\n[[hba]]\naddress = \"127.0.0.1/32\"\nuser = \"repl\"\nmethod = \"scram-sha-256\"\n[[hba]]\naddress = \"all\"\nuser = \"all\"\nmethod = \"trust\"\n"
+            "wal_keep_size = \"64MB\"\n[users]\nrepl = \"{verifier}\"\n[[hba]]\naddress = \"127.0.0.1/32\"\nuser = \"repl\"\nmethod = \"scram-sha-256\"\n[[hba]]\naddress = \"all\"\nuser = \"all\"\nmethod = \"trust\"\n"
         ));
+        // Streaming: a client in the middle of a large catch-up, with WAL in flight. It is
+        // the immediate shutdown's case (a fast one drains it, see
+        // fast_shutdown_drains_then_ends_the_copy).
+        let streaming = immediate.then(|| streaming_a_catch_up(&node));
         // Waiting for the startup packet.
         let mut silent = PgConn::raw(node.addr());
         // Mid-authentication: the SASL request has arrived, the client says no more.
@@ -141,6 +146,7 @@ fn shutdown_is_heard_in_every_state() {
         let mut waiting = PgConn::connect(node.addr(), "u", None).unwrap();
         waiting.start_replication(node.wal().flushed());
         // The registry must know of the silent connection before shutdown starts.
+        let expected = if immediate { 5 } else { 4 };
         wait_until("connections registered", || {
             futures_executor::block_on(
                 node.node
@@ -148,7 +154,7 @@ fn shutdown_is_heard_in_every_state() {
                     .send(walsender_actor::messages::CountConnections),
             )
             .unwrap()
-                >= 4
+                >= expected
         });
         let t = Instant::now();
         node.start_shutdown(immediate);
@@ -186,11 +192,91 @@ fn shutdown_is_heard_in_every_state() {
         let m = silent.recv();
         assert_eq!(sqlstate(&m), "57P01", "waiting for the startup packet");
         assert!(silent.closed());
+        if let Some((mut c, mut at)) = streaming {
+            // The WAL already queued arrives whole and in order, then the FATAL, then the end.
+            let m = loop {
+                match c.recv() {
+                    BackendMessage::XLogData(x) => {
+                        assert_eq!(x.wal_start, at, "XLogData not contiguous");
+                        at = at + x.data.len() as u64;
+                    }
+                    BackendMessage::PrimaryKeepalive(_) => {}
+                    other => break other,
+                }
+            };
+            assert_eq!(sqlstate(&m), "57P01", "streaming");
+            assert_eq!(
+                message(&m),
+                "terminating connection due to administrator command",
+                "streaming"
+            );
+            assert!(c.closed(), "streaming still open");
+            assert!(
+                at < node.wal().flushed(),
+                "the catch-up was over before the shutdown"
+            );
+        }
         eprintln!(
             "shutdown (immediate={immediate}) reached every connection in {:?}",
             t.elapsed()
         );
     }
+}
+
+/// A client streaming a catch-up of 16 MiB that has read its first XLogData and then stopped
+/// reading, once the walsender has filled everything between them (its queue and both
+/// sockets' buffers) and stopped sending: WAL is in flight and the walsender's queue is full.
+/// Returns the connection and where its next XLogData starts.
+fn streaming_a_catch_up(node: &TestNode) -> (PgConn, Lsn) {
+    let start = node.wal().flushed();
+    for i in 0..16u8 {
+        node.append(8, 128 << 10, i);
+    }
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    // A small receive buffer, set before streaming starts, keeps the kernel from taking in
+    // tens of MiB on the client's behalf (tcp_rmem may allow 32 MiB).
+    let size: libc::c_int = 64 << 10;
+    // SAFETY: setsockopt on a socket this test owns, with a pointer to a live c_int.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&c.stream),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &size as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "setsockopt SO_RCVBUF");
+    c.start_replication(start);
+    let at = loop {
+        match c.recv() {
+            BackendMessage::XLogData(x) => {
+                assert_eq!(x.wal_start, start);
+                break start + x.data.len() as u64;
+            }
+            BackendMessage::PrimaryKeepalive(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    // The walsender's sent position stops moving once nothing more fits; there is no event
+    // for "the socket is full", so the registry's view is read until it holds still.
+    let sent = || node.http_get("/status")["replication"][0]["sent_lsn"].clone();
+    let mut last = serde_json::Value::Null;
+    let mut still = 0;
+    wait_until(
+        "the walsender to stop sending to a client that does not read",
+        || {
+            let now = sent();
+            if now == last {
+                still += 1;
+            } else {
+                still = 0;
+                last = now;
+            }
+            still >= 10
+        },
+    );
+    (c, at)
 }
 
 #[test]

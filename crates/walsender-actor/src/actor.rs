@@ -328,16 +328,28 @@ impl WalSender {
             return;
         }
         self.closing = true;
-        self.flush_pending();
         // Overflow frames are dropped: a closing connection owes the client only what was
-        // already queued (the final messages go through `pending` and fit).
+        // already queued, and then its last messages (in `pending`: a FATAL, say).
         self.overflow.clear();
+        let last = self.pending.split().freeze();
         // Dropping the sender lets the writer finish: it writes what is queued, flushes and
         // shuts the socket down, then reports WriterEnded.
-        self.frames = None;
+        let frames = self.frames.take();
         if self.writer_task.is_none() {
             ctx.stop();
             return;
+        }
+        if let (Some(frames), false) = (frames, last.is_empty()) {
+            match frames.try_send(Frame::new(last)) {
+                Ok(()) | Err((QueueError::Closed, _)) => {}
+                // A client in the middle of a catch-up has the queue full of WAL. Dropping the
+                // last messages then would end its connection without a word (no 57P01 at
+                // shutdown), so they wait for room like the WAL before them; the sender goes
+                // with them, and `close_grace` bounds the wait as it bounds the writer.
+                Err((QueueError::Full, last)) => {
+                    ctx.spawn(frames.send_last(last).into_actor(self).map(|_, _, _| ()));
+                }
+            }
         }
         let grace = self.shared.settings().close_grace;
         ctx.run_later(grace, |act, ctx| {

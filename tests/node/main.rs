@@ -486,6 +486,22 @@ fn bad_input_costs_only_its_connection() {
         b"zzzz",
     )));
     assert_eq!(sqlstate(&c.recv()), "08P01");
+    // A message type no protocol version has ('@'), well framed, in the middle of the copy:
+    // FATAL protocol_violation, as PostgreSQL's walsender answers it, and the close.
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    c.start_replication(start);
+    c.send_raw(&[b'@', 0, 0, 0, 8, 1, 2, 3, 4]);
+    let m = c.recv();
+    assert_eq!(sqlstate(&m), "08P01", "{m:?}");
+    let BackendMessage::ErrorResponse(f) = &m else {
+        unreachable!("sqlstate() accepts only an ErrorResponse")
+    };
+    assert_eq!(f.get(b'S'), Some("FATAL"), "{m:?}");
+    assert_eq!(message(&m), "invalid standby message type \"@\"");
+    assert!(
+        c.closed(),
+        "an unknown message type left the connection open"
+    );
 
     // 200 connections at once, each saying nothing, then leaving.
     let crowd: Vec<_> = (0..200).map(|_| PgConn::raw(node.addr())).collect();

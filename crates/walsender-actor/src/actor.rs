@@ -426,7 +426,17 @@ impl StreamHandler<Result<FrontendMessage, CodecError>> for WalSender {
             Ok(msg) => self.handle_message(msg, ctx),
             Err(e) => {
                 tracing::debug!(pid = self.pid, peer = %self.peer, "protocol violation: {e}");
-                let fatal = ErrorFields::fatal(e.sqlstate(), e.to_string());
+                let text = match e {
+                    // PostgreSQL's words for it in the middle of a copy (walsender.c's
+                    // ProcessRepliesIfAny), which is where a replication client sends the most.
+                    CodecError::UnknownMessageType { tag, .. }
+                        if self.session.as_ref().is_some_and(Session::is_streaming) =>
+                    {
+                        format!("invalid standby message type \"{}\"", char::from(tag))
+                    }
+                    _ => e.to_string(),
+                };
+                let fatal = ErrorFields::fatal(e.sqlstate(), text);
                 if let Err(e) = BackendMessage::ErrorResponse(fatal).encode(&mut self.pending) {
                     tracing::error!("cannot encode an error: {e}");
                 }

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use common::*;
 use protocol_codec::auth::make_scram_verifier;
-use protocol_codec::messages::PrimaryKeepalive;
+use protocol_codec::messages::{HotStandbyFeedback, PrimaryKeepalive};
 use protocol_codec::{BackendMessage, FrontendMessage, StartupPacket};
-use wal_storage::Lsn;
+use wal_storage::{Lsn, PgTimestamp};
 
 #[test]
 fn identify_system_show_and_errors_keep_the_connection() {
@@ -621,6 +621,45 @@ fn status_slots_and_metrics() {
         "{metrics}"
     );
     let _ = BytesMut::new();
+}
+
+/// Hot standby feedback ('h') is recorded and shown as pg_stat_replication shows it: the
+/// standby's xmin as backend_xmin (with its epoch), the message's send time as reply_time; an
+/// xmin of 0 (the standby holds none) clears it, as PostgreSQL clears the walsender's xmin.
+#[test]
+fn hot_standby_feedback_is_shown_in_status() {
+    let node = TestNode::primary("");
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    c.start_replication(node.wal().flushed());
+    let feedback = |xmin: u32, xmin_epoch: u32| HotStandbyFeedback {
+        send_time: PgTimestamp::now(),
+        xmin,
+        xmin_epoch,
+        catalog_xmin: 0,
+        catalog_xmin_epoch: 0,
+    };
+    let row = || node.http_get("/status")["replication"][0].clone();
+    let h = feedback(1234, 7);
+    c.send(FrontendMessage::HotStandbyFeedback(h));
+    wait_until("status to show the standby's xmin", || {
+        row()["backend_xmin"] == 1234
+    });
+    let r = row();
+    assert_eq!(r["backend_xmin_epoch"], 7, "{r}");
+    assert_eq!(
+        r["reply_time"],
+        walsender_actor::status::format_time(h.send_time.to_system_time()),
+        "{r}"
+    );
+    c.send(FrontendMessage::HotStandbyFeedback(feedback(0, 0)));
+    wait_until("status to clear the standby's xmin", || {
+        row()["backend_xmin"].is_null()
+    });
+    assert!(row()["backend_xmin_epoch"].is_null());
+    // Feedback is only a report: the stream goes on.
+    let start = node.wal().flushed();
+    let end = node.append(2, 100, 9);
+    assert_eq!(c.receive_until(start, end).len() as u64, end.0 - start.0);
 }
 
 /// The README's main command: the demo runs a cluster, promotes, and exits 0.

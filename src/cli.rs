@@ -29,14 +29,16 @@ pub fn get_json(http: &str, path: &str, token: Option<&str>) -> anyhow::Result<V
         .with_context(|| format!("the admin API answered something that is not JSON: {text}"))
 }
 
-/// `walserver status`: the node's status as a table, or as the API's JSON.
+/// `walserver status`: the node's status and its replication slots as tables, or `/status`'s
+/// JSON as the API gives it (scripts read that document; it stays as it is).
 pub fn status(http: &str, json: bool, token: Option<&str>) -> anyhow::Result<()> {
     let v = get_json(http, "/status", token)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    print!("{}", render_status(&v)?);
+    let slots = get_json(http, "/slots", token)?;
+    print!("{}", render_status(&v, Some(&slots))?);
     Ok(())
 }
 
@@ -48,8 +50,9 @@ fn text(v: &Value) -> String {
     }
 }
 
-/// The status as people read it: the node's facts, then pg_stat_replication as a table.
-pub fn render_status(v: &Value) -> anyhow::Result<String> {
+/// The status as people read it: the node's facts, pg_stat_replication as a table, the
+/// walreceiver, and, given `/slots`'s answer, pg_replication_slots as a table.
+pub fn render_status(v: &Value, slots: Option<&Value>) -> anyhow::Result<String> {
     if !v.is_object() {
         bail!("unexpected status document: {v}");
     }
@@ -77,15 +80,10 @@ pub fn render_status(v: &Value) -> anyhow::Result<String> {
         "replay_lag",
         "sync_priority",
         "sync_state",
+        "reply_time",
+        "backend_xmin",
     ];
-    let rows: Vec<Vec<String>> = v["replication"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|r| cols.iter().map(|c| text(&r[*c])).collect())
-                .collect()
-        })
-        .unwrap_or_default();
+    let rows = table_rows(&v["replication"], &cols);
     out.push_str(&format!("\nreplication ({} walsenders)\n", rows.len()));
     out.push_str(&table(&cols, &rows));
     if let Some(w) = v.get("wal_receiver").filter(|w| !w.is_null()) {
@@ -96,7 +94,37 @@ pub fn render_status(v: &Value) -> anyhow::Result<String> {
             }
         }
     }
+    if let Some(slots) = slots {
+        if !slots.is_array() {
+            bail!("unexpected slots document: {slots}");
+        }
+        // pg_replication_slots' columns that a physical slot fills in.
+        let cols = [
+            "slot_name",
+            "slot_type",
+            "temporary",
+            "active",
+            "restart_lsn",
+            "restart_tli",
+            "wal_status",
+            "safe_wal_size",
+        ];
+        let rows = table_rows(slots, &cols);
+        out.push_str(&format!("\nreplication slots ({})\n", rows.len()));
+        out.push_str(&table(&cols, &rows));
+    }
     Ok(out)
+}
+
+/// The cells of a JSON array of objects, one row per object, in the order of `cols`.
+fn table_rows(list: &Value, cols: &[&str]) -> Vec<Vec<String>> {
+    list.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| cols.iter().map(|c| text(&r[*c])).collect())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn table(cols: &[&str], rows: &[Vec<String>]) -> String {
@@ -240,19 +268,66 @@ pub fn append(
 mod tests {
     use super::*;
 
+    /// The cells of the table row under `header` whose first cell is `first`, by column name.
+    fn cells<'a>(t: &'a str, header: &str, first: &str) -> Vec<(&'a str, &'a str)> {
+        let split = |l: &'a str| l.split('|').map(str::trim).collect::<Vec<_>>();
+        let mut lines = t.lines().skip_while(|l| !l.starts_with(header));
+        let names = split(
+            lines
+                .next()
+                .unwrap_or_else(|| panic!("no {header} in\n{t}")),
+        );
+        let row = lines
+            .map(split)
+            .find(|r| r[0] == first)
+            .unwrap_or_else(|| panic!("no row {first} under {header} in\n{t}"));
+        names.into_iter().zip(row).collect()
+    }
+
     #[test]
     fn renders_a_table() {
         let v: Value = serde_json::json!({
             "role": "primary", "system_identifier": "7", "timeline": 1, "flush_lsn": "0/1000000",
             "wal_format": "walserver",
             "replication": [{"pid": 3, "application_name": "s1", "state": "streaming", "sent_lsn": "0/1000000",
-                              "write_lag": null, "sync_state": "async", "sync_priority": 0}]
+                              "write_lag": null, "sync_state": "async", "sync_priority": 0,
+                              "reply_time": "2026-11-30 00:53:20.123456+00", "backend_xmin": 1234}]
         });
-        let t = render_status(&v).unwrap();
+        let slots: Value = serde_json::json!([
+            {"slot_name": "standby_slot", "plugin": null, "slot_type": "physical", "temporary": false,
+             "active": true, "restart_lsn": "0/1000000", "restart_tli": 1, "wal_status": "reserved",
+             "safe_wal_size": null},
+            {"slot_name": "unused", "plugin": null, "slot_type": "physical", "temporary": false,
+             "active": false, "restart_lsn": null, "restart_tli": null, "wal_status": null,
+             "safe_wal_size": null}
+        ]);
+        let t = render_status(&v, Some(&slots)).unwrap();
         assert!(t.contains("primary"));
-        assert!(t.contains("s1"));
-        assert!(t.contains("streaming"));
-        assert!(t.lines().any(|l| l.starts_with("pid ")), "{t}");
-        assert!(render_status(&Value::Null).is_err());
+        let walsender = cells(&t, "pid ", "3");
+        assert!(walsender.contains(&("application_name", "s1")), "{t}");
+        assert!(walsender.contains(&("state", "streaming")), "{t}");
+        assert!(
+            walsender.contains(&("reply_time", "2026-11-30 00:53:20.123456+00")),
+            "{t}"
+        );
+        assert!(walsender.contains(&("backend_xmin", "1234")), "{t}");
+        assert!(t.contains("\nreplication slots (2)\n"), "{t}");
+        let slot = cells(&t, "slot_name ", "standby_slot");
+        for cell in [
+            ("slot_type", "physical"),
+            ("active", "true"),
+            ("restart_lsn", "0/1000000"),
+            ("restart_tli", "1"),
+            ("wal_status", "reserved"),
+        ] {
+            assert!(slot.contains(&cell), "{cell:?} in\n{t}");
+        }
+        let unused = cells(&t, "slot_name ", "unused");
+        assert!(unused.contains(&("active", "false")), "{t}");
+        assert!(unused.contains(&("restart_lsn", "")), "{t}");
+        // Without slots (the demo's in-process status) there is no slots table.
+        assert!(!render_status(&v, None).unwrap().contains("slots"));
+        assert!(render_status(&Value::Null, None).is_err());
+        assert!(render_status(&v, Some(&Value::Null)).is_err());
     }
 }

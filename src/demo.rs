@@ -212,12 +212,12 @@ async fn demo(dir: &std::path::Path, seconds: u64) -> anyhow::Result<()> {
     );
     print!(
         "{}",
-        crate::cli::render_status(&serde_json::to_value(&ps)?)?
+        crate::cli::render_status(&serde_json::to_value(&ps)?, None)?
     );
     let s1 = status(&standby1).await?;
     print!(
         "\nstandby1 serves its cascading standby:\n{}",
-        crate::cli::render_status(&serde_json::to_value(&s1)?)?
+        crate::cli::render_status(&serde_json::to_value(&s1)?, None)?
     );
 
     // Promotion: standby1 takes over on timeline 2; standby2 follows without reconnecting.

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use common::*;
 use protocol_codec::auth::make_scram_verifier;
-use protocol_codec::messages::PrimaryKeepalive;
+use protocol_codec::messages::{HotStandbyFeedback, PrimaryKeepalive};
 use protocol_codec::{BackendMessage, FrontendMessage, StartupPacket};
-use wal_storage::Lsn;
+use wal_storage::{Lsn, PgTimestamp};
 
 #[test]
 fn identify_system_show_and_errors_keep_the_connection() {
@@ -118,14 +118,19 @@ fn read_wal(node: &TestNode, start: Lsn, end: Lsn) -> Vec<u8> {
 }
 
 /// Shutdown is heard in every state of a connection. Immediate: every connection gets FATAL
-/// 57P01 at once. Fast: those not streaming get it at once too.
+/// 57P01 at once, a streaming one after the WAL already on its way. Fast: those not streaming
+/// get it at once too.
 #[test]
 fn shutdown_is_heard_in_every_state() {
     for immediate in [true, false] {
         let verifier = make_scram_verifier("secret");
         let node = TestNode::primary(&format!(
-            "[users]\nrepl = \"{verifier}\"\n[[hba]]\naddress = \"127.0.0.1/32\"\nuser = \"repl\"\nmethod = \"scram-sha-256\"\n[[hba]]\naddress = \"all\"\nuser = \"all\"\nmethod = \"trust\"\n"
+            "wal_keep_size = \"64MB\"\n[users]\nrepl = \"{verifier}\"\n[[hba]]\naddress = \"127.0.0.1/32\"\nuser = \"repl\"\nmethod = \"scram-sha-256\"\n[[hba]]\naddress = \"all\"\nuser = \"all\"\nmethod = \"trust\"\n"
         ));
+        // Streaming: a client in the middle of a large catch-up, with WAL in flight. It is
+        // the immediate shutdown's case (a fast one drains it, see
+        // fast_shutdown_drains_then_ends_the_copy).
+        let streaming = immediate.then(|| streaming_a_catch_up(&node));
         // Waiting for the startup packet.
         let mut silent = PgConn::raw(node.addr());
         // Mid-authentication: the SASL request has arrived, the client says no more.
@@ -141,6 +146,7 @@ fn shutdown_is_heard_in_every_state() {
         let mut waiting = PgConn::connect(node.addr(), "u", None).unwrap();
         waiting.start_replication(node.wal().flushed());
         // The registry must know of the silent connection before shutdown starts.
+        let expected = if immediate { 5 } else { 4 };
         wait_until("connections registered", || {
             futures_executor::block_on(
                 node.node
@@ -148,7 +154,7 @@ fn shutdown_is_heard_in_every_state() {
                     .send(walsender_actor::messages::CountConnections),
             )
             .unwrap()
-                >= 4
+                >= expected
         });
         let t = Instant::now();
         node.start_shutdown(immediate);
@@ -186,11 +192,91 @@ fn shutdown_is_heard_in_every_state() {
         let m = silent.recv();
         assert_eq!(sqlstate(&m), "57P01", "waiting for the startup packet");
         assert!(silent.closed());
+        if let Some((mut c, mut at)) = streaming {
+            // The WAL already queued arrives whole and in order, then the FATAL, then the end.
+            let m = loop {
+                match c.recv() {
+                    BackendMessage::XLogData(x) => {
+                        assert_eq!(x.wal_start, at, "XLogData not contiguous");
+                        at = at + x.data.len() as u64;
+                    }
+                    BackendMessage::PrimaryKeepalive(_) => {}
+                    other => break other,
+                }
+            };
+            assert_eq!(sqlstate(&m), "57P01", "streaming");
+            assert_eq!(
+                message(&m),
+                "terminating connection due to administrator command",
+                "streaming"
+            );
+            assert!(c.closed(), "streaming still open");
+            assert!(
+                at < node.wal().flushed(),
+                "the catch-up was over before the shutdown"
+            );
+        }
         eprintln!(
             "shutdown (immediate={immediate}) reached every connection in {:?}",
             t.elapsed()
         );
     }
+}
+
+/// A client streaming a catch-up of 16 MiB that has read its first XLogData and then stopped
+/// reading, once the walsender has filled everything between them (its queue and both
+/// sockets' buffers) and stopped sending: WAL is in flight and the walsender's queue is full.
+/// Returns the connection and where its next XLogData starts.
+fn streaming_a_catch_up(node: &TestNode) -> (PgConn, Lsn) {
+    let start = node.wal().flushed();
+    for i in 0..16u8 {
+        node.append(8, 128 << 10, i);
+    }
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    // A small receive buffer, set before streaming starts, keeps the kernel from taking in
+    // tens of MiB on the client's behalf (tcp_rmem may allow 32 MiB).
+    let size: libc::c_int = 64 << 10;
+    // SAFETY: setsockopt on a socket this test owns, with a pointer to a live c_int.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&c.stream),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &size as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "setsockopt SO_RCVBUF");
+    c.start_replication(start);
+    let at = loop {
+        match c.recv() {
+            BackendMessage::XLogData(x) => {
+                assert_eq!(x.wal_start, start);
+                break start + x.data.len() as u64;
+            }
+            BackendMessage::PrimaryKeepalive(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    // The walsender's sent position stops moving once nothing more fits; there is no event
+    // for "the socket is full", so the registry's view is read until it holds still.
+    let sent = || node.http_get("/status")["replication"][0]["sent_lsn"].clone();
+    let mut last = serde_json::Value::Null;
+    let mut still = 0;
+    wait_until(
+        "the walsender to stop sending to a client that does not read",
+        || {
+            let now = sent();
+            if now == last {
+                still += 1;
+            } else {
+                still = 0;
+                last = now;
+            }
+            still >= 10
+        },
+    );
+    (c, at)
 }
 
 #[test]
@@ -400,6 +486,22 @@ fn bad_input_costs_only_its_connection() {
         b"zzzz",
     )));
     assert_eq!(sqlstate(&c.recv()), "08P01");
+    // A message type no protocol version has ('@'), well framed, in the middle of the copy:
+    // FATAL protocol_violation, as PostgreSQL's walsender answers it, and the close.
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    c.start_replication(start);
+    c.send_raw(&[b'@', 0, 0, 0, 8, 1, 2, 3, 4]);
+    let m = c.recv();
+    assert_eq!(sqlstate(&m), "08P01", "{m:?}");
+    let BackendMessage::ErrorResponse(f) = &m else {
+        unreachable!("sqlstate() accepts only an ErrorResponse")
+    };
+    assert_eq!(f.get(b'S'), Some("FATAL"), "{m:?}");
+    assert_eq!(message(&m), "invalid standby message type \"@\"");
+    assert!(
+        c.closed(),
+        "an unknown message type left the connection open"
+    );
 
     // 200 connections at once, each saying nothing, then leaving.
     let crowd: Vec<_> = (0..200).map(|_| PgConn::raw(node.addr())).collect();
@@ -519,6 +621,45 @@ fn status_slots_and_metrics() {
         "{metrics}"
     );
     let _ = BytesMut::new();
+}
+
+/// Hot standby feedback ('h') is recorded and shown as pg_stat_replication shows it: the
+/// standby's xmin as backend_xmin (with its epoch), the message's send time as reply_time; an
+/// xmin of 0 (the standby holds none) clears it, as PostgreSQL clears the walsender's xmin.
+#[test]
+fn hot_standby_feedback_is_shown_in_status() {
+    let node = TestNode::primary("");
+    let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
+    c.start_replication(node.wal().flushed());
+    let feedback = |xmin: u32, xmin_epoch: u32| HotStandbyFeedback {
+        send_time: PgTimestamp::now(),
+        xmin,
+        xmin_epoch,
+        catalog_xmin: 0,
+        catalog_xmin_epoch: 0,
+    };
+    let row = || node.http_get("/status")["replication"][0].clone();
+    let h = feedback(1234, 7);
+    c.send(FrontendMessage::HotStandbyFeedback(h));
+    wait_until("status to show the standby's xmin", || {
+        row()["backend_xmin"] == 1234
+    });
+    let r = row();
+    assert_eq!(r["backend_xmin_epoch"], 7, "{r}");
+    assert_eq!(
+        r["reply_time"],
+        walsender_actor::status::format_time(h.send_time.to_system_time()),
+        "{r}"
+    );
+    c.send(FrontendMessage::HotStandbyFeedback(feedback(0, 0)));
+    wait_until("status to clear the standby's xmin", || {
+        row()["backend_xmin"].is_null()
+    });
+    assert!(row()["backend_xmin_epoch"].is_null());
+    // Feedback is only a report: the stream goes on.
+    let start = node.wal().flushed();
+    let end = node.append(2, 100, 9);
+    assert_eq!(c.receive_until(start, end).len() as u64, end.0 - start.0);
 }
 
 /// The README's main command: the demo runs a cluster, promotes, and exits 0.

@@ -84,7 +84,7 @@
 //!   directory: a crash leaves the old or the new file. A timeline switch writes the history file
 //!   and the new switch segment first and the control file last, which is the commit point.
 //!
-//! The kill -9 test in `tests/storage/crash.rs` exercises all of this with a real child process
+//! The kill -9 test in `tests/crash/main.rs` exercises all of this with a real child process
 //! for both kinds of WAL; the torn-tail table and the fault tests cover the rest.
 //!
 //! # Timelines

@@ -328,16 +328,28 @@ impl WalSender {
             return;
         }
         self.closing = true;
-        self.flush_pending();
         // Overflow frames are dropped: a closing connection owes the client only what was
-        // already queued (the final messages go through `pending` and fit).
+        // already queued, and then its last messages (in `pending`: a FATAL, say).
         self.overflow.clear();
+        let last = self.pending.split().freeze();
         // Dropping the sender lets the writer finish: it writes what is queued, flushes and
         // shuts the socket down, then reports WriterEnded.
-        self.frames = None;
+        let frames = self.frames.take();
         if self.writer_task.is_none() {
             ctx.stop();
             return;
+        }
+        if let (Some(frames), false) = (frames, last.is_empty()) {
+            match frames.try_send(Frame::new(last)) {
+                Ok(()) | Err((QueueError::Closed, _)) => {}
+                // A client in the middle of a catch-up has the queue full of WAL. Dropping the
+                // last messages then would end its connection without a word (no 57P01 at
+                // shutdown), so they wait for room like the WAL before them; the sender goes
+                // with them, and `close_grace` bounds the wait as it bounds the writer.
+                Err((QueueError::Full, last)) => {
+                    ctx.spawn(frames.send_last(last).into_actor(self).map(|_, _, _| ()));
+                }
+            }
         }
         let grace = self.shared.settings().close_grace;
         ctx.run_later(grace, |act, ctx| {
@@ -414,7 +426,17 @@ impl StreamHandler<Result<FrontendMessage, CodecError>> for WalSender {
             Ok(msg) => self.handle_message(msg, ctx),
             Err(e) => {
                 tracing::debug!(pid = self.pid, peer = %self.peer, "protocol violation: {e}");
-                let fatal = ErrorFields::fatal(e.sqlstate(), e.to_string());
+                let text = match e {
+                    // PostgreSQL's words for it in the middle of a copy (walsender.c's
+                    // ProcessRepliesIfAny), which is where a replication client sends the most.
+                    CodecError::UnknownMessageType { tag, .. }
+                        if self.session.as_ref().is_some_and(Session::is_streaming) =>
+                    {
+                        format!("invalid standby message type \"{}\"", char::from(tag))
+                    }
+                    _ => e.to_string(),
+                };
+                let fatal = ErrorFields::fatal(e.sqlstate(), text);
                 if let Err(e) = BackendMessage::ErrorResponse(fatal).encode(&mut self.pending) {
                     tracing::error!("cannot encode an error: {e}");
                 }

@@ -90,6 +90,16 @@ impl FrameSender {
         }
     }
 
+    /// Queues `frame` once there is room, giving up this sender with it: when no other sender
+    /// is left, the writer ends after writing it. This is how a closing connection whose queue
+    /// is full of WAL still says its last words (a FATAL, say) after that WAL.
+    pub async fn send_last(self, frame: Frame) -> Result<(), QueueError> {
+        self.tx
+            .send(Command::Write(frame))
+            .await
+            .map_err(|_| QueueError::Closed)
+    }
+
     /// Resolves once every frame queued so far has been written to the socket and flushed.
     pub fn flushed(&self) -> impl std::future::Future<Output = Result<(), QueueError>> + 'static {
         let tx = self.tx.clone();
@@ -266,6 +276,33 @@ mod tests {
             }
             assert!(queued >= QUEUE_FRAMES);
             assert!(queued <= QUEUE_FRAMES + MAX_BATCH + 1, "queued {queued}");
+        });
+    }
+
+    #[test]
+    fn the_last_frame_waits_for_room_behind_a_full_queue() {
+        rt().block_on(async {
+            let (client, mut server) = tokio::io::duplex(1024);
+            let (tx, drain) = frame_queue(client);
+            let writer = tokio::spawn(drain);
+            let mut expected = Vec::new();
+            // Fill the queue while nothing reads: the pipe takes 1 KiB, the queue the rest.
+            loop {
+                let frame = Frame::new(Bytes::from(vec![expected.len() as u8; 4096]));
+                match tx.try_send(frame.clone()) {
+                    Ok(()) => expected.extend_from_slice(&frame.head),
+                    Err((QueueError::Full, _)) => break,
+                    Err((QueueError::Closed, _)) => panic!("writer closed"),
+                }
+                tokio::task::yield_now().await;
+            }
+            expected.extend_from_slice(b"last words");
+            let last = tokio::spawn(tx.send_last(Frame::new(Bytes::from_static(b"last words"))));
+            let mut got = Vec::new();
+            server.read_to_end(&mut got).await.unwrap();
+            last.await.unwrap().unwrap();
+            writer.await.unwrap().unwrap();
+            assert!(got == expected, "the last frame was lost or out of order");
         });
     }
 

@@ -26,7 +26,7 @@ mod common;
 
 use common::*;
 
-const KILLS_PER_MODE: usize = 28;
+const KILLS_PER_MODE: usize = 50;
 
 /// The byte stored at LSN `x` in raw mode; never zero, so zeroed bytes cannot pass for data.
 fn stream_byte(x: u64) -> u8 {
@@ -188,14 +188,85 @@ fn run_child(dir: &Path, mode: &str, seed: u64, rng: &mut Rng, iteration: usize)
     reader.join().unwrap()
 }
 
-fn verify_records(dir: &Path, acked: &HashMap<u64, Lsn>) -> Lsn {
-    let wal = Wal::open(dir, crash_cfg()).unwrap();
-    let mut seen: HashMap<u64, Lsn> = HashMap::new();
-    let mut reader = wal.record_reader(TimelineId(1), Lsn(SEG)).unwrap();
+/// What the parent has checked so far of one mode's WAL: every byte from the start to the end
+/// recovered at the last check, and the records found there. A check compares that prefix
+/// with what the reopened WAL now holds byte for byte (one memcmp, where parsing it again
+/// would cost most of the test's time in a debug build), then checks only the WAL beyond it.
+#[derive(Default)]
+struct Checked {
+    bytes: Vec<u8>,
+    records: HashMap<u64, Lsn>,
+}
+
+impl Checked {
+    fn end(&self) -> Lsn {
+        Lsn(SEG + self.bytes.len() as u64)
+    }
+
+    /// Reopens the WAL (recovering it as a restart would) and checks that what was checked
+    /// before is unchanged and the recovered end has not moved back. Returns the WAL and the
+    /// bytes beyond the old end, which the caller checks and then hands to `extend`.
+    fn reopen(&self, dir: &Path) -> (Wal, Vec<u8>) {
+        let wal = Wal::open(dir, crash_cfg()).unwrap();
+        let end = wal.flushed();
+        assert!(
+            end >= self.end(),
+            "the recovered end moved back from {} to {end}",
+            self.end()
+        );
+        let all = read_all(&wal, end);
+        // Slice equality is a memcmp; the byte-by-byte search runs only to report a failure.
+        if all[..self.bytes.len()] != self.bytes[..] {
+            let i = all
+                .iter()
+                .zip(&self.bytes)
+                .position(|(now, then)| now != then)
+                .unwrap_or_default();
+            panic!(
+                "the byte at {} changed after it was recovered",
+                Lsn(SEG + i as u64)
+            );
+        }
+        // Nothing is served beyond the recovered end.
+        assert!(wal.read(TimelineId(1), end, 100).unwrap().is_empty());
+        assert!(matches!(
+            wal.read(TimelineId(1), end + 1, 1),
+            Err(WalError::BeyondEnd { .. })
+        ));
+        let new = all[self.bytes.len()..].to_vec();
+        (wal, new)
+    }
+
+    fn extend(&mut self, new: Vec<u8>) {
+        self.bytes.extend_from_slice(&new);
+    }
+}
+
+/// Every byte from the start of the WAL to `end`.
+fn read_all(wal: &Wal, end: Lsn) -> Vec<u8> {
+    let mut out = Vec::with_capacity((end.0 - SEG) as usize);
+    let mut pos = Lsn(SEG);
+    while pos < end {
+        let b = wal.read(TimelineId(1), pos, 1 << 20).unwrap();
+        assert!(!b.is_empty(), "nothing readable at {pos} below {end}");
+        out.extend_from_slice(&b);
+        pos = pos + b.len() as u64;
+    }
+    out
+}
+
+fn verify_records(dir: &Path, checked: &mut Checked, acked: &HashMap<u64, Lsn>) -> Lsn {
+    let (wal, new) = checked.reopen(dir);
+    // The records beyond what was checked; the checked end is the end of a record, because
+    // recovery ends walserver WAL at a record boundary.
+    let mut reader = wal.record_reader(TimelineId(1), checked.end()).unwrap();
     while let Some(r) = reader.next_record().unwrap() {
         let id = record_payload_ok(&r.payload)
             .unwrap_or_else(|| panic!("damaged record at {}", r.start));
-        assert!(seen.insert(id, r.end).is_none(), "record {id} twice");
+        assert!(
+            checked.records.insert(id, r.end).is_none(),
+            "record {id} twice"
+        );
     }
     assert_eq!(
         reader.position(),
@@ -204,40 +275,27 @@ fn verify_records(dir: &Path, acked: &HashMap<u64, Lsn>) -> Lsn {
     );
     for (id, end) in acked {
         assert_eq!(
-            seen.get(id),
+            checked.records.get(id),
             Some(end),
             "acknowledged record {id} ending at {end} lost"
         );
     }
-    assert!(wal
-        .read(TimelineId(1), wal.flushed(), 100)
-        .unwrap()
-        .is_empty());
+    checked.extend(new);
     wal.flushed()
 }
 
-fn verify_raw(dir: &Path, acked_end: Lsn) -> Lsn {
-    let wal = Wal::open(dir, crash_cfg()).unwrap();
+fn verify_raw(dir: &Path, checked: &mut Checked, acked_end: Lsn) -> Lsn {
+    let (wal, new) = checked.reopen(dir);
     let end = wal.flushed();
     assert!(
         end >= acked_end,
         "acknowledged end {acked_end} but recovered only {end}"
     );
-    let mut pos = Lsn(SEG);
-    while pos < end {
-        let b = wal.read(TimelineId(1), pos, 1 << 20).unwrap();
-        assert!(!b.is_empty());
-        for (i, &byte) in b.iter().enumerate() {
-            let x = pos.0 + i as u64;
-            assert_eq!(byte, stream_byte(x), "byte at {} of {end}", Lsn(x));
-        }
-        pos = pos + b.len() as u64;
+    let from = checked.end().0;
+    for (i, &byte) in new.iter().enumerate() {
+        let x = from + i as u64;
+        assert_eq!(byte, stream_byte(x), "byte at {} of {end}", Lsn(x));
     }
-    assert!(wal.read(TimelineId(1), end, 100).unwrap().is_empty());
-    assert!(matches!(
-        wal.read(TimelineId(1), end + 1, 1),
-        Err(WalError::BeyondEnd { .. })
-    ));
     // Nothing beyond the end is left in the file either.
     let path = segment_path(dir, TimelineId(1), end);
     if let Ok(bytes) = std::fs::read(&path) {
@@ -245,6 +303,7 @@ fn verify_raw(dir: &Path, acked_end: Lsn) -> Lsn {
             .iter()
             .all(|&b| b == 0));
     }
+    checked.extend(new);
     end
 }
 
@@ -266,6 +325,7 @@ fn kill_minus_nine_loses_nothing_acknowledged() {
         let dir = tmp.path().join(mode);
         drop(Wal::init(&dir, crash_cfg(), InitOptions::primary(SystemId(1), format)).unwrap());
         let mut acked_records: HashMap<u64, Lsn> = HashMap::new();
+        let mut checked = Checked::default();
         let mut acked_end = Lsn(SEG);
         let mut kills_with_acks = 0;
         for i in 0..KILLS_PER_MODE {
@@ -284,8 +344,8 @@ fn kill_minus_nine_loses_nothing_acknowledged() {
                 }
             }
             let end = match format {
-                WalFormat::Walserver => verify_records(&dir, &acked_records),
-                WalFormat::Postgres => verify_raw(&dir, acked_end),
+                WalFormat::Walserver => verify_records(&dir, &mut checked, &acked_records),
+                WalFormat::Postgres => verify_raw(&dir, &mut checked, acked_end),
             };
             acked_end = acked_end.max(end);
         }

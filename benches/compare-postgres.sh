@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # walserver and PostgreSQL 15 side by side, on this machine, in one run, with the same clients.
 #
-#   benches/compare-postgres.sh            # full: 1 GiB, 3 alternating runs per pair (~10 min)
+#   benches/compare-postgres.sh            # full: 1 GiB, 3 alternating runs per pair (~5.5 min)
 #   benches/compare-postgres.sh --quick    # 256 MiB, 1 run, short pgbench (for development)
-#   benches/compare-postgres.sh --runs 5 --mib 2048 --pgbench-seconds 20 --fanout-mib 256
+#   benches/compare-postgres.sh --runs 5 --mib 2048 --pgbench-seconds 20 --fanout-mib 256 --live-mib 512
 #
 # It prints one table of medians (with the spread over the runs) and ratios walserver/PostgreSQL:
 #   (a) catch-up of the same already-stored WAL into the same pg_receivewal (--synchronous,
@@ -17,7 +17,12 @@
 #   (c) synchronous commit with one synchronous standby, 1 and 16 clients: pgbench running a
 #       one-row INSERT with synchronous_commit=on vs `walserver bench append --cluster 1
 #       --durability on --size 100`; throughput and p50/p99 latency;
-#   (d) fan-out: 16 pg_receivewal processes at once, aggregate MB/s, and memory per walsender.
+#   (d) fan-out: 16 pg_receivewal processes at once, aggregate MB/s, and memory per walsender;
+#   (e) live appends: pg_receivewal --synchronous, or the codec client, waits at the current
+#       end of WAL while a load appends LIVE_MIB more (PostgreSQL: INSERTs of wide rows from
+#       4 psql clients with synchronous_commit off; walserver: `walserver bench append --http
+#       --durability local`, 8 KiB records, 4 writers); MB/s from the start of the load until
+#       the receiver has it all, and how far behind the server it was at the end (ms).
 #
 # PostgreSQL runs from $WALSERVER_PG_BIN or /usr/lib/postgresql/15/bin, as the postgres user
 # (runuser) when this runs as root, on 127.0.0.1 only. Everything lives in one temporary
@@ -31,14 +36,17 @@ MIB=1024
 PGBENCH_SECS=10
 FANOUT_MIB=256
 FANOUT_N=16
+LIVE_MIB=256
+LIVE_CLIENTS=4
 while [ $# -gt 0 ]; do
     case "$1" in
-        --quick) QUICK=1; RUNS=1; MIB=256; PGBENCH_SECS=3; FANOUT_MIB=64; shift ;;
+        --quick) QUICK=1; RUNS=1; MIB=256; PGBENCH_SECS=3; FANOUT_MIB=64; LIVE_MIB=64; shift ;;
         --runs) RUNS="$2"; shift 2 ;;
         --mib) MIB="$2"; shift 2 ;;
         --pgbench-seconds) PGBENCH_SECS="$2"; shift 2 ;;
         --fanout-mib) FANOUT_MIB="$2"; shift 2 ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        --live-mib) LIVE_MIB="$2"; shift 2 ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -343,6 +351,128 @@ for r in $(seq 1 "$RUNS"); do
 done
 
 # ---------------------------------------------------------------------------------------------
+# (e) live appends: the receiver waits at the end of WAL while a load appends LIVE_MIB more
+# ---------------------------------------------------------------------------------------------
+# One load per system, receiver and run. The receiver starts first: pg_receivewal (no slot, an
+# empty directory: it starts at the segment holding the server's end, so it first fetches up
+# to 16 MiB already stored) or the codec client (START_REPLICATION exactly at the end). Each
+# gets a name of its own (application_name), and the server's view (pg_stat_replication, or
+# /status) is polled until that connection is streaming and, for pg_receivewal, has flushed up
+# to the end: only then does the clock start and the load run, until the WAL has passed
+# TARGET = end + LIVE_MIB, the LSN where the receiver stops (--endpos is one byte short of it,
+# as in (a)). `walserver bench wait-lsn` on the primary (IDENTIFY_SYSTEM every 5 ms: the
+# flushed end, all a walsender may send, on both servers) marks when the server had TARGET
+# durable. Subshells note the time each of the two processes exits.
+#   MB/s: LIVE_MIB / (receiver had all up to TARGET - load started);
+#   lag:  receiver had it all - server had it durable, in ms (to about 5 ms): how far behind
+#         the receiver was when the load had written its volume;
+#   load: LIVE_MIB / (server had it durable - load started), the most any receiver can reach.
+# The load's clock starts before its client processes do, so their start-up is in it.
+for i in $(seq 1 "$LIVE_CLIENTS"); do psql_pg "CREATE TABLE live_$i (id int, filler text)"; done
+
+# The end of WAL now, as an integer: PostgreSQL's flushed end (what a walsender may send),
+# walserver's durable end.
+e_end_now() {
+    if [ "$1" = pg ]; then lsn2int "$(psql_pg "SELECT pg_current_wal_flush_lsn()")"
+    else lsn2int "$(curl -sf "http://127.0.0.1:$WS_HTTP/status" | jq -r .flush_lsn)"; fi
+}
+
+# "state flush_lsn" of the connection named APP, as the server shows it (nothing if absent).
+e_repl_state() { # system app
+    if [ "$1" = pg ]; then
+        psql_pg "SELECT state || ' ' || coalesce(flush_lsn, '0/0') FROM pg_stat_replication WHERE application_name = '$2'"
+    else
+        curl -sf "http://127.0.0.1:$WS_HTTP/status" \
+            | jq -r --arg a "$2" '.replication[] | select(.application_name == $a) | "\(.state) \(.flush_lsn // "0/0")"'
+    fi
+}
+
+# Waits (up to 60 s) until APP streams and, unless MIN_FLUSH is 0, has flushed MIN_FLUSH.
+e_wait_ready() { # system app min_flush(int)
+    local st flush
+    for _ in $(seq 1 3000); do
+        read -r st flush <<< "$(e_repl_state "$1" "$2")"
+        if [ "$st" = streaming ] && { [ "$3" = 0 ] || [ "$(lsn2int "$flush")" -ge "$3" ]; }; then return 0; fi
+        sleep 0.02
+    done
+    echo "(e) $2 on $1 did not start streaming: state '${st:-}', flushed ${flush:-}" >&2
+    exit 1
+}
+
+# The load: until PostgreSQL's WAL passes TARGET, each client inserts 100 rows of 1500 bytes
+# per transaction into a table of its own (below the 2 kB at which PostgreSQL would compress
+# or TOAST them), with synchronous_commit off; then one commit with it on, which flushes all
+# the WAL the client wrote, so the load ends with the target durable, as walserver's does.
+e_load_pg() { # target(int)
+    local i pids=()
+    for i in $(seq 1 "$LIVE_CLIENTS"); do
+        PGOPTIONS='-c synchronous_commit=off' "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 \
+            -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres \
+            -c "DO \$\$ BEGIN LOOP
+                    INSERT INTO live_$i SELECT g, repeat('z', 1500) FROM generate_series(1, 100) g;
+                    COMMIT;
+                    EXIT WHEN pg_current_wal_insert_lsn() >= '$(int2lsn "$1")';
+                END LOOP; END \$\$" \
+            -c "SET synchronous_commit = on" -c "INSERT INTO live_$i VALUES (0, '')" >/dev/null &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+}
+
+# walserver: LIVE_CLIENTS writers of 16 records of 8 KiB per POST /wal, each waiting for the
+# primary's fsync; at least LIVE_MIB of payload, so the WAL passes the target.
+e_load_ws() {
+    "$WS" bench append --http "127.0.0.1:$WS_HTTP" --durability local --size 8192 --batch 16 \
+        --writers "$LIVE_CLIENTS" --bytes "$((LIVE_MIB << 20))" --json > "$WORK/live-load.json"
+}
+
+e_one() { # system receiver(recv|codec) run
+    local sys=$1 kind=$2 r=$3 port start target app pid wpid t0 t1 t2
+    if [ "$sys" = pg ]; then port=$PG_PORT; else port=$WS_PORT; fi
+    start=$(e_end_now "$sys")
+    target=$(( start + (LIVE_MIB << 20) ))
+    app="live_${kind}_${sys}_$r"
+    rm -f "$WORK/live-done" "$WORK/live-durable"
+    if [ "$kind" = recv ]; then
+        mkdir -p "$WORK/live-recv"
+        ( timeout 600 "$PG_BIN/pg_receivewal" -d "host=127.0.0.1 port=$port user=postgres application_name=$app" \
+            -D "$WORK/live-recv" --synchronous --endpos "$(int2lsn $(( target - 1 )))" -n -w \
+            >/dev/null 2>"$WORK/live-recv.err" && date +%s.%N > "$WORK/live-done" ) &
+        pid=$!; BG_PIDS+=("$pid")
+        e_wait_ready "$sys" "$app" "$start"
+    else
+        ( timeout 600 "$WS" bench catchup --port "$port" --user postgres --application-name "$app" \
+            --start "$(int2lsn "$start")" --end "$(int2lsn "$target")" --json \
+            >/dev/null 2>"$WORK/live-recv.err" && date +%s.%N > "$WORK/live-done" ) &
+        pid=$!; BG_PIDS+=("$pid")
+        e_wait_ready "$sys" "$app" 0
+    fi
+    # Connects in a few ms; the load needs hundreds to reach the target.
+    ( "$WS" bench wait-lsn --port "$port" --user postgres --target "$(int2lsn "$target")" \
+        --interval-ms 5 --timeout 600 >/dev/null 2>"$WORK/live-wait.err" && date +%s.%N > "$WORK/live-durable" ) &
+    wpid=$!; BG_PIDS+=("$wpid")
+    t0=$(date +%s.%N)
+    if [ "$sys" = pg ]; then e_load_pg "$target"; else e_load_ws; fi
+    wait "$wpid" || { echo "(e) wait-lsn failed on $sys:" >&2; cat "$WORK/live-wait.err" >&2; exit 1; }
+    wait "$pid" || { echo "(e) the $kind receiver failed on $sys:" >&2; cat "$WORK/live-recv.err" >&2; exit 1; }
+    t1=$(cat "$WORK/live-durable")
+    t2=$(cat "$WORK/live-done")
+    record "e_${kind}_mbps" "$sys" "$(awk -v b=$(( target - start )) -v a="$t0" -v z="$t2" 'BEGIN { printf "%.0f", b / (z - a) / 1e6 }')"
+    record "e_${kind}_lag_ms" "$sys" "$(awk -v a="$t1" -v z="$t2" 'BEGIN { l = (z - a) * 1000; printf "%.0f", (l > 0 ? l : 0) }')"
+    record e_load_mbps "$sys" "$(awk -v b=$(( target - start )) -v a="$t0" -v z="$t1" 'BEGIN { printf "%.0f", b / (z - a) / 1e6 }')"
+    rm -rf "$WORK/live-recv" "$WORK/live-done" "$WORK/live-durable"
+    # The rows are not needed once their WAL is streamed: give their disk space back.
+    if [ "$sys" = pg ]; then for i in $(seq 1 "$LIVE_CLIENTS"); do psql_pg "TRUNCATE live_$i"; done; fi
+}
+
+log "(e) live appends of $LIVE_MIB MiB into pg_receivewal --synchronous and into the codec client, $RUNS runs"
+for r in $(seq 1 "$RUNS"); do
+    for kind in recv codec; do
+        if [ $((r % 2)) = 1 ]; then e_one pg "$kind" "$r"; e_one ws "$kind" "$r"; else e_one ws "$kind" "$r"; e_one pg "$kind" "$r"; fi
+    done
+done
+
+# ---------------------------------------------------------------------------------------------
 # (c) synchronous commit with one synchronous standby, 1 and 16 clients
 # ---------------------------------------------------------------------------------------------
 log "(c) synchronous commit: PostgreSQL standby 1 as the synchronous standby"
@@ -416,20 +546,20 @@ function row(label, key, better,    w, p, r) {
     w = (key SUBSEP "ws") in vals ? median(key SUBSEP "ws") : ""
     p = (key SUBSEP "pg") in vals ? median(key SUBSEP "pg") : ""
     r = (w != "" && p != "" && p + 0 != 0) ? sprintf("%.2f", w / p) : "-"
-    printf "| %-52s | %-22s | %-22s | %-6s | %s |\n", label, cell(key SUBSEP "ws"), cell(key SUBSEP "pg"), r, better
+    printf "| %-56s | %-22s | %-22s | %-6s | %s |\n", label, cell(key SUBSEP "ws"), cell(key SUBSEP "pg"), r, better
 }
 { k = $1 SUBSEP $2; vals[k] = (k in vals) ? vals[k] " " $3 : $3 }
 END {
-    printf "| %-52s | %-22s | %-22s | %-6s | %s |\n", "measure", "walserver", "PostgreSQL 15", "ws/pg", "better"
-    printf "|%s|%s|%s|%s|%s|\n", "------------------------------------------------------", "------------------------", "------------------------", "--------", "--------"
+    printf "| %-56s | %-22s | %-22s | %-6s | %s |\n", "measure", "walserver", "PostgreSQL 15", "ws/pg", "better"
+    printf "|%s|%s|%s|%s|%s|\n", "----------------------------------------------------------", "------------------------", "------------------------", "--------", "--------"
     row("(a) catch-up into pg_receivewal --synchronous, MB/s", "a_recv_mbps", "higher")
     row("(a) pg_receivewal CPU, cores busy", "a_recv_client_cpu", "-")
     row("(a) catch-up into a plain codec client, MB/s", "a_codec_mbps", "higher")
     row("(b) catch-up into a standby, fsync on, MB/s", "b_standby_mbps", "higher")
     row("(b) sender CPU per MB sent, ms", "b_sender_cpu_ms_per_mb", "lower")
     row("(b) walserver standby on tmpfs, MB/s", "b_tmpfs_mbps", "higher")
-    printf "| %-52s | %-22s | %-22s | %-6s | %s |\n", "(b) disk: 16 MiB write+fdatasync, new file, MB/s", cell("disk_new_mbps" SUBSEP "disk"), "", "", ""
-    printf "| %-52s | %-22s | %-22s | %-6s | %s |\n", "(b) disk: 16 MiB write+fdatasync, overwrite, MB/s", cell("disk_overwrite_mbps" SUBSEP "disk"), "", "", ""
+    printf "| %-56s | %-22s | %-22s | %-6s | %s |\n", "(b) disk: 16 MiB write+fdatasync, new file, MB/s", cell("disk_new_mbps" SUBSEP "disk"), "", "", ""
+    printf "| %-56s | %-22s | %-22s | %-6s | %s |\n", "(b) disk: 16 MiB write+fdatasync, overwrite, MB/s", cell("disk_overwrite_mbps" SUBSEP "disk"), "", "", ""
     row("(c) sync commit, 1 client, commits/s", "c1_tps", "higher")
     row("(c) sync commit, 1 client, p50 ms", "c1_p50_ms", "lower")
     row("(c) sync commit, 1 client, p99 ms", "c1_p99_ms", "lower")
@@ -438,8 +568,15 @@ END {
     row("(c) sync commit, 16 clients, p99 ms", "c16_p99_ms", "lower")
     row("(d) fan-out to 16 pg_receivewal, aggregate MB/s", "d_fanout_mbps", "higher")
     row("(d) memory per walsender, KiB", "d_mem_per_walsender_kib", "lower")
+    row("(e) live appends into pg_receivewal --synchronous, MB/s", "e_recv_mbps", "higher")
+    row("(e) pg_receivewal behind the server at the end, ms", "e_recv_lag_ms", "lower")
+    row("(e) live appends into a plain codec client, MB/s", "e_codec_mbps", "higher")
+    row("(e) codec client behind the server at the end, ms", "e_codec_lag_ms", "lower")
+    row("(e) the load: WAL durable on the server, MB/s", "e_load_mbps", "-")
 }' "$RES"
 echo
 echo "(b) standby rates are measured from the standby's first reported position to the end (start-up left out)."
 echo "(d) memory: walserver = growth of its process RSS / 16; PostgreSQL = PSS of the 16 walsender processes / 16."
+echo "(e) $LIVE_MIB MiB per load; MB/s from the load's start until the receiver has it all; behind = that moment - the"
+echo "    moment the server had it durable; the load's row: until the server had it durable (both receivers' runs)."
 log "done in ${SECONDS}s"

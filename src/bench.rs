@@ -47,6 +47,10 @@ pub enum BenchCommand {
         /// Where to stop; defaults to the server's flush position (IDENTIFY_SYSTEM).
         #[arg(long)]
         end: Option<Lsn>,
+        /// The connection's `application_name` (what `pg_stat_replication` and `/status`
+        /// show), so a script can tell this client from one that has just left.
+        #[arg(long, default_value = "walserver-bench")]
+        application_name: String,
         /// Print one JSON object instead of a sentence.
         #[arg(long)]
         json: bool,
@@ -83,10 +87,12 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             user,
             start,
             end,
+            application_name,
             json,
         } => {
             let password = std::env::var("PGPASSWORD").ok();
-            let mut c = ReplClient::connect(&host, port, &user, password.as_deref())?;
+            let mut c =
+                ReplClient::connect_as(&host, port, &user, password.as_deref(), &application_name)?;
             let end = match end {
                 Some(e) => e,
                 None => c.identify_system().context("IDENTIFY_SYSTEM")?.1,

@@ -184,3 +184,41 @@ fn stream_load_catches_up_every_standby() {
     assert!(num(run, "primary_rss_peak") >= num(run, "primary_rss_before"));
     check_svg(&plot);
 }
+
+/// `bench catchup` started at the current end follows appends made after it (as
+/// `benches/compare-postgres.sh` section (e) uses it), under the `application_name` it was
+/// given, so a script can wait for that one connection to stream before it starts a load.
+#[test]
+fn catchup_from_the_end_follows_live_appends_under_its_name() {
+    let primary = TestNode::primary("");
+    let start = primary.wal().flushed();
+    let end = start + 200_000;
+    let child = Command::new(env!("CARGO_BIN_EXE_walserver"))
+        .args(["bench", "catchup", "--port"])
+        .arg(primary.addr().port().to_string())
+        .arg("--start")
+        .arg(start.to_string())
+        .arg("--end")
+        .arg(end.to_string())
+        .args(["--application-name", "live-catchup", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run walserver bench catchup");
+    wait_until("the catchup client streaming", || {
+        primary.status().replication.iter().any(|w| {
+            w.application_name == "live-catchup"
+                && w.state == walsender_actor::status::WalSenderState::Streaming
+        })
+    });
+    // Nothing past the start existed when it began: all of it arrives live.
+    let mut last = start;
+    while last < end {
+        last = primary.append(4, 8192, 7);
+    }
+    let out = child.wait_with_output().expect("catchup ends");
+    assert!(out.status.success(), "bench catchup failed: {}", out.status);
+    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert!(num(&r, "bytes") >= (end.0 - start.0) as f64, "{r}");
+    assert!(num(&r, "bytes") <= (last.0 - start.0) as f64, "{r}");
+    assert!(num(&r, "mb_per_s") > 0.0, "{r}");
+}

@@ -141,6 +141,6 @@ pub use naming::{
 };
 pub use slots::{validate_slot_name, SlotInfo, WalStatus};
 pub use wal::{
-    AppendTicket, InitOptions, RecordReader, RecoveryReport, SlotGuard, Ticket, Wal, WalPosition,
-    WriteTicket,
+    AppendTicket, InitOptions, RecordReader, RecoveryReport, SlotGuard, Ticket, Wal, WalFileRange,
+    WalPosition, WriteTicket,
 };

@@ -161,6 +161,47 @@ impl SegmentFiles {
     }
 }
 
+impl SegmentFiles {
+    /// Like [`SegmentFiles::read`], but returns where the bytes are instead of reading them.
+    /// The file must hold them: a shorter file is corruption, as for a read.
+    pub(crate) fn locate(
+        &self,
+        view: &View,
+        x: Lsn,
+        limit: Lsn,
+        max_len: usize,
+    ) -> Result<Option<crate::wal::WalFileRange>> {
+        let segno = x.segment_number(self.seg);
+        let seg_end = Lsn((segno + 1) * self.seg);
+        for (tli, serves_to) in view.candidates(x, segno, self.seg) {
+            let Some(file) = self.open(tli, segno)? else {
+                continue;
+            };
+            let upto = limit.min(seg_end).min(serves_to);
+            let n = (upto.0 - x.0).min(max_len as u64);
+            let offset = x.segment_offset(self.seg);
+            let name = || segment_file_name(tli, segno, self.seg);
+            let size = file
+                .metadata()
+                .map_err(|e| WalError::io(format!("reading the size of {}", name()), e))?
+                .len();
+            if size < offset + n {
+                return Err(WalError::Corruption {
+                    segment: name(),
+                    offset: size,
+                    reason: "segment file is shorter than the WAL it should hold".into(),
+                });
+            }
+            return Ok(Some(crate::wal::WalFileRange {
+                file,
+                offset,
+                len: n as usize,
+            }));
+        }
+        Ok(None)
+    }
+}
+
 /// Reads `n` bytes at `offset` into a new buffer with one `pread` (more only on a short read),
 /// without zeroing the buffer first. Fewer bytes mean end of file.
 pub(crate) fn pread_exact(file: &File, n: usize, offset: u64) -> std::io::Result<Bytes> {

@@ -218,6 +218,38 @@ impl Inner {
 
     /// Bytes of timeline `tli` at `start`; see [`Wal::read`].
     pub(crate) fn read(&self, tli: TimelineId, start: Lsn, max_len: usize) -> Result<Bytes> {
+        match self.find(tli, start, max_len, |files, view, limit| {
+            files.read(view, start, limit, max_len)
+        })? {
+            Found::Empty => Ok(Bytes::new()),
+            Found::Here(b) => Ok(b),
+        }
+    }
+
+    /// Where the bytes of timeline `tli` at `start` lie; see [`Wal::locate`].
+    pub(crate) fn locate(
+        &self,
+        tli: TimelineId,
+        start: Lsn,
+        max_len: usize,
+    ) -> Result<Option<WalFileRange>> {
+        match self.find(tli, start, max_len, |files, view, limit| {
+            files.locate(view, start, limit, max_len)
+        })? {
+            Found::Empty => Ok(None),
+            Found::Here(r) => Ok(Some(r)),
+        }
+    }
+
+    /// The checks `read` and `locate` share, then `get` on the segment files with the view of
+    /// timeline `tli` and the end not to read past.
+    fn find<T>(
+        &self,
+        tli: TimelineId,
+        start: Lsn,
+        max_len: usize,
+        get: impl FnOnce(&SegmentFiles, &View, Lsn) -> Result<Option<T>>,
+    ) -> Result<Found<T>> {
         let (view, limit) = {
             let st = self.state();
             if tli == st.tli {
@@ -240,7 +272,7 @@ impl Inner {
             });
         }
         if start == limit || max_len == 0 {
-            return Ok(Bytes::new());
+            return Ok(Found::Empty);
         }
         let seg = self.cfg.segment_size;
         let removed = || WalError::SegmentRemoved {
@@ -249,11 +281,28 @@ impl Inner {
         if start < self.oldest_retained() {
             return Err(removed());
         }
-        match self.files.read(&view, start, limit, max_len)? {
-            Some(b) => Ok(b),
+        match get(&self.files, &view, limit)? {
+            Some(x) => Ok(Found::Here(x)),
             None => Err(removed()),
         }
     }
+}
+
+enum Found<T> {
+    /// Nothing to read: `start` is the end, or no bytes were asked for.
+    Empty,
+    Here(T),
+}
+
+/// Where a range of durable WAL lies: `len` bytes of `file` at `offset`, all in one segment
+/// file, all at or below the flushed end. Durable WAL never changes in place (segments are
+/// removed, not recycled; only `walserver rejoin`, offline, cuts WAL), so the range can be
+/// sent later, straight from the file (`sendfile`), and still be the bytes asked for.
+#[derive(Clone, Debug)]
+pub struct WalFileRange {
+    pub file: Arc<std::fs::File>,
+    pub offset: u64,
+    pub len: usize,
 }
 
 /// A handle on the WAL of one data directory. Cheap to clone; all clones share one writer
@@ -823,6 +872,19 @@ impl Wal {
         self.inner.read_cached(tli, start, max_len)
     }
 
+    /// Where [`Wal::read`] would read: the segment file, offset and length of up to `max_len`
+    /// bytes of timeline `tli` at `start` (fewer at a segment end), with the same errors;
+    /// `None` at the end. For senders that hand the file to the kernel instead of reading it.
+    /// May open a file: async callers run it on a blocking pool.
+    pub fn locate(
+        &self,
+        tli: TimelineId,
+        start: Lsn,
+        max_len: usize,
+    ) -> Result<Option<WalFileRange>> {
+        self.inner.locate(tli, start, max_len)
+    }
+
     /// A decoder of the records of timeline `tli` from `from`, which must be a record boundary
     /// or a segment start.
     pub fn record_reader(&self, tli: TimelineId, from: Lsn) -> Result<RecordReader> {
@@ -907,7 +969,9 @@ impl Wal {
 
     /// Drops the current timeline's WAL beyond `lsn`, durably (for rejoining after a fork).
     /// Returns how many bytes were dropped. The flushed end moves back: whoever streamed the
-    /// dropped bytes must be told by the caller.
+    /// dropped bytes must be told by the caller. It is the one change of durable WAL in place,
+    /// so it is for a node with no readers: ranges handed out by [`Wal::locate`] and not yet
+    /// sent would read the cut (`walserver rejoin` runs it on a stopped node).
     pub fn truncate_to(&self, lsn: Lsn) -> Result<u64> {
         self.control(move |w| w.truncate(lsn))
     }

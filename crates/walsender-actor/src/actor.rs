@@ -20,19 +20,20 @@ use std::time::Instant;
 
 use actix::prelude::*;
 use bytes::{Bytes, BytesMut};
+use protocol_codec::messages::XLogData;
 use protocol_codec::{BackendMessage, CodecError, ErrorFields, FrontendMessage, ServerCodec};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::codec::FramedRead;
-use wal_storage::{Lsn, WalError, WalPosition};
+use wal_storage::{Lsn, WalError, WalFileRange, WalPosition};
 
 use crate::connection::{self, Established};
 use crate::messages::*;
 use crate::session::{CommandResult, Output, Session, ShutdownMode, MAX_SEND_SIZE};
 use crate::shared::Shared;
 use crate::timer::DeadlineTimer;
-use crate::writer::{frame_queue, Frame, FrameSender, QueueError};
+use crate::writer::{frame_queue_with_files, Frame, FrameSender, QueueError};
 
 pub struct WalSender {
     pid: u32,
@@ -55,6 +56,8 @@ pub struct WalSender {
     closing: bool,
     /// The writer task; aborted if it cannot deliver the last bytes within `close_grace`.
     writer_task: Option<tokio::task::JoinHandle<()>>,
+    /// The writer can send WAL straight from segment files (plain TCP, not TLS).
+    sendfile: bool,
 }
 
 impl WalSender {
@@ -80,6 +83,7 @@ impl WalSender {
             timer: DeadlineTimer::default(),
             closing: false,
             writer_task: None,
+            sendfile: false,
         }
     }
 
@@ -98,7 +102,8 @@ impl WalSender {
         let mut framed = FramedRead::new(reader, ServerCodec::new());
         framed.read_buffer_mut().extend_from_slice(&est.leftover);
         ctx.add_stream(framed);
-        let (frames, drain) = frame_queue(writer);
+        self.sendfile = est.file_socket.is_some();
+        let (frames, drain) = frame_queue_with_files(writer, est.file_socket);
         let me = ctx.address();
         self.writer_task = Some(actix_rt::spawn(async move {
             let result = drain.await;
@@ -130,6 +135,18 @@ impl WalSender {
                         Err(e) => tracing::error!(pid = self.pid, "cannot encode XLogData: {e}"),
                     }
                 }
+                Output::WalFile {
+                    wal_start,
+                    wal_end,
+                    send_time,
+                    range,
+                } => {
+                    self.flush_pending();
+                    match XLogData::framed_header_for(wal_start, wal_end, send_time, range.len) {
+                        Ok(h) => self.queue(Frame::with_file(Bytes::copy_from_slice(&h), range)),
+                        Err(e) => tracing::error!(pid = self.pid, "cannot encode XLogData: {e}"),
+                    }
+                }
                 Output::Read {
                     timeline,
                     start,
@@ -147,14 +164,20 @@ impl WalSender {
                         continue;
                     }
                     let wal = self.shared.wal.clone();
+                    if self.sendfile {
+                        // Catching up: the writer sends the WAL from the segment files, so only
+                        // where it lies is needed (opening a file is still file I/O).
+                        let locate =
+                            tokio::task::spawn_blocking(move || wal.locate(timeline, start, len));
+                        ctx.spawn(locate.into_actor(self).map(move |res, act, ctx| {
+                            let res = res.unwrap_or_else(|e| Err(pool_failed(e)));
+                            act.on_located(start, res, ctx);
+                        }));
+                        continue;
+                    }
                     let read = tokio::task::spawn_blocking(move || wal.read(timeline, start, len));
                     ctx.spawn(read.into_actor(self).map(move |res, act, ctx| {
-                        let res = res.unwrap_or_else(|e| {
-                            Err(WalError::Io {
-                                context: "reading WAL on the blocking pool".into(),
-                                source: std::io::Error::other(e.to_string()),
-                            })
-                        });
+                        let res = res.unwrap_or_else(|e| Err(pool_failed(e)));
                         act.on_read(start, res, ctx);
                     }));
                 }
@@ -272,6 +295,21 @@ impl WalSender {
                 act.pump(ctx);
             }));
         }
+    }
+
+    fn on_located(
+        &mut self,
+        start: Lsn,
+        res: Result<Option<WalFileRange>, WalError>,
+        ctx: &mut Context<Self>,
+    ) {
+        let room = self.room();
+        let mut out = Vec::new();
+        if let Some(s) = self.session.as_mut() {
+            s.on_wal_located(start, res, Instant::now(), room, &mut out);
+        }
+        self.apply(out, ctx);
+        self.wait_for_room_if_needed(ctx);
     }
 
     fn on_read(&mut self, start: Lsn, res: Result<Bytes, WalError>, ctx: &mut Context<Self>) {
@@ -504,5 +542,13 @@ impl Handler<SettingsChanged> for WalSender {
             s.set_config(settings.session.clone());
         }
         self.arm_timer(ctx);
+    }
+}
+
+/// A WAL read or lookup whose task on the blocking pool failed (it panicked or was cancelled).
+fn pool_failed(e: tokio::task::JoinError) -> WalError {
+    WalError::Io {
+        context: "reading WAL on the blocking pool".into(),
+        source: std::io::Error::other(e.to_string()),
     }
 }

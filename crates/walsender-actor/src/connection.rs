@@ -23,6 +23,7 @@ use crate::session::{admin_shutdown, ShutdownMode};
 use crate::shared::Shared;
 use crate::startup::{greeting, ClientIdentity, Handshake, Step};
 use crate::status::{SharedStatus, WalSenderStatus};
+use crate::writer::FileSocket;
 
 /// A byte stream in either direction: plain TCP or TLS.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -31,6 +32,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 /// A connection that finished its startup phase.
 pub struct Established {
     pub io: Box<dyn Io>,
+    /// A duplicate of the socket's descriptor when the connection is plain TCP, for sending
+    /// WAL straight from segment files; `None` under TLS, which must encrypt every byte.
+    pub file_socket: Option<FileSocket>,
     /// Bytes the client sent after its last authentication message, already read.
     pub leftover: BytesMut,
     pub identity: ClientIdentity,
@@ -60,6 +64,10 @@ pub async fn handshake(
     let settings = shared.settings();
     let deadline = tokio::time::Instant::now() + settings.authentication_timeout;
     let _ = stream.set_nodelay(true);
+    // Without a duplicate descriptor the writer reads WAL into memory, as it does under TLS.
+    let mut file_socket = FileSocket::duplicate(&stream)
+        .inspect_err(|e| tracing::debug!(%peer, "no sendfile for this connection: {e}"))
+        .ok();
     let mut io: Box<dyn Io> = Box::new(stream);
     let mut buf = BytesMut::with_capacity(1024);
     let mut machine = Handshake::new(settings.auth.clone(), peer.ip());
@@ -116,6 +124,7 @@ pub async fn handshake(
                         }
                     };
                     machine.tls_started();
+                    file_socket = None;
                 } else {
                     write(&mut io, &[answer]).await?;
                 }
@@ -159,6 +168,7 @@ pub async fn handshake(
                 send(&mut io, &hello).await?;
                 return Ok(Established {
                     io,
+                    file_socket,
                     leftover: buf,
                     identity,
                     status,

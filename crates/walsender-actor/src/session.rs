@@ -23,7 +23,9 @@ use protocol_codec::messages::{
     TransactionStatus, XLogData,
 };
 use protocol_codec::{results, BackendMessage, ErrorFields, FrontendMessage, SqlState};
-use wal_storage::{Lsn, PgTimestamp, SlotGuard, TimelineId, Wal, WalError, WalPosition};
+use wal_storage::{
+    Lsn, PgTimestamp, SlotGuard, TimelineId, Wal, WalError, WalFileRange, WalPosition,
+};
 
 use crate::lag::StandbyLags;
 use crate::status::{lock, SharedStatus, WalSenderState, WalSenderStatus};
@@ -118,6 +120,15 @@ pub enum Output {
     Msg(BackendMessage),
     /// Send WAL: the actor writes the header and the payload without copying the payload.
     Wal(XLogData),
+    /// Send WAL that lies in a segment file: the actor's writer sends the XLogData header,
+    /// then `range` straight from the file (`sendfile`), so the bytes are never copied into
+    /// this process.
+    WalFile {
+        wal_start: Lsn,
+        wal_end: Lsn,
+        send_time: PgTimestamp,
+        range: WalFileRange,
+    },
     /// Read WAL and report it with [`Session::on_wal_read`].
     Read {
         timeline: TimelineId,
@@ -131,6 +142,42 @@ pub enum Output {
     StatusChanged,
     /// Everything queued so far is the last: write it and close the connection.
     Close,
+}
+
+/// WAL for the session to cut into messages: read into memory, or where it lies in a file.
+enum WalData {
+    Bytes(Bytes),
+    File(WalFileRange),
+}
+
+impl WalData {
+    fn len(&self) -> usize {
+        match self {
+            WalData::Bytes(b) => b.len(),
+            WalData::File(r) => r.len,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first `n` bytes (`n <= len`); `self` keeps the rest.
+    fn split_to(&mut self, n: usize) -> WalData {
+        match self {
+            WalData::Bytes(b) => WalData::Bytes(b.split_to(n)),
+            WalData::File(r) => {
+                let head = WalFileRange {
+                    file: r.file.clone(),
+                    offset: r.offset,
+                    len: n,
+                };
+                r.offset += n as u64;
+                r.len -= n;
+                WalData::File(head)
+            }
+        }
+    }
 }
 
 /// A command that does file I/O or fsync, run off the actor's thread.
@@ -695,6 +742,31 @@ impl Session {
         room: usize,
         out: &mut Vec<Output>,
     ) {
+        self.on_wal(start, result.map(WalData::Bytes), now, room, out)
+    }
+
+    /// Instead of reading what [`Output::Read`] asked for, the actor found where it lies
+    /// ([`Wal::locate`]); `None` means there was nothing to read.
+    pub fn on_wal_located(
+        &mut self,
+        start: Lsn,
+        result: Result<Option<WalFileRange>, WalError>,
+        now: Instant,
+        room: usize,
+        out: &mut Vec<Output>,
+    ) {
+        let data = result.map(|r| r.map_or(WalData::Bytes(Bytes::new()), WalData::File));
+        self.on_wal(start, data, now, room, out)
+    }
+
+    fn on_wal(
+        &mut self,
+        start: Lsn,
+        result: Result<WalData, WalError>,
+        now: Instant,
+        room: usize,
+        out: &mut Vec<Output>,
+    ) {
         let flushed = self.position.flushed;
         let now_us = self.micros(now);
         let Mode::Streaming(stream) = &mut self.mode else {
@@ -731,13 +803,20 @@ impl Session {
                     n = (end - at.0) as usize;
                 }
             }
-            let chunk = rest.split_to(n);
-            out.push(Output::Wal(XLogData {
-                wal_start: at,
-                wal_end,
-                send_time,
-                data: chunk,
-            }));
+            out.push(match rest.split_to(n) {
+                WalData::Bytes(data) => Output::Wal(XLogData {
+                    wal_start: at,
+                    wal_end,
+                    send_time,
+                    data,
+                }),
+                WalData::File(range) => Output::WalFile {
+                    wal_start: at,
+                    wal_end,
+                    send_time,
+                    range,
+                },
+            });
             at = at + n as u64;
         }
         stream.sent = at;

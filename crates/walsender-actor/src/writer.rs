@@ -7,19 +7,31 @@
 //! being copied into an intermediate buffer. When the queue is full the actor stops reading
 //! WAL and asks to be woken once there is room again; control messages never wait behind a
 //! full queue for long, because the queue drains at the socket's pace.
+//!
+//! On a plain TCP connection a frame's WAL may also be a range of a segment file
+//! ([`WalFileRange`]): the task sends it with `sendfile`, so the WAL goes from the page cache
+//! to the socket without being copied into this process at all. `sendfile` may read from disk,
+//! so it runs on tokio's blocking pool, on a duplicate of the socket's descriptor; the task
+//! waits for the socket to be writable between calls, as for any write.
 
 use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncWrite, AsyncWriteExt, Interest};
 use tokio::sync::{mpsc, oneshot};
+use wal_storage::WalFileRange;
 
 /// One unit of output: a small header (message type, length and any fixed fields) and an
-/// optional payload that is written after it without copying.
+/// optional payload that is written after it without copying, from memory or from a file.
 #[derive(Debug, Clone, Default)]
 pub struct Frame {
     pub head: Bytes,
     pub body: Bytes,
+    /// Written after `body`; only queued on a connection whose writer has a [`FileSocket`].
+    pub file: Option<WalFileRange>,
 }
 
 impl Frame {
@@ -27,15 +39,28 @@ impl Frame {
         Frame {
             head,
             body: Bytes::new(),
+            file: None,
         }
     }
 
     pub fn with_body(head: Bytes, body: Bytes) -> Frame {
-        Frame { head, body }
+        Frame {
+            head,
+            body,
+            file: None,
+        }
+    }
+
+    pub fn with_file(head: Bytes, file: WalFileRange) -> Frame {
+        Frame {
+            head,
+            body: Bytes::new(),
+            file: Some(file),
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.head.len() + self.body.len()
+        self.head.len() + self.body.len() + self.file.as_ref().map_or(0, |f| f.len)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -135,14 +160,185 @@ pub fn frame_queue<W>(
 where
     W: AsyncWrite + Unpin,
 {
+    frame_queue_with_files(sink, None)
+}
+
+/// Like [`frame_queue`], with `files`, a duplicate of the plain TCP socket under `sink`, for
+/// frames whose WAL is a file range. Without it such a frame's range is read on the blocking
+/// pool and written from memory.
+pub fn frame_queue_with_files<W>(
+    sink: W,
+    files: Option<FileSocket>,
+) -> (
+    FrameSender,
+    impl std::future::Future<Output = io::Result<()>>,
+)
+where
+    W: AsyncWrite + Unpin,
+{
     let (tx, rx) = mpsc::channel(QUEUE_FRAMES);
-    (FrameSender { tx }, drain(sink, rx))
+    (FrameSender { tx }, drain(sink, files, rx))
+}
+
+/// A duplicate descriptor of a connection's plain TCP socket, for `sendfile`.
+pub struct FileSocket(Arc<OwnedFd>);
+
+impl FileSocket {
+    /// Duplicates the descriptor of `socket`.
+    pub fn duplicate(socket: &impl std::os::fd::AsFd) -> io::Result<FileSocket> {
+        Ok(FileSocket(Arc::new(socket.as_fd().try_clone_to_owned()?)))
+    }
+}
+
+/// Sends file ranges into the socket; registered with the runtime of the writer's task.
+struct FileSender {
+    fd: AsyncFd<Arc<OwnedFd>>,
+}
+
+impl FileSender {
+    fn new(s: FileSocket) -> io::Result<FileSender> {
+        // SAFETY: the descriptor is owned by the Arc inside the AsyncFd, so it stays open and
+        // names the same socket for as long as the AsyncFd lives.
+        let fd = unsafe { AsyncFd::register_with_interest(s.0, Interest::WRITABLE) }?;
+        Ok(FileSender { fd })
+    }
+
+    /// Sends `pieces` in order. One call on the blocking pool sends as much as the socket
+    /// takes, so a batch of frames costs one hand-off to the pool, not one per frame.
+    async fn send(&self, pieces: Vec<Piece>) -> io::Result<()> {
+        let pieces = Arc::new(pieces);
+        let mut at = (0, 0);
+        while at.0 < pieces.len() {
+            // The readiness is taken before the call: if the socket fills, clearing it below
+            // forgets only this readiness, never a later one, so no wake-up is lost.
+            let mut ready = self.fd.writable().await?;
+            let socket = self.fd.get_ref().clone();
+            let todo = pieces.clone();
+            let (reached, blocked) =
+                tokio::task::spawn_blocking(move || send_until_full(&socket, &todo, at))
+                    .await
+                    .map_err(io::Error::other)??;
+            at = reached;
+            if blocked {
+                ready.clear_ready();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Output for the file sender: bytes in memory, or a range of a segment file.
+enum Piece {
+    Mem(Bytes),
+    File(WalFileRange),
+}
+
+impl Piece {
+    fn len(&self) -> usize {
+        match self {
+            Piece::Mem(b) => b.len(),
+            Piece::File(r) => r.len,
+        }
+    }
+}
+
+/// Sends `pieces` from `at` (a piece and an offset in it) into the non-blocking `socket` until
+/// all are sent or the socket is full: memory with `writev`, file ranges with `sendfile`.
+/// Returns how far it got and whether the socket was full.
+fn send_until_full(
+    socket: &OwnedFd,
+    pieces: &[Piece],
+    (mut i, mut off): (usize, usize),
+) -> io::Result<((usize, usize), bool)> {
+    const IOV_MAX: usize = 1024;
+    while i < pieces.len() {
+        let n = match &pieces[i] {
+            Piece::Mem(_) => {
+                let iov: Vec<libc::iovec> = pieces[i..]
+                    .iter()
+                    .take(IOV_MAX)
+                    .map_while(|p| match p {
+                        Piece::Mem(b) => Some(b),
+                        Piece::File(_) => None,
+                    })
+                    .enumerate()
+                    .map(|(k, b)| {
+                        let b = if k == 0 { &b[off..] } else { &b[..] };
+                        libc::iovec {
+                            iov_base: b.as_ptr() as *mut libc::c_void,
+                            iov_len: b.len(),
+                        }
+                    })
+                    .collect();
+                // SAFETY: every iovec points into a live `Bytes` of `pieces` for its whole
+                // length, and writev only reads them.
+                unsafe { libc::writev(socket.as_raw_fd(), iov.as_ptr(), iov.len() as libc::c_int) }
+            }
+            Piece::File(r) => {
+                let mut pos =
+                    libc::off_t::try_from(r.offset + off as u64).map_err(io::Error::other)?;
+                // SAFETY: both descriptors are open for the whole call (owned by the caller),
+                // and `pos` is a valid place for the kernel to store the new offset.
+                unsafe {
+                    libc::sendfile(
+                        socket.as_raw_fd(),
+                        r.file.as_raw_fd(),
+                        &mut pos,
+                        r.len - off,
+                    )
+                }
+            }
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(((i, off), true)),
+                _ => return Err(e),
+            }
+        }
+        if n == 0 {
+            // A zero-length piece is never queued, so nothing was sent: for a file, it ended
+            // before the range storage vouched for, which is corruption.
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "a WAL segment file ended before the range being sent",
+            ));
+        }
+        let mut n = n as usize;
+        while n > 0 {
+            let left = pieces[i].len() - off;
+            if n >= left {
+                n -= left;
+                i += 1;
+                off = 0;
+            } else {
+                off += n;
+                n = 0;
+            }
+        }
+    }
+    Ok(((i, off), false))
+}
+
+/// Reads a file range into memory, for a writer without a [`FileSocket`].
+async fn read_range(range: WalFileRange) -> io::Result<Bytes> {
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; range.len];
+        range.file.read_exact_at(&mut buf, range.offset)?;
+        Ok(Bytes::from(buf))
+    })
+    .await
+    .map_err(io::Error::other)?
 }
 
 async fn drain<W: AsyncWrite + Unpin>(
     mut sink: W,
+    files: Option<FileSocket>,
     mut rx: mpsc::Receiver<Command>,
 ) -> io::Result<()> {
+    let files = files.map(FileSender::new).transpose()?;
     let mut batch: Vec<Command> = Vec::with_capacity(MAX_BATCH);
     loop {
         batch.clear();
@@ -151,28 +347,53 @@ async fn drain<W: AsyncWrite + Unpin>(
             let _ = sink.shutdown().await;
             return Ok(());
         }
+        // Frames go to `chunks`, written through `sink`, until the first file range; from
+        // there on, in order, to `pieces`, sent by the file sender on the blocking pool. So a
+        // batch without WAL from files (live streaming, control messages) is written at once
+        // from this task, with no hand-off.
         let mut chunks: Vec<Bytes> = Vec::with_capacity(batch.len() * 2);
+        let mut pieces: Vec<Piece> = Vec::new();
         for cmd in batch.drain(..) {
             match cmd {
                 Command::Write(f) => {
-                    if !f.head.is_empty() {
-                        chunks.push(f.head);
-                    }
-                    if !f.body.is_empty() {
-                        chunks.push(f.body);
+                    let mem = [f.head, f.body].into_iter().filter(|b| !b.is_empty());
+                    match (f.file, &files) {
+                        (Some(range), Some(_)) => {
+                            pieces.extend(mem.map(Piece::Mem));
+                            pieces.push(Piece::File(range));
+                        }
+                        (Some(range), None) => {
+                            chunks.extend(mem);
+                            chunks.push(read_range(range).await?);
+                        }
+                        (None, _) if pieces.is_empty() => chunks.extend(mem),
+                        (None, _) => pieces.extend(mem.map(Piece::Mem)),
                     }
                 }
                 Command::Flush(done) => {
-                    // Earlier frames of this batch are in `chunks`; write them first.
-                    write_all_vectored(&mut sink, &mut chunks).await?;
-                    sink.flush().await?;
+                    // Earlier frames of this batch are not written yet; write them first.
+                    write_out(&mut sink, files.as_ref(), &mut chunks, &mut pieces).await?;
                     let _ = done.send(());
                 }
             }
         }
-        write_all_vectored(&mut sink, &mut chunks).await?;
-        sink.flush().await?;
+        write_out(&mut sink, files.as_ref(), &mut chunks, &mut pieces).await?;
     }
+}
+
+/// Writes `chunks` through `sink`, then `pieces` through `files`.
+async fn write_out<W: AsyncWrite + Unpin>(
+    sink: &mut W,
+    files: Option<&FileSender>,
+    chunks: &mut Vec<Bytes>,
+    pieces: &mut Vec<Piece>,
+) -> io::Result<()> {
+    write_all_vectored(sink, chunks).await?;
+    sink.flush().await?;
+    if let (Some(files), false) = (files, pieces.is_empty()) {
+        files.send(std::mem::take(pieces)).await?;
+    }
+    Ok(())
 }
 
 async fn write_all_vectored<W: AsyncWrite + Unpin>(
@@ -218,6 +439,135 @@ mod tests {
             .enable_all()
             .build()
             .unwrap()
+    }
+
+    /// A file of `len` bytes whose content names its offsets, and its bytes.
+    fn wal_file(len: usize) -> (tempfile::NamedTempFile, Arc<std::fs::File>, Vec<u8>) {
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(tmp.path(), &bytes).unwrap();
+        let file = Arc::new(std::fs::File::open(tmp.path()).unwrap());
+        (tmp, file, bytes)
+    }
+
+    /// Queues frames of memory and of file ranges, in a pattern that mixes them in every way
+    /// within and across batches, and returns the bytes they should put on the wire.
+    async fn queue_mixed(tx: FrameSender, file: Arc<std::fs::File>, content: &[u8]) -> Vec<u8> {
+        let mut expected = Vec::new();
+        let mut offset = 0usize;
+        for i in 0..300usize {
+            let head = Bytes::from(format!("<{i}>").into_bytes());
+            expected.extend_from_slice(&head);
+            let mut frame = if i % 3 == 0 {
+                let body = Bytes::from(vec![b'm'; i % 50]);
+                expected.extend_from_slice(&body);
+                Frame::with_body(head, body)
+            } else {
+                let len = 1 + (i * 4099) % 150_000;
+                let len = len.min(content.len() - offset);
+                expected.extend_from_slice(&content[offset..offset + len]);
+                let range = WalFileRange {
+                    file: file.clone(),
+                    offset: offset as u64,
+                    len,
+                };
+                offset = (offset + len) % (content.len() - 200_000);
+                Frame::with_file(head, range)
+            };
+            loop {
+                match tx.try_send(frame) {
+                    Ok(()) => break,
+                    Err((QueueError::Full, f)) => {
+                        frame = f;
+                        tx.ready().await;
+                    }
+                    Err((QueueError::Closed, _)) => panic!("writer closed"),
+                }
+            }
+        }
+        expected
+    }
+
+    /// Over a real TCP socket with a reader slower than the writer (so `sendfile` and `writev`
+    /// meet a full socket again and again), file ranges and memory arrive in order and whole.
+    #[test]
+    fn file_ranges_are_sent_with_sendfile_in_order() {
+        rt().block_on(async {
+            let (_tmp, file, content) = wal_file(4 << 20);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .unwrap();
+            let (mut server, _) = listener.accept().await.unwrap();
+            let files = FileSocket::duplicate(&client).unwrap();
+            let (tx, drain) = frame_queue_with_files(client, Some(files));
+            let writer = tokio::spawn(drain);
+            let reader = tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = vec![0u8; 4096];
+                loop {
+                    // Small reads, yielding between them: the socket stays full.
+                    let n = server.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        return got;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    tokio::task::yield_now().await;
+                }
+            });
+            let expected = queue_mixed(tx, file, &content).await;
+            let got = reader.await.unwrap();
+            writer.await.unwrap().unwrap();
+            assert_eq!(got.len(), expected.len());
+            assert!(got == expected, "the bytes differ");
+        });
+    }
+
+    /// Without a file socket (TLS), file ranges are read and written from memory.
+    #[test]
+    fn file_ranges_without_a_file_socket_are_read() {
+        rt().block_on(async {
+            let (_tmp, file, content) = wal_file(4 << 20);
+            let (client, mut server) = tokio::io::duplex(64 << 10);
+            let (tx, drain) = frame_queue(client);
+            let writer = tokio::spawn(drain);
+            let reader = tokio::spawn(async move {
+                let mut got = Vec::new();
+                server.read_to_end(&mut got).await.map(|_| got)
+            });
+            let expected = queue_mixed(tx, file, &content).await;
+            let got = reader.await.unwrap().unwrap();
+            writer.await.unwrap().unwrap();
+            assert!(got == expected, "the bytes differ");
+        });
+    }
+
+    /// A file shorter than the range storage vouched for ends the writer with an error instead
+    /// of sending less than the header announced.
+    #[test]
+    fn a_short_file_is_an_error() {
+        rt().block_on(async {
+            let (_tmp, file, _) = wal_file(1000);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .unwrap();
+            let (_server, _) = listener.accept().await.unwrap();
+            let files = FileSocket::duplicate(&client).unwrap();
+            let (tx, drain) = frame_queue_with_files(client, Some(files));
+            let writer = tokio::spawn(drain);
+            let range = WalFileRange {
+                file,
+                offset: 500,
+                len: 1000,
+            };
+            tx.try_send(Frame::with_file(Bytes::from_static(b"h"), range))
+                .map_err(|(e, _)| e)
+                .unwrap();
+            drop(tx);
+            let err = writer.await.unwrap().unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
+        });
     }
 
     #[test]

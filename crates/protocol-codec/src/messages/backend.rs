@@ -141,15 +141,31 @@ impl XLogData {
     /// WAL from separate buffers (vectored I/O) instead of copying the WAL into one frame.
     /// Fails only if the message would exceed a length field.
     pub fn framed_header(&self) -> Result<[u8; Self::FRAMED_HEADER_LEN]> {
-        let len = i32::try_from(4 + Self::HEADER_LEN + self.data.len())
+        Self::framed_header_for(
+            self.wal_start,
+            self.wal_end,
+            self.send_time,
+            self.data.len(),
+        )
+    }
+
+    /// The same header for `data_len` bytes of WAL that are not in memory (a writer that sends
+    /// them from a file with `sendfile`).
+    pub fn framed_header_for(
+        wal_start: Lsn,
+        wal_end: Lsn,
+        send_time: PgTimestamp,
+        data_len: usize,
+    ) -> Result<[u8; Self::FRAMED_HEADER_LEN]> {
+        let len = i32::try_from(4 + Self::HEADER_LEN + data_len)
             .map_err(|_| CodecError::encode("XLogData", "data too long"))?;
         let mut h = [0u8; Self::FRAMED_HEADER_LEN];
         h[0] = BackendMessage::COPY_DATA;
         h[1..5].copy_from_slice(&len.to_be_bytes());
         h[5] = Self::TAG;
-        h[6..14].copy_from_slice(&self.wal_start.0.to_be_bytes());
-        h[14..22].copy_from_slice(&self.wal_end.0.to_be_bytes());
-        h[22..30].copy_from_slice(&self.send_time.0.to_be_bytes());
+        h[6..14].copy_from_slice(&wal_start.0.to_be_bytes());
+        h[14..22].copy_from_slice(&wal_end.0.to_be_bytes());
+        h[22..30].copy_from_slice(&send_time.0.to_be_bytes());
         Ok(h)
     }
 }

@@ -134,34 +134,17 @@ impl SegmentFiles {
         if x >= limit || max_len == 0 {
             return Ok(Some(Bytes::new()));
         }
-        let segno = x.segment_number(self.seg);
-        let seg_end = Lsn((segno + 1) * self.seg);
-        for (tli, serves_to) in view.candidates(x, segno, self.seg) {
-            let Some(file) = self.open(tli, segno)? else {
-                continue;
-            };
-            let upto = limit.min(seg_end).min(serves_to);
-            let n = (upto.0 - x.0).min(max_len as u64) as usize;
-            let buf = pread_exact(&file, n, x.segment_offset(self.seg)).map_err(|e| {
-                WalError::io(
-                    format!("reading {}", segment_file_name(tli, segno, self.seg)),
-                    e,
-                )
-            })?;
-            if buf.len() < n {
-                return Err(WalError::Corruption {
-                    segment: segment_file_name(tli, segno, self.seg),
-                    offset: x.segment_offset(self.seg) + buf.len() as u64,
-                    reason: "segment file is shorter than the WAL it should hold".into(),
-                });
-            }
-            return Ok(Some(buf));
+        let Some(found) = self.find(view, x, limit, max_len)? else {
+            return Ok(None);
+        };
+        let buf = pread_exact(&found.file, found.len, found.offset)
+            .map_err(|e| WalError::io(format!("reading {}", found.name), e))?;
+        if buf.len() < found.len {
+            return Err(found.short(found.offset + buf.len() as u64));
         }
-        Ok(None)
+        Ok(Some(buf))
     }
-}
 
-impl SegmentFiles {
     /// Like [`SegmentFiles::read`], but returns where the bytes are instead of reading them.
     /// The file must hold them: a shorter file is corruption, as for a read.
     pub(crate) fn locate(
@@ -171,6 +154,27 @@ impl SegmentFiles {
         limit: Lsn,
         max_len: usize,
     ) -> Result<Option<crate::wal::WalFileRange>> {
+        let Some(found) = self.find(view, x, limit, max_len)? else {
+            return Ok(None);
+        };
+        let size = found
+            .file
+            .metadata()
+            .map_err(|e| WalError::io(format!("reading the size of {}", found.name), e))?
+            .len();
+        if size < found.offset + found.len as u64 {
+            return Err(found.short(size));
+        }
+        Ok(Some(crate::wal::WalFileRange {
+            file: found.file,
+            offset: found.offset,
+            len: found.len,
+        }))
+    }
+
+    /// The file that holds `x` in `view`, and how much of it to take: up to `max_len` bytes,
+    /// never past `limit`, the segment's end or where the timeline that owns it ends.
+    fn find(&self, view: &View, x: Lsn, limit: Lsn, max_len: usize) -> Result<Option<Found>> {
         let segno = x.segment_number(self.seg);
         let seg_end = Lsn((segno + 1) * self.seg);
         for (tli, serves_to) in view.candidates(x, segno, self.seg) {
@@ -178,27 +182,33 @@ impl SegmentFiles {
                 continue;
             };
             let upto = limit.min(seg_end).min(serves_to);
-            let n = (upto.0 - x.0).min(max_len as u64);
-            let offset = x.segment_offset(self.seg);
-            let name = || segment_file_name(tli, segno, self.seg);
-            let size = file
-                .metadata()
-                .map_err(|e| WalError::io(format!("reading the size of {}", name()), e))?
-                .len();
-            if size < offset + n {
-                return Err(WalError::Corruption {
-                    segment: name(),
-                    offset: size,
-                    reason: "segment file is shorter than the WAL it should hold".into(),
-                });
-            }
-            return Ok(Some(crate::wal::WalFileRange {
+            return Ok(Some(Found {
                 file,
-                offset,
-                len: n as usize,
+                offset: x.segment_offset(self.seg),
+                len: (upto.0 - x.0).min(max_len as u64) as usize,
+                name: segment_file_name(tli, segno, self.seg),
             }));
         }
         Ok(None)
+    }
+}
+
+/// Where [`SegmentFiles::find`] found a range.
+struct Found {
+    file: Arc<File>,
+    offset: u64,
+    len: usize,
+    name: String,
+}
+
+impl Found {
+    /// The error for a file that ends at `at`, before the range.
+    fn short(&self, at: u64) -> WalError {
+        WalError::Corruption {
+            segment: self.name.clone(),
+            offset: at,
+            reason: "segment file is shorter than the WAL it should hold".into(),
+        }
     }
 }
 

@@ -441,6 +441,20 @@ mod tests {
             .unwrap()
     }
 
+    /// Queues `frame`, waiting for room when the queue is full.
+    async fn queue(tx: &FrameSender, mut frame: Frame) {
+        loop {
+            match tx.try_send(frame) {
+                Ok(()) => return,
+                Err((QueueError::Full, f)) => {
+                    frame = f;
+                    tx.ready().await;
+                }
+                Err((QueueError::Closed, _)) => panic!("writer closed"),
+            }
+        }
+    }
+
     /// A file of `len` bytes whose content names its offsets, and its bytes.
     fn wal_file(len: usize) -> (tempfile::NamedTempFile, Arc<std::fs::File>, Vec<u8>) {
         let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
@@ -458,7 +472,7 @@ mod tests {
         for i in 0..300usize {
             let head = Bytes::from(format!("<{i}>").into_bytes());
             expected.extend_from_slice(&head);
-            let mut frame = if i % 3 == 0 {
+            let frame = if i % 3 == 0 {
                 let body = Bytes::from(vec![b'm'; i % 50]);
                 expected.extend_from_slice(&body);
                 Frame::with_body(head, body)
@@ -474,16 +488,7 @@ mod tests {
                 offset = (offset + len) % (content.len() - 200_000);
                 Frame::with_file(head, range)
             };
-            loop {
-                match tx.try_send(frame) {
-                    Ok(()) => break,
-                    Err((QueueError::Full, f)) => {
-                        frame = f;
-                        tx.ready().await;
-                    }
-                    Err((QueueError::Closed, _)) => panic!("writer closed"),
-                }
-            }
+            queue(&tx, frame).await;
         }
         expected
     }
@@ -586,17 +591,7 @@ mod tests {
                 let body = Bytes::from(vec![i as u8; (i as usize * 37) % 3000]);
                 expected.extend_from_slice(&head);
                 expected.extend_from_slice(&body);
-                let mut frame = Frame::with_body(head, body);
-                loop {
-                    match tx.try_send(frame) {
-                        Ok(()) => break,
-                        Err((QueueError::Full, f)) => {
-                            frame = f;
-                            tx.ready().await;
-                        }
-                        Err((QueueError::Closed, _)) => panic!("writer closed"),
-                    }
-                }
+                queue(&tx, Frame::with_body(head, body)).await;
             }
             drop(tx);
             let got = reader.await.unwrap().unwrap();

@@ -325,20 +325,23 @@ fn spawn_cluster_writers(
     let payload = Bytes::from(vec![b'x'; args.size]);
     let batch = args.batch.max(1);
     let sup = cluster.primary.supervisor.clone();
+    let new_writer = || {
+        writer_loop(
+            sup.clone(),
+            stats.clone(),
+            budget.clone(),
+            payload.clone(),
+            batch,
+            durability,
+        )
+    };
     if args.writers_in_node {
         let arbiter = cluster
             .primary_arbiter()
             .context("the primary's thread is gone")?;
         let (tx, rx) = std::sync::mpsc::channel();
         for _ in 0..args.writers {
-            let w = writer_loop(
-                sup.clone(),
-                stats.clone(),
-                budget.clone(),
-                payload.clone(),
-                batch,
-                durability,
-            );
+            let w = new_writer();
             let tx = tx.clone();
             arbiter.spawn(async move {
                 w.await;
@@ -362,18 +365,7 @@ fn spawn_cluster_writers(
     let mut handles = Vec::new();
     for t in 0..threads {
         let n = args.writers / threads + usize::from(t < args.writers % threads);
-        let writers: Vec<_> = (0..n)
-            .map(|_| {
-                writer_loop(
-                    sup.clone(),
-                    stats.clone(),
-                    budget.clone(),
-                    payload.clone(),
-                    batch,
-                    durability,
-                )
-            })
-            .collect();
+        let writers: Vec<_> = (0..n).map(|_| new_writer()).collect();
         let h = std::thread::Builder::new()
             .name(format!("bench-writers-{t}"))
             .spawn(move || {

@@ -6,6 +6,7 @@
 //! stops halfway through SCRAM, costs nothing once either comes.
 
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -64,10 +65,8 @@ pub async fn handshake(
     let settings = shared.settings();
     let deadline = tokio::time::Instant::now() + settings.authentication_timeout;
     let _ = stream.set_nodelay(true);
-    // Without a duplicate descriptor the writer reads WAL into memory, as it does under TLS.
-    let mut file_socket = FileSocket::duplicate(&stream)
-        .inspect_err(|e| tracing::debug!(%peer, "no sendfile for this connection: {e}"))
-        .ok();
+    // The plain socket's descriptor, owned by `io` from here on; `None` once TLS wraps it.
+    let mut plain_fd = Some(stream.as_raw_fd());
     let mut io: Box<dyn Io> = Box::new(stream);
     let mut buf = BytesMut::with_capacity(1024);
     let mut machine = Handshake::new(settings.auth.clone(), peer.ip());
@@ -124,7 +123,7 @@ pub async fn handshake(
                         }
                     };
                     machine.tls_started();
-                    file_socket = None;
+                    plain_fd = None;
                 } else {
                     write(&mut io, &[answer]).await?;
                 }
@@ -166,6 +165,17 @@ pub async fn handshake(
                     key,
                 );
                 send(&mut io, &hello).await?;
+                // Only now, for a connection that will stream, the duplicate descriptor for
+                // sendfile; without it the writer reads WAL into memory, as under TLS.
+                let file_socket = plain_fd.and_then(|fd| {
+                    // SAFETY: `fd` belongs to the TcpStream inside `io`, which is alive here.
+                    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                    FileSocket::duplicate(&fd)
+                        .inspect_err(
+                            |e| tracing::debug!(%peer, "no sendfile for this connection: {e}"),
+                        )
+                        .ok()
+                });
                 return Ok(Established {
                     io,
                     file_socket,

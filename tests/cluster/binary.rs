@@ -198,12 +198,7 @@ fn a_reload_changes_the_upstream_without_a_restart() {
     wait_until("the standby to flush what U1 appended", || {
         w.status()["flush_lsn"] == serde_json::json!(end.to_string())
     });
-    let names: Vec<String> = u1
-        .status()
-        .replication
-        .iter()
-        .map(|r| r.application_name.clone())
-        .collect();
+    let names = u1.application_names();
     assert!(
         names.contains(&"s2".to_string()),
         "{names:?} {}",

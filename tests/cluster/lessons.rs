@@ -57,12 +57,7 @@ fn a_start_request_made_while_the_walreceiver_stops_is_kept() {
     // It streams under the newest configuration's name.
     let end = u1.append(16, 1000, 2);
     s.wait_flushed(TL1, end);
-    let names: Vec<String> = u1
-        .status()
-        .replication
-        .iter()
-        .map(|r| r.application_name.clone())
-        .collect();
+    let names = u1.application_names();
     assert!(names.contains(&"s-again".to_string()), "{names:?}");
     assert!(!names.contains(&"s".to_string()), "{names:?}");
 

@@ -64,6 +64,15 @@ impl TestNode {
             .expect("status")
     }
 
+    /// The application_name of every walsender connection, as pg_stat_replication lists them.
+    pub fn application_names(&self) -> Vec<String> {
+        self.status()
+            .replication
+            .iter()
+            .map(|r| r.application_name.clone())
+            .collect()
+    }
+
     /// The walreceiver part of the status; panics on a primary.
     pub fn receiver(&self) -> WalReceiverInfo {
         self.status()

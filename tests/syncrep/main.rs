@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -464,6 +464,20 @@ struct Proc {
     http: String,
 }
 
+/// Writes a node's configuration file at `path` for `data` on fixed loopback ports, keeping
+/// 1 GB of WAL, with `extra` lines; returns `path`.
+fn write_config(path: &Path, data: &Path, port: u16, http: u16, extra: &str) -> PathBuf {
+    std::fs::write(
+        path,
+        format!(
+            "data_dir = {:?}\nlisten = \"127.0.0.1:{port}\"\nhttp_listen = \"127.0.0.1:{http}\"\nwal_keep_size = '1GB'\n{extra}",
+            data.display().to_string()
+        ),
+    )
+    .unwrap();
+    path.to_path_buf()
+}
+
 fn spawn_node(config: &Path, log: &Path) -> Proc {
     let text = std::fs::read_to_string(config).unwrap();
     let http = text
@@ -501,15 +515,13 @@ fn kill_9_of_the_primary_loses_no_acknowledged_synchronous_append() {
     walserver::init::init_primary(&p_data, 1 << 20).unwrap();
     let port = |()| pg_testkit::free_port();
     let (p_port, p_http, s_port, s_http) = (port(()), port(()), port(()), port(()));
-    let p_conf = dir.path().join("p.toml");
-    std::fs::write(
-        &p_conf,
-        format!(
-            "data_dir = {:?}\nlisten = \"127.0.0.1:{p_port}\"\nhttp_listen = \"127.0.0.1:{p_http}\"\nsynchronous_standby_names = 's1'\nwal_keep_size = '1GB'\n",
-            p_data.display().to_string()
-        ),
-    )
-    .unwrap();
+    let p_conf = write_config(
+        &dir.path().join("p.toml"),
+        &p_data,
+        p_port,
+        p_http,
+        "synchronous_standby_names = 's1'\n",
+    );
     let mut primary = spawn_node(&p_conf, &dir.path().join("p.log"));
     let s_data = dir.path().join("s");
     walserver::init::init_standby(
@@ -519,15 +531,7 @@ fn kill_9_of_the_primary_loses_no_acknowledged_synchronous_append() {
         None,
     )
     .unwrap();
-    let s_conf = dir.path().join("s.toml");
-    std::fs::write(
-        &s_conf,
-        format!(
-            "data_dir = {:?}\nlisten = \"127.0.0.1:{s_port}\"\nhttp_listen = \"127.0.0.1:{s_http}\"\nwal_keep_size = '1GB'\n",
-            s_data.display().to_string()
-        ),
-    )
-    .unwrap();
+    let s_conf = write_config(&dir.path().join("s.toml"), &s_data, s_port, s_http, "");
     let mut standby = spawn_node(&s_conf, &dir.path().join("s.log"));
     let mut acked: Vec<Vec<u8>> = Vec::new();
     for round in 0..20u32 {

@@ -26,11 +26,11 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::codec::FramedRead;
-use wal_storage::{Lsn, WalError, WalFileRange, WalPosition};
+use wal_storage::{Lsn, WalError, WalPosition};
 
 use crate::connection::{self, Established};
 use crate::messages::*;
-use crate::session::{CommandResult, Output, Session, ShutdownMode, MAX_SEND_SIZE};
+use crate::session::{CommandResult, Output, Session, ShutdownMode, WalData, MAX_SEND_SIZE};
 use crate::shared::Shared;
 use crate::timer::DeadlineTimer;
 use crate::writer::{frame_queue_with_files, Frame, FrameSender, QueueError};
@@ -158,7 +158,7 @@ impl WalSender {
                     // on this actor's next turn, as the pool's would be.
                     if let Some(bytes) = self.shared.wal.read_cached(timeline, start, len) {
                         ctx.spawn(
-                            actix::fut::ready(Ok(bytes))
+                            actix::fut::ready(Ok(bytes.into()))
                                 .map(move |res, act: &mut Self, ctx| act.on_read(start, res, ctx)),
                         );
                         continue;
@@ -167,15 +167,18 @@ impl WalSender {
                     if self.sendfile {
                         // Catching up: the writer sends the WAL from the segment files, so only
                         // where it lies is needed (opening a file is still file I/O).
-                        let locate =
-                            tokio::task::spawn_blocking(move || wal.locate(timeline, start, len));
+                        let locate = tokio::task::spawn_blocking(move || {
+                            wal.locate(timeline, start, len).map(WalData::located)
+                        });
                         ctx.spawn(locate.into_actor(self).map(move |res, act, ctx| {
                             let res = res.unwrap_or_else(|e| Err(pool_failed(e)));
-                            act.on_located(start, res, ctx);
+                            act.on_read(start, res, ctx);
                         }));
                         continue;
                     }
-                    let read = tokio::task::spawn_blocking(move || wal.read(timeline, start, len));
+                    let read = tokio::task::spawn_blocking(move || {
+                        wal.read(timeline, start, len).map(WalData::from)
+                    });
                     ctx.spawn(read.into_actor(self).map(move |res, act, ctx| {
                         let res = res.unwrap_or_else(|e| Err(pool_failed(e)));
                         act.on_read(start, res, ctx);
@@ -297,22 +300,7 @@ impl WalSender {
         }
     }
 
-    fn on_located(
-        &mut self,
-        start: Lsn,
-        res: Result<Option<WalFileRange>, WalError>,
-        ctx: &mut Context<Self>,
-    ) {
-        let room = self.room();
-        let mut out = Vec::new();
-        if let Some(s) = self.session.as_mut() {
-            s.on_wal_located(start, res, Instant::now(), room, &mut out);
-        }
-        self.apply(out, ctx);
-        self.wait_for_room_if_needed(ctx);
-    }
-
-    fn on_read(&mut self, start: Lsn, res: Result<Bytes, WalError>, ctx: &mut Context<Self>) {
+    fn on_read(&mut self, start: Lsn, res: Result<WalData, WalError>, ctx: &mut Context<Self>) {
         let room = self.room();
         let mut out = Vec::new();
         if let Some(s) = self.session.as_mut() {

@@ -144,13 +144,26 @@ pub enum Output {
     Close,
 }
 
-/// WAL for the session to cut into messages: read into memory, or where it lies in a file.
-enum WalData {
+/// WAL for the session to cut into messages: read into memory ([`Wal::read`], or storage's
+/// tail cache), or where it lies in a segment file ([`Wal::locate`]).
+#[derive(Debug)]
+pub enum WalData {
     Bytes(Bytes),
     File(WalFileRange),
 }
 
+impl From<Bytes> for WalData {
+    fn from(b: Bytes) -> WalData {
+        WalData::Bytes(b)
+    }
+}
+
 impl WalData {
+    /// What [`Wal::locate`] found; `None`, nothing to read, is no bytes.
+    pub fn located(range: Option<WalFileRange>) -> WalData {
+        range.map_or(WalData::Bytes(Bytes::new()), WalData::File)
+    }
+
     fn len(&self) -> usize {
         match self {
             WalData::Bytes(b) => b.len(),
@@ -733,33 +746,8 @@ impl Session {
         });
     }
 
-    /// A read asked for with [`Output::Read`] finished.
+    /// A read asked for with [`Output::Read`] finished: the bytes, or where they lie.
     pub fn on_wal_read(
-        &mut self,
-        start: Lsn,
-        result: Result<Bytes, WalError>,
-        now: Instant,
-        room: usize,
-        out: &mut Vec<Output>,
-    ) {
-        self.on_wal(start, result.map(WalData::Bytes), now, room, out)
-    }
-
-    /// Instead of reading what [`Output::Read`] asked for, the actor found where it lies
-    /// ([`Wal::locate`]); `None` means there was nothing to read.
-    pub fn on_wal_located(
-        &mut self,
-        start: Lsn,
-        result: Result<Option<WalFileRange>, WalError>,
-        now: Instant,
-        room: usize,
-        out: &mut Vec<Output>,
-    ) {
-        let data = result.map(|r| r.map_or(WalData::Bytes(Bytes::new()), WalData::File));
-        self.on_wal(start, data, now, room, out)
-    }
-
-    fn on_wal(
         &mut self,
         start: Lsn,
         result: Result<WalData, WalError>,
@@ -1158,7 +1146,7 @@ mod tests {
                     unreachable!()
                 };
                 all.append(&mut out);
-                let data = self.wal.read(timeline, start, len);
+                let data = self.wal.read(timeline, start, len).map(WalData::from);
                 self.session
                     .on_wal_read(start, data, self.t0, usize::MAX, &mut out);
             }
@@ -1323,8 +1311,13 @@ mod tests {
         f.session
             .on_message(FrontendMessage::CopyDone, f.t0, &mut out);
         let mut late = Vec::new();
-        f.session
-            .on_wal_read(s, f.wal.read(timeline, s, len), f.t0, usize::MAX, &mut late);
+        f.session.on_wal_read(
+            s,
+            f.wal.read(timeline, s, len).map(WalData::from),
+            f.t0,
+            usize::MAX,
+            &mut late,
+        );
         assert!(late.is_empty(), "{late:?}");
     }
 
@@ -1351,8 +1344,13 @@ mod tests {
         f.append(2, 50);
         f.query(&format!("START_REPLICATION {start}"));
         let mut out = Vec::new();
-        f.session
-            .on_wal_read(start, Ok(Bytes::from_static(b"x")), f.t0, 0, &mut out);
+        f.session.on_wal_read(
+            start,
+            Ok(Bytes::from_static(b"x").into()),
+            f.t0,
+            0,
+            &mut out,
+        );
         assert!(!out.iter().any(|o| matches!(o, Output::Read { .. })));
         let mut out = Vec::new();
         f.session.pump(1, &mut out);

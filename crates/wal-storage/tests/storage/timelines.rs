@@ -275,6 +275,27 @@ fn cached_reads_match_the_files() {
     assert_eq!(wal.read_cached(t1, end, 10), None, "nothing beyond the end");
     assert_eq!(wal.read_cached(TimelineId(9), start, 10), None);
 
+    // A cut inside what is cached: whatever is still served below it matches the files, at
+    // it there is nothing, and a new record written there is served, not the bytes it
+    // replaced.
+    let cut = ends[12];
+    wal.truncate_to(cut).unwrap();
+    if let Some(below) = wal.read_cached(t1, ends[4], 1 << 20) {
+        assert!(ends[4] + below.len() as u64 <= cut);
+        assert_eq!(
+            &below[..],
+            &read_range(&wal, t1, ends[4], ends[4] + below.len() as u64)[..]
+        );
+    }
+    assert_eq!(wal.read_cached(t1, cut, 10), None);
+    let replaced = append(&wal, &[payload(500, 300)])[0];
+    let b = wal
+        .read_cached(t1, cut, 1 << 20)
+        .expect("the new record is cached");
+    assert_eq!(&b[..], &read_range(&wal, t1, cut, replaced)[..]);
+    let end = replaced;
+    let ends = ends[..12].to_vec();
+
     // A large batch is read from the files only.
     let big = append(&wal, &[payload(99, 200_000)])[0];
     assert_eq!(wal.read_cached(t1, end, 10), None);

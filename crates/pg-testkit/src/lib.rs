@@ -44,9 +44,15 @@ impl PgBin {
     /// Looks in `$WALSERVER_PG_BIN`, then `/usr/lib/postgresql/15/bin`, then
     /// `pg_config --bindir`, and checks that `postgres` there is version 15.
     pub fn find() -> Result<PgBin, String> {
+        PgBin::find_in(std::env::var_os("WALSERVER_PG_BIN").map(PathBuf::from))
+    }
+
+    /// [`PgBin::find`] with the value of `WALSERVER_PG_BIN` passed in: when it is set, that
+    /// directory is the only place looked at.
+    fn find_in(explicit: Option<PathBuf>) -> Result<PgBin, String> {
         let mut candidates = Vec::new();
-        if let Some(dir) = std::env::var_os("WALSERVER_PG_BIN") {
-            candidates.push(PathBuf::from(dir));
+        if let Some(dir) = explicit {
+            candidates.push(dir);
         } else {
             candidates.push(PathBuf::from("/usr/lib/postgresql/15/bin"));
             if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
@@ -556,25 +562,13 @@ mod tests {
     #[test]
     fn missing_binaries_fail_with_install_hint() {
         // An explicit WALSERVER_PG_BIN is the only place looked at, so a wrong one must fail.
-        // Run the finder in a child process so this test's environment change stays local.
-        let exe = std::env::current_exe().unwrap();
-        let out = Command::new(exe)
-            .args(["--exact", "tests::finder_child", "--nocapture"])
-            .env("WALSERVER_PG_BIN", "/nonexistent/pg/bin")
-            .env("PG_TESTKIT_FINDER_CHILD", "1")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
+        let text = match PgBin::find_in(Some(PathBuf::from("/nonexistent/pg/bin"))) {
+            Ok(bin) => panic!("accepted {} without PostgreSQL in it", bin.dir().display()),
+            Err(text) => text,
+        };
         assert!(text.contains("PostgreSQL 15 is missing"), "{text}");
+        assert!(text.contains("/nonexistent/pg/bin/postgres"), "{text}");
         assert!(text.contains("apt-get install postgresql-15"), "{text}");
-    }
-
-    #[test]
-    fn finder_child() {
-        if std::env::var_os("PG_TESTKIT_FINDER_CHILD").is_some() {
-            println!("{}", PgBin::find().unwrap_err());
-        }
     }
 
     #[test]

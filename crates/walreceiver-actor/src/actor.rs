@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
+use actor_util::DeadlineTimer;
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use protocol_codec::{BackendMessage, ClientCodec, CodecError, FrontendMessage};
@@ -26,7 +27,6 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::codec::FramedRead;
 use wal_storage::{Wal, WalError, WalPosition};
-use walsender_actor::timer::DeadlineTimer;
 
 use crate::config::ReceiverConfig;
 use crate::connect::{self, Connection, Io};

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
+use actor_util::DeadlineTimer;
 use bytes::{Bytes, BytesMut};
 use protocol_codec::messages::XLogData;
 use protocol_codec::{BackendMessage, CodecError, ErrorFields, FrontendMessage, ServerCodec};
@@ -32,7 +33,6 @@ use crate::connection::{self, Established};
 use crate::messages::*;
 use crate::session::{CommandResult, Output, Session, ShutdownMode, WalData, MAX_SEND_SIZE};
 use crate::shared::Shared;
-use crate::timer::DeadlineTimer;
 use crate::writer::{frame_queue_with_files, Frame, FrameSender, QueueError};
 
 pub struct WalSender {

@@ -40,7 +40,6 @@ mod shared;
 pub mod startup;
 pub mod status;
 pub mod syncrep;
-pub mod timer;
 pub mod writer;
 
 pub use actor::WalSender;
@@ -48,7 +47,6 @@ pub use listener::Listener;
 pub use registry::WalSenderRegistry;
 pub use shared::{Shared, WalSenderSettings};
 
-/// The `server_version` walserver reports. PostgreSQL 15's pg_receivewal refuses a server
-/// newer than itself, and its clients switch behaviour on the major version, so walserver
-/// presents itself as PostgreSQL 15.
-pub const SERVER_VERSION: &str = "15.0 (walserver)";
+/// The `server_version` walserver reports; a protocol fact, kept in `protocol-codec` and
+/// re-exported here for existing users.
+pub use protocol_codec::SERVER_VERSION;

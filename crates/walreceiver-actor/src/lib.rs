@@ -56,6 +56,7 @@ pub mod messages;
 pub mod query;
 pub mod session;
 pub mod status;
+pub mod storage_ops;
 
 pub use actor::WalReceiver;
 pub use config::{ReceiverConfig, DEFAULT_MAX_WAL_IN_FLIGHT};

@@ -39,6 +39,7 @@ pub mod session;
 mod shared;
 pub mod startup;
 pub mod status;
+pub mod storage_ops;
 pub mod syncrep;
 pub mod writer;
 

@@ -78,3 +78,9 @@ pub use messages::{
     AuthRequest, BackendMessage, ErrorFields, FrontendMessage, SqlState, StartupPacket,
     MAX_STARTUP_PACKET_LEN,
 };
+
+/// The `server_version` walserver reports in its ParameterStatus and SHOW. PostgreSQL 15's
+/// pg_receivewal refuses a server newer than itself, and its clients switch behaviour on the
+/// major version, so walserver presents itself as PostgreSQL 15; the `(walserver)` suffix is
+/// how a walserver upstream is told from a PostgreSQL one.
+pub const SERVER_VERSION: &str = "15.0 (walserver)";

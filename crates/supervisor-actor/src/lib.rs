@@ -15,8 +15,17 @@
 //!   API), release storage;
 //! - promotion stops the walreceiver, starts the next timeline and makes the node a primary.
 //!
+//! Its peers are whoever embeds the node (the `walserver` binary or an application), which
+//! talks to it with messages, and its children: the walsender registry and the walreceiver,
+//! which report to it with messages. It stops on [`ShutdownNode`] (the binary sends it on a
+//! signal), after the ordered shutdown above; `immediate` ends every walsender at once
+//! instead of draining. A walreceiver's failure does not stop it: the restart policy starts
+//! another.
+//!
 //! It never touches the protocol's bytes and never polls: children report with messages, and
-//! its only timers are the restart policy's backoff.
+//! its only timers are the restart policy's backoff. It does not depend on `protocol-codec`:
+//! what it needs of the protocol (the shutdown modes, the `SHOW` values) comes through the
+//! actor crates.
 //!
 //! # Embedding
 //!

@@ -12,6 +12,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
+use wal_types::time::ser_opt_time;
 use walreceiver_actor::ReceiverError;
 
 /// How the supervisor restarts a failed walreceiver.
@@ -120,13 +121,6 @@ impl RestartState {
     /// A walreceiver was started (the retry happened).
     pub fn on_started(&mut self) {
         self.next_retry_at = None;
-    }
-}
-
-fn ser_opt_time<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
-    match t {
-        Some(t) => s.serialize_str(&walsender_actor::status::format_time(*t)),
-        None => s.serialize_none(),
     }
 }
 

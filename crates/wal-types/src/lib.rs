@@ -5,6 +5,8 @@
 //! - [`TimelineId`]: PostgreSQL's timeline number; timeline 1 is the first.
 //! - [`SystemId`]: the 64-bit database system identifier a cluster is born with.
 //! - [`PgTimestamp`]: PostgreSQL's `TimestampTz` on the wire, microseconds since 2000-01-01 UTC.
+//! - [`time`]: instants and lags as walserver's status rows show them (PostgreSQL's text),
+//!   with the serde helpers those rows use.
 //!
 //! This crate does no I/O and has no dependencies beyond serde and thiserror.
 
@@ -13,6 +15,8 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+pub mod time;
 
 /// A log sequence number: the byte position of a point in the WAL stream.
 ///

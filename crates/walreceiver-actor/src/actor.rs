@@ -3,7 +3,8 @@
 //! It connects ([`crate::connect`]) in a future it owns, then reads upstream messages as a
 //! stream, hears of durable WAL as a stream of [`WalPosition`]s from storage's watch channel,
 //! and writes through a small bounded queue to a writer task. Storage work that touches files
-//! runs on the tokio blocking pool of its arbiter; WAL goes to storage with `Wal::write`, which
+//! (the session's [`crate::session::StorageOp`]s) is carried out by [`crate::storage_ops`] on
+//! the tokio blocking pool of its arbiter; WAL goes to storage with `Wal::write`, which
 //! only queues it for storage's writer thread. Nothing here blocks the arbiter and nothing
 //! polls: every wakeup is an upstream message, a flush notification, a finished ticket or
 //! storage job, a message from the owner, or one of the session's two timers.
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
+use actor_util::DeadlineTimer;
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use protocol_codec::{BackendMessage, ClientCodec, CodecError, FrontendMessage};
@@ -25,8 +27,7 @@ use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::codec::FramedRead;
-use wal_storage::{Wal, WalError, WalPosition};
-use walsender_actor::timer::DeadlineTimer;
+use wal_storage::{Wal, WalPosition};
 
 use crate::config::ReceiverConfig;
 use crate::connect::{self, Connection, Io};
@@ -34,6 +35,7 @@ use crate::error::{ReceiverError, StopReason};
 use crate::messages::*;
 use crate::session::{LocalWal, Output, Session};
 use crate::status::ReceiverStatus;
+use crate::storage_ops;
 
 /// Messages queued for the writer task. Only status updates and the few commands of a
 /// conversation go there, so a full queue means the upstream stopped reading.
@@ -142,15 +144,8 @@ impl WalReceiver {
                 Output::Send(m) => self.send(&m),
                 Output::Write { start, data } => self.write(start, data, permit.take(), ctx),
                 Output::Run(op) => {
-                    let wal = self.wal.clone();
-                    let job = tokio::task::spawn_blocking(move || op.run(&wal));
+                    let job = storage_ops::run_blocking(op, self.wal.clone());
                     ctx.spawn(job.into_actor(self).map(|res, act, ctx| {
-                        let res = res.unwrap_or_else(|e| {
-                            Err(WalError::Io {
-                                context: "storage work on the blocking pool".into(),
-                                source: std::io::Error::other(e.to_string()),
-                            })
-                        });
                         let mut out = Vec::new();
                         act.session.on_storage_done(res, Instant::now(), &mut out);
                         act.apply(out, None, ctx);

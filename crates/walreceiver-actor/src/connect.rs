@@ -21,8 +21,8 @@ use tokio_rustls::rustls::ClientConfig;
 use tokio_rustls::TlsConnector;
 use tokio_util::codec::Decoder;
 
-/// A byte stream in either direction, plain TCP or TLS: the walsender's, the same for both ends.
-pub use walsender_actor::connection::Io;
+/// A byte stream in either direction, plain TCP or TLS: the same type for both ends.
+pub use actor_util::Io;
 
 use crate::error::ReceiverError;
 use crate::query::{QueryResult, ResultCollector};

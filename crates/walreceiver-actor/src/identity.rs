@@ -22,7 +22,7 @@ use crate::error::ReceiverError;
 use crate::query;
 
 /// The suffix walserver's walsender puts on `server_version` (see
-/// [`walsender_actor::SERVER_VERSION`]); any other server is PostgreSQL.
+/// [`protocol_codec::SERVER_VERSION`]); any other server is PostgreSQL.
 pub const WALSERVER_VERSION_SUFFIX: &str = "(walserver)";
 
 /// What a new standby adopts from its upstream.
@@ -243,7 +243,7 @@ mod tests {
 
     #[test]
     fn our_walsender_is_told_from_postgresql() {
-        assert!(walsender_actor::SERVER_VERSION.ends_with(WALSERVER_VERSION_SUFFIX));
+        assert!(protocol_codec::SERVER_VERSION.ends_with(WALSERVER_VERSION_SUFFIX));
     }
 
     #[test]

@@ -20,7 +20,12 @@
 //! Restarting, backoff and start requests are the owner's; a walreceiver runs once.
 //!
 //! The protocol logic is the plain state machine [`session::Session`]: no I/O, testable with
-//! message sequences. The actor is glue: sockets, storage calls, timers, events.
+//! message sequences. It starts from a memory-only snapshot of local storage
+//! ([`session::LocalWal`]) and returns storage work that touches files as effects
+//! ([`session::StorageOp`]: history files, following a timeline), which the actor hands to
+//! [`storage_ops`] to run on the blocking pool; WAL itself it returns as writes the actor
+//! queues to storage's writer thread. The actor is glue: sockets, storage calls, timers,
+//! events. The walsender is built the same way, with the same names.
 //!
 //! How a walreceiver stops:
 //! - normally, never: it streams until told to stop;
@@ -40,7 +45,10 @@
 //!
 //! What it does not own: storage (a `Wal` handle, shared with the node), the decision to run
 //! (the supervisor's), the restart policy, promotion, and what applying WAL means (an
-//! application reports it with [`messages::Applied`]).
+//! application reports it with [`messages::Applied`]). It does not depend on the walsender
+//! crate: the deadline timer and the stream type come from `actor-util`, the time format from
+//! `wal_types::time`, `SERVER_VERSION` from `protocol-codec` (the walsender is only a
+//! dev-dependency, the upstream of its end-to-end tests).
 //!
 //! **Invariants:** WAL is handed to storage in upstream order and at the LSNs the upstream
 //! gave it, so a standby's WAL is a byte-identical prefix of its upstream's, timeline by
@@ -56,6 +64,7 @@ pub mod messages;
 pub mod query;
 pub mod session;
 pub mod status;
+pub mod storage_ops;
 
 pub use actor::WalReceiver;
 pub use config::{ReceiverConfig, DEFAULT_MAX_WAL_IN_FLIGHT};

@@ -29,7 +29,7 @@ use protocol_codec::command::{quote_ident, ReplicationCommand};
 use protocol_codec::messages::{HotStandbyFeedback, StandbyStatusUpdate};
 use protocol_codec::{BackendMessage, FrontendMessage};
 use wal_storage::{
-    parse_history, HistoryEntry, Lsn, PgTimestamp, SystemId, TimelineId, Wal, WalError, WalPosition,
+    parse_history, HistoryEntry, Lsn, PgTimestamp, SystemId, TimelineId, WalError, WalPosition,
 };
 
 use crate::error::ReceiverError;
@@ -74,8 +74,8 @@ pub enum ApplyReporting {
     Application { applied: Lsn },
 }
 
-/// What the session knows of local storage when it begins. All of it is in memory in a
-/// [`Wal`]; [`LocalWal::of`] does no I/O.
+/// What the session knows of local storage when it begins: a snapshot the actor takes from
+/// memory (`LocalWal::of`, in `crate::storage_ops`), so the session never holds a `Wal`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalWal {
     pub system_id: SystemId,
@@ -84,19 +84,8 @@ pub struct LocalWal {
     pub flushed: Lsn,
 }
 
-impl LocalWal {
-    pub fn of(wal: &Wal) -> LocalWal {
-        let pos = wal.position();
-        LocalWal {
-            system_id: wal.system_id(),
-            timeline: pos.timeline,
-            flushed: pos.flushed,
-        }
-    }
-}
-
-/// Storage work that touches files, for the actor to run on a blocking pool and report with
-/// [`Session::on_storage_done`].
+/// Storage work that touches files, for the actor to run on a blocking pool
+/// (`crate::storage_ops::run`) and report with [`Session::on_storage_done`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StorageOp {
     /// Read the stored history files of these timelines (missing ones are `None`).
@@ -121,29 +110,6 @@ pub enum StorageDone {
     HistoryFiles(Vec<(TimelineId, Option<Bytes>)>),
     HistoryStored(TimelineId),
     Followed { timeline: TimelineId, switch: Lsn },
-}
-
-impl StorageOp {
-    /// Runs the work against storage. Blocking: call it on a blocking pool.
-    pub fn run(self, wal: &Wal) -> Result<StorageDone, WalError> {
-        match self {
-            StorageOp::ReadHistoryFiles(tlis) => tlis
-                .into_iter()
-                .map(|t| Ok((t, wal.history_file(t)?.map(Bytes::from))))
-                .collect::<Result<_, WalError>>()
-                .map(StorageDone::HistoryFiles),
-            StorageOp::StoreHistoryFile { timeline, content } => wal
-                .store_history_file(timeline, content.to_vec())
-                .map(|()| StorageDone::HistoryStored(timeline)),
-            StorageOp::FollowTimeline {
-                timeline,
-                history,
-                switch,
-            } => wal
-                .follow_timeline(timeline, history.to_vec(), switch)
-                .map(|()| StorageDone::Followed { timeline, switch }),
-        }
-    }
 }
 
 /// Work for the actor.

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 use wal_storage::{Lsn, TimelineId};
-use walsender_actor::status::format_time;
+use wal_types::time::ser_opt_time;
 
 /// `pg_stat_wal_receiver.status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -69,13 +69,6 @@ impl ReceiverStatus {
             sender_port: None,
             conninfo,
         }
-    }
-}
-
-fn ser_opt_time<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
-    match t {
-        Some(t) => s.serialize_str(&format_time(*t)),
-        None => s.serialize_none(),
     }
 }
 

@@ -3,8 +3,9 @@
 //! It runs the startup phase ([`crate::connection::handshake`]) as a future it owns, then
 //! reads client messages as a stream (`FramedRead` with `ServerCodec`), hears of new durable
 //! WAL as a stream of [`WalPosition`]s from storage's watch channel, and writes through the
-//! bounded frame queue of [`crate::writer`]. WAL reads and file commands run on the tokio
-//! blocking pool of the actor's arbiter. Nothing here polls: every wakeup is a client message,
+//! bounded frame queue of [`crate::writer`]. The session's storage effects (WAL reads, file
+//! commands) are carried out by [`crate::storage_ops`], on the tokio blocking pool of the
+//! actor's arbiter. Nothing here polls: every wakeup is a client message,
 //! a flush notification, a finished read, room in the queue, or a real timer (keepalive,
 //! wal_sender_timeout, shutdown deadline).
 //!
@@ -19,6 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
+use actor_util::DeadlineTimer;
 use bytes::{Bytes, BytesMut};
 use protocol_codec::messages::XLogData;
 use protocol_codec::{BackendMessage, CodecError, ErrorFields, FrontendMessage, ServerCodec};
@@ -26,13 +28,13 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::codec::FramedRead;
-use wal_storage::{Lsn, WalError, WalPosition};
+use wal_storage::{Lsn, Wal, WalError, WalPosition};
 
 use crate::connection::{self, Established};
 use crate::messages::*;
-use crate::session::{CommandResult, Output, Session, ShutdownMode, WalData, MAX_SEND_SIZE};
+use crate::session::{Output, Session, ShutdownMode, WalData, MAX_SEND_SIZE};
 use crate::shared::Shared;
-use crate::timer::DeadlineTimer;
+use crate::storage_ops;
 use crate::writer::{frame_queue_with_files, Frame, FrameSender, QueueError};
 
 pub struct WalSender {
@@ -43,7 +45,7 @@ pub struct WalSender {
     /// future to stop.
     stream: Option<TcpStream>,
     handshake_shutdown: Option<watch::Sender<Option<ShutdownMode>>>,
-    session: Option<Session>,
+    session: Option<Session<Wal>>,
     frames: Option<FrameSender>,
     /// Frames that did not fit in the queue, in order; drained first when there is room.
     overflow: VecDeque<Frame>,
@@ -152,67 +154,18 @@ impl WalSender {
                     start,
                     len,
                 } => {
-                    // Streaming live reads what was flushed a moment ago: storage keeps it in
-                    // memory, and taking it here spares the two thread hand-offs of the
-                    // blocking pool on every synchronous commit's path. The result is handled
-                    // on this actor's next turn, as the pool's would be.
-                    if let Some(bytes) = self.shared.wal.read_cached(timeline, start, len) {
-                        ctx.spawn(
-                            actix::fut::ready(Ok(bytes.into()))
-                                .map(move |res, act: &mut Self, ctx| act.on_read(start, res, ctx)),
-                        );
-                        continue;
-                    }
-                    let wal = self.shared.wal.clone();
-                    if self.sendfile {
-                        // Catching up: the writer sends the WAL from the segment files, so only
-                        // where it lies is needed (opening a file is still file I/O).
-                        let locate = tokio::task::spawn_blocking(move || {
-                            wal.locate(timeline, start, len).map(WalData::located)
-                        });
-                        ctx.spawn(locate.into_actor(self).map(move |res, act, ctx| {
-                            let res = res.unwrap_or_else(|e| Err(pool_failed(e)));
-                            act.on_read(start, res, ctx);
-                        }));
-                        continue;
-                    }
-                    let read = tokio::task::spawn_blocking(move || {
-                        wal.read(timeline, start, len).map(WalData::from)
-                    });
+                    let read =
+                        storage_ops::read(&self.shared.wal, timeline, start, len, self.sendfile);
                     ctx.spawn(read.into_actor(self).map(move |res, act, ctx| {
-                        let res = res.unwrap_or_else(|e| Err(pool_failed(e)));
                         act.on_read(start, res, ctx);
                     }));
                 }
-                Output::Run(cmd) => {
-                    let wal = self.shared.wal.clone();
-                    let run = async move {
-                        loop {
-                            // Subscribed before the attempt, so a release during it is seen.
-                            let mut releases = wal.slot_releases();
-                            let (w, c) = (wal.clone(), cmd.clone());
-                            let result = tokio::task::spawn_blocking(move || c.run(&w))
-                                .await
-                                .unwrap_or_else(|e| CommandResult {
-                                    messages: vec![BackendMessage::ErrorResponse(
-                                        ErrorFields::error(
-                                            protocol_codec::SqlState::INTERNAL_ERROR,
-                                            format!("command failed: {e}"),
-                                        ),
-                                    )],
-                                    failed: true,
-                                    temporary_slot: None,
-                                    retry_after_release: false,
-                                });
-                            if !result.retry_after_release || releases.changed().await.is_err() {
-                                return result;
-                            }
-                        }
-                    };
+                Output::Run(op) => {
+                    let run = storage_ops::run_blocking(op, self.shared.wal.clone());
                     ctx.spawn(run.into_actor(self).map(|result, act, ctx| {
                         let mut out = Vec::new();
                         if let Some(s) = act.session.as_mut() {
-                            s.on_command_done(result, &mut out);
+                            s.on_storage_done(result, &mut out);
                         }
                         act.apply(out, ctx);
                         act.release_held(ctx);
@@ -530,13 +483,5 @@ impl Handler<SettingsChanged> for WalSender {
             s.set_config(settings.session.clone());
         }
         self.arm_timer(ctx);
-    }
-}
-
-/// A WAL read or lookup whose task on the blocking pool failed (it panicked or was cancelled).
-fn pool_failed(e: tokio::task::JoinError) -> WalError {
-    WalError::Io {
-        context: "reading WAL on the blocking pool".into(),
-        source: std::io::Error::other(e.to_string()),
     }
 }

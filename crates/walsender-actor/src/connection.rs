@@ -14,7 +14,7 @@ use protocol_codec::{
     BackendMessage, CodecError, ErrorFields, FrontendMessage, ServerCodec, SqlState, StartupCodec,
     StartupPacket,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_util::codec::Decoder;
@@ -26,9 +26,8 @@ use crate::startup::{greeting, ClientIdentity, Handshake, Step};
 use crate::status::{SharedStatus, WalSenderStatus};
 use crate::writer::FileSocket;
 
-/// A byte stream in either direction: plain TCP or TLS.
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+/// A byte stream in either direction: plain TCP or TLS (shared with the walreceiver).
+pub use actor_util::Io;
 
 /// A connection that finished its startup phase.
 pub struct Established {

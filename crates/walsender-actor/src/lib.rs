@@ -12,7 +12,12 @@
 //!
 //! The protocol logic is in plain state machines the actors wrap: [`startup::Handshake`] (SSL
 //! negotiation and authentication) and [`session::Session`] (commands and streaming). They do
-//! no I/O, so their tests need no sockets.
+//! no I/O, so their tests need no sockets. The session sees storage only through a
+//! [`session::StorageView`] (what storage keeps in memory: the durable end, the timeline
+//! history, the slot table) and returns what touches files as effects (WAL to read or locate,
+//! a [`session::StorageOp`] for a command), which the actor hands to [`storage_ops`] to run
+//! on the blocking pool; so no file I/O happens on an actor thread. The walreceiver is built
+//! the same way, with the same names.
 //!
 //! How a walsender stops:
 //! - normally, when the client sends Terminate or closes the socket;
@@ -26,7 +31,9 @@
 //!
 //! What it does not own: storage (it reads through a `Wal` handle), the decision to shut down
 //! (the supervisor's), appends (the supervisor makes them durable, then asks the registry to
-//! wait for the synchronous standbys).
+//! wait for the synchronous standbys), the wire format (`protocol-codec`, which also holds
+//! [`SERVER_VERSION`]), and the deadline timer and stream type it shares with the walreceiver
+//! (`actor-util`).
 
 mod actor;
 pub mod connection;
@@ -39,8 +46,8 @@ pub mod session;
 mod shared;
 pub mod startup;
 pub mod status;
+pub mod storage_ops;
 pub mod syncrep;
-pub mod timer;
 pub mod writer;
 
 pub use actor::WalSender;
@@ -48,7 +55,6 @@ pub use listener::Listener;
 pub use registry::WalSenderRegistry;
 pub use shared::{Shared, WalSenderSettings};
 
-/// The `server_version` walserver reports. PostgreSQL 15's pg_receivewal refuses a server
-/// newer than itself, and its clients switch behaviour on the major version, so walserver
-/// presents itself as PostgreSQL 15.
-pub const SERVER_VERSION: &str = "15.0 (walserver)";
+/// The `server_version` walserver reports; a protocol fact, kept in `protocol-codec` and
+/// re-exported here for existing users.
+pub use protocol_codec::SERVER_VERSION;

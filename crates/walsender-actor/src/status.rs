@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use wal_storage::{Lsn, TimelineId};
+use wal_types::time::{ser_lag, ser_opt_time, ser_time};
 
 /// PostgreSQL's `WalSndState`, shown in `pg_stat_replication.state`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -102,81 +103,6 @@ impl WalSenderStatus {
     }
 }
 
-/// Seconds since the Unix epoch with microseconds, as a decimal string a JSON reader can keep
-/// exact; `format_time` renders the same instant for people.
-pub fn format_time(t: SystemTime) -> String {
-    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, dd) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{dd:02} {:02}:{:02}:{:02}.{:06}+00",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60,
-        d.subsec_micros()
-    )
-}
-
-/// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
-/// A lag as PostgreSQL's interval text shows it (`00:00:00.001234`).
-pub fn format_lag(d: Duration) -> String {
-    let s = d.as_secs();
-    format!(
-        "{:02}:{:02}:{:02}.{:06}",
-        s / 3600,
-        (s / 60) % 60,
-        s % 60,
-        d.subsec_micros()
-    )
-}
-
-fn ser_time<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&format_time(*t))
-}
-
-fn ser_opt_time<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
-    match t {
-        Some(t) => s.serialize_str(&format_time(*t)),
-        None => s.serialize_none(),
-    }
-}
-
-fn ser_lag<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => s.serialize_str(&format_lag(*d)),
-        None => s.serialize_none(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn time_and_lag_text() {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_micros(1_796_000_000_123_456);
-        assert_eq!(format_time(t), "2026-11-30 00:53:20.123456+00");
-        assert_eq!(
-            format_time(SystemTime::UNIX_EPOCH),
-            "1970-01-01 00:00:00.000000+00"
-        );
-        assert_eq!(
-            format_lag(Duration::from_micros(3_723_000_042)),
-            "01:02:03.000042"
-        );
-    }
-}
+/// The time formats of the status rows, re-exported for existing users: they live in
+/// `wal_types::time`, shared with pg_stat_wal_receiver's rows and the restart state.
+pub use wal_types::time::{format_lag, format_time};

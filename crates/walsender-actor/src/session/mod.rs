@@ -1,0 +1,331 @@
+//! A walsender's protocol logic after authentication, as a plain state machine: replication
+//! commands, the CopyBoth streaming sub-protocol, keepalives and timeouts, and the drain at
+//! shutdown. The actor feeds it client messages, flush notifications, finished reads and
+//! storage work, and timer ticks, and carries out the [`Output`]s it returns. It never blocks
+//! and does no I/O, so every behaviour here is testable without sockets.
+//!
+//! It sees storage only through a [`StorageView`]: facts and slot bookkeeping kept in memory.
+//! Work that touches files is an effect it returns: [`Output::Read`] (WAL to read or locate)
+//! and [`Output::Run`] with a [`StorageOp`] (a command that touches files), which the actor
+//! runs on a blocking pool (`crate::storage_ops`) and reports with [`Session::on_wal_read`] and
+//! [`Session::on_storage_done`].
+//!
+//! The shape follows PostgreSQL's walsender (walsender.c): one command loop in which
+//! streaming is a sub-state; an ERROR in any command, even inside COPY, answers ErrorResponse
+//! and ReadyForQuery and returns to the loop; only protocol violations and shutdown end the
+//! connection. While streaming, the client is always heard: a CopyDone that arrives while the
+//! walsender waits for WAL that does not exist yet ends the stream at once (PostgreSQL's 2017
+//! bug, fixed by fca85f8ef157, cannot happen here because waiting for WAL is not a state that
+//! ignores input: it is the absence of a read in flight).
+//!
+//! Layout: this module holds the state and the message dispatch, and the ways a command or
+//! the connection ends; `commands.rs` the replication commands, `stream.rs` streaming and its
+//! timers and shutdown, `show.rs` the `SHOW` values, `storage.rs` the storage view and effects.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use protocol_codec::messages::{unexpected_copy_data, TransactionStatus, XLogData};
+use protocol_codec::{BackendMessage, ErrorFields, FrontendMessage, SqlState};
+use wal_storage::{Lsn, PgTimestamp, SlotGuard, TimelineId, WalFileRange, WalPosition};
+
+use crate::lag::StandbyLags;
+use crate::status::{lock, SharedStatus, WalSenderStatus};
+
+mod commands;
+mod show;
+mod storage;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+pub use show::{base_show_values, merge_show_values};
+pub use storage::{wal_error_fields, StorageDone, StorageOp, StorageView, WalData};
+
+/// PostgreSQL's `MAX_SEND_SIZE`: the most WAL one XLogData carries (16 × XLOG_BLCKSZ).
+pub const MAX_SEND_SIZE: usize = 128 * 1024;
+/// `XLOG_BLCKSZ`: a capped XLogData ends on a page boundary, as PostgreSQL's does.
+const PAGE_SIZE: u64 = 8192;
+/// The most WAL one read from storage asks for; several XLogData are cut from it. A guess
+/// that amortises the blocking-pool round trip while keeping a connection's memory small.
+pub const READ_SIZE: usize = 1 << 20;
+
+/// The settings a session reads; replaced whole on reload.
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    /// Disconnect a streaming client silent this long; zero disables (PostgreSQL's 0).
+    pub wal_sender_timeout: Duration,
+    /// What SHOW answers: canonical name and value text, matched case-insensitively.
+    pub show: Arc<Vec<(String, String)>>,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            wal_sender_timeout: Duration::from_secs(60),
+            show: Arc::new(Vec::new()),
+        }
+    }
+}
+
+/// How the server is going down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShutdownMode {
+    /// Streaming sessions send what is flushed, wait (until `deadline`) for the standby to
+    /// confirm it, and end the copy with CommandComplete; the others end at once with FATAL.
+    Fast { deadline: Instant },
+    /// Every session ends at once with FATAL 57P01.
+    Immediate,
+}
+
+/// Work for the actor.
+#[derive(Debug)]
+pub enum Output {
+    /// Send a message.
+    Msg(BackendMessage),
+    /// Send WAL: the actor writes the header and the payload without copying the payload.
+    Wal(XLogData),
+    /// Send WAL that lies in a segment file: the actor's writer sends the XLogData header,
+    /// then `range` straight from the file (`sendfile`), so the bytes are never copied into
+    /// this process.
+    WalFile {
+        wal_start: Lsn,
+        wal_end: Lsn,
+        send_time: PgTimestamp,
+        range: WalFileRange,
+    },
+    /// Read WAL (or, where the actor sends from files, find where it lies) off the actor's
+    /// thread, and report it with [`Session::on_wal_read`].
+    Read {
+        timeline: TimelineId,
+        start: Lsn,
+        len: usize,
+    },
+    /// Run storage work that touches files on a blocking pool, then call
+    /// [`Session::on_storage_done`] with its result.
+    Run(StorageOp),
+    /// The status changed (state, positions, lags): tell whoever shows it.
+    StatusChanged,
+    /// Everything queued so far is the last: write it and close the connection.
+    Close,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamEnd {
+    /// The node's current timeline: stream up to its flushed end, forever.
+    Current,
+    /// A timeline that has ended: stream up to `switch`, then end the copy and tell the
+    /// client that `next` starts there.
+    Historic { switch: Lsn, next: TimelineId },
+}
+
+struct Stream {
+    timeline: TimelineId,
+    end: StreamEnd,
+    /// The next byte to send.
+    sent: Lsn,
+    read_in_flight: bool,
+    client_done: bool,
+    server_done: bool,
+    slot: Option<SlotGuard>,
+    /// Whether a keepalive asking for a reply is outstanding.
+    waiting_for_ping: bool,
+    last_reply: Instant,
+}
+
+enum Mode {
+    /// Waiting for a command.
+    Idle,
+    /// A command runs on the blocking pool; further messages wait.
+    Busy,
+    Streaming(Box<Stream>),
+    /// The connection is ending; nothing more is processed.
+    Closed,
+}
+
+/// One replication connection's protocol state, over a storage view `S` (a `Wal` in the actor).
+pub struct Session<S: StorageView> {
+    storage: S,
+    config: Arc<SessionConfig>,
+    mode: Mode,
+    /// The newest flushed position and timeline the session has been told of.
+    position: WalPosition,
+    status: SharedStatus,
+    lags: StandbyLags,
+    temporary_slots: Vec<String>,
+    /// Set once a fast shutdown has begun: the copy ends when the standby confirms, or at the
+    /// deadline.
+    stopping: Option<Instant>,
+    /// Clock origin for the lag tracker's microsecond samples.
+    epoch: Instant,
+    pid: u32,
+}
+
+impl<S: StorageView> Session<S> {
+    pub fn new(storage: S, config: Arc<SessionConfig>, status: SharedStatus) -> Session<S> {
+        let position = storage.position();
+        let pid = lock(&status).pid;
+        Session {
+            pid,
+            storage,
+            config,
+            mode: Mode::Idle,
+            position,
+            status,
+            lags: StandbyLags::default(),
+            temporary_slots: Vec::new(),
+            stopping: None,
+            epoch: Instant::now(),
+        }
+    }
+
+    /// A snapshot of the status.
+    pub fn status(&self) -> WalSenderStatus {
+        lock(&self.status).clone()
+    }
+
+    pub fn set_config(&mut self, config: Arc<SessionConfig>) {
+        self.config = config;
+    }
+
+    pub fn is_closed(&self) -> bool {
+        matches!(self.mode, Mode::Closed)
+    }
+
+    pub fn is_busy(&self) -> bool {
+        matches!(self.mode, Mode::Busy)
+    }
+
+    pub fn is_streaming(&self) -> bool {
+        matches!(self.mode, Mode::Streaming(_))
+    }
+
+    fn micros(&self, now: Instant) -> i64 {
+        now.saturating_duration_since(self.epoch).as_micros() as i64
+    }
+
+    /// Temporary slots this session created and still owns; the actor drops them at the end.
+    pub fn temporary_slots(&self) -> &[String] {
+        &self.temporary_slots
+    }
+
+    /// A message from the client.
+    pub fn on_message(&mut self, msg: FrontendMessage, now: Instant, out: &mut Vec<Output>) {
+        match &mut self.mode {
+            Mode::Closed => {}
+            Mode::Streaming(stream) => {
+                // Any message from the client counts as a sign of life (PostgreSQL's
+                // last_reply_timestamp), and answers an outstanding ping.
+                stream.last_reply = now;
+                stream.waiting_for_ping = false;
+                match msg {
+                    FrontendMessage::StandbyStatusUpdate(r) => self.on_reply(r, now, out),
+                    FrontendMessage::HotStandbyFeedback(h) => self.on_feedback(h, out),
+                    FrontendMessage::CopyDone => self.on_client_copy_done(out),
+                    FrontendMessage::CopyData(payload) => {
+                        self.fatal(unexpected_copy_data(&payload), out)
+                    }
+                    FrontendMessage::Terminate => self.close(out),
+                    other => self.fatal(
+                        ErrorFields::fatal(
+                            SqlState::PROTOCOL_VIOLATION,
+                            format!("invalid standby message type \"{}\"", tag_of(&other)),
+                        ),
+                        out,
+                    ),
+                }
+            }
+            Mode::Idle | Mode::Busy => match msg {
+                FrontendMessage::Query(q) => self.on_query(&q, now, out),
+                FrontendMessage::Terminate => self.close(out),
+                // PostgreSQL ignores copy messages outside COPY: a client may still be sending
+                // them after a COPY that failed.
+                FrontendMessage::CopyData(_)
+                | FrontendMessage::CopyDone
+                | FrontendMessage::CopyFail(_)
+                | FrontendMessage::StandbyStatusUpdate(_)
+                | FrontendMessage::HotStandbyFeedback(_) => {}
+                other => self.fatal(
+                    ErrorFields::fatal(
+                        SqlState::PROTOCOL_VIOLATION,
+                        format!("invalid frontend message type {}", tag_of(&other) as u32),
+                    ),
+                    out,
+                ),
+            },
+        }
+    }
+
+    fn ready(&mut self, out: &mut Vec<Output>) {
+        if !self.is_closed() {
+            out.push(Output::Msg(BackendMessage::ReadyForQuery(
+                TransactionStatus::Idle,
+            )));
+        }
+    }
+
+    /// An ERROR: the command (or the copy) ends, the connection stays.
+    fn error(&mut self, fields: ErrorFields, out: &mut Vec<Output>) {
+        self.end_stream_quietly();
+        self.mode = Mode::Idle;
+        // PostgreSQL's error cleanup drops the session's temporary slots.
+        self.drop_temporary_slots();
+        out.push(Output::Msg(BackendMessage::ErrorResponse(fields)));
+        out.push(Output::StatusChanged);
+        self.ready(out);
+    }
+
+    /// A FATAL: the connection ends.
+    fn fatal(&mut self, fields: ErrorFields, out: &mut Vec<Output>) {
+        out.push(Output::Msg(BackendMessage::ErrorResponse(fields)));
+        self.close(out);
+    }
+
+    fn close(&mut self, out: &mut Vec<Output>) {
+        if self.is_closed() {
+            return;
+        }
+        self.end_stream_quietly();
+        self.mode = Mode::Closed;
+        self.drop_temporary_slots();
+        out.push(Output::Close);
+    }
+
+    fn drop_temporary_slots(&mut self) {
+        for name in std::mem::take(&mut self.temporary_slots) {
+            // Temporary slots live only in memory: dropping one does no file I/O.
+            if let Err(e) = self.storage.drop_temporary_slot(&name) {
+                tracing::debug!(slot = %name, "temporary slot not dropped: {e}");
+            }
+        }
+    }
+}
+
+impl<S: StorageView> Drop for Session<S> {
+    fn drop(&mut self) {
+        self.drop_temporary_slots();
+    }
+}
+
+/// FATAL 57P01, PostgreSQL's word for a connection ended by shutdown.
+pub fn admin_shutdown() -> ErrorFields {
+    ErrorFields::fatal(
+        SqlState::ADMIN_SHUTDOWN,
+        "terminating connection due to administrator command",
+    )
+}
+
+fn tag_of(m: &FrontendMessage) -> char {
+    match m {
+        FrontendMessage::Query(_) => 'Q',
+        FrontendMessage::PasswordMessage(_)
+        | FrontendMessage::SaslInitialResponse { .. }
+        | FrontendMessage::SaslResponse(_) => 'p',
+        FrontendMessage::StandbyStatusUpdate(_)
+        | FrontendMessage::HotStandbyFeedback(_)
+        | FrontendMessage::CopyData(_) => 'd',
+        FrontendMessage::CopyDone => 'c',
+        FrontendMessage::CopyFail(_) => 'f',
+        FrontendMessage::Terminate => 'X',
+    }
+}

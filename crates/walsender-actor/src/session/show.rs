@@ -1,0 +1,122 @@
+//! `SHOW`: what a walsender answers, and how the values are gathered.
+//!
+//! The values are the node's: facts of its storage that PostgreSQL 15's clients ask for
+//! ([`base_show_values`]), with the configured ones laid over them ([`merge_show_values`]).
+//! The supervisor builds the list once per configuration; the session only looks names up in
+//! it ([`answer`]), case-insensitively as PostgreSQL does.
+
+use protocol_codec::{results, BackendMessage, ErrorFields, SqlState};
+use wal_storage::WalFormat;
+
+/// The SHOW values every walserver node answers, from facts of its storage: what PostgreSQL
+/// 15's clients ask for (pg_receivewal: `wal_segment_size`, `data_directory_mode`) and what
+/// identifies the server. Configured values are laid over these.
+pub fn base_show_values(segment_size: u64, wal_format: WalFormat) -> Vec<(String, String)> {
+    let size = if segment_size.is_multiple_of(1 << 30) {
+        format!("{}GB", segment_size >> 30)
+    } else {
+        format!("{}MB", segment_size >> 20)
+    };
+    [
+        ("wal_segment_size", size.as_str()),
+        ("data_directory_mode", "0700"),
+        ("server_version", protocol_codec::SERVER_VERSION),
+        ("server_version_num", "150000"),
+        ("server_encoding", "UTF8"),
+        ("client_encoding", "UTF8"),
+        ("integer_datetimes", "on"),
+        ("TimeZone", "Etc/UTC"),
+        ("DateStyle", "ISO, MDY"),
+        ("block_size", "8192"),
+        ("wal_block_size", "8192"),
+        ("wal_level", "replica"),
+        ("wal_format", &wal_format.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// `base` with `overrides` laid over it, names compared case-insensitively.
+pub fn merge_show_values(
+    base: Vec<(String, String)>,
+    overrides: &[(String, String)],
+) -> Vec<(String, String)> {
+    let mut out = base;
+    for (k, v) in overrides {
+        match out.iter_mut().find(|(n, _)| n.eq_ignore_ascii_case(k)) {
+            Some(slot) => slot.1 = v.clone(),
+            None => out.push((k.clone(), v.clone())),
+        }
+    }
+    out
+}
+
+/// The answer to `SHOW name`: the value's result set, or 42704 for a name not in `values`.
+pub fn answer(values: &[(String, String)], name: &str) -> Result<Vec<BackendMessage>, ErrorFields> {
+    match values.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+        Some((canonical, value)) => Ok(results::show(canonical, value)),
+        None => Err(ErrorFields::error(
+            SqlState::UNDEFINED_OBJECT,
+            format!("unrecognized configuration parameter \"{name}\""),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values() -> Vec<(String, String)> {
+        merge_show_values(
+            base_show_values(16 << 20, WalFormat::Walserver),
+            &[
+                ("Wal_Segment_Size".into(), "99MB".into()),
+                ("extra".into(), "x".into()),
+            ],
+        )
+    }
+
+    #[test]
+    fn base_values_name_the_segment_size_and_the_server() {
+        let base = base_show_values(1 << 30, WalFormat::Walserver);
+        let get = |k: &str| base.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("wal_segment_size"), Some("1GB"));
+        assert_eq!(get("server_version"), Some(protocol_codec::SERVER_VERSION));
+        let base = base_show_values(16 << 20, WalFormat::Walserver);
+        assert_eq!(
+            base.iter()
+                .find(|(n, _)| n == "wal_segment_size")
+                .map(|(_, v)| v.as_str()),
+            Some("16MB")
+        );
+    }
+
+    #[test]
+    fn overrides_replace_case_insensitively_and_add_new_names() {
+        let v = values();
+        let sizes: Vec<_> = v
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("wal_segment_size"))
+            .collect();
+        assert_eq!(sizes.len(), 1);
+        // The canonical name stays; the value is the override's.
+        assert_eq!(
+            sizes[0],
+            &("wal_segment_size".to_string(), "99MB".to_string())
+        );
+        assert!(v.contains(&("extra".to_string(), "x".to_string())));
+    }
+
+    #[test]
+    fn answer_finds_names_case_insensitively_and_refuses_unknown_ones() {
+        let v = values();
+        let msgs = answer(&v, "WAL_SEGMENT_SIZE").unwrap();
+        let BackendMessage::DataRow(row) = &msgs[1] else {
+            panic!("{msgs:?}")
+        };
+        assert_eq!(row[0].as_deref(), Some(&b"99MB"[..]));
+        let e = answer(&v, "nonsense").unwrap_err();
+        assert_eq!(e.get(ErrorFields::CODE), Some("42704"));
+    }
+}

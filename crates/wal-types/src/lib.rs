@@ -5,6 +5,8 @@
 //! - [`TimelineId`]: PostgreSQL's timeline number; timeline 1 is the first.
 //! - [`SystemId`]: the 64-bit database system identifier a cluster is born with.
 //! - [`PgTimestamp`]: PostgreSQL's `TimestampTz` on the wire, microseconds since 2000-01-01 UTC.
+//! - [`validate_slot_name`]: PostgreSQL's rule for replication slot names, which the replication
+//!   command parser and storage both apply (each wraps [`SlotNameError`] in its own error).
 //!
 //! This crate does no I/O and has no dependencies beyond serde and thiserror.
 
@@ -167,6 +169,39 @@ impl<'de> Deserialize<'de> for SystemId {
     }
 }
 
+/// PostgreSQL's NAMEDATALEN - 1: a replication slot name is at most 63 bytes.
+pub const MAX_SLOT_NAME_LEN: usize = 63;
+
+/// Why a name is not a valid replication slot name. The texts are PostgreSQL's, to follow
+/// `replication slot name "NAME" `.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SlotNameError {
+    #[error("is too short")]
+    TooShort,
+    #[error("is too long")]
+    TooLong,
+    #[error("contains invalid character")]
+    InvalidCharacter,
+}
+
+/// PostgreSQL's `ReplicationSlotValidateName`: `[a-z0-9_]{1,63}`, checked in its order (length,
+/// then characters).
+pub fn validate_slot_name(name: &str) -> Result<(), SlotNameError> {
+    if name.is_empty() {
+        return Err(SlotNameError::TooShort);
+    }
+    if name.len() > MAX_SLOT_NAME_LEN {
+        return Err(SlotNameError::TooLong);
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(SlotNameError::InvalidCharacter);
+    }
+    Ok(())
+}
+
 /// Seconds between the Unix epoch and PostgreSQL's epoch, 2000-01-01 00:00:00 UTC.
 const PG_EPOCH_UNIX_SECS: u64 = 946_684_800;
 
@@ -249,6 +284,34 @@ mod tests {
         assert_eq!(lsn.segment_number(seg), 4);
         assert_eq!(lsn.segment_start(seg), Lsn(0x4000000));
         assert_eq!(lsn.segment_offset(seg), 0x25A50);
+    }
+
+    #[test]
+    fn slot_names_follow_postgres() {
+        for ok in ["a", "pg_walreceiver_42", "0", &"x".repeat(63)] {
+            assert_eq!(validate_slot_name(ok), Ok(()), "{ok}");
+        }
+        assert_eq!(validate_slot_name(""), Err(SlotNameError::TooShort));
+        assert_eq!(
+            validate_slot_name(&"x".repeat(64)),
+            Err(SlotNameError::TooLong)
+        );
+        // Length is checked before characters, as PostgreSQL does.
+        assert_eq!(
+            validate_slot_name(&"X".repeat(64)),
+            Err(SlotNameError::TooLong)
+        );
+        for bad in ["A", "has-dash", "dot.", "sp ace", "é"] {
+            assert_eq!(
+                validate_slot_name(bad),
+                Err(SlotNameError::InvalidCharacter),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            SlotNameError::InvalidCharacter.to_string(),
+            "contains invalid character"
+        );
     }
 
     #[test]

@@ -60,10 +60,18 @@ impl Lsn {
     }
 }
 
+/// `lsn + n`, for positions this process computed itself.
+///
+/// # Panics
+///
+/// If the sum passes `u64::MAX`, in release builds too: an LSN that near 2^64 is a broken
+/// invariant, never something to wrap around. Positions and lengths that come from the
+/// network or the disk go through [`Lsn::checked_add`] and fail with an error instead.
 impl std::ops::Add<u64> for Lsn {
     type Output = Lsn;
     fn add(self, rhs: u64) -> Lsn {
-        Lsn(self.0 + rhs)
+        self.checked_add(rhs)
+            .unwrap_or_else(|| panic!("LSN overflow: {self} + {rhs} passes FFFFFFFF/FFFFFFFF"))
     }
 }
 
@@ -275,6 +283,21 @@ mod tests {
         ] {
             assert!(bad.parse::<Lsn>().is_err(), "{bad:?} parsed");
         }
+    }
+
+    #[test]
+    fn lsn_addition_never_wraps() {
+        assert_eq!(Lsn(0x100_0000) + 0x18, Lsn(0x100_0018));
+        assert_eq!(Lsn(u64::MAX - 1) + 1, Lsn::MAX);
+        assert_eq!(Lsn(u64::MAX - 1).checked_add(1), Some(Lsn::MAX));
+        assert_eq!(Lsn::MAX.checked_add(1), None);
+        assert_eq!(Lsn(u64::MAX - 7).checked_add(u64::MAX), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "LSN overflow: FFFFFFFF/FFFFFFFF + 1")]
+    fn lsn_addition_past_the_end_panics() {
+        let _ = Lsn::MAX + 1;
     }
 
     #[test]

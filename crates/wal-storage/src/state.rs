@@ -4,7 +4,7 @@
 //! `locate`), which need nothing but this state and the files, so handles call them on their
 //! own thread.
 //!
-//! **Invariants** (checked by [`TimelineState::check_invariants`] wherever positions change):
+//! **Invariants** (checked by [`TimelineState::check_invariants`] when positions are set):
 //! `wal_start <= timeline_start <= flushed <= written`. Reads stop at the flushed end of the
 //! current timeline, or the switch point of an ancestor, and below the oldest retained segment
 //! they fail with `SegmentRemoved`.

@@ -7,7 +7,7 @@
 //! switch segment are written first, and are harmless leftovers if a crash comes before it);
 //! a timeline number some history file names is never reused; a truncation stores an exact
 //! flush pointer before it cuts, so a crash in the middle redoes the same cut at open; the tail
-//! cache is emptied before either changes what the files hold.
+//! cache is emptied before a truncation cuts and before a switch makes the new timeline current.
 
 use std::fs::{self, OpenOptions};
 use std::sync::Arc;

@@ -77,13 +77,8 @@ impl StandbySignal {
 
     /// Writes the signal durably (temporary file, fsync, rename, fsync of the directory).
     pub fn write(&self, data_dir: &Path) -> anyhow::Result<()> {
-        use std::io::Write;
-        let tmp = data_dir.join(format!("{STANDBY_SIGNAL}.tmp"));
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&serde_json::to_vec_pretty(self)?)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, data_dir.join(STANDBY_SIGNAL))?;
-        std::fs::File::open(data_dir)?.sync_all()?;
+        let bytes = serde_json::to_vec_pretty(self)?;
+        wal_storage::durable::write_atomic(data_dir, &data_dir.join(STANDBY_SIGNAL), &bytes)?;
         Ok(())
     }
 }

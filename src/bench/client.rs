@@ -156,7 +156,9 @@ pub fn catchup(
                 if x.wal_start != at {
                     bail!("XLogData at {} where {at} was expected", x.wal_start);
                 }
-                at = at + x.data.len() as u64;
+                at = at.checked_add(x.data.len() as u64).with_context(|| {
+                    format!("XLogData at {at} runs past the end of the LSN space")
+                })?;
                 if at >= end {
                     break;
                 }

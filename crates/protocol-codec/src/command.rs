@@ -21,7 +21,7 @@
 
 use std::fmt;
 
-use wal_types::{Lsn, TimelineId};
+use wal_types::{Lsn, SlotNameError, TimelineId};
 
 use crate::messages::{ErrorFields, SqlState};
 
@@ -183,31 +183,18 @@ impl CommandError {
     }
 }
 
-/// PostgreSQL's NAMEDATALEN: names are at most 63 bytes.
-pub const MAX_SLOT_NAME_LEN: usize = 63;
+pub use wal_types::MAX_SLOT_NAME_LEN;
 
-/// PostgreSQL's `ReplicationSlotValidateName`: `[a-z0-9_]{1,63}`.
+/// PostgreSQL's `ReplicationSlotValidateName` ([`wal_types::validate_slot_name`]), as the
+/// ERROR PostgreSQL sends.
 pub fn validate_slot_name(name: &str) -> Result<(), CommandError> {
-    let invalid = |code, what: &str| CommandError::InvalidSlotName {
-        code,
-        message: format!("replication slot name \"{name}\" {what}"),
-    };
-    if name.is_empty() {
-        return Err(invalid(SqlState::INVALID_NAME, "is too short"));
-    }
-    if name.len() > MAX_SLOT_NAME_LEN {
-        return Err(invalid(SqlState::NAME_TOO_LONG, "is too long"));
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-    {
-        return Err(invalid(
-            SqlState::INVALID_NAME,
-            "contains invalid character",
-        ));
-    }
-    Ok(())
+    wal_types::validate_slot_name(name).map_err(|e| CommandError::InvalidSlotName {
+        code: match e {
+            SlotNameError::TooLong => SqlState::NAME_TOO_LONG,
+            SlotNameError::TooShort | SlotNameError::InvalidCharacter => SqlState::INVALID_NAME,
+        },
+        message: format!("replication slot name \"{name}\" {e}"),
+    })
 }
 
 /// Parses one replication command.

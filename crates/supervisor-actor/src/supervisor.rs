@@ -630,7 +630,7 @@ impl Handler<Promote> for Supervisor {
             tokio::task::spawn_blocking(move || {
                 let (timeline, switch_lsn) = wal.promote("promoted by walserver")?;
                 if let Some(path) = signal {
-                    remove_durably(&path)?;
+                    wal_storage::durable::remove(&path)?;
                 }
                 Ok::<_, WalError>(Promoted {
                     timeline,
@@ -658,29 +658,6 @@ impl Handler<Promote> for Supervisor {
             Ok(promoted)
         }))
     }
-}
-
-/// Removes a file and makes the removal durable (fsync of its directory).
-fn remove_durably(path: &std::path::Path) -> Result<(), WalError> {
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => {
-            return Err(WalError::Io {
-                context: format!("removing {}", path.display()),
-                source: e,
-            })
-        }
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| WalError::Io {
-                context: format!("syncing {}", dir.display()),
-                source: e,
-            })?;
-    }
-    Ok(())
 }
 
 impl Handler<Reconfigure> for Supervisor {

@@ -1,8 +1,4 @@
-//! Storage configuration and the kind of WAL a node holds.
-
-use std::fmt;
-
-use serde::{Deserialize, Serialize};
+//! Storage configuration: the knobs of [`StorageConfig`] and their checks.
 
 use crate::{Result, WalError};
 
@@ -71,28 +67,6 @@ impl StorageConfig {
     }
 }
 
-/// What kind of WAL a node stores. Fixed at init and recorded in the control file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WalFormat {
-    /// walserver's own records (see `format.rs`): appended here or relayed from a walserver
-    /// upstream. Records can be decoded, and the node can be promoted.
-    Walserver,
-    /// PostgreSQL WAL relayed byte for byte from a PostgreSQL upstream. Never parsed: no appends
-    /// and no promotion.
-    #[serde(rename = "postgresql")]
-    Postgres,
-}
-
-impl fmt::Display for WalFormat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            WalFormat::Walserver => "walserver",
-            WalFormat::Postgres => "postgresql",
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,18 +107,5 @@ mod tests {
         assert!(cfg(1).validate().is_ok());
         assert!(cfg(MAX_RECORD_SIZE_LIMIT + 1).validate().is_err());
         assert!(StorageConfig::default().validate().is_ok());
-    }
-
-    #[test]
-    fn format_names() {
-        assert_eq!(WalFormat::Postgres.to_string(), "postgresql");
-        assert_eq!(
-            serde_json::to_string(&WalFormat::Walserver).unwrap(),
-            "\"walserver\""
-        );
-        assert_eq!(
-            serde_json::from_str::<WalFormat>("\"postgresql\"").unwrap(),
-            WalFormat::Postgres
-        );
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use wal_types::{Lsn, TimelineId};
 
-use crate::WalFormat;
+use crate::kind::WalFormat;
 
 pub type Result<T, E = WalError> = std::result::Result<T, E>;
 

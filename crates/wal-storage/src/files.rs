@@ -1,5 +1,5 @@
 //! The small files beside `pg_wal`: control data, slots (both in a CRC'd JSON envelope and
-//! replaced atomically) and the flush pointer (updated in place).
+//! replaced atomically through `durable.rs`) and the flush pointer (updated in place).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -8,35 +8,11 @@ use std::path::{Path, PathBuf};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use wal_types::{Lsn, SystemId, TimelineId};
 
-use crate::io::{Io, FP_ATOMIC, FP_POINTER};
+use crate::io::{Io, FP_POINTER};
 use crate::{HistoryEntry, Result, WalError, WalFormat};
 
 /// The version of the control and slot files this code writes and reads.
 pub(crate) const FILE_VERSION: u32 = 1;
-
-/// Writes `bytes` to `target` so that after a crash `target` holds either the old or the new
-/// contents, never a mix: write a temp file in `tmp_dir` (same file system), fsync it, rename it
-/// over `target`, fsync the target's directory.
-pub(crate) fn write_atomic(io: &Io, tmp_dir: &Path, target: &Path, bytes: &[u8]) -> Result<()> {
-    let name = target
-        .file_name()
-        .expect("atomic targets are file paths")
-        .to_string_lossy();
-    let tmp = tmp_dir.join(format!("{name}.tmp"));
-    let ctx = |what: &str| format!("{what} {}", target.display());
-    (|| -> std::io::Result<()> {
-        io.check(FP_ATOMIC)?;
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        io.sync_all(&f, FP_ATOMIC)?;
-        fs::rename(&tmp, target)?;
-        io.sync_dir(target.parent().expect("atomic targets have a parent"))
-    })()
-    .map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        WalError::io(ctx("writing"), e)
-    })
-}
 
 // Format of the control and slot files (text):
 //

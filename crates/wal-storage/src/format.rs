@@ -252,7 +252,12 @@ impl<S: ByteSource> Scanner<S> {
     /// the source as needed. Fewer bytes mean the source ended.
     fn bytes_at(&mut self, at: Lsn, n: usize) -> Result<Bytes> {
         let chunk_end = self.chunk_start + self.chunk.len() as u64;
-        if at >= self.chunk_start && at + n as u64 <= chunk_end {
+        // `at` may be anything a caller asked for (the source refuses it if it is beyond the
+        // end), so the sum is checked.
+        let in_chunk = at
+            .checked_add(n as u64)
+            .is_some_and(|end| at >= self.chunk_start && end <= chunk_end);
+        if in_chunk {
             let off = (at.0 - self.chunk_start.0) as usize;
             return Ok(self.chunk.slice(off..off + n));
         }

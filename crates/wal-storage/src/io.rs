@@ -1,7 +1,8 @@
-//! Every file operation that can fail at run time goes through [`Io`], so that fsync can be
-//! turned off for throwaway directories, fsyncs can be counted (the benches and the group-commit
-//! test prove batching with the count), and, under the `failpoints` feature, faults can be
-//! injected at named points.
+//! The file operations under everything else: every one that can fail at run time goes through
+//! [`Io`], so that fsync can be turned off for throwaway directories, fsyncs can be counted (the
+//! benches and the group-commit test prove batching with the count), and, under the `failpoints`
+//! feature, faults can be injected at named points. Positional reads into fresh buffers
+//! ([`pread_exact`]) live here too; reads have no fail points.
 //!
 //! Fail points are per [`Wal`](crate::Wal) instance, not global, so tests that run in parallel in
 //! one process do not disturb each other. The names:
@@ -14,9 +15,12 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::{Bytes, BytesMut};
 
 pub const FP_WRITE: &str = "wal_storage::write::err";
 pub const FP_FSYNC: &str = "wal_storage::fsync::err";
@@ -71,7 +75,6 @@ impl Io {
         mut offset: u64,
         point: &'static str,
     ) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
         const IOV_MAX: usize = 1024;
         self.check(point)?;
         let mut bufs: Vec<&[u8]> = bufs.iter().copied().filter(|b| !b.is_empty()).collect();
@@ -120,6 +123,25 @@ impl Io {
         Ok(())
     }
 
+    /// Zeroes `len` bytes of `f` at `offset`.
+    pub(crate) fn write_zeros(
+        &self,
+        f: &File,
+        offset: u64,
+        len: u64,
+        point: &'static str,
+    ) -> io::Result<()> {
+        const CHUNK: usize = 256 << 10;
+        static ZEROS: [u8; CHUNK] = [0; CHUNK];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(CHUNK as u64) as usize;
+            self.pwrite_all(f, &ZEROS[..n], offset + done, point)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
     /// fdatasync: the file's data and the metadata needed to read it back.
     pub(crate) fn sync_data(&self, f: &File, point: &'static str) -> io::Result<()> {
         self.check(point)?;
@@ -148,6 +170,41 @@ impl Io {
         }
         Ok(())
     }
+}
+
+/// Reads `n` bytes at `offset` into a new buffer with one `pread` (more only on a short read),
+/// without zeroing the buffer first. Fewer bytes mean end of file.
+pub(crate) fn pread_exact(file: &File, n: usize, offset: u64) -> std::io::Result<Bytes> {
+    let mut buf = BytesMut::with_capacity(n);
+    let fd = file.as_raw_fd();
+    while buf.len() < n {
+        let want = n - buf.len();
+        let done = buf.len() as u64;
+        let spare = buf.spare_capacity_mut();
+        // SAFETY: `spare` is writable memory of at least `want` bytes owned by `buf`; pread
+        // writes at most `want` bytes into it, and we mark only the bytes it wrote as initialized.
+        let got = unsafe {
+            libc::pread(
+                fd,
+                spare.as_mut_ptr().cast(),
+                want,
+                (offset + done) as libc::off_t,
+            )
+        };
+        if got < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if got == 0 {
+            break;
+        }
+        // SAFETY: pread initialized `got` bytes past the current length.
+        unsafe { buf.set_len(buf.len() + got as usize) };
+    }
+    Ok(buf.freeze())
 }
 
 /// Named fault-injection points of one `Wal`. While a point is set, every operation passing it

@@ -46,7 +46,7 @@
 //! new [`WalPosition`] on a watch channel and completes every ticket. Segment files are
 //! created zero-filled to full size by the background thread before they are needed, so the
 //! hot path never extends a file (and fdatasync journals no size change). `writer.rs` has the
-//! details, including what a failed batch leaves behind.
+//! details, including what a failed batch leaves behind; `background.rs` the preallocation.
 //!
 //! # Crash safety
 //!
@@ -74,14 +74,14 @@
 //!   earlier one did not is never counted.
 //! - A record that fails to validate below the pointer is corruption in the middle of durable
 //!   WAL, and open fails with [`WalError::Corruption`]; it does not silently cut.
-//! - Having found the end, open stores it in the pointer marked *exact* (so a crash during the
+//! - Having found the end, open (`recovery.rs`) stores it in the pointer marked *exact* (so a crash during the
 //!   cut redoes the same cut), zeroes the rest of the end's segment, removes the timeline's
 //!   later segment files and fsyncs, before accepting writes. Otherwise a later, shorter write
 //!   could leave an old CRC-valid, never-acknowledged record right behind it, and a later scan
 //!   would accept it (a "phantom"). For the same reason a failed batch's bytes are zeroed by the
 //!   next successful one, and [`Wal::truncate_to`] stores an exact pointer before it cuts.
 //! - Control data, slots and history files change by write-to-temp, fsync, rename, fsync the
-//!   directory: a crash leaves the old or the new file. A timeline switch writes the history file
+//!   directory (`durable.rs`): a crash leaves the old or the new file. A timeline switch writes the history file
 //!   and the new switch segment first and the control file last, which is the commit point.
 //!
 //! The kill -9 test in `tests/crash/main.rs` exercises all of this with a real child process
@@ -94,7 +94,8 @@
 //! ancestor, and makes the new timeline's first segment a copy of the old one up to the switch
 //! point, as PostgreSQL does. Reads of a timeline resolve each LSN to the file of the timeline
 //! in its history that covers it, preferring the newest timeline's copy of a switch segment
-//! (`segments.rs`). [`Wal::follow_timeline`] does the standby's side and detects forks.
+//! (`segments.rs`). [`Wal::follow_timeline`] does the standby's side and detects forks; both
+//! run on the writer thread (`timeline.rs`).
 //!
 //! # Retention and slots
 //!
@@ -110,37 +111,65 @@
 //! slots and failed background work (through `tracing`); [`Wal::recovery_report`] returns what
 //! open found for the binary to log.
 //!
+//! # Modules
+//!
+//! Each module imports only modules below it in this order, never one that imports it back:
+//!
+//! ```text
+//! kind, naming, tail, io ← error ← config, history, format   types, names, formats, file ops
+//! io ← durable ← files ← slots                               small durable files, slot rules
+//! io ← segments ← scan                                       segment files, record boundaries
+//! files, slots, segments, tail ← state                       Inner, positions, reads
+//! state ← background, reader                                 prealloc, retention; records
+//! state, background, scan ← writer ← timeline                group commit; promote, truncate
+//! state, scan, files, slots ← recovery                       init, open, tail scan, report
+//! recovery, writer, timeline, reader ← wal                   the `Wal` handle
+//! ```
+//!
+//! [`durable`] is public: the standby signal and the supervisor's removal of it use the same
+//! rule for small durable files as storage does.
+//!
 //! **Invariants:** `flushed <= written` and the flushed end of a timeline never moves back
 //! except by an explicit [`Wal::truncate_to`]; nothing is readable beyond the flushed end; a
 //! timeline's WAL below its switch point never changes.
 
+mod background;
 mod config;
+pub mod durable;
 mod error;
 mod files;
 mod format;
 mod history;
 mod io;
+mod kind;
 mod naming;
+mod reader;
+mod recovery;
+mod scan;
 mod segments;
 mod slots;
+mod state;
 mod tail;
+mod timeline;
 mod wal;
 mod writer;
 
 pub use wal_types::{Lsn, PgTimestamp, SystemId, TimelineId};
 
-pub use config::{StorageConfig, WalFormat, DEFAULT_MAX_RECORD_SIZE, DEFAULT_SEGMENT_SIZE};
+pub use config::{StorageConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_SEGMENT_SIZE};
 pub use error::{Result, WalError};
 pub use format::{Record, SegmentHeader, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE};
 pub use history::{format_history, parse_history, HistoryEntry};
 #[cfg(feature = "failpoints")]
 pub use io::Failpoints;
 pub use io::{FP_ATOMIC, FP_FSYNC, FP_POINTER, FP_PREALLOC, FP_WRITE};
+pub use kind::WalFormat;
 pub use naming::{
     history_file_name, parse_history_file_name, parse_segment_file_name, segment_file_name,
 };
+pub use reader::RecordReader;
+pub use recovery::{InitOptions, RecoveryReport};
+pub use segments::WalFileRange;
 pub use slots::{validate_slot_name, SlotInfo, WalStatus};
-pub use wal::{
-    AppendTicket, InitOptions, RecordReader, RecoveryReport, SlotGuard, Ticket, Wal, WalFileRange,
-    WalPosition, WriteTicket,
-};
+pub use state::WalPosition;
+pub use wal::{AppendTicket, SlotGuard, Ticket, Wal, WriteTicket};

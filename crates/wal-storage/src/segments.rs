@@ -1,5 +1,6 @@
-//! Reading segment files: which file holds an LSN of a timeline, a cache of open files, and
-//! positional reads into fresh buffers.
+//! Reading segment files: which file holds an LSN of a timeline, a cache of open files, reads
+//! of a range, and [`WalFileRange`], where a range lies for a sender that hands the file to the
+//! kernel.
 //!
 //! PostgreSQL's rule decides the file: an LSN `x` of timeline `T` belongs to the timeline in
 //! `T`'s history that covers `x`; but the segment in which a timeline began is, on the new
@@ -9,13 +10,13 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use wal_types::{Lsn, TimelineId};
 
+use crate::io::pread_exact;
 use crate::naming::segment_file_name;
 use crate::{HistoryEntry, Result, WalError};
 
@@ -63,6 +64,17 @@ impl View {
             .map(|(t, _, end)| (t, end))
             .collect()
     }
+}
+
+/// Where a range of durable WAL lies: `len` bytes of `file` at `offset`, all in one segment
+/// file, all at or below the flushed end. Durable WAL never changes in place (segments are
+/// removed, not recycled; only `walserver rejoin`, offline, cuts WAL), so the range can be
+/// sent later, straight from the file (`sendfile`), and still be the bytes asked for.
+#[derive(Clone, Debug)]
+pub struct WalFileRange {
+    pub file: Arc<std::fs::File>,
+    pub offset: u64,
+    pub len: usize,
 }
 
 /// Opens and caches segment files for reading.
@@ -153,7 +165,7 @@ impl SegmentFiles {
         x: Lsn,
         limit: Lsn,
         max_len: usize,
-    ) -> Result<Option<crate::wal::WalFileRange>> {
+    ) -> Result<Option<WalFileRange>> {
         let Some(found) = self.find(view, x, limit, max_len)? else {
             return Ok(None);
         };
@@ -165,7 +177,7 @@ impl SegmentFiles {
         if size < found.offset + found.len as u64 {
             return Err(found.short(size));
         }
-        Ok(Some(crate::wal::WalFileRange {
+        Ok(Some(WalFileRange {
             file: found.file,
             offset: found.offset,
             len: found.len,
@@ -210,41 +222,6 @@ impl Found {
             reason: "segment file is shorter than the WAL it should hold".into(),
         }
     }
-}
-
-/// Reads `n` bytes at `offset` into a new buffer with one `pread` (more only on a short read),
-/// without zeroing the buffer first. Fewer bytes mean end of file.
-pub(crate) fn pread_exact(file: &File, n: usize, offset: u64) -> std::io::Result<Bytes> {
-    let mut buf = BytesMut::with_capacity(n);
-    let fd = file.as_raw_fd();
-    while buf.len() < n {
-        let want = n - buf.len();
-        let done = buf.len() as u64;
-        let spare = buf.spare_capacity_mut();
-        // SAFETY: `spare` is writable memory of at least `want` bytes owned by `buf`; pread
-        // writes at most `want` bytes into it, and we mark only the bytes it wrote as initialized.
-        let got = unsafe {
-            libc::pread(
-                fd,
-                spare.as_mut_ptr().cast(),
-                want,
-                (offset + done) as libc::off_t,
-            )
-        };
-        if got < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
-        }
-        if got == 0 {
-            break;
-        }
-        // SAFETY: pread initialized `got` bytes past the current length.
-        unsafe { buf.set_len(buf.len() + got as usize) };
-    }
-    Ok(buf.freeze())
 }
 
 #[cfg(test)]

@@ -28,7 +28,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use wal_types::{Lsn, TimelineId};
 
-use crate::files::{decode_envelope, encode_envelope, write_atomic, FILE_VERSION};
+use crate::durable::{remove_with, write_atomic_with};
+use crate::files::{decode_envelope, encode_envelope, FILE_VERSION};
 use crate::io::Io;
 use crate::{Result, StorageConfig, WalError};
 
@@ -67,20 +68,12 @@ pub struct SlotInfo {
     pub safe_wal_size: Option<i64>,
 }
 
-/// Checks PostgreSQL's slot name rule (`ReplicationSlotValidateName`).
+/// Checks PostgreSQL's slot name rule (`ReplicationSlotValidateName`; the rule itself is
+/// [`wal_types::validate_slot_name`]).
 pub fn validate_slot_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if ok {
-        Ok(())
-    } else {
-        Err(WalError::SlotNameInvalid {
-            name: name.to_string(),
-        })
-    }
+    wal_types::validate_slot_name(name).map_err(|_| WalError::SlotNameInvalid {
+        name: name.to_string(),
+    })
 }
 
 /// The oldest segment to keep, as PostgreSQL's `KeepLogSeg` computes it.
@@ -178,6 +171,16 @@ pub(crate) struct Slot {
     pub dirty: bool,
 }
 
+/// Where slot files are written, and through what.
+#[derive(Clone, Copy)]
+pub(crate) struct SlotPaths<'a> {
+    pub io: &'a Io,
+    /// The directory for temp files of atomic replacements.
+    pub tmp: &'a Path,
+    /// `DATA/slots`.
+    pub dir: &'a Path,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct SlotTable {
     pub slots: BTreeMap<String, Slot>,
@@ -211,7 +214,7 @@ impl SlotTable {
     }
 
     /// Writes one slot's file atomically.
-    pub(crate) fn persist(&mut self, io: &Io, tmp: &Path, dir: &Path, name: &str) -> Result<()> {
+    pub(crate) fn persist(&mut self, paths: SlotPaths<'_>, name: &str) -> Result<()> {
         let slot = self
             .slots
             .get_mut(name)
@@ -226,10 +229,157 @@ impl SlotTable {
             restart_tli: slot.restart_tli,
             invalidated: slot.invalidated,
         };
-        write_atomic(io, tmp, &dir.join(name), &encode_envelope("slot", &body))?;
+        write_atomic_with(
+            paths.io,
+            paths.tmp,
+            &paths.dir.join(name),
+            &encode_envelope("slot", &body),
+        )?;
         slot.persisted_lsn = slot.restart_lsn;
         slot.dirty = false;
         Ok(())
+    }
+
+    /// Adds a slot and persists it unless it is temporary; `restart` is where it reserves WAL
+    /// from, if it does. Nothing changes if the name is taken or the file cannot be written.
+    pub(crate) fn create(
+        &mut self,
+        paths: SlotPaths<'_>,
+        name: &str,
+        temporary: bool,
+        restart: Option<(Lsn, TimelineId)>,
+    ) -> Result<()> {
+        validate_slot_name(name)?;
+        if self.slots.contains_key(name) {
+            return Err(WalError::SlotExists {
+                name: name.to_string(),
+            });
+        }
+        self.slots.insert(
+            name.to_string(),
+            Slot {
+                temporary,
+                restart_lsn: restart.map(|r| r.0),
+                restart_tli: restart.map(|r| r.1),
+                invalidated: false,
+                active: false,
+                persisted_lsn: None,
+                dirty: true,
+            },
+        );
+        if let Err(e) = self.persist(paths, name) {
+            self.slots.remove(name);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Removes a slot that is not in use, and its file durably.
+    pub(crate) fn drop_slot(&mut self, paths: SlotPaths<'_>, name: &str) -> Result<()> {
+        let slot = self.get_mut(name)?;
+        if slot.active {
+            return Err(WalError::SlotInUse {
+                name: name.to_string(),
+            });
+        }
+        if !slot.temporary {
+            remove_with(paths.io, &paths.dir.join(name))?;
+        }
+        self.slots.remove(name);
+        Ok(())
+    }
+
+    /// Marks a slot in use; `SlotInUse` if it already is.
+    pub(crate) fn acquire(&mut self, name: &str) -> Result<()> {
+        let slot = self.get_mut(name)?;
+        if slot.active {
+            return Err(WalError::SlotInUse {
+                name: name.to_string(),
+            });
+        }
+        slot.active = true;
+        Ok(())
+    }
+
+    /// Marks a slot no longer in use, dropping it if it is temporary.
+    pub(crate) fn release(&mut self, name: &str) {
+        let temporary = match self.slots.get_mut(name) {
+            Some(s) => {
+                s.active = false;
+                s.temporary
+            }
+            None => false,
+        };
+        if temporary {
+            self.slots.remove(name);
+        }
+    }
+
+    /// Moves a slot's restart point. Returns true if persisting it is due: the slot is
+    /// persistent and its restart point entered another segment than the one on disk.
+    pub(crate) fn advance(
+        &mut self,
+        name: &str,
+        restart_lsn: Lsn,
+        restart_tli: TimelineId,
+        segment_size: u64,
+    ) -> Result<bool> {
+        let slot = self.get_mut(name)?;
+        if slot.invalidated {
+            return Err(WalError::SlotInvalidated {
+                name: name.to_string(),
+            });
+        }
+        slot.restart_lsn = Some(restart_lsn);
+        slot.restart_tli = Some(restart_tli);
+        let due = slot.persisted_lsn.map(|p| p.segment_number(segment_size))
+            != Some(restart_lsn.segment_number(segment_size));
+        if slot.temporary {
+            return Ok(false);
+        }
+        slot.dirty = true;
+        Ok(due)
+    }
+
+    /// Every slot, by name, as `pg_replication_slots` shows it, given the written end and the
+    /// oldest segment still on disk.
+    pub(crate) fn infos(
+        &self,
+        written: Lsn,
+        oldest_seg: u64,
+        cfg: &StorageConfig,
+    ) -> Vec<SlotInfo> {
+        let min = self.min_restart_lsn();
+        self.slots
+            .iter()
+            .map(|(name, s)| {
+                let (wal_status, safe_wal_size) = match (s.invalidated, s.restart_lsn) {
+                    (true, _) => (Some(WalStatus::Lost), None),
+                    (false, None) => (None, None),
+                    (false, Some(r)) => {
+                        let (st, safe) = wal_status(r, written, min, oldest_seg, s.active, cfg);
+                        (Some(st), safe)
+                    }
+                };
+                SlotInfo {
+                    name: name.clone(),
+                    temporary: s.temporary,
+                    restart_lsn: if s.invalidated { None } else { s.restart_lsn },
+                    restart_tli: s.restart_tli,
+                    active: s.active,
+                    wal_status,
+                    safe_wal_size,
+                }
+            })
+            .collect()
+    }
+
+    fn get_mut(&mut self, name: &str) -> Result<&mut Slot> {
+        self.slots
+            .get_mut(name)
+            .ok_or_else(|| WalError::SlotNotFound {
+                name: name.to_string(),
+            })
     }
 
     /// The minimum restart LSN over slots that still hold WAL.

@@ -1,40 +1,41 @@
-//! The writer thread (group commit) and the background thread (preallocation, retention, slot
-//! persistence).
+//! The writer thread: group commit.
 //!
 //! The writer blocks on `recv()`, then drains whatever else is queued with `try_recv()` (up to
 //! [`MAX_BATCH_REQUESTS`] requests or [`MAX_BATCH_BYTES`]), stages every write and append of
 //! the batch into one buffer, writes it with `pwrite` into the segment file or files it spans,
 //! fdatasyncs each file touched once, stores the flush pointer when needed, publishes the new
 //! position and only then completes every waiter. A control operation (promotion, following a
-//! timeline, truncation) first commits what is staged, then runs alone on the thread, so it sees
-//! a quiet WAL with `written == flushed`.
+//! timeline, truncation: `timeline.rs`) first commits what is staged, then runs alone on the
+//! thread, so it sees a quiet WAL with `written == flushed`. The writer starts the background
+//! thread (`background.rs`) and stops it when it stops.
 //!
 //! If a batch fails (a full disk, an I/O error), every waiter in it gets the error, `written`
 //! goes back to `flushed`, and the bytes the batch may have left on disk are zeroed by the next
 //! successful batch, so that no failed write can resurface as a valid record after a crash.
+//!
+//! **Invariants:** a waiter is completed only after the fdatasync of every file its bytes went
+//! to and, when the batch needs it, of the flush pointer; the tail cache gets a batch after its
+//! fdatasync and before its end is published.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use tokio::sync::oneshot;
 use wal_types::{Lsn, TimelineId};
 
-use crate::files::{write_atomic, PointerFile};
-use crate::format::{Framer, Scan, Scanner};
-use crate::history::{check_history_for, format_history, parse_history};
-use crate::io::{Io, FP_FSYNC, FP_PREALLOC, FP_WRITE};
-use crate::naming::{
-    history_file_name, parse_history_file_name, parse_segment_file_name, segment_file_name,
-};
-use crate::segments::{SegmentFiles, View};
-use crate::slots::keep_segno;
-use crate::wal::{find_scan_start, Inner, TimelineState};
-use crate::{HistoryEntry, Result, StorageConfig, WalError};
+use crate::background;
+use crate::files::PointerFile;
+use crate::format::Framer;
+use crate::io::{FP_FSYNC, FP_WRITE};
+use crate::naming::segment_file_name;
+use crate::scan::last_record_end;
+use crate::state::{BgRequest, Inner};
+use crate::{Result, WalError};
 
 /// The most requests one batch takes. A guess, from ACTIX-NOTES §2d: large enough that 64 to
 /// 128 concurrent writers fit in one fdatasync.
@@ -68,25 +69,14 @@ impl std::fmt::Debug for Request {
     }
 }
 
-#[derive(Debug)]
-pub(crate) enum BgRequest {
-    Prealloc {
-        tli: TimelineId,
-        segno: u64,
-        reply: Sender<Result<File>>,
-    },
-    Retain,
-    PersistSlots,
-    Shutdown,
-}
-
 enum Waiter {
     Write(oneshot::Sender<Result<Lsn>>),
     Append(oneshot::Sender<Result<Vec<Lsn>>>, Vec<Lsn>),
 }
 
 pub(crate) struct Writer {
-    inner: Arc<Inner>,
+    /// The shared state; timeline control (`timeline.rs`) works on it directly.
+    pub(crate) inner: Arc<Inner>,
     tli: TimelineId,
     /// Durable end; `batch_start` equals it between batches.
     flushed: Lsn,
@@ -114,11 +104,7 @@ pub(crate) fn spawn(
     bg_rx: Receiver<BgRequest>,
     pointer: PointerFile,
 ) -> Result<JoinHandle<()>> {
-    let bg_inner = inner.clone();
-    let bg = thread::Builder::new()
-        .name("wal-background".into())
-        .spawn(move || bg_main(bg_inner, bg_rx))
-        .map_err(|e| WalError::io("starting the WAL background thread", e))?;
+    let bg = background::spawn(inner.clone(), bg_rx)?;
     let st = inner.state().clone();
     let seg = inner.cfg.segment_size;
     let mut w = Writer {
@@ -211,28 +197,39 @@ impl Staged {
     }
 }
 
-/// Zeroes `len` bytes of `f` at `offset`.
-pub(crate) fn write_zeros(
-    io: &Io,
-    f: &File,
-    offset: u64,
-    len: u64,
-    point: &'static str,
-) -> io::Result<()> {
-    const CHUNK: usize = 256 << 10;
-    static ZEROS: [u8; CHUNK] = [0; CHUNK];
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(CHUNK as u64) as usize;
-        io.pwrite_all(f, &ZEROS[..n], offset + done, point)?;
-        done += n as u64;
-    }
-    Ok(())
-}
-
 impl Writer {
-    fn seg(&self) -> u64 {
+    pub(crate) fn seg(&self) -> u64 {
         self.inner.cfg.segment_size
+    }
+
+    /// True if a failed batch may have left bytes beyond `lsn` on disk.
+    pub(crate) fn dirty_beyond(&self, lsn: Lsn) -> bool {
+        self.dirty_until > lsn
+    }
+
+    /// Stores the flush pointer durably.
+    pub(crate) fn store_pointer(&mut self, tli: TimelineId, end: Lsn, exact: bool) -> Result<()> {
+        self.pointer.store(&self.inner.io, tli, end, exact)
+    }
+
+    /// Closes the segment files open for writing and forgets pending preallocations, before
+    /// timeline control changes or removes files under them.
+    pub(crate) fn forget_files(&mut self) {
+        self.files.clear();
+        self.pending.clear();
+    }
+
+    /// Resumes group commit on `tli` at `end`, which is durable with nothing staged beyond it
+    /// (after a timeline switch or a truncation). `at_boundary` says whether `end` is known to
+    /// be a record boundary.
+    pub(crate) fn resume_at(&mut self, tli: TimelineId, end: Lsn, at_boundary: bool) {
+        self.tli = tli;
+        self.at_boundary = at_boundary;
+        self.flushed = end;
+        self.batch_start = end;
+        self.dirty_until = Lsn(0);
+        self.forget_files();
+        self.highest_seg = end.segment_number(self.seg());
     }
 
     fn run(mut self, rx: Receiver<Request>) {
@@ -267,7 +264,7 @@ impl Writer {
 
     /// At a clean stop: persist slots and the durable end, stop the background thread.
     fn close(&mut self) {
-        persist_dirty_slots(&self.inner);
+        background::persist_dirty_slots(&self.inner);
         // Raw writes of walserver records move the pointer only per segment; a clean stop
         // records the end exactly, so the next start need not scan or drop a partial record.
         let p = self.pointer.last;
@@ -448,16 +445,6 @@ impl Writer {
         }
     }
 
-    fn set_positions(&self, written: Lsn, flushed: Lsn) {
-        {
-            let mut st = self.inner.state_mut();
-            st.written = written;
-            st.flushed = flushed;
-            st.check_invariants();
-        }
-        self.inner.publish();
-    }
-
     fn flush_batch(&mut self) -> Result<()> {
         let start = self.batch_start;
         let end = self.staged_end();
@@ -473,7 +460,7 @@ impl Writer {
                 self.at_boundary = false;
                 self.dirty_until = self.dirty_until.max(end);
                 self.batch_start = self.flushed;
-                self.set_positions(self.flushed, self.flushed);
+                self.inner.set_positions(self.flushed, self.flushed);
                 Err(e)
             }
         }
@@ -503,17 +490,17 @@ impl Writer {
                 io.pwritev_all(f, &bytes, pos.segment_offset(seg), FP_WRITE)
                     .map_err(|e| WalError::io(format!("writing WAL segment {}", name()), e))?;
                 if dend < upto {
-                    write_zeros(io, f, dend.segment_offset(seg), upto.0 - dend.0, FP_WRITE)
+                    io.write_zeros(f, dend.segment_offset(seg), upto.0 - dend.0, FP_WRITE)
                         .map_err(|e| WalError::io(format!("zeroing WAL segment {}", name()), e))?;
                 }
             } else {
-                write_zeros(io, f, pos.segment_offset(seg), upto.0 - pos.0, FP_WRITE)
+                io.write_zeros(f, pos.segment_offset(seg), upto.0 - pos.0, FP_WRITE)
                     .map_err(|e| WalError::io(format!("zeroing WAL segment {}", name()), e))?;
             }
             touched.push(segno);
             pos = upto;
         }
-        self.set_positions(end, self.flushed);
+        self.inner.set_positions(end, self.flushed);
         for segno in touched {
             self.inner
                 .io
@@ -553,7 +540,7 @@ impl Writer {
             let parts = self.batch.slices(0, len);
             self.inner.tail.add(self.tli, start, len, &parts);
         }
-        self.set_positions(end, end);
+        self.inner.set_positions(end, end);
         Ok(())
     }
 
@@ -599,7 +586,7 @@ impl Writer {
         Ok(())
     }
 
-    fn request_prealloc(&mut self, segno: u64) {
+    pub(crate) fn request_prealloc(&mut self, segno: u64) {
         if self.pending.contains_key(&segno)
             || self.files.contains_key(&segno)
             || self.inner.files.path(self.tli, segno).exists()
@@ -616,258 +603,6 @@ impl Writer {
             self.pending.insert(segno, rx);
         }
     }
-
-    /// Starts a new timeline at the end of the last complete record at or below the flushed end.
-    pub(crate) fn promote(&mut self, reason: &str) -> Result<(TimelineId, Lsn)> {
-        let st = self.inner.state().clone();
-        let x = last_record_end(
-            &self.inner.files,
-            &st.view(),
-            &self.inner.cfg,
-            st.wal_start,
-            st.flushed,
-        )?;
-        // Like PostgreSQL's findNewestTimeLine: never reuse a timeline some history file names.
-        let mut newest = st.tli;
-        for e in fs::read_dir(self.inner.pg_wal())
-            .map_err(|e| WalError::io("listing pg_wal", e))?
-            .flatten()
-        {
-            if let Some(t) = parse_history_file_name(&e.file_name().to_string_lossy()) {
-                newest = newest.max(t);
-            }
-        }
-        let new_tli = newest.next();
-        let mut history = st.history.to_vec();
-        history.push(HistoryEntry {
-            parent: st.tli,
-            switch_lsn: x,
-            reason: reason.to_string(),
-        });
-        let bytes = format_history(&history);
-        self.switch_to(new_tli, history, &bytes, x)?;
-        Ok((new_tli, x))
-    }
-
-    /// Follows an upstream's switch to `new_tli` at `switch_lsn`.
-    pub(crate) fn follow(
-        &mut self,
-        new_tli: TimelineId,
-        bytes: Vec<u8>,
-        switch_lsn: Lsn,
-    ) -> Result<()> {
-        let entries = parse_history(&bytes)?;
-        check_history_for(new_tli, &entries)?;
-        let st = self.inner.state().clone();
-        if new_tli <= st.tli {
-            return Err(WalError::InvalidHistory(format!(
-                "timeline {new_tli} is not newer than the current timeline {}",
-                st.tli
-            )));
-        }
-        let Some((last, ancestors)) = entries.split_last() else {
-            return Err(WalError::InvalidHistory(format!(
-                "the history of timeline {new_tli} names no ancestor"
-            )));
-        };
-        if last.parent != st.tli || last.switch_lsn != switch_lsn {
-            return Err(WalError::InvalidHistory(format!(
-                "timeline {new_tli} branched from timeline {} at {}, not from this node's timeline {} at {switch_lsn}",
-                last.parent, last.switch_lsn, st.tli
-            )));
-        }
-        let same = ancestors.len() == st.history.len()
-            && ancestors
-                .iter()
-                .zip(st.history.iter())
-                .all(|(a, b)| a.parent == b.parent && a.switch_lsn == b.switch_lsn);
-        if !same {
-            return Err(WalError::InvalidHistory(format!(
-                "the history of timeline {new_tli} disagrees with this node's history of timeline {}",
-                st.tli
-            )));
-        }
-        if st.flushed > switch_lsn {
-            return Err(WalError::Forked {
-                fork_lsn: switch_lsn,
-                local_end: st.flushed,
-            });
-        }
-        if st.flushed < switch_lsn {
-            return Err(WalError::BehindSwitchPoint {
-                switch_lsn,
-                flushed: st.flushed,
-            });
-        }
-        self.switch_to(new_tli, entries, &bytes, switch_lsn)
-    }
-
-    pub(crate) fn store_history(&mut self, tli: TimelineId, bytes: &[u8]) -> Result<()> {
-        let target = self.inner.pg_wal().join(history_file_name(tli));
-        write_atomic(&self.inner.io, &self.inner.tmp, &target, bytes)
-    }
-
-    /// Makes `new_tli` current, beginning at `x`. The control file is the commit point: a
-    /// crash before it leaves the old timeline current (the new history file and switch
-    /// segment are harmless leftovers, the latter removed at open).
-    fn switch_to(
-        &mut self,
-        new_tli: TimelineId,
-        history: Vec<HistoryEntry>,
-        history_bytes: &[u8],
-        x: Lsn,
-    ) -> Result<()> {
-        let seg = self.seg();
-        self.store_history(new_tli, history_bytes)?;
-        if x.segment_offset(seg) != 0 {
-            self.copy_switch_segment(new_tli, x)?;
-        }
-        let old = self.inner.state().clone();
-        self.inner.tail.clear();
-        let st = TimelineState {
-            tli: new_tli,
-            history: Arc::new(history),
-            timeline_start: x,
-            wal_start: old.wal_start,
-            written: x,
-            flushed: x,
-        };
-        self.inner.write_control(&st)?;
-        self.pointer.store(&self.inner.io, new_tli, x, true)?;
-        *self.inner.state_mut() = st;
-        self.inner.publish();
-        self.tli = new_tli;
-        self.at_boundary = true;
-        self.flushed = x;
-        self.batch_start = x;
-        self.dirty_until = Lsn(0);
-        self.files.clear();
-        self.pending.clear();
-        self.highest_seg = x.segment_number(seg);
-        self.request_prealloc(x.segment_number(seg) + 1);
-        tracing::info!(timeline = %new_tli, start = %x, "switched to a new timeline");
-        Ok(())
-    }
-
-    /// Creates the new timeline's first segment: a copy of the old one up to `x`, zeros after.
-    fn copy_switch_segment(&mut self, new_tli: TimelineId, x: Lsn) -> Result<()> {
-        let seg = self.seg();
-        let segno = x.segment_number(seg);
-        let name = segment_file_name(new_tli, segno, seg);
-        let tmp = self.inner.tmp.join(format!("{name}.switch"));
-        let view = self.inner.state().view();
-        let io = &self.inner.io;
-        let result = (|| -> Result<()> {
-            let ctx = |e| WalError::io(format!("creating switch segment {name}"), e);
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)
-                .map_err(ctx)?;
-            let mut pos = x.segment_start(seg);
-            while pos < x {
-                let b = self
-                    .inner
-                    .files
-                    .read(&view, pos, x, 1 << 20)?
-                    .filter(|b| !b.is_empty())
-                    .ok_or_else(|| WalError::SegmentRemoved {
-                        segment: segment_file_name(view.timeline_of(pos), segno, seg),
-                    })?;
-                io.pwrite_all(&f, &b, pos.segment_offset(seg), FP_WRITE)
-                    .map_err(ctx)?;
-                pos = pos + b.len() as u64;
-            }
-            write_zeros(
-                io,
-                &f,
-                x.segment_offset(seg),
-                seg - x.segment_offset(seg),
-                FP_WRITE,
-            )
-            .map_err(ctx)?;
-            io.sync_all(&f, FP_FSYNC).map_err(ctx)?;
-            fs::rename(&tmp, self.inner.pg_wal().join(&name)).map_err(ctx)?;
-            io.sync_dir(self.inner.pg_wal()).map_err(ctx)
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        self.inner.files.evict(|t, s| t == new_tli && s == segno);
-        result
-    }
-
-    /// Drops the current timeline's WAL beyond `lsn`.
-    pub(crate) fn truncate(&mut self, lsn: Lsn) -> Result<u64> {
-        let seg = self.seg();
-        let st = self.inner.state().clone();
-        let bad = |reason: String| WalError::BadTruncate { lsn, reason };
-        if lsn > st.flushed {
-            return Err(bad(format!(
-                "the WAL of timeline {} ends at {}",
-                st.tli, st.flushed
-            )));
-        }
-        if lsn == st.flushed && self.dirty_until <= lsn {
-            return Ok(0);
-        }
-        if lsn < st.timeline_start {
-            return Err(bad(format!(
-                "timeline {} begins at {}",
-                st.tli, st.timeline_start
-            )));
-        }
-        if lsn < self.inner.oldest_retained() {
-            return Err(bad("that WAL was already removed".into()));
-        }
-        self.inner.tail.clear();
-        // The exact pointer first: a crash in the middle of the cut redoes it at open.
-        self.pointer.store(&self.inner.io, st.tli, lsn, true)?;
-        self.files.clear();
-        self.pending.clear();
-        let segno = lsn.segment_number(seg);
-        let path = self.inner.files.path(st.tli, segno);
-        if path.exists() {
-            let f = OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(|e| WalError::io(format!("opening {}", path.display()), e))?;
-            let off = lsn.segment_offset(seg);
-            write_zeros(&self.inner.io, &f, off, seg - off, FP_WRITE)
-                .and_then(|_| self.inner.io.sync_data(&f, FP_FSYNC))
-                .map_err(|e| WalError::io(format!("truncating {}", path.display()), e))?;
-        }
-        for e in fs::read_dir(self.inner.pg_wal())
-            .map_err(|e| WalError::io("listing pg_wal", e))?
-            .flatten()
-        {
-            if let Some((t, s)) = parse_segment_file_name(&e.file_name().to_string_lossy(), seg) {
-                if t == st.tli && s > segno {
-                    fs::remove_file(e.path()).map_err(|err| {
-                        WalError::io(format!("removing {}", e.path().display()), err)
-                    })?;
-                }
-            }
-        }
-        self.inner.files.evict(|t, s| t == st.tli && s > segno);
-        self.inner
-            .io
-            .sync_dir(self.inner.pg_wal())
-            .map_err(|e| WalError::io("syncing pg_wal", e))?;
-        let dropped = st.flushed.0 - lsn.0;
-        self.at_boundary = false;
-        self.flushed = lsn;
-        self.batch_start = lsn;
-        self.dirty_until = Lsn(0);
-        self.highest_seg = segno;
-        self.set_positions(lsn, lsn);
-        let st = self.inner.state().clone();
-        self.inner.write_control(&st)?;
-        tracing::warn!(lsn = %lsn, dropped, "truncated WAL");
-        Ok(dropped)
-    }
 }
 
 fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
@@ -877,212 +612,12 @@ fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
     a.iter().zip(b).position(|(x, y)| x != y)
 }
 
-/// Reads a view's files up to a limit, for scans.
-pub(crate) struct LimitedSource<'a> {
-    pub files: &'a SegmentFiles,
-    pub view: &'a View,
-    pub limit: Lsn,
-}
-
-impl crate::format::ByteSource for LimitedSource<'_> {
-    fn read_at(&mut self, lsn: Lsn, max_len: usize) -> Result<Bytes> {
-        Ok(self
-            .files
-            .read(self.view, lsn, self.limit, max_len)?
-            .unwrap_or_default())
-    }
-}
-
-/// The end of the last complete record at or below `upto`.
-fn last_record_end(
-    files: &SegmentFiles,
-    view: &View,
-    cfg: &StorageConfig,
-    wal_start: Lsn,
-    upto: Lsn,
-) -> Result<Lsn> {
-    let Some(start) = find_scan_start(files, view, wal_start, upto)? else {
-        if upto == wal_start {
-            return Ok(upto);
-        }
-        return Err(WalError::Corruption {
-            segment: segment_file_name(
-                view.tli,
-                upto.segment_number(cfg.segment_size),
-                cfg.segment_size,
-            ),
-            offset: upto.segment_offset(cfg.segment_size),
-            reason: "no complete record below the flushed end to start a timeline at".into(),
-        });
-    };
-    let src = LimitedSource {
-        files,
-        view,
-        limit: upto,
-    };
-    let mut scanner = Scanner::new(src, cfg.segment_size, cfg.max_record_size, start);
-    let mut end = start;
-    while let Scan::Record(r) = scanner.next()? {
-        end = r.end;
-    }
-    Ok(end)
-}
-
-fn bg_main(inner: Arc<Inner>, rx: Receiver<BgRequest>) {
-    for req in rx {
-        match req {
-            BgRequest::Prealloc { tli, segno, reply } => {
-                let _ = reply.send(preallocate(&inner, tli, segno));
-            }
-            BgRequest::Retain => {
-                if let Err(e) = retain(&inner) {
-                    tracing::warn!(error = %e, "WAL retention failed; will retry at the next segment switch");
-                }
-            }
-            BgRequest::PersistSlots => persist_dirty_slots(&inner),
-            BgRequest::Shutdown => break,
-        }
-    }
-}
-
-/// Gives a new, empty segment file its full size of zeros.
-///
-/// On tmpfs nothing is made durable and the kernel hands out zeroed pages, so `fallocate`
-/// reserves the memory without copying 16 MiB of zeros from user space: that copy was about
-/// 40% of a standby's CPU while catching up on tmpfs. Elsewhere the zeros are written, so
-/// that later overwrites, and their fdatasync, change no file-system metadata (an unwritten
-/// extent from fallocate would make every small commit's fdatasync a journal commit).
-fn zero_fill(io: &Io, f: &File, len: u64) -> io::Result<()> {
-    if on_tmpfs(f) {
-        io.check(FP_PREALLOC)?;
-        use std::os::fd::AsRawFd;
-        // SAFETY: fallocate on a descriptor we own, over a valid range.
-        if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) } == 0 {
-            return Ok(());
-        }
-    }
-    write_zeros(io, f, 0, len, FP_PREALLOC)
-}
-
-fn on_tmpfs(f: &File) -> bool {
-    use std::os::fd::AsRawFd;
-    // SAFETY: fstatfs fills the struct we pass for a descriptor we own.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    let ok = unsafe { libc::fstatfs(f.as_raw_fd(), &mut st) } == 0;
-    ok && st.f_type as u64 == libc::TMPFS_MAGIC as u64
-}
-
-/// Creates a zero-filled segment file outside `pg_wal`, makes it durable, then links it into
-/// `pg_wal` under its final name (never replacing a file there) and fsyncs the directory.
-fn preallocate(inner: &Inner, tli: TimelineId, segno: u64) -> Result<File> {
-    let seg = inner.cfg.segment_size;
-    let name = segment_file_name(tli, segno, seg);
-    let tmp = inner.tmp.join(format!("{name}.prealloc"));
-    let target = inner.pg_wal().join(&name);
-    let io = &inner.io;
-    let result = (|| -> io::Result<File> {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        zero_fill(io, &f, seg)?;
-        io.sync_all(&f, FP_PREALLOC)?;
-        match fs::hard_link(&tmp, &target) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                fs::remove_file(&tmp)?;
-                return OpenOptions::new().read(true).write(true).open(&target);
-            }
-            Err(e) => return Err(e),
-        }
-        fs::remove_file(&tmp)?;
-        io.sync_dir(inner.pg_wal())?;
-        Ok(f)
-    })();
-    result.map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        WalError::io(format!("preallocating WAL segment {name}"), e)
-    })
-}
-
-/// Removes segments nobody needs and invalidates slots that hold too much.
-pub(crate) fn retain(inner: &Inner) -> Result<()> {
-    let seg = inner.cfg.segment_size;
-    let (flushed, wal_start) = {
-        let st = inner.state();
-        (st.flushed, st.wal_start)
-    };
-    // The segment holding the last durable byte stays even when the flushed end sits exactly
-    // on a segment boundary: recovery reads it.
-    let last_byte_seg = Lsn(flushed.0.saturating_sub(1))
-        .max(wal_start)
-        .segment_number(seg);
-    let keep = {
-        let mut slots = inner.slots();
-        let keep = keep_segno(flushed, slots.min_restart_lsn(), &inner.cfg).min(last_byte_seg);
-        let cutoff = Lsn(keep * seg);
-        let doomed: Vec<String> = slots
-            .slots
-            .iter()
-            .filter(|(_, s)| !s.invalidated && s.restart_lsn.is_some_and(|r| r < cutoff))
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in doomed {
-            let s = slots.slots.get_mut(&name).expect("listed above");
-            tracing::warn!(slot = %name, restart_lsn = ?s.restart_lsn, "invalidating replication slot: it exceeds max_slot_wal_keep_size");
-            s.invalidated = true;
-            s.dirty = true;
-            slots.persist(&inner.io, &inner.tmp, &inner.slots_dir, &name)?;
-        }
-        keep
-    };
-    let cutoff = Lsn(keep * seg);
-    inner
-        .oldest_retained
-        .fetch_max(cutoff.0, std::sync::atomic::Ordering::AcqRel);
-    let mut removed = false;
-    for e in fs::read_dir(inner.pg_wal())
-        .map_err(|e| WalError::io("listing pg_wal", e))?
-        .flatten()
-    {
-        if let Some((_, segno)) = parse_segment_file_name(&e.file_name().to_string_lossy(), seg) {
-            if segno < keep {
-                fs::remove_file(e.path())
-                    .map_err(|err| WalError::io(format!("removing {}", e.path().display()), err))?;
-                removed = true;
-            }
-        }
-    }
-    if removed {
-        inner.files.evict(|_, s| s < keep);
-        inner
-            .io
-            .sync_dir(inner.pg_wal())
-            .map_err(|e| WalError::io("syncing pg_wal", e))?;
-    }
-    Ok(())
-}
-
-pub(crate) fn persist_dirty_slots(inner: &Inner) {
-    let mut slots = inner.slots();
-    let dirty: Vec<String> = slots
-        .slots
-        .iter()
-        .filter(|(_, s)| s.dirty && !s.temporary)
-        .map(|(n, _)| n.clone())
-        .collect();
-    for name in dirty {
-        if let Err(e) = slots.persist(&inner.io, &inner.tmp, &inner.slots_dir, &name) {
-            tracing::warn!(slot = %name, error = %e, "could not persist replication slot");
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
+    use crate::io::Io;
 
     /// Raw chunks and framed records read back in order, for any range, and pwritev writes
     /// exactly them.

@@ -7,6 +7,8 @@
 //! - [`PgTimestamp`]: PostgreSQL's `TimestampTz` on the wire, microseconds since 2000-01-01 UTC.
 //! - [`time`]: instants and lags as walserver's status rows show them (PostgreSQL's text),
 //!   with the serde helpers those rows use.
+//! - [`validate_slot_name`]: PostgreSQL's rule for replication slot names, which the replication
+//!   command parser and storage both apply (each wraps [`SlotNameError`] in its own error).
 //!
 //! This crate does no I/O and has no dependencies beyond serde and thiserror.
 
@@ -62,10 +64,18 @@ impl Lsn {
     }
 }
 
+/// `lsn + n`, for positions this process computed itself.
+///
+/// # Panics
+///
+/// If the sum passes `u64::MAX`, in release builds too: an LSN that near 2^64 is a broken
+/// invariant, never something to wrap around. Positions and lengths that come from the
+/// network or the disk go through [`Lsn::checked_add`] and fail with an error instead.
 impl std::ops::Add<u64> for Lsn {
     type Output = Lsn;
     fn add(self, rhs: u64) -> Lsn {
-        Lsn(self.0 + rhs)
+        self.checked_add(rhs)
+            .unwrap_or_else(|| panic!("LSN overflow: {self} + {rhs} passes FFFFFFFF/FFFFFFFF"))
     }
 }
 
@@ -171,6 +181,39 @@ impl<'de> Deserialize<'de> for SystemId {
     }
 }
 
+/// PostgreSQL's NAMEDATALEN - 1: a replication slot name is at most 63 bytes.
+pub const MAX_SLOT_NAME_LEN: usize = 63;
+
+/// Why a name is not a valid replication slot name. The texts are PostgreSQL's, to follow
+/// `replication slot name "NAME" `.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SlotNameError {
+    #[error("is too short")]
+    TooShort,
+    #[error("is too long")]
+    TooLong,
+    #[error("contains invalid character")]
+    InvalidCharacter,
+}
+
+/// PostgreSQL's `ReplicationSlotValidateName`: `[a-z0-9_]{1,63}`, checked in its order (length,
+/// then characters).
+pub fn validate_slot_name(name: &str) -> Result<(), SlotNameError> {
+    if name.is_empty() {
+        return Err(SlotNameError::TooShort);
+    }
+    if name.len() > MAX_SLOT_NAME_LEN {
+        return Err(SlotNameError::TooLong);
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(SlotNameError::InvalidCharacter);
+    }
+    Ok(())
+}
+
 /// Seconds between the Unix epoch and PostgreSQL's epoch, 2000-01-01 00:00:00 UTC.
 const PG_EPOCH_UNIX_SECS: u64 = 946_684_800;
 
@@ -247,12 +290,55 @@ mod tests {
     }
 
     #[test]
+    fn lsn_addition_never_wraps() {
+        assert_eq!(Lsn(0x100_0000) + 0x18, Lsn(0x100_0018));
+        assert_eq!(Lsn(u64::MAX - 1) + 1, Lsn::MAX);
+        assert_eq!(Lsn(u64::MAX - 1).checked_add(1), Some(Lsn::MAX));
+        assert_eq!(Lsn::MAX.checked_add(1), None);
+        assert_eq!(Lsn(u64::MAX - 7).checked_add(u64::MAX), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "LSN overflow: FFFFFFFF/FFFFFFFF + 1")]
+    fn lsn_addition_past_the_end_panics() {
+        let _ = Lsn::MAX + 1;
+    }
+
+    #[test]
     fn lsn_segments() {
         let seg = 16 << 20;
         let lsn = Lsn(0x4025A50);
         assert_eq!(lsn.segment_number(seg), 4);
         assert_eq!(lsn.segment_start(seg), Lsn(0x4000000));
         assert_eq!(lsn.segment_offset(seg), 0x25A50);
+    }
+
+    #[test]
+    fn slot_names_follow_postgres() {
+        for ok in ["a", "pg_walreceiver_42", "0", &"x".repeat(63)] {
+            assert_eq!(validate_slot_name(ok), Ok(()), "{ok}");
+        }
+        assert_eq!(validate_slot_name(""), Err(SlotNameError::TooShort));
+        assert_eq!(
+            validate_slot_name(&"x".repeat(64)),
+            Err(SlotNameError::TooLong)
+        );
+        // Length is checked before characters, as PostgreSQL does.
+        assert_eq!(
+            validate_slot_name(&"X".repeat(64)),
+            Err(SlotNameError::TooLong)
+        );
+        for bad in ["A", "has-dash", "dot.", "sp ace", "é"] {
+            assert_eq!(
+                validate_slot_name(bad),
+                Err(SlotNameError::InvalidCharacter),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            SlotNameError::InvalidCharacter.to_string(),
+            "contains invalid character"
+        );
     }
 
     #[test]

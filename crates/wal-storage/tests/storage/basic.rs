@@ -158,6 +158,25 @@ fn records_survive_reopen_and_decode() {
     assert_eq!(third[0].payload, payloads[first]);
 }
 
+/// A reader asked for a position past the end, even one at the edge of the LSN space (as a
+/// client of `GET /wal?from=` may ask), gets `BeyondEnd`, not a panic.
+#[test]
+fn record_reader_beyond_the_end_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    let end = append(&wal, &[payload(1, 100)])[0];
+    for from in [
+        end + 8,
+        Lsn(u64::MAX - 3),
+        Lsn::MAX,
+        Lsn::MAX.segment_start(SEG),
+    ] {
+        let mut r = wal.record_reader(TimelineId(1), from).unwrap();
+        let err = r.next_record().unwrap_err();
+        assert!(matches!(err, WalError::BeyondEnd { .. }), "{from}: {err}");
+    }
+}
+
 #[test]
 fn record_size_and_format_rules() {
     let tmp = tempfile::tempdir().unwrap();

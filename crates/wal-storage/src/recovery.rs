@@ -1,0 +1,500 @@
+//! Open-time recovery: making a data directory (`init`), opening one (`open`), and finding the
+//! end of durable WAL there, as the crate docs' crash-safety argument lays out. Open reads the
+//! control data and the flush pointer, scans walserver records forward from a boundary at or
+//! below the pointer (the tail scan), records the end as an exact pointer, zeroes the rest of
+//! the end's segment and removes later segment files, all before any write is accepted; the
+//! [`RecoveryReport`] says what it found and cut.
+//!
+//! **Invariants:** a record that fails to validate below the vouched end is corruption and
+//! open fails; nothing beyond the recovered end survives open (zeroed or removed, then
+//! fsynced); `tmp/` is empty and `pg_wal` holds no segment of a newer timeline after it.
+
+use std::collections::BTreeSet;
+use std::fs::{self, File, OpenOptions};
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, RwLock};
+
+use crossbeam_channel::Receiver;
+use tokio::sync::watch;
+use wal_types::{Lsn, SystemId, TimelineId};
+
+use crate::durable::write_atomic_with;
+use crate::files::{
+    encode_envelope, read_control, ControlData, FlushPointer, PointerFile, FILE_VERSION,
+};
+use crate::format::{Scan, Scanner, StopKind};
+use crate::history::{check_history_for, format_history, parse_history};
+use crate::io::{pread_exact, Io, FP_FSYNC, FP_WRITE};
+use crate::naming::{history_file_name, parse_segment_file_name, segment_file_name};
+use crate::scan::{find_scan_start, FileSource};
+use crate::segments::{SegmentFiles, View};
+use crate::slots::SlotTable;
+use crate::state::{BgRequest, Inner, TimelineState};
+use crate::{HistoryEntry, Result, StorageConfig, WalError, WalFormat};
+
+/// How to make a new data directory.
+#[derive(Clone, Debug)]
+pub struct InitOptions {
+    pub system_id: SystemId,
+    pub format: WalFormat,
+    /// The timeline to start on: 1 for a new primary, the upstream's for a standby.
+    pub timeline: TimelineId,
+    /// Where the WAL starts, segment-aligned and not 0/0. `None` is the start of segment 1
+    /// (0/1000000 with 16 MiB segments), where a new primary begins.
+    pub start_lsn: Option<Lsn>,
+    /// The ancestry of `timeline`, oldest first (empty for timeline 1).
+    pub history: Vec<HistoryEntry>,
+    /// Raw history files to store, as fetched from an upstream (TIMELINE_HISTORY), so they can
+    /// be served again byte for byte. The file of `timeline` is written from `history` if it is
+    /// not among them.
+    pub history_files: Vec<(TimelineId, Vec<u8>)>,
+}
+
+impl InitOptions {
+    /// A new primary: timeline 1, starting at segment 1.
+    pub fn primary(system_id: SystemId, format: WalFormat) -> InitOptions {
+        InitOptions {
+            system_id,
+            format,
+            timeline: TimelineId::FIRST,
+            start_lsn: None,
+            history: Vec::new(),
+            history_files: Vec::new(),
+        }
+    }
+}
+
+/// What open found and did to find the end of durable WAL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub timeline: TimelineId,
+    /// The recovered durable end: writes continue here.
+    pub end: Lsn,
+    /// The durable end the flush pointer (or control file) vouched for.
+    pub flush_pointer: Lsn,
+    /// For walserver-format WAL, the end of the valid records found by scanning.
+    pub records_end: Option<Lsn>,
+    /// Why the record scan stopped, if it did at something other than never-written bytes.
+    pub stop_reason: Option<String>,
+    /// Bytes beyond the end that held something and were zeroed (a torn or unconfirmed tail).
+    pub discarded_bytes: u64,
+    /// Segment files beyond the end that were removed.
+    pub removed_segments: Vec<String>,
+}
+
+fn io_err(what: &str, path: &Path) -> impl FnOnce(std::io::Error) -> WalError {
+    let ctx = format!("{what} {}", path.display());
+    move |e| WalError::io(ctx, e)
+}
+
+fn lock_dir(dir: &Path) -> Result<File> {
+    let path = dir.join("walserver.lock");
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_err("opening", &path))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(WalError::Locked {
+            dir: dir.to_path_buf(),
+            lock: path,
+        }),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(WalError::io(format!("locking {}", path.display()), e))
+        }
+    }
+}
+
+/// What open hands the `Wal` handle: the shared state, ready for the writer thread (which
+/// takes the flush pointer and the background thread's queue), and the report of what open
+/// found.
+pub(crate) struct Recovered {
+    pub inner: Arc<Inner>,
+    pub pointer: PointerFile,
+    pub bg_rx: Receiver<BgRequest>,
+    pub report: RecoveryReport,
+}
+
+/// Creates a data directory and opens it. Fails if `dir` already holds one.
+pub(crate) fn init(dir: &Path, cfg: StorageConfig, opts: InitOptions) -> Result<Recovered> {
+    cfg.validate()?;
+    let seg = cfg.segment_size;
+    fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
+    let lock = lock_dir(dir)?;
+    if dir.join("control").exists() {
+        return Err(WalError::AlreadyInitialized {
+            dir: dir.to_path_buf(),
+        });
+    }
+    let start = opts.start_lsn.unwrap_or(Lsn(seg));
+    if !start.is_valid() || start.segment_offset(seg) != 0 {
+        return Err(WalError::InvalidConfig(format!(
+            "the WAL must start at a segment boundary other than 0/0, got {start}"
+        )));
+    }
+    check_history_for(opts.timeline, &opts.history)?;
+    if let Some(last) = opts.history.last() {
+        if start < last.switch_lsn.segment_start(seg) {
+            return Err(WalError::InvalidConfig(format!(
+                "timeline {} begins at {}; a standby starting at {start} must start on an older timeline",
+                opts.timeline, last.switch_lsn
+            )));
+        }
+    }
+    let io = Io::new(cfg.fsync);
+    let pg_wal = dir.join("pg_wal");
+    let tmp = dir.join("tmp");
+    for d in [&pg_wal, &tmp, &dir.join("slots")] {
+        fs::create_dir_all(d).map_err(io_err("creating", d))?;
+    }
+    let mut files = opts.history_files.clone();
+    if opts.timeline != TimelineId::FIRST && !files.iter().any(|(t, _)| *t == opts.timeline) {
+        files.push((opts.timeline, format_history(&opts.history)));
+    }
+    for (tli, bytes) in &files {
+        parse_history(bytes)?;
+        write_atomic_with(&io, &tmp, &pg_wal.join(history_file_name(*tli)), bytes)?;
+    }
+    PointerFile::create(
+        &io,
+        &dir.join("flush_pointer"),
+        FlushPointer {
+            seq: 1,
+            timeline: opts.timeline,
+            end: start,
+            exact: true,
+        },
+    )?;
+    let control = ControlData {
+        version: FILE_VERSION,
+        system_identifier: opts.system_id,
+        wal_format: opts.format,
+        segment_size: seg,
+        timeline: opts.timeline,
+        history: opts.history.clone(),
+        timeline_start: start,
+        wal_start: start,
+        durable_lsn: start,
+    };
+    io.sync_dir(&pg_wal).map_err(io_err("syncing", &pg_wal))?;
+    write_atomic_with(
+        &io,
+        &tmp,
+        &dir.join("control"),
+        &encode_envelope("control", &control),
+    )?;
+    open_locked(dir, cfg, lock)
+}
+
+/// Opens a data directory, finding the end of durable WAL (see the crate docs on crash
+/// safety) and cutting off whatever lies beyond it.
+pub(crate) fn open(dir: &Path, cfg: StorageConfig) -> Result<Recovered> {
+    cfg.validate()?;
+    if !dir.join("control").exists() {
+        return Err(WalError::NotInitialized {
+            dir: dir.to_path_buf(),
+        });
+    }
+    let lock = lock_dir(dir)?;
+    open_locked(dir, cfg, lock)
+}
+
+/// The control data of an initialized data directory, read without opening it.
+pub(crate) fn stored_control(dir: &Path) -> Result<ControlData> {
+    if !dir.join("control").exists() {
+        return Err(WalError::NotInitialized {
+            dir: dir.to_path_buf(),
+        });
+    }
+    read_control(&dir.join("control"))
+}
+
+/// Reads the data directory with its lock held: control data, flush pointer, slots, the files
+/// of `pg_wal`, and the end of durable WAL, cutting what lies beyond it.
+fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> {
+    let control = read_control(&dir.join("control"))?;
+    if control.segment_size != cfg.segment_size {
+        return Err(WalError::SegmentSizeMismatch {
+            configured: cfg.segment_size,
+            stored: control.segment_size,
+        });
+    }
+    let seg = cfg.segment_size;
+    let io = Io::new(cfg.fsync);
+    let pg_wal = dir.join("pg_wal");
+    let tmp = dir.join("tmp");
+    let slots_dir = dir.join("slots");
+    for d in [&tmp, &slots_dir] {
+        fs::create_dir_all(d).map_err(io_err("creating", d))?;
+    }
+    // Leftovers of interrupted atomic writes and preallocations.
+    for e in fs::read_dir(&tmp).map_err(io_err("listing", &tmp))? {
+        let p = e.map_err(io_err("listing", &tmp))?.path();
+        fs::remove_file(&p).map_err(io_err("removing", &p))?;
+    }
+    let files = SegmentFiles::new(&pg_wal, seg);
+    let mut pointer = PointerFile::open(&dir.join("flush_pointer"))?;
+    let mut st = TimelineState {
+        tli: control.timeline,
+        history: Arc::new(control.history.clone()),
+        timeline_start: control.timeline_start,
+        wal_start: control.wal_start,
+        written: control.durable_lsn,
+        flushed: control.durable_lsn,
+    };
+
+    // Segment files on disk, by timeline; those of timelines newer than the current one are
+    // remnants of an interrupted promotion and go.
+    let mut removed_segments = Vec::new();
+    let mut on_disk: BTreeSet<(TimelineId, u64)> = BTreeSet::new();
+    for e in fs::read_dir(&pg_wal).map_err(io_err("listing", &pg_wal))? {
+        let e = e.map_err(io_err("listing", &pg_wal))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some((tli, segno)) = parse_segment_file_name(&name, seg) {
+            if tli > st.tli {
+                fs::remove_file(e.path()).map_err(io_err("removing", &e.path()))?;
+                removed_segments.push(name);
+            } else {
+                on_disk.insert((tli, segno));
+            }
+        }
+    }
+
+    // The durable end the pointer vouches for. A pointer of another timeline predates the
+    // last switch, whose position the control file holds.
+    let (vouched, exact) = if pointer.last.timeline == st.tli {
+        (pointer.last.end.max(st.timeline_start), pointer.last.exact)
+    } else {
+        (control.durable_lsn, true)
+    };
+    let view = st.view();
+    let mut report = RecoveryReport {
+        timeline: st.tli,
+        end: vouched,
+        flush_pointer: vouched,
+        records_end: None,
+        stop_reason: None,
+        discarded_bytes: 0,
+        removed_segments: Vec::new(),
+    };
+    if control.wal_format == WalFormat::Walserver {
+        if let Some((records_end, stop)) =
+            scan_records_end(&files, &view, &cfg, st.wal_start, vouched)?
+        {
+            report.records_end = Some(records_end);
+            report.stop_reason = stop;
+            if !exact {
+                report.end = vouched.max(records_end);
+            }
+        }
+    } else if vouched > st.wal_start {
+        // Relayed PostgreSQL WAL: the pointer alone says where durable bytes end; the
+        // segment holding the last of them must exist.
+        let last = Lsn(vouched.0 - 1);
+        if files
+            .read(&view, last, Lsn::MAX, 1)?
+            .is_none_or(|b| b.is_empty())
+        {
+            return Err(WalError::Corruption {
+                segment: segment_file_name(st.tli, last.segment_number(seg), seg),
+                offset: last.segment_offset(seg),
+                reason: "the segment holding durable WAL is missing".into(),
+            });
+        }
+    }
+    let end = report.end;
+
+    // Record the end as exact before cutting, so that an interrupted cut is redone the same.
+    pointer.store(&io, st.tli, end, true)?;
+    let end_seg = end.segment_number(seg);
+    for &(tli, segno) in on_disk.iter() {
+        if tli == st.tli && segno > end_seg {
+            let path = files.path(tli, segno);
+            if !is_all_zero(&path)? {
+                report
+                    .removed_segments
+                    .push(segment_file_name(tli, segno, seg));
+            }
+            fs::remove_file(&path).map_err(io_err("removing", &path))?;
+        }
+    }
+    if on_disk.contains(&(st.tli, end_seg)) {
+        let path = files.path(st.tli, end_seg);
+        let len = fs::metadata(&path).map_err(io_err("reading", &path))?.len();
+        if len != seg {
+            if end.segment_offset(seg) != 0 {
+                return Err(WalError::BadFile {
+                    path,
+                    reason: format!("segment file is {len} bytes, expected {seg}"),
+                });
+            }
+            // A partial file holding nothing durable: remove, preallocation recreates it.
+            fs::remove_file(&path).map_err(io_err("removing", &path))?;
+        } else {
+            report.discarded_bytes = zero_tail(&io, &path, end.segment_offset(seg))?;
+        }
+    }
+    io.sync_dir(&pg_wal).map_err(io_err("syncing", &pg_wal))?;
+    removed_segments.append(&mut report.removed_segments);
+    report.removed_segments = removed_segments;
+    if report.discarded_bytes > 0 || !report.removed_segments.is_empty() {
+        tracing::warn!(
+            end = %end,
+            discarded_bytes = report.discarded_bytes,
+            removed = ?report.removed_segments,
+            reason = report.stop_reason.as_deref().unwrap_or(""),
+            "cut WAL beyond the durable end"
+        );
+    }
+    st.written = end;
+    st.flushed = end;
+    st.check_invariants();
+
+    // The oldest retained LSN: the first segment present in the current view.
+    let oldest = on_disk
+        .iter()
+        .filter(|&&(tli, segno)| {
+            view.candidates(Lsn(segno * seg), segno, seg)
+                .iter()
+                .any(|&(t, _)| t == tli)
+        })
+        .map(|&(_, segno)| Lsn(segno * seg))
+        .min()
+        .unwrap_or(end.segment_start(seg))
+        .max(st.wal_start);
+
+    let slots = SlotTable::load(&slots_dir)?;
+    let (pos_tx, _) = watch::channel(st.position());
+    let (bg_tx, bg_rx) = crossbeam_channel::unbounded();
+    let inner = Arc::new(Inner {
+        dir: dir.to_path_buf(),
+        tmp,
+        slots_dir,
+        cfg,
+        system_id: control.system_identifier,
+        format: control.wal_format,
+        io,
+        files,
+        state: RwLock::new(st),
+        pos_tx,
+        slot_released: watch::channel(0).0,
+        oldest_retained: AtomicU64::new(oldest.0),
+        slots: Mutex::new(slots),
+        bg_tx,
+        tail: Default::default(),
+        _lock: lock,
+    });
+    Ok(Recovered {
+        inner,
+        pointer,
+        bg_rx,
+        report,
+    })
+}
+
+/// Scans walserver records from a boundary at or below `vouched` to the first invalid one.
+/// Returns the end of the valid records and why the scan stopped; a record that should be
+/// complete below `vouched` but is not is corruption.
+fn scan_records_end(
+    files: &SegmentFiles,
+    view: &View,
+    cfg: &StorageConfig,
+    wal_start: Lsn,
+    vouched: Lsn,
+) -> Result<Option<(Lsn, Option<String>)>> {
+    let start = match find_scan_start(files, view, wal_start, vouched)? {
+        Some(b) => b,
+        // Nothing durable yet but possibly records written without a pointer update: a fresh
+        // WAL starts at a segment start, where the scanner reads the header.
+        None if vouched == wal_start => wal_start,
+        None => return Ok(None),
+    };
+    let seg = cfg.segment_size;
+    let src = FileSource {
+        files,
+        view,
+        limit: Lsn::MAX,
+    };
+    let mut scanner = Scanner::new(src, seg, cfg.max_record_size, start);
+    loop {
+        match scanner.next()? {
+            Scan::Record(_) => continue,
+            Scan::Stop(stop) => {
+                if stop.complete_by <= vouched {
+                    let reason = match stop.kind {
+                        StopKind::Invalid(r) => r,
+                        StopKind::Zeroed => "zeroed bytes".into(),
+                        StopKind::Incomplete => "missing bytes".into(),
+                    };
+                    return Err(WalError::Corruption {
+                        segment: segment_file_name(
+                            view.timeline_of(stop.at),
+                            stop.at.segment_number(seg),
+                            seg,
+                        ),
+                        offset: stop.at.segment_offset(seg),
+                        reason: format!("{reason} below the durable end {vouched}"),
+                    });
+                }
+                let why = match stop.kind {
+                    StopKind::Invalid(r) => Some(r),
+                    _ => None,
+                };
+                return Ok(Some((stop.at, why)));
+            }
+        }
+    }
+}
+
+/// True if the file holds only zero bytes.
+fn is_all_zero(path: &Path) -> Result<bool> {
+    let f = File::open(path).map_err(io_err("opening", path))?;
+    let len = f.metadata().map_err(io_err("reading", path))?.len();
+    let mut off = 0;
+    while off < len {
+        let b = pread_exact(&f, (1 << 20).min((len - off) as usize), off)
+            .map_err(io_err("reading", path))?;
+        if b.is_empty() {
+            break;
+        }
+        if b.iter().any(|&x| x != 0) {
+            return Ok(false);
+        }
+        off += b.len() as u64;
+    }
+    Ok(true)
+}
+
+/// Zeroes a segment file from `from` to its end if anything there is non-zero, fsyncs it, and
+/// returns how many bytes up to the last non-zero one were discarded.
+fn zero_tail(io: &Io, path: &Path, from: u64) -> Result<u64> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io_err("opening", path))?;
+    let len = f.metadata().map_err(io_err("reading", path))?.len();
+    let mut last_nonzero = None;
+    let mut off = from;
+    while off < len {
+        let b = pread_exact(&f, (1 << 20).min((len - off) as usize), off)
+            .map_err(io_err("reading", path))?;
+        if b.is_empty() {
+            break;
+        }
+        if let Some(i) = b.iter().rposition(|&x| x != 0) {
+            last_nonzero = Some(off + i as u64);
+        }
+        off += b.len() as u64;
+    }
+    let Some(last) = last_nonzero else {
+        return Ok(0);
+    };
+    io.write_zeros(&f, from, last + 1 - from, FP_WRITE)
+        .and_then(|_| io.sync_data(&f, FP_FSYNC))
+        .map_err(io_err("zeroing the tail of", path))?;
+    Ok(last + 1 - from)
+}

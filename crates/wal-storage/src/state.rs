@@ -1,0 +1,278 @@
+//! The state every part of storage shares: [`Inner`] (directories, configuration, the segment
+//! files, the slot table, the channels out), [`TimelineState`] (the positions that change
+//! together), [`WalPosition`] (what is published), and the read paths (`read`, `read_cached`,
+//! `locate`), which need nothing but this state and the files, so handles call them on their
+//! own thread.
+//!
+//! **Invariants** (checked by [`TimelineState::check_invariants`] when positions are set):
+//! `wal_start <= timeline_start <= flushed <= written`. Reads stop at the flushed end of the
+//! current timeline, or the switch point of an ancestor, and below the oldest retained segment
+//! they fail with `SegmentRemoved`.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use bytes::Bytes;
+use crossbeam_channel::Sender;
+use tokio::sync::watch;
+use wal_types::{Lsn, SystemId, TimelineId};
+
+use crate::durable::write_atomic_with;
+use crate::files::{encode_envelope, ControlData, FILE_VERSION};
+use crate::io::Io;
+use crate::naming::segment_file_name;
+use crate::segments::{SegmentFiles, View, WalFileRange};
+use crate::slots::{SlotPaths, SlotTable};
+use crate::tail::TailCache;
+use crate::{HistoryEntry, Result, StorageConfig, WalError, WalFormat};
+
+/// Where the WAL stands: what the writer thread publishes after each write and each fsync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WalPosition {
+    pub timeline: TimelineId,
+    /// End of what has been written to the segment files (not necessarily durable).
+    pub written: Lsn,
+    /// End of what is durable. Never ahead of `written`.
+    pub flushed: Lsn,
+}
+
+/// The parts of the state that change together (promotion, following, truncation, writes).
+#[derive(Clone, Debug)]
+pub(crate) struct TimelineState {
+    pub tli: TimelineId,
+    pub history: Arc<Vec<HistoryEntry>>,
+    pub timeline_start: Lsn,
+    pub wal_start: Lsn,
+    pub written: Lsn,
+    pub flushed: Lsn,
+}
+
+impl TimelineState {
+    pub(crate) fn view(&self) -> View {
+        View {
+            tli: self.tli,
+            history: self.history.clone(),
+        }
+    }
+
+    pub(crate) fn position(&self) -> WalPosition {
+        WalPosition {
+            timeline: self.tli,
+            written: self.written,
+            flushed: self.flushed,
+        }
+    }
+
+    /// The ordering relations between positions.
+    pub(crate) fn check_invariants(&self) {
+        debug_assert!(self.flushed <= self.written, "{self:?}");
+        debug_assert!(self.timeline_start <= self.flushed, "{self:?}");
+        debug_assert!(self.wal_start <= self.timeline_start, "{self:?}");
+    }
+}
+
+/// What the background thread (`background.rs`) is asked to do. Declared here, beside the
+/// sender in [`Inner`], so that everyone holding the state can ask without knowing the thread.
+#[derive(Debug)]
+pub(crate) enum BgRequest {
+    /// Create segment `segno` of `tli` zero-filled and hand it back open for writing.
+    Prealloc {
+        tli: TimelineId,
+        segno: u64,
+        reply: Sender<Result<File>>,
+    },
+    /// Remove what no slot and no `wal_keep_size` needs (at a segment switch).
+    Retain,
+    /// Write the slots whose restart point moved to disk.
+    PersistSlots,
+    Shutdown,
+}
+
+/// Everything shared by handles, the writer thread and the background thread.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub dir: PathBuf,
+    pub tmp: PathBuf,
+    pub slots_dir: PathBuf,
+    pub cfg: StorageConfig,
+    pub system_id: SystemId,
+    pub format: WalFormat,
+    pub io: Io,
+    pub files: SegmentFiles,
+    pub state: RwLock<TimelineState>,
+    pub pos_tx: watch::Sender<WalPosition>,
+    /// Counts slot releases, so a `DROP_REPLICATION_SLOT ... WAIT` can wait for one.
+    pub slot_released: watch::Sender<u64>,
+    pub oldest_retained: AtomicU64,
+    pub slots: Mutex<SlotTable>,
+    /// Feeds the background thread (preallocation, retention, slot persistence).
+    pub bg_tx: Sender<BgRequest>,
+    /// The last small durable batches, for readers at the end of WAL.
+    pub tail: TailCache,
+    /// Held for the life of the data directory's use; the lock goes with the file.
+    pub _lock: File,
+}
+
+impl Inner {
+    pub(crate) fn state(&self) -> std::sync::RwLockReadGuard<'_, TimelineState> {
+        // The state is plain data, always consistent between statements.
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn state_mut(&self) -> std::sync::RwLockWriteGuard<'_, TimelineState> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn slots(&self) -> std::sync::MutexGuard<'_, SlotTable> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where the slot table writes its files.
+    pub(crate) fn slot_paths(&self) -> SlotPaths<'_> {
+        SlotPaths {
+            io: &self.io,
+            tmp: &self.tmp,
+            dir: &self.slots_dir,
+        }
+    }
+
+    pub(crate) fn pg_wal(&self) -> &Path {
+        &self.files.pg_wal
+    }
+
+    pub(crate) fn publish(&self) {
+        let pos = self.state().position();
+        self.pos_tx.send_replace(pos);
+    }
+
+    pub(crate) fn oldest_retained(&self) -> Lsn {
+        Lsn(self.oldest_retained.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn write_control(&self, st: &TimelineState) -> Result<()> {
+        let c = ControlData {
+            version: FILE_VERSION,
+            system_identifier: self.system_id,
+            wal_format: self.format,
+            segment_size: self.cfg.segment_size,
+            timeline: st.tli,
+            history: st.history.to_vec(),
+            timeline_start: st.timeline_start,
+            wal_start: st.wal_start,
+            durable_lsn: st.flushed,
+        };
+        write_atomic_with(
+            &self.io,
+            &self.tmp,
+            &self.dir.join("control"),
+            &encode_envelope("control", &c),
+        )
+    }
+
+    /// Sets the positions of the current timeline and publishes them.
+    pub(crate) fn set_positions(&self, written: Lsn, flushed: Lsn) {
+        {
+            let mut st = self.state_mut();
+            st.written = written;
+            st.flushed = flushed;
+            st.check_invariants();
+        }
+        self.publish();
+    }
+
+    /// Bytes of the current timeline at `start` from the tail cache; see
+    /// [`Wal::read_cached`](crate::Wal::read_cached).
+    pub(crate) fn read_cached(&self, tli: TimelineId, start: Lsn, max_len: usize) -> Option<Bytes> {
+        let limit = {
+            let st = self.state();
+            if st.tli != tli {
+                return None;
+            }
+            st.flushed
+        };
+        // Like `read`, stop at the segment's end.
+        let seg = self.cfg.segment_size;
+        let in_segment = usize::try_from(seg - start.segment_offset(seg)).unwrap_or(usize::MAX);
+        self.tail.get(tli, start, max_len.min(in_segment), limit)
+    }
+
+    /// Bytes of timeline `tli` at `start`; see [`Wal::read`](crate::Wal::read).
+    pub(crate) fn read(&self, tli: TimelineId, start: Lsn, max_len: usize) -> Result<Bytes> {
+        match self.find(tli, start, max_len, |files, view, limit| {
+            files.read(view, start, limit, max_len)
+        })? {
+            Found::Empty => Ok(Bytes::new()),
+            Found::Here(b) => Ok(b),
+        }
+    }
+
+    /// Where the bytes of timeline `tli` at `start` lie; see
+    /// [`Wal::locate`](crate::Wal::locate).
+    pub(crate) fn locate(
+        &self,
+        tli: TimelineId,
+        start: Lsn,
+        max_len: usize,
+    ) -> Result<Option<WalFileRange>> {
+        match self.find(tli, start, max_len, |files, view, limit| {
+            files.locate(view, start, limit, max_len)
+        })? {
+            Found::Empty => Ok(None),
+            Found::Here(r) => Ok(Some(r)),
+        }
+    }
+
+    /// The checks `read` and `locate` share, then `get` on the segment files with the view of
+    /// timeline `tli` and the end not to read past.
+    fn find<T>(
+        &self,
+        tli: TimelineId,
+        start: Lsn,
+        max_len: usize,
+        get: impl FnOnce(&SegmentFiles, &View, Lsn) -> Result<Option<T>>,
+    ) -> Result<Found<T>> {
+        let (view, limit) = {
+            let st = self.state();
+            if tli == st.tli {
+                (st.view(), st.flushed)
+            } else if let Some(i) = st.history.iter().position(|e| e.parent == tli) {
+                let view = View {
+                    tli,
+                    history: Arc::new(st.history[..i].to_vec()),
+                };
+                (view, st.history[i].switch_lsn)
+            } else {
+                return Err(WalError::UnknownTimeline(tli));
+            }
+        };
+        if start > limit {
+            return Err(WalError::BeyondEnd {
+                timeline: tli,
+                requested: start,
+                end: limit,
+            });
+        }
+        if start == limit || max_len == 0 {
+            return Ok(Found::Empty);
+        }
+        let seg = self.cfg.segment_size;
+        let removed = || WalError::SegmentRemoved {
+            segment: segment_file_name(view.timeline_of(start), start.segment_number(seg), seg),
+        };
+        if start < self.oldest_retained() {
+            return Err(removed());
+        }
+        match get(&self.files, &view, limit)? {
+            Some(x) => Ok(Found::Here(x)),
+            None => Err(removed()),
+        }
+    }
+}
+
+enum Found<T> {
+    /// Nothing to read: `start` is the end, or no bytes were asked for.
+    Empty,
+    Here(T),
+}

@@ -1,0 +1,268 @@
+//! Timeline control, run on the writer thread between batches (so it sees a quiet WAL with
+//! `written == flushed`): promotion (a new timeline at the last complete record), following an
+//! upstream's switch, the switch itself with its copied first segment, storing history files,
+//! and truncation.
+//!
+//! **Invariants:** the control file is the commit point of a switch (the history file and the
+//! switch segment are written first, and are harmless leftovers if a crash comes before it);
+//! a timeline number some history file names is never reused; a truncation stores an exact
+//! flush pointer before it cuts, so a crash in the middle redoes the same cut at open; the tail
+//! cache is emptied before a truncation cuts and before a switch makes the new timeline current.
+
+use std::fs::{self, OpenOptions};
+use std::sync::Arc;
+
+use wal_types::{Lsn, TimelineId};
+
+use crate::durable::write_atomic_with;
+use crate::history::{check_history_for, format_history, parse_history};
+use crate::io::{FP_FSYNC, FP_WRITE};
+use crate::naming::{
+    history_file_name, parse_history_file_name, parse_segment_file_name, segment_file_name,
+};
+use crate::scan::last_record_end;
+use crate::state::TimelineState;
+use crate::writer::Writer;
+use crate::{HistoryEntry, Result, WalError};
+
+impl Writer {
+    /// Starts a new timeline at the end of the last complete record at or below the flushed end.
+    pub(crate) fn promote(&mut self, reason: &str) -> Result<(TimelineId, Lsn)> {
+        let st = self.inner.state().clone();
+        let x = last_record_end(
+            &self.inner.files,
+            &st.view(),
+            &self.inner.cfg,
+            st.wal_start,
+            st.flushed,
+        )?;
+        // Like PostgreSQL's findNewestTimeLine: never reuse a timeline some history file names.
+        let mut newest = st.tli;
+        for e in fs::read_dir(self.inner.pg_wal())
+            .map_err(|e| WalError::io("listing pg_wal", e))?
+            .flatten()
+        {
+            if let Some(t) = parse_history_file_name(&e.file_name().to_string_lossy()) {
+                newest = newest.max(t);
+            }
+        }
+        let new_tli = newest.next();
+        let mut history = st.history.to_vec();
+        history.push(HistoryEntry {
+            parent: st.tli,
+            switch_lsn: x,
+            reason: reason.to_string(),
+        });
+        let bytes = format_history(&history);
+        self.switch_to(new_tli, history, &bytes, x)?;
+        Ok((new_tli, x))
+    }
+
+    /// Follows an upstream's switch to `new_tli` at `switch_lsn`.
+    pub(crate) fn follow(
+        &mut self,
+        new_tli: TimelineId,
+        bytes: Vec<u8>,
+        switch_lsn: Lsn,
+    ) -> Result<()> {
+        let entries = parse_history(&bytes)?;
+        check_history_for(new_tli, &entries)?;
+        let st = self.inner.state().clone();
+        if new_tli <= st.tli {
+            return Err(WalError::InvalidHistory(format!(
+                "timeline {new_tli} is not newer than the current timeline {}",
+                st.tli
+            )));
+        }
+        let Some((last, ancestors)) = entries.split_last() else {
+            return Err(WalError::InvalidHistory(format!(
+                "the history of timeline {new_tli} names no ancestor"
+            )));
+        };
+        if last.parent != st.tli || last.switch_lsn != switch_lsn {
+            return Err(WalError::InvalidHistory(format!(
+                "timeline {new_tli} branched from timeline {} at {}, not from this node's timeline {} at {switch_lsn}",
+                last.parent, last.switch_lsn, st.tli
+            )));
+        }
+        let same = ancestors.len() == st.history.len()
+            && ancestors
+                .iter()
+                .zip(st.history.iter())
+                .all(|(a, b)| a.parent == b.parent && a.switch_lsn == b.switch_lsn);
+        if !same {
+            return Err(WalError::InvalidHistory(format!(
+                "the history of timeline {new_tli} disagrees with this node's history of timeline {}",
+                st.tli
+            )));
+        }
+        if st.flushed > switch_lsn {
+            return Err(WalError::Forked {
+                fork_lsn: switch_lsn,
+                local_end: st.flushed,
+            });
+        }
+        if st.flushed < switch_lsn {
+            return Err(WalError::BehindSwitchPoint {
+                switch_lsn,
+                flushed: st.flushed,
+            });
+        }
+        self.switch_to(new_tli, entries, &bytes, switch_lsn)
+    }
+
+    pub(crate) fn store_history(&mut self, tli: TimelineId, bytes: &[u8]) -> Result<()> {
+        let target = self.inner.pg_wal().join(history_file_name(tli));
+        write_atomic_with(&self.inner.io, &self.inner.tmp, &target, bytes)
+    }
+
+    /// Makes `new_tli` current, beginning at `x`. The control file is the commit point: a
+    /// crash before it leaves the old timeline current (the new history file and switch
+    /// segment are harmless leftovers, the latter removed at open).
+    fn switch_to(
+        &mut self,
+        new_tli: TimelineId,
+        history: Vec<HistoryEntry>,
+        history_bytes: &[u8],
+        x: Lsn,
+    ) -> Result<()> {
+        let seg = self.seg();
+        self.store_history(new_tli, history_bytes)?;
+        if x.segment_offset(seg) != 0 {
+            self.copy_switch_segment(new_tli, x)?;
+        }
+        let old = self.inner.state().clone();
+        self.inner.tail.clear();
+        let st = TimelineState {
+            tli: new_tli,
+            history: Arc::new(history),
+            timeline_start: x,
+            wal_start: old.wal_start,
+            written: x,
+            flushed: x,
+        };
+        self.inner.write_control(&st)?;
+        self.store_pointer(new_tli, x, true)?;
+        *self.inner.state_mut() = st;
+        self.inner.publish();
+        self.resume_at(new_tli, x, true);
+        self.request_prealloc(x.segment_number(seg) + 1);
+        tracing::info!(timeline = %new_tli, start = %x, "switched to a new timeline");
+        Ok(())
+    }
+
+    /// Creates the new timeline's first segment: a copy of the old one up to `x`, zeros after.
+    fn copy_switch_segment(&mut self, new_tli: TimelineId, x: Lsn) -> Result<()> {
+        let seg = self.seg();
+        let segno = x.segment_number(seg);
+        let name = segment_file_name(new_tli, segno, seg);
+        let tmp = self.inner.tmp.join(format!("{name}.switch"));
+        let view = self.inner.state().view();
+        let io = &self.inner.io;
+        let result = (|| -> Result<()> {
+            let ctx = |e| WalError::io(format!("creating switch segment {name}"), e);
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)
+                .map_err(ctx)?;
+            let mut pos = x.segment_start(seg);
+            while pos < x {
+                let b = self
+                    .inner
+                    .files
+                    .read(&view, pos, x, 1 << 20)?
+                    .filter(|b| !b.is_empty())
+                    .ok_or_else(|| WalError::SegmentRemoved {
+                        segment: segment_file_name(view.timeline_of(pos), segno, seg),
+                    })?;
+                io.pwrite_all(&f, &b, pos.segment_offset(seg), FP_WRITE)
+                    .map_err(ctx)?;
+                pos = pos + b.len() as u64;
+            }
+            io.write_zeros(
+                &f,
+                x.segment_offset(seg),
+                seg - x.segment_offset(seg),
+                FP_WRITE,
+            )
+            .map_err(ctx)?;
+            io.sync_all(&f, FP_FSYNC).map_err(ctx)?;
+            fs::rename(&tmp, self.inner.pg_wal().join(&name)).map_err(ctx)?;
+            io.sync_dir(self.inner.pg_wal()).map_err(ctx)
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        self.inner.files.evict(|t, s| t == new_tli && s == segno);
+        result
+    }
+
+    /// Drops the current timeline's WAL beyond `lsn`.
+    pub(crate) fn truncate(&mut self, lsn: Lsn) -> Result<u64> {
+        let seg = self.seg();
+        let st = self.inner.state().clone();
+        let bad = |reason: String| WalError::BadTruncate { lsn, reason };
+        if lsn > st.flushed {
+            return Err(bad(format!(
+                "the WAL of timeline {} ends at {}",
+                st.tli, st.flushed
+            )));
+        }
+        if lsn == st.flushed && !self.dirty_beyond(lsn) {
+            return Ok(0);
+        }
+        if lsn < st.timeline_start {
+            return Err(bad(format!(
+                "timeline {} begins at {}",
+                st.tli, st.timeline_start
+            )));
+        }
+        if lsn < self.inner.oldest_retained() {
+            return Err(bad("that WAL was already removed".into()));
+        }
+        self.inner.tail.clear();
+        // The exact pointer first: a crash in the middle of the cut redoes it at open.
+        self.store_pointer(st.tli, lsn, true)?;
+        self.forget_files();
+        let segno = lsn.segment_number(seg);
+        let path = self.inner.files.path(st.tli, segno);
+        if path.exists() {
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|e| WalError::io(format!("opening {}", path.display()), e))?;
+            let off = lsn.segment_offset(seg);
+            (self.inner.io)
+                .write_zeros(&f, off, seg - off, FP_WRITE)
+                .and_then(|_| self.inner.io.sync_data(&f, FP_FSYNC))
+                .map_err(|e| WalError::io(format!("truncating {}", path.display()), e))?;
+        }
+        for e in fs::read_dir(self.inner.pg_wal())
+            .map_err(|e| WalError::io("listing pg_wal", e))?
+            .flatten()
+        {
+            if let Some((t, s)) = parse_segment_file_name(&e.file_name().to_string_lossy(), seg) {
+                if t == st.tli && s > segno {
+                    fs::remove_file(e.path()).map_err(|err| {
+                        WalError::io(format!("removing {}", e.path().display()), err)
+                    })?;
+                }
+            }
+        }
+        self.inner.files.evict(|t, s| t == st.tli && s > segno);
+        self.inner
+            .io
+            .sync_dir(self.inner.pg_wal())
+            .map_err(|e| WalError::io("syncing pg_wal", e))?;
+        let dropped = st.flushed.0 - lsn.0;
+        self.resume_at(st.tli, lsn, false);
+        self.inner.set_positions(lsn, lsn);
+        let st = self.inner.state().clone();
+        self.inner.write_control(&st)?;
+        tracing::warn!(lsn = %lsn, dropped, "truncated WAL");
+        Ok(dropped)
+    }
+}

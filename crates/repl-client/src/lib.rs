@@ -7,7 +7,8 @@
 //! applies: SSL negotiation, every authentication method the codec has, the order of the
 //! greeting), then [`ReplClient::send`] and [`ReplClient::recv`] move typed messages, with
 //! helpers for a simple query, IDENTIFY_SYSTEM, START_REPLICATION and standby status
-//! updates. [`ReplClient::raw`] is a connected socket with nothing sent, for tests that
+//! updates; a read timeout ([`ReplClient::set_read_timeout`]) or a deadline
+//! ([`ReplClient::recv_before`]) bounds each wait. [`ReplClient::raw`] is a connected socket with nothing sent, for tests that
 //! speak the startup phase themselves (malformed packets, clients that stop halfway).
 //!
 //! What it does not own: retries, `sslmode` fallbacks between attempts (one call is one
@@ -23,7 +24,7 @@
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use protocol_codec::auth::ChannelBindingMode;
@@ -403,6 +404,31 @@ impl ReplClient {
             if let Some(m) = self.codec.decode(&mut self.buf)? {
                 return Ok(m);
             }
+            if self.fill()? == 0 {
+                return Err(Error::Closed);
+            }
+        }
+    }
+
+    /// The next message, if it arrives before `deadline`; [`Error::Timeout`] otherwise. The
+    /// read timeout set before is restored afterwards.
+    pub fn recv_before(&mut self, deadline: Instant) -> Result<BackendMessage> {
+        let saved = self.tcp().read_timeout()?;
+        let result = self.recv_by(deadline);
+        self.set_read_timeout(saved)?;
+        result
+    }
+
+    fn recv_by(&mut self, deadline: Instant) -> Result<BackendMessage> {
+        loop {
+            if let Some(m) = self.codec.decode(&mut self.buf)? {
+                return Ok(m);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout);
+            }
+            self.set_read_timeout(Some(left))?;
             if self.fill()? == 0 {
                 return Err(Error::Closed);
             }

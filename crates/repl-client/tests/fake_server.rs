@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use protocol_codec::messages::{TransactionStatus, XLogData};
@@ -206,6 +206,26 @@ fn silence_is_a_timeout_and_a_hang_up_is_closed() {
     let options = ConnectOptions::new("u", None, "t").read_timeout(Duration::from_millis(200));
     let err = ReplClient::connect_with(addr, &options).err().unwrap();
     assert!(matches!(err, Error::Timeout), "{err:?}");
+    done_tx.send(()).unwrap();
+    server.join().unwrap();
+
+    // A deadline: the greeting arrives, then nothing; the read timeout is kept.
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let (addr, server) = serve(move |mut p| {
+        p.startup();
+        p.greet();
+        let _ = done_rx.recv();
+    });
+    let mut c = ReplClient::connect(addr, "u", None, "t").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let deadline = Instant::now() + Duration::from_millis(200);
+    let err = c.recv_before(deadline).unwrap_err();
+    assert!(matches!(err, Error::Timeout), "{err:?}");
+    assert!(Instant::now() >= deadline);
+    assert_eq!(
+        c.tcp().read_timeout().unwrap(),
+        Some(Duration::from_secs(30))
+    );
     done_tx.send(()).unwrap();
     server.join().unwrap();
 

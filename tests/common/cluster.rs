@@ -320,33 +320,10 @@ impl super::PgConn {
     /// server refuses the connection or the login, or closes it (a server still starting
     /// answers FATAL 57P03): what `pg_isready` tells as "accepting connections".
     pub fn try_connect(addr: SocketAddr, user: &str) -> Option<super::PgConn> {
-        use std::io::Write;
-        let stream = std::net::TcpStream::connect(addr).ok()?;
-        stream.set_read_timeout(Some(DEADLINE)).ok()?;
-        stream.set_nodelay(true).ok()?;
-        let mut c = super::PgConn {
-            stream,
-            buf: bytes::BytesMut::new(),
-        };
-        let mut out = bytes::BytesMut::new();
-        tokio_util::codec::Encoder::encode(
-            &mut protocol_codec::StartupCodec,
-            protocol_codec::StartupPacket::startup([
-                ("user", user),
-                ("replication", "true"),
-                ("application_name", "probe"),
-            ]),
-            &mut out,
-        )
-        .ok()?;
-        c.stream.write_all(&out).ok()?;
-        loop {
-            match c.try_recv().ok()? {
-                protocol_codec::BackendMessage::ReadyForQuery(_) => return Some(c),
-                protocol_codec::BackendMessage::ErrorResponse(_) => return None,
-                _ => {}
-            }
-        }
+        let options = repl_client::ConnectOptions::new(user, None, "probe").read_timeout(DEADLINE);
+        repl_client::ReplClient::connect_with(addr, &options)
+            .ok()
+            .map(super::PgConn::wrap)
     }
 }
 

@@ -4,20 +4,18 @@
 
 pub mod cluster;
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use protocol_codec::auth::ClientAuthenticator;
-use protocol_codec::messages::{StandbyStatusUpdate, TransactionStatus};
-use protocol_codec::{BackendMessage, ClientCodec, FrontendMessage, StartupCodec, StartupPacket};
+use bytes::Bytes;
+use protocol_codec::messages::TransactionStatus;
+use protocol_codec::{BackendMessage, FrontendMessage, StartupPacket};
+use repl_client::{ConnectOptions, ReplClient};
 use supervisor_actor::{Node, NodeBuilder, ShutdownNode};
-use tokio_util::codec::{Decoder, Encoder};
-use wal_storage::{Lsn, PgTimestamp, Wal};
+use wal_storage::{Lsn, Wal};
 use walserver::config::{Settings, Sources};
 
 /// How long a test waits for something that should happen at once before it fails.
@@ -161,79 +159,64 @@ impl Drop for TestNode {
     }
 }
 
-/// A blocking client of the replication protocol on a real socket.
+/// A blocking client of the replication protocol on a real socket: repl-client's
+/// `ReplClient`, with the tests' deadline as its read timeout and panics for failures a test
+/// does not expect.
 pub struct PgConn {
+    pub client: ReplClient,
+    /// A second handle on the client's socket, for socket options (they are the socket's,
+    /// whichever handle sets them).
     pub stream: TcpStream,
-    buf: BytesMut,
 }
 
 impl PgConn {
-    /// Connects and authenticates (`replication=true`).
+    /// Connects and authenticates (`replication=true`); an ErrorResponse is returned as the
+    /// error.
     pub fn connect(
         addr: SocketAddr,
         user: &str,
         password: Option<&str>,
     ) -> Result<PgConn, BackendMessage> {
-        let mut c = PgConn::raw(addr);
-        c.send_startup(StartupPacket::startup([
-            ("user", user),
-            ("replication", "true"),
-            ("application_name", "testclient"),
-        ]));
-        c.authenticate(user, password)?;
-        Ok(c)
+        PgConn::connect_as(addr, user, password, "testclient")
+    }
+
+    /// [`PgConn::connect`] with `application_name`.
+    pub fn connect_as(
+        addr: SocketAddr,
+        user: &str,
+        password: Option<&str>,
+        application_name: &str,
+    ) -> Result<PgConn, BackendMessage> {
+        let options = ConnectOptions::new(user, password, application_name).read_timeout(DEADLINE);
+        match ReplClient::connect_with(addr, &options) {
+            Ok(c) => Ok(PgConn::wrap(c)),
+            Err(repl_client::Error::Server(e)) => Err(BackendMessage::ErrorResponse(e)),
+            Err(e) => panic!("connect: {e}"),
+        }
     }
 
     /// A connected socket, nothing sent.
     pub fn raw(addr: SocketAddr) -> PgConn {
-        let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(DEADLINE)).unwrap();
-        stream.set_nodelay(true).unwrap();
-        PgConn {
-            stream,
-            buf: BytesMut::new(),
-        }
+        let c = ReplClient::raw(addr).expect("connect");
+        c.set_read_timeout(Some(DEADLINE)).unwrap();
+        PgConn::wrap(c)
+    }
+
+    pub fn wrap(client: ReplClient) -> PgConn {
+        let stream = client.tcp().try_clone().expect("a second socket handle");
+        PgConn { client, stream }
     }
 
     pub fn send_startup(&mut self, p: StartupPacket) {
-        let mut out = BytesMut::new();
-        StartupCodec.encode(p, &mut out).unwrap();
-        self.stream.write_all(&out).unwrap();
-    }
-
-    /// Runs authentication to ReadyForQuery; an ErrorResponse is returned as the error.
-    pub fn authenticate(
-        &mut self,
-        user: &str,
-        password: Option<&str>,
-    ) -> Result<(), BackendMessage> {
-        let mut auth = ClientAuthenticator::new(
-            user,
-            password,
-            protocol_codec::auth::ChannelBindingMode::NoTls,
-        );
-        loop {
-            match self.recv() {
-                BackendMessage::Authentication(req) => {
-                    if let Some(reply) = auth.step(&req).expect("client auth") {
-                        self.send(reply);
-                    }
-                }
-                BackendMessage::ReadyForQuery(_) => return Ok(()),
-                e @ BackendMessage::ErrorResponse(_) => return Err(e),
-                _ => {}
-            }
-        }
+        self.client.send_startup(&p).unwrap();
     }
 
     pub fn send(&mut self, m: FrontendMessage) {
-        let mut out = BytesMut::new();
-        ClientCodec::new().encode(m, &mut out).unwrap();
-        self.stream.write_all(&out).unwrap();
+        self.client.send(&m).unwrap();
     }
 
     pub fn send_raw(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).unwrap();
+        self.client.send_raw(bytes).unwrap();
     }
 
     /// The next message; panics at the deadline.
@@ -244,32 +227,12 @@ impl PgConn {
 
     /// The next message, or why there is none (closed, timed out).
     pub fn try_recv(&mut self) -> Result<BackendMessage, String> {
-        loop {
-            match ClientCodec::new().decode(&mut self.buf) {
-                Ok(Some(m)) => return Ok(m),
-                Ok(None) => {}
-                Err(e) => return Err(format!("decode: {e}")),
-            }
-            let mut chunk = [0u8; 64 * 1024];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return Err("connection closed".into()),
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) => return Err(format!("read: {e}")),
-            }
-        }
+        self.client.recv().map_err(|e| e.to_string())
     }
 
     /// True once the server has closed the connection (reads end), within the deadline.
     pub fn closed(&mut self) -> bool {
-        let mut chunk = [0u8; 4096];
-        loop {
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return true,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-                Err(_) => return false,
-            }
-        }
+        self.client.wait_closed().is_ok()
     }
 
     /// Sends a query and collects the messages up to ReadyForQuery.
@@ -292,14 +255,9 @@ impl PgConn {
 
     /// Starts streaming at `start` and returns once CopyBothResponse arrived.
     pub fn start_replication(&mut self, start: Lsn) {
-        self.send(FrontendMessage::Query(format!("START_REPLICATION {start}")));
-        loop {
-            match self.recv() {
-                BackendMessage::CopyBothResponse => return,
-                BackendMessage::ErrorResponse(e) => panic!("START_REPLICATION failed: {e:?}"),
-                _ => {}
-            }
-        }
+        self.client
+            .start_replication(start, None)
+            .unwrap_or_else(|e| panic!("START_REPLICATION failed: {e}"));
     }
 
     /// Receives XLogData until `end`, checking contiguity; returns the bytes.
@@ -321,13 +279,9 @@ impl PgConn {
     }
 
     pub fn reply(&mut self, write: Lsn, flush: Lsn, reply_requested: bool) {
-        self.send(FrontendMessage::StandbyStatusUpdate(StandbyStatusUpdate {
-            write,
-            flush,
-            apply: Lsn::INVALID,
-            send_time: PgTimestamp::now(),
-            reply_requested,
-        }));
+        self.client
+            .standby_status(write, flush, Lsn::INVALID, reply_requested)
+            .unwrap();
     }
 }
 

@@ -117,13 +117,7 @@ fn sync_state_and_priority_follow_the_setting() {
 /// A replication client named `name` that streams from the primary's end and confirms it:
 /// a candidate for synchronous standby as soon as its walsender has caught up.
 fn streaming_client(node: &TestNode, name: &str) -> PgConn {
-    let mut c = PgConn::raw(node.addr());
-    c.send_startup(protocol_codec::StartupPacket::startup([
-        ("user", "repl"),
-        ("replication", "true"),
-        ("application_name", name),
-    ]));
-    c.authenticate("repl", None).expect("login");
+    let mut c = PgConn::connect_as(node.addr(), "repl", None, name).expect("login");
     let end = node.wal().flushed();
     c.start_replication(end);
     c.reply(end, end, false);

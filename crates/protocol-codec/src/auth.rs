@@ -25,10 +25,9 @@ use std::sync::OnceLock;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use md5::{Digest as _, Md5};
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
-use rand::RngCore;
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
@@ -210,7 +209,7 @@ impl ScramVerifier {
         static MOCK_SECRET: OnceLock<[u8; 32]> = OnceLock::new();
         let secret = MOCK_SECRET.get_or_init(|| {
             let mut s = [0u8; 32];
-            rand::thread_rng().fill_bytes(&mut s);
+            rand::fill(&mut s);
             s
         });
         let salt = sha256(&[user.as_bytes(), secret].concat());
@@ -243,7 +242,7 @@ pub fn md5_response(user: &str, password: &str, salt: [u8; 4]) -> String {
 /// A random salt for an MD5Password request.
 pub fn random_md5_salt() -> [u8; 4] {
     let mut salt = [0u8; 4];
-    rand::thread_rng().fill_bytes(&mut salt);
+    rand::fill(&mut salt);
     salt
 }
 
@@ -378,7 +377,7 @@ impl ScramServer {
         let client_nonce = parse_client_first_bare(bare)?;
 
         let mut raw = [0u8; SCRAM_RAW_NONCE_LEN];
-        rand::thread_rng().fill_bytes(&mut raw);
+        rand::fill(&mut raw);
         self.respond_to_client_first(gs2_header, bare, client_nonce, &B64.encode(raw))
     }
 

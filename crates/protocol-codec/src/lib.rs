@@ -12,13 +12,17 @@
 //! - [`command`]: the replication command language (IDENTIFY_SYSTEM, START_REPLICATION, ...).
 //! - [`results`]: the result sets PostgreSQL 15 answers those commands with, byte for byte.
 //! - [`auth`]: trust, cleartext, md5 and SCRAM-SHA-256, server and client side.
+//! - [`client`]: the client's startup phase (SSL negotiation, startup packet, authentication,
+//!   up to ReadyForQuery) as a sans-I/O state machine, with libpq's `sslmode` attempts.
 //! - [`tls`]: rustls configurations for both sides, with libpq's `sslmode` meanings.
 //! - [`conninfo`]: libpq connection strings (`key=value` and `postgresql://` URIs).
 //!
 //! What it does not own: sockets, timers, actors, or any decision about what to answer. There
-//! is no I/O here; callers drive the codecs over their own transport. The connection state
-//! machine (when to switch codecs, when to start TLS, which hba rule applies) is the
-//! walsender's and walreceiver's.
+//! is no network I/O here; callers drive the codecs and [`client::ClientHandshake`] over
+//! their own transport. The one file I/O is [`tls`]'s: [`tls::server_config`] and
+//! [`tls::client_config`] (with a root certificate) read PEM files, so callers on an async
+//! runtime build configurations off their event loop. The server's startup state machine
+//! (which hba rule applies, what to answer) is the walsender's.
 //!
 //! A server reads the startup phase with [`StartupCodec`] and then switches to
 //! [`ServerCodec`] (with `tokio_util::codec::Framed`, `map_codec` keeps the read buffer):
@@ -61,6 +65,7 @@
 //! `Bytes` slices of the read buffer) and copied once on encode.
 
 pub mod auth;
+pub mod client;
 pub mod codec;
 pub mod command;
 pub mod conninfo;

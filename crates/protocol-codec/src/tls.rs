@@ -17,6 +17,11 @@
 //! | verify-full | always | chain and host name |
 //!
 //! libpq falls back to `~/.postgresql/root.crt`; here the root certificate file must be given.
+//!
+//! File I/O: [`server_config`] reads its certificate and key files, and [`client_config`]
+//! reads `sslrootcert` when one is given (without one it touches no file). Both block on the
+//! file system: an async caller runs them on its blocking pool, or before its event loop
+//! starts. Everything else here is in memory.
 //! Client certificates (`sslcert`/`sslkey`) are not supported yet.
 
 use std::path::{Path, PathBuf};
@@ -121,7 +126,7 @@ fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
 }
 
 /// The server's configuration from PEM files: the certificate chain (leaf first) and its
-/// private key (PKCS#8, PKCS#1 or SEC1).
+/// private key (PKCS#8, PKCS#1 or SEC1). Reads both files (blocking file I/O).
 pub fn server_config(cert_pem_path: &Path, key_pem_path: &Path) -> Result<Arc<ServerConfig>> {
     let certs = load_certs(cert_pem_path)?;
     let key = PrivateKeyDer::from_pem_file(key_pem_path).map_err(|source| TlsError::Pem {
@@ -137,7 +142,8 @@ pub fn server_config(cert_pem_path: &Path, key_pem_path: &Path) -> Result<Arc<Se
 }
 
 /// The client's configuration for `sslmode` (see the module docs), or `None` for
-/// `disable`. `sslrootcert` is a PEM file of trusted root certificates.
+/// `disable`. `sslrootcert` is a PEM file of trusted root certificates, read here (blocking
+/// file I/O); without it nothing is read.
 pub fn client_config(
     sslmode: SslMode,
     sslrootcert: Option<&Path>,

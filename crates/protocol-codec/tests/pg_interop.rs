@@ -1,191 +1,91 @@
-//! Interop with a real PostgreSQL 15, started by the test through pg-testkit: a small
-//! blocking client built on this crate's codecs authenticates (SCRAM, md5, cleartext), runs
+//! Interop with a real PostgreSQL 15, started by the test through pg-testkit: repl-client's
+//! blocking client, whose login is this crate's `ClientHandshake`, authenticates (SCRAM with
+//! and without channel binding, md5, cleartext, over plaintext and TLS), runs
 //! replication commands and streams a little WAL. The results are compared with the shapes
 //! the `results` module produces. PostgreSQL 15 missing is a failure, not a skip.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 
-use bytes::BytesMut;
 use pg_testkit::{PgCluster, PgOptions, TestPki};
-use protocol_codec::auth::{
-    make_scram_verifier, ChannelBindingMode, ClientAuthenticator, ScramClient, ScramServer,
-};
-use protocol_codec::messages::{SslResponse, StandbyStatusUpdate, TransactionStatus};
-use protocol_codec::tls::{self, SslMode};
-use protocol_codec::{
-    results, BackendMessage, ClientCodec, ErrorFields, FrontendMessage, SqlState, StartupCodec,
-    StartupPacket,
-};
-use tokio_util::codec::{Decoder, Encoder};
+use protocol_codec::auth::{make_scram_verifier, ChannelBindingMode, ScramClient, ScramServer};
+use protocol_codec::messages::StandbyStatusUpdate;
+use protocol_codec::tls::SslMode;
+use protocol_codec::{results, BackendMessage, ErrorFields, FrontendMessage, SqlState};
+use repl_client::{ConnectOptions, ReplClient, TlsOptions};
 use wal_types::{Lsn, PgTimestamp, SystemId, TimelineId};
 
-trait Transport: Read + Write {}
-impl<T: Read + Write> Transport for T {}
-
-/// A replication connection over a blocking socket, plain or TLS. The read timeout is a
-/// deadline that turns a hang into a failure, not a synchronisation device.
+/// A replication connection through repl-client (whose login is protocol-codec's
+/// `ClientHandshake`), with panics for failures the tests do not expect.
+#[derive(Debug)]
 struct Conn {
-    stream: Box<dyn Transport>,
-    rbuf: BytesMut,
-    codec: ClientCodec,
-    /// The SASL mechanism our authenticator chose, once it has.
-    mechanism: Option<String>,
-    /// The backend's pid, from BackendKeyData.
-    pid: i32,
+    client: ReplClient,
 }
 
-fn tcp(pg: &PgCluster) -> TcpStream {
-    let stream = TcpStream::connect(pg.addr()).expect("connect to PostgreSQL");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    stream
+fn options(user: &str, password: Option<&str>) -> ConnectOptions {
+    // The read timeout is a deadline that turns a hang into a failure, not a
+    // synchronisation device.
+    ConnectOptions::new(user, password, "protocol-codec-test")
+        .param("database", "replication")
+        .read_timeout(Duration::from_secs(30))
 }
 
-/// Sends SSLRequest on a fresh socket and reads the one-byte answer, and nothing more.
-fn ssl_request(socket: &mut TcpStream) -> SslResponse {
-    let mut b = BytesMut::new();
-    StartupCodec
-        .encode(StartupPacket::SslRequest, &mut b)
-        .unwrap();
-    socket.write_all(&b).unwrap();
-    let mut answer = [0u8; 1];
-    socket.read_exact(&mut answer).unwrap();
-    SslResponse::decode(&mut BytesMut::from(&answer[..]))
-        .unwrap()
-        .unwrap()
+/// Logs in over plaintext after the server refused SSLRequest (`sslmode=prefer` against a
+/// server without TLS); returns the server's error if authentication fails.
+fn login(pg: &PgCluster, user: &str, password: Option<&str>) -> Result<Conn, ErrorFields> {
+    let tls = TlsOptions::new(SslMode::Prefer, None, "localhost").unwrap();
+    match ReplClient::connect_with(pg.addr(), &options(user, password).tls(tls)) {
+        Ok(client) => {
+            assert!(
+                !client.session().tls,
+                "the server was expected to refuse SSL"
+            );
+            Ok(Conn { client })
+        }
+        Err(repl_client::Error::Server(e)) => Err(e),
+        Err(e) => panic!("login as {user}: {e}"),
+    }
+}
+
+/// SSLRequest, `'S'`, a rustls handshake for `sslmode` with `host` as the server name, then
+/// the login; `binding` overrides SCRAM's channel binding (by default, the certificate the
+/// server presented).
+fn login_tls(
+    pg: &PgCluster,
+    sslmode: SslMode,
+    root: Option<&Path>,
+    host: &str,
+    binding: Option<ChannelBindingMode>,
+) -> Result<Conn, repl_client::Error> {
+    let mut tls = TlsOptions::new(sslmode, root, host).unwrap();
+    tls.channel_binding = binding;
+    let client = ReplClient::connect_with(pg.addr(), &options("repl", Some("secret")).tls(tls))?;
+    assert!(client.session().tls);
+    Ok(Conn { client })
 }
 
 impl Conn {
-    fn over(stream: Box<dyn Transport>) -> Conn {
-        Conn {
-            stream,
-            rbuf: BytesMut::new(),
-            codec: ClientCodec::new(),
-            mechanism: None,
-            pid: 0,
-        }
-    }
-
-    /// A plaintext connection, after the server refused SSLRequest.
-    fn connect(pg: &PgCluster) -> Conn {
-        let mut socket = tcp(pg);
-        assert_eq!(ssl_request(&mut socket), SslResponse::Refuse);
-        Conn::over(Box::new(socket))
-    }
-
-    /// SSLRequest, `'S'`, and a rustls handshake for `sslmode` with `host` as the server
-    /// name. Returns the connection and the server certificate's tls-server-end-point hash.
-    fn connect_tls(
-        pg: &PgCluster,
-        sslmode: SslMode,
-        root: Option<&Path>,
-        host: &str,
-    ) -> std::io::Result<(Conn, Vec<u8>)> {
-        let mut socket = tcp(pg);
-        assert_eq!(ssl_request(&mut socket), SslResponse::Accept);
-        let config = tls::client_config(sslmode, root).unwrap().unwrap();
-        let mut session =
-            rustls::ClientConnection::new(config, tls::server_name(host).unwrap()).unwrap();
-        while session.is_handshaking() {
-            session.complete_io(&mut socket)?;
-        }
-        let cert = session.peer_certificates().unwrap()[0].to_vec();
-        let stream = rustls::StreamOwned::new(session, socket);
-        Ok((
-            Conn::over(Box::new(stream)),
-            tls::tls_server_end_point(&cert),
-        ))
-    }
-
-    fn write(&mut self, buf: &[u8]) {
-        self.stream.write_all(buf).expect("write");
-        self.stream.flush().expect("flush");
-    }
-
     fn send(&mut self, msg: &FrontendMessage) {
-        let mut b = BytesMut::new();
-        ClientCodec::new().encode(msg, &mut b).unwrap();
-        self.write(&b);
-    }
-
-    fn fill(&mut self) {
-        let mut tmp = [0u8; 64 * 1024];
-        let n = self.stream.read(&mut tmp).expect("read");
-        assert!(n > 0, "server closed the connection");
-        self.rbuf.extend_from_slice(&tmp[..n]);
+        self.client.send(msg).expect("send");
     }
 
     fn recv(&mut self) -> BackendMessage {
-        loop {
-            if let Some(m) = self.codec.decode(&mut self.rbuf).expect("decode") {
-                return m;
-            }
-            self.fill();
-        }
-    }
-
-    /// Logs in on a plaintext connection.
-    fn start(
-        &mut self,
-        user: &str,
-        password: Option<&str>,
-    ) -> Result<Vec<(String, String)>, ErrorFields> {
-        self.login(user, password, ChannelBindingMode::NoTls)
-    }
-
-    /// StartupMessage, then the authentication exchange. Returns the ParameterStatus set, or
-    /// the server's error if authentication fails.
-    fn login(
-        &mut self,
-        user: &str,
-        password: Option<&str>,
-        binding: ChannelBindingMode,
-    ) -> Result<Vec<(String, String)>, ErrorFields> {
-        let mut b = BytesMut::new();
-        let startup = StartupPacket::startup([
-            ("user", user),
-            ("database", "replication"),
-            ("replication", "true"),
-            ("application_name", "protocol-codec-test"),
-        ]);
-        StartupCodec.encode(startup, &mut b).unwrap();
-        self.write(&b);
-
-        let mut auth = ClientAuthenticator::new(user, password, binding);
-        let mut params = Vec::new();
-        loop {
-            match self.recv() {
-                BackendMessage::Authentication(req) => {
-                    if let Some(reply) = auth.step(&req).expect("client side of auth") {
-                        if let FrontendMessage::SaslInitialResponse { mechanism, .. } = &reply {
-                            self.mechanism = Some(mechanism.clone());
-                        }
-                        self.send(&reply);
-                    }
-                }
-                BackendMessage::ParameterStatus { name, value } => params.push((name, value)),
-                BackendMessage::BackendKeyData { pid, .. } => self.pid = pid,
-                BackendMessage::ReadyForQuery(TransactionStatus::Idle) => return Ok(params),
-                BackendMessage::ErrorResponse(e) => return Err(e),
-                other => panic!("unexpected during startup: {other:?}"),
-            }
-        }
+        self.client.recv().expect("recv")
     }
 
     /// Runs a query and returns every message up to (not including) ReadyForQuery.
     fn query(&mut self, q: &str) -> Vec<BackendMessage> {
-        self.send(&FrontendMessage::Query(q.into()));
-        let mut out = Vec::new();
-        loop {
-            match self.recv() {
-                BackendMessage::ReadyForQuery(_) => return out,
-                m => out.push(m),
-            }
-        }
+        self.client.simple_query(q).expect("query")
+    }
+
+    /// The SASL mechanism the login chose.
+    fn mechanism(&self) -> Option<&str> {
+        self.client.session().mechanism.as_deref()
+    }
+
+    /// The backend's pid, from BackendKeyData.
+    fn pid(&self) -> i32 {
+        self.client.session().backend_key.expect("BackendKeyData").0
     }
 }
 
@@ -213,8 +113,8 @@ fn cluster() -> PgCluster {
 #[test]
 fn scram_login_and_replication_commands() {
     let pg = cluster();
-    let mut c = Conn::connect(&pg);
-    let params = c.start("repl", Some("secret")).expect("SCRAM login");
+    let mut c = login(&pg, "repl", Some("secret")).expect("SCRAM login");
+    let params = c.client.session().params.clone();
     let param = |n: &str| params.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
     assert!(param("server_version").unwrap().starts_with("15."));
     assert_eq!(param("integer_datetimes"), Some("on"));
@@ -349,9 +249,7 @@ fn scram_login_and_replication_commands() {
 #[test]
 fn wrong_password_md5_and_cleartext() {
     let pg = cluster();
-    let err = Conn::connect(&pg)
-        .start("repl", Some("wrong"))
-        .expect_err("a wrong password must fail");
+    let err = login(&pg, "repl", Some("wrong")).expect_err("a wrong password must fail");
     assert!(err.is_fatal());
     assert_eq!(err.code(), Some(SqlState::INVALID_PASSWORD));
     assert_eq!(
@@ -370,21 +268,15 @@ fn wrong_password_md5_and_cleartext() {
     );
 
     pg.create_replication_role("repl_md5", "md5pw", "md5");
-    Conn::connect(&pg)
-        .start("repl_md5", Some("md5pw"))
-        .expect("md5 login");
-    let err = Conn::connect(&pg)
-        .start("repl_md5", Some("nope"))
-        .unwrap_err();
+    login(&pg, "repl_md5", Some("md5pw")).expect("md5 login");
+    let err = login(&pg, "repl_md5", Some("nope")).unwrap_err();
     assert_eq!(err.code(), Some(SqlState::INVALID_PASSWORD));
 
     pg.create_replication_role("repl_clear", "clearpw", "scram-sha-256");
-    Conn::connect(&pg)
-        .start("repl_clear", Some("clearpw"))
-        .expect("cleartext login");
+    login(&pg, "repl_clear", Some("clearpw")).expect("cleartext login");
 
     // An unknown role gets the same answer as a wrong password under SCRAM.
-    let err = Conn::connect(&pg).start("ghost", Some("x")).unwrap_err();
+    let err = login(&pg, "ghost", Some("x")).unwrap_err();
     assert_eq!(err.code(), Some(SqlState::INVALID_PASSWORD));
 }
 
@@ -400,9 +292,7 @@ fn scram_verifiers_cross_check() {
         pg.psql("SELECT rolpassword FROM pg_authid WHERE rolname = 'made'"),
         verifier
     );
-    Conn::connect(&pg)
-        .start("made", Some("ours"))
-        .expect("login with a verifier we made");
+    login(&pg, "made", Some("ours")).expect("login with a verifier we made");
 
     // ...and our ScramServer accepts PostgreSQL's own verifier with postgres-protocol's client.
     let stored = pg.psql("SELECT rolpassword FROM pg_authid WHERE rolname = 'repl'");
@@ -436,19 +326,13 @@ fn tls_sslmodes_and_scram_channel_binding() {
     std::fs::write(&root, &pki.root_pem).unwrap();
 
     // verify-full, then SCRAM-SHA-256-PLUS bound to the certificate PostgreSQL presented.
-    let (mut c, end_point) =
-        Conn::connect_tls(&pg, SslMode::VerifyFull, Some(&root), "localhost").unwrap();
-    c.login(
-        "repl",
-        Some("secret"),
-        ChannelBindingMode::TlsServerEndPoint(end_point.clone()),
-    )
-    .expect("SCRAM-SHA-256-PLUS over TLS");
-    assert_eq!(c.mechanism.as_deref(), Some("SCRAM-SHA-256-PLUS"));
+    let mut c = login_tls(&pg, SslMode::VerifyFull, Some(&root), "localhost", None)
+        .expect("SCRAM-SHA-256-PLUS over TLS");
+    assert_eq!(c.mechanism(), Some("SCRAM-SHA-256-PLUS"));
     assert_eq!(
         pg.psql(&format!(
             "SELECT ssl FROM pg_stat_ssl WHERE pid = {}",
-            c.pid
+            c.pid()
         )),
         "t"
     );
@@ -458,33 +342,51 @@ fn tls_sslmodes_and_scram_channel_binding() {
     );
 
     // Binding to the wrong certificate is caught by PostgreSQL: the proof of a MITM.
-    let (mut c, _) = Conn::connect_tls(&pg, SslMode::VerifyFull, Some(&root), "localhost").unwrap();
-    let err = c
-        .login(
-            "repl",
-            Some("secret"),
-            ChannelBindingMode::TlsServerEndPoint(vec![0; end_point.len()]),
-        )
-        .unwrap_err();
+    let wrong = ChannelBindingMode::TlsServerEndPoint(vec![0; 32]);
+    let err = login_tls(
+        &pg,
+        SslMode::VerifyFull,
+        Some(&root),
+        "localhost",
+        Some(wrong),
+    )
+    .err()
+    .unwrap();
+    let err = err.server_error().expect("the server's error");
     assert!(err.is_fatal(), "{err}");
     assert_eq!(err.message(), Some("SCRAM channel binding check failed"));
 
     // Without the hash, over TLS: plain SCRAM-SHA-256 with n,, (y,, would be refused by a
     // server that offers -PLUS).
-    let (mut c, _) = Conn::connect_tls(&pg, SslMode::Require, None, "localhost").unwrap();
-    c.login(
-        "repl",
-        Some("secret"),
-        ChannelBindingMode::TlsWithoutBinding,
+    let c = login_tls(
+        &pg,
+        SslMode::Require,
+        None,
+        "localhost",
+        Some(ChannelBindingMode::TlsWithoutBinding),
     )
     .expect("SCRAM-SHA-256 over TLS without binding");
-    assert_eq!(c.mechanism.as_deref(), Some("SCRAM-SHA-256"));
+    assert_eq!(c.mechanism(), Some("SCRAM-SHA-256"));
 
     // Host name checks: verify-full refuses a name the certificate does not carry,
     // verify-ca accepts it, and a wrong root fails both.
-    assert!(Conn::connect_tls(&pg, SslMode::VerifyFull, Some(&root), "127.0.0.1").is_err());
-    Conn::connect_tls(&pg, SslMode::VerifyCa, Some(&root), "127.0.0.1").unwrap();
+    let tls_failed =
+        |r: Result<Conn, repl_client::Error>| matches!(r, Err(repl_client::Error::Tls(_)));
+    assert!(tls_failed(login_tls(
+        &pg,
+        SslMode::VerifyFull,
+        Some(&root),
+        "127.0.0.1",
+        None
+    )));
+    login_tls(&pg, SslMode::VerifyCa, Some(&root), "127.0.0.1", None).unwrap();
     let other = dir.path().join("other.crt");
     std::fs::write(&other, TestPki::new(&["localhost"]).root_pem).unwrap();
-    assert!(Conn::connect_tls(&pg, SslMode::VerifyCa, Some(&other), "localhost").is_err());
+    assert!(tls_failed(login_tls(
+        &pg,
+        SslMode::VerifyCa,
+        Some(&other),
+        "localhost",
+        None
+    )));
 }

@@ -101,7 +101,7 @@ impl WalReceiver {
         tracing::info!(
             receiver = self.id.0,
             upstream = %conn.peer,
-            tls = conn.tls,
+            tls = conn.session.tls,
             server_version = conn.param("server_version").unwrap_or("?"),
             "walreceiver connected"
         );

@@ -1,7 +1,10 @@
 //! Opening a replication connection to an upstream, as libpq does for PostgreSQL's
 //! walreceiver: TCP, SSL negotiation by `sslmode`, the startup packet with
 //! `replication=true`, authentication (trust, cleartext, md5, SCRAM-SHA-256 with the server's
-//! signature checked), then the server's parameters up to the first ReadyForQuery.
+//! signature checked), then the server's parameters up to the first ReadyForQuery. The rules
+//! of that exchange, and which attempts an `sslmode` makes, are protocol-codec's
+//! [`ClientHandshake`] and [`client::next_attempt`]; this file does the socket and TLS I/O
+//! around them (the TLS configuration's root certificate is read on the blocking pool).
 //!
 //! Also a tiny simple-query client over such a connection, for the one-shot conversations of
 //! [`crate::fetch_upstream_identity`].
@@ -11,10 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use protocol_codec::auth::{ChannelBindingMode, ClientAuthenticator};
+use protocol_codec::auth::ChannelBindingMode;
+use protocol_codec::client::{
+    self, AttemptFailure, ClientHandshake, Encryption, Established, StartupConfig, StartupError,
+    Step,
+};
 use protocol_codec::conninfo::ConnInfo;
 use protocol_codec::tls::{self, SslMode};
-use protocol_codec::{BackendMessage, ClientCodec, FrontendMessage, StartupPacket};
+use protocol_codec::{BackendMessage, ClientCodec, FrontendMessage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::ClientConfig;
@@ -32,19 +39,15 @@ pub struct Connection {
     pub io: Box<dyn Io>,
     /// Bytes already read after the ReadyForQuery (normally none).
     pub leftover: BytesMut,
-    /// The ParameterStatus values the server sent, in order.
-    pub params: Vec<(String, String)>,
-    pub tls: bool,
+    /// What the startup phase learnt: the ParameterStatus values, BackendKeyData, whether
+    /// TLS is up.
+    pub session: Established,
     pub peer: SocketAddr,
 }
 
 impl Connection {
     pub fn param(&self, name: &str) -> Option<&str> {
-        self.params
-            .iter()
-            .rev()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+        self.session.param(name)
     }
 
     /// Sends `messages` and flushes.
@@ -117,37 +120,72 @@ async fn connect_inner(
     application_name: &str,
 ) -> Result<Connection, ReceiverError> {
     let mode = info.sslmode;
-    let tls_config = tls::client_config(mode, info.sslrootcert.as_deref())?;
-    match mode {
-        SslMode::Disable => attempt(info, application_name, None).await,
-        // allow: plaintext first, TLS only if the server refuses plaintext.
-        SslMode::Allow => match attempt(info, application_name, None).await {
-            Err(ReceiverError::Upstream { .. }) => {
-                attempt(info, application_name, tls_config.as_ref()).await
-            }
-            other => other,
-        },
-        // prefer: TLS first; plaintext if the server says 'N' (handled inside) or the TLS
-        // handshake fails.
-        SslMode::Prefer => {
-            match attempt(info, application_name, tls_config.as_ref()).await {
-                Err(ReceiverError::Tls { message }) => {
-                    tracing::info!("TLS with the upstream failed ({message}); trying without TLS (sslmode=prefer)");
-                    attempt(info, application_name, None).await
-                }
-                other => other,
-            }
+    let tls_config = match info.sslrootcert.clone() {
+        // Reading the root certificate is file I/O: on the blocking pool, not the actor's
+        // thread.
+        Some(root) if mode != SslMode::Disable => {
+            tokio::task::spawn_blocking(move || tls::client_config(mode, Some(&root)))
+                .await
+                .map_err(|e| ReceiverError::Tls {
+                    message: format!("loading sslrootcert failed: {e}"),
+                })??
         }
-        SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
-            attempt(info, application_name, tls_config.as_ref()).await
+        // Without a root certificate nothing is read.
+        root => tls::client_config(mode, root.as_deref())?,
+    };
+    let mut encryption = client::first_attempt(mode);
+    loop {
+        let err = match attempt(info, application_name, encryption, tls_config.as_ref()).await {
+            Ok(conn) => return Ok(conn),
+            Err(e) => e,
+        };
+        let failure = match &err {
+            ReceiverError::Upstream { .. } => AttemptFailure::ServerError,
+            ReceiverError::Tls { .. } => AttemptFailure::Tls,
+            _ => AttemptFailure::Other,
+        };
+        match client::next_attempt(mode, encryption, failure) {
+            Some(next) => {
+                if failure == AttemptFailure::Tls {
+                    tracing::info!(
+                        "TLS with the upstream failed ({err}); trying without TLS (sslmode={mode})"
+                    );
+                }
+                encryption = next;
+            }
+            None => return Err(err),
         }
     }
 }
 
-/// One connection attempt; with `tls` it sends SSLRequest first.
+/// What the walreceiver sends in its startup packet, as libpq's walreceiver does.
+fn startup_config(info: &ConnInfo, application_name: &str) -> StartupConfig {
+    let user = info
+        .user
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "postgres".to_string());
+    let database = info.dbname.as_deref().unwrap_or("replication");
+    let mut config = StartupConfig {
+        user,
+        password: info.password.clone(),
+        params: Vec::new(),
+        sslmode: info.sslmode,
+    }
+    .param("database", database)
+    .param("replication", "true")
+    .param("application_name", application_name);
+    if let Some(o) = &info.options {
+        config = config.param("options", o);
+    }
+    config
+}
+
+/// One connection attempt: the socket and TLS I/O around [`ClientHandshake`].
 async fn attempt(
     info: &ConnInfo,
     application_name: &str,
+    encryption: Encryption,
     tls: Option<&Arc<ClientConfig>>,
 ) -> Result<Connection, ReceiverError> {
     let host = info.host_or_default();
@@ -161,21 +199,29 @@ async fn attempt(
     let _ = stream.set_nodelay(true);
     let peer = stream.peer_addr().map_err(connect_err)?;
     let mut io: Box<dyn Io> = Box::new(stream);
-    let mut encrypted = false;
-    if let Some(config) = tls {
-        let mut req = BytesMut::new();
-        StartupPacket::SslRequest.encode(&mut req)?;
-        write_all(&mut io, &req).await?;
-        // Exactly one byte: anything the server sent after 'S' and before the TLS handshake
-        // would be plaintext injected into the encrypted session (CVE-2021-23214's client side).
-        let mut answer = [0u8; 1];
-        io.read_exact(&mut answer)
-            .await
-            .map_err(|e| ReceiverError::Io {
-                message: format!("reading the answer to SSLRequest: {e}"),
-            })?;
-        match answer[0] {
-            b'S' => {
+    let mut handshake = ClientHandshake::new(startup_config(info, application_name), encryption);
+    let mut rbuf = BytesMut::with_capacity(1024);
+    let mut step = handshake.start().map_err(startup_error)?;
+    loop {
+        let next = match step {
+            Step::ReadSslAnswer { send } => {
+                write_all(&mut io, &send).await?;
+                // Exactly one byte, as the handshake demands.
+                let mut answer = [0u8; 1];
+                io.read_exact(&mut answer)
+                    .await
+                    .map_err(|e| ReceiverError::Io {
+                        message: format!("reading the answer to SSLRequest: {e}"),
+                    })?;
+                handshake.on_ssl_answer(answer[0])
+            }
+            Step::StartTls => {
+                let Some(config) = tls else {
+                    return Err(ReceiverError::Tls {
+                        message: "the server accepted SSL, but no TLS configuration is at hand"
+                            .into(),
+                    });
+                };
                 let name = tls::server_name(host)?;
                 let stream = TlsConnector::from(config.clone())
                     .connect(name, io)
@@ -184,97 +230,41 @@ async fn attempt(
                         message: e.to_string(),
                     })?;
                 io = Box::new(stream);
-                encrypted = true;
+                // Without the server certificate's hash at hand, SCRAM over TLS uses `n,,`
+                // when the server offers -PLUS (PostgreSQL refuses `y,,` then as a possible
+                // downgrade) and `y,,` otherwise.
+                handshake.tls_started(ChannelBindingMode::TlsWithoutBinding)
             }
-            b'N' if info.sslmode.requires_tls() => {
-                return Err(ReceiverError::Tls {
-                    message: format!(
-                        "server does not support SSL, but SSL was required (sslmode={})",
-                        info.sslmode.as_str()
-                    ),
-                })
-            }
-            b'N' => {}
-            // PostgreSQL before 9.x could answer with an ErrorResponse here.
-            other => {
-                return Err(ReceiverError::protocol(format!(
-                    "received invalid response to SSL negotiation: {:?}",
-                    char::from(other)
-                )))
-            }
-        }
-    }
-    let user = info
-        .user
-        .clone()
-        .or_else(|| std::env::var("USER").ok())
-        .unwrap_or_else(|| "postgres".to_string());
-    let mut params = vec![
-        ("user".to_string(), user.clone()),
-        (
-            "database".to_string(),
-            info.dbname
-                .clone()
-                .unwrap_or_else(|| "replication".to_string()),
-        ),
-        ("replication".to_string(), "true".to_string()),
-        ("application_name".to_string(), application_name.to_string()),
-    ];
-    if let Some(o) = &info.options {
-        params.push(("options".to_string(), o.clone()));
-    }
-    let mut buf = BytesMut::new();
-    StartupPacket::startup(params).encode(&mut buf)?;
-    write_all(&mut io, &buf).await?;
-
-    // Without the server certificate's hash at hand, SCRAM over TLS uses `n,,` when the server
-    // offers -PLUS (PostgreSQL refuses `y,,` then as a possible downgrade) and `y,,` otherwise.
-    let binding = if encrypted {
-        ChannelBindingMode::TlsWithoutBinding
-    } else {
-        ChannelBindingMode::NoTls
-    };
-    let mut auth = ClientAuthenticator::new(&user, info.password.as_deref(), binding);
-    let mut rbuf = BytesMut::with_capacity(1024);
-    let mut server_params = Vec::new();
-    let mut authenticated = false;
-    loop {
-        match read_message(&mut io, &mut rbuf).await? {
-            BackendMessage::Authentication(req) => {
-                if authenticated {
-                    return Err(ReceiverError::protocol(
-                        "authentication request after AuthenticationOk",
-                    ));
+            Step::ReadMessage { send } => {
+                if !send.is_empty() {
+                    write_all(&mut io, &send).await?;
                 }
-                if req == protocol_codec::AuthRequest::Ok {
-                    authenticated = true;
-                }
-                if let Some(reply) = auth.step(&req)? {
-                    let mut out = BytesMut::new();
-                    reply.encode(&mut out)?;
-                    write_all(&mut io, &out).await?;
-                }
+                let msg = read_message(&mut io, &mut rbuf).await?;
+                handshake.on_message(msg)
             }
-            BackendMessage::ParameterStatus { name, value } => server_params.push((name, value)),
-            BackendMessage::BackendKeyData { .. }
-            | BackendMessage::NoticeResponse(_)
-            | BackendMessage::NegotiateProtocolVersion { .. } => {}
-            BackendMessage::ErrorResponse(e) => return Err(ReceiverError::upstream(&e)),
-            BackendMessage::ReadyForQuery(_) if authenticated => {
+            Step::Ready(established) => {
                 return Ok(Connection {
                     io,
                     leftover: rbuf,
-                    params: server_params,
-                    tls: encrypted,
+                    session: established,
                     peer,
                 })
             }
-            other => {
-                return Err(ReceiverError::protocol(format!(
-                    "unexpected {} during connection startup",
-                    crate::query::describe(&other)
-                )))
-            }
+        };
+        step = next.map_err(startup_error)?;
+    }
+}
+
+fn startup_error(e: StartupError) -> ReceiverError {
+    match e {
+        StartupError::Server(fields) => ReceiverError::upstream(&fields),
+        StartupError::SslRequired(_) => ReceiverError::Tls {
+            message: e.to_string(),
+        },
+        StartupError::Auth(a) => a.into(),
+        StartupError::Codec(c) => c.into(),
+        StartupError::InvalidSslAnswer(_) | StartupError::Protocol(_) => {
+            ReceiverError::protocol(e.to_string())
         }
     }
 }

@@ -70,24 +70,7 @@ impl ResultCollector {
 
 /// A short name of a message for error texts.
 pub(crate) fn describe(msg: &BackendMessage) -> &'static str {
-    match msg {
-        BackendMessage::Authentication(_) => "authentication request",
-        BackendMessage::ParameterStatus { .. } => "ParameterStatus",
-        BackendMessage::BackendKeyData { .. } => "BackendKeyData",
-        BackendMessage::ReadyForQuery(_) => "ReadyForQuery",
-        BackendMessage::RowDescription(_) => "RowDescription",
-        BackendMessage::DataRow(_) => "DataRow",
-        BackendMessage::CommandComplete(_) => "CommandComplete",
-        BackendMessage::EmptyQueryResponse => "EmptyQueryResponse",
-        BackendMessage::ErrorResponse(_) => "ErrorResponse",
-        BackendMessage::NoticeResponse(_) => "NoticeResponse",
-        BackendMessage::CopyBothResponse => "CopyBothResponse",
-        BackendMessage::XLogData(_) => "XLogData",
-        BackendMessage::PrimaryKeepalive(_) => "primary keepalive",
-        BackendMessage::CopyData(_) => "CopyData",
-        BackendMessage::CopyDone => "CopyDone",
-        BackendMessage::NegotiateProtocolVersion { .. } => "NegotiateProtocolVersion",
-    }
+    msg.name()
 }
 
 impl QueryResult {

@@ -205,6 +205,28 @@ impl BackendMessage {
     pub const COPY_DONE: u8 = b'c';
     pub const NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
 
+    /// A short name of the message, for error texts.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BackendMessage::Authentication(_) => "authentication request",
+            BackendMessage::ParameterStatus { .. } => "ParameterStatus",
+            BackendMessage::BackendKeyData { .. } => "BackendKeyData",
+            BackendMessage::ReadyForQuery(_) => "ReadyForQuery",
+            BackendMessage::RowDescription(_) => "RowDescription",
+            BackendMessage::DataRow(_) => "DataRow",
+            BackendMessage::CommandComplete(_) => "CommandComplete",
+            BackendMessage::EmptyQueryResponse => "EmptyQueryResponse",
+            BackendMessage::ErrorResponse(_) => "ErrorResponse",
+            BackendMessage::NoticeResponse(_) => "NoticeResponse",
+            BackendMessage::CopyBothResponse => "CopyBothResponse",
+            BackendMessage::XLogData(_) => "XLogData",
+            BackendMessage::PrimaryKeepalive(_) => "primary keepalive",
+            BackendMessage::CopyData(_) => "CopyData",
+            BackendMessage::CopyDone => "CopyDone",
+            BackendMessage::NegotiateProtocolVersion { .. } => "NegotiateProtocolVersion",
+        }
+    }
+
     /// Decodes the body of a message with tag `tag`. `body` is a slice of the read buffer;
     /// XLogData's WAL bytes are sliced from it, not copied.
     pub fn decode(tag: u8, body: Bytes) -> Result<BackendMessage> {

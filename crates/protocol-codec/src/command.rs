@@ -1,8 +1,8 @@
 //! The replication command language: what a client sends in a Query message on a replication
 //! connection.
 //!
-//! Grammar (after PostgreSQL 15's repl_gram.y; keywords are case-insensitive here, as the
-//! issue asks, where PostgreSQL 15 accepts upper case only):
+//! Grammar (after PostgreSQL 15's repl_gram.y; keywords are case-insensitive here, so that a
+//! hand-typed lower-case command works, where PostgreSQL 15 accepts upper case only):
 //! ```text
 //! IDENTIFY_SYSTEM
 //! SHOW name[.name...]
@@ -709,7 +709,7 @@ mod tests {
 
     #[test]
     fn what_postgresql_clients_send() {
-        // Every command seen in the PostgreSQL 15 captures and PROTOCOL-NOTES 1.11.
+        // Every command pg_receivewal, pg_basebackup and a PostgreSQL 15 standby were seen sending.
         check("IDENTIFY_SYSTEM", C::IdentifySystem);
         check(
             "SHOW data_directory_mode",

@@ -1,8 +1,8 @@
 //! Real libpq (psql 15) against this crate's server side: a minimal single-connection server
 //! in a test thread, built only from the codecs, `ScramServer`, `tls::server_config` and the
 //! `results` functions, answers SSLRequest, runs the TLS handshake, authenticates with
-//! SCRAM-SHA-256 and answers IDENTIFY_SYSTEM. (The real walsender and its tests come with the
-//! walsender issue; this checks the pieces it will be built from against libpq.)
+//! SCRAM-SHA-256 and answers IDENTIFY_SYSTEM. It checks the pieces the walsender is built from against libpq
+//! alone, without the walsender itself.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

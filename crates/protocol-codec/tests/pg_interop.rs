@@ -178,7 +178,7 @@ fn scram_login_and_replication_commands() {
     };
     assert_eq!(e.code(), Some(SqlState::DUPLICATE_OBJECT));
     assert_eq!(e.message(), Some("replication slot \"s2\" already exists"));
-    // PostgreSQL drops a session's temporary slots on any ERROR (PROTOCOL-NOTES 1.7).
+    // PostgreSQL 15 drops a session's temporary slots on any ERROR in that session.
     assert_eq!(
         c.query("READ_REPLICATION_SLOT s1"),
         results::read_replication_slot(None)

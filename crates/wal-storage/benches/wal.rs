@@ -180,7 +180,7 @@ fn read_stream(c: &mut Criterion) {
     group.finish();
 }
 
-/// The bar, measured in pairs so that both sides see the same disk: appends/s of 64
+/// The group-commit figure (the gain of batching many writers into one fdatasync), measured in pairs so that both sides see the same disk: appends/s of 64
 /// writers of 128 B against one writer waiting for each fsync, alternating one second each.
 fn group_commit_ratio(_: &mut Criterion) {
     let tmp = tempfile::tempdir().unwrap();

@@ -63,7 +63,7 @@ mod tests {
                 Some((TimelineId(tli), segno))
             );
         };
-        // From PROTOCOL-NOTES.md: TLI 1, LSN 0/4025A50, 16 MiB.
+        // A name a real PostgreSQL 15 gave: TLI 1, LSN 0/4025A50, 16 MiB segments.
         check(1, 0x4025A50, MIB16, "000000010000000000000004");
         check(1, 0x1000000, MIB16, "000000010000000000000001");
         check(2, 0x1_FF00_0000, MIB16, "0000000200000001000000FF");

@@ -376,7 +376,7 @@ fn message_name(m: &FrontendMessage) -> &'static str {
 }
 
 /// The ParameterStatus set PostgreSQL 15 sends after AuthenticationOk on a replication
-/// connection (PROTOCOL-NOTES 1.4), then BackendKeyData and ReadyForQuery.
+/// connection, in its order, then BackendKeyData and ReadyForQuery.
 pub fn greeting(
     identity: &ClientIdentity,
     server_version: &str,

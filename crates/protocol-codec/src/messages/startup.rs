@@ -42,7 +42,8 @@ pub enum StartupPacket {
     },
 }
 
-/// What the `replication` startup parameter asks for (PROTOCOL-NOTES 1.2).
+/// What the `replication` startup parameter asks for: `true`/`on`/`yes`/`1` a physical
+/// replication connection, `database` a logical one, a false word or no parameter a normal one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReplicationMode {
     /// `true`, `on`, `yes`, `1`: a physical walsender, the only kind walserver serves.

@@ -91,7 +91,7 @@ fn startup_protocol_negotiation() {
         params: vec![("user".into(), "u".into()), ("_pq_.foo".into(), "x".into())],
     };
     let reply = p.protocol_negotiation().unwrap().unwrap();
-    // What PostgreSQL 15 answered to 3.1 + _pq_.foo (PROTOCOL-NOTES 1.2).
+    // What a real PostgreSQL 15 answered to a 3.1 StartupMessage carrying `_pq_.foo`.
     check_backend(
         reply,
         &hex("76 00000015 00030000 00000001 5f70715f2e666f6f00"),

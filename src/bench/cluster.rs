@@ -10,10 +10,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use supervisor_actor::{Node, NodeBuilder, NodeConfig, ShutdownNode};
+use supervisor_actor::{Node, NodeConfig, ShutdownNode};
 use wal_storage::Lsn;
 
-use crate::config::{Settings, Sources};
+use walserver_node::config::{Settings, Sources};
 
 /// The application_name of standby `i` (0-based): `s1`, `s2`, ...
 pub fn standby_name(i: usize) -> String {
@@ -85,7 +85,7 @@ impl Cluster {
     pub fn start(opts: &ClusterOptions) -> anyhow::Result<Cluster> {
         let dir = temp_dir(opts.base_dir.as_deref(), "walserver-bench-")?;
         let data = dir.path().join("primary");
-        crate::init::init_primary(&data, opts.segment_size)?;
+        walserver_node::init::init_primary(&data, opts.segment_size)?;
         let sync = opts.sync_names.clone().unwrap_or_else(|| {
             if opts.standbys > 0 {
                 "FIRST 1 (s1)".into()
@@ -100,12 +100,12 @@ impl Cluster {
             ("max_wal_senders", (opts.standbys + 4).to_string()),
             ("wal_keep_size", "1024".into()),
         ])?;
-        let mut cfg = crate::server::node_config(&s, &data)?;
-        cfg.storage.fsync = opts.fsync;
-        cfg.io_threads = opts.io_threads;
         let primary_system = SystemThread::spawn("bench-primary")?;
-        let primary =
-            start_node_on(&primary_system.arbiter, cfg).context("cannot start the primary")?;
+        let primary = start_node_on(&primary_system.arbiter, &s, &data, |cfg| {
+            cfg.storage.fsync = opts.fsync;
+            cfg.io_threads = opts.io_threads;
+        })
+        .context("cannot start the primary")?;
         let mut c = Cluster {
             primary,
             standbys: Vec::new(),
@@ -162,13 +162,20 @@ impl Cluster {
     }
 }
 
-/// Starts a node on `arbiter` and waits until it runs.
-pub fn start_node_on(arbiter: &actix_rt::ArbiterHandle, cfg: NodeConfig) -> anyhow::Result<Node> {
+/// Starts the node `settings` describe on `arbiter` (`adjust` as `walserver_node::start_node`
+/// takes it) and waits until it runs.
+pub fn start_node_on(
+    arbiter: &actix_rt::ArbiterHandle,
+    settings: &Settings,
+    data: &Path,
+    adjust: impl FnOnce(&mut NodeConfig),
+) -> anyhow::Result<Node> {
+    let start = walserver_node::start_node(settings, data, adjust)?;
     let (tx, rx) = mpsc::channel();
     arbiter.spawn(async move {
-        let _ = tx.send(NodeBuilder::new(cfg).start().await);
+        let _ = tx.send(start.await);
     });
-    Ok(rx.recv().context("the cluster thread ended")??)
+    rx.recv().context("the cluster thread ended")?
 }
 
 /// `walserver init --standby` of `upstream` in `data`, then the node started on `arbiter`.
@@ -198,7 +205,7 @@ pub fn init_standby_dir(
         upstream.ip(),
         upstream.port()
     );
-    crate::init::init_standby(data, &conninfo, None, start)?;
+    walserver_node::init::init_standby(data, &conninfo, None, start)?;
     Ok(())
 }
 
@@ -214,10 +221,10 @@ pub fn start_standby_node(
         ("listen", "127.0.0.1:0".into()),
         ("wal_receiver_status_interval", "1".into()),
     ])?;
-    let mut cfg = crate::server::node_config(&s, data)?;
-    cfg.storage.fsync = fsync;
-    cfg.io_threads = io_threads;
-    start_node_on(arbiter, cfg)
+    start_node_on(arbiter, &s, data, |cfg| {
+        cfg.storage.fsync = fsync;
+        cfg.io_threads = io_threads;
+    })
 }
 
 /// A primary of its own on `arbiter`, in `data` (made here), keeping all its WAL.
@@ -227,15 +234,14 @@ pub fn start_primary_on(
     segment_size: u64,
     max_wal_senders: usize,
 ) -> anyhow::Result<Node> {
-    crate::init::init_primary(data, segment_size)?;
+    walserver_node::init::init_primary(data, segment_size)?;
     let s = settings(&[
         ("data_dir", data.display().to_string()),
         ("listen", "127.0.0.1:0".into()),
         ("max_wal_senders", max_wal_senders.to_string()),
         ("wal_keep_size", "1TB".into()),
     ])?;
-    let cfg = crate::server::node_config(&s, data)?;
-    start_node_on(arbiter, cfg)
+    start_node_on(arbiter, &s, data, |_| {})
 }
 
 /// An actix System on its own thread, to run nodes away from the caller's thread.
@@ -334,7 +340,7 @@ impl ChildNode {
         };
         let started = Instant::now();
         loop {
-            if crate::cli::get_json(&http.to_string(), "/status", None).is_ok() {
+            if walserver_node::admin::get_json(&http.to_string(), "/status", None).is_ok() {
                 return Ok(node);
             }
             if let Some(status) = node.child.try_wait()? {

@@ -20,6 +20,9 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 use wal_storage::Lsn;
 
+use walserver_node::admin::{get_json, AdminClient};
+use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
+
 use super::client::ReplClient;
 use super::cluster::{self, ChildNode, SystemThread};
 use super::report::{self, Panel, Series};
@@ -141,17 +144,19 @@ fn temp_in(base: Option<&Path>, prefix: &str) -> anyhow::Result<tempfile::TempDi
 fn fill(http: &str, bytes: u64, record_size: usize) -> anyhow::Result<Lsn> {
     let per_body = ((4 << 20) / record_size).max(1);
     let record = vec![0x5au8; record_size];
-    let body = crate::http::join_records(std::iter::repeat_n(record.as_slice(), per_body));
-    let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
-    let url = format!("{}/wal?durability=local", crate::cli::base_url(http));
+    let body = join_records(std::iter::repeat_n(record.as_slice(), per_body));
+    let client = AdminClient::new(http, None);
     let mut sent = 0u64;
     let mut end = Lsn::INVALID;
     while sent < bytes {
-        let mut resp = agent
-            .post(&url)
-            .header("Content-Type", crate::http::RECORDS_CONTENT_TYPE)
+        let mut resp = client
+            .post("/wal?durability=local", RECORDS_CONTENT_TYPE)
             .send(body.as_slice())
             .context("fill: POST /wal failed")?;
+        if !resp.status().is_success() {
+            return Err(anyhow::anyhow!("http status: {}", resp.status().as_u16()))
+                .context("fill: POST /wal failed");
+        }
         let v: serde_json::Value = serde_json::from_str(&resp.body_mut().read_to_string()?)?;
         end = v["end_lsn"]
             .as_str()
@@ -164,7 +169,7 @@ fn fill(http: &str, bytes: u64, record_size: usize) -> anyhow::Result<Lsn> {
 
 /// Sent and confirmed positions of the primary's walsenders, from `/status`.
 fn walsender_positions(http: &str) -> Vec<(Lsn, Lsn)> {
-    let Ok(v) = crate::cli::get_json(http, "/status", None) else {
+    let Ok(v) = get_json(http, "/status", None) else {
         return Vec::new();
     };
     let lsn = |x: &serde_json::Value| x.as_str().and_then(|s| s.parse::<Lsn>().ok());
@@ -211,7 +216,7 @@ pub fn measure(args: &StreamArgs) -> anyhow::Result<StreamReport> {
     let segment_size: u64 = 16 << 20;
     let primary_tmp = temp_in(args.primary_dir.as_deref(), "walserver-bench-primary-")?;
     let data = primary_tmp.path().join("data");
-    crate::init::init_primary(&data, segment_size)?;
+    walserver_node::init::init_primary(&data, segment_size)?;
     let primary = ChildNode::spawn(
         &data,
         &[
@@ -288,9 +293,7 @@ fn one_run(
     let system = match args.client {
         Client::Walserver => {
             for n in &names {
-                let conninfo =
-                    format!("host=127.0.0.1 port={port} user=bench application_name={n}");
-                crate::init::init_standby(&dirs.path().join(n), &conninfo, None, Some(start))?;
+                cluster::init_standby_dir(primary.listen, &dirs.path().join(n), n, Some(start))?;
             }
             Some(SystemThread::spawn("bench-standbys")?)
         }
@@ -307,23 +310,7 @@ fn one_run(
             Client::Walserver => {
                 let sys = system.as_ref().expect("made above");
                 let data = dirs.path().join(name);
-                let s = crate::config::Settings::load(&crate::config::Sources {
-                    file: None,
-                    overrides: vec![
-                        ("data_dir".into(), data.display().to_string()),
-                        ("listen".into(), "127.0.0.1:0".into()),
-                        ("wal_receiver_status_interval".into(), "1".into()),
-                    ],
-                    env: Some(Default::default()),
-                })?;
-                let mut cfg = crate::server::node_config(&s, &data)?;
-                cfg.storage.fsync = !args.no_fsync;
-                cfg.io_threads = 1;
-                let (tx, rx) = std::sync::mpsc::channel();
-                sys.arbiter.spawn(async move {
-                    let _ = tx.send(supervisor_actor::NodeBuilder::new(cfg).start().await);
-                });
-                let node = rx.recv().context("the standbys' thread ended")??;
+                let node = cluster::start_standby_node(&sys.arbiter, &data, !args.no_fsync, 1)?;
                 let mut pos = node.wal.subscribe();
                 running.push(Running::Thread(std::thread::spawn(move || {
                     futures_executor::block_on(pos.wait_for(|p| p.flushed >= end))

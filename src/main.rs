@@ -108,7 +108,7 @@ enum Command {
     /// Load tools: `append` and `stream` loads with latency percentiles and plots, `catchup`
     /// (a discarding protocol client), `wait-lsn` (times a standby catching up).
     #[command(subcommand)]
-    Bench(walserver::bench::BenchCommand),
+    Bench(walserver_bench::BenchCommand),
     /// Show a running node's status through its admin API.
     Status {
         /// The admin API address.
@@ -209,7 +209,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", protocol_codec::auth::make_scram_verifier(password));
             Ok(())
         }
-        Command::Bench(cmd) => walserver::bench::run(cmd),
+        Command::Bench(cmd) => {
+            walserver_bench::run(cmd, &walserver_bench::NodeProgram::ThisExecutable)
+        }
         Command::Demo { seconds } => {
             init_tracing("warn");
             walserver::demo::run(seconds)

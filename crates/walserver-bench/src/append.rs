@@ -16,9 +16,9 @@ use supervisor_actor::{AppendRecords, Durability, Node};
 use walserver_node::admin::{get_json, get_text, AdminClient};
 use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
 
-use super::cluster::{Cluster, ClusterOptions};
-use super::report::{self, Percentiles, Sample};
-use super::sys;
+use crate::cluster::{Cluster, ClusterOptions};
+use crate::report::{self, Percentiles, Sample};
+use crate::sys;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct AppendArgs {

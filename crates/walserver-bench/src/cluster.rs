@@ -1,6 +1,7 @@
-//! Nodes for a bench: an in-process cluster (a primary and K standbys on one actix System
-//! thread, the embedding path) and a node run as a child process (`walserver run`), whose
-//! CPU time and memory the kernel reports apart from the bench's own.
+//! Nodes for a bench: an in-process cluster (a primary and K standbys, each on an actix System
+//! thread of its own, the embedding path, started with `walserver_node::start_node`) and a
+//! node run as a child process (`walserver run`), whose CPU time and memory the kernel
+//! reports apart from the bench's own.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -303,7 +304,32 @@ pub fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-/// A node run as a child process: `walserver run` of this executable.
+/// The executable that runs `walserver run` for a node run as a child process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeProgram {
+    /// This executable: the load tool runs inside `walserver` (`walserver bench`).
+    ThisExecutable,
+    /// A `walserver` executable elsewhere (the `walserver-bench` program's).
+    Path(PathBuf),
+}
+
+impl NodeProgram {
+    /// The `walserver` in the directory of `exe`, where cargo puts both programs.
+    pub fn beside(exe: &Path) -> NodeProgram {
+        NodeProgram::Path(exe.with_file_name("walserver"))
+    }
+
+    fn path(&self) -> anyhow::Result<PathBuf> {
+        match self {
+            NodeProgram::ThisExecutable => {
+                std::env::current_exe().context("cannot find this executable")
+            }
+            NodeProgram::Path(p) => Ok(p.clone()),
+        }
+    }
+}
+
+/// A node run as a child process: `walserver run` of a [`NodeProgram`].
 pub struct ChildNode {
     pub child: Child,
     pub listen: SocketAddr,
@@ -313,10 +339,14 @@ pub struct ChildNode {
 
 impl ChildNode {
     /// Runs `walserver run` on `data_dir` with `-c` settings, and waits for its admin API.
-    pub fn spawn(data_dir: &Path, settings: &[(&str, String)]) -> anyhow::Result<ChildNode> {
+    pub fn spawn(
+        program: &NodeProgram,
+        data_dir: &Path,
+        settings: &[(&str, String)],
+    ) -> anyhow::Result<ChildNode> {
         let listen: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         let http: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let exe = std::env::current_exe().context("cannot find this executable")?;
+        let exe = program.path()?;
         let mut cmd = Command::new(exe);
         cmd.arg("run")
             .arg("-c")
@@ -366,5 +396,26 @@ impl Drop for ChildNode {
         // SAFETY: kill with a pid of our own child and a valid signal number.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGQUIT) };
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_walserver_program_is_found_beside_the_bench() {
+        assert_eq!(
+            NodeProgram::beside(Path::new("/opt/ws/bin/walserver-bench")),
+            NodeProgram::Path(PathBuf::from("/opt/ws/bin/walserver"))
+        );
+        assert_eq!(
+            NodeProgram::Path("/x/walserver".into()).path().unwrap(),
+            PathBuf::from("/x/walserver")
+        );
+        assert_eq!(
+            NodeProgram::ThisExecutable.path().unwrap(),
+            std::env::current_exe().unwrap()
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! `walserver bench stream`: catch-up of K standbys from a primary that already holds G GiB.
 //!
-//! The primary runs as a child process (`walserver run` of this executable), so its CPU time
+//! The primary runs as a child process (`walserver run`, of the executable [`NodeProgram`]
+//! names), so its CPU time
 //! and memory are read from `/proc/PID` apart from the clients'. It is filled through
 //! `POST /wal` first; then the clients start at the first segment and the clock runs until
 //! each has the whole range. The clients are one of:
@@ -23,10 +24,10 @@ use wal_storage::Lsn;
 use walserver_node::admin::{get_json, AdminClient};
 use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
 
-use super::client::ReplClient;
-use super::cluster::{self, ChildNode, SystemThread};
-use super::report::{self, Panel, Series};
-use super::sys;
+use crate::client::ReplClient;
+use crate::cluster::{self, ChildNode, NodeProgram, SystemThread};
+use crate::report::{self, Panel, Series};
+use crate::sys;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -195,8 +196,8 @@ enum Running {
     Process(std::process::Child),
 }
 
-pub fn run(args: StreamArgs) -> anyhow::Result<()> {
-    let report = measure(&args)?;
+pub fn run(args: StreamArgs, program: &NodeProgram) -> anyhow::Result<()> {
+    let report = measure(&args, program)?;
     if let (Some(path), Some(last)) = (&args.plot, report.runs.last()) {
         plot(&report, last, path)?;
     }
@@ -208,7 +209,7 @@ pub fn run(args: StreamArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn measure(args: &StreamArgs) -> anyhow::Result<StreamReport> {
+pub fn measure(args: &StreamArgs, program: &NodeProgram) -> anyhow::Result<StreamReport> {
     anyhow::ensure!(
         (1..=64).contains(&args.standbys),
         "--standbys must be 1 to 64"
@@ -218,6 +219,7 @@ pub fn measure(args: &StreamArgs) -> anyhow::Result<StreamReport> {
     let data = primary_tmp.path().join("data");
     walserver_node::init::init_primary(&data, segment_size)?;
     let primary = ChildNode::spawn(
+        program,
         &data,
         &[
             ("max_wal_senders", (args.standbys + 4).to_string()),
@@ -327,7 +329,7 @@ fn one_run(
                         .spawn(move || {
                             let mut c =
                                 ReplClient::connect_as("127.0.0.1", port, "bench", None, &name)?;
-                            super::client::catchup(&mut c, start, end, None)?;
+                            crate::client::catchup(&mut c, start, end, None)?;
                             Ok(t0.elapsed().as_secs_f64())
                         })?,
                 ));

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use wal_storage::Lsn;
-use walserver::bench::cluster::{self, SystemThread};
-use walserver::bench::{catchup, ReplClient};
+use walserver_bench::cluster::{self, SystemThread};
+use walserver_bench::{catchup, ReplClient};
 
 const SEGMENT: u64 = 16 << 20;
 

@@ -1,33 +1,10 @@
-//! The client commands that talk to a running node's admin API.
+//! The client commands that talk to a running node's admin API (`status`, `promote`,
+//! `append`), through `walserver_node::admin`, and the status as people read it.
 
 use anyhow::{bail, Context};
 use serde_json::Value;
-
-/// `http` is `HOST:PORT` or a full `http://` URL.
-pub fn base_url(http: &str) -> String {
-    if http.starts_with("http://") || http.starts_with("https://") {
-        http.trim_end_matches('/').to_string()
-    } else {
-        format!("http://{http}")
-    }
-}
-
-pub fn get_json(http: &str, path: &str, token: Option<&str>) -> anyhow::Result<Value> {
-    let url = format!("{}{path}", base_url(http));
-    let mut req = ureq::get(&url);
-    if let Some(t) = token {
-        req = req.header("Authorization", &format!("Bearer {t}"));
-    }
-    let mut resp = req
-        .call()
-        .with_context(|| format!("cannot reach the admin API at {url}"))?;
-    let text = resp
-        .body_mut()
-        .read_to_string()
-        .context("cannot read the admin API's answer")?;
-    serde_json::from_str(&text)
-        .with_context(|| format!("the admin API answered something that is not JSON: {text}"))
-}
+use walserver_node::admin::{get_json, post_json};
+use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
 
 /// `walserver status`: the node's status and its replication slots as tables, or `/status`'s
 /// JSON as the API gives it (scripts read that document; it stays as it is).
@@ -165,38 +142,9 @@ fn table(cols: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-fn post(
-    http: &str,
-    path: &str,
-    token: Option<&str>,
-    content_type: &str,
-    body: &[u8],
-) -> anyhow::Result<Value> {
-    let url = format!("{}{path}", base_url(http));
-    let mut req = ureq::post(&url).header("Content-Type", content_type);
-    if let Some(t) = token {
-        req = req.header("Authorization", &format!("Bearer {t}"));
-    }
-    let config = req.config().http_status_as_error(false).build();
-    let mut resp = config
-        .send(body)
-        .with_context(|| format!("cannot reach the admin API at {url}"))?;
-    let status = resp.status();
-    let text = resp
-        .body_mut()
-        .read_to_string()
-        .context("cannot read the admin API's answer")?;
-    let v: Value = serde_json::from_str(&text)
-        .with_context(|| format!("the admin API answered something that is not JSON: {text}"))?;
-    if !status.is_success() {
-        bail!("{}", v["error"].as_str().unwrap_or(&text));
-    }
-    Ok(v)
-}
-
 /// `walserver promote`.
 pub fn promote(http: &str, token: Option<&str>) -> anyhow::Result<()> {
-    let v = post(http, "/promote", token, "application/json", b"")?;
+    let v = post_json(http, "/promote", token, "application/json", b"")?;
     println!(
         "promoted: timeline {} starts at {}",
         text(&v["timeline"]),
@@ -249,8 +197,8 @@ pub fn append(
     let started = std::time::Instant::now();
     let mut last = Value::Null;
     for chunk in records.chunks(batch.max(1)) {
-        let body = crate::http::join_records(chunk.iter().map(Vec::as_slice));
-        last = post(http, &path, token, crate::http::RECORDS_CONTENT_TYPE, &body)?;
+        let body = join_records(chunk.iter().map(Vec::as_slice));
+        last = post_json(http, &path, token, RECORDS_CONTENT_TYPE, &body)?;
     }
     let secs = started.elapsed().as_secs_f64();
     println!(

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context};
 use bytes::Bytes;
 use supervisor_actor::{
-    AppendRecords, Durability, GetNodeStatus, Node, NodeBuilder, NodeStatus, Promote, ShutdownNode,
+    AppendRecords, Durability, GetNodeStatus, Node, NodeStatus, Promote, ShutdownNode,
 };
-
-use crate::config::{Settings, Sources};
+use walserver_node::config::{Settings, Sources};
+use walserver_node::{init, start_node};
 
 struct DemoNode {
     name: &'static str,
@@ -23,7 +23,7 @@ struct DemoNode {
     http: SocketAddr,
 }
 
-async fn start_node(
+async fn start_demo_node(
     dir: &std::path::Path,
     name: &'static str,
     extra: &str,
@@ -39,13 +39,8 @@ async fn start_node(
         overrides: vec![],
         env: Some(Default::default()),
     })?;
-    let cfg = crate::server::node_config(&settings, &dir.join(name))?;
-    let node = NodeBuilder::new(cfg).start().await?;
-    let http = crate::http::start(
-        crate::http::HttpConfig::from_settings(&settings, "127.0.0.1:0".parse()?)?,
-        node.clone(),
-    )?
-    .supervise(&node);
+    let node = start_node(&settings, &dir.join(name), |_| {})?.await?;
+    let http = crate::http::serve(&settings, "127.0.0.1:0".parse()?, &node, None)?;
     Ok(DemoNode { name, node, http })
 }
 
@@ -59,10 +54,8 @@ async fn init_standby(
         upstream.node.listen_addr.port()
     );
     let path = dir.join(name);
-    tokio::task::spawn_blocking(move || {
-        crate::init::init_standby(&path, &conninfo, None, None).map(drop)
-    })
-    .await?
+    tokio::task::spawn_blocking(move || init::init_standby(&path, &conninfo, None, None).map(drop))
+        .await?
 }
 
 async fn status(n: &DemoNode) -> anyhow::Result<NodeStatus> {
@@ -104,10 +97,9 @@ async fn demo(dir: &std::path::Path, seconds: u64) -> anyhow::Result<()> {
     );
     {
         let p = dir.join("primary");
-        tokio::task::spawn_blocking(move || crate::init::init_primary(&p, 16 << 20).map(drop))
-            .await??;
+        tokio::task::spawn_blocking(move || init::init_primary(&p, 16 << 20).map(drop)).await??;
     }
-    let primary = start_node(
+    let primary = start_demo_node(
         dir,
         "primary",
         "synchronous_standby_names = 'ANY 1 (standby1)'\nsynchronous_commit = 'on'",
@@ -118,13 +110,13 @@ async fn demo(dir: &std::path::Path, seconds: u64) -> anyhow::Result<()> {
         primary.node.listen_addr, primary.http
     );
     init_standby(dir, "standby1", &primary).await?;
-    let standby1 = start_node(dir, "standby1", "").await?;
+    let standby1 = start_demo_node(dir, "standby1", "").await?;
     println!(
         "standby1  replication {}  admin http://{}  (synchronous, from primary)",
         standby1.node.listen_addr, standby1.http
     );
     init_standby(dir, "standby2", &standby1).await?;
-    let standby2 = start_node(dir, "standby2", "").await?;
+    let standby2 = start_demo_node(dir, "standby2", "").await?;
     println!(
         "standby2  replication {}  admin http://{}  (cascading, from standby1)\n",
         standby2.node.listen_addr, standby2.http

@@ -11,21 +11,29 @@ use actix_web::dev::{ServerHandle, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context;
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
+use futures_util::future::LocalBoxFuture;
 use serde::Serialize;
+use subtle::ConstantTimeEq;
 use supervisor_actor::{
     AppendError, AppendRecords, Durability, GetNodeStatus, Node, Promote, PromoteError,
 };
 use wal_storage::{Lsn, SlotInfo, TimelineId};
+use walserver_node::config::Settings;
+use walserver_node::records::{join_records, split_records, RECORDS_CONTENT_TYPE};
 
-use crate::config::Settings;
+/// What `POST /reload` does: re-read the configuration and apply it to the node. The admin
+/// API is handed the action, not the reloader behind it (`walserver run` makes it from its
+/// `Reloader`), so it knows nothing of where a configuration comes from.
+pub type ReloadAction =
+    std::sync::Arc<dyn Fn() -> LocalBoxFuture<'static, anyhow::Result<()>> + Send + Sync>;
 
 pub struct HttpConfig {
     pub addr: SocketAddr,
     pub token: Option<String>,
     pub tls: Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>,
-    /// How `POST /reload` re-reads the configuration; without it the endpoint answers 501.
-    pub reloader: Option<std::sync::Arc<crate::server::Reloader>>,
+    /// What `POST /reload` does; without it the endpoint answers 501.
+    pub reload: Option<ReloadAction>,
 }
 
 impl HttpConfig {
@@ -38,9 +46,22 @@ impl HttpConfig {
             addr,
             token: s.http_auth_token.clone().filter(|t| !t.is_empty()),
             tls,
-            reloader: None,
+            reload: None,
         })
     }
+}
+
+/// Starts the admin API the settings describe on `addr` (their `http_listen`, or another
+/// address) and hands it to the node's supervisor; returns the address it listens on.
+pub fn serve(
+    settings: &Settings,
+    addr: SocketAddr,
+    node: &Node,
+    reload: Option<ReloadAction>,
+) -> anyhow::Result<SocketAddr> {
+    let mut cfg = HttpConfig::from_settings(settings, addr)?;
+    cfg.reload = reload;
+    Ok(start(cfg, node.clone())?.supervise(node))
 }
 
 pub struct HttpServerHandle {
@@ -74,7 +95,7 @@ impl HttpServerHandle {
 struct State {
     node: Node,
     token: Option<String>,
-    reloader: Option<std::sync::Arc<crate::server::Reloader>>,
+    reload: Option<ReloadAction>,
 }
 
 /// Starts the admin API in the current actix System.
@@ -82,7 +103,7 @@ pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
     let state = web::Data::new(State {
         node,
         token: cfg.token,
-        reloader: cfg.reloader,
+        reload: cfg.reload,
     });
     let server = HttpServer::new(move || {
         App::new()
@@ -119,39 +140,6 @@ pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
 /// (16 MiB by default) with room for a batch, small enough that one request cannot exhaust
 /// memory.
 const MAX_BODY: usize = 64 << 20;
-
-/// The content type of a body holding many records, each a big-endian u32 length then bytes.
-pub const RECORDS_CONTENT_TYPE: &str = "application/x-walserver-records";
-
-/// Splits a length-delimited body into records.
-pub fn split_records(mut body: Bytes) -> Result<Vec<Bytes>, String> {
-    let mut out = Vec::new();
-    while !body.is_empty() {
-        if body.len() < 4 {
-            return Err(format!("truncated record length at byte {}", out.len()));
-        }
-        let len = body.get_u32() as usize;
-        if body.len() < len {
-            return Err(format!(
-                "record {} claims {len} bytes but only {} remain",
-                out.len(),
-                body.len()
-            ));
-        }
-        out.push(body.split_to(len));
-    }
-    Ok(out)
-}
-
-/// Joins records into a length-delimited body.
-pub fn join_records<'a>(records: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
-    let mut out = Vec::new();
-    for r in records {
-        out.extend_from_slice(&(r.len() as u32).to_be_bytes());
-        out.extend_from_slice(r);
-    }
-    out
-}
 
 #[derive(serde::Deserialize)]
 struct AppendQuery {
@@ -335,12 +323,12 @@ async fn promote(state: web::Data<State>) -> HttpResponse {
 }
 
 async fn reload(state: web::Data<State>) -> HttpResponse {
-    let Some(reloader) = state.reloader.clone() else {
+    let Some(reload) = state.reload.clone() else {
         return HttpResponse::NotImplemented().json(
             serde_json::json!({ "error": "this node was not started from a configuration file" }),
         );
     };
-    match reloader.reload(&state.node).await {
+    match reload().await {
         Ok(()) => HttpResponse::Ok().json(serde_json::json!({ "reloaded": true })),
         Err(e) => HttpResponse::BadRequest().json(serde_json::json!({ "error": format!("{e:#}") })),
     }
@@ -359,7 +347,7 @@ async fn check_token(
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        let ok = given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes()));
+        let ok = given.is_some_and(|g| token_matches(g, &token));
         if !ok {
             return Err(actix_web::error::ErrorUnauthorized(
                 "missing or wrong bearer token",
@@ -369,8 +357,10 @@ async fn check_token(
     next.call(req).await
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Whether the bearer token given is the one expected, compared in constant time for tokens
+/// of the expected length (a different length is refused at once; the length is no secret).
+fn token_matches(given: &str, expected: &str) -> bool {
+    given.as_bytes().ct_eq(expected.as_bytes()).into()
 }
 
 fn unavailable(e: impl std::fmt::Display) -> HttpResponse {
@@ -479,4 +469,19 @@ fn escape_label(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_match_only_when_equal() {
+        assert!(token_matches("s3cret", "s3cret"));
+        assert!(!token_matches("s3creT", "s3cret"));
+        // Different lengths, including a prefix and the empty token, never match.
+        assert!(!token_matches("s3cre", "s3cret"));
+        assert!(!token_matches("s3crets", "s3cret"));
+        assert!(!token_matches("", "s3cret"));
+    }
 }

@@ -1,12 +1,11 @@
-//! The walserver node as a program: configuration, the HTTP admin API, and the commands of
-//! the `walserver` binary (`init`, `run`, `passwd`, `status`). The actors live in the
-//! workspace crates; this crate wires them together from a configuration file.
+//! The walserver node as a program: the HTTP admin API, signal handling, and the commands of
+//! the `walserver` binary (`run`, `demo`, `status`, `promote`, `append`, `rejoin`; `init` and
+//! `passwd` are a few lines of `main.rs`, and `bench` is `walserver-bench`'s). The actors live in the workspace crates; a node's
+//! configuration, its data directories and the admin API's client live in `walserver-node`,
+//! which this crate wires together with the admin API.
 
-pub mod bench;
 pub mod cli;
-pub mod config;
 pub mod demo;
 pub mod http;
-pub mod init;
+pub mod rejoin;
 pub mod server;
-pub mod units;

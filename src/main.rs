@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use walserver::config::{parse_override, Settings, Sources};
 use walserver::server::StopMode;
+use walserver_node::config::{parse_override, Settings, Sources};
 
 #[derive(Parser)]
 #[command(
@@ -108,7 +108,7 @@ enum Command {
     /// Load tools: `append` and `stream` loads with latency percentiles and plots, `catchup`
     /// (a discarding protocol client), `wait-lsn` (times a standby catching up).
     #[command(subcommand)]
-    Bench(walserver::bench::BenchCommand),
+    Bench(walserver_bench::BenchCommand),
     /// Show a running node's status through its admin API.
     Status {
         /// The admin API address.
@@ -151,7 +151,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ..
         } => {
             init_tracing("warn");
-            let id = walserver::init::init_standby(
+            let id = walserver_node::init::init_standby(
                 &data_dir,
                 &conninfo,
                 primary_slot_name.as_deref(),
@@ -174,10 +174,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ..
         } => {
             init_tracing("warn");
-            let size = walserver::units::parse_size(&wal_segment_size, 1 << 20)
+            let size = walserver_node::units::parse_size(&wal_segment_size, 1 << 20)
                 .map_err(anyhow::Error::msg)?
                 .context("wal_segment_size cannot be unlimited")?;
-            let id = walserver::init::init_primary(&data_dir, size)?;
+            let id = walserver_node::init::init_primary(&data_dir, size)?;
             println!(
                 "initialised primary data directory {} (system identifier {id})",
                 data_dir.display()
@@ -209,7 +209,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", protocol_codec::auth::make_scram_verifier(password));
             Ok(())
         }
-        Command::Bench(cmd) => walserver::bench::run(cmd),
+        Command::Bench(cmd) => {
+            walserver_bench::run(cmd, &walserver_bench::NodeProgram::ThisExecutable)
+        }
         Command::Demo { seconds } => {
             init_tracing("warn");
             walserver::demo::run(seconds)
@@ -221,7 +223,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             primary_slot_name,
         } => {
             init_tracing("warn");
-            walserver::init::rejoin(&data_dir, &primary_conninfo, primary_slot_name.as_deref())
+            walserver::rejoin::rejoin(&data_dir, &primary_conninfo, primary_slot_name.as_deref())
         }
         Command::Append {
             http,

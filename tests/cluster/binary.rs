@@ -111,7 +111,7 @@ impl Walserver {
     }
 
     fn status(&self) -> serde_json::Value {
-        walserver::cli::get_json(&self.http.to_string(), "/status", None).expect("/status")
+        walserver_node::admin::get_json(&self.http.to_string(), "/status", None).expect("/status")
     }
 }
 
@@ -165,7 +165,7 @@ fn a_reload_changes_the_upstream_without_a_restart() {
     let u1 = TestNode::primary(KEEP);
     let u2 = TestNode::standby_of(u1.addr(), "u2", KEEP);
     let dir = tempfile::tempdir().unwrap();
-    walserver::init::init_standby(&dir.path().join("data"), &u1.conninfo("s"), None, None)
+    walserver_node::init::init_standby(&dir.path().join("data"), &u1.conninfo("s"), None, None)
         .expect("init_standby");
     let config = write_config(
         dir.path(),
@@ -227,7 +227,7 @@ fn a_reload_changes_the_upstream_without_a_restart() {
 fn sigterm_is_a_fast_shutdown_and_a_second_signal_is_immediate() {
     for second in [None, Some(libc::SIGTERM), Some(libc::SIGQUIT)] {
         let dir = tempfile::tempdir().unwrap();
-        walserver::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
+        walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
         let config = write_config(dir.path(), "wal_sender_shutdown_timeout = \"60s\"\n");
         let mut w = Walserver::run(&config);
         let end: Lsn = w.status()["flush_lsn"].as_str().unwrap().parse().unwrap();
@@ -320,7 +320,7 @@ fn reload_sync_names_by_http(
 #[test]
 fn a_reload_changes_synchronous_standby_names() {
     let dir = tempfile::tempdir().unwrap();
-    walserver::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
+    walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
     let config = write_config(dir.path(), "synchronous_standby_names = \"nobody\"\n");
     let mut w = Walserver::run(&config);
     let s1 = TestNode::standby_of(w.listen, "s1", "");

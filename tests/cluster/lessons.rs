@@ -236,6 +236,6 @@ fn the_admin_api_answers_during_the_drain_and_stops_after_it() {
     }
     let http = node.http_addr.to_string();
     wait_until("the admin API to stop after the drain", || {
-        walserver::cli::get_json(&http, "/status", None).is_err()
+        walserver_node::admin::get_json(&http, "/status", None).is_err()
     });
 }

@@ -19,7 +19,7 @@ use common::cluster::*;
 use common::*;
 use supervisor_actor::{AppendError, NodeRole, PromoteError};
 use wal_storage::{Lsn, TimelineId};
-use walserver::init::StandbySignal;
+use walserver_node::init::StandbySignal;
 
 const TL1: TimelineId = TimelineId(1);
 const TL2: TimelineId = TimelineId(2);

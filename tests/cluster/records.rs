@@ -11,7 +11,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use supervisor_actor::{Follow, RecordEvent};
 use wal_storage::{Lsn, TimelineId};
-use walserver::http::{join_records, RECORDS_CONTENT_TYPE};
+use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
 
 use super::common::*;
 use super::{KEEP, TL1, TL2};

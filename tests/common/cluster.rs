@@ -14,8 +14,8 @@ use supervisor_actor::{
 };
 use wal_storage::{segment_file_name, Lsn, TimelineId, WalPosition};
 use walreceiver_actor::ReceiverState;
-use walserver::config::Sources;
-use walserver::server::Reloader;
+use walserver_node::config::Sources;
+use walserver_node::node::Reloader;
 
 use super::{TestNode, DEADLINE};
 
@@ -42,7 +42,7 @@ impl TestNode {
     /// writes `standby.signal`) and started with `extra` TOML lines.
     pub fn standby_of(upstream: SocketAddr, name: &str, extra: &str) -> TestNode {
         let dir = tempfile::tempdir().expect("tempdir");
-        walserver::init::init_standby(
+        walserver_node::init::init_standby(
             &dir.path().join("data"),
             &conninfo_of(upstream, name),
             None,

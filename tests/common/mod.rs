@@ -14,9 +14,9 @@ use bytes::Bytes;
 use protocol_codec::messages::TransactionStatus;
 use protocol_codec::{BackendMessage, FrontendMessage, StartupPacket};
 use repl_client::{ConnectOptions, ReplClient};
-use supervisor_actor::{Node, NodeBuilder, ShutdownNode};
+use supervisor_actor::{Node, ShutdownNode};
 use wal_storage::{Lsn, Wal};
-use walserver::config::{Settings, Sources};
+use walserver_node::config::{Settings, Sources};
 
 /// How long a test waits for something that should happen at once before it fails.
 pub const DEADLINE: Duration = Duration::from_secs(30);
@@ -41,7 +41,7 @@ impl TestNode {
     pub fn primary_with_segments(segment_size: u64, extra: &str) -> TestNode {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().join("data");
-        walserver::init::init_primary(&data, segment_size).expect("init");
+        walserver_node::init::init_primary(&data, segment_size).expect("init");
         TestNode::start_in(dir, extra)
     }
 
@@ -65,22 +65,17 @@ impl TestNode {
             env: Some(Default::default()),
         })
         .expect("config");
-        let mut cfg = walserver::server::node_config(&settings, &data).expect("node config");
-        cfg.io_threads = 2;
+        let start = walserver_node::start_node(&settings, &data, |cfg| cfg.io_threads = 2)
+            .expect("node config");
         let (tx, rx) = mpsc::channel();
         let s2 = settings.clone();
         let thread = std::thread::spawn(move || {
             let system = actix_rt::System::new();
             let sys = actix_rt::System::current();
             system.block_on(async move {
-                let node = NodeBuilder::new(cfg).start().await.expect("node start");
-                let http = walserver::http::start(
-                    walserver::http::HttpConfig::from_settings(&s2, "127.0.0.1:0".parse().unwrap())
-                        .unwrap(),
-                    node.clone(),
-                )
-                .expect("http")
-                .supervise(&node);
+                let node = start.await.expect("node start");
+                let http = walserver::http::serve(&s2, "127.0.0.1:0".parse().unwrap(), &node, None)
+                    .expect("http");
                 tx.send((node, http, sys)).unwrap();
             });
             system.run().ok();
@@ -134,7 +129,7 @@ impl TestNode {
     }
 
     pub fn http_get(&self, path: &str) -> serde_json::Value {
-        walserver::cli::get_json(&self.http_addr.to_string(), path, None).expect("http get")
+        walserver_node::admin::get_json(&self.http_addr.to_string(), path, None).expect("http get")
     }
 
     /// Stops the node's System and returns its data directory for reuse.

@@ -753,7 +753,7 @@ fn every_connection_is_registered_whatever_the_order_of_its_events() {
 fn a_public_admin_api_without_a_token_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    walserver::init::init_primary(&data, 1 << 20).unwrap();
+    walserver_node::init::init_primary(&data, 1 << 20).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_walserver"))
         .args(["run", "-c"])
         .arg(format!("data_dir={}", data.display()))

@@ -34,7 +34,7 @@ fn walserver_standby_of(pg: &PgCluster) -> TestNode {
         "{} application_name=walserver connect_timeout=10",
         pg.conninfo("postgres", None)
     );
-    walserver::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
+    walserver_node::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
         .expect("init_standby from PostgreSQL");
     let node = TestNode::start_in(dir, "wal_keep_size = \"1GB\"\n");
     assert_eq!(node.wal().format(), WalFormat::Postgres);

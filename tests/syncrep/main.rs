@@ -26,7 +26,7 @@ fn standby_of(upstream: &TestNode, name: &str, extra: &str) -> TestNode {
         "host=127.0.0.1 port={} user=repl application_name={name}",
         upstream.addr().port()
     );
-    walserver::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
+    walserver_node::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
         .expect("init standby");
     TestNode::start_in(dir, extra)
 }
@@ -262,7 +262,7 @@ fn reconfigure(node: &TestNode, names: &str) {
         walsender: (*node.node.shared.settings()).clone(),
         max_wal_senders: settings.max_wal_senders,
         receiver: None,
-        sync: walserver::server::sync_settings(&settings).unwrap(),
+        sync: walserver_node::node::sync_settings(&settings).unwrap(),
     };
     futures_executor::block_on(node.node.supervisor.send(msg)).unwrap();
 }
@@ -495,7 +495,7 @@ fn spawn_node(config: &Path, log: &Path) -> Proc {
         .unwrap();
     // The node is up when its admin API answers.
     wait_until("the node to answer", || {
-        walserver::cli::get_json(&http, "/status", None).is_ok()
+        walserver_node::admin::get_json(&http, "/status", None).is_ok()
     });
     Proc { child, http }
 }
@@ -506,7 +506,7 @@ fn spawn_node(config: &Path, log: &Path) -> Proc {
 fn kill_9_of_the_primary_loses_no_acknowledged_synchronous_append() {
     let dir = tempfile::tempdir().unwrap();
     let p_data = dir.path().join("p");
-    walserver::init::init_primary(&p_data, 1 << 20).unwrap();
+    walserver_node::init::init_primary(&p_data, 1 << 20).unwrap();
     let port = |()| pg_testkit::free_port();
     let (p_port, p_http, s_port, s_http) = (port(()), port(()), port(()), port(()));
     let p_conf = write_config(
@@ -518,7 +518,7 @@ fn kill_9_of_the_primary_loses_no_acknowledged_synchronous_append() {
     );
     let mut primary = spawn_node(&p_conf, &dir.path().join("p.log"));
     let s_data = dir.path().join("s");
-    walserver::init::init_standby(
+    walserver_node::init::init_standby(
         &s_data,
         &format!("host=127.0.0.1 port={p_port} user=repl application_name=s1"),
         None,
@@ -538,10 +538,13 @@ fn kill_9_of_the_primary_loses_no_acknowledged_synchronous_append() {
                 std::thread::spawn(move || {
                     for seq in 0.. {
                         let payload = format!("round {round} client {c} seq {seq}").into_bytes();
-                        let body = walserver::http::join_records([payload.as_slice()]);
+                        let body = walserver_node::records::join_records([payload.as_slice()]);
                         let url = format!("http://{http}/wal?durability=on");
                         let ok = ureq::post(&url)
-                            .header("Content-Type", walserver::http::RECORDS_CONTENT_TYPE)
+                            .header(
+                                "Content-Type",
+                                walserver_node::records::RECORDS_CONTENT_TYPE,
+                            )
                             .send(&body[..])
                             .is_ok_and(|r| r.status().is_success());
                         if !ok {

@@ -13,9 +13,12 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use supervisor_actor::{AppendRecords, Durability, Node};
 
-use super::cluster::{Cluster, ClusterOptions};
-use super::report::{self, Percentiles, Sample};
-use super::sys;
+use walserver_node::admin::{get_json, get_text, AdminClient};
+use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
+
+use crate::cluster::{Cluster, ClusterOptions};
+use crate::report::{self, Percentiles, Sample};
+use crate::sys;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct AppendArgs {
@@ -207,15 +210,13 @@ impl Target {
     fn lag(&self) -> LagReading {
         match self {
             Target::Cluster(c) => lag_of_node(&c.primary),
-            Target::Http { url, token } => {
-                match crate::cli::get_json(url, "/status", token.as_deref()) {
-                    Ok(v) => lag_of_status(&v),
-                    Err(_) => LagReading {
-                        lag_bytes: None,
-                        flush_lag_ms: None,
-                    },
-                }
-            }
+            Target::Http { url, token } => match get_json(url, "/status", token.as_deref()) {
+                Ok(v) => lag_of_status(&v),
+                Err(_) => LagReading {
+                    lag_bytes: None,
+                    flush_lag_ms: None,
+                },
+            },
         }
     }
 }
@@ -266,11 +267,7 @@ fn lag_of_status(v: &serde_json::Value) -> LagReading {
 }
 
 fn remote_fsyncs(url: &str, token: Option<&str>) -> Option<u64> {
-    let mut req = ureq::get(format!("{}/metrics", crate::cli::base_url(url)));
-    if let Some(t) = token {
-        req = req.header("Authorization", &format!("Bearer {t}"));
-    }
-    let text = req.call().ok()?.body_mut().read_to_string().ok()?;
+    let text = get_text(url, "/metrics", token).ok()?;
     parse_metric(&text, "walserver_fsyncs_total")
 }
 
@@ -395,36 +392,20 @@ fn spawn_http_writers(
 ) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
     let batch = args.batch.max(1);
     let record = vec![b'x'; args.size];
-    let body: Arc<Vec<u8>> = Arc::new(crate::http::join_records(std::iter::repeat_n(
-        record.as_slice(),
-        batch,
-    )));
-    let endpoint = format!("{}/wal?durability={durability}", crate::cli::base_url(url));
+    let body: Arc<Vec<u8>> = Arc::new(join_records(std::iter::repeat_n(record.as_slice(), batch)));
+    let path = format!("/wal?durability={durability}");
     let mut handles = Vec::new();
     for i in 0..args.writers {
-        let (stats, budget, body, endpoint) = (
-            stats.clone(),
-            budget.clone(),
-            body.clone(),
-            endpoint.clone(),
-        );
-        let token = token.map(str::to_string);
+        let (stats, budget, body, path) =
+            (stats.clone(), budget.clone(), body.clone(), path.clone());
+        let client = AdminClient::new(url, token);
         let bytes = args.size * batch;
         handles.push(
             std::thread::Builder::new()
                 .name(format!("bench-writer-{i}"))
                 .spawn(move || {
-                    let agent: ureq::Agent = ureq::Agent::config_builder()
-                        .http_status_as_error(false)
-                        .build()
-                        .into();
                     while budget.take(bytes as u64) {
-                        let mut req = agent
-                            .post(&endpoint)
-                            .header("Content-Type", crate::http::RECORDS_CONTENT_TYPE);
-                        if let Some(t) = &token {
-                            req = req.header("Authorization", &format!("Bearer {t}"));
-                        }
+                        let req = client.post(&path, RECORDS_CONTENT_TYPE);
                         let t = Instant::now();
                         let r = req.send(body.as_slice());
                         let lat = t.elapsed();
@@ -485,7 +466,7 @@ pub fn measure(args: &AppendArgs) -> anyhow::Result<AppendReport> {
     let byte_limit = args
         .bytes
         .as_deref()
-        .map(|b| crate::units::parse_size(b, 1).map_err(anyhow::Error::msg))
+        .map(|b| walserver_node::units::parse_size(b, 1).map_err(anyhow::Error::msg))
         .transpose()?
         .flatten();
     let seconds = args

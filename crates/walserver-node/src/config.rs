@@ -273,7 +273,8 @@ mod tests {
 
     #[test]
     fn the_example_configs_load_and_document_every_key() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        // The example configurations live at the top of the workspace.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
         let mut documented = String::new();
         for name in ["primary.toml", "standby.toml"] {
             let path = dir.join(name);

@@ -1,6 +1,7 @@
-//! Nodes for a bench: an in-process cluster (a primary and K standbys on one actix System
-//! thread, the embedding path) and a node run as a child process (`walserver run`), whose
-//! CPU time and memory the kernel reports apart from the bench's own.
+//! Nodes for a bench: an in-process cluster (a primary and K standbys, each on an actix System
+//! thread of its own, the embedding path, started with `walserver_node::start_node`) and a
+//! node run as a child process (`walserver run`), whose CPU time and memory the kernel
+//! reports apart from the bench's own.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -10,10 +11,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use supervisor_actor::{Node, NodeBuilder, NodeConfig, ShutdownNode};
+use supervisor_actor::{Node, NodeConfig, ShutdownNode};
 use wal_storage::Lsn;
 
-use crate::config::{Settings, Sources};
+use walserver_node::config::{Settings, Sources};
 
 /// The application_name of standby `i` (0-based): `s1`, `s2`, ...
 pub fn standby_name(i: usize) -> String {
@@ -85,7 +86,7 @@ impl Cluster {
     pub fn start(opts: &ClusterOptions) -> anyhow::Result<Cluster> {
         let dir = temp_dir(opts.base_dir.as_deref(), "walserver-bench-")?;
         let data = dir.path().join("primary");
-        crate::init::init_primary(&data, opts.segment_size)?;
+        walserver_node::init::init_primary(&data, opts.segment_size)?;
         let sync = opts.sync_names.clone().unwrap_or_else(|| {
             if opts.standbys > 0 {
                 "FIRST 1 (s1)".into()
@@ -100,12 +101,12 @@ impl Cluster {
             ("max_wal_senders", (opts.standbys + 4).to_string()),
             ("wal_keep_size", "1024".into()),
         ])?;
-        let mut cfg = crate::server::node_config(&s, &data)?;
-        cfg.storage.fsync = opts.fsync;
-        cfg.io_threads = opts.io_threads;
         let primary_system = SystemThread::spawn("bench-primary")?;
-        let primary =
-            start_node_on(&primary_system.arbiter, cfg).context("cannot start the primary")?;
+        let primary = start_node_on(&primary_system.arbiter, &s, &data, |cfg| {
+            cfg.storage.fsync = opts.fsync;
+            cfg.io_threads = opts.io_threads;
+        })
+        .context("cannot start the primary")?;
         let mut c = Cluster {
             primary,
             standbys: Vec::new(),
@@ -162,13 +163,20 @@ impl Cluster {
     }
 }
 
-/// Starts a node on `arbiter` and waits until it runs.
-pub fn start_node_on(arbiter: &actix_rt::ArbiterHandle, cfg: NodeConfig) -> anyhow::Result<Node> {
+/// Starts the node `settings` describe on `arbiter` (`adjust` as `walserver_node::start_node`
+/// takes it) and waits until it runs.
+pub fn start_node_on(
+    arbiter: &actix_rt::ArbiterHandle,
+    settings: &Settings,
+    data: &Path,
+    adjust: impl FnOnce(&mut NodeConfig),
+) -> anyhow::Result<Node> {
+    let start = walserver_node::start_node(settings, data, adjust)?;
     let (tx, rx) = mpsc::channel();
     arbiter.spawn(async move {
-        let _ = tx.send(NodeBuilder::new(cfg).start().await);
+        let _ = tx.send(start.await);
     });
-    Ok(rx.recv().context("the cluster thread ended")??)
+    rx.recv().context("the cluster thread ended")?
 }
 
 /// `walserver init --standby` of `upstream` in `data`, then the node started on `arbiter`.
@@ -198,7 +206,7 @@ pub fn init_standby_dir(
         upstream.ip(),
         upstream.port()
     );
-    crate::init::init_standby(data, &conninfo, None, start)?;
+    walserver_node::init::init_standby(data, &conninfo, None, start)?;
     Ok(())
 }
 
@@ -214,10 +222,10 @@ pub fn start_standby_node(
         ("listen", "127.0.0.1:0".into()),
         ("wal_receiver_status_interval", "1".into()),
     ])?;
-    let mut cfg = crate::server::node_config(&s, data)?;
-    cfg.storage.fsync = fsync;
-    cfg.io_threads = io_threads;
-    start_node_on(arbiter, cfg)
+    start_node_on(arbiter, &s, data, |cfg| {
+        cfg.storage.fsync = fsync;
+        cfg.io_threads = io_threads;
+    })
 }
 
 /// A primary of its own on `arbiter`, in `data` (made here), keeping all its WAL.
@@ -227,15 +235,14 @@ pub fn start_primary_on(
     segment_size: u64,
     max_wal_senders: usize,
 ) -> anyhow::Result<Node> {
-    crate::init::init_primary(data, segment_size)?;
+    walserver_node::init::init_primary(data, segment_size)?;
     let s = settings(&[
         ("data_dir", data.display().to_string()),
         ("listen", "127.0.0.1:0".into()),
         ("max_wal_senders", max_wal_senders.to_string()),
         ("wal_keep_size", "1TB".into()),
     ])?;
-    let cfg = crate::server::node_config(&s, data)?;
-    start_node_on(arbiter, cfg)
+    start_node_on(arbiter, &s, data, |_| {})
 }
 
 /// An actix System on its own thread, to run nodes away from the caller's thread.
@@ -297,7 +304,32 @@ pub fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-/// A node run as a child process: `walserver run` of this executable.
+/// The executable that runs `walserver run` for a node run as a child process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeProgram {
+    /// This executable: the load tool runs inside `walserver` (`walserver bench`).
+    ThisExecutable,
+    /// A `walserver` executable elsewhere (the `walserver-bench` program's).
+    Path(PathBuf),
+}
+
+impl NodeProgram {
+    /// The `walserver` in the directory of `exe`, where cargo puts both programs.
+    pub fn beside(exe: &Path) -> NodeProgram {
+        NodeProgram::Path(exe.with_file_name("walserver"))
+    }
+
+    fn path(&self) -> anyhow::Result<PathBuf> {
+        match self {
+            NodeProgram::ThisExecutable => {
+                std::env::current_exe().context("cannot find this executable")
+            }
+            NodeProgram::Path(p) => Ok(p.clone()),
+        }
+    }
+}
+
+/// A node run as a child process: `walserver run` of a [`NodeProgram`].
 pub struct ChildNode {
     pub child: Child,
     pub listen: SocketAddr,
@@ -307,10 +339,14 @@ pub struct ChildNode {
 
 impl ChildNode {
     /// Runs `walserver run` on `data_dir` with `-c` settings, and waits for its admin API.
-    pub fn spawn(data_dir: &Path, settings: &[(&str, String)]) -> anyhow::Result<ChildNode> {
+    pub fn spawn(
+        program: &NodeProgram,
+        data_dir: &Path,
+        settings: &[(&str, String)],
+    ) -> anyhow::Result<ChildNode> {
         let listen: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         let http: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let exe = std::env::current_exe().context("cannot find this executable")?;
+        let exe = program.path()?;
         let mut cmd = Command::new(exe);
         cmd.arg("run")
             .arg("-c")
@@ -334,7 +370,7 @@ impl ChildNode {
         };
         let started = Instant::now();
         loop {
-            if crate::cli::get_json(&http.to_string(), "/status", None).is_ok() {
+            if walserver_node::admin::get_json(&http.to_string(), "/status", None).is_ok() {
                 return Ok(node);
             }
             if let Some(status) = node.child.try_wait()? {
@@ -360,5 +396,26 @@ impl Drop for ChildNode {
         // SAFETY: kill with a pid of our own child and a valid signal number.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGQUIT) };
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_walserver_program_is_found_beside_the_bench() {
+        assert_eq!(
+            NodeProgram::beside(Path::new("/opt/ws/bin/walserver-bench")),
+            NodeProgram::Path(PathBuf::from("/opt/ws/bin/walserver"))
+        );
+        assert_eq!(
+            NodeProgram::Path("/x/walserver".into()).path().unwrap(),
+            PathBuf::from("/x/walserver")
+        );
+        assert_eq!(
+            NodeProgram::ThisExecutable.path().unwrap(),
+            std::env::current_exe().unwrap()
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! `walserver bench stream`: catch-up of K standbys from a primary that already holds G GiB.
 //!
-//! The primary runs as a child process (`walserver run` of this executable), so its CPU time
+//! The primary runs as a child process (`walserver run`, of the executable [`NodeProgram`]
+//! names), so its CPU time
 //! and memory are read from `/proc/PID` apart from the clients'. It is filled through
 //! `POST /wal` first; then the clients start at the first segment and the clock runs until
 //! each has the whole range. The clients are one of:
@@ -20,10 +21,13 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 use wal_storage::Lsn;
 
-use super::client::ReplClient;
-use super::cluster::{self, ChildNode, SystemThread};
-use super::report::{self, Panel, Series};
-use super::sys;
+use walserver_node::admin::{get_json, AdminClient};
+use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
+
+use crate::client::ReplClient;
+use crate::cluster::{self, ChildNode, NodeProgram, SystemThread};
+use crate::report::{self, Panel, Series};
+use crate::sys;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -141,17 +145,19 @@ fn temp_in(base: Option<&Path>, prefix: &str) -> anyhow::Result<tempfile::TempDi
 fn fill(http: &str, bytes: u64, record_size: usize) -> anyhow::Result<Lsn> {
     let per_body = ((4 << 20) / record_size).max(1);
     let record = vec![0x5au8; record_size];
-    let body = crate::http::join_records(std::iter::repeat_n(record.as_slice(), per_body));
-    let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
-    let url = format!("{}/wal?durability=local", crate::cli::base_url(http));
+    let body = join_records(std::iter::repeat_n(record.as_slice(), per_body));
+    let client = AdminClient::new(http, None);
     let mut sent = 0u64;
     let mut end = Lsn::INVALID;
     while sent < bytes {
-        let mut resp = agent
-            .post(&url)
-            .header("Content-Type", crate::http::RECORDS_CONTENT_TYPE)
+        let mut resp = client
+            .post("/wal?durability=local", RECORDS_CONTENT_TYPE)
             .send(body.as_slice())
             .context("fill: POST /wal failed")?;
+        if !resp.status().is_success() {
+            return Err(anyhow::anyhow!("http status: {}", resp.status().as_u16()))
+                .context("fill: POST /wal failed");
+        }
         let v: serde_json::Value = serde_json::from_str(&resp.body_mut().read_to_string()?)?;
         end = v["end_lsn"]
             .as_str()
@@ -164,7 +170,7 @@ fn fill(http: &str, bytes: u64, record_size: usize) -> anyhow::Result<Lsn> {
 
 /// Sent and confirmed positions of the primary's walsenders, from `/status`.
 fn walsender_positions(http: &str) -> Vec<(Lsn, Lsn)> {
-    let Ok(v) = crate::cli::get_json(http, "/status", None) else {
+    let Ok(v) = get_json(http, "/status", None) else {
         return Vec::new();
     };
     let lsn = |x: &serde_json::Value| x.as_str().and_then(|s| s.parse::<Lsn>().ok());
@@ -190,8 +196,8 @@ enum Running {
     Process(std::process::Child),
 }
 
-pub fn run(args: StreamArgs) -> anyhow::Result<()> {
-    let report = measure(&args)?;
+pub fn run(args: StreamArgs, program: &NodeProgram) -> anyhow::Result<()> {
+    let report = measure(&args, program)?;
     if let (Some(path), Some(last)) = (&args.plot, report.runs.last()) {
         plot(&report, last, path)?;
     }
@@ -203,7 +209,7 @@ pub fn run(args: StreamArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn measure(args: &StreamArgs) -> anyhow::Result<StreamReport> {
+pub fn measure(args: &StreamArgs, program: &NodeProgram) -> anyhow::Result<StreamReport> {
     anyhow::ensure!(
         (1..=64).contains(&args.standbys),
         "--standbys must be 1 to 64"
@@ -211,8 +217,9 @@ pub fn measure(args: &StreamArgs) -> anyhow::Result<StreamReport> {
     let segment_size: u64 = 16 << 20;
     let primary_tmp = temp_in(args.primary_dir.as_deref(), "walserver-bench-primary-")?;
     let data = primary_tmp.path().join("data");
-    crate::init::init_primary(&data, segment_size)?;
+    walserver_node::init::init_primary(&data, segment_size)?;
     let primary = ChildNode::spawn(
+        program,
         &data,
         &[
             ("max_wal_senders", (args.standbys + 4).to_string()),
@@ -288,9 +295,7 @@ fn one_run(
     let system = match args.client {
         Client::Walserver => {
             for n in &names {
-                let conninfo =
-                    format!("host=127.0.0.1 port={port} user=bench application_name={n}");
-                crate::init::init_standby(&dirs.path().join(n), &conninfo, None, Some(start))?;
+                cluster::init_standby_dir(primary.listen, &dirs.path().join(n), n, Some(start))?;
             }
             Some(SystemThread::spawn("bench-standbys")?)
         }
@@ -307,23 +312,7 @@ fn one_run(
             Client::Walserver => {
                 let sys = system.as_ref().expect("made above");
                 let data = dirs.path().join(name);
-                let s = crate::config::Settings::load(&crate::config::Sources {
-                    file: None,
-                    overrides: vec![
-                        ("data_dir".into(), data.display().to_string()),
-                        ("listen".into(), "127.0.0.1:0".into()),
-                        ("wal_receiver_status_interval".into(), "1".into()),
-                    ],
-                    env: Some(Default::default()),
-                })?;
-                let mut cfg = crate::server::node_config(&s, &data)?;
-                cfg.storage.fsync = !args.no_fsync;
-                cfg.io_threads = 1;
-                let (tx, rx) = std::sync::mpsc::channel();
-                sys.arbiter.spawn(async move {
-                    let _ = tx.send(supervisor_actor::NodeBuilder::new(cfg).start().await);
-                });
-                let node = rx.recv().context("the standbys' thread ended")??;
+                let node = cluster::start_standby_node(&sys.arbiter, &data, !args.no_fsync, 1)?;
                 let mut pos = node.wal.subscribe();
                 running.push(Running::Thread(std::thread::spawn(move || {
                     futures_executor::block_on(pos.wait_for(|p| p.flushed >= end))
@@ -340,7 +329,7 @@ fn one_run(
                         .spawn(move || {
                             let mut c =
                                 ReplClient::connect_as("127.0.0.1", port, "bench", None, &name)?;
-                            super::client::catchup(&mut c, start, end, None)?;
+                            crate::client::catchup(&mut c, start, end, None)?;
                             Ok(t0.elapsed().as_secs_f64())
                         })?,
                 ));

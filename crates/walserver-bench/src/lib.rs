@@ -1,4 +1,5 @@
-//! `walserver bench`: load tools for people who measure.
+//! walserver-bench: load tools for people who measure, as `walserver bench` and as the
+//! `walserver-bench` program (the same subcommands and flags).
 //!
 //! - `append`: N writers appending records at a durability level, against an in-process
 //!   cluster (the embedding path) or a running node's `POST /wal`; throughput, latency
@@ -10,6 +11,18 @@
 //!   speaks PostgreSQL 15's protocol and discards it.
 //! - `wait-lsn`: times another process (a standby) until its IDENTIFY_SYSTEM position
 //!   reaches an LSN; `benches/compare-postgres.sh` uses it on both PostgreSQL and walserver.
+//!
+//! It reaches walserver only through public interfaces: nodes are configured and started
+//! with `walserver-node` (settings, `init`, `start_node`), in process on actix System threads
+//! of their own ([`cluster`]) or as a `walserver run` child process ([`NodeProgram`] says
+//! which executable); running nodes are driven through the admin API's client and its
+//! records body format, and the replication protocol through protocol-codec ([`ReplClient`]).
+//! What the kernel says about CPU and memory is read in [`sys`]; percentiles, the time series,
+//! the progress bar and the SVG plots are [`report`]'s.
+//!
+//! It owns no part of the server: it depends on `walserver-node`, never on the `walserver`
+//! package, whose binary delegates `walserver bench` to [`run`]. Errors are `anyhow` with
+//! context, as a command's are: each ends in a message to a person.
 
 mod append;
 mod client;
@@ -20,6 +33,7 @@ pub mod sys;
 
 pub use append::{AppendArgs, AppendReport};
 pub use client::{catchup, wait_lsn, ReplClient, WaitReport};
+pub use cluster::NodeProgram;
 pub use stream::{Client, StreamArgs, StreamReport};
 
 use std::time::Duration;
@@ -77,10 +91,11 @@ pub enum BenchCommand {
     },
 }
 
-pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+/// Runs a load; `program` is the `walserver` that runs a node as a child process (`stream`).
+pub fn run(cmd: BenchCommand, program: &NodeProgram) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Append(args) => append::run(args),
-        BenchCommand::Stream(args) => stream::run(args),
+        BenchCommand::Stream(args) => stream::run(args, program),
         BenchCommand::Catchup {
             host,
             port,

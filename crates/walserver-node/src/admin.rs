@@ -1,0 +1,113 @@
+//! The client of a node's HTTP admin API (blocking, ureq): what `walserver status`, `promote`
+//! and `append` send, and what the load tool reads and posts. `http` is `HOST:PORT` or a full
+//! `http://` URL; a bearer token, when given, goes in `Authorization`.
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+use ureq::typestate::WithBody;
+use ureq::RequestBuilder;
+
+/// `http` is `HOST:PORT` or a full `http://` URL.
+pub fn base_url(http: &str) -> String {
+    if http.starts_with("http://") || http.starts_with("https://") {
+        http.trim_end_matches('/').to_string()
+    } else {
+        format!("http://{http}")
+    }
+}
+
+fn authorized<B>(req: RequestBuilder<B>, token: Option<&str>) -> RequestBuilder<B> {
+    match token {
+        Some(t) => req.header("Authorization", &format!("Bearer {t}")),
+        None => req,
+    }
+}
+
+/// `GET path` as text; an answer that is not a success is an error.
+pub fn get_text(http: &str, path: &str, token: Option<&str>) -> anyhow::Result<String> {
+    let url = format!("{}{path}", base_url(http));
+    let mut resp = authorized(ureq::get(&url), token)
+        .call()
+        .with_context(|| format!("cannot reach the admin API at {url}"))?;
+    resp.body_mut()
+        .read_to_string()
+        .context("cannot read the admin API's answer")
+}
+
+/// `GET path` as JSON; an answer that is not a success is an error.
+pub fn get_json(http: &str, path: &str, token: Option<&str>) -> anyhow::Result<Value> {
+    let text = get_text(http, path, token)?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("the admin API answered something that is not JSON: {text}"))
+}
+
+/// `POST path` with `body`; the JSON answer, or the API's `error` as the error.
+pub fn post_json(
+    http: &str,
+    path: &str,
+    token: Option<&str>,
+    content_type: &str,
+    body: &[u8],
+) -> anyhow::Result<Value> {
+    let url = format!("{}{path}", base_url(http));
+    let req = authorized(ureq::post(&url).header("Content-Type", content_type), token);
+    let config = req.config().http_status_as_error(false).build();
+    let mut resp = config
+        .send(body)
+        .with_context(|| format!("cannot reach the admin API at {url}"))?;
+    let status = resp.status();
+    let text = resp
+        .body_mut()
+        .read_to_string()
+        .context("cannot read the admin API's answer")?;
+    let v: Value = serde_json::from_str(&text)
+        .with_context(|| format!("the admin API answered something that is not JSON: {text}"))?;
+    if !status.is_success() {
+        bail!("{}", v["error"].as_str().unwrap_or(&text));
+    }
+    Ok(v)
+}
+
+/// A client of one node's admin API that keeps its connection between requests (the load
+/// tool's writers and fill post many bodies). Every answer comes back as an answer, whatever
+/// its status: the caller reads the status.
+pub struct AdminClient {
+    agent: ureq::Agent,
+    base: String,
+    token: Option<String>,
+}
+
+impl AdminClient {
+    pub fn new(http: &str, token: Option<&str>) -> AdminClient {
+        AdminClient {
+            agent: ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .build()
+                .into(),
+            base: base_url(http),
+            token: token.map(str::to_string),
+        }
+    }
+
+    /// `POST path` of a `content_type` body, ready to send.
+    pub fn post(&self, path: &str, content_type: &str) -> RequestBuilder<WithBody> {
+        authorized(
+            self.agent
+                .post(format!("{}{path}", self.base))
+                .header("Content-Type", content_type),
+            self.token.as_deref(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_become_urls() {
+        assert_eq!(base_url("127.0.0.1:8433"), "http://127.0.0.1:8433");
+        assert_eq!(base_url("http://h:1/"), "http://h:1");
+        assert_eq!(base_url("https://h:1"), "https://h:1");
+    }
+}

@@ -1,0 +1,24 @@
+//! walserver-node: a walserver node as its configuration describes it, for every program that
+//! starts one or talks to one: `walserver` itself (`run`, `demo`, the CLI clients), the load
+//! tool (`walserver-bench`) and the integration tests.
+//!
+//! It owns the configuration ([`config`]: a TOML file, `WALSERVER_*` variables and `-c`
+//! overrides, with PostgreSQL's units in [`units`]), data directories as `walserver init` makes
+//! them ([`init`]), the `NodeConfig` a configuration gives, the reloader, and [`start_node`],
+//! the one function that brings a configured node to life ([`node`]). It also owns the two
+//! things the admin API's server and its clients must agree on: the body format of many
+//! records ([`records`]) and the client itself ([`admin`]).
+//!
+//! It does not own the admin API's server, signals, or the commands' output: those are the
+//! `walserver` binary's. The actors and storage live in their own crates; this crate only
+//! turns settings into their configuration. Like the binary's code it came from, it reports
+//! errors with `anyhow` and context, since every error ends in a message to a person.
+
+pub mod admin;
+pub mod config;
+pub mod init;
+pub mod node;
+pub mod records;
+pub mod units;
+
+pub use node::start_node;

@@ -60,7 +60,8 @@ fn stream(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     let mut client =
-                        ReplClient::connect("127.0.0.1", port, "bench", None).expect("connect");
+                        ReplClient::connect(("127.0.0.1", port), "bench", None, "walserver-bench")
+                            .expect("connect");
                     let (_, secs) = catchup(&mut client, start, end, None).expect("stream");
                     total += Duration::from_secs_f64(secs);
                 }

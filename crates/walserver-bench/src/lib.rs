@@ -32,8 +32,9 @@ mod stream;
 pub mod sys;
 
 pub use append::{AppendArgs, AppendReport};
-pub use client::{catchup, wait_lsn, ReplClient, WaitReport};
+pub use client::{catchup, wait_lsn, WaitReport};
 pub use cluster::NodeProgram;
+pub use repl_client::ReplClient;
 pub use stream::{Client, StreamArgs, StreamReport};
 
 use std::time::Duration;
@@ -106,11 +107,15 @@ pub fn run(cmd: BenchCommand, program: &NodeProgram) -> anyhow::Result<()> {
             json,
         } => {
             let password = std::env::var("PGPASSWORD").ok();
-            let mut c =
-                ReplClient::connect_as(&host, port, &user, password.as_deref(), &application_name)?;
+            let mut c = ReplClient::connect(
+                (host.as_str(), port),
+                &user,
+                password.as_deref(),
+                &application_name,
+            )?;
             let end = match end {
                 Some(e) => e,
-                None => c.identify_system().context("IDENTIFY_SYSTEM")?.1,
+                None => c.identify_system().context("IDENTIFY_SYSTEM")?.xlogpos,
             };
             let (bytes, secs) = catchup(&mut c, start, end, None)?;
             let mbps = bytes as f64 / secs / 1e6;

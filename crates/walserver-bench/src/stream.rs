@@ -24,10 +24,10 @@ use wal_storage::Lsn;
 use walserver_node::admin::{get_json, AdminClient};
 use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
 
-use crate::client::ReplClient;
 use crate::cluster::{self, ChildNode, NodeProgram, SystemThread};
 use crate::report::{self, Panel, Series};
 use crate::sys;
+use repl_client::ReplClient;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -233,18 +233,18 @@ pub fn measure(args: &StreamArgs, program: &NodeProgram) -> anyhow::Result<Strea
         .map(|i| format!("bench_{i}"))
         .collect();
     if args.client == Client::PgReceivewal {
-        let mut c = ReplClient::connect("127.0.0.1", primary.listen.port(), "bench", None)?;
+        let mut c = ReplClient::connect(
+            ("127.0.0.1", primary.listen.port()),
+            "bench",
+            None,
+            "walserver-bench",
+        )?;
         for s in &slots {
-            c.send(protocol_codec::FrontendMessage::Query(format!(
-                "CREATE_REPLICATION_SLOT {s} PHYSICAL RESERVE_WAL"
-            )))?;
-            loop {
-                match c.recv()? {
-                    protocol_codec::BackendMessage::ReadyForQuery(_) => break,
-                    protocol_codec::BackendMessage::ErrorResponse(e) => {
-                        bail!("cannot create slot {s}: {}", e.message().unwrap_or(""))
-                    }
-                    _ => {}
+            let answer =
+                c.simple_query(&format!("CREATE_REPLICATION_SLOT {s} PHYSICAL RESERVE_WAL"))?;
+            for m in answer {
+                if let protocol_codec::BackendMessage::ErrorResponse(e) = m {
+                    bail!("cannot create slot {s}: {}", e.message().unwrap_or(""));
                 }
             }
         }
@@ -328,7 +328,7 @@ fn one_run(
                         .name(format!("bench-client-{i}"))
                         .spawn(move || {
                             let mut c =
-                                ReplClient::connect_as("127.0.0.1", port, "bench", None, &name)?;
+                                ReplClient::connect(("127.0.0.1", port), "bench", None, &name)?;
                             crate::client::catchup(&mut c, start, end, None)?;
                             Ok(t0.elapsed().as_secs_f64())
                         })?,

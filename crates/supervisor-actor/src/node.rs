@@ -51,6 +51,8 @@ impl NodeConfig {
             listen,
             max_wal_senders: 10,
             walsender: WalSenderSettings::default(),
+            // A guess: long enough for a healthy standby on a LAN to confirm a few MB, short
+            // enough that a dead one does not hold a switchover for long.
             wal_sender_shutdown_timeout: Duration::from_secs(10),
             tls: None,
             io_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),

@@ -131,31 +131,34 @@ fn default_listen() -> String {
 fn default_http_listen() -> String {
     "127.0.0.1:8433".into()
 }
+// The defaults of knobs the libraries also have are the libraries' own, so that a node
+// built in code and one built from a file start alike.
+fn default_node() -> supervisor_actor::NodeConfig {
+    supervisor_actor::NodeConfig::new(PathBuf::new(), ([127, 0, 0, 1], 0).into())
+}
 fn default_max_wal_senders() -> usize {
-    10
+    default_node().max_wal_senders
 }
 fn default_authentication_timeout() -> Duration {
-    Duration::from_secs(60)
+    default_node().walsender.authentication_timeout
 }
 fn default_wal_sender_timeout() -> Duration {
-    Duration::from_secs(60)
+    default_node().walsender.session.wal_sender_timeout
 }
 fn default_wal_sender_shutdown_timeout() -> Duration {
-    // A guess: long enough for a healthy standby on a LAN to confirm a few MB, short enough
-    // that a dead one does not hold a switchover for long.
-    Duration::from_secs(10)
+    default_node().wal_sender_shutdown_timeout
 }
 fn default_max_wal_size() -> u64 {
-    1 << 30
+    wal_storage::StorageConfig::default().max_wal_size
 }
 fn default_synchronous_commit() -> String {
     "on".into()
 }
 fn default_wal_receiver_timeout() -> Duration {
-    Duration::from_secs(60)
+    walreceiver_actor::session::SessionConfig::default().wal_receiver_timeout
 }
 fn default_wal_receiver_status_interval() -> Duration {
-    Duration::from_secs(10)
+    walreceiver_actor::session::SessionConfig::default().wal_receiver_status_interval
 }
 fn default_log_level() -> String {
     "info".into()

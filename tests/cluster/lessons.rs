@@ -1,4 +1,4 @@
-//! The supervisor's lessons from PostgreSQL (issue 5, item 8): a walreceiver start request is
+//! The supervisor's lessons from PostgreSQL's walreceiver history: a walreceiver start request is
 //! state that cannot be lost while the previous walreceiver is still stopping (the 2017 race,
 //! a4d1ce095bb); no start request waits for a fixed retry interval (PostgreSQL's 5 s); and an
 //! upstream killed and brought back again and again costs no byte.

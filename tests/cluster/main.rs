@@ -54,7 +54,7 @@ fn rejoin_cli(data_dir: &std::path::Path, conninfo: &str) -> String {
     stdout
 }
 
-/// Issue 5, item 7: a primary P, standbys A and C of P, a standby B of A. Everything appended
+/// A cascade through a promotion and a rejoin: a primary P, standbys A and C of P, a standby B of A. Everything appended
 /// on P is byte-identical on all four; A is promoted and B follows timeline 2 on the same
 /// connection and keeps receiving what A takes; C, re-pointed at A by a reload, follows too;
 /// P, restarted as a standby of A, is refused for its fork (the error names the fork LSN)

@@ -238,7 +238,7 @@ impl Drop for Appender {
     }
 }
 
-/// The ways the issue asks pg_receivewal to be run.
+/// The ways operators run pg_receivewal, each tested through a SIGKILL.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum ReceiveMode {
     /// No slot: the server keeps WAL for it through `wal_keep_size`.

@@ -1,4 +1,4 @@
-//! walserver relaying real PostgreSQL 15 (issue 5, item 6): a walserver standby of a
+//! walserver relaying real PostgreSQL 15: a walserver standby of a
 //! PostgreSQL primary under write load, and a real PostgreSQL standby streaming from that
 //! walserver standby, ending with the primary's rows; the PostgreSQL primary restarted, with
 //! the time from it accepting connections again to walserver streaming again measured; and

@@ -8,8 +8,9 @@
 //! greeting), then [`ReplClient::send`] and [`ReplClient::recv`] move typed messages, with
 //! helpers for a simple query, IDENTIFY_SYSTEM, START_REPLICATION and standby status
 //! updates; a read timeout ([`ReplClient::set_read_timeout`]) or a deadline
-//! ([`ReplClient::recv_before`]) bounds each wait. [`ReplClient::raw`] is a connected socket with nothing sent, for tests that
-//! speak the startup phase themselves (malformed packets, clients that stop halfway).
+//! ([`ReplClient::recv_before`]) bounds each wait. [`ReplClient::raw`] is a connected socket
+//! with nothing sent, for tests that speak the startup phase themselves (malformed packets,
+//! clients that stop halfway).
 //!
 //! What it does not own: retries, `sslmode` fallbacks between attempts (one call is one
 //! attempt), async I/O (the walreceiver has its own driver around the same handshake), or

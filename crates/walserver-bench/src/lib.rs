@@ -7,7 +7,7 @@
 //! - `stream`: catch-up of one or K standbys (walserver standbys, plain codec clients or
 //!   pg_receivewal) from a primary holding G GiB; per-standby MB/s and the primary's CPU time
 //!   per MB sent.
-//! - `catchup`: a plain protocol-codec client that streams a WAL range from any server that
+//! - `catchup`: a plain blocking client (`repl-client`) that streams a WAL range from any server that
 //!   speaks PostgreSQL 15's protocol and discards it.
 //! - `wait-lsn`: times another process (a standby) until its IDENTIFY_SYSTEM position
 //!   reaches an LSN; `benches/compare-postgres.sh` uses it on both PostgreSQL and walserver.
@@ -16,7 +16,7 @@
 //! with `walserver-node` (settings, `init`, `start_node`), in process on actix System threads
 //! of their own ([`cluster`]) or as a `walserver run` child process ([`NodeProgram`] says
 //! which executable); running nodes are driven through the admin API's client and its
-//! records body format, and the replication protocol through protocol-codec ([`ReplClient`]).
+//! records body format, and the replication protocol through `repl-client` ([`ReplClient`]).
 //! What the kernel says about CPU and memory is read in [`sys`]; percentiles, the time series,
 //! the progress bar and the SVG plots are [`report`]'s.
 //!

@@ -55,7 +55,8 @@ async fn init_standby(
     );
     let path = dir.join(name);
     tokio::task::spawn_blocking(move || init::init_standby(&path, &conninfo, None, None).map(drop))
-        .await?
+        .await??;
+    Ok(())
 }
 
 async fn status(n: &DemoNode) -> anyhow::Result<NodeStatus> {

@@ -188,7 +188,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let overrides = set
                 .iter()
                 .map(|a| parse_override(a))
-                .collect::<anyhow::Result<_>>()?;
+                .collect::<walserver_node::Result<_>>()?;
             let sources = Sources {
                 file: config,
                 overrides,

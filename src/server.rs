@@ -42,7 +42,7 @@ pub fn run(settings: Settings, sources: Sources, stop_mode: StopMode) -> anyhow:
             let (reloader, node) = (reloader.clone(), node.clone());
             Arc::new(move || {
                 let (reloader, node) = (reloader.clone(), node.clone());
-                Box::pin(async move { reloader.reload(&node).await })
+                Box::pin(async move { Ok(reloader.reload(&node).await?) })
             })
         };
         let http = crate::http::serve(&settings, http_addr, &node, Some(reload))?;
@@ -71,7 +71,8 @@ async fn wait_for_signals(
             _ = quit.recv() => true,
             _ = hup.recv() => {
                 if let Err(e) = reloader.reload(node).await {
-                    tracing::error!("{e:#}");
+                    // Through anyhow, whose `{:#}` adds the causes after the message.
+                    tracing::error!("{:#}", anyhow::Error::from(e));
                 }
                 continue;
             }

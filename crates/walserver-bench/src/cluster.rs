@@ -62,14 +62,14 @@ pub struct Cluster {
 
 /// Settings as the binary would load them from `key = value` overrides.
 fn settings(pairs: &[(&str, String)]) -> anyhow::Result<Settings> {
-    Settings::load(&Sources {
+    Ok(Settings::load(&Sources {
         file: None,
         overrides: pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect(),
         env: Some(Default::default()),
-    })
+    })?)
 }
 
 fn temp_dir(base: Option<&Path>, prefix: &str) -> anyhow::Result<tempfile::TempDir> {
@@ -176,7 +176,7 @@ pub fn start_node_on(
     arbiter.spawn(async move {
         let _ = tx.send(start.await);
     });
-    rx.recv().context("the cluster thread ended")?
+    Ok(rx.recv().context("the cluster thread ended")??)
 }
 
 /// `walserver init --standby` of `upstream` in `data`, then the node started on `arbiter`.

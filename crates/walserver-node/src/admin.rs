@@ -2,10 +2,11 @@
 //! and `append` send, and what the load tool reads and posts. `http` is `HOST:PORT` or a full
 //! `http://` URL; a bearer token, when given, goes in `Authorization`.
 
-use anyhow::{bail, Context};
 use serde_json::Value;
 use ureq::typestate::WithBody;
 use ureq::RequestBuilder;
+
+use crate::error::{Error, Result};
 
 /// `http` is `HOST:PORT` or a full `http://` URL.
 pub fn base_url(http: &str) -> String {
@@ -24,21 +25,20 @@ fn authorized<B>(req: RequestBuilder<B>, token: Option<&str>) -> RequestBuilder<
 }
 
 /// `GET path` as text; an answer that is not a success is an error.
-pub fn get_text(http: &str, path: &str, token: Option<&str>) -> anyhow::Result<String> {
+pub fn get_text(http: &str, path: &str, token: Option<&str>) -> Result<String> {
     let url = format!("{}{path}", base_url(http));
     let mut resp = authorized(ureq::get(&url), token)
         .call()
-        .with_context(|| format!("cannot reach the admin API at {url}"))?;
+        .map_err(|e| unreachable(&url, e))?;
     resp.body_mut()
         .read_to_string()
-        .context("cannot read the admin API's answer")
+        .map_err(|e| unreadable(&url, e))
 }
 
 /// `GET path` as JSON; an answer that is not a success is an error.
-pub fn get_json(http: &str, path: &str, token: Option<&str>) -> anyhow::Result<Value> {
+pub fn get_json(http: &str, path: &str, token: Option<&str>) -> Result<Value> {
     let text = get_text(http, path, token)?;
-    serde_json::from_str(&text)
-        .with_context(|| format!("the admin API answered something that is not JSON: {text}"))
+    parse_answer(&format!("{}{path}", base_url(http)), &text)
 }
 
 /// `POST path` with `body`; the JSON answer, or the API's `error` as the error.
@@ -48,24 +48,48 @@ pub fn post_json(
     token: Option<&str>,
     content_type: &str,
     body: &[u8],
-) -> anyhow::Result<Value> {
+) -> Result<Value> {
     let url = format!("{}{path}", base_url(http));
     let req = authorized(ureq::post(&url).header("Content-Type", content_type), token);
     let config = req.config().http_status_as_error(false).build();
-    let mut resp = config
-        .send(body)
-        .with_context(|| format!("cannot reach the admin API at {url}"))?;
+    let mut resp = config.send(body).map_err(|e| unreachable(&url, e))?;
     let status = resp.status();
     let text = resp
         .body_mut()
         .read_to_string()
-        .context("cannot read the admin API's answer")?;
-    let v: Value = serde_json::from_str(&text)
-        .with_context(|| format!("the admin API answered something that is not JSON: {text}"))?;
+        .map_err(|e| unreadable(&url, e))?;
+    let v = parse_answer(&url, &text)?;
     if !status.is_success() {
-        bail!("{}", v["error"].as_str().unwrap_or(&text));
+        return Err(Error::AdminRefused {
+            message: v["error"].as_str().unwrap_or(&text).to_string(),
+            url,
+            status: status.as_u16(),
+        });
     }
     Ok(v)
+}
+
+fn unreachable(url: &str, e: ureq::Error) -> Error {
+    Error::AdminUnreachable {
+        url: url.to_string(),
+        source: Box::new(e),
+    }
+}
+
+fn unreadable(url: &str, e: ureq::Error) -> Error {
+    Error::AdminAnswerUnreadable {
+        url: url.to_string(),
+        source: Box::new(e),
+    }
+}
+
+/// The answer from `url` as JSON.
+fn parse_answer(url: &str, text: &str) -> Result<Value> {
+    serde_json::from_str(text).map_err(|source| Error::AdminAnswerNotJson {
+        url: url.to_string(),
+        text: text.to_string(),
+        source,
+    })
 }
 
 /// A client of one node's admin API that keeps its connection between requests (the load

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use serde::Deserialize;
 use walsender_actor::hba::HbaRuleConfig;
 
+use crate::error::{Error, Result};
 use crate::units;
 
 /// Every top-level key, for the environment filter and for the test that checks the example
@@ -175,15 +175,17 @@ pub struct Sources {
 }
 
 /// Splits `key=value` from the command line.
-pub fn parse_override(arg: &str) -> anyhow::Result<(String, String)> {
+pub fn parse_override(arg: &str) -> Result<(String, String)> {
     match arg.split_once('=') {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
-        _ => bail!("invalid -c argument {arg:?}: expected key=value"),
+        _ => Err(Error::InvalidOverride {
+            arg: arg.to_string(),
+        }),
     }
 }
 
 impl Settings {
-    pub fn load(sources: &Sources) -> anyhow::Result<Settings> {
+    pub fn load(sources: &Sources) -> Result<Settings> {
         let mut b = config::Config::builder();
         if let Some(path) = &sources.file {
             b = b.add_source(
@@ -202,31 +204,38 @@ impl Settings {
             };
             let key = key.to_ascii_lowercase();
             if KEYS.contains(&key.as_str()) && key != "hba" && key != "users" {
-                b = b.set_override(key, value)?;
+                b = b
+                    .set_override(key, value)
+                    .map_err(|e| Error::ConfigSource(Box::new(e)))?;
             } else {
                 tracing::warn!("ignoring environment variable {name}: no setting {key:?}");
             }
         }
         for (k, v) in &sources.overrides {
             if !KEYS.contains(&k.as_str()) {
-                bail!("unknown setting {k:?} in -c {k}={v}");
+                return Err(Error::UnknownSetting {
+                    key: k.clone(),
+                    value: v.clone(),
+                });
             }
-            b = b.set_override(k.as_str(), v.as_str())?;
+            b = b
+                .set_override(k.as_str(), v.as_str())
+                .map_err(|e| Error::ConfigSource(Box::new(e)))?;
         }
-        let settings: Settings =
-            b.build()
-                .and_then(|c| c.try_deserialize())
-                .with_context(|| match &sources.file {
-                    Some(p) => format!("invalid configuration (file {})", p.display()),
-                    None => "invalid configuration".to_string(),
-                })?;
+        let settings: Settings = b
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|source| Error::InvalidConfig {
+                file: sources.file.clone(),
+                source: Box::new(source),
+            })?;
         settings.validate()?;
         Ok(settings)
     }
 
-    fn validate(&self) -> anyhow::Result<()> {
+    fn validate(&self) -> Result<()> {
         if self.ssl_cert_file.is_some() != self.ssl_key_file.is_some() {
-            bail!("ssl_cert_file and ssl_key_file must be set together");
+            return Err(Error::TlsFilesApart);
         }
         if self.max_wal_senders == 0 {
             tracing::warn!("max_wal_senders = 0: no standby can connect");
@@ -260,7 +269,8 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("c.toml");
         std::fs::write(&path, toml)?;
-        Settings::load(&Sources {
+        // As the binary sees it: an anyhow error whose causes are the load error's sources.
+        Ok(Settings::load(&Sources {
             file: Some(path),
             overrides: overrides
                 .iter()
@@ -271,7 +281,7 @@ mod tests {
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
             ),
-        })
+        })?)
     }
 
     #[test]

@@ -4,8 +4,9 @@
 
 use std::path::Path;
 
-use anyhow::Context;
 use wal_storage::{InitOptions, StorageConfig, SystemId, Wal, WalFormat};
+
+use crate::error::{Error, Result};
 
 /// A new system identifier, made as PostgreSQL makes one (seconds and microseconds of the
 /// current time, and some bits that differ per call) so it also sorts by creation time.
@@ -19,7 +20,7 @@ pub fn new_system_id() -> SystemId {
 
 /// Creates a primary's data directory: a new system identifier, timeline 1, empty WAL of
 /// walserver records starting at the start of segment 1.
-pub fn init_primary(dir: &Path, segment_size: u64) -> anyhow::Result<SystemId> {
+pub fn init_primary(dir: &Path, segment_size: u64) -> Result<SystemId> {
     create_private_dir(dir)?;
     let system_id = new_system_id();
     let cfg = StorageConfig {
@@ -31,23 +32,33 @@ pub fn init_primary(dir: &Path, segment_size: u64) -> anyhow::Result<SystemId> {
         cfg,
         InitOptions::primary(system_id, WalFormat::Walserver),
     )
-    .with_context(|| format!("cannot initialise {}", dir.display()))?;
+    .map_err(|source| Error::InitDataDir {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
     drop(wal);
     Ok(system_id)
 }
 
 /// Creates `dir` (mode 0700, as PostgreSQL requires of a data directory) if it is missing.
-pub fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+pub fn create_private_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+            .map_err(|source| Error::CreateDir {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
     } else {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("cannot set the permissions of {}", dir.display()))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(
+            |source| Error::SetPermissions {
+                dir: dir.to_path_buf(),
+                source,
+            },
+        )?;
     }
     Ok(())
 }
@@ -65,21 +76,21 @@ pub const STANDBY_SIGNAL: &str = "standby.signal";
 
 impl StandbySignal {
     /// Reads the data directory's standby signal, `None` if the node is a primary.
-    pub fn read(data_dir: &Path) -> anyhow::Result<Option<StandbySignal>> {
+    pub fn read(data_dir: &Path) -> Result<Option<StandbySignal>> {
         let path = data_dir.join(STANDBY_SIGNAL);
         match std::fs::read(&path) {
             Ok(b) if b.iter().all(u8::is_ascii_whitespace) => Ok(Some(StandbySignal::default())),
             Ok(b) => serde_json::from_slice(&b)
                 .map(Some)
-                .with_context(|| format!("{} is not valid", path.display())),
+                .map_err(|source| Error::InvalidStandbySignal { path, source }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+            Err(source) => Err(Error::ReadStandbySignal { path, source }),
         }
     }
 
     /// Writes the signal durably (temporary file, fsync, rename, fsync of the directory).
-    pub fn write(&self, data_dir: &Path) -> anyhow::Result<()> {
-        let bytes = serde_json::to_vec_pretty(self)?;
+    pub fn write(&self, data_dir: &Path) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(self).map_err(Error::EncodeStandbySignal)?;
         wal_storage::durable::write_atomic(data_dir, &data_dir.join(STANDBY_SIGNAL), &bytes)?;
         Ok(())
     }
@@ -93,24 +104,26 @@ pub fn init_standby(
     primary_conninfo: &str,
     slot: Option<&str>,
     start_lsn: Option<wal_storage::Lsn>,
-) -> anyhow::Result<walreceiver_actor::UpstreamIdentity> {
+) -> Result<walreceiver_actor::UpstreamIdentity> {
     let config = walreceiver_actor::ReceiverConfig::parse(primary_conninfo, None)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?;
+        .build()
+        .map_err(Error::Runtime)?;
     let mut identity = rt
         .block_on(walreceiver_actor::fetch_upstream_identity(
             &config.conninfo,
             slot,
             &config.application_name,
         ))
-        .context("cannot identify the upstream")?;
+        .map_err(|e| Error::IdentifyUpstream(Box::new(e)))?;
     if let Some(start) = start_lsn {
-        anyhow::ensure!(
-            start.is_valid() && start <= identity.xlogpos,
-            "--start-lsn {start} must be between 0/1 and the upstream's flush position {}",
-            identity.xlogpos
-        );
+        if !(start.is_valid() && start <= identity.xlogpos) {
+            return Err(Error::StartLsnOutOfRange {
+                start,
+                flush: identity.xlogpos,
+            });
+        }
         identity.slot_restart = None;
         identity.xlogpos = start;
     }

@@ -11,14 +11,17 @@
 //!
 //! It does not own the admin API's server, signals, or the commands' output: those are the
 //! `walserver` binary's. The actors and storage live in their own crates; this crate only
-//! turns settings into their configuration. Like the binary's code it came from, it reports
-//! errors with `anyhow` and context, since every error ends in a message to a person.
+//! turns settings into their configuration. Its errors are one [`Error`] ([`error`]), whose
+//! variants say in words what failed and keep the error underneath as their source, since every
+//! error ends in a message to a person: the binary prints the message and its causes.
 
 pub mod admin;
 pub mod config;
+pub mod error;
 pub mod init;
 pub mod node;
 pub mod records;
 pub mod units;
 
+pub use error::{Error, Result};
 pub use node::start_node;

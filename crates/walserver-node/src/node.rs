@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use supervisor_actor::{Durability, Node, NodeBuilder, NodeConfig, Reconfigure, SyncSettings};
 use wal_storage::{StorageConfig, Wal};
 use walreceiver_actor::ReceiverConfig;
@@ -19,14 +18,22 @@ use walsender_actor::startup::AuthSettings;
 use walsender_actor::{WalSenderSettings, SERVER_VERSION};
 
 use crate::config::{Settings, Sources};
+use crate::error::{Error, Result};
 use crate::init::{StandbySignal, STANDBY_SIGNAL};
 use crate::units::{format_duration, format_size};
 
-pub fn resolve_addr(text: &str, what: &str) -> anyhow::Result<SocketAddr> {
+pub fn resolve_addr(text: &str, what: &str) -> Result<SocketAddr> {
     text.to_socket_addrs()
-        .with_context(|| format!("invalid {what} address {text:?}"))?
+        .map_err(|source| Error::InvalidAddress {
+            what: what.to_string(),
+            text: text.to_string(),
+            source,
+        })?
         .next()
-        .with_context(|| format!("{what} address {text:?} resolves to nothing"))
+        .ok_or_else(|| Error::AddressResolvesToNothing {
+            what: what.to_string(),
+            text: text.to_string(),
+        })
 }
 
 /// The values SHOW answers, in PostgreSQL's spelling and formatting: the storage's facts
@@ -77,7 +84,7 @@ pub fn walsender_settings(
     segment_size: u64,
     wal_format: wal_storage::WalFormat,
     tls: bool,
-) -> anyhow::Result<WalSenderSettings> {
+) -> Result<WalSenderSettings> {
     Ok(WalSenderSettings {
         auth: Arc::new(AuthSettings {
             hba: HbaRules::from_config(&s.hba)?,
@@ -97,7 +104,7 @@ pub fn walsender_settings(
 
 /// The walreceiver's configuration for a standby (the data directory holds `standby.signal`);
 /// `None` for a primary.
-pub fn receiver_config(s: &Settings, data_dir: &Path) -> anyhow::Result<Option<ReceiverConfig>> {
+pub fn receiver_config(s: &Settings, data_dir: &Path) -> Result<Option<ReceiverConfig>> {
     let Some(signal) = StandbySignal::read(data_dir)? else {
         return Ok(None);
     };
@@ -105,14 +112,11 @@ pub fn receiver_config(s: &Settings, data_dir: &Path) -> anyhow::Result<Option<R
         .primary_conninfo
         .clone()
         .or(signal.primary_conninfo)
-        .with_context(|| {
-            format!(
-                "{} marks this node a standby, but primary_conninfo is not set",
-                data_dir.join(STANDBY_SIGNAL).display()
-            )
+        .ok_or_else(|| Error::StandbyWithoutConninfo {
+            signal: data_dir.join(STANDBY_SIGNAL),
         })?;
     let mut cfg = ReceiverConfig::parse(&conninfo, s.cluster_name.as_deref())
-        .with_context(|| "invalid primary_conninfo".to_string())?;
+        .map_err(|e| Error::InvalidConninfo(Box::new(e)))?;
     cfg.session.slot_name = s
         .primary_slot_name
         .clone()
@@ -124,14 +128,14 @@ pub fn receiver_config(s: &Settings, data_dir: &Path) -> anyhow::Result<Option<R
 }
 
 /// Synchronous replication from the settings.
-pub fn sync_settings(s: &Settings) -> anyhow::Result<SyncSettings> {
+pub fn sync_settings(s: &Settings) -> Result<SyncSettings> {
     let standby_names =
         walsender_actor::syncrep::parse_sync_standby_names(&s.synchronous_standby_names)
-            .map_err(anyhow::Error::msg)?;
+            .map_err(Error::SyncStandbyNames)?;
     let default_durability: Durability = s
         .synchronous_commit
         .parse()
-        .map_err(|e: String| anyhow::anyhow!("synchronous_commit: {e}"))?;
+        .map_err(Error::SynchronousCommit)?;
     Ok(SyncSettings {
         standby_names,
         default_durability,
@@ -140,21 +144,21 @@ pub fn sync_settings(s: &Settings) -> anyhow::Result<SyncSettings> {
 }
 
 /// What a data directory says about itself without opening it for writing.
-fn stored_facts(data_dir: &Path) -> anyhow::Result<(u64, wal_storage::WalFormat)> {
-    let segment_size = Wal::stored_segment_size(data_dir)
-        .with_context(|| format!("cannot read the data directory {}", data_dir.display()))?;
+fn stored_facts(data_dir: &Path) -> Result<(u64, wal_storage::WalFormat)> {
+    let segment_size = Wal::stored_segment_size(data_dir).map_err(|source| Error::ReadDataDir {
+        dir: data_dir.to_path_buf(),
+        source,
+    })?;
     let format = Wal::stored_format(data_dir)?;
     Ok((segment_size, format))
 }
 
 /// The node configuration a settings file gives.
-pub fn node_config(s: &Settings, data_dir: &Path) -> anyhow::Result<NodeConfig> {
+pub fn node_config(s: &Settings, data_dir: &Path) -> Result<NodeConfig> {
     let listen = resolve_addr(&s.listen, "listen")?;
     let (segment_size, wal_format) = stored_facts(data_dir)?;
     let tls = match (&s.ssl_cert_file, &s.ssl_key_file) {
-        (Some(c), Some(k)) => Some(
-            protocol_codec::tls::server_config(c, k).context("cannot load the TLS certificate")?,
-        ),
+        (Some(c), Some(k)) => Some(protocol_codec::tls::server_config(c, k).map_err(Error::Tls)?),
         _ => None,
     };
     let mut cfg = NodeConfig::new(data_dir, listen);
@@ -184,7 +188,7 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    pub fn reconfigure(&self) -> anyhow::Result<Reconfigure> {
+    pub fn reconfigure(&self) -> Result<Reconfigure> {
         let s = Settings::load(&self.sources)?;
         for (name, changed) in [
             ("listen", s.listen != self.running.listen),
@@ -211,14 +215,14 @@ impl Reloader {
     }
 
     /// Reloads and applies; errors leave the running settings as they were.
-    pub async fn reload(&self, node: &Node) -> anyhow::Result<()> {
+    pub async fn reload(&self, node: &Node) -> Result<()> {
         let r = self
             .reconfigure()
-            .context("reload refused; the running settings stay")?;
+            .map_err(|e| Error::ReloadRefused(Box::new(e)))?;
         node.supervisor
             .send(r)
             .await
-            .context("the supervisor is gone")?;
+            .map_err(Error::SupervisorGone)?;
         tracing::info!("configuration reloaded");
         Ok(())
     }
@@ -233,7 +237,7 @@ pub fn start_node(
     settings: &Settings,
     data_dir: &Path,
     adjust: impl FnOnce(&mut NodeConfig),
-) -> anyhow::Result<impl Future<Output = anyhow::Result<Node>> + Send + 'static> {
+) -> Result<impl Future<Output = Result<Node>> + Send + 'static> {
     let mut cfg = node_config(settings, data_dir)?;
     adjust(&mut cfg);
     Ok(async move { Ok(NodeBuilder::new(cfg).start().await?) })

@@ -1,0 +1,211 @@
+//! The crate's one error type. Every error ends in a message to a person (the binary prints it
+//! with its causes joined by ": "), so each variant's text says what failed in words and keeps
+//! the error underneath as its source; errors passed on unchanged are `transparent`, so their
+//! text and causes are exactly the underlying error's.
+
+use std::path::{Path, PathBuf};
+
+use wal_storage::{Lsn, WalError};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A `-c` argument without `=` or without a key.
+    #[error("invalid -c argument {arg:?}: expected key=value")]
+    InvalidOverride { arg: String },
+    /// A `-c` key that names no setting.
+    #[error("unknown setting {key:?} in -c {key}={value}")]
+    UnknownSetting { key: String, value: String },
+    /// The configuration sources could not be merged.
+    #[error(transparent)]
+    ConfigSource(Box<config::ConfigError>),
+    /// The configuration does not parse or does not fit the settings.
+    #[error("invalid configuration{}", in_file(.file.as_deref()))]
+    InvalidConfig {
+        file: Option<PathBuf>,
+        #[source]
+        source: Box<config::ConfigError>,
+    },
+    #[error("ssl_cert_file and ssl_key_file must be set together")]
+    TlsFilesApart,
+    /// The `hba` rules.
+    #[error(transparent)]
+    Hba(#[from] walsender_actor::hba::HbaError),
+    /// `synchronous_standby_names` does not parse.
+    #[error("{0}")]
+    SyncStandbyNames(String),
+    #[error("synchronous_commit: {0}")]
+    SynchronousCommit(String),
+    #[error("invalid {what} address {text:?}")]
+    InvalidAddress {
+        what: String,
+        text: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} address {text:?} resolves to nothing")]
+    AddressResolvesToNothing { what: String, text: String },
+    #[error("cannot load the TLS certificate")]
+    Tls(#[source] protocol_codec::tls::TlsError),
+
+    #[error("cannot create {}", .dir.display())]
+    CreateDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot set the permissions of {}", .dir.display())]
+    SetPermissions {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot initialise {}", .dir.display())]
+    InitDataDir {
+        dir: PathBuf,
+        #[source]
+        source: WalError,
+    },
+    #[error("cannot read the data directory {}", .dir.display())]
+    ReadDataDir {
+        dir: PathBuf,
+        #[source]
+        source: WalError,
+    },
+    #[error("cannot read {}", .path.display())]
+    ReadStandbySignal {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not valid", .path.display())]
+    InvalidStandbySignal {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    EncodeStandbySignal(serde_json::Error),
+    #[error("{} marks this node a standby, but primary_conninfo is not set", .signal.display())]
+    StandbyWithoutConninfo { signal: PathBuf },
+    #[error("invalid primary_conninfo")]
+    InvalidConninfo(#[source] Box<walreceiver_actor::ReceiverError>),
+    #[error("cannot identify the upstream")]
+    IdentifyUpstream(#[source] Box<walreceiver_actor::ReceiverError>),
+    #[error("--start-lsn {start} must be between 0/1 and the upstream's flush position {flush}")]
+    StartLsnOutOfRange { start: Lsn, flush: Lsn },
+    /// The runtime `init_standby` asks the upstream on.
+    #[error(transparent)]
+    Runtime(std::io::Error),
+    /// The walreceiver's configuration or its making of a standby's data directory.
+    #[error(transparent)]
+    Receiver(Box<walreceiver_actor::ReceiverError>),
+    /// Storage, as it said.
+    #[error(transparent)]
+    Wal(#[from] WalError),
+    /// Starting the node.
+    #[error(transparent)]
+    Node(#[from] supervisor_actor::NodeError),
+
+    #[error("reload refused; the running settings stay")]
+    ReloadRefused(#[source] Box<Error>),
+    #[error("the supervisor is gone")]
+    SupervisorGone(#[source] actix::MailboxError),
+
+    #[error("cannot reach the admin API at {url}")]
+    AdminUnreachable {
+        url: String,
+        #[source]
+        source: Box<ureq::Error>,
+    },
+    #[error("cannot read the admin API's answer")]
+    AdminAnswerUnreadable {
+        url: String,
+        #[source]
+        source: Box<ureq::Error>,
+    },
+    #[error("the admin API answered something that is not JSON: {text}")]
+    AdminAnswerNotJson {
+        url: String,
+        text: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An answer that is not a success: the API's `error`, or the whole answer without one.
+    #[error("{message}")]
+    AdminRefused {
+        url: String,
+        status: u16,
+        message: String,
+    },
+}
+
+// The large errors underneath are boxed, so that a `Result` of this crate stays small.
+impl From<walreceiver_actor::ReceiverError> for Error {
+    fn from(e: walreceiver_actor::ReceiverError) -> Error {
+        Error::Receiver(Box::new(e))
+    }
+}
+
+/// The configuration file an invalid configuration came from, as its message says it.
+fn in_file(file: Option<&Path>) -> String {
+    match file {
+        Some(p) => format!(" (file {})", p.display()),
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the binary prints: the message, then each cause after ": ".
+    fn printed(e: Error) -> String {
+        format!("{:#}", anyhow::Error::from(e))
+    }
+
+    #[test]
+    fn a_failure_says_what_failed_then_why() {
+        let io = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
+        assert_eq!(
+            printed(Error::CreateDir {
+                dir: "/d".into(),
+                source: io()
+            }),
+            "cannot create /d: denied"
+        );
+        let inner = Error::InvalidAddress {
+            what: "listen".into(),
+            text: "x".into(),
+            source: io(),
+        };
+        assert_eq!(
+            printed(Error::ReloadRefused(Box::new(inner))),
+            "reload refused; the running settings stay: invalid listen address \"x\": denied"
+        );
+    }
+
+    #[test]
+    fn passed_on_errors_print_as_themselves() {
+        let io = std::io::Error::other("no threads");
+        assert_eq!(printed(Error::Runtime(io)), "no threads");
+        assert_eq!(
+            printed(Error::SynchronousCommit("bad".into())),
+            "synchronous_commit: bad"
+        );
+    }
+
+    #[test]
+    fn the_file_an_invalid_configuration_came_from_is_named() {
+        let e = |file: Option<&str>| Error::InvalidConfig {
+            file: file.map(PathBuf::from),
+            source: Box::new(config::ConfigError::Message("bad".into())),
+        };
+        assert_eq!(printed(e(None)), "invalid configuration: bad");
+        assert_eq!(
+            printed(e(Some("/c.toml"))),
+            "invalid configuration (file /c.toml): bad"
+        );
+    }
+}

@@ -149,9 +149,19 @@ pub(crate) fn retain(inner: &Inner) -> Result<()> {
     {
         if let Some((_, segno)) = parse_segment_file_name(&e.file_name().to_string_lossy(), seg) {
             if segno < keep {
-                fs::remove_file(e.path())
-                    .map_err(|err| WalError::io(format!("removing {}", e.path().display()), err))?;
-                removed = true;
+                // Retention runs on the background thread at each segment switch and also when
+                // a caller asks (`Wal::run_retention`); two runs may list the same file, and
+                // the one that finds it gone has nothing left to do.
+                match fs::remove_file(e.path()) {
+                    Ok(()) => removed = true,
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(err) => {
+                        return Err(WalError::io(
+                            format!("removing {}", e.path().display()),
+                            err,
+                        ))
+                    }
+                }
             }
         }
     }

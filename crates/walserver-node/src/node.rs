@@ -142,6 +142,13 @@ pub fn sync_settings(s: &Settings) -> anyhow::Result<SyncSettings> {
 /// What a data directory says about itself without opening it for writing.
 fn stored_facts(data_dir: &Path) -> anyhow::Result<(u64, wal_storage::WalFormat)> {
     let segment_size = Wal::stored_segment_size(data_dir)
+        .map_err(|e| match e {
+            wal_storage::WalError::NotInitialized { .. } => anyhow::anyhow!(
+                "{e}; run `walserver init --data-dir {}` first",
+                data_dir.display()
+            ),
+            e => e.into(),
+        })
         .with_context(|| format!("cannot read the data directory {}", data_dir.display()))?;
     let format = Wal::stored_format(data_dir)?;
     Ok((segment_size, format))

@@ -189,3 +189,72 @@ fn init_standby_with_start_lsn_starts_there() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--start-lsn"), "{err}");
 }
+
+/// The mistakes a new operator makes before any node runs get a message that names the
+/// mistake and says what to do: no configuration, a directory that was never initialised,
+/// a misspelt variable or key, and init in a directory holding other files.
+#[test]
+fn operator_mistakes_say_how_to_fix_them() {
+    let fails = |args: &[&str], env: &[(&str, &str)]| -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_walserver"))
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run walserver");
+        assert!(
+            !out.status.success(),
+            "walserver {args:?} succeeded: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(out.stdout.is_empty(), "walserver {args:?} printed a result");
+        String::from_utf8(out.stderr).expect("UTF-8 output")
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+
+    let err = fails(&["run"], &[]);
+    assert_eq!(
+        err.trim_end(),
+        "walserver: no data directory: pass `--config FILE` (a configuration with data_dir) or `-c data_dir=DIR`"
+    );
+
+    let empty = path("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let err = fails(&["run", "-c", &format!("data_dir={empty}")], &[]);
+    assert!(
+        err.contains(&format!(
+            "{empty} is not a walserver data directory (no control file); run `walserver init --data-dir {empty}` first"
+        )),
+        "{err}"
+    );
+
+    let err = fails(
+        &["run", "-c", &format!("data_dir={empty}")],
+        &[("WALSERVER_WAL_SENDER_TIMOUT", "5s")],
+    );
+    assert_eq!(
+        err.trim_end(),
+        "walserver: environment variable WALSERVER_WAL_SENDER_TIMOUT names no setting; did you mean WALSERVER_WAL_SENDER_TIMEOUT?"
+    );
+
+    let config = path("walserver.toml");
+    std::fs::write(
+        &config,
+        format!("data_dir = {empty:?}\n[[hba]]\ntyp = \"hostssl\"\naddress = \"all\"\nuser = \"all\"\nmethod = \"trust\"\n"),
+    )
+    .unwrap();
+    let err = fails(&["run", "--config", &config], &[]);
+    assert_eq!(
+        err.trim_end(),
+        format!("walserver: invalid configuration (file {config}): unknown key `typ` in [[hba]] rule 1; did you mean `type`? (expected one of `type`, `address`, `user`, `method`)")
+    );
+
+    let junk = path("junk");
+    std::fs::create_dir(&junk).unwrap();
+    std::fs::write(dir.path().join("junk/notes.txt"), "mine").unwrap();
+    let err = fails(&["init", "--data-dir", &junk], &[]);
+    assert_eq!(
+        err.trim_end(),
+        format!("walserver: {junk} is not empty and is not a walserver data directory (it holds `notes.txt`); give `walserver init --data-dir` a new or empty directory")
+    );
+}

@@ -11,6 +11,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -77,11 +78,30 @@ fn on_tmpfs(f: &File) -> bool {
 /// Creates a zero-filled segment file outside `pg_wal`, makes it durable, then links it into
 /// `pg_wal` under its final name (never replacing a file there) and fsyncs the directory.
 fn preallocate(inner: &Inner, tli: TimelineId, segno: u64) -> Result<File> {
-    let seg = inner.cfg.segment_size;
+    create_segment(
+        &inner.io,
+        &inner.tmp,
+        inner.pg_wal(),
+        tli,
+        segno,
+        inner.cfg.segment_size,
+    )
+}
+
+/// [`preallocate`] without a running `Wal`: `init` makes the first segment with it before it
+/// writes the control file, so that a data directory too small for one segment is never
+/// reported as initialised.
+pub(crate) fn create_segment(
+    io: &Io,
+    tmp_dir: &Path,
+    pg_wal: &Path,
+    tli: TimelineId,
+    segno: u64,
+    seg: u64,
+) -> Result<File> {
     let name = segment_file_name(tli, segno, seg);
-    let tmp = inner.tmp.join(format!("{name}.prealloc"));
-    let target = inner.pg_wal().join(&name);
-    let io = &inner.io;
+    let tmp = tmp_dir.join(format!("{name}.prealloc"));
+    let target = pg_wal.join(&name);
     let result = (|| -> io::Result<File> {
         let f = OpenOptions::new()
             .read(true)
@@ -100,7 +120,7 @@ fn preallocate(inner: &Inner, tli: TimelineId, segno: u64) -> Result<File> {
             Err(e) => return Err(e),
         }
         fs::remove_file(&tmp)?;
-        io.sync_dir(inner.pg_wal())?;
+        io.sync_dir(pg_wal)?;
         Ok(f)
     })();
     result.map_err(|e| {

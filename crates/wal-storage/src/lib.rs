@@ -122,7 +122,7 @@
 //! files, slots, segments, tail ← state                       Inner, positions, reads
 //! state ← background, reader                                 prealloc, retention; records
 //! state, background, scan ← writer ← timeline                group commit; promote, truncate
-//! state, scan, files, slots ← recovery                       init, open, tail scan, report
+//! state, scan, files, slots, background ← recovery           init, open, tail scan, report
 //! recovery, writer, timeline, reader ← wal                   the `Wal` handle
 //! ```
 //!

@@ -1,9 +1,9 @@
-//! Open-time recovery: making a data directory (`init`), opening one (`open`), and finding the
-//! end of durable WAL there, as the crate docs' crash-safety argument lays out. Open reads the
-//! control data and the flush pointer, scans walserver records forward from a boundary at or
-//! below the pointer (the tail scan), records the end as an exact pointer, zeroes the rest of
-//! the end's segment and removes later segment files, all before any write is accepted; the
-//! [`RecoveryReport`] says what it found and cut.
+//! Open-time recovery: making a data directory (`init`, first segment included), opening one
+//! (`open`), and finding the end of durable WAL there, as the crate docs' crash-safety argument
+//! lays out. Open reads the control data and the flush pointer, scans walserver records forward
+//! from a boundary at or below the pointer (the tail scan), records the end as an exact
+//! pointer, zeroes the rest of the end's segment and removes later segment files, all before
+//! any write is accepted; the [`RecoveryReport`] says what it found and cut.
 //!
 //! **Invariants:** a record that fails to validate below the vouched end is corruption and
 //! open fails; nothing beyond the recovered end survives open (zeroed or removed, then
@@ -19,6 +19,7 @@ use crossbeam_channel::Receiver;
 use tokio::sync::watch;
 use wal_types::{Lsn, SystemId, TimelineId};
 
+use crate::background::create_segment;
 use crate::durable::write_atomic_with;
 use crate::files::{
     encode_envelope, read_control, ControlData, FlushPointer, PointerFile, FILE_VERSION,
@@ -147,8 +148,27 @@ pub(crate) fn init(dir: &Path, cfg: StorageConfig, opts: InitOptions) -> Result<
     let io = Io::new(cfg.fsync);
     let pg_wal = dir.join("pg_wal");
     let tmp = dir.join("tmp");
-    for d in [&pg_wal, &tmp, &dir.join("slots")] {
+    let slots = dir.join("slots");
+    for d in [&pg_wal, &tmp, &slots] {
         fs::create_dir_all(d).map_err(io_err("creating", d))?;
+    }
+    // The first segment is made here, not left to the writer's preallocation, so that a disk
+    // too small for it fails init instead of leaving a directory that cannot take a record.
+    // It comes before every file but the lock, so a failure leaves only the directories
+    // made above, still empty, which go again: a second init in the same directory starts
+    // afresh.
+    if let Err(e) = create_segment(
+        &io,
+        &tmp,
+        &pg_wal,
+        opts.timeline,
+        start.segment_number(seg),
+        seg,
+    ) {
+        for d in [&pg_wal, &tmp, &slots] {
+            let _ = fs::remove_dir(d);
+        }
+        return Err(e);
     }
     let mut files = opts.history_files.clone();
     if opts.timeline != TimelineId::FIRST && !files.iter().any(|(t, _)| *t == opts.timeline) {

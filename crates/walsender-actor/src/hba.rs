@@ -40,8 +40,10 @@ pub enum ConnectionType {
     Hostnossl,
 }
 
-/// One rule as written in the configuration file.
+/// One rule as written in the configuration file. An unknown key is an error: a misspelt
+/// `type` would otherwise make a `hostssl` rule a plain `host` one.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HbaRuleConfig {
     #[serde(default, rename = "type")]
     pub conn_type: ConnectionType,
@@ -331,5 +333,19 @@ mod tests {
             HbaDecision::Allow(AuthMethod::ScramSha256)
         );
         assert_eq!(r.check(ip("10.0.0.1"), "u", false), HbaDecision::Rejected);
+    }
+
+    #[test]
+    fn a_rule_with_an_unknown_key_is_refused() {
+        use serde::de::value::{Error, MapDeserializer};
+        let parse = |pairs: &[(&'static str, &'static str)]| {
+            HbaRuleConfig::deserialize(MapDeserializer::<_, Error>::new(pairs.iter().copied()))
+        };
+        let rule = [("address", "all"), ("user", "all"), ("method", "trust")];
+        let ok = parse(&[&rule[..], &[("type", "hostssl")]].concat()).unwrap();
+        assert_eq!(ok.conn_type, ConnectionType::Hostssl);
+        // A misspelt `type` must not quietly leave the rule a plain `host` one.
+        let e = parse(&[&rule[..], &[("typ", "hostssl")]].concat()).unwrap_err();
+        assert!(e.to_string().contains("unknown field `typ`"), "{e}");
     }
 }

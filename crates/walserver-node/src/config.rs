@@ -1,6 +1,8 @@
 //! The node's configuration: a TOML file, then `WALSERVER_*` environment variables, then
 //! `-c key=value` overrides, each later source winning. Knob names follow PostgreSQL's where
-//! PostgreSQL has one, and keep its units (see `units`).
+//! PostgreSQL has one, and keep its units (see `units`). Nothing is ignored: a key no table
+//! takes (top level or nested, as in an `[[hba]]` rule), a `-c` key and a `WALSERVER_*`
+//! variable that name no setting are errors naming them, with the closest name when one is near.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use walsender_actor::hba::HbaRuleConfig;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Message, Result};
 use crate::units;
 
 /// Every top-level key, for the environment filter and for the test that checks the example
@@ -174,6 +176,19 @@ pub struct Sources {
     pub env: Option<BTreeMap<String, String>>,
 }
 
+/// The prefix of the environment variables that set settings: `WALSERVER_<KEY>`.
+pub const ENV_PREFIX: &str = "WALSERVER_";
+
+/// `WALSERVER_*` variables that are not settings. The project's own tools read them, and they
+/// are often exported in the shell the server runs in, so they are not mistakes:
+/// `WALSERVER_PG_BIN` (where PostgreSQL 15's programs are, for the interop tests,
+/// `scripts/test.sh` and the benches) and `WALSERVER_BIN` (the `walserver` executable the load
+/// tool runs). Every other `WALSERVER_*` variable must name a setting.
+pub const NON_SETTING_VARS: &[&str] = &["WALSERVER_PG_BIN", "WALSERVER_BIN"];
+
+/// Variables starting with this are test harnesses' own, never settings.
+pub const TEST_VAR_PREFIX: &str = "WALSERVER_TEST_";
+
 /// Splits `key=value` from the command line.
 pub fn parse_override(arg: &str) -> Result<(String, String)> {
     match arg.split_once('=') {
@@ -182,6 +197,134 @@ pub fn parse_override(arg: &str) -> Result<(String, String)> {
             arg: arg.to_string(),
         }),
     }
+}
+
+/// The setting an environment variable sets, `None` if it is not a `WALSERVER_*` setting
+/// variable at all, and an error for a `WALSERVER_*` variable that names no setting: a
+/// misspelt variable must not leave the setting at its default unnoticed.
+fn env_setting(name: &str) -> Result<Option<String>> {
+    let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+        return Ok(None);
+    };
+    if NON_SETTING_VARS.contains(&name) || name.starts_with(TEST_VAR_PREFIX) {
+        return Ok(None);
+    }
+    let key = rest.to_ascii_lowercase();
+    match key.as_str() {
+        "hba" => Err(env_error(name, ": [[hba]] rules cannot come from the environment; write them in the configuration file".into())),
+        "users" => Err(env_error(name, ": [users] cannot come from the environment; write it in the configuration file".into())),
+        k if KEYS.contains(&k) => Ok(Some(key)),
+        _ => {
+            let known: Vec<String> = KEYS
+                .iter()
+                .filter(|k| **k != "hba" && **k != "users")
+                .map(|k| format!("{ENV_PREFIX}{}", k.to_ascii_uppercase()))
+                .chain(NON_SETTING_VARS.iter().map(|v| v.to_string()))
+                .collect();
+            match closest(&name.to_ascii_uppercase(), known.iter().map(String::as_str)) {
+                Some(near) => Err(env_error(name, format!(" names no setting; did you mean {near}?"))),
+                None => Err(env_error(name, format!(
+                    " names no setting: {ENV_PREFIX}<KEY> sets a key of the configuration file, and the only other {ENV_PREFIX} variables are {} and {TEST_VAR_PREFIX}*",
+                    NON_SETTING_VARS.join(", ")
+                ))),
+            }
+        }
+    }
+}
+
+/// The process's environment. `std::env::vars` would panic on a variable that is not UTF-8;
+/// such a variable is skipped, unless it would set a setting, which is an error.
+fn env_error(name: &str, text: String) -> Error {
+    Error::Environment {
+        name: name.to_string(),
+        text,
+    }
+}
+
+fn process_env() -> Result<BTreeMap<String, String>> {
+    let mut env = BTreeMap::new();
+    for (name, value) in std::env::vars_os() {
+        match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) => {
+                env.insert(name, value);
+            }
+            (Ok(name), Err(_)) if env_setting(&name)?.is_some() => {
+                return Err(env_error(&name, " is not valid UTF-8".into()));
+            }
+            _ => {}
+        }
+    }
+    Ok(env)
+}
+
+/// The known name nearest to a misspelt one, if one is near enough to be what was meant: at
+/// most two edits away, or a quarter of the name for long names.
+fn closest<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    known
+        .into_iter()
+        .map(|k| (edit_distance(name, k), k))
+        .filter(|&(d, _)| d > 0 && d < name.len() && d <= (name.len() / 4).max(2))
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance in bytes (names here are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &x) in a.iter().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &y) in b.iter().enumerate() {
+            let next = (diag + usize::from(x != y))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+/// Says serde's "unknown field" (from `deny_unknown_fields`, at the top level or in a nested
+/// table) in the configuration file's words: the key, the table it is in (`[[hba]] rule 2`),
+/// the closest key that table takes, and the keys it takes. `None` for any other error.
+fn unknown_key_message(e: &config::ConfigError) -> Option<String> {
+    let (msg, path) = match e {
+        config::ConfigError::At { error, key, .. } => match error.as_ref() {
+            config::ConfigError::Message(m) => (m.as_str(), key.as_deref()),
+            _ => return None,
+        },
+        config::ConfigError::Message(m) => (m.as_str(), None),
+        _ => return None,
+    };
+    let (field, expected) = msg.strip_prefix("unknown field `")?.split_once('`')?;
+    // serde lists the expected keys in backquotes: "`a`", "`a` or `b`", "one of `a`, `b`, ...".
+    let keys: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+    let table = match path {
+        None | Some("") => "the configuration".to_string(),
+        Some(p) => match p.strip_suffix(']').and_then(|p| p.rsplit_once('[')) {
+            Some((t, i)) if !t.contains('[') => {
+                let n = i.parse::<usize>().ok()? + 1;
+                let what = if t == "hba" { "rule" } else { "table" };
+                format!("[[{t}]] {what} {n}")
+            }
+            _ => format!("[{p}]"),
+        },
+    };
+    let mut text = format!("unknown key `{field}` in {table}");
+    if let Some(near) = closest(field, keys.iter().copied()) {
+        text.push_str(&format!("; did you mean `{near}`?"));
+    }
+    if keys.is_empty() {
+        text.push_str(" (it takes no keys)");
+    } else if keys.len() <= 8 {
+        let list: Vec<String> = keys.iter().map(|k| format!("`{k}`")).collect();
+        text.push_str(&format!(" (expected one of {})", list.join(", ")));
+    } else {
+        text.push_str(" (configs/primary.toml and configs/standby.toml describe every key)");
+    }
+    Some(text)
 }
 
 impl Settings {
@@ -196,19 +339,13 @@ impl Settings {
         }
         let env: BTreeMap<String, String> = match &sources.env {
             Some(m) => m.clone(),
-            None => std::env::vars().collect(),
+            None => process_env()?,
         };
         for (name, value) in env {
-            let Some(key) = name.strip_prefix("WALSERVER_") else {
-                continue;
-            };
-            let key = key.to_ascii_lowercase();
-            if KEYS.contains(&key.as_str()) && key != "hba" && key != "users" {
+            if let Some(key) = env_setting(&name)? {
                 b = b
                     .set_override(key, value)
                     .map_err(|e| Error::ConfigSource(Box::new(e)))?;
-            } else {
-                tracing::warn!("ignoring environment variable {name}: no setting {key:?}");
             }
         }
         for (k, v) in &sources.overrides {
@@ -216,19 +353,33 @@ impl Settings {
                 return Err(Error::UnknownSetting {
                     key: k.clone(),
                     value: v.clone(),
+                    near: closest(k, KEYS.iter().copied()).map(str::to_string),
                 });
             }
             b = b
                 .set_override(k.as_str(), v.as_str())
                 .map_err(|e| Error::ConfigSource(Box::new(e)))?;
         }
-        let settings: Settings = b
-            .build()
-            .and_then(|c| c.try_deserialize())
-            .map_err(|source| Error::InvalidConfig {
+        let invalid = |source: config::ConfigError| Error::InvalidConfig {
+            file: sources.file.clone(),
+            source: Box::new(source),
+        };
+        let built = b.build().map_err(invalid)?;
+        if let Err(config::ConfigError::NotFound(_)) = built.get::<config::Value>("data_dir") {
+            return Err(Error::MissingDataDir {
                 file: sources.file.clone(),
-                source: Box::new(source),
-            })?;
+            });
+        }
+        let settings: Settings =
+            built
+                .try_deserialize()
+                .map_err(|e| match unknown_key_message(&e) {
+                    Some(text) => Error::UnknownKey {
+                        file: sources.file.clone(),
+                        source: Message(text),
+                    },
+                    None => invalid(e),
+                })?;
         settings.validate()?;
         Ok(settings)
     }
@@ -367,6 +518,11 @@ mod tests {
         assert!(format!("{e:#}").contains("wal_sender_timout"), "{e:#}");
         let e = load("data_dir = \"/d\"", &[], &[("nonsense", "1")]).unwrap_err();
         assert!(e.to_string().contains("nonsense"));
+        let e = load("data_dir = \"/d\"", &[], &[("max_wal_sender", "1")]).unwrap_err();
+        assert!(
+            e.to_string().ends_with("did you mean max_wal_senders?"),
+            "{e}"
+        );
         let e = load(
             "data_dir = \"/d\"\nwal_sender_timeout = \"5 fortnights\"",
             &[],
@@ -388,14 +544,105 @@ mod tests {
     }
 
     #[test]
-    fn unknown_environment_variables_are_ignored() {
+    fn variables_that_are_not_settings_are_not_errors() {
+        // The project's tools and test harnesses read these; a shell that exports them for
+        // the tests can still run the server.
         let s = load(
             "data_dir = \"/d\"",
-            &[("WALSERVER_TEST_PG_BIN", "/x"), ("PATH", "/bin")],
+            &[
+                ("WALSERVER_TEST_PG_BIN", "/x"),
+                ("WALSERVER_PG_BIN", "/usr/lib/postgresql/15/bin"),
+                ("WALSERVER_BIN", "/usr/bin/walserver"),
+                ("PATH", "/bin"),
+            ],
             &[],
         )
         .unwrap();
         assert_eq!(s.data_dir, PathBuf::from("/d"));
+    }
+
+    #[test]
+    fn a_misspelt_environment_variable_is_an_error() {
+        let e = load(
+            "data_dir = \"/d\"",
+            &[("WALSERVER_WAL_SENDER_TIMOUT", "5s")],
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "environment variable WALSERVER_WAL_SENDER_TIMOUT names no setting; did you mean WALSERVER_WAL_SENDER_TIMEOUT?"
+        );
+        let e = load("data_dir = \"/d\"", &[("WALSERVER_PG_BINN", "/x")], &[]).unwrap_err();
+        assert!(
+            e.to_string().ends_with("did you mean WALSERVER_PG_BIN?"),
+            "{e}"
+        );
+        // Nothing near: the message says what WALSERVER_ variables there are.
+        let e = load("data_dir = \"/d\"", &[("WALSERVER_COLOUR", "1")], &[]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "environment variable WALSERVER_COLOUR names no setting: WALSERVER_<KEY> sets a key of the configuration file, and the only other WALSERVER_ variables are WALSERVER_PG_BIN, WALSERVER_BIN and WALSERVER_TEST_*"
+        );
+        // The tables are settings, but not ones a variable can hold.
+        let e = load("data_dir = \"/d\"", &[("WALSERVER_HBA", "x")], &[]).unwrap_err();
+        assert!(e.to_string().contains("WALSERVER_HBA"), "{e}");
+        assert!(e.to_string().contains("[[hba]]"), "{e}");
+    }
+
+    #[test]
+    fn a_misspelt_key_in_a_nested_table_is_an_error() {
+        // A misspelt `type` would make the second rule a plain `host` rule that lets a
+        // connection without TLS in.
+        let e = load(
+            r#"data_dir = "/d"
+[[hba]]
+address = "127.0.0.1"
+user = "all"
+method = "trust"
+[[hba]]
+typ = "hostssl"
+address = "all"
+user = "all"
+method = "scram-sha-256"
+"#,
+            &[],
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(
+            format!("{e:#}").split_once("): ").map(|(_, m)| m),
+            Some("unknown key `typ` in [[hba]] rule 2; did you mean `type`? (expected one of `type`, `address`, `user`, `method`)"),
+            "{e:#}"
+        );
+        // At the top level the message has the same shape.
+        let e = load("data_dir = \"/d\"\nwal_sender_timout = 5", &[], &[]).unwrap_err();
+        assert!(
+            format!("{e:#}").contains(
+                "unknown key `wal_sender_timout` in the configuration; did you mean `wal_sender_timeout`?"
+            ),
+            "{e:#}"
+        );
+    }
+
+    #[test]
+    fn a_missing_data_dir_says_how_to_give_one() {
+        let e = Settings::load(&Sources {
+            file: None,
+            overrides: vec![],
+            env: Some(Default::default()),
+        })
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "no data directory: pass `--config FILE` (a configuration with data_dir) or `-c data_dir=DIR`"
+        );
+        let e = load("listen = \"x\"", &[], &[]).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("no data_dir; set `data_dir` in it or pass `-c data_dir=DIR`"),
+            "{e}"
+        );
     }
 
     #[test]

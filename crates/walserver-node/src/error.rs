@@ -14,9 +14,42 @@ pub enum Error {
     /// A `-c` argument without `=` or without a key.
     #[error("invalid -c argument {arg:?}: expected key=value")]
     InvalidOverride { arg: String },
-    /// A `-c` key that names no setting.
-    #[error("unknown setting {key:?} in -c {key}={value}")]
-    UnknownSetting { key: String, value: String },
+    /// A `-c` key that names no setting, with the nearest one if one is near.
+    #[error("unknown setting {key:?} in -c {key}={value}{}", .near.as_ref().map(|n| format!("; did you mean {n}?")).unwrap_or_default())]
+    UnknownSetting {
+        key: String,
+        value: String,
+        near: Option<String>,
+    },
+    /// A `WALSERVER_*` variable that names no setting, or cannot set one.
+    #[error("environment variable {name}{text}")]
+    Environment { name: String, text: String },
+    /// No `data_dir` in any source.
+    #[error("{}", match .file {
+        Some(f) => format!("{}: no data_dir; set `data_dir` in it or pass `-c data_dir=DIR`", f.display()),
+        None => "no data directory: pass `--config FILE` (a configuration with data_dir) or `-c data_dir=DIR`".to_string(),
+    })]
+    MissingDataDir { file: Option<PathBuf> },
+    /// A key the configuration does not take, said in the file's words (the table, the
+    /// nearest key, the keys it takes).
+    #[error("invalid configuration{}", in_file(.file.as_deref()))]
+    UnknownKey {
+        file: Option<PathBuf>,
+        #[source]
+        source: Message,
+    },
+    /// A directory `init` will not use because it holds something else.
+    #[error("{} is not empty and is not a walserver data directory (it holds {found}); give `walserver init --data-dir` a new or empty directory", .dir.display())]
+    NotEmpty { dir: PathBuf, found: String },
+    #[error("cannot read {}", .dir.display())]
+    ReadDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A data directory that `walserver init` never made.
+    #[error("cannot read the data directory {}: {error}; run `walserver init --data-dir {}` first", .dir.display(), .dir.display())]
+    NotInitialized { dir: PathBuf, error: WalError },
     /// The configuration sources could not be merged.
     #[error(transparent)]
     ConfigSource(Box<config::ConfigError>),
@@ -149,6 +182,19 @@ impl From<walreceiver_actor::ReceiverError> for Error {
 }
 
 /// The configuration file an invalid configuration came from, as its message says it.
+/// A cause that is only words: the text of an error this crate rewrote into the
+/// configuration's own terms.
+#[derive(Debug)]
+pub struct Message(pub String);
+
+impl std::fmt::Display for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Message {}
+
 fn in_file(file: Option<&Path>) -> String {
     match file {
         Some(p) => format!(" (file {})", p.display()),

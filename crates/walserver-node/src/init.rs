@@ -21,6 +21,7 @@ pub fn new_system_id() -> SystemId {
 /// Creates a primary's data directory: a new system identifier, timeline 1, empty WAL of
 /// walserver records starting at the start of segment 1.
 pub fn init_primary(dir: &Path, segment_size: u64) -> Result<SystemId> {
+    check_new_data_dir(dir)?;
     create_private_dir(dir)?;
     let system_id = new_system_id();
     let cfg = StorageConfig {
@@ -38,6 +39,56 @@ pub fn init_primary(dir: &Path, segment_size: u64) -> Result<SystemId> {
     })?;
     drop(wal);
     Ok(system_id)
+}
+
+/// Refuses to make a data directory in a directory that already holds something else, as
+/// initdb does, so that init never mixes its files with someone's. A directory that does not
+/// exist, is empty, or holds only the lock file of an init that failed is fine; one that holds
+/// a walserver data directory is left to storage, which refuses it in its own words.
+pub fn check_new_data_dir(dir: &Path) -> Result<()> {
+    const LOCK_FILE: &str = "walserver.lock";
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(Error::ReadDir {
+                dir: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
+    if dir.join("control").exists() {
+        return Ok(());
+    }
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| Error::ReadDir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name != LOCK_FILE {
+            found.push(name);
+        }
+    }
+    if found.is_empty() {
+        return Ok(());
+    }
+    found.sort();
+    const SHOWN: usize = 5;
+    let mut list = found
+        .iter()
+        .take(SHOWN)
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if found.len() > SHOWN {
+        list.push_str(&format!(" and {} more", found.len() - SHOWN));
+    }
+    Err(Error::NotEmpty {
+        dir: dir.to_path_buf(),
+        found: list,
+    })
 }
 
 /// Creates `dir` (mode 0700, as PostgreSQL requires of a data directory) if it is missing.
@@ -105,6 +156,7 @@ pub fn init_standby(
     slot: Option<&str>,
     start_lsn: Option<wal_storage::Lsn>,
 ) -> Result<walreceiver_actor::UpstreamIdentity> {
+    check_new_data_dir(dir)?;
     let config = walreceiver_actor::ReceiverConfig::parse(primary_conninfo, None)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -136,4 +188,99 @@ pub fn init_standby(
     }
     .write(dir)?;
     Ok(identity)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_refuses_a_directory_holding_other_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+        std::fs::create_dir(dir.path().join("photos")).unwrap();
+        let e = init_primary(dir.path(), 1 << 20).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{} is not empty and is not a walserver data directory (it holds `notes.txt`, `photos`); give `walserver init --data-dir` a new or empty directory",
+                dir.path().display()
+            )
+        );
+        // Nothing of init's was added beside the files that were there.
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["notes.txt", "photos"]);
+        // A new directory and an empty one are fine, and a data directory is refused as one.
+        let fresh = dir.path().join("photos");
+        init_primary(&fresh, 1 << 20).unwrap();
+        // As the binary prints it: the causes joined by ": ".
+        let e = anyhow::Error::from(init_primary(&fresh, 1 << 20).unwrap_err());
+        assert!(
+            format!("{e:#}").contains("already holds a walserver data directory"),
+            "{e:#}"
+        );
+        init_primary(&dir.path().join("new"), 1 << 20).unwrap();
+    }
+
+    /// A tmpfs mounted for one test, unmounted when dropped, even when the test fails.
+    struct Tmpfs(std::path::PathBuf);
+
+    impl Tmpfs {
+        fn mount(dir: &Path, size: &str) -> Tmpfs {
+            let out = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(dir)
+                .output()
+                .expect("run mount");
+            assert!(
+                out.status.success(),
+                "cannot mount a {size} tmpfs on {} for the full-disk test (it needs root and CAP_SYS_ADMIN): {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Tmpfs(dir.to_path_buf())
+        }
+    }
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+
+    fn is_root() -> bool {
+        std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+    }
+
+    /// A disk too small for the first segment fails init, instead of reporting a data
+    /// directory whose `pg_wal` is empty; what is left lets a later init start afresh.
+    /// Mounting needs root, which CI has; elsewhere the test has nothing to mount on.
+    #[test]
+    fn init_fails_when_the_first_segment_does_not_fit() {
+        if !is_root() {
+            eprintln!("not root: the full-disk init test needs a tmpfs mount and does not run");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let _disk = Tmpfs::mount(dir.path(), "1m");
+        let data = dir.path().join("data");
+        let e = anyhow::Error::from(init_primary(&data, 16 << 20).unwrap_err());
+        let text = format!("{e:#}");
+        assert!(
+            text.starts_with(&format!("cannot initialise {}", data.display()))
+                && text.contains("preallocating WAL segment 000000010000000000000001")
+                && text.contains("No space left on device"),
+            "{text}"
+        );
+        assert!(!data.join("control").exists(), "init left a control file");
+        assert!(!data.join("pg_wal").exists(), "init left pg_wal");
+        check_new_data_dir(&data).expect("a second init may start afresh");
+    }
 }

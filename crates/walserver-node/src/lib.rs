@@ -23,5 +23,5 @@ pub mod node;
 pub mod records;
 pub mod units;
 
-pub use error::{Error, Result};
+pub use error::{Error, Message, Result};
 pub use node::start_node;

@@ -145,9 +145,15 @@ pub fn sync_settings(s: &Settings) -> Result<SyncSettings> {
 
 /// What a data directory says about itself without opening it for writing.
 fn stored_facts(data_dir: &Path) -> Result<(u64, wal_storage::WalFormat)> {
-    let segment_size = Wal::stored_segment_size(data_dir).map_err(|source| Error::ReadDataDir {
-        dir: data_dir.to_path_buf(),
-        source,
+    let segment_size = Wal::stored_segment_size(data_dir).map_err(|e| match e {
+        wal_storage::WalError::NotInitialized { .. } => Error::NotInitialized {
+            dir: data_dir.to_path_buf(),
+            error: e,
+        },
+        source => Error::ReadDataDir {
+            dir: data_dir.to_path_buf(),
+            source,
+        },
     })?;
     let format = Wal::stored_format(data_dir)?;
     Ok((segment_size, format))

@@ -3,8 +3,9 @@
 //!
 //! [`configure`] gives the node's routes to mount in an application's own `App`; [`start`] runs
 //! them as the stand-alone server `walserver run` serves, with `/promote` and `/reload`. The
-//! stand-alone server listens on loopback by default. Bound anywhere else it requires `http_auth_token`,
-//! sent as `Authorization: Bearer ...`; with a certificate configured it serves TLS.
+//! stand-alone server listens on loopback by default. Bound anywhere else it requires
+//! `http_auth_token`, sent as `Authorization: Bearer ...`; with a certificate configured it
+//! serves TLS.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;

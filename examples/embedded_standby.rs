@@ -158,6 +158,16 @@ mod tests {
             "base64 of \"embedded\": {body}"
         );
 
+        // POST /wal is mounted and takes bodies past actix-web's default limit (256 KiB): a
+        // standby refuses the append itself, with a conflict, not a 413.
+        let append = ureq::post(&format!("http://{http}/walserver/wal"))
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .send(&vec![b'x'; 1 << 20][..])
+            .expect("POST");
+        assert_eq!(append.status().as_u16(), 409);
+
         // The application's own route, and no stand-alone-only route.
         assert_eq!(get(&format!("http://{http}/")).0, 200);
         let promote = ureq::post(&format!("http://{http}/walserver/promote"))

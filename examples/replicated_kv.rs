@@ -19,10 +19,7 @@ use std::sync::{Arc, RwLock};
 use actix_web::{web, App, HttpResponse, HttpServer};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use supervisor_actor::{
-    AppendRecords, Durability, Follow, Node, NodeBuilder, NodeConfig, RecordEvent, SyncSettings,
-};
-use wal_storage::{InitOptions, StorageConfig, SystemId, Wal, WalFormat};
+use supervisor_actor::{AppendRecords, Durability, Follow, Node, NodeBuilder, RecordEvent};
 
 type Map = Arc<RwLock<HashMap<String, Bytes>>>;
 
@@ -51,52 +48,24 @@ fn decode(record: &Bytes) -> Option<(String, Bytes)> {
 /// Starts the primary, the standby, its applier and both front ends in the current actix System.
 pub async fn start() -> anyhow::Result<Store> {
     let dir = tempfile::tempdir()?;
-    let (p_dir, s_dir) = (dir.path().join("primary"), dir.path().join("standby"));
-    let storage = StorageConfig {
-        segment_size: 1 << 20,
-        ..StorageConfig::default()
-    };
     // The primary: a new system, the standby named "kv_standby" synchronous.
-    let p_storage = storage.clone();
-    let p = p_dir.clone();
-    tokio::task::spawn_blocking(move || {
-        Wal::init(
-            &p,
-            p_storage,
-            InitOptions::primary(SystemId(42), WalFormat::Walserver),
-        )
-        .map(drop)
-    })
-    .await??;
-    let mut cfg = NodeConfig::new(&p_dir, "127.0.0.1:0".parse()?);
-    cfg.sync = SyncSettings {
-        standby_names: walsender_actor::syncrep::parse_sync_standby_names("kv_standby")
-            .map_err(anyhow::Error::msg)?,
-        default_durability: Durability::RemoteApply,
-        wait_timeout: None,
-    };
-    let primary = NodeBuilder::new(cfg).start().await?;
+    let primary = NodeBuilder::primary(dir.path().join("primary"))
+        .listen("127.0.0.1:0".parse()?)
+        .segment_size(1 << 20)
+        .synchronous_standby_names("kv_standby")?
+        .synchronous_commit(Durability::RemoteApply)
+        .start()
+        .await?;
 
     // The standby adopts the primary's identity and streams from it.
     let conninfo = format!(
         "host=127.0.0.1 port={} user=kv application_name=kv_standby",
         primary.listen_addr.port()
     );
-    let receiver = walreceiver_actor::ReceiverConfig::parse(&conninfo, None)?;
-    let identity = walreceiver_actor::fetch_upstream_identity(
-        &receiver.conninfo,
-        None,
-        &receiver.application_name,
-    )
-    .await?;
-    let s = s_dir.clone();
-    tokio::task::spawn_blocking(move || {
-        walreceiver_actor::init_standby(&s, storage, &identity).map(drop)
-    })
-    .await??;
-    let mut cfg = NodeConfig::new(&s_dir, "127.0.0.1:0".parse()?);
-    cfg.standby = Some(receiver);
-    let standby = NodeBuilder::new(cfg).start().await?;
+    let standby = NodeBuilder::standby(dir.path().join("standby"), &conninfo)?
+        .listen("127.0.0.1:0".parse()?)
+        .start()
+        .await?;
 
     // The standby's application: apply records in LSN order, report each.
     let map: Map = Arc::default();

@@ -1,7 +1,11 @@
-//! The HTTP admin API (actix-web): `/status`, `/slots`, `/metrics`.
+//! The HTTP admin API (actix-web): `/status`, `/slots`, `/metrics`, `/wal`, `/promote`,
+//! `/reload`.
 //!
-//! It listens on loopback by default. Bound anywhere else it requires `http_auth_token`,
-//! sent as `Authorization: Bearer ...`; with a certificate configured it serves TLS.
+//! [`configure`] gives the node's routes to mount in an application's own `App`; [`start`] runs
+//! them as the stand-alone server `walserver run` serves, with `/promote` and `/reload`. The
+//! stand-alone server listens on loopback by default. Bound anywhere else it requires
+//! `http_auth_token`, sent as `Authorization: Bearer ...`; with a certificate configured it
+//! serves TLS.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -98,7 +102,55 @@ struct State {
     reload: Option<ReloadAction>,
 }
 
-/// Starts the admin API in the current actix System.
+/// The admin API of `node` as routes to mount in an application's own actix-web `App` or
+/// `Scope`: `GET /status`, `GET /slots`, `GET /metrics`, `GET /wal` and `POST /wal`, the same
+/// handlers the stand-alone server runs. It brings no bearer-token check (the application
+/// guards its own routes) and no `/promote` or `/reload`, which stay the stand-alone
+/// server's.
+///
+/// ```no_run
+/// use actix_web::{web, App, HttpServer};
+/// use supervisor_actor::NodeBuilder;
+///
+/// # async fn serve() -> anyhow::Result<()> {
+/// let node = NodeBuilder::primary("/var/lib/app/wal").start().await?;
+/// HttpServer::new(move || {
+///     App::new()
+///         .route("/", web::get().to(|| async { "my application" }))
+///         // GET /walserver/status and the others.
+///         .service(web::scope("/walserver").configure(walserver::http::configure(node.clone())))
+/// })
+/// .bind("127.0.0.1:8080")?
+/// .run()
+/// .await?;
+/// # Ok(())
+/// # }
+/// ```
+pub fn configure(node: Node) -> impl FnOnce(&mut web::ServiceConfig) {
+    let state = web::Data::new(State {
+        node,
+        token: None,
+        reload: None,
+    });
+    move |cfg| node_routes(cfg, state)
+}
+
+/// The routes [`configure`] mounts, with the state their handlers read.
+fn node_routes(cfg: &mut web::ServiceConfig, state: web::Data<State>) {
+    cfg.app_data(state)
+        .route("/status", web::get().to(status))
+        .route("/slots", web::get().to(slots))
+        .route("/metrics", web::get().to(metrics))
+        .service(
+            web::resource("/wal")
+                .app_data(web::PayloadConfig::new(MAX_BODY))
+                .route(web::post().to(append))
+                .route(web::get().to(read_wal)),
+        );
+}
+
+/// Starts the stand-alone admin API in the current actix System: the routes of
+/// [`configure`], `POST /promote` and `POST /reload`, behind the bearer-token check.
 pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
     let state = web::Data::new(State {
         node,
@@ -106,15 +158,10 @@ pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
         reload: cfg.reload,
     });
     let server = HttpServer::new(move || {
+        let state = state.clone();
         App::new()
-            .app_data(state.clone())
             .wrap(from_fn(check_token))
-            .route("/status", web::get().to(status))
-            .route("/slots", web::get().to(slots))
-            .route("/metrics", web::get().to(metrics))
-            .app_data(web::PayloadConfig::new(MAX_BODY))
-            .route("/wal", web::post().to(append))
-            .route("/wal", web::get().to(read_wal))
+            .configure(|cfg| node_routes(cfg, state))
             .route("/promote", web::post().to(promote))
             .route("/reload", web::post().to(reload))
     })

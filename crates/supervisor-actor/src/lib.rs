@@ -1,7 +1,8 @@
 //! supervisor-actor: a walserver node's actors and their lifecycle.
 //!
-//! [`NodeBuilder`] starts a node inside the caller's actix System: it opens the data
-//! directory, starts the walsender registry and the replication listener (walsenders on a few
+//! [`NodeBuilder`] starts a node inside the caller's actix System: it makes the data directory
+//! on a first start ([`datadir`]: a primary's, or a standby's from its upstream), opens it,
+//! starts the walsender registry and the replication listener (walsenders on a few
 //! arbiters), a walreceiver on a standby, and the [`Supervisor`] that owns them. The
 //! supervisor replaces the postmaster's signals with messages and state:
 //!
@@ -31,23 +32,23 @@
 //!
 //! An actix application starts a node inside its own System and talks to it with messages:
 //! append records with a durability level, read them back in LSN order, wait for an LSN.
+//! [`NodeBuilder::primary`] makes the data directory on the first start;
+//! [`NodeBuilder::standby`] makes a standby's from its upstream.
 //!
 //! ```
 //! use bytes::Bytes;
 //! use futures_util::StreamExt;
-//! use supervisor_actor::{AppendRecords, Durability, Follow, NodeBuilder, NodeConfig, RecordEvent, ShutdownNode};
-//! use wal_storage::{InitOptions, StorageConfig, SystemId, Wal, WalFormat};
+//! use supervisor_actor::{AppendRecords, Durability, Follow, NodeBuilder, RecordEvent, ShutdownNode};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = tempfile::tempdir()?;
-//! // A primary's data directory (what `walserver init` makes).
-//! let storage = StorageConfig { segment_size: 1 << 20, ..StorageConfig::default() };
-//! drop(Wal::init(dir.path(), storage, InitOptions::primary(SystemId(7), WalFormat::Walserver))?);
-//!
 //! actix_rt::System::new().block_on(async {
 //!     // Replication clients may connect on `node.listen_addr`.
-//!     let config = NodeConfig::new(dir.path(), "127.0.0.1:0".parse()?);
-//!     let node = NodeBuilder::new(config).start().await?;
+//!     let node = NodeBuilder::primary(dir.path().join("data"))
+//!         .listen("127.0.0.1:0".parse()?)
+//!         .segment_size(1 << 20)
+//!         .start()
+//!         .await?;
 //!
 //!     let from = node.wal.flushed();
 //!     let appended = node
@@ -70,13 +71,16 @@
 //! ```
 
 mod append;
+mod builder;
+pub mod datadir;
 mod node;
 mod records;
 mod restart;
 mod supervisor;
 
 pub use append::{AppendError, AppendRecords, Appended, Durability, SyncSettings};
-pub use node::{LocalLevel, Node, NodeBuilder, NodeConfig, NodeError};
+pub use builder::NodeBuilder;
+pub use node::{LocalLevel, Node, NodeConfig, NodeError, DEFAULT_LISTEN};
 pub use records::{subscribe_records, Follow, RecordEvent};
 pub use restart::{RestartPolicy, RestartState};
 pub use supervisor::{

@@ -1,4 +1,5 @@
-//! Starting a node: the configuration and the builder that hands back the actors' addresses.
+//! A node's configuration ([`NodeConfig`], what [`crate::NodeBuilder`] fills in), its errors,
+//! and [`Node`], the handles of a running node.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -6,16 +7,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use tokio::net::TcpListener;
 use wal_storage::{Lsn, StorageConfig, Wal, WalError};
-use walreceiver_actor::ReceiverConfig;
-use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
+use walreceiver_actor::{ReceiverConfig, ReceiverError};
+use walsender_actor::{Shared, WalSenderRegistry, WalSenderSettings};
 
 use crate::append::SyncSettings;
 use crate::records::{subscribe_records, Follow, RecordEvent};
 use crate::restart::RestartPolicy;
 use crate::supervisor::ReportApplied;
 use crate::supervisor::Supervisor;
+
+/// Where the replication protocol listens unless told otherwise: PostgreSQL's port plus one,
+/// so a node can run beside a PostgreSQL server, on loopback only.
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    5433,
+));
 
 /// Everything needed to start a node.
 #[derive(Clone)]
@@ -74,13 +81,25 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the storage thread panicked while opening the data directory")]
+    #[error("the storage thread panicked while preparing the data directory")]
     OpenPanicked,
-}
-
-/// Starts a node's actors.
-pub struct NodeBuilder {
-    config: NodeConfig,
+    /// A standby's upstream: its conninfo does not parse, or it cannot say who it is.
+    #[error("upstream: {0}")]
+    Upstream(#[from] ReceiverError),
+    #[error("{context}: {source}")]
+    DataDir {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not empty and is not a walserver data directory: give a missing or empty directory for a new node", dir.display())]
+    NotADataDirectory { dir: PathBuf },
+    #[error("{} holds standby.signal, so it is a standby's data directory: start it as a standby, or promote it first", dir.display())]
+    StandbyDirectory { dir: PathBuf },
+    #[error("{} is not valid: {reason}", path.display())]
+    BadStandbySignal { path: PathBuf, reason: String },
+    #[error("invalid {name}: {reason}")]
+    InvalidSetting { name: &'static str, reason: String },
 }
 
 /// The handles of a running node.
@@ -93,7 +112,7 @@ pub struct Node {
     /// The replication listener's actual address.
     pub listen_addr: SocketAddr,
     /// What this node's application has applied (see [`Node::report_applied`]).
-    applied: Arc<tokio::sync::watch::Sender<Lsn>>,
+    pub(crate) applied: Arc<tokio::sync::watch::Sender<Lsn>>,
 }
 
 /// A position on this node that [`Node::wait_for_lsn`] can wait for.
@@ -145,105 +164,5 @@ impl Node {
                 let _ = rx.wait_for(|a| *a >= lsn).await;
             }
         }
-    }
-}
-
-impl NodeBuilder {
-    pub fn new(config: NodeConfig) -> NodeBuilder {
-        NodeBuilder { config }
-    }
-
-    /// Opens the data directory and starts the node's actors in the current actix System.
-    pub async fn start(self) -> Result<Node, NodeError> {
-        let NodeConfig {
-            data_dir,
-            mut storage,
-            listen,
-            max_wal_senders,
-            mut walsender,
-            wal_sender_shutdown_timeout,
-            tls,
-            io_threads,
-            standby,
-            restart_policy,
-            standby_signal,
-            sync,
-        } = self.config;
-        // Recovery reads and fsyncs: keep it off the actor thread.
-        let wal = tokio::task::spawn_blocking(move || {
-            storage.segment_size = Wal::stored_segment_size(&data_dir)?;
-            Wal::open(&data_dir, storage)
-        })
-        .await
-        .map_err(|_| NodeError::OpenPanicked)??;
-        let report = wal.recovery_report();
-        tracing::info!(
-            timeline = %report.timeline,
-            end = %report.end,
-            discarded_bytes = report.discarded_bytes,
-            "data directory opened"
-        );
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(|source| NodeError::Listen {
-                addr: listen,
-                source,
-            })?;
-        let listen_addr = listener.local_addr().map_err(|source| NodeError::Listen {
-            addr: listen,
-            source,
-        })?;
-        if tls.is_none() && walsender.auth.tls_available {
-            let mut auth = (*walsender.auth).clone();
-            auth.tls_available = false;
-            walsender.auth = Arc::new(auth);
-        }
-        walsender.in_hot_standby = standby.is_some();
-        // Every node answers the SHOWs its storage decides, whatever else was configured.
-        let base = walsender_actor::session::base_show_values(wal.segment_size(), wal.format());
-        let mut session = (*walsender.session).clone();
-        session.show = Arc::new(walsender_actor::session::merge_show_values(
-            base,
-            &session.show,
-        ));
-        walsender.session = Arc::new(session);
-        let registry = WalSenderRegistry::new(max_wal_senders).start();
-        let shared = Shared::new(
-            wal.clone(),
-            walsender,
-            tls.map(tokio_rustls::TlsAcceptor::from),
-            registry.clone(),
-        );
-        let arbiters: Vec<Arbiter> = (0..io_threads).map(|_| Arbiter::new()).collect();
-        let handles: Vec<ArbiterHandle> = arbiters.iter().map(Arbiter::handle).collect();
-        let listener =
-            Listener::start(listener, shared.clone(), handles.clone()).map_err(|source| {
-                NodeError::Listen {
-                    addr: listen,
-                    source,
-                }
-            })?;
-        tracing::info!(%listen_addr, standby = standby.is_some(), "accepting replication connections");
-        let supervisor = Supervisor::new(
-            wal.clone(),
-            shared.clone(),
-            registry.clone(),
-            listener,
-            arbiters,
-            wal_sender_shutdown_timeout,
-            standby,
-            restart_policy,
-            standby_signal,
-            sync,
-        )
-        .start();
-        Ok(Node {
-            supervisor,
-            registry,
-            shared,
-            wal,
-            listen_addr,
-            applied: Arc::new(tokio::sync::watch::channel(Lsn::INVALID).0),
-        })
     }
 }

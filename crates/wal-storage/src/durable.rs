@@ -4,7 +4,7 @@
 //! Storage replaces its control data, slots and history files this way, and so does anyone else
 //! keeping a small file in a data directory (the standby signal, for one); there is one
 //! definition of the rule, here. Inside the crate the operations go through the instance's
-//! [`Io`] (fsync switch, fsync count, fail points); the public functions use a plain `Io` that
+//! `Io` (fsync switch, fsync count, fail points); the public functions use a plain `Io` that
 //! always fsyncs.
 
 use std::fs::{self, File};

@@ -128,7 +128,7 @@ pub struct Settings {
 }
 
 fn default_listen() -> String {
-    "127.0.0.1:5433".into()
+    supervisor_actor::DEFAULT_LISTEN.to_string()
 }
 fn default_http_listen() -> String {
     "127.0.0.1:8433".into()

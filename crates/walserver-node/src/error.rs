@@ -82,18 +82,6 @@ pub enum Error {
     #[error("cannot load the TLS certificate")]
     Tls(#[source] protocol_codec::tls::TlsError),
 
-    #[error("cannot create {}", .dir.display())]
-    CreateDir {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot set the permissions of {}", .dir.display())]
-    SetPermissions {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("cannot initialise {}", .dir.display())]
     InitDataDir {
         dir: PathBuf,
@@ -106,20 +94,6 @@ pub enum Error {
         #[source]
         source: WalError,
     },
-    #[error("cannot read {}", .path.display())]
-    ReadStandbySignal {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{} is not valid", .path.display())]
-    InvalidStandbySignal {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error(transparent)]
-    EncodeStandbySignal(serde_json::Error),
     #[error("{} marks this node a standby, but primary_conninfo is not set", .signal.display())]
     StandbyWithoutConninfo { signal: PathBuf },
     #[error("invalid primary_conninfo")]
@@ -215,11 +189,11 @@ mod tests {
     fn a_failure_says_what_failed_then_why() {
         let io = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
         assert_eq!(
-            printed(Error::CreateDir {
+            printed(Error::ReadDir {
                 dir: "/d".into(),
                 source: io()
             }),
-            "cannot create /d: denied"
+            "cannot read /d: denied"
         );
         let inner = Error::InvalidAddress {
             what: "listen".into(),

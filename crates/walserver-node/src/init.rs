@@ -1,22 +1,16 @@
 //! Data directories as `walserver init` makes them: a primary's, with a new system identifier,
-//! and a standby's, which adopts its upstream's identity; and `standby.signal`, the file whose
-//! presence makes a node a standby.
+//! and a standby's, which adopts its upstream's identity. `standby.signal`, the file whose
+//! presence makes a node a standby, is supervisor-actor's (`datadir`), whose builder writes it
+//! too.
 
 use std::path::Path;
 
+// The builder makes data directories too: it and `walserver init` share these, so both make
+// the same ones.
+pub use supervisor_actor::datadir::{new_system_id, StandbySignal, STANDBY_SIGNAL};
 use wal_storage::{InitOptions, StorageConfig, SystemId, Wal, WalFormat};
 
 use crate::error::{Error, Result};
-
-/// A new system identifier, made as PostgreSQL makes one (seconds and microseconds of the
-/// current time, and some bits that differ per call) so it also sorts by creation time.
-pub fn new_system_id() -> SystemId {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let random: u64 = rand::random::<u64>() & 0xFFF;
-    SystemId((now.as_secs() << 32) | (u64::from(now.subsec_micros()) << 12) | random)
-}
 
 /// Creates a primary's data directory: a new system identifier, timeline 1, empty WAL of
 /// walserver records starting at the start of segment 1.
@@ -93,58 +87,7 @@ pub fn check_new_data_dir(dir: &Path) -> Result<()> {
 
 /// Creates `dir` (mode 0700, as PostgreSQL requires of a data directory) if it is missing.
 pub fn create_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|source| Error::CreateDir {
-                dir: dir.to_path_buf(),
-                source,
-            })?;
-    } else {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(
-            |source| Error::SetPermissions {
-                dir: dir.to_path_buf(),
-                source,
-            },
-        )?;
-    }
-    Ok(())
-}
-
-/// What `walserver init --standby` remembers about the upstream, in `DATA/standby.signal`.
-/// The file's presence makes the node a standby (as PostgreSQL's `standby.signal` does);
-/// promotion removes it. Settings in the configuration file win over what it holds.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct StandbySignal {
-    pub primary_conninfo: Option<String>,
-    pub primary_slot_name: Option<String>,
-}
-
-pub const STANDBY_SIGNAL: &str = "standby.signal";
-
-impl StandbySignal {
-    /// Reads the data directory's standby signal, `None` if the node is a primary.
-    pub fn read(data_dir: &Path) -> Result<Option<StandbySignal>> {
-        let path = data_dir.join(STANDBY_SIGNAL);
-        match std::fs::read(&path) {
-            Ok(b) if b.iter().all(u8::is_ascii_whitespace) => Ok(Some(StandbySignal::default())),
-            Ok(b) => serde_json::from_slice(&b)
-                .map(Some)
-                .map_err(|source| Error::InvalidStandbySignal { path, source }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(Error::ReadStandbySignal { path, source }),
-        }
-    }
-
-    /// Writes the signal durably (temporary file, fsync, rename, fsync of the directory).
-    pub fn write(&self, data_dir: &Path) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(self).map_err(Error::EncodeStandbySignal)?;
-        wal_storage::durable::write_atomic(data_dir, &data_dir.join(STANDBY_SIGNAL), &bytes)?;
-        Ok(())
-    }
+    Ok(supervisor_actor::datadir::create_private_dir(dir)?)
 }
 
 /// Creates a standby's data directory adopting the upstream's system identifier, timeline

@@ -248,3 +248,66 @@ pub fn start_node(
     adjust(&mut cfg);
     Ok(async move { Ok(NodeBuilder::new(cfg).start().await?) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Sources;
+
+    fn settings(data_dir: &Path) -> Settings {
+        Settings::load(&Sources {
+            file: None,
+            overrides: vec![("data_dir".into(), data_dir.display().to_string())],
+            env: Some(Default::default()),
+        })
+        .unwrap()
+    }
+
+    /// A node built in code and one built from a file that sets nothing start alike.
+    #[test]
+    fn the_builder_s_defaults_are_the_file_s() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::init::init_primary(dir.path(), 1 << 20).unwrap();
+        let s = settings(dir.path());
+        let file = node_config(&s, dir.path()).unwrap();
+        let mut builder = NodeBuilder::primary(dir.path());
+        let code = builder.config_mut();
+        assert_eq!(code.listen, file.listen);
+        assert_eq!(code.max_wal_senders, file.max_wal_senders);
+        assert_eq!(
+            code.walsender.authentication_timeout,
+            file.walsender.authentication_timeout
+        );
+        assert_eq!(
+            code.walsender.session.wal_sender_timeout,
+            file.walsender.session.wal_sender_timeout
+        );
+        assert_eq!(
+            code.wal_sender_shutdown_timeout,
+            file.wal_sender_shutdown_timeout
+        );
+        assert_eq!(code.storage.wal_keep_size, file.storage.wal_keep_size);
+        assert_eq!(
+            code.storage.max_slot_wal_keep_size,
+            file.storage.max_slot_wal_keep_size
+        );
+        assert_eq!(code.storage.max_wal_size, file.storage.max_wal_size);
+        assert_eq!(code.sync, file.sync);
+        assert!(code.standby.is_none() && file.standby.is_none());
+
+        // A standby's walreceiver settings.
+        let conninfo = "host=127.0.0.1 port=5433 user=r";
+        StandbySignal {
+            primary_conninfo: Some(conninfo.into()),
+            primary_slot_name: None,
+        }
+        .write(dir.path())
+        .unwrap();
+        let file = receiver_config(&s, dir.path()).unwrap().expect("a standby");
+        let mut builder = NodeBuilder::standby(dir.path(), conninfo).unwrap();
+        let code = builder.config_mut().standby.clone().expect("a standby");
+        assert_eq!(code.session, file.session);
+        assert_eq!(code.application_name, file.application_name);
+        assert_eq!(code.max_wal_in_flight, file.max_wal_in_flight);
+    }
+}

@@ -1,0 +1,171 @@
+//! Data directories as a node finds them before it starts: a new system identifier, a
+//! private directory, whether a directory is new, walserver's, or something else, and
+//! `standby.signal`, the file whose presence makes a node a standby. The builder and
+//! `walserver init` make data directories with these, so both make the same ones.
+
+use std::path::{Path, PathBuf};
+
+use wal_storage::{SystemId, Wal, WalError};
+
+use crate::node::NodeError;
+
+/// A new system identifier, made as PostgreSQL makes one (seconds and microseconds of the
+/// current time, and some bits that differ per call) so it also sorts by creation time.
+pub fn new_system_id() -> SystemId {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let random: u64 = rand::random::<u64>() & 0xFFF;
+    SystemId((now.as_secs() << 32) | (u64::from(now.subsec_micros()) << 12) | random)
+}
+
+/// Creates `dir` (mode 0700, as PostgreSQL requires of a data directory) if it is missing,
+/// and gives an existing one that mode.
+pub fn create_private_dir(dir: &Path) -> Result<(), NodeError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| NodeError::DataDir {
+                context: format!("cannot create {}", dir.display()),
+                source,
+            })
+    } else {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|source| {
+            NodeError::DataDir {
+                context: format!("cannot set the permissions of {}", dir.display()),
+                source,
+            }
+        })
+    }
+}
+
+/// What a directory holds, as far as starting a node in it goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataDirState {
+    /// Missing or empty: a node may be initialised in it.
+    New,
+    /// A walserver data directory (it has a control file).
+    Initialised,
+}
+
+impl DataDirState {
+    /// Looks at `dir`; a directory that is neither new nor walserver's is an error, so that a
+    /// wrong path never gets a data directory made among someone else's files.
+    pub fn of(dir: &Path) -> Result<DataDirState, NodeError> {
+        match Wal::stored_segment_size(dir) {
+            Ok(_) => return Ok(DataDirState::Initialised),
+            Err(WalError::NotInitialized { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let mut entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DataDirState::New),
+            Err(source) => {
+                return Err(NodeError::DataDir {
+                    context: format!("cannot read {}", dir.display()),
+                    source,
+                })
+            }
+        };
+        if entries.next().is_none() {
+            Ok(DataDirState::New)
+        } else {
+            Err(NodeError::NotADataDirectory {
+                dir: dir.to_path_buf(),
+            })
+        }
+    }
+}
+
+/// The name of the standby signal in a data directory.
+pub const STANDBY_SIGNAL: &str = "standby.signal";
+
+/// What a standby remembers about its upstream, in `DATA/standby.signal` (JSON; an empty file
+/// holds nothing). The file's presence makes the node a standby (as PostgreSQL's
+/// `standby.signal` does); promotion removes it. Settings in a configuration file, or given
+/// to the builder, win over what it holds.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct StandbySignal {
+    pub primary_conninfo: Option<String>,
+    pub primary_slot_name: Option<String>,
+}
+
+impl StandbySignal {
+    /// The signal's path in `data_dir`.
+    pub fn path(data_dir: &Path) -> PathBuf {
+        data_dir.join(STANDBY_SIGNAL)
+    }
+
+    /// Reads the data directory's standby signal, `None` if the node is a primary.
+    pub fn read(data_dir: &Path) -> Result<Option<StandbySignal>, NodeError> {
+        let path = StandbySignal::path(data_dir);
+        match std::fs::read(&path) {
+            Ok(b) if b.iter().all(u8::is_ascii_whitespace) => Ok(Some(StandbySignal::default())),
+            Ok(b) => {
+                serde_json::from_slice(&b)
+                    .map(Some)
+                    .map_err(|e| NodeError::BadStandbySignal {
+                        path,
+                        reason: e.to_string(),
+                    })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(NodeError::DataDir {
+                context: format!("cannot read {}", path.display()),
+                source,
+            }),
+        }
+    }
+
+    /// Writes the signal durably (temporary file, fsync, rename, fsync of the directory).
+    pub fn write(&self, data_dir: &Path) -> Result<(), NodeError> {
+        let bytes = serde_json::to_vec_pretty(self).expect("two optional strings serialize");
+        wal_storage::durable::write_atomic(data_dir, &StandbySignal::path(data_dir), &bytes)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_is_new_walserver_s_or_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        assert_eq!(DataDirState::of(&missing).unwrap(), DataDirState::New);
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        assert_eq!(DataDirState::of(&empty).unwrap(), DataDirState::New);
+        let other = dir.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        std::fs::write(other.join("notes.txt"), "mine").unwrap();
+        let e = DataDirState::of(&other).unwrap_err();
+        assert!(matches!(e, NodeError::NotADataDirectory { .. }), "{e}");
+        assert!(e.to_string().contains("other"), "{e}");
+    }
+
+    #[test]
+    fn the_standby_signal_round_trips_and_an_empty_one_is_a_standby() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(StandbySignal::read(dir.path()).unwrap().is_none());
+        std::fs::write(StandbySignal::path(dir.path()), "\n").unwrap();
+        let s = StandbySignal::read(dir.path()).unwrap().unwrap();
+        assert!(s.primary_conninfo.is_none());
+        StandbySignal {
+            primary_conninfo: Some("host=h".into()),
+            primary_slot_name: Some("s".into()),
+        }
+        .write(dir.path())
+        .unwrap();
+        let s = StandbySignal::read(dir.path()).unwrap().unwrap();
+        assert_eq!(s.primary_conninfo.as_deref(), Some("host=h"));
+        assert_eq!(s.primary_slot_name.as_deref(), Some("s"));
+        std::fs::write(StandbySignal::path(dir.path()), "{").unwrap();
+        let e = StandbySignal::read(dir.path()).unwrap_err();
+        assert!(matches!(e, NodeError::BadStandbySignal { .. }), "{e}");
+    }
+}

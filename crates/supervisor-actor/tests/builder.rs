@@ -1,0 +1,163 @@
+//! The builder's common cases, over real sockets on loopback: a primary made on its first start
+//! and opened on the next, the directories it refuses, and a standby that makes itself from its
+//! upstream, stays a standby across restarts and starts as a primary once promoted.
+
+use std::future::Future;
+use std::path::Path;
+
+use bytes::Bytes;
+use supervisor_actor::datadir::StandbySignal;
+use supervisor_actor::{
+    AppendRecords, Durability, GetNodeStatus, Node, NodeBuilder, NodeError, NodeRole, ShutdownNode,
+};
+use wal_storage::Lsn;
+
+fn run<F: Future>(f: F) -> F::Output {
+    actix_rt::System::new().block_on(f)
+}
+
+fn primary(dir: &Path) -> NodeBuilder {
+    NodeBuilder::primary(dir)
+        .listen("127.0.0.1:0".parse().unwrap())
+        .segment_size(1 << 20)
+        .io_threads(0)
+}
+
+fn standby_of(upstream: &Node, dir: &Path) -> NodeBuilder {
+    let conninfo = format!("host=127.0.0.1 port={} user=r", upstream.listen_addr.port());
+    NodeBuilder::standby(dir, &conninfo)
+        .unwrap()
+        .cluster_name("replica")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .io_threads(0)
+}
+
+async fn append(node: &Node, record: &'static str, durability: Durability) -> Lsn {
+    node.supervisor
+        .send(AppendRecords {
+            records: vec![Bytes::from(record)],
+            durability: Some(durability),
+        })
+        .await
+        .unwrap()
+        .unwrap()
+        .end_lsn
+}
+
+async fn role(node: &Node) -> NodeRole {
+    node.supervisor
+        .send(GetNodeStatus)
+        .await
+        .unwrap()
+        .unwrap()
+        .role
+}
+
+async fn stop(node: Node) {
+    node.supervisor
+        .send(ShutdownNode { immediate: true })
+        .await
+        .unwrap();
+}
+
+#[test]
+fn a_primary_is_made_on_its_first_start_and_opened_on_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (system_id, end) = run(async {
+        let node = primary(&data).start().await.unwrap();
+        assert_eq!(role(&node).await, NodeRole::Primary);
+        assert_eq!(node.wal.segment_size(), 1 << 20);
+        let end = append(&node, "kept", Durability::Local).await;
+        let id = node.wal.system_id();
+        stop(node).await;
+        (id, end)
+    });
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&data).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+    run(async {
+        let node = primary(&data).start().await.unwrap();
+        assert_eq!(node.wal.system_id(), system_id, "opened, not made again");
+        assert_eq!(node.wal.flushed(), end);
+        stop(node).await;
+    });
+}
+
+#[test]
+fn a_primary_refuses_a_foreign_directory_and_a_standby_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let foreign = dir.path().join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("notes.txt"), "mine").unwrap();
+    let data = dir.path().join("data");
+    run(async {
+        let e = primary(&foreign).start().await.err().expect("refused");
+        assert!(matches!(e, NodeError::NotADataDirectory { .. }), "{e}");
+        assert!(foreign.join("notes.txt").exists());
+        stop(primary(&data).start().await.unwrap()).await;
+    });
+    StandbySignal::default().write(&data).unwrap();
+    run(async {
+        let e = primary(&data).start().await.err().expect("refused");
+        assert!(matches!(e, NodeError::StandbyDirectory { .. }), "{e}");
+    });
+}
+
+#[test]
+fn invalid_synchronous_standby_names_are_refused_by_the_setter() {
+    let e = NodeBuilder::primary("/nonexistent")
+        .synchronous_standby_names("FIRST x (a)")
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("synchronous_standby_names"), "{e}");
+    assert!(NodeBuilder::standby("/nonexistent", "host=h bogus=1").is_err());
+}
+
+#[test]
+fn a_standby_makes_itself_from_its_upstream_and_starts_as_a_primary_once_promoted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p_dir, s_dir) = (dir.path().join("p"), dir.path().join("s"));
+    let (system_id, end) = run(async {
+        let primary = primary(&p_dir)
+            .synchronous_standby_names("replica")
+            .unwrap()
+            .start()
+            .await
+            .unwrap();
+        let standby = standby_of(&primary, &s_dir).start().await.unwrap();
+        assert_eq!(standby.wal.system_id(), primary.wal.system_id());
+        assert_eq!(standby.wal.segment_size(), 1 << 20, "the upstream's");
+        assert_eq!(role(&standby).await, NodeRole::Standby);
+        // The standby is synchronous: the append returns once it has flushed the record.
+        let end = append(&primary, "replicated", Durability::On).await;
+        assert!(standby.wal.flushed() >= end);
+        let signal = StandbySignal::read(&s_dir).unwrap().expect("a standby");
+        assert!(signal
+            .primary_conninfo
+            .unwrap()
+            .contains(&primary.listen_addr.port().to_string()));
+        let id = primary.wal.system_id();
+        stop(standby).await;
+        stop(primary).await;
+        (id, end)
+    });
+    run(async {
+        let primary = primary(&p_dir).start().await.unwrap();
+        let standby = standby_of(&primary, &s_dir).start().await.unwrap();
+        assert_eq!(role(&standby).await, NodeRole::Standby, "still a standby");
+        assert_eq!(standby.wal.system_id(), system_id);
+        assert!(standby.wal.flushed() >= end);
+        stop(standby).await;
+        stop(primary).await;
+    });
+    // What promotion leaves: no standby.signal.
+    std::fs::remove_file(StandbySignal::path(&s_dir)).unwrap();
+    run(async {
+        let upstream = primary(&p_dir).start().await.unwrap();
+        let node = standby_of(&upstream, &s_dir).start().await.unwrap();
+        assert_eq!(role(&node).await, NodeRole::Primary);
+        stop(node).await;
+        stop(upstream).await;
+    });
+}

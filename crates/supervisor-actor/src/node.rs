@@ -11,7 +11,7 @@ use wal_storage::{Lsn, StorageConfig, Wal, WalError};
 use walreceiver_actor::ReceiverConfig;
 use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 
-use crate::append::SyncSettings;
+use crate::append::{AppendMetrics, SyncSettings};
 use crate::records::{subscribe_records, Follow, RecordEvent};
 use crate::restart::RestartPolicy;
 use crate::supervisor::ReportApplied;
@@ -92,6 +92,8 @@ pub struct Node {
     pub wal: Wal,
     /// The replication listener's actual address.
     pub listen_addr: SocketAddr,
+    /// Appends by durability level and their latencies, for `/metrics`.
+    pub append_metrics: Arc<AppendMetrics>,
     /// What this node's application has applied (see [`Node::report_applied`]).
     applied: Arc<tokio::sync::watch::Sender<Lsn>>,
 }
@@ -235,9 +237,11 @@ impl NodeBuilder {
             restart_policy,
             standby_signal,
             sync,
-        )
-        .start();
+        );
+        let append_metrics = supervisor.append_metrics.clone();
+        let supervisor = supervisor.start();
         Ok(Node {
+            append_metrics,
             supervisor,
             registry,
             shared,

@@ -59,6 +59,12 @@ impl Io {
         Ok(())
     }
 
+    /// Counts `r`'s error, if any, as a failed write: for writes made outside `Io`'s own
+    /// methods (creating and renaming small files, fallocate).
+    pub(crate) fn count_write<T>(&self, r: io::Result<T>) -> io::Result<T> {
+        self.metrics.count(StorageErrorKind::Write, r)
+    }
+
     pub(crate) fn pwrite_all(
         &self,
         f: &File,
@@ -66,8 +72,7 @@ impl Io {
         offset: u64,
         point: &'static str,
     ) -> io::Result<()> {
-        let r = self.check(point).and_then(|_| f.write_all_at(buf, offset));
-        self.metrics.count(StorageErrorKind::Write, r)
+        self.count_write(self.check(point).and_then(|_| f.write_all_at(buf, offset)))
     }
 
     /// Writes the slices one after another at `offset` with `pwritev` (in groups of at most
@@ -79,8 +84,7 @@ impl Io {
         offset: u64,
         point: &'static str,
     ) -> io::Result<()> {
-        let r = self.check(point).and_then(|_| pwritev_all(f, bufs, offset));
-        self.metrics.count(StorageErrorKind::Write, r)
+        self.count_write(self.check(point).and_then(|_| pwritev_all(f, bufs, offset)))
     }
 
     /// Zeroes `len` bytes of `f` at `offset`.

@@ -176,4 +176,10 @@ fn failed_operations_are_counted_by_kind() {
             assert_eq!(grew, k == kind, "{point} errno {errno}: {}", k.as_str());
         }
     }
+    // A small durable file (here a promotion's history file) failing counts as a write.
+    let writes = m.errors(StorageErrorKind::Write);
+    wal.failpoints().set(FP_ATOMIC, libc::EIO);
+    assert!(wal.promote("x").is_err());
+    wal.failpoints().clear_all();
+    assert!(m.errors(StorageErrorKind::Write) > writes);
 }

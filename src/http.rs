@@ -7,7 +7,6 @@
 //! `http_auth_token`, sent as `Authorization: Bearer ...`; with a certificate configured it
 //! serves TLS.
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 
 use actix_web::body::MessageBody;
@@ -463,59 +462,14 @@ async fn slots(state: web::Data<State>) -> HttpResponse {
     HttpResponse::Ok().json(rows)
 }
 
+/// `GET /metrics`: the text is written by [`crate::metrics`].
 async fn metrics(state: web::Data<State>) -> HttpResponse {
-    let status = match state.node.supervisor.send(GetNodeStatus).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return unavailable(e),
-        Err(e) => return unavailable(e),
-    };
-    let mut out = String::new();
-    let mut gauge = |name: &str, help: &str, value: String| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-        );
-    };
-    gauge(
-        "walserver_flush_lsn_bytes",
-        "The durable end of WAL on the current timeline.",
-        status.flush_lsn.0.to_string(),
-    );
-    gauge(
-        "walserver_timeline",
-        "The current timeline.",
-        status.timeline.0.to_string(),
-    );
-    gauge(
-        "walserver_wal_senders",
-        "Connected walsenders.",
-        status.replication.len().to_string(),
-    );
-    let _ = writeln!(
-        out,
-        "# HELP walserver_fsyncs_total fsync and fdatasync calls made by storage.\n# TYPE walserver_fsyncs_total counter\nwalserver_fsyncs_total {}",
-        state.node.wal.fsync_count()
-    );
-    let _ = writeln!(out, "# HELP walserver_standby_flush_lag_bytes WAL a standby has not confirmed flushed.\n# TYPE walserver_standby_flush_lag_bytes gauge");
-    for r in &status.replication {
-        let flushed = r.flush_lsn.unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "walserver_standby_flush_lag_bytes{{application_name=\"{}\",pid=\"{}\"}} {}",
-            escape_label(&r.application_name),
-            r.pid,
-            status.flush_lsn.saturating_sub(flushed)
-        );
+    match crate::metrics::render(&state.node).await {
+        Ok(text) => HttpResponse::Ok()
+            .content_type(crate::metrics::CONTENT_TYPE)
+            .body(text),
+        Err(e) => unavailable(format!("{e:#}")),
     }
-    HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
-        .body(out)
-}
-
-fn escape_label(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

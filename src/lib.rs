@@ -10,5 +10,6 @@
 pub mod cli;
 pub mod demo;
 pub mod http;
+pub mod metrics;
 pub mod rejoin;
 pub mod server;

@@ -4,6 +4,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod metrics;
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};

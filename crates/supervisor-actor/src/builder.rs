@@ -459,14 +459,16 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         restart_policy,
         standby_signal,
         sync,
-    )
-    .start();
+    );
+    let append_metrics = supervisor.append_metrics.clone();
+    let supervisor = supervisor.start();
     Ok(Node {
         supervisor,
         registry,
         shared,
         wal,
         listen_addr,
+        append_metrics,
         applied: Arc::new(tokio::sync::watch::channel(Lsn::INVALID).0),
     })
 }

@@ -16,6 +16,9 @@
 //!   API), release storage;
 //! - promotion stops the walreceiver, starts the next timeline and makes the node a primary.
 //!
+//! It counts the appends it answers, by durability level, with their latency and their wait
+//! for synchronous standbys ([`AppendMetrics`], shared as [`Node::append_metrics`]).
+//!
 //! Its peers are whoever embeds the node (the `walserver` binary or an application), which
 //! talks to it with messages, and its children: the walsender registry and the walreceiver,
 //! which report to it with messages. It stops on [`ShutdownNode`] (the binary sends it on a
@@ -78,7 +81,9 @@ mod records;
 mod restart;
 mod supervisor;
 
-pub use append::{AppendError, AppendRecords, Appended, Durability, SyncSettings};
+pub use append::{
+    AppendCounts, AppendError, AppendMetrics, AppendRecords, Appended, Durability, SyncSettings,
+};
 pub use builder::NodeBuilder;
 pub use node::{LocalLevel, Node, NodeConfig, NodeError, DEFAULT_LISTEN};
 pub use records::{subscribe_records, Follow, RecordEvent};

@@ -11,7 +11,7 @@ use wal_storage::{Lsn, StorageConfig, Wal, WalError};
 use walreceiver_actor::{ReceiverConfig, ReceiverError};
 use walsender_actor::{Shared, WalSenderRegistry, WalSenderSettings};
 
-use crate::append::SyncSettings;
+use crate::append::{AppendMetrics, SyncSettings};
 use crate::records::{subscribe_records, Follow, RecordEvent};
 use crate::restart::RestartPolicy;
 use crate::supervisor::ReportApplied;
@@ -111,6 +111,8 @@ pub struct Node {
     pub wal: Wal,
     /// The replication listener's actual address.
     pub listen_addr: SocketAddr,
+    /// Appends by durability level and their latencies, for `/metrics`.
+    pub append_metrics: Arc<AppendMetrics>,
     /// What this node's application has applied (see [`Node::report_applied`]).
     pub(crate) applied: Arc<tokio::sync::watch::Sender<Lsn>>,
 }

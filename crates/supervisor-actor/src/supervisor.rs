@@ -32,7 +32,7 @@ use walsender_actor::session::ShutdownMode;
 use walsender_actor::status::WalSenderStatus;
 use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 
-use crate::append::{AppendError, AppendRecords, Appended, SyncSettings};
+use crate::append::{AppendError, AppendMetrics, AppendRecords, Appended, SyncSettings};
 use crate::restart::{RestartPolicy, RestartState};
 
 /// Whether the node serves as a primary or follows an upstream.
@@ -134,6 +134,8 @@ pub struct Supervisor {
     promoting: bool,
     sync: SyncSettings,
     services: Vec<Service>,
+    /// Shared with [`Node`](crate::Node), which shows them in `/metrics`.
+    pub(crate) append_metrics: Arc<AppendMetrics>,
 }
 
 impl Supervisor {
@@ -181,6 +183,7 @@ impl Supervisor {
             promoting: false,
             services: Vec::new(),
             sync,
+            append_metrics: Arc::default(),
         }
     }
 
@@ -743,7 +746,12 @@ impl Handler<AppendRecords> for Supervisor {
         // Without synchronous standbys every level is satisfied by local durability, as in
         // PostgreSQL; skip the trip to the registry.
         let sync_configured = self.sync.standby_names.is_some();
-        Box::pin(async move {
+        let metrics = self.append_metrics.clone();
+        let started = Instant::now();
+        let records = msg.records.len() as u64;
+        let bytes = msg.records.iter().map(|r| r.len() as u64).sum();
+        let sync_metrics = metrics.clone();
+        let work = async move {
             if let Some(e) = refusal {
                 return Err(e);
             }
@@ -765,12 +773,13 @@ impl Handler<AppendRecords> for Supervisor {
                     lsn: end_lsn,
                     level,
                 });
+                let waited = Instant::now();
                 let outcome = match wait_timeout {
                     Some(t) => tokio::time::timeout(t, wait).await.ok(),
                     None => Some(wait.await),
                 };
                 match outcome {
-                    Some(Ok(Ok(()))) => {}
+                    Some(Ok(Ok(()))) => sync_metrics.sync_wait_seconds.observe(waited.elapsed()),
                     Some(_) => return Err(AppendError::ShuttingDown),
                     None => {
                         return Err(AppendError::NotConfirmed {
@@ -786,6 +795,14 @@ impl Handler<AppendRecords> for Supervisor {
                 timeline: wal.timeline(),
                 durability,
             })
+        };
+        Box::pin(async move {
+            let r = work.await;
+            match &r {
+                Ok(_) => metrics.acknowledged(durability, records, bytes, started.elapsed()),
+                Err(_) => metrics.failed(durability),
+            }
+            r
         })
     }
 }

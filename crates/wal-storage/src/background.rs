@@ -59,7 +59,7 @@ fn bg_main(inner: Arc<Inner>, rx: Receiver<BgRequest>) {
 /// extent from fallocate would make every small commit's fdatasync a journal commit).
 fn zero_fill(io: &Io, f: &File, len: u64) -> io::Result<()> {
     if on_tmpfs(f) {
-        io.check(FP_PREALLOC)?;
+        io.count_write(io.check(FP_PREALLOC))?;
         // SAFETY: fallocate on a descriptor we own, over a valid range.
         if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) } == 0 {
             return Ok(());

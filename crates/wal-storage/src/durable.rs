@@ -44,11 +44,14 @@ pub(crate) fn write_atomic_with(
         .to_string_lossy();
     let tmp = tmp_dir.join(format!("{name}.tmp"));
     (|| -> std::io::Result<()> {
-        io.check(FP_ATOMIC)?;
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
+        let written = io.check(FP_ATOMIC).and_then(|_| {
+            let mut f = File::create(&tmp)?;
+            f.write_all(bytes)?;
+            Ok(f)
+        });
+        let f = io.count_write(written)?;
         io.sync_all(&f, FP_ATOMIC)?;
-        fs::rename(&tmp, target)?;
+        io.count_write(fs::rename(&tmp, target))?;
         io.sync_dir(parent_dir(target))
     })()
     .map_err(|e| {

@@ -1,6 +1,7 @@
 //! The file operations under everything else: every one that can fail at run time goes through
 //! [`Io`], so that fsync can be turned off for throwaway directories, fsyncs can be counted (the
-//! benches and the group-commit test prove batching with the count), and, under the `failpoints`
+//! benches and the group-commit test prove batching with the count) and timed, failures are
+//! counted by kind ([`StorageMetrics`]), and, under the `failpoints`
 //! feature, faults can be injected at named points. Positional reads into fresh buffers
 //! ([`pread_exact`]) live here too; reads have no fail points.
 //!
@@ -22,6 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
 
+use crate::metrics::{StorageErrorKind, StorageMetrics};
+
 pub const FP_WRITE: &str = "wal_storage::write::err";
 pub const FP_FSYNC: &str = "wal_storage::fsync::err";
 pub const FP_POINTER: &str = "wal_storage::pointer::err";
@@ -32,6 +35,7 @@ pub const FP_ATOMIC: &str = "wal_storage::atomic::err";
 pub(crate) struct Io {
     pub(crate) fsync: bool,
     fsyncs: AtomicU64,
+    pub(crate) metrics: StorageMetrics,
     #[cfg(feature = "failpoints")]
     pub(crate) failpoints: Failpoints,
 }
@@ -55,6 +59,12 @@ impl Io {
         Ok(())
     }
 
+    /// Counts `r`'s error, if any, as a failed write: for writes made outside `Io`'s own
+    /// methods (creating and renaming small files, fallocate).
+    pub(crate) fn count_write<T>(&self, r: io::Result<T>) -> io::Result<T> {
+        self.metrics.count(StorageErrorKind::Write, r)
+    }
+
     pub(crate) fn pwrite_all(
         &self,
         f: &File,
@@ -62,8 +72,7 @@ impl Io {
         offset: u64,
         point: &'static str,
     ) -> io::Result<()> {
-        self.check(point)?;
-        f.write_all_at(buf, offset)
+        self.count_write(self.check(point).and_then(|_| f.write_all_at(buf, offset)))
     }
 
     /// Writes the slices one after another at `offset` with `pwritev` (in groups of at most
@@ -72,55 +81,10 @@ impl Io {
         &self,
         f: &File,
         bufs: &[&[u8]],
-        mut offset: u64,
+        offset: u64,
         point: &'static str,
     ) -> io::Result<()> {
-        const IOV_MAX: usize = 1024;
-        self.check(point)?;
-        let mut bufs: Vec<&[u8]> = bufs.iter().copied().filter(|b| !b.is_empty()).collect();
-        let mut i = 0;
-        while i < bufs.len() {
-            let iov: Vec<libc::iovec> = bufs[i..]
-                .iter()
-                .take(IOV_MAX)
-                .map(|b| libc::iovec {
-                    iov_base: b.as_ptr() as *mut libc::c_void,
-                    iov_len: b.len(),
-                })
-                .collect();
-            // SAFETY: every iovec points into a live slice of `bufs` for its whole length, and
-            // pwritev only reads them.
-            let n = unsafe {
-                libc::pwritev(
-                    f.as_raw_fd(),
-                    iov.as_ptr(),
-                    iov.len() as libc::c_int,
-                    offset as libc::off_t,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if n == 0 {
-                return Err(io::Error::from(io::ErrorKind::WriteZero));
-            }
-            let mut n = n as usize;
-            offset += n as u64;
-            while n > 0 {
-                if n >= bufs[i].len() {
-                    n -= bufs[i].len();
-                    i += 1;
-                } else {
-                    bufs[i] = &bufs[i][n..];
-                    n = 0;
-                }
-            }
-        }
-        Ok(())
+        self.count_write(self.check(point).and_then(|_| pwritev_all(f, bufs, offset)))
     }
 
     /// Zeroes `len` bytes of `f` at `offset`.
@@ -144,32 +108,87 @@ impl Io {
 
     /// fdatasync: the file's data and the metadata needed to read it back.
     pub(crate) fn sync_data(&self, f: &File, point: &'static str) -> io::Result<()> {
-        self.check(point)?;
-        if self.fsync {
-            self.fsyncs.fetch_add(1, Ordering::Relaxed);
-            f.sync_data()?;
-        }
-        Ok(())
+        let r = self
+            .check(point)
+            .and_then(|_| self.timed_sync(|| f.sync_data()));
+        self.metrics.count(StorageErrorKind::Fsync, r)
     }
 
     /// fsync, for files whose size or name changed.
     pub(crate) fn sync_all(&self, f: &File, point: &'static str) -> io::Result<()> {
-        self.check(point)?;
-        if self.fsync {
-            self.fsyncs.fetch_add(1, Ordering::Relaxed);
-            f.sync_all()?;
-        }
-        Ok(())
+        let r = self
+            .check(point)
+            .and_then(|_| self.timed_sync(|| f.sync_all()));
+        self.metrics.count(StorageErrorKind::Fsync, r)
     }
 
     /// fsync of a directory, after creating, renaming or removing entries in it.
     pub(crate) fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        if self.fsync {
-            self.fsyncs.fetch_add(1, Ordering::Relaxed);
-            File::open(dir)?.sync_all()?;
-        }
-        Ok(())
+        let r = self.timed_sync(|| File::open(dir)?.sync_all());
+        self.metrics.count(StorageErrorKind::Fsync, r)
     }
+
+    /// Runs one sync, counted and timed, unless fsync is off.
+    fn timed_sync(&self, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+        if !self.fsync {
+            return Ok(());
+        }
+        self.fsyncs.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        let r = sync();
+        self.metrics.fsync_seconds.observe(started.elapsed());
+        r
+    }
+}
+
+/// Writes the slices one after another at `offset` with `pwritev` (in groups of at most
+/// IOV_MAX), retrying short writes.
+fn pwritev_all(f: &File, bufs: &[&[u8]], mut offset: u64) -> io::Result<()> {
+    const IOV_MAX: usize = 1024;
+    let mut bufs: Vec<&[u8]> = bufs.iter().copied().filter(|b| !b.is_empty()).collect();
+    let mut i = 0;
+    while i < bufs.len() {
+        let iov: Vec<libc::iovec> = bufs[i..]
+            .iter()
+            .take(IOV_MAX)
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: every iovec points into a live slice of `bufs` for its whole length, and
+        // pwritev only reads them.
+        let n = unsafe {
+            libc::pwritev(
+                f.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len() as libc::c_int,
+                offset as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        let mut n = n as usize;
+        offset += n as u64;
+        while n > 0 {
+            if n >= bufs[i].len() {
+                n -= bufs[i].len();
+                i += 1;
+            } else {
+                bufs[i] = &bufs[i][n..];
+                n = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Reads `n` bytes at `offset` into a new buffer with one `pread` (more only on a short read),

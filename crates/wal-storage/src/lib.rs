@@ -116,6 +116,7 @@
 //! Each module imports only modules below it in this order, never one that imports it back:
 //!
 //! ```text
+//! metrics ← io                                               counters: fsync time, errors
 //! kind, naming, tail, io ← error ← config, history, format   types, names, formats, file ops
 //! io ← durable ← files ← slots                               small durable files, slot rules
 //! io ← segments ← scan                                       segment files, record boundaries
@@ -142,6 +143,7 @@ mod format;
 mod history;
 mod io;
 mod kind;
+mod metrics;
 mod naming;
 mod reader;
 mod recovery;
@@ -164,6 +166,7 @@ pub use history::{format_history, parse_history, HistoryEntry};
 pub use io::Failpoints;
 pub use io::{FP_ATOMIC, FP_FSYNC, FP_POINTER, FP_PREALLOC, FP_WRITE};
 pub use kind::WalFormat;
+pub use metrics::{disk_free_bytes, StorageErrorKind, StorageMetrics};
 pub use naming::{
     history_file_name, parse_history_file_name, parse_segment_file_name, segment_file_name,
 };

@@ -22,6 +22,7 @@ use crate::format::Record;
 use crate::history::{check_history_for, parse_history};
 #[cfg(feature = "failpoints")]
 use crate::io::Failpoints;
+use crate::metrics::StorageMetrics;
 use crate::naming::{history_file_name, parse_history_file_name};
 use crate::reader::RecordReader;
 use crate::recovery::{self, InitOptions, Recovered, RecoveryReport};
@@ -233,6 +234,17 @@ impl Wal {
     /// control and slot files, preallocation).
     pub fn fsync_count(&self) -> u64 {
         self.inner.io.fsync_count()
+    }
+
+    /// Storage's counters for `/metrics`: fsync latency and failed operations by kind.
+    pub fn metrics(&self) -> &StorageMetrics {
+        &self.inner.io.metrics
+    }
+
+    /// The bytes still free for writing on the data directory's file system. A system call
+    /// that may block: call it on a blocking thread, never on an actor's.
+    pub fn disk_free_bytes(&self) -> std::io::Result<u64> {
+        crate::metrics::disk_free_bytes(self.data_dir())
     }
 
     /// The fault-injection points of this instance.

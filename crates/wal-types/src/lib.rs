@@ -7,6 +7,8 @@
 //! - [`PgTimestamp`]: PostgreSQL's `TimestampTz` on the wire, microseconds since 2000-01-01 UTC.
 //! - [`time`]: instants and lags as walserver's status rows show them (PostgreSQL's text),
 //!   with the serde helpers those rows use.
+//! - [`metrics`]: the fixed-bucket latency histogram the crates that own a fact keep for the
+//!   admin API's `/metrics`.
 //! - [`validate_slot_name`]: PostgreSQL's rule for replication slot names, which the replication
 //!   command parser and storage both apply (each wraps [`SlotNameError`] in its own error).
 //!
@@ -18,6 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub mod metrics;
 pub mod time;
 
 /// A log sequence number: the byte position of a point in the WAL stream.

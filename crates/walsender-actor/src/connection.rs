@@ -62,6 +62,7 @@ pub async fn handshake(
     mut shutdown: watch::Receiver<Option<ShutdownMode>>,
 ) -> Result<Established, Ended> {
     let settings = shared.settings();
+    let _authenticating = shared.metrics.start_authenticating();
     let deadline = tokio::time::Instant::now() + settings.authentication_timeout;
     let _ = stream.set_nodelay(true);
     // The plain socket's descriptor, owned by `io` from here on; `None` once TLS wraps it.
@@ -131,7 +132,12 @@ pub async fn handshake(
                 phase = Phase::Messages;
                 send(&mut io, &msgs).await?;
             }
-            Step::Fatal(f) => return fail(&mut io, f).await,
+            Step::Fatal(f) => {
+                if f.code().is_some_and(|c| c.as_str().starts_with("28")) {
+                    shared.metrics.authentication_failed();
+                }
+                return fail(&mut io, f).await;
+            }
             Step::Close => return Err(Ended::Closed),
             Step::Authenticated(msgs, identity) => {
                 send(&mut io, &msgs).await?;

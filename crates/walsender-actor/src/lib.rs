@@ -8,7 +8,8 @@
 //! `max_wal_senders`, shows `pg_stat_replication`, fans out shutdown, and runs synchronous
 //! replication ([`syncrep`]): on every standby reply it decides who is synchronous and
 //! releases the appends their positions cover. The [`Listener`] accepts connections and
-//! starts walsenders.
+//! starts walsenders. What happens before a connection reaches the registry (clients still
+//! authenticating, and those refused) is counted in [`Shared`]'s [`StartupMetrics`].
 //!
 //! The protocol logic is in plain state machines the actors wrap: [`startup::Handshake`] (SSL
 //! negotiation and authentication) and [`session::Session`] (commands and streaming). They do
@@ -53,7 +54,7 @@ pub mod writer;
 pub use actor::WalSender;
 pub use listener::Listener;
 pub use registry::WalSenderRegistry;
-pub use shared::{Shared, WalSenderSettings};
+pub use shared::{Shared, StartupMetrics, WalSenderSettings};
 
 /// The `server_version` walserver reports; a protocol fact, kept in `protocol-codec` and
 /// re-exported here for existing users.

@@ -1,6 +1,7 @@
 //! What every walsender of a node shares: the WAL, the settings (replaced whole on reload),
-//! the TLS acceptor and the registry.
+//! the TLS acceptor, the registry and the counters of the startup phase.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -47,6 +48,48 @@ pub struct Shared {
     settings: RwLock<Arc<WalSenderSettings>>,
     pub tls: Option<TlsAcceptor>,
     pub registry: Addr<WalSenderRegistry>,
+    pub metrics: StartupMetrics,
+}
+
+/// What `/metrics` shows of connections before they reach the registry: those still in the
+/// startup phase, and the ones refused for their credentials or the hba rules. (The registry
+/// knows every connection after it; a refused one never gets there.)
+#[derive(Debug, Default)]
+pub struct StartupMetrics {
+    authenticating: AtomicU64,
+    authentication_failures: AtomicU64,
+}
+
+impl StartupMetrics {
+    /// Connections in the startup phase now (TLS, startup packet, authentication).
+    pub fn authenticating(&self) -> u64 {
+        self.authenticating.load(Ordering::Relaxed)
+    }
+
+    /// Connections refused with an authentication error (SQLSTATE class 28: a wrong password,
+    /// an unknown role, a rule that rejects) since the node started.
+    pub fn authentication_failures(&self) -> u64 {
+        self.authentication_failures.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn authentication_failed(&self) {
+        self.authentication_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a connection as authenticating until the guard is dropped.
+    pub(crate) fn start_authenticating(&self) -> AuthenticatingGuard<'_> {
+        self.authenticating.fetch_add(1, Ordering::Relaxed);
+        AuthenticatingGuard(self)
+    }
+}
+
+/// One connection in the startup phase; dropping it, however the phase ends, uncounts it.
+pub(crate) struct AuthenticatingGuard<'a>(&'a StartupMetrics);
+
+impl Drop for AuthenticatingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.authenticating.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Shared {
@@ -61,6 +104,7 @@ impl Shared {
             settings: RwLock::new(Arc::new(settings)),
             tls,
             registry,
+            metrics: StartupMetrics::default(),
         })
     }
 

@@ -144,3 +144,42 @@ fn failed_promotion_keeps_the_old_timeline() {
     let (tli, _) = wal.promote("y").unwrap();
     assert_eq!(tli, TimelineId(2));
 }
+
+/// `/metrics` counts storage failures by kind: a full disk apart from other write errors,
+/// and a failed fdatasync as `fsync`.
+#[test]
+fn failed_operations_are_counted_by_kind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    append(&wal, &[payload(1, 100)]);
+    let m = wal.metrics();
+    assert!(m.fsync_seconds.snapshot().count > 0, "fsyncs are timed");
+    for kind in StorageErrorKind::ALL {
+        assert_eq!(m.errors(kind), 0, "{}", kind.as_str());
+    }
+    let cases = [
+        (FP_WRITE, libc::ENOSPC, StorageErrorKind::Enospc),
+        (FP_FSYNC, libc::EIO, StorageErrorKind::Fsync),
+        (FP_WRITE, libc::EIO, StorageErrorKind::Write),
+    ];
+    for (i, (point, errno, kind)) in cases.into_iter().enumerate() {
+        let before = StorageErrorKind::ALL.map(|k| m.errors(k));
+        wal.failpoints().set(point, errno);
+        let _ = wal
+            .append(vec![payload(2 + i as u64, 100)])
+            .unwrap()
+            .wait()
+            .unwrap_err();
+        wal.failpoints().clear_all();
+        for (k, was) in StorageErrorKind::ALL.into_iter().zip(before) {
+            let grew = m.errors(k) > was;
+            assert_eq!(grew, k == kind, "{point} errno {errno}: {}", k.as_str());
+        }
+    }
+    // A small durable file (here a promotion's history file) failing counts as a write.
+    let writes = m.errors(StorageErrorKind::Write);
+    wal.failpoints().set(FP_ATOMIC, libc::EIO);
+    assert!(wal.promote("x").is_err());
+    wal.failpoints().clear_all();
+    assert!(m.errors(StorageErrorKind::Write) > writes);
+}

@@ -1,0 +1,120 @@
+//! What storage counts for the admin API's `/metrics`: how long fsyncs take, which file
+//! operations failed and how, and how much room is left on the data directory's file system.
+//! The counts are kept by [`Io`](crate::io), which every fallible write and sync goes through.
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use wal_types::metrics::Histogram;
+
+/// What kind of file operation failed. A full disk is its own kind, whatever the operation,
+/// because it is the one an operator fixes differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StorageErrorKind {
+    /// Writing WAL, the flush pointer, a zero fill or a control, slot or history file.
+    Write,
+    /// fsync or fdatasync of a file or directory.
+    Fsync,
+    /// Any operation that failed with ENOSPC (or EDQUOT, a quota that is full).
+    Enospc,
+}
+
+impl StorageErrorKind {
+    pub const ALL: [StorageErrorKind; 3] = [
+        StorageErrorKind::Write,
+        StorageErrorKind::Fsync,
+        StorageErrorKind::Enospc,
+    ];
+
+    /// The `kind` label's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageErrorKind::Write => "write",
+            StorageErrorKind::Fsync => "fsync",
+            StorageErrorKind::Enospc => "enospc",
+        }
+    }
+
+    /// The kind of `e`, from the operation that met it.
+    fn of(op: StorageErrorKind, e: &io::Error) -> StorageErrorKind {
+        match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => StorageErrorKind::Enospc,
+            _ => op,
+        }
+    }
+}
+
+/// Storage's counters of one [`Wal`](crate::Wal).
+#[derive(Debug, Default)]
+pub struct StorageMetrics {
+    /// How long each fsync and fdatasync took (none are timed with `fsync = off`).
+    pub fsync_seconds: Histogram,
+    errors: [AtomicU64; StorageErrorKind::ALL.len()],
+}
+
+impl StorageMetrics {
+    /// Failed operations of this kind so far.
+    pub fn errors(&self, kind: StorageErrorKind) -> u64 {
+        self.errors[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// Counts `r`'s error, if it is one, under the kind `op` and its errno give.
+    pub(crate) fn count<T>(&self, op: StorageErrorKind, r: io::Result<T>) -> io::Result<T> {
+        if let Err(e) = &r {
+            self.errors[StorageErrorKind::of(op, e) as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+/// The bytes an unprivileged writer may still use on the file system that holds `dir`
+/// (`statvfs`'s `f_bavail` blocks of `f_frsize` bytes). It is a system call that may block on
+/// a slow or remote file system: call it on a blocking thread, never on an actor's.
+pub fn disk_free_bytes(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a NUL-terminated string that outlives the call, and `st` is writable
+    // memory of the size statvfs fills.
+    let rc = unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    // The field types differ between platforms (u32 on some 32-bit ones).
+    #[allow(clippy::unnecessary_cast)]
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_counted_by_kind_with_a_full_disk_apart() {
+        let m = StorageMetrics::default();
+        let _ = m.count(StorageErrorKind::Write, Ok::<(), io::Error>(()));
+        let _ = m.count::<()>(StorageErrorKind::Write, Err(io::Error::other("x")));
+        let _ = m.count::<()>(
+            StorageErrorKind::Fsync,
+            Err(io::Error::from_raw_os_error(libc::EIO)),
+        );
+        let _ = m.count::<()>(
+            StorageErrorKind::Write,
+            Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+        );
+        assert_eq!(m.errors(StorageErrorKind::Write), 1);
+        assert_eq!(m.errors(StorageErrorKind::Fsync), 1);
+        assert_eq!(m.errors(StorageErrorKind::Enospc), 1);
+    }
+
+    #[test]
+    fn disk_free_is_known_for_a_directory_and_an_error_for_a_missing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(disk_free_bytes(dir.path()).unwrap() > 0);
+        assert!(disk_free_bytes(&dir.path().join("missing")).is_err());
+    }
+}

@@ -166,7 +166,8 @@ async fn demo(dir: &std::path::Path, seconds: u64) -> anyhow::Result<()> {
                     .await
                 {
                     Ok(Ok(_)) => latencies.push(t.elapsed()),
-                    other => return Err(anyhow::anyhow!("append failed: {other:?}")),
+                    Ok(Err(e)) => return Err(anyhow::anyhow!("append failed: {e}")),
+                    Err(e) => return Err(anyhow::anyhow!("append failed: {e}")),
                 }
             }
             Ok::<_, anyhow::Error>(latencies)

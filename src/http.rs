@@ -297,7 +297,10 @@ async fn read_wal(state: web::Data<State>, query: web::Query<ReadQuery>) -> Http
             .node
             .records(from, follow)
             .map(move |ev| -> Result<Bytes, actix_web::Error> {
-                let ev = ev.map_err(actix_web::error::ErrorInternalServerError)?;
+                // As text: actix logs a failed body with `{:?}`, which would print the error's
+                // Debug form.
+                let ev =
+                    ev.map_err(|e| actix_web::error::ErrorInternalServerError(e.to_string()))?;
                 Ok(match ev {
                     supervisor_actor::RecordEvent::Record {
                         timeline,

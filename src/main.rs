@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use walserver::server::StopMode;
 use walserver_node::config::{parse_override, Settings, Sources};
+use walserver_node::logging::LogFormat;
 
 #[derive(Parser)]
 #[command(
@@ -131,13 +132,32 @@ fn main() {
     }
 }
 
-fn init_tracing(level: &str) {
+/// Sets up logging to standard error: `level` is a `log_level` filter (PostgreSQL's level names
+/// or tracing's), overridden by `RUST_LOG` when that is set and valid. Colours only when
+/// standard error is a terminal and `NO_COLOR` is not set, so that piped and collected logs
+/// carry no escape codes.
+fn init_tracing(level: &str, format: LogFormat) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
+    let filter = match EnvFilter::try_from_default_env() {
+        Ok(f) => f,
+        Err(_) => {
+            let directives =
+                walserver_node::logging::filter_directives(level).map_err(anyhow::Error::msg)?;
+            EnvFilter::try_new(&directives)
+                .with_context(|| format!("invalid log_level {level:?}"))?
+        }
+    };
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    Ok(())
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -150,7 +170,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             start_lsn,
             ..
         } => {
-            init_tracing("warn");
+            init_tracing("warn", LogFormat::Text)?;
             let id = walserver_node::init::init_standby(
                 &data_dir,
                 &conninfo,
@@ -173,7 +193,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             wal_segment_size,
             ..
         } => {
-            init_tracing("warn");
+            init_tracing("warn", LogFormat::Text)?;
             let size = walserver_node::units::parse_size(&wal_segment_size, 1 << 20)
                 .map_err(anyhow::Error::msg)?
                 .context("wal_segment_size cannot be unlimited")?;
@@ -195,7 +215,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 env: None,
             };
             let settings = Settings::load(&sources)?;
-            init_tracing(&settings.log_level);
+            init_tracing(&settings.log_level, settings.log_format)?;
             walserver::server::run(settings, sources, mode)
         }
         Command::Passwd => {
@@ -213,7 +233,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             walserver_bench::run(cmd, &walserver_bench::NodeProgram::ThisExecutable)
         }
         Command::Demo { seconds } => {
-            init_tracing("warn");
+            init_tracing("warn", LogFormat::Text)?;
             walserver::demo::run(seconds)
         }
         Command::Promote { http, token } => walserver::cli::promote(&http, token.as_deref()),
@@ -222,7 +242,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             primary_conninfo,
             primary_slot_name,
         } => {
-            init_tracing("warn");
+            init_tracing("warn", LogFormat::Text)?;
             walserver::rejoin::rejoin(&data_dir, &primary_conninfo, primary_slot_name.as_deref())
         }
         Command::Append {

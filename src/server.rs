@@ -37,6 +37,9 @@ pub fn run(settings: Settings, sources: Sources, stop_mode: StopMode) -> anyhow:
     });
     let system = actix_rt::System::new();
     system.block_on(async move {
+        // The handlers are in place before the log says the node is up, so that a signal
+        // sent on seeing that line is handled rather than killing the process.
+        let signals = Signals::install()?;
         let node = start.await?;
         let reload: ReloadAction = {
             let (reloader, node) = (reloader.clone(), node.clone());
@@ -48,21 +51,43 @@ pub fn run(settings: Settings, sources: Sources, stop_mode: StopMode) -> anyhow:
         let http = crate::http::serve(&settings, http_addr, &node, Some(reload))?;
         tracing::info!(addr = %http, "admin API listening");
         // The supervisor stops the admin API in the node's shutdown order.
-        wait_for_signals(&node, stop_mode, &reloader).await?;
+        wait_for_signals(signals, &node, stop_mode, &reloader).await?;
         Ok::<(), anyhow::Error>(())
     })
 }
 
+/// The signals `walserver run` handles.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            quit: signal(SignalKind::quit())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
 async fn wait_for_signals(
+    signals: Signals,
     node: &Node,
     stop_mode: StopMode,
     reloader: &Reloader,
 ) -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut quit = signal(SignalKind::quit())?;
-    let mut hup = signal(SignalKind::hangup())?;
+    let Signals {
+        mut term,
+        mut int,
+        mut quit,
+        mut hup,
+    } = signals;
     let mut shutdown: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let immediate = tokio::select! {

@@ -20,22 +20,38 @@ use super::common::*;
 use super::{KEEP, TL1};
 
 /// A `walserver run` process, its log lines delivered as they are written.
-struct Walserver {
+pub(super) struct Walserver {
     child: Child,
     lines: mpsc::Receiver<String>,
-    log: Vec<String>,
-    http: SocketAddr,
-    listen: SocketAddr,
+    /// The lines read so far.
+    pub(super) log: Vec<String>,
+    pub(super) http: SocketAddr,
+    pub(super) listen: SocketAddr,
 }
 
 impl Walserver {
-    fn run(config: &Path) -> Walserver {
+    /// Runs `config` and waits until it accepts replication connections and serves its
+    /// admin API, whose addresses its log tells.
+    pub(super) fn run(config: &Path) -> Walserver {
+        let mut w = Walserver::spawn(config, &[("NO_COLOR", "1"), ("RUST_LOG", "info")]);
+        let line = w.wait_line("accepting replication connections");
+        w.listen = field(&line, "listen_addr").parse().expect("listen_addr");
+        let line = w.wait_line("admin API listening");
+        w.http = field(&line, "addr").parse().expect("addr");
+        w
+    }
+
+    /// Starts `walserver run --config CONFIG` with `env` added to a test's environment from
+    /// which `RUST_LOG` and `NO_COLOR` are removed, its standard error piped; the addresses
+    /// are unknown until the caller reads them from the log.
+    pub(super) fn spawn(config: &Path, env: &[(&str, &str)]) -> Walserver {
         let mut child = Command::new(env!("CARGO_BIN_EXE_walserver"))
             .arg("run")
             .arg("--config")
             .arg(config)
-            .env("NO_COLOR", "1")
-            .env("RUST_LOG", "info")
+            .env_remove("NO_COLOR")
+            .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -51,22 +67,17 @@ impl Walserver {
                 }
             }
         });
-        let mut w = Walserver {
+        Walserver {
             child,
             lines,
             log: Vec::new(),
             http: "0.0.0.0:0".parse().unwrap(),
             listen: "0.0.0.0:0".parse().unwrap(),
-        };
-        let line = w.wait_line("accepting replication connections");
-        w.listen = field(&line, "listen_addr").parse().expect("listen_addr");
-        let line = w.wait_line("admin API listening");
-        w.http = field(&line, "addr").parse().expect("addr");
-        w
+        }
     }
 
     /// Waits for a log line containing `needle` and returns it.
-    fn wait_line(&mut self, needle: &str) -> String {
+    pub(super) fn wait_line(&mut self, needle: &str) -> String {
         let start = Instant::now();
         loop {
             let left = DEADLINE.saturating_sub(start.elapsed());
@@ -85,7 +96,7 @@ impl Walserver {
         }
     }
 
-    fn signal(&self, sig: i32) {
+    pub(super) fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child's pid.
         assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
     }
@@ -95,7 +106,7 @@ impl Walserver {
     }
 
     /// Waits for the process to exit (its stderr closes), up to the deadline.
-    fn wait_exit(&mut self) -> ExitStatus {
+    pub(super) fn wait_exit(&mut self) -> ExitStatus {
         let start = Instant::now();
         loop {
             let left = DEADLINE.saturating_sub(start.elapsed());
@@ -110,7 +121,7 @@ impl Walserver {
         self.child.wait().expect("wait")
     }
 
-    fn status(&self) -> serde_json::Value {
+    pub(super) fn status(&self) -> serde_json::Value {
         walserver_node::admin::get_json(&self.http.to_string(), "/status", None).expect("/status")
     }
 }
@@ -125,7 +136,7 @@ impl Drop for Walserver {
 }
 
 /// The value of `name=value` in a tracing log line.
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
+pub(super) fn field<'a>(line: &'a str, name: &str) -> &'a str {
     let key = format!("{name}=");
     let at = line
         .find(&key)
@@ -136,7 +147,7 @@ fn field<'a>(line: &'a str, name: &str) -> &'a str {
         .unwrap_or("")
 }
 
-fn write_config(dir: &Path, lines: &str) -> PathBuf {
+pub(super) fn write_config(dir: &Path, lines: &str) -> PathBuf {
     let path = dir.join("walserver.toml");
     let text = format!(
         "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\nlog_level = \"info\"\n{lines}",

@@ -3,7 +3,7 @@
 //! primary refused for its fork until it rejoins; and the supervisor's lessons (start requests
 //! are never lost and never wait for a fixed retry interval; an upstream restarted many times
 //! loses no byte); reading records across a promotion and as they arrive; the CLI clients run
-//! as commands.
+//! as commands; the log an operator reads.
 
 mod bench;
 mod binary;
@@ -11,6 +11,7 @@ mod cli;
 #[path = "../common/mod.rs"]
 mod common;
 mod lessons;
+mod logs;
 mod records;
 
 use std::process::Command;

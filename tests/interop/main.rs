@@ -443,7 +443,7 @@ fn libpq_scram_wrong_password_and_rejected_address() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
-            "pg_hba.conf rejects replication connection for host \"127.0.0.1\", user \"outsider\""
+            "walserver's hba rules reject replication connection for host \"127.0.0.1\", user \"outsider\""
         ),
         "{err}"
     );
@@ -522,7 +522,7 @@ fn libpq_over_tls_verify_full() {
     let out = run("disable");
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("pg_hba.conf rejects"),
+        String::from_utf8_lossy(&out.stderr).contains("walserver's hba rules reject"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

@@ -409,7 +409,7 @@ fn authentication_rules_and_passwords() {
         .unwrap();
     assert_eq!(sqlstate(&e), "28000");
     assert!(
-        message(&e).contains("pg_hba.conf rejects replication connection"),
+        message(&e).contains("walserver's hba rules reject replication connection"),
         "{}",
         message(&e)
     );

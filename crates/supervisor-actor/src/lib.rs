@@ -10,7 +10,9 @@
 //!   lost; a child's start and stop arrive as messages carrying its id and the reason, so a
 //!   late event of a replaced walreceiver is recognised and a surplus start is harmless;
 //! - the restart policy is data ([`RestartPolicy`]): the first retry at once, then backoff
-//!   with jitter to a cap, reset after a stable period; its state is in `/status`;
+//!   with jitter to a cap (`wal_retrieve_retry_interval`), reset after a stable period; its
+//!   schedule and state are in `/status`, and a run of failures is logged by its first
+//!   failure and a summary at a bounded rate, never one line per attempt;
 //! - shutdown goes in order: stop accepting, drain walsenders with their deadline, stop the
 //!   walreceiver, stop the services handed to it ([`SuperviseService`]: walserver's admin
 //!   API), release storage;
@@ -87,7 +89,7 @@ pub use append::{
 pub use builder::NodeBuilder;
 pub use node::{LocalLevel, Node, NodeConfig, NodeError, DEFAULT_LISTEN};
 pub use records::{subscribe_records, Follow, RecordEvent};
-pub use restart::{RestartPolicy, RestartState};
+pub use restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
 pub use supervisor::{
     GetNodeStatus, NodeRole, NodeStatus, Promote, PromoteError, Promoted, Reconfigure,
     ReportApplied, ServiceInfo, ShutdownNode, SuperviseService, Supervisor, WalReceiverInfo,

@@ -75,7 +75,8 @@ impl NodeConfig {
 pub enum NodeError {
     #[error(transparent)]
     Storage(#[from] WalError),
-    #[error("cannot listen on {addr}: {source}")]
+    // The source's text is not repeated here: whoever prints the whole chain prints it once.
+    #[error("cannot listen on {addr} (listen)")]
     Listen {
         addr: SocketAddr,
         #[source]

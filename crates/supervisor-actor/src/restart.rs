@@ -8,6 +8,12 @@
 //! about the cap of the upstream coming back; failures that need an operator (another system
 //! identifier, a fork, a refused password) are retried rarely, so they do not become a storm.
 //! The count resets once a stream has been healthy for `stable_after`.
+//!
+//! The log follows a run of failures (from the first failure after a stream to the next
+//! stream) rather than each attempt: the first failure is logged, then at most one summary per
+//! `summary_interval` (how many attempts since when, and the last error), and the stream that
+//! ends the run says how long it lasted. An upstream down for an hour so costs about 120 lines,
+//! not one or two per attempt.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -20,9 +26,10 @@ use walreceiver_actor::ReceiverError;
 pub struct RestartPolicy {
     /// Backoff for failures that fix themselves: the second retry waits this long.
     pub transient_base: Duration,
-    /// The longest wait between retries of such failures. It bounds how long a standby takes
-    /// to notice its upstream is back: 100 ms is a guess that keeps that under PostgreSQL's
-    /// 5 s by far while a down upstream sees at most ~10 connection attempts a second.
+    /// The longest wait between retries of such failures (`wal_retrieve_retry_interval`). It
+    /// bounds how long a standby takes to notice its upstream is back: 100 ms is a guess that
+    /// keeps that under PostgreSQL's 5 s by far while a down upstream sees at most ~10
+    /// connection attempts a second.
     pub transient_cap: Duration,
     /// Backoff for failures that need an operator.
     pub persistent_base: Duration,
@@ -32,6 +39,50 @@ pub struct RestartPolicy {
     /// Each delay is drawn from `[delay × (1 − jitter), delay]`, so standbys of one upstream
     /// do not retry in lockstep.
     pub jitter: f64,
+    /// During a run of failures, at most one log line per this long after the first: 30 s is a
+    /// guess, often enough to see that a standby is still trying, rare enough to read.
+    pub summary_interval: Duration,
+}
+
+impl RestartPolicy {
+    /// The policy with `wal_retrieve_retry_interval` as the cap of the backoff of failures
+    /// that fix themselves; failures that need an operator are never retried more often.
+    pub fn with_retry_interval(interval: Duration) -> RestartPolicy {
+        let mut p = RestartPolicy::default();
+        p.transient_cap = interval;
+        p.persistent_cap = p.persistent_cap.max(interval);
+        p
+    }
+
+    /// The schedule as `/status` shows it.
+    pub fn schedule(&self) -> RetrySchedule {
+        let ms = |d: Duration| d.as_millis() as u64;
+        RetrySchedule {
+            first_retry_ms: 0,
+            backoff_from_ms: ms(self.transient_base),
+            wal_retrieve_retry_interval_ms: ms(self.transient_cap),
+            operator_failure_backoff_from_ms: ms(self.persistent_base),
+            operator_failure_retry_interval_ms: ms(self.persistent_cap),
+            jitter: self.jitter,
+            summary_log_interval_ms: ms(self.summary_interval),
+        }
+    }
+}
+
+/// The restart policy in `/status`: a failed walreceiver is retried at once, then after
+/// `backoff_from_ms`, doubling up to `wal_retrieve_retry_interval_ms` (for failures that need
+/// an operator: from `operator_failure_backoff_from_ms` up to
+/// `operator_failure_retry_interval_ms`), each wait shortened by up to `jitter` of itself.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RetrySchedule {
+    pub first_retry_ms: u64,
+    pub backoff_from_ms: u64,
+    pub wal_retrieve_retry_interval_ms: u64,
+    pub operator_failure_backoff_from_ms: u64,
+    pub operator_failure_retry_interval_ms: u64,
+    pub jitter: f64,
+    /// While failures go on, at most one log line per this long.
+    pub summary_log_interval_ms: u64,
 }
 
 impl Default for RestartPolicy {
@@ -43,6 +94,7 @@ impl Default for RestartPolicy {
             persistent_cap: Duration::from_secs(30),
             stable_after: Duration::from_secs(10),
             jitter: 0.5,
+            summary_interval: Duration::from_secs(30),
         }
     }
 }
@@ -78,13 +130,65 @@ pub struct RestartState {
     /// When the next walreceiver starts, if one is waiting to.
     #[serde(serialize_with = "ser_opt_time")]
     pub next_retry_at: Option<SystemTime>,
+    /// When the current run of failures began: the first failure since the last stream.
+    #[serde(serialize_with = "ser_opt_time")]
+    pub failing_since: Option<SystemTime>,
+    /// Failures in the current run (unlike `attempts`, reset by any stream).
+    #[serde(skip)]
+    failures_in_run: u32,
+    /// When the last line about this run of failures was logged.
+    #[serde(skip)]
+    last_logged: Option<Instant>,
     #[serde(skip)]
     streaming_since: Option<Instant>,
 }
 
+/// What to log about a failure: see the module's story.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureLog {
+    /// The first failure of a run: log it as it is.
+    First,
+    /// A summary is due: `attempts` failures since `since`.
+    StillFailing { attempts: u32, since: SystemTime },
+    /// Nothing: a line was logged less than `summary_interval` ago.
+    Quiet,
+}
+
+/// A run of failures a stream ended: `attempts` failures since `since`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecoveredRun {
+    pub attempts: u32,
+    pub since: SystemTime,
+}
+
 impl RestartState {
-    pub fn on_streaming(&mut self, now: Instant) {
+    /// A walreceiver streams: the run of failures, if any, is over, and returned.
+    pub fn on_streaming(&mut self, now: Instant) -> Option<RecoveredRun> {
         self.streaming_since = Some(now);
+        let since = self.failing_since.take()?;
+        let attempts = std::mem::take(&mut self.failures_in_run);
+        Some(RecoveredRun { attempts, since })
+    }
+
+    /// Counts a failure in the current run and says what to log about it.
+    pub fn log_failure(&mut self, policy: &RestartPolicy, now: Instant) -> FailureLog {
+        let since = *self.failing_since.get_or_insert_with(SystemTime::now);
+        self.failures_in_run = self.failures_in_run.saturating_add(1);
+        let due = self
+            .last_logged
+            .is_none_or(|t| now.saturating_duration_since(t) >= policy.summary_interval);
+        if !due {
+            return FailureLog::Quiet;
+        }
+        self.last_logged = Some(now);
+        if self.failures_in_run == 1 {
+            FailureLog::First
+        } else {
+            FailureLog::StillFailing {
+                attempts: self.failures_in_run,
+                since,
+            }
+        }
     }
 
     /// A walreceiver failed: how long to wait before the next one.
@@ -189,6 +293,74 @@ mod tests {
         }
         let d = s.on_failed(&p, &refused(), now, 1.0);
         assert_eq!(d, p.transient_cap.mul_f64(0.5));
+    }
+
+    #[test]
+    fn the_default_schedule_is_the_setting_left_out() {
+        let p = RestartPolicy::with_retry_interval(Duration::from_millis(100));
+        assert_eq!(p, RestartPolicy::default());
+        let p = RestartPolicy::with_retry_interval(Duration::from_secs(5));
+        let mut s = RestartState::default();
+        let now = Instant::now();
+        let delays: Vec<_> = (0..12)
+            .map(|_| s.on_failed(&p, &refused(), now, 0.0))
+            .collect();
+        // The first retries stay quick; the setting is where the backoff stops.
+        assert_eq!(
+            &delays[..3],
+            &[
+                Duration::ZERO,
+                Duration::from_millis(10),
+                Duration::from_millis(20)
+            ]
+        );
+        assert_eq!(delays[11], Duration::from_secs(5));
+        let sched = p.schedule();
+        assert_eq!(sched.wal_retrieve_retry_interval_ms, 5000);
+        assert_eq!(sched.first_retry_ms, 0);
+        assert_eq!(sched.operator_failure_retry_interval_ms, 30_000);
+        let p = RestartPolicy::with_retry_interval(Duration::from_secs(60));
+        assert_eq!(p.persistent_cap, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_run_of_failures_logs_its_first_then_a_summary_per_interval() {
+        let p = RestartPolicy::default();
+        let mut s = RestartState::default();
+        let t0 = Instant::now();
+        let mut logged = Vec::new();
+        // Ten failures a second for 95 seconds.
+        for i in 0..950u32 {
+            let now = t0 + Duration::from_millis(100 * u64::from(i));
+            match s.log_failure(&p, now) {
+                FailureLog::Quiet => {}
+                other => logged.push((i, other)),
+            }
+        }
+        assert_eq!(logged.len(), 4, "{logged:?}");
+        assert_eq!(logged[0], (0, FailureLog::First));
+        assert!(matches!(
+            logged[1],
+            (300, FailureLog::StillFailing { attempts: 301, .. })
+        ));
+        let run = s
+            .on_streaming(t0 + Duration::from_secs(100))
+            .expect("a run ended");
+        assert_eq!(run.attempts, 950);
+        assert_eq!(s.on_streaming(t0 + Duration::from_secs(101)), None);
+        // A new run starts with its own count.
+        assert_eq!(
+            s.log_failure(&p, t0 + Duration::from_secs(200)),
+            FailureLog::First
+        );
+        assert!(s.failing_since.is_some());
+        // An upstream that flaps (streams, fails at once) cannot flood the log either: the
+        // first failure of a run still waits for the interval.
+        s.on_streaming(t0 + Duration::from_secs(201));
+        assert_eq!(
+            s.log_failure(&p, t0 + Duration::from_secs(202)),
+            FailureLog::Quiet
+        );
     }
 
     #[test]

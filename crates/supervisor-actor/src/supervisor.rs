@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use serde::Serialize;
 use wal_storage::{Lsn, SystemId, TimelineId, Wal, WalError, WalFormat};
+use wal_types::time::format_time;
 use walreceiver_actor::messages::{
     Applied, GetReceiverStatus, ReceiverId, ReceiverOwner, ReceiverStopped, StopReceiver,
     StreamingStarted,
@@ -33,7 +34,7 @@ use walsender_actor::status::WalSenderStatus;
 use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 
 use crate::append::{AppendError, AppendMetrics, AppendRecords, Appended, SyncSettings};
-use crate::restart::{RestartPolicy, RestartState};
+use crate::restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
 
 /// Whether the node serves as a primary or follows an upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -55,6 +56,8 @@ pub struct WalReceiverInfo {
     pub not_streaming_reason: Option<String>,
     #[serde(flatten)]
     pub restart: RestartState,
+    /// When a failed walreceiver is retried (`wal_retrieve_retry_interval` and the rest).
+    pub retry_schedule: RetrySchedule,
 }
 
 /// What `/status` shows.
@@ -212,7 +215,9 @@ impl Supervisor {
             }
             None => WalReceiver::new(id, config, wal, owner).start(),
         };
-        tracing::info!(receiver = id.0, "walreceiver started");
+        // Debug only: with an upstream down this happens on every retry; the failures' log
+        // says what matters (see `restart`).
+        tracing::debug!(receiver = id.0, "walreceiver started");
         r.current = Some((id, addr));
     }
 
@@ -328,9 +333,19 @@ impl Handler<StreamingStarted> for Supervisor {
         if r.current.as_ref().map(|(id, _)| *id) != Some(msg.receiver) {
             return; // A walreceiver already replaced.
         }
-        tracing::info!(timeline = %msg.timeline, start = %msg.start, "streaming from upstream");
         r.streaming = true;
-        r.restart.on_streaming(Instant::now());
+        match r.restart.on_streaming(Instant::now()) {
+            Some(run) => tracing::info!(
+                timeline = %msg.timeline,
+                start = %msg.start,
+                "streaming from upstream again, after {} failed attempts since {}",
+                run.attempts,
+                format_time(run.since)
+            ),
+            None => {
+                tracing::info!(timeline = %msg.timeline, start = %msg.start, "streaming from upstream")
+            }
+        }
     }
 }
 
@@ -356,15 +371,27 @@ impl Handler<ReceiverStopped> for Supervisor {
                 tracing::info!(receiver = msg.receiver.0, "walreceiver stopped on request");
             }
             StopReason::Failed(e) => {
-                let delay = r
-                    .restart
-                    .on_failed(&policy, &e, Instant::now(), rand::random::<f64>());
-                tracing::warn!(
-                    receiver = msg.receiver.0,
-                    attempts = r.restart.attempts,
-                    retry_in_ms = delay.as_millis() as u64,
-                    "walreceiver stopped: {e}"
-                );
+                let now = Instant::now();
+                let delay = r.restart.on_failed(&policy, &e, now, rand::random::<f64>());
+                let upstream = r.config.conninfo.to_string_without_password();
+                match r.restart.log_failure(&policy, now) {
+                    FailureLog::First => tracing::warn!(
+                        %upstream,
+                        "walreceiver stopped: {e}; retrying, at most every {:?}",
+                        policy.transient_cap
+                    ),
+                    FailureLog::StillFailing { attempts, since } => tracing::warn!(
+                        %upstream,
+                        "still cannot stream from the upstream: {attempts} attempts since {}, last error: {e}",
+                        format_time(since)
+                    ),
+                    FailureLog::Quiet => tracing::debug!(
+                        receiver = msg.receiver.0,
+                        attempts = r.restart.attempts,
+                        retry_in_ms = delay.as_millis() as u64,
+                        "walreceiver stopped: {e}"
+                    ),
+                }
                 if !delay.is_zero() {
                     r.retry = Some(ctx.run_later(delay, |act, ctx| {
                         if let Some(r) = act.receiver.as_mut() {
@@ -460,7 +487,7 @@ impl Handler<ShutdownNode> for Supervisor {
                 deadline: Instant::now() + self.shutdown_timeout,
             }
         };
-        tracing::info!(?mode, "shutting down");
+        tracing::info!(%mode, "shutting down");
         if let Some(l) = self.listener.take() {
             l.do_send(StopAccepting);
         }
@@ -548,6 +575,7 @@ impl Handler<GetNodeStatus> for Supervisor {
         let wal = self.wal.clone();
         let role = self.role;
         let services = self.services.iter().map(|s| s.info.clone()).collect();
+        let retry_schedule = self.policy.schedule();
         let receiver = self.receiver.as_ref().map(|r| {
             let not_streaming_reason = if r.streaming {
                 None
@@ -586,6 +614,7 @@ impl Handler<GetNodeStatus> for Supervisor {
                         status,
                         not_streaming_reason,
                         restart,
+                        retry_schedule,
                     })
                 }
             };

@@ -153,7 +153,7 @@ pub(crate) fn retain(inner: &Inner) -> Result<()> {
             .collect();
         for name in doomed {
             let s = slots.slots.get_mut(&name).expect("listed above");
-            tracing::warn!(slot = %name, restart_lsn = ?s.restart_lsn, "invalidating replication slot: it exceeds max_slot_wal_keep_size");
+            tracing::warn!(slot = %name, restart_lsn = %s.restart_lsn.unwrap_or(Lsn::INVALID), "invalidating replication slot: it exceeds max_slot_wal_keep_size");
             s.invalidated = true;
             s.dirty = true;
             slots.persist(inner.slot_paths(), &name)?;

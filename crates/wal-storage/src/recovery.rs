@@ -364,7 +364,7 @@ fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> 
         tracing::warn!(
             end = %end,
             discarded_bytes = report.discarded_bytes,
-            removed = ?report.removed_segments,
+            removed = %report.removed_segments.join(", "),
             reason = report.stop_reason.as_deref().unwrap_or(""),
             "cut WAL beyond the durable end"
         );

@@ -327,8 +327,10 @@ impl Actor for WalReceiver {
             StopReason::ShutdownRequested => {
                 tracing::info!(receiver = self.id.0, "walreceiver stopped")
             }
+            // Debug only: the owner hears the reason with the stop event and decides how loudly
+            // to report it (the supervisor logs a run of failures, not each one).
             StopReason::Failed(e) => {
-                tracing::warn!(receiver = self.id.0, "walreceiver stopped: {e}")
+                tracing::debug!(receiver = self.id.0, "walreceiver stopped: {e}")
             }
         }
         self.owner.stopped.do_send(ReceiverStopped {

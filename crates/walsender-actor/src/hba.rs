@@ -136,10 +136,60 @@ pub struct HbaRule {
     pub method: AuthMethod,
 }
 
+/// A rule as an operator would write it on one line, in `pg_hba.conf`'s order (without its
+/// database column): `host all 10.0.0.0/8 reject`.
+impl fmt::Display for HbaRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} {} {}",
+            self.conn_type, self.user, self.address, self.method
+        )
+    }
+}
+
+impl fmt::Display for ConnectionType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ConnectionType::Host => "host",
+            ConnectionType::Hostssl => "hostssl",
+            ConnectionType::Hostnossl => "hostnossl",
+        })
+    }
+}
+
+/// The configuration's spelling: `scram-sha-256`, `md5`, ...
+impl fmt::Display for AuthMethod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AuthMethod::Trust => "trust",
+            AuthMethod::ScramSha256 => "scram-sha-256",
+            AuthMethod::Md5 => "md5",
+            AuthMethod::Password => "password",
+            AuthMethod::Reject => "reject",
+        })
+    }
+}
+
+/// `all` or a CIDR block such as `10.0.0.0/8`.
+impl fmt::Display for AddressPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AddressPattern::All => f.write_str("all"),
+            AddressPattern::Cidr {
+                network,
+                prefix_len,
+            } => write!(f, "{network}/{prefix_len}"),
+        }
+    }
+}
+
 /// The ordered rule list. `HbaRules::default()` is the built-in loopback-only policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HbaRules {
     rules: Vec<HbaRule>,
+    /// The built-in policy, not rules from the configuration: the log says so.
+    builtin: bool,
 }
 
 impl Default for HbaRules {
@@ -152,6 +202,7 @@ impl Default for HbaRules {
         };
         HbaRules {
             rules: vec![loopback("127.0.0.0/8"), loopback("::1/128")],
+            builtin: true,
         }
     }
 }
@@ -160,8 +211,10 @@ impl Default for HbaRules {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HbaDecision {
     Allow(AuthMethod),
-    /// A `reject` rule matched.
-    Rejected,
+    /// A `reject` rule matched: the `rule`th (from 1, as an operator counts them).
+    Rejected {
+        rule: usize,
+    },
     /// No rule matched.
     NoEntry,
 }
@@ -183,12 +236,25 @@ impl HbaRules {
                 })
             })
             .collect::<Result<_, HbaError>>()?;
-        Ok(HbaRules { rules })
+        Ok(HbaRules {
+            rules,
+            builtin: false,
+        })
+    }
+
+    /// The `number`th rule (from 1), for the log.
+    pub fn rule(&self, number: usize) -> Option<&HbaRule> {
+        number.checked_sub(1).and_then(|i| self.rules.get(i))
+    }
+
+    /// Whether these are the built-in loopback-only rules (no `[[hba]]` was configured).
+    pub fn is_builtin(&self) -> bool {
+        self.builtin
     }
 
     /// The first rule that matches decides.
     pub fn check(&self, addr: IpAddr, user: &str, tls: bool) -> HbaDecision {
-        let hit = self.rules.iter().find(|r| {
+        let hit = self.rules.iter().enumerate().find(|(_, r)| {
             let type_ok = match r.conn_type {
                 ConnectionType::Host => true,
                 ConnectionType::Hostssl => tls,
@@ -197,8 +263,8 @@ impl HbaRules {
             type_ok && (r.user == "all" || r.user == user) && r.address.matches(addr)
         });
         match hit {
-            Some(r) if r.method == AuthMethod::Reject => HbaDecision::Rejected,
-            Some(r) => HbaDecision::Allow(r.method),
+            Some((i, r)) if r.method == AuthMethod::Reject => HbaDecision::Rejected { rule: i + 1 },
+            Some((_, r)) => HbaDecision::Allow(r.method),
             None => HbaDecision::NoEntry,
         }
     }
@@ -268,7 +334,10 @@ mod tests {
             ("10.0.0.0/8", "all", AuthMethod::ScramSha256),
             ("all", "all", AuthMethod::Md5),
         ]);
-        assert_eq!(r.check(ip("10.1.2.3"), "bad", false), HbaDecision::Rejected);
+        assert_eq!(
+            r.check(ip("10.1.2.3"), "bad", false),
+            HbaDecision::Rejected { rule: 1 }
+        );
         assert_eq!(
             r.check(ip("10.1.2.3"), "good", false),
             HbaDecision::Allow(AuthMethod::ScramSha256)
@@ -332,7 +401,25 @@ mod tests {
             r.check(ip("10.0.0.1"), "u", true),
             HbaDecision::Allow(AuthMethod::ScramSha256)
         );
-        assert_eq!(r.check(ip("10.0.0.1"), "u", false), HbaDecision::Rejected);
+        assert_eq!(
+            r.check(ip("10.0.0.1"), "u", false),
+            HbaDecision::Rejected { rule: 2 }
+        );
+    }
+
+    #[test]
+    fn rules_read_as_an_operator_writes_them() {
+        let r = rules(&[
+            ("10.0.0.0/8", "bad", AuthMethod::Reject),
+            ("all", "all", AuthMethod::ScramSha256),
+        ]);
+        assert!(!r.is_builtin());
+        assert_eq!(r.rule(1).unwrap().to_string(), "host bad 10.0.0.0/8 reject");
+        assert_eq!(r.rule(2).unwrap().to_string(), "host all all scram-sha-256");
+        assert!(r.rule(0).is_none() && r.rule(3).is_none());
+        let d = HbaRules::default();
+        assert!(d.is_builtin());
+        assert_eq!(d.rule(1).unwrap().to_string(), "host all 127.0.0.0/8 trust");
     }
 
     #[test]

@@ -186,23 +186,47 @@ impl Handshake {
         let enc = EncryptionWords(self.tls);
         let method = match self.settings.hba.check(self.peer, user, self.tls) {
             HbaDecision::Allow(m) => m,
-            HbaDecision::Rejected => {
+            HbaDecision::Rejected { rule } => {
+                // The log names the rule, as PostgreSQL's does ("Connection matched pg_hba.conf
+                // line N"); the client learns only that the rules refused it.
+                let rule_text = self
+                    .settings
+                    .hba
+                    .rule(rule)
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default();
+                tracing::info!(
+                    "connection refused: hba rule {rule}{rule_text} rejects user \"{user}\" from {} ({enc})",
+                    self.peer
+                );
                 return Step::Fatal(ErrorFields::fatal(
                     SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
                     format!(
-                        "pg_hba.conf rejects replication connection for host \"{}\", user \"{user}\", {enc}",
+                        "walserver's hba rules reject replication connection for host \"{}\", user \"{user}\", {enc}",
                         self.peer
                     ),
-                ))
+                ));
             }
             HbaDecision::NoEntry => {
-                return Step::Fatal(ErrorFields::fatal(
-                    SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
-                    format!(
-                        "no pg_hba.conf entry for replication connection from host \"{}\", user \"{user}\", {enc}",
-                        self.peer
-                    ),
-                ))
+                let rules = if self.settings.hba.is_builtin() {
+                    "no hba rule is configured and the built-in rules trust only loopback"
+                } else {
+                    "no hba rule matches"
+                };
+                tracing::info!(
+                    "connection refused: {rules}: user \"{user}\" from {} ({enc})",
+                    self.peer
+                );
+                return Step::Fatal(
+                    ErrorFields::fatal(
+                        SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                        format!(
+                            "no walserver hba rule for replication connection from host \"{}\", user \"{user}\", {enc}",
+                            self.peer
+                        ),
+                    )
+                    .hint("walserver's hba rules are the [[hba]] tables of its configuration."),
+                );
             }
         };
         let stored = self.settings.users.get(user).cloned();
@@ -557,7 +581,7 @@ mod tests {
     }
 
     #[test]
-    fn hba_refusals_use_postgres_wording() {
+    fn hba_refusals_name_walservers_rules_in_postgres_wording() {
         let s = Arc::new(AuthSettings::default());
         let mut hs = Handshake::new(s, "10.1.2.3".parse().unwrap());
         let step = hs.on_packet(startup("u", "true"));
@@ -565,7 +589,7 @@ mod tests {
         let Step::Fatal(f) = step else { unreachable!() };
         assert_eq!(
             f.message(),
-            Some("no pg_hba.conf entry for replication connection from host \"10.1.2.3\", user \"u\", no encryption")
+            Some("no walserver hba rule for replication connection from host \"10.1.2.3\", user \"u\", no encryption")
         );
         let mut hs = Handshake::new(settings(AuthMethod::Reject, &[]), localhost());
         let Step::Fatal(f) = hs.on_packet(startup("u", "1")) else {
@@ -574,7 +598,7 @@ mod tests {
         assert!(f
             .message()
             .unwrap()
-            .starts_with("pg_hba.conf rejects replication connection"));
+            .starts_with("walserver's hba rules reject replication connection"));
     }
 
     #[test]

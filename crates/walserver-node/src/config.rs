@@ -12,6 +12,7 @@ use serde::Deserialize;
 use walsender_actor::hba::HbaRuleConfig;
 
 use crate::error::{Error, Message, Result};
+use crate::logging::{self, LogFormat};
 use crate::units;
 
 /// Every top-level key, for the environment filter and for the test that checks the example
@@ -35,10 +36,12 @@ pub const KEYS: &[&str] = &[
     "primary_slot_name",
     "wal_receiver_timeout",
     "wal_receiver_status_interval",
+    "wal_retrieve_retry_interval",
     "cluster_name",
     "ssl_cert_file",
     "ssl_key_file",
     "log_level",
+    "log_format",
     "hba",
     "users",
 ];
@@ -108,6 +111,13 @@ pub struct Settings {
         deserialize_with = "units::duration_s"
     )]
     pub wal_receiver_status_interval: Duration,
+    /// The longest wait between a standby's attempts to reach an upstream that is down; the
+    /// first retries are quicker. Bare numbers are milliseconds.
+    #[serde(
+        default = "default_wal_retrieve_retry_interval",
+        deserialize_with = "units::duration_ms"
+    )]
+    pub wal_retrieve_retry_interval: Duration,
     /// The application_name this node's walreceiver uses upstream.
     #[serde(default)]
     pub cluster_name: Option<String>,
@@ -116,9 +126,13 @@ pub struct Settings {
     pub ssl_cert_file: Option<PathBuf>,
     #[serde(default)]
     pub ssl_key_file: Option<PathBuf>,
-    /// A tracing filter such as `info` or `warn,walsender_actor=debug`; `RUST_LOG` wins.
+    /// A level or a tracing filter such as `warning,walsender_actor=debug1`, in PostgreSQL's
+    /// level names or tracing's (see `logging`); `RUST_LOG` wins.
     #[serde(default = "default_log_level")]
     pub log_level: String,
+    /// `text` or `json` log lines.
+    #[serde(default)]
+    pub log_format: LogFormat,
     /// Access rules, first match wins; none means loopback is trusted and all else refused.
     #[serde(default)]
     pub hba: Vec<HbaRuleConfig>,
@@ -161,6 +175,9 @@ fn default_wal_receiver_timeout() -> Duration {
 }
 fn default_wal_receiver_status_interval() -> Duration {
     walreceiver_actor::session::SessionConfig::default().wal_receiver_status_interval
+}
+fn default_wal_retrieve_retry_interval() -> Duration {
+    supervisor_actor::RestartPolicy::default().transient_cap
 }
 fn default_log_level() -> String {
     "info".into()
@@ -391,6 +408,12 @@ impl Settings {
         if self.max_wal_senders == 0 {
             tracing::warn!("max_wal_senders = 0: no standby can connect");
         }
+        logging::filter_directives(&self.log_level).map_err(Error::Invalid)?;
+        if self.wal_retrieve_retry_interval.is_zero() {
+            return Err(Error::Invalid(
+                "wal_retrieve_retry_interval must be more than 0".into(),
+            ));
+        }
         walsender_actor::hba::HbaRules::from_config(&self.hba)?;
         Ok(())
     }
@@ -540,6 +563,69 @@ mod tests {
         assert!(
             load("listen = \"x\"", &[], &[]).is_err(),
             "data_dir is required"
+        );
+    }
+
+    #[test]
+    fn log_level_takes_postgresql_names_and_refuses_unknown_ones() {
+        for level in [
+            "warning",
+            "debug3",
+            "notice",
+            "log",
+            "info,walsender_actor=debug1",
+        ] {
+            let s = load("data_dir = \"/d\"", &[], &[("log_level", level)]).unwrap();
+            assert_eq!(s.log_level, level);
+        }
+        for bad in ["verbose", "warnings", "info,walsender_actor=chatty"] {
+            let e = load("data_dir = \"/d\"", &[], &[("log_level", bad)]).unwrap_err();
+            let text = format!("{e:#}");
+            assert!(
+                text.contains("log_level") && text.contains("debug5"),
+                "{text}"
+            );
+        }
+        let s = load("data_dir = \"/d\"\nlog_format = \"json\"", &[], &[]).unwrap();
+        assert_eq!(s.log_format, LogFormat::Json);
+        assert_eq!(
+            load("data_dir = \"/d\"", &[], &[]).unwrap().log_format,
+            LogFormat::Text
+        );
+        assert!(load("data_dir = \"/d\"\nlog_format = \"xml\"", &[], &[]).is_err());
+    }
+
+    #[test]
+    fn wal_retrieve_retry_interval_caps_the_backoff_and_defaults_to_todays_schedule() {
+        let s = load("data_dir = \"/d\"", &[], &[]).unwrap();
+        assert_eq!(s.wal_retrieve_retry_interval, Duration::from_millis(100));
+        let s = load(
+            "data_dir = \"/d\"\nwal_retrieve_retry_interval = \"5s\"",
+            &[],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(s.wal_retrieve_retry_interval, Duration::from_secs(5));
+        let s = load(
+            "data_dir = \"/d\"\nwal_retrieve_retry_interval = 250",
+            &[],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            s.wal_retrieve_retry_interval,
+            Duration::from_millis(250),
+            "bare numbers are milliseconds, as in PostgreSQL"
+        );
+        let e = load(
+            "data_dir = \"/d\"\nwal_retrieve_retry_interval = 0",
+            &[],
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            format!("{e:#}").contains("wal_retrieve_retry_interval"),
+            "{e:#}"
         );
     }
 

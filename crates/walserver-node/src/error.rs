@@ -62,6 +62,9 @@ pub enum Error {
     },
     #[error("ssl_cert_file and ssl_key_file must be set together")]
     TlsFilesApart,
+    /// A setting whose value is out of its range, in the setting's own words.
+    #[error("{0}")]
+    Invalid(String),
     /// The `hba` rules.
     #[error(transparent)]
     Hba(#[from] walsender_actor::hba::HbaError),

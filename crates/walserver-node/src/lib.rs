@@ -3,11 +3,12 @@
 //! tool (`walserver-bench`) and the integration tests.
 //!
 //! It owns the configuration ([`config`]: a TOML file, `WALSERVER_*` variables and `-c`
-//! overrides, with PostgreSQL's units in [`units`]), data directories as `walserver init` makes
-//! them ([`init`]), the `NodeConfig` a configuration gives, the reloader, and [`start_node`],
-//! the one function that brings a configured node to life ([`node`]). It also owns the two
-//! things the admin API's server and its clients must agree on: the body format of many
-//! records ([`records`]) and the client itself ([`admin`]).
+//! overrides, with PostgreSQL's units in [`units`] and its log level names in [`logging`]),
+//! data directories as `walserver init` makes them ([`init`]), the `NodeConfig` a
+//! configuration gives, the reloader, and [`start_node`], the one function that brings a
+//! configured node to life ([`node`]). It also owns the two things the admin API's server
+//! and its clients must agree on: the body format of many records ([`records`]) and the
+//! client itself ([`admin`]).
 //!
 //! It does not own the admin API's server, signals, or the commands' output: those are the
 //! `walserver` binary's. The actors and storage live in their own crates; this crate only
@@ -19,6 +20,7 @@ pub mod admin;
 pub mod config;
 pub mod error;
 pub mod init;
+pub mod logging;
 pub mod node;
 pub mod records;
 pub mod units;

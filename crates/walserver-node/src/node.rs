@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use supervisor_actor::{Durability, Node, NodeBuilder, NodeConfig, Reconfigure, SyncSettings};
+use supervisor_actor::{
+    Durability, Node, NodeBuilder, NodeConfig, Reconfigure, RestartPolicy, SyncSettings,
+};
 use wal_storage::{StorageConfig, Wal};
 use walreceiver_actor::ReceiverConfig;
 use walsender_actor::hba::HbaRules;
@@ -182,6 +184,7 @@ pub fn node_config(s: &Settings, data_dir: &Path) -> Result<NodeConfig> {
     cfg.standby = receiver_config(s, data_dir)?;
     cfg.standby_signal = Some(data_dir.join(STANDBY_SIGNAL));
     cfg.sync = sync_settings(s)?;
+    cfg.restart_policy = RestartPolicy::with_retry_interval(s.wal_retrieve_retry_interval);
     Ok(cfg)
 }
 
@@ -205,6 +208,12 @@ impl Reloader {
                 s.ssl_cert_file != self.running.ssl_cert_file,
             ),
             ("ssl_key_file", s.ssl_key_file != self.running.ssl_key_file),
+            (
+                "wal_retrieve_retry_interval",
+                s.wal_retrieve_retry_interval != self.running.wal_retrieve_retry_interval,
+            ),
+            ("log_level", s.log_level != self.running.log_level),
+            ("log_format", s.log_format != self.running.log_format),
         ] {
             if changed {
                 tracing::warn!("{name} changed: the new value takes effect at the next restart");

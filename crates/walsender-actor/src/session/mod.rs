@@ -78,6 +78,23 @@ pub enum ShutdownMode {
     Immediate,
 }
 
+/// In words, for the log: "fast (standbys have 10s to confirm)" or "immediate".
+impl std::fmt::Display for ShutdownMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShutdownMode::Fast { deadline } => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                write!(
+                    f,
+                    "fast (standbys have {:.1}s to confirm)",
+                    left.as_secs_f64()
+                )
+            }
+            ShutdownMode::Immediate => f.write_str("immediate"),
+        }
+    }
+}
+
 /// Work for the actor.
 #[derive(Debug)]
 pub enum Output {

@@ -77,7 +77,9 @@ mod supervisor;
 
 pub use append::{AppendError, AppendRecords, Appended, Durability, SyncSettings};
 pub use node::{LocalLevel, Node, NodeBuilder, NodeConfig, NodeError};
-pub use records::{subscribe_records, Follow, RecordEvent};
+pub use records::{
+    check_records_start, subscribe_records, Follow, RecordEvent, RecordsFrom, RecordsStart,
+};
 pub use restart::{RestartPolicy, RestartState};
 pub use supervisor::{
     GetNodeStatus, NodeRole, NodeStatus, Promote, PromoteError, Promoted, Reconfigure,

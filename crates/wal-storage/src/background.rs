@@ -149,9 +149,18 @@ pub(crate) fn retain(inner: &Inner) -> Result<()> {
     {
         if let Some((_, segno)) = parse_segment_file_name(&e.file_name().to_string_lossy(), seg) {
             if segno < keep {
-                fs::remove_file(e.path())
-                    .map_err(|err| WalError::io(format!("removing {}", e.path().display()), err))?;
-                removed = true;
+                match fs::remove_file(e.path()) {
+                    Ok(()) => removed = true,
+                    // Retention also runs by itself at each segment switch: a pass called at
+                    // the same time may have removed the file since it was listed.
+                    Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                    Err(err) => {
+                        return Err(WalError::io(
+                            format!("removing {}", e.path().display()),
+                            err,
+                        ))
+                    }
+                }
             }
         }
     }

@@ -6,30 +6,62 @@ use serde_json::Value;
 use walserver_node::admin::{get_json, post_json};
 use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
 
-/// `walserver status`: the node's status and its replication slots as tables, or `/status`'s
-/// JSON as the API gives it (scripts read that document; it stays as it is).
-pub fn status(http: &str, json: bool, token: Option<&str>) -> anyhow::Result<()> {
+/// `walserver status`: the node's status and its replication slots as tables (the columns an
+/// operator reads first, in 100 columns; every column with `wide`), or `/status`'s JSON as the
+/// API gives it (scripts read that document; it stays as it is).
+pub fn status(http: &str, json: bool, wide: bool, token: Option<&str>) -> anyhow::Result<()> {
     let v = get_json(http, "/status", token)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let slots = get_json(http, "/slots", token)?;
-    print!("{}", render_status(&v, Some(&slots))?);
+    print!("{}", render_status(&v, Some(&slots), wide)?);
     Ok(())
 }
+
+/// The width the status fits in without `--wide`: a terminal's, with room to spare.
+pub const NARROW_WIDTH: usize = 100;
+
+/// The longest name or text cell of the narrow tables; longer ones are cut, with `~` at
+/// the cut (the wide tables and `--json` show them whole).
+const NARROW_CELL: usize = 24;
 
 fn text(v: &Value) -> String {
     match v {
         Value::Null => String::new(),
         Value::String(s) => s.clone(),
+        // A lag: a Duration, serialised as seconds and nanoseconds, shown as PostgreSQL shows
+        // an interval.
+        Value::Object(o) if o.len() == 2 && o.contains_key("secs") && o.contains_key("nanos") => {
+            let secs = o["secs"].as_u64().unwrap_or(0);
+            let micros = o["nanos"].as_u64().unwrap_or(0) / 1000;
+            format!(
+                "{:02}:{:02}:{:02}.{micros:06}",
+                secs / 3600,
+                secs / 60 % 60,
+                secs % 60
+            )
+        }
         other => other.to_string(),
     }
 }
 
+/// `s` cut to `max` characters, the last one a `~` when it was cut.
+fn clip(s: String, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s;
+    }
+    let mut cut: String = s.chars().take(max.saturating_sub(1)).collect();
+    cut.push('~');
+    cut
+}
+
 /// The status as people read it: the node's facts, pg_stat_replication as a table, the
-/// walreceiver, and, given `/slots`'s answer, pg_replication_slots as a table.
-pub fn render_status(v: &Value, slots: Option<&Value>) -> anyhow::Result<String> {
+/// walreceiver, and, given `/slots`'s answer, pg_replication_slots as a table. Narrow (not
+/// `wide`), the tables have the columns an operator reads first, long names and texts are cut
+/// and the status fits [`NARROW_WIDTH`] columns for any name and any LSN below 10000/0.
+pub fn render_status(v: &Value, slots: Option<&Value>, wide: bool) -> anyhow::Result<String> {
     if !v.is_object() {
         bail!("unexpected status document: {v}");
     }
@@ -43,7 +75,7 @@ pub fn render_status(v: &Value, slots: Option<&Value>) -> anyhow::Result<String>
     ] {
         out.push_str(&format!("{key:<18} {}\n", text(&v[key])));
     }
-    let cols = [
+    let wide_cols = [
         "pid",
         "application_name",
         "client_addr",
@@ -60,14 +92,26 @@ pub fn render_status(v: &Value, slots: Option<&Value>) -> anyhow::Result<String>
         "reply_time",
         "backend_xmin",
     ];
-    let rows = table_rows(&v["replication"], &cols);
+    let narrow_cols = [
+        "application_name",
+        "state",
+        "sent_lsn",
+        "flush_lsn",
+        "flush_lag",
+        "sync_state",
+    ];
+    let cols: &[&str] = if wide { &wide_cols } else { &narrow_cols };
+    let rows = table_rows(&v["replication"], cols, wide);
     out.push_str(&format!("\nreplication ({} walsenders)\n", rows.len()));
-    out.push_str(&table(&cols, &rows));
+    out.push_str(&table(cols, &rows));
     if let Some(w) = v.get("wal_receiver").filter(|w| !w.is_null()) {
         out.push_str("\nwal_receiver\n");
         if let Some(o) = w.as_object() {
             for (k, val) in o {
-                out.push_str(&format!("  {k:<24} {}\n", text(val)));
+                let line = format!("  {k:<24} {}", text(val));
+                let line = if wide { line } else { clip(line, NARROW_WIDTH) };
+                out.push_str(&line);
+                out.push('\n');
             }
         }
     }
@@ -76,7 +120,7 @@ pub fn render_status(v: &Value, slots: Option<&Value>) -> anyhow::Result<String>
             bail!("unexpected slots document: {slots}");
         }
         // pg_replication_slots' columns that a physical slot fills in.
-        let cols = [
+        let wide_cols = [
             "slot_name",
             "slot_type",
             "temporary",
@@ -86,19 +130,35 @@ pub fn render_status(v: &Value, slots: Option<&Value>) -> anyhow::Result<String>
             "wal_status",
             "safe_wal_size",
         ];
-        let rows = table_rows(slots, &cols);
+        let narrow_cols = [
+            "slot_name",
+            "active",
+            "restart_lsn",
+            "wal_status",
+            "safe_wal_size",
+        ];
+        let cols: &[&str] = if wide { &wide_cols } else { &narrow_cols };
+        let rows = table_rows(slots, cols, wide);
         out.push_str(&format!("\nreplication slots ({})\n", rows.len()));
-        out.push_str(&table(&cols, &rows));
+        out.push_str(&table(cols, &rows));
     }
     Ok(out)
 }
 
-/// The cells of a JSON array of objects, one row per object, in the order of `cols`.
-fn table_rows(list: &Value, cols: &[&str]) -> Vec<Vec<String>> {
+/// The cells of a JSON array of objects, one row per object, in the order of `cols`; cut
+/// to [`NARROW_CELL`] unless `wide`.
+fn table_rows(list: &Value, cols: &[&str], wide: bool) -> Vec<Vec<String>> {
+    let cell = |v: &Value| {
+        if wide {
+            text(v)
+        } else {
+            clip(text(v), NARROW_CELL)
+        }
+    };
     list.as_array()
         .map(|a| {
             a.iter()
-                .map(|r| cols.iter().map(|c| text(&r[*c])).collect())
+                .map(|r| cols.iter().map(|c| cell(&r[*c])).collect())
                 .collect()
         })
         .unwrap_or_default()
@@ -249,7 +309,7 @@ mod tests {
              "active": false, "restart_lsn": null, "restart_tli": null, "wal_status": null,
              "safe_wal_size": null}
         ]);
-        let t = render_status(&v, Some(&slots)).unwrap();
+        let t = render_status(&v, Some(&slots), true).unwrap();
         assert!(t.contains("primary"));
         let walsender = cells(&t, "pid ", "3");
         assert!(walsender.contains(&("application_name", "s1")), "{t}");
@@ -274,8 +334,49 @@ mod tests {
         assert!(unused.contains(&("active", "false")), "{t}");
         assert!(unused.contains(&("restart_lsn", "")), "{t}");
         // Without slots (the demo's in-process status) there is no slots table.
-        assert!(!render_status(&v, None).unwrap().contains("slots"));
-        assert!(render_status(&Value::Null, None).is_err());
-        assert!(render_status(&v, Some(&Value::Null)).is_err());
+        assert!(!render_status(&v, None, true).unwrap().contains("slots"));
+        assert!(render_status(&Value::Null, None, true).is_err());
+        assert!(render_status(&v, Some(&Value::Null), true).is_err());
+    }
+
+    /// Without `--wide` the status fits in 100 columns, with the widest values it shows: the
+    /// longest state and sync state, LSNs of nine hex digits, lags, and names and a conninfo
+    /// far longer than a line, which are cut.
+    #[test]
+    fn the_narrow_status_fits_in_100_columns() {
+        let long = "a_very_long_application_name_that_goes_on_and_on".to_string();
+        let lsn = "FFFF/FFFFFFFF";
+        let lag = serde_json::json!({"secs": 86399, "nanos": 999_999_000});
+        let v: Value = serde_json::json!({
+            "role": "standby", "system_identifier": "7447010192781234567", "timeline": 4_000_000_000u64,
+            "flush_lsn": lsn, "wal_format": "postgresql",
+            "replication": [{"pid": 123456, "application_name": long, "client_addr": "2001:db8::1",
+                             "state": "streaming", "sent_lsn": lsn, "write_lsn": lsn, "flush_lsn": lsn,
+                             "replay_lsn": lsn, "write_lag": lag, "flush_lag": lag, "replay_lag": lag,
+                             "sync_priority": 100, "sync_state": "potential",
+                             "reply_time": "2026-11-30 00:53:20.123456+00", "backend_xmin": null}],
+            "wal_receiver": {"pid": 1, "conninfo": format!("host=replica.example.com port=5432 user=replicator application_name={long}"),
+                             "status": "streaming", "slot_name": long},
+        });
+        let slots: Value = serde_json::json!([
+            {"slot_name": long, "plugin": null, "slot_type": "physical", "temporary": false,
+             "active": true, "restart_lsn": lsn, "restart_tli": 1, "wal_status": "unreserved",
+             "safe_wal_size": -1_073_741_824i64}
+        ]);
+        let t = render_status(&v, Some(&slots), false).unwrap();
+        let widest = t.lines().map(|l| l.chars().count()).max().unwrap();
+        assert!(widest <= NARROW_WIDTH, "{widest} columns:\n{t}");
+        // The operator's first columns are there; the cut names say they were cut.
+        let walsender = cells(&t, "application_name ", &clip(long.clone(), NARROW_CELL));
+        assert!(walsender.contains(&("flush_lag", "23:59:59.999999")), "{t}");
+        assert!(walsender.contains(&("sync_state", "potential")), "{t}");
+        assert!(t.contains("~"), "{t}");
+        // --wide shows everything, whole.
+        let wide = render_status(&v, Some(&slots), true).unwrap();
+        assert!(
+            wide.contains(&long) && wide.contains("backend_xmin"),
+            "{wide}"
+        );
+        assert!(wide.lines().any(|l| l.chars().count() > NARROW_WIDTH));
     }
 }

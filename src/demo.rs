@@ -201,17 +201,17 @@ async fn demo(dir: &std::path::Path, seconds: u64) -> anyhow::Result<()> {
     wait_position(&standby2, "the primary's end", |p| p.flushed >= end).await?;
     let ps = status(&primary).await?;
     println!(
-        "\nprimary status (as `walserver status --http {}` shows it):\n",
+        "\nprimary status (as `walserver status --wide --http {}` shows it):\n",
         primary.http
     );
     print!(
         "{}",
-        crate::cli::render_status(&serde_json::to_value(&ps)?, None)?
+        crate::cli::render_status(&serde_json::to_value(&ps)?, None, true)?
     );
     let s1 = status(&standby1).await?;
     print!(
         "\nstandby1 serves its cascading standby:\n{}",
-        crate::cli::render_status(&serde_json::to_value(&s1)?, None)?
+        crate::cli::render_status(&serde_json::to_value(&s1)?, None, true)?
     );
 
     // Promotion: standby1 takes over on timeline 2; standby2 follows without reconnecting.

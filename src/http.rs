@@ -7,19 +7,22 @@
 //! `http_auth_token`, sent as `Authorization: Bearer ...`; with a certificate configured it
 //! serves TLS.
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServerHandle, ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
 use actix_web::middleware::{from_fn, Next};
-use actix_web::{web, App, HttpResponse, HttpServer};
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use anyhow::Context;
 use bytes::Bytes;
 use futures_util::future::LocalBoxFuture;
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 use supervisor_actor::{
-    AppendError, AppendRecords, Durability, GetNodeStatus, Node, Promote, PromoteError,
+    check_records_start, AppendError, AppendRecords, Durability, GetNodeStatus, Node, Promote,
+    PromoteError, RecordsFrom, RecordsStart,
 };
 use wal_storage::{Lsn, SlotInfo, TimelineId};
 use walserver_node::config::Settings;
@@ -187,17 +190,40 @@ pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
 /// memory.
 const MAX_BODY: usize = 64 << 20;
 
+/// An error answer: every error of the admin API is a JSON object with an `error` text.
+fn error(status: StatusCode, text: impl std::fmt::Display) -> HttpResponse {
+    HttpResponse::build(status).json(serde_json::json!({ "error": text.to_string() }))
+}
+
+/// The request's query string as `T`, or why it is not one. Every query struct denies
+/// unknown fields, so a misspelt parameter is refused with its name instead of silently
+/// taking the default.
+fn query<T: serde::de::DeserializeOwned>(req: &HttpRequest) -> Result<T, String> {
+    match web::Query::<T>::from_query(req.query_string()) {
+        Ok(q) => Ok(q.into_inner()),
+        Err(actix_web::error::QueryPayloadError::Deserialize(e)) => {
+            Err(format!("invalid query string: {e}"))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The query of an endpoint that takes no parameters: any parameter is refused.
 #[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoQuery {}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 struct AppendQuery {
     durability: Option<String>,
 }
 
-async fn append(
-    state: web::Data<State>,
-    req: actix_web::HttpRequest,
-    query: web::Query<AppendQuery>,
-    body: Bytes,
-) -> HttpResponse {
+async fn append(state: web::Data<State>, req: HttpRequest, body: Bytes) -> HttpResponse {
+    let query: AppendQuery = match query(&req) {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
     let durability = match query.durability.as_deref().map(str::parse::<Durability>) {
         None => None,
         Some(Ok(d)) => Some(d),
@@ -251,6 +277,7 @@ async fn append(
 }
 
 #[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ReadQuery {
     from: String,
     #[serde(default)]
@@ -259,8 +286,14 @@ struct ReadQuery {
     format: Option<String>,
 }
 
-/// `GET /wal?from=LSN[&follow=true][&format=ndjson|binary]`: the node's records from `from`
-/// (a record boundary or a segment start), streamed as they become durable with `follow`.
+/// `GET /wal?from=LSN|earliest[&follow=true][&format=ndjson|binary]`: the node's records from
+/// `from` (a record boundary or a segment start; `earliest` is the oldest record kept),
+/// streamed as they become durable with `follow`.
+///
+/// Every mistake in the request is answered before any record, as a JSON error: `400` for an
+/// invalid LSN (`0/0`), one inside a record or one beyond the durable end; `410` for one whose
+/// WAL was removed, naming the oldest LSN kept (`{"error", "oldest_lsn"}`); `409` on a node
+/// that stores relayed PostgreSQL WAL. Once the `200` is sent, a failure can only cut the body.
 /// NDJSON (the default) gives one object per record, `{"timeline", "start", "end", "data"}`
 /// with the payload in base64, and `{"timeline_switch": {"from", "to", "at"}}` where the
 /// stream moves to the next timeline; `binary` gives the payloads length-delimited, as
@@ -271,21 +304,69 @@ struct ReadQuery {
 /// history this node holds, so the body is exactly what `POST /wal` would need to append the
 /// same records elsewhere; a marker would break that. Readers who need to see switches (or
 /// positions, to resume) read NDJSON.
-async fn read_wal(state: web::Data<State>, query: web::Query<ReadQuery>) -> HttpResponse {
+async fn read_wal(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
     use base64::Engine as _;
     use futures_util::StreamExt;
-    let from: wal_storage::Lsn = match query.from.parse() {
-        Ok(l) => l,
-        Err(e) => {
-            return HttpResponse::BadRequest().json(serde_json::json!({ "error": e.to_string() }))
-        }
+    let query: ReadQuery = match query(&req) {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let from = match query.from.as_str() {
+        "earliest" => RecordsFrom::Earliest,
+        lsn => match lsn.parse::<Lsn>() {
+            Ok(l) if l.is_valid() => RecordsFrom::Lsn(l),
+            Ok(l) => return error(StatusCode::BAD_REQUEST, format!("invalid LSN {l}")),
+            Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        },
     };
     let binary = match query.format.as_deref() {
         None | Some("ndjson") => false,
         Some("binary") => true,
-        Some(other) => return HttpResponse::BadRequest().json(
-            serde_json::json!({ "error": format!("unknown format {other:?}: ndjson or binary") }),
-        ),
+        Some(other) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("unknown format {other:?}: ndjson or binary"),
+            )
+        }
+    };
+    // The start is checked before the stream starts, so each mistake is its own answer: a
+    // reader started inside a record would find no valid record header there and end the
+    // body with a corruption report that is not true.
+    let from = match check_records_start(state.node.wal.clone(), from).await {
+        Ok(RecordsStart::At(lsn)) => lsn,
+        Ok(RecordsStart::Removed { oldest }) => {
+            return HttpResponse::Gone().json(serde_json::json!({
+                "error": format!(
+                    "the WAL at {} has been removed; the oldest LSN kept is {oldest} \
+                     (from=earliest starts there)",
+                    query.from
+                ),
+                "oldest_lsn": oldest,
+            }))
+        }
+        Ok(RecordsStart::NotABoundary { record, next }) => {
+            let mut text = format!("{} is not a record boundary", query.from);
+            if let Some(r) = record {
+                let _ = write!(text, "; the record there starts at {r}");
+            }
+            if let Some(n) = next {
+                let _ = write!(text, "; the next record starts at {n}");
+            }
+            return error(StatusCode::BAD_REQUEST, text);
+        }
+        Ok(RecordsStart::AheadOfFlush { flushed }) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "{} is ahead of the WAL flush position of this node, {flushed}",
+                    query.from
+                ),
+            )
+        }
+        Err(e @ wal_storage::WalError::WrongFormat { .. }) => {
+            return error(StatusCode::CONFLICT, e)
+        }
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e),
     };
     let follow = if query.follow {
         supervisor_actor::Follow::Forever
@@ -351,7 +432,10 @@ async fn read_wal(state: web::Data<State>, query: web::Query<ReadQuery>) -> Http
         .streaming(stream)
 }
 
-async fn promote(state: web::Data<State>) -> HttpResponse {
+async fn promote(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    if let Err(e) = query::<NoQuery>(&req) {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
     match state.node.supervisor.send(Promote).await {
         Ok(Ok(p)) => HttpResponse::Ok().json(p),
         Ok(Err(e)) => {
@@ -371,7 +455,10 @@ async fn promote(state: web::Data<State>) -> HttpResponse {
     }
 }
 
-async fn reload(state: web::Data<State>) -> HttpResponse {
+async fn reload(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    if let Err(e) = query::<NoQuery>(&req) {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
     let Some(reload) = state.reload.clone() else {
         return HttpResponse::NotImplemented().json(
             serde_json::json!({ "error": "this node was not started from a configuration file" }),
@@ -416,7 +503,10 @@ fn unavailable(e: impl std::fmt::Display) -> HttpResponse {
     HttpResponse::ServiceUnavailable().json(serde_json::json!({ "error": e.to_string() }))
 }
 
-async fn status(state: web::Data<State>) -> HttpResponse {
+async fn status(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    if let Err(e) = query::<NoQuery>(&req) {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
     match state.node.supervisor.send(GetNodeStatus).await {
         Ok(Ok(s)) => HttpResponse::Ok().json(s),
         Ok(Err(e)) => unavailable(e),
@@ -454,7 +544,10 @@ impl From<SlotInfo> for SlotRow {
     }
 }
 
-async fn slots(state: web::Data<State>) -> HttpResponse {
+async fn slots(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    if let Err(e) = query::<NoQuery>(&req) {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
     let rows: Vec<SlotRow> = state
         .node
         .wal
@@ -466,7 +559,10 @@ async fn slots(state: web::Data<State>) -> HttpResponse {
 }
 
 /// `GET /metrics`: the text is written by [`crate::metrics`].
-async fn metrics(state: web::Data<State>) -> HttpResponse {
+async fn metrics(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    if let Err(e) = query::<NoQuery>(&req) {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
     match crate::metrics::render(&state.node).await {
         Ok(text) => HttpResponse::Ok()
             .content_type(crate::metrics::CONTENT_TYPE)

@@ -25,6 +25,7 @@ enum Command {
     /// Make a new data directory: a primary's, or with --standby a standby's that adopts its
     /// upstream's system identifier, timeline history and kind of WAL.
     Init {
+        /// The data directory to make; it must not exist or be empty.
         #[arg(long)]
         data_dir: PathBuf,
         /// WAL segment size of a new primary: a power of two from 1MB to 1GB. A standby takes
@@ -59,29 +60,36 @@ enum Command {
     /// Promote a standby through its admin API: it stops following, starts the next timeline
     /// and takes appends.
     Promote {
+        /// The admin API address.
         #[arg(long, default_value = "127.0.0.1:8433")]
         http: String,
+        /// Bearer token, if the API requires one (or WALSERVER_HTTP_AUTH_TOKEN).
         #[arg(long, env = "WALSERVER_HTTP_AUTH_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
     /// Make a node whose WAL forked from its new upstream's history follow it: drop the
     /// divergent tail (saying how much), and mark the node a standby. Run with the node stopped.
     Rejoin {
+        /// The stopped node's data directory.
         #[arg(long)]
         data_dir: PathBuf,
         /// The new upstream.
         #[arg(long)]
         primary_conninfo: String,
+        /// The replication slot to stream from on the new upstream, if any.
         #[arg(long)]
         primary_slot_name: Option<String>,
     },
     /// Append records through a node's admin API: records from standard input (one per line,
     /// or the whole input with --raw), or --count generated records of --size bytes.
     Append {
+        /// The admin API address.
         #[arg(long, default_value = "127.0.0.1:8433")]
         http: String,
+        /// Append this many generated records instead of reading standard input.
         #[arg(long)]
         count: Option<usize>,
+        /// Size in bytes of each generated record (with --count).
         #[arg(long, default_value_t = 100)]
         size: usize,
         /// local, remote_write, on (remote flush) or remote_apply; default: the node's
@@ -94,6 +102,7 @@ enum Command {
         /// Take all of standard input as one record.
         #[arg(long)]
         raw: bool,
+        /// Bearer token, if the API requires one (or WALSERVER_HTTP_AUTH_TOKEN).
         #[arg(long, env = "WALSERVER_HTTP_AUTH_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
@@ -118,6 +127,9 @@ enum Command {
         /// Print the JSON as the API returns it.
         #[arg(long)]
         json: bool,
+        /// Every column of the tables, whole (wider than 100 columns).
+        #[arg(long)]
+        wide: bool,
         /// Bearer token, if the API requires one (or WALSERVER_HTTP_AUTH_TOKEN).
         #[arg(long, env = "WALSERVER_HTTP_AUTH_TOKEN", hide_env_values = true)]
         token: Option<String>,
@@ -262,8 +274,40 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             raw,
             token.as_deref(),
         ),
-        Command::Status { http, json, token } => {
-            walserver::cli::status(&http, json, token.as_deref())
+        Command::Status {
+            http,
+            json,
+            wide,
+            token,
+        } => walserver::cli::status(&http, json, wide, token.as_deref()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every option and argument of every command, the load tools' included, says what it is
+    /// in `--help`.
+    #[test]
+    fn every_cli_option_has_help_text() {
+        use clap::CommandFactory;
+        fn missing(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    out.push(format!("{path} --{}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    out.push(format!("{path} {} (the command)", sub.get_name()));
+                }
+                missing(sub, &format!("{path} {}", sub.get_name()), out);
+            }
         }
+        let mut out = Vec::new();
+        missing(&Cli::command(), "walserver", &mut out);
+        assert!(out.is_empty(), "without help text: {out:#?}");
     }
 }

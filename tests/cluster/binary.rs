@@ -408,3 +408,28 @@ fn a_reload_changes_synchronous_standby_names() {
     });
     assert!(w.running());
 }
+
+/// `GET /wal` from inside a record is a request's mistake, answered 400 before any record:
+/// the node's log never reports WAL corruption for it (a reader started there would find
+/// no valid record header and say the WAL is damaged).
+#[test]
+fn a_get_wal_inside_a_record_logs_no_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
+    let config = write_config(dir.path(), "");
+    let mut w = Walserver::run(&config);
+    let start: Lsn = w.status()["flush_lsn"].as_str().unwrap().parse().unwrap();
+    let (code, json) = http_post(w.http, "/wal", &[7u8; 200]);
+    assert_eq!(code, 200, "{json}");
+    for extra in ["", "&format=binary", "&follow=true"] {
+        let path = format!("/wal?from={}{extra}", Lsn(start.0 + 8));
+        let (status, body) = http_get_any(w.http, &path);
+        assert_eq!(status, 400, "{extra}: {body}");
+        assert!(body.contains("not a record boundary"), "{extra}: {body}");
+    }
+    // The whole log, to the process's exit.
+    w.signal(libc::SIGTERM);
+    assert!(w.wait_exit().success());
+    let log = w.log.join("\n");
+    assert!(!log.to_lowercase().contains("corrupt"), "{log}");
+}

@@ -31,9 +31,10 @@ fn walserver_ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("UTF-8 output")
 }
 
-/// `walserver append`, `status` (table and `--json`) and `promote` against a primary and its
-/// standby: the records land as generated, the status shows the standby, the standby
-/// becomes a primary of timeline 2, and promoting a primary fails with the reason.
+/// `walserver append`, `status` (table in 100 columns, `--wide` and `--json`) and `promote`
+/// against a primary and its standby: the records land as generated, the status shows the
+/// standby, the standby becomes a primary of timeline 2, and promoting a primary fails with
+/// the reason.
 #[test]
 fn append_status_and_promote_as_commands() {
     let p = TestNode::primary(KEEP);
@@ -101,6 +102,20 @@ fn append_status_and_promote_as_commands() {
             .any(|l| l.contains("cli-standby") && l.contains("streaming")),
         "{table}"
     );
+    // It fits in 100 columns; --wide has every column of pg_stat_replication.
+    let widest = table.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    eprintln!("walserver status: {widest} columns at most");
+    assert!(widest <= 100, "{widest} columns:\n{table}");
+    let wide = walserver_ok(&["status", "--http", &p_http, "--wide"]);
+    for column in [
+        "pid",
+        "client_addr",
+        "reply_time",
+        "backend_xmin",
+        "restart_tli",
+    ] {
+        assert!(wide.contains(column), "no {column} in --wide:\n{wide}");
+    }
     let json: serde_json::Value =
         serde_json::from_str(&walserver_ok(&["status", "--http", &p_http, "--json"]))
             .expect("status --json prints JSON");

@@ -1,6 +1,8 @@
 //! Reading a node's records as applications do: `Node::records` and `GET /wal` across a
 //! promotion (the old timeline's records, a timeline switch, the new timeline's), `GET /wal`
-//! following records appended after the request, and `format=binary` byte for byte.
+//! following records appended after the request, and `format=binary` byte for byte; every
+//! mistake in a `GET /wal` (an invalid LSN, removed WAL, a position inside a record, an unknown
+//! parameter) answered with its status code and a JSON error before any record.
 
 use std::io::{BufRead, Read};
 use std::net::SocketAddr;
@@ -13,8 +15,9 @@ use supervisor_actor::{Follow, RecordEvent};
 use wal_storage::{Lsn, TimelineId};
 use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
 
+use super::common::cluster::{http_get_any, http_post};
 use super::common::*;
-use super::{KEEP, TL1, TL2};
+use super::{append_mib, KEEP, TL1, TL2};
 
 /// Every event of `node`'s records from `from` to its current end.
 pub(crate) fn read_records(node: &TestNode, from: Lsn) -> Vec<RecordEvent> {
@@ -32,22 +35,15 @@ pub(crate) fn read_records(node: &TestNode, from: Lsn) -> Vec<RecordEvent> {
     .collect()
 }
 
-/// `GET /wal` with `query`, its content type and whole body.
+/// `GET /wal` with `query`, answered 200: its content type and whole body.
 fn get_wal(http: SocketAddr, query: &str) -> (String, Vec<u8>) {
-    let mut resp = ureq::get(&format!("http://{http}/wal?{query}"))
-        .call()
-        .expect("GET /wal");
-    let content_type = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    let mut body = Vec::new();
-    resp.body_mut()
-        .as_reader()
-        .read_to_end(&mut body)
-        .expect("read the body");
+    let (status, content_type, body) = get_wal_any(http, query);
+    assert_eq!(
+        status,
+        200,
+        "GET /wal?{query}: {}",
+        String::from_utf8_lossy(&body)
+    );
     (content_type, body)
 }
 
@@ -237,5 +233,181 @@ fn get_wal_follow_delivers_records_appended_after_the_request() {
             assert_eq!(Bytes::from(got), Bytes::from(want), "round {round}");
         }
         assert_eq!(at, appended.end_lsn);
+    }
+}
+
+/// `GET /wal` with `query`, answered with any status: the status code, the content type and
+/// the whole body.
+fn get_wal_any(http: SocketAddr, query: &str) -> (u16, String, Vec<u8>) {
+    let mut resp = ureq::get(&format!("http://{http}/wal?{query}"))
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .call()
+        .expect("GET /wal");
+    let status = resp.status().as_u16();
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let mut body = Vec::new();
+    resp.body_mut()
+        .as_reader()
+        .read_to_end(&mut body)
+        .expect("read the body");
+    (status, content_type, body)
+}
+
+/// `GET /wal` with `query` in NDJSON, `format=binary` and `follow=true` alike: the error status
+/// and its JSON body, which is the whole answer (no record before or after it).
+fn get_wal_error(http: SocketAddr, query: &str, status: u16) -> serde_json::Value {
+    let mut bodies = Vec::new();
+    for extra in [
+        "",
+        "&format=binary",
+        "&follow=true",
+        "&follow=true&format=binary",
+    ] {
+        let q = format!("{query}{extra}");
+        let (got, content_type, body) = get_wal_any(http, &q);
+        let text = String::from_utf8_lossy(&body).to_string();
+        assert_eq!(got, status, "GET /wal?{q}: {text}");
+        assert_eq!(content_type, "application/json", "GET /wal?{q}");
+        let json: serde_json::Value = serde_json::from_slice(&body)
+            .unwrap_or_else(|e| panic!("GET /wal?{q}: not one JSON object ({e}): {text}"));
+        assert!(json["error"].is_string(), "GET /wal?{q}: {json}");
+        bodies.push(json);
+    }
+    assert!(
+        bodies.windows(2).all(|w| w[0] == w[1]),
+        "the format and follow do not change the error: {bodies:?}"
+    );
+    bodies.remove(0)
+}
+
+/// `GET /wal` answers each mistake with an error status and a JSON body before any record:
+/// `0/0` is 400; a position whose WAL retention removed is 410 naming the oldest LSN kept,
+/// from which `from=earliest` reads; a position inside a record is 400 naming the record's
+/// start, not a corruption report; a position beyond the durable end is 400.
+#[test]
+fn get_wal_answers_errors_before_any_record() {
+    let node = TestNode::primary("");
+    let start = node.wal().flushed();
+    append_mib(&node, 3, 1);
+    node.wal().run_retention().expect("retention");
+    let oldest = node.wal().oldest_retained();
+    assert!(oldest > start, "retention removed the first segments");
+    // Records that start in the segment kept (the one before may only continue into it).
+    node.append(5, 100, 9);
+
+    let json = get_wal_error(node.http_addr, "from=0/0", 400);
+    assert!(json["error"].as_str().unwrap().contains("0/0"), "{json}");
+    let json = get_wal_error(node.http_addr, "from=nonsense", 400);
+    assert!(
+        json["error"].as_str().unwrap().contains("nonsense"),
+        "{json}"
+    );
+
+    let json = get_wal_error(node.http_addr, &format!("from={start}"), 410);
+    assert_eq!(json["oldest_lsn"], serde_json::json!(oldest.to_string()));
+    assert!(
+        json["error"]
+            .as_str()
+            .unwrap()
+            .contains(&oldest.to_string()),
+        "{json}"
+    );
+
+    // from=earliest reads from the oldest record kept to the end.
+    let want = read_records(&node, oldest);
+    let (status, content_type, body) = get_wal_any(node.http_addr, "from=earliest");
+    assert_eq!(status, 200);
+    assert_eq!(content_type, "application/x-ndjson");
+    let lines: Vec<serde_json::Value> = body
+        .lines()
+        .map(|l| serde_json::from_str(&l.expect("a line")).expect("JSON"))
+        .collect();
+    assert_eq!(lines.len(), want.len());
+    let RecordEvent::Record { start: first, .. } = &want[0] else {
+        panic!("{:?}", want[0])
+    };
+    assert_eq!(lines[0]["start"], serde_json::json!(first.to_string()));
+    assert_eq!(
+        lines.last().unwrap()["end"],
+        serde_json::json!(node.wal().flushed().to_string())
+    );
+
+    // Inside the second record kept: a 400 naming where that record and the next start.
+    let RecordEvent::Record { start: r, end, .. } = &want[1] else {
+        panic!("{:?}", want[1])
+    };
+    let inside = Lsn(r.0 + 8);
+    let json = get_wal_error(node.http_addr, &format!("from={inside}"), 400);
+    let text = json["error"].as_str().unwrap();
+    assert!(text.contains("not a record boundary"), "{text}");
+    assert!(text.contains(&r.to_string()), "{text}");
+    assert!(text.contains(&end.to_string()), "{text}");
+    assert!(!text.to_lowercase().contains("corrupt"), "{text}");
+    // Inside the kept segment's header: no record starts there either.
+    let json = get_wal_error(node.http_addr, &format!("from={}", Lsn(oldest.0 + 8)), 400);
+    assert!(
+        json["error"]
+            .as_str()
+            .unwrap()
+            .contains("not a record boundary"),
+        "{json}"
+    );
+    // ... and the record boundary itself reads.
+    let (status, _, body) = get_wal_any(node.http_addr, &format!("from={r}"));
+    assert_eq!(status, 200);
+    assert_eq!(body.lines().count(), want.len() - 1);
+
+    let ahead = Lsn(node.wal().flushed().0 + 8);
+    let json = get_wal_error(node.http_addr, &format!("from={ahead}"), 400);
+    assert!(
+        json["error"].as_str().unwrap().contains("ahead of"),
+        "{json}"
+    );
+}
+
+/// An unknown parameter of the admin API is a 400 naming it, never a default taken silently:
+/// a misspelt `durability` appends nothing, and endpoints without parameters refuse any.
+#[test]
+fn admin_api_refuses_unknown_query_parameters() {
+    let node = TestNode::primary("");
+    let before = node.wal().flushed();
+    let (status, json) = http_post(node.http_addr, "/wal?durabilty=on", b"record");
+    assert_eq!(status, 400, "{json}");
+    assert!(
+        json["error"].as_str().unwrap().contains("durabilty"),
+        "{json}"
+    );
+    assert_eq!(node.wal().flushed(), before, "nothing was appended");
+    let (status, json) = http_post(node.http_addr, "/wal?durability=on", b"record");
+    assert_eq!(status, 200, "{json}");
+
+    let json = get_wal_error(node.http_addr, &format!("from={before}&folow=true"), 400);
+    assert!(json["error"].as_str().unwrap().contains("folow"), "{json}");
+
+    for path in ["/status?verbose=1", "/slots?name=x", "/metrics?format=json"] {
+        let (status, text) = http_get_any(node.http_addr, path);
+        assert_eq!(status, 400, "{path}: {text}");
+        let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        let name = path.split(['?', '=']).nth(1).unwrap();
+        assert!(
+            json["error"].as_str().unwrap().contains(name),
+            "{path}: {json}"
+        );
+    }
+    for path in ["/promote?now=1", "/reload?force=1"] {
+        let (status, json) = http_post(node.http_addr, path, b"");
+        assert_eq!(status, 400, "{path}: {json}");
+        let name = path.split(['?', '=']).nth(1).unwrap();
+        assert!(
+            json["error"].as_str().unwrap().contains(name),
+            "{path}: {json}"
+        );
     }
 }

@@ -341,3 +341,17 @@ pub fn http_post(http: SocketAddr, path: &str, body: &[u8]) -> (u16, serde_json:
     let json = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
     (status, json)
 }
+
+/// GETs `path` from the admin API at `http`, whatever the status: the status code and the
+/// body as text.
+pub fn http_get_any(http: SocketAddr, path: &str) -> (u16, String) {
+    let mut resp = ureq::get(&format!("http://{http}{path}"))
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .call()
+        .expect("admin API");
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().read_to_string().expect("answer");
+    (status, text)
+}

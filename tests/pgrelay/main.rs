@@ -226,6 +226,14 @@ fn a_standby_relaying_postgresql_refuses_promotion_and_appends() {
     assert_eq!(code, 409, "{body}");
     let error = body["error"].as_str().unwrap();
     assert!(error.contains("relays PostgreSQL WAL"), "{error}");
+    // Nor does it decode PostgreSQL WAL as records: GET /wal is refused before any body.
+    for from in ["earliest".to_string(), w.wal().flushed().to_string()] {
+        let (status, text) = http_get_any(w.http_addr, &format!("/wal?from={from}"));
+        assert_eq!(status, 409, "from={from}: {text}");
+        let body: serde_json::Value = serde_json::from_str(&text).expect("a JSON error");
+        let error = body["error"].as_str().unwrap();
+        assert!(error.contains("walserver-format"), "{error}");
+    }
 
     // Still a standby that streams: the refusals changed nothing.
     pg.psql("INSERT INTO t VALUES (1, 'after the refusals')");

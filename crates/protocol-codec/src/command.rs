@@ -63,15 +63,29 @@ pub enum ReplicationCommand {
     },
 }
 
+/// The HINT of a refused `BASE_BACKUP`: where a standby's base backup comes from instead.
+pub const BASE_BACKUP_HINT: &str = "walserver stores only WAL, not data files: take the base \
+    backup from the PostgreSQL primary with pg_basebackup, then point the standby's \
+    primary_conninfo at walserver";
+
 impl ReplicationCommand {
     /// The ERROR a physical walsender answers NotSupported and Sql with, or `None` for the
     /// commands it executes.
     pub fn refusal(&self) -> Option<ErrorFields> {
         match self {
-            ReplicationCommand::NotSupported { what } => Some(ErrorFields::error(
-                SqlState::FEATURE_NOT_SUPPORTED,
-                format!("{what} is not supported by walserver"),
-            )),
+            ReplicationCommand::NotSupported { what } => {
+                let e = ErrorFields::error(
+                    SqlState::FEATURE_NOT_SUPPORTED,
+                    format!("{what} is not supported by walserver"),
+                );
+                // pg_basebackup is how a new PostgreSQL standby starts; the operator who
+                // tries it here needs to know where the data files are.
+                Some(if what == "BASE_BACKUP" {
+                    e.hint(BASE_BACKUP_HINT)
+                } else {
+                    e
+                })
+            }
             ReplicationCommand::Sql { .. } => Some(ErrorFields::error(
                 SqlState::FEATURE_NOT_SUPPORTED,
                 "cannot execute SQL commands in WAL sender for physical replication",
@@ -866,6 +880,13 @@ mod tests {
             check(q, C::NotSupported { what: what.into() });
             let e = parse_command(q).unwrap().refusal().unwrap();
             assert_eq!(e.code(), Some(SqlState::FEATURE_NOT_SUPPORTED));
+            // Only BASE_BACKUP's refusal says where base backups come from.
+            let hint = e.get(ErrorFields::HINT);
+            assert_eq!(
+                hint,
+                (what == "BASE_BACKUP").then_some(BASE_BACKUP_HINT),
+                "{q}"
+            );
         }
         assert!(C::IdentifySystem.refusal().is_none());
     }

@@ -88,7 +88,9 @@ pub use append::{
 };
 pub use builder::NodeBuilder;
 pub use node::{LocalLevel, Node, NodeConfig, NodeError, DEFAULT_LISTEN};
-pub use records::{subscribe_records, Follow, RecordEvent};
+pub use records::{
+    check_records_start, subscribe_records, Follow, RecordEvent, RecordsFrom, RecordsStart,
+};
 pub use restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
 pub use supervisor::{
     GetNodeStatus, NodeRole, NodeStatus, Promote, PromoteError, Promoted, Reconfigure,

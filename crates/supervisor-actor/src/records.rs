@@ -6,6 +6,11 @@
 //! so a subscriber hears of new records as soon as they are durable and nobody polls. When the
 //! timeline it reads has ended (a promotion here or upstream), it says so with
 //! [`RecordEvent::TimelineSwitch`] and goes on with the next timeline.
+//!
+//! [`check_records_start`] tells a reader, before it subscribes, whether it can start where it
+//! asks: the WAL there may have been removed, or the position may be inside a record. A reader
+//! that started inside a record would decode its payload as a record header and report damage
+//! that is not there, so an API answers these mistakes first, as errors of the request.
 
 use std::collections::VecDeque;
 
@@ -30,6 +35,97 @@ pub enum RecordEvent {
         to: TimelineId,
         at: Lsn,
     },
+}
+
+/// Where a reader asks to start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordsFrom {
+    /// At this LSN: a record boundary or a segment start.
+    Lsn(Lsn),
+    /// At the oldest record still kept.
+    Earliest,
+}
+
+/// What [`check_records_start`] found about a start position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordsStart {
+    /// Reading can start at this LSN.
+    At(Lsn),
+    /// The WAL there was removed by retention; the oldest LSN kept is `oldest`.
+    Removed { oldest: Lsn },
+    /// The position is inside a record. `record` is where that record starts and `next` where
+    /// the next one does, where the node knows them (a record continued from an earlier
+    /// segment has no start in this one; the last record a standby holds may be incomplete).
+    NotABoundary {
+        record: Option<Lsn>,
+        next: Option<Lsn>,
+    },
+    /// The position is beyond the durable end of WAL, `flushed`.
+    AheadOfFlush { flushed: Lsn },
+}
+
+/// Whether a reader can start reading records at `from` (see [`RecordsStart`]); errors are
+/// the storage's own (the node stores relayed PostgreSQL WAL, or the WAL before `from` in its
+/// segment is damaged). Reads up to one segment to find the record boundaries before `from`,
+/// on the blocking pool.
+pub async fn check_records_start(wal: Wal, from: RecordsFrom) -> Result<RecordsStart, WalError> {
+    tokio::task::spawn_blocking(move || check_start(&wal, from))
+        .await
+        .unwrap_or_else(|e| {
+            Err(WalError::Io {
+                context: "checking where to read records on the blocking pool".into(),
+                source: std::io::Error::other(e.to_string()),
+            })
+        })
+}
+
+fn check_start(wal: &Wal, from: RecordsFrom) -> Result<RecordsStart, WalError> {
+    let oldest = wal.oldest_retained();
+    let from = match from {
+        RecordsFrom::Earliest => oldest,
+        RecordsFrom::Lsn(lsn) => lsn,
+    };
+    let seg_start = from.segment_start(wal.segment_size());
+    // A reader on relayed PostgreSQL WAL is refused whatever the position.
+    let mut reader = wal.record_reader(timeline_of(wal, from), seg_start)?;
+    if from < oldest {
+        return Ok(RecordsStart::Removed { oldest });
+    }
+    let flushed = wal.flushed();
+    if from > flushed {
+        return Ok(RecordsStart::AheadOfFlush { flushed });
+    }
+    if from == seg_start {
+        return Ok(RecordsStart::At(from));
+    }
+    // Walk the segment's records from its start: `from` is a boundary only if one starts
+    // there (or the last complete one ends there).
+    let mut record = None;
+    while let Some(r) = reader.next_record()? {
+        if r.start == from {
+            return Ok(RecordsStart::At(from));
+        }
+        if r.start > from {
+            return Ok(RecordsStart::NotABoundary {
+                record,
+                next: Some(r.start),
+            });
+        }
+        if r.end > from {
+            return Ok(RecordsStart::NotABoundary {
+                record: Some(r.start),
+                next: Some(r.end),
+            });
+        }
+        record = Some(r.start);
+    }
+    if reader.position() == from {
+        return Ok(RecordsStart::At(from));
+    }
+    Ok(RecordsStart::NotABoundary {
+        record: None,
+        next: None,
+    })
 }
 
 /// How far a subscription goes.

@@ -71,6 +71,7 @@ pub struct AppendArgs {
     /// Process ids of the remote nodes, for their peak RSS (from /proc).
     #[arg(long = "pid")]
     pub pids: Vec<u32>,
+    /// Bearer token of the node's admin API, if it requires one (or WALSERVER_HTTP_AUTH_TOKEN).
     #[arg(long, env = "WALSERVER_HTTP_AUTH_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// Print one JSON object (with the time series) instead of a summary.

@@ -50,10 +50,13 @@ pub enum BenchCommand {
     Stream(StreamArgs),
     /// Stream [start, end) from a walserver or PostgreSQL server and discard it.
     Catchup {
+        /// The server's host.
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
+        /// The server's replication port.
         #[arg(long, default_value_t = 5433)]
         port: u16,
+        /// The replication user.
         #[arg(long, default_value = "postgres")]
         user: String,
         /// Where to start (a segment boundary, as PostgreSQL's clients ask).
@@ -73,12 +76,16 @@ pub enum BenchCommand {
     /// Wait until a server's IDENTIFY_SYSTEM position reaches an LSN, and say how long it
     /// took (timing a standby that catches up, from outside).
     WaitLsn {
+        /// The server's host.
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
+        /// The server's replication port.
         #[arg(long)]
         port: u16,
+        /// The replication user.
         #[arg(long, default_value = "postgres")]
         user: String,
+        /// The LSN to wait for.
         #[arg(long)]
         target: Lsn,
         /// Give up after this many seconds.
@@ -87,6 +94,7 @@ pub enum BenchCommand {
         /// Milliseconds between two IDENTIFY_SYSTEM.
         #[arg(long, default_value_t = 2)]
         interval_ms: u64,
+        /// Print one JSON object instead of a sentence.
         #[arg(long)]
         json: bool,
     },

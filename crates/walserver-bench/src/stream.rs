@@ -45,6 +45,8 @@ pub struct StreamArgs {
     /// Standbys catching up at once (1 = catch-up, more = fan-out; up to 64).
     #[arg(long, default_value_t = 1)]
     pub standbys: usize,
+    /// What catches up: `walserver` standbys, `pg-receivewal` processes, or `codec` clients
+    /// that decode the stream and discard it.
     #[arg(long, value_enum, default_value = "walserver")]
     pub client: Client,
     /// Record size of the fill.
@@ -69,6 +71,7 @@ pub struct StreamArgs {
     /// /usr/lib/postgresql/15/bin.
     #[arg(long)]
     pub pg_bin: Option<PathBuf>,
+    /// Print one JSON object instead of a summary.
     #[arg(long)]
     pub json: bool,
     /// Write throughput and lag over time (of the last run) to this SVG file.

@@ -134,9 +134,17 @@ fn identify_system_and_show() {
         Some("42704")
     );
     assert_eq!(error_code(&f.query("SELECT 1")).as_deref(), Some("0A000"));
-    assert_eq!(
-        error_code(&f.query("BASE_BACKUP")).as_deref(),
-        Some("0A000")
+    let base_backup = f.query("BASE_BACKUP");
+    assert_eq!(error_code(&base_backup).as_deref(), Some("0A000"));
+    // The refusal says where a base backup comes from instead.
+    let hint = msgs(&base_backup).into_iter().find_map(|m| match m {
+        BackendMessage::ErrorResponse(f) => f.get(ErrorFields::HINT).map(str::to_string),
+        _ => None,
+    });
+    let hint = hint.expect("BASE_BACKUP's error has a HINT");
+    assert!(
+        hint.contains("pg_basebackup") && hint.contains("primary_conninfo"),
+        "{hint}"
     );
     assert_eq!(
         error_code(&f.query("START_REPLICATION garbage")).as_deref(),

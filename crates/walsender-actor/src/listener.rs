@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use tokio::net::{TcpListener, TcpStream};
@@ -21,7 +22,28 @@ pub struct Listener {
 
 #[derive(Message)]
 #[rtype(result = "()")]
-struct Accepted(std::io::Result<(TcpStream, SocketAddr)>);
+struct Accepted {
+    result: std::io::Result<(TcpStream, SocketAddr)>,
+    /// After a failed accept: how long the listener waits before it accepts again.
+    backoff: Option<Duration>,
+}
+
+/// The first wait after a failed accept, and the longest. An accept fails when the process or
+/// the system is out of file descriptors or memory; it keeps failing until a connection
+/// closes, so accepting again at once would spin and flood the log. Waiting, doubling up to a
+/// second, lets the next accept succeed soon after room appears while writing at most one line a
+/// second. Both numbers are guesses.
+const ACCEPT_BACKOFF_FIRST: Duration = Duration::from_millis(1);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// The wait after a failed accept, given the wait after the previous one (`None` if the accept
+/// before succeeded).
+fn next_accept_backoff(previous: Option<Duration>) -> Duration {
+    match previous {
+        None => ACCEPT_BACKOFF_FIRST,
+        Some(d) => (d * 2).min(ACCEPT_BACKOFF_MAX),
+    }
+}
 
 impl Listener {
     /// Starts accepting on `listener`. With no arbiters, connections live on the caller's.
@@ -32,10 +54,20 @@ impl Listener {
     ) -> std::io::Result<Addr<Listener>> {
         let local_addr = listener.local_addr()?;
         Ok(Listener::create(move |ctx| {
-            let accepts = futures_util::stream::unfold(listener, |l| async move {
-                let r = l.accept().await;
-                Some((Accepted(r), l))
-            });
+            let accepts = futures_util::stream::unfold(
+                (listener, None::<Duration>),
+                |(l, backoff)| async move {
+                    if let Some(wait) = backoff {
+                        tokio::time::sleep(wait).await;
+                    }
+                    let result = l.accept().await;
+                    let backoff = match result {
+                        Ok(_) => None,
+                        Err(_) => Some(next_accept_backoff(backoff)),
+                    };
+                    Some((Accepted { result, backoff }, (l, backoff)))
+                },
+            );
             ctx.add_message_stream(accepts);
             Listener {
                 shared,
@@ -56,11 +88,15 @@ impl Handler<Accepted> for Listener {
     type Result = ();
 
     fn handle(&mut self, msg: Accepted, _: &mut Context<Self>) {
-        let (stream, peer) = match msg.0 {
+        let (stream, peer) = match msg.result {
             Ok(x) => x,
             Err(e) => {
-                // Running out of file descriptors and similar: the next accept may succeed.
-                tracing::warn!("accept failed: {e}");
+                // Running out of file descriptors and similar: a later accept may succeed.
+                let wait = msg.backoff.unwrap_or(ACCEPT_BACKOFF_FIRST);
+                tracing::warn!(
+                    "accepting a replication connection failed: {e}; trying again in {} ms",
+                    wait.as_millis()
+                );
                 return;
             }
         };
@@ -109,5 +145,27 @@ impl Handler<GetListenAddr> for Listener {
 
     fn handle(&mut self, _: GetListenAddr, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.local_addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_accepts_wait_longer_each_time_up_to_a_second() {
+        let mut waits = Vec::new();
+        let mut backoff = None;
+        for _ in 0..14 {
+            let next = next_accept_backoff(backoff);
+            waits.push(next.as_millis());
+            backoff = Some(next);
+        }
+        assert_eq!(
+            waits,
+            [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 1000, 1000, 1000]
+        );
+        // A success in between starts the schedule again.
+        assert_eq!(next_accept_backoff(None), ACCEPT_BACKOFF_FIRST);
     }
 }

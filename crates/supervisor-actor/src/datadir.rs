@@ -45,38 +45,63 @@ pub fn create_private_dir(dir: &Path) -> Result<(), NodeError> {
 /// What a directory holds, as far as starting a node in it goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DataDirState {
-    /// Missing or empty: a node may be initialised in it.
+    /// Missing, empty, or holding only the lock file of an init that failed: a node may be
+    /// initialised in it.
     New,
     /// A walserver data directory (it has a control file).
     Initialised,
 }
 
+/// The lock file storage takes first; alone, it is what a failed init leaves.
+const LOCK_FILE: &str = "walserver.lock";
+
+/// How many of a foreign directory's names an error lists.
+const NAMES_SHOWN: usize = 5;
+
 impl DataDirState {
-    /// Looks at `dir`; a directory that is neither new nor walserver's is an error, so that a
-    /// wrong path never gets a data directory made among someone else's files.
+    /// Looks at `dir`; a directory that is neither new nor walserver's is an error naming what
+    /// it holds, so that a wrong path never gets a data directory made among someone else's
+    /// files (as initdb refuses a non-empty directory).
     pub fn of(dir: &Path) -> Result<DataDirState, NodeError> {
         match Wal::stored_segment_size(dir) {
             Ok(_) => return Ok(DataDirState::Initialised),
             Err(WalError::NotInitialized { .. }) => {}
             Err(e) => return Err(e.into()),
         }
-        let mut entries = match std::fs::read_dir(dir) {
+        let read_error = |source| NodeError::DataDir {
+            context: format!("cannot read {}", dir.display()),
+            source,
+        };
+        let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DataDirState::New),
-            Err(source) => {
-                return Err(NodeError::DataDir {
-                    context: format!("cannot read {}", dir.display()),
-                    source,
-                })
-            }
+            Err(e) => return Err(read_error(e)),
         };
-        if entries.next().is_none() {
-            Ok(DataDirState::New)
-        } else {
-            Err(NodeError::NotADataDirectory {
-                dir: dir.to_path_buf(),
-            })
+        let mut found = Vec::new();
+        for entry in entries {
+            let name = entry.map_err(read_error)?.file_name();
+            let name = name.to_string_lossy().into_owned();
+            if name != LOCK_FILE {
+                found.push(name);
+            }
         }
+        if found.is_empty() {
+            return Ok(DataDirState::New);
+        }
+        found.sort();
+        let mut list = found
+            .iter()
+            .take(NAMES_SHOWN)
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if found.len() > NAMES_SHOWN {
+            list.push_str(&format!(" and {} more", found.len() - NAMES_SHOWN));
+        }
+        Err(NodeError::NotADataDirectory {
+            dir: dir.to_path_buf(),
+            found: list,
+        })
     }
 }
 
@@ -146,6 +171,11 @@ mod tests {
         let e = DataDirState::of(&other).unwrap_err();
         assert!(matches!(e, NodeError::NotADataDirectory { .. }), "{e}");
         assert!(e.to_string().contains("other"), "{e}");
+        // What a failed init leaves is new again.
+        let failed = dir.path().join("failed");
+        std::fs::create_dir(&failed).unwrap();
+        std::fs::write(failed.join("walserver.lock"), "").unwrap();
+        assert_eq!(DataDirState::of(&failed).unwrap(), DataDirState::New);
     }
 
     #[test]

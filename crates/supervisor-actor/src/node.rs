@@ -94,7 +94,11 @@ pub enum NodeError {
         source: std::io::Error,
     },
     #[error("{} is not empty and is not a walserver data directory: give a missing or empty directory for a new node", dir.display())]
-    NotADataDirectory { dir: PathBuf },
+    NotADataDirectory {
+        dir: PathBuf,
+        /// What it holds: the first few names, in backquotes.
+        found: String,
+    },
     #[error("{} holds standby.signal, so it is a standby's data directory: start it as a standby, or promote it first", dir.display())]
     StandbyDirectory { dir: PathBuf },
     #[error("{} is not valid: {reason}", path.display())]

@@ -41,12 +41,6 @@ pub enum Error {
     /// A directory `init` will not use because it holds something else.
     #[error("{} is not empty and is not a walserver data directory (it holds {found}); give `walserver init --data-dir` a new or empty directory", .dir.display())]
     NotEmpty { dir: PathBuf, found: String },
-    #[error("cannot read {}", .dir.display())]
-    ReadDir {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     /// A data directory that `walserver init` never made.
     #[error("cannot read the data directory {}: {error}; run `walserver init --data-dir {}` first", .dir.display(), .dir.display())]
     NotInitialized { dir: PathBuf, error: WalError },
@@ -192,11 +186,12 @@ mod tests {
     fn a_failure_says_what_failed_then_why() {
         let io = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
         assert_eq!(
-            printed(Error::ReadDir {
-                dir: "/d".into(),
+            printed(Error::InvalidAddress {
+                what: "listen".into(),
+                text: "x".into(),
                 source: io()
             }),
-            "cannot read /d: denied"
+            "invalid listen address \"x\": denied"
         );
         let inner = Error::InvalidAddress {
             what: "listen".into(),

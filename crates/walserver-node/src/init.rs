@@ -7,7 +7,9 @@ use std::path::Path;
 
 // The builder makes data directories too: it and `walserver init` share these, so both make
 // the same ones.
+use supervisor_actor::datadir::DataDirState;
 pub use supervisor_actor::datadir::{new_system_id, StandbySignal, STANDBY_SIGNAL};
+use supervisor_actor::NodeError;
 use wal_storage::{InitOptions, StorageConfig, SystemId, Wal, WalFormat};
 
 use crate::error::{Error, Result};
@@ -36,53 +38,15 @@ pub fn init_primary(dir: &Path, segment_size: u64) -> Result<SystemId> {
 }
 
 /// Refuses to make a data directory in a directory that already holds something else, as
-/// initdb does, so that init never mixes its files with someone's. A directory that does not
-/// exist, is empty, or holds only the lock file of an init that failed is fine; one that holds
-/// a walserver data directory is left to storage, which refuses it in its own words.
+/// initdb does, so that init never mixes its files with someone's: the rule is
+/// `DataDirState::of`'s, which the builder applies too. A directory that holds a walserver data
+/// directory is left to storage, which refuses it in its own words.
 pub fn check_new_data_dir(dir: &Path) -> Result<()> {
-    const LOCK_FILE: &str = "walserver.lock";
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => {
-            return Err(Error::ReadDir {
-                dir: dir.to_path_buf(),
-                source,
-            })
-        }
-    };
-    if dir.join("control").exists() {
-        return Ok(());
+    match DataDirState::of(dir) {
+        Ok(_) => Ok(()),
+        Err(NodeError::NotADataDirectory { dir, found }) => Err(Error::NotEmpty { dir, found }),
+        Err(e) => Err(e.into()),
     }
-    let mut found = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| Error::ReadDir {
-            dir: dir.to_path_buf(),
-            source,
-        })?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name != LOCK_FILE {
-            found.push(name);
-        }
-    }
-    if found.is_empty() {
-        return Ok(());
-    }
-    found.sort();
-    const SHOWN: usize = 5;
-    let mut list = found
-        .iter()
-        .take(SHOWN)
-        .map(|n| format!("`{n}`"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    if found.len() > SHOWN {
-        list.push_str(&format!(" and {} more", found.len() - SHOWN));
-    }
-    Err(Error::NotEmpty {
-        dir: dir.to_path_buf(),
-        found: list,
-    })
 }
 
 /// Creates `dir` (mode 0700, as PostgreSQL requires of a data directory) if it is missing.

@@ -19,7 +19,6 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
 
@@ -34,7 +33,6 @@ pub const FP_ATOMIC: &str = "wal_storage::atomic::err";
 #[derive(Debug, Default)]
 pub(crate) struct Io {
     pub(crate) fsync: bool,
-    fsyncs: AtomicU64,
     pub(crate) metrics: StorageMetrics,
     #[cfg(feature = "failpoints")]
     pub(crate) failpoints: Failpoints,
@@ -48,8 +46,9 @@ impl Io {
         }
     }
 
+    /// The syncs made so far: the fsync latency histogram counts every one.
     pub(crate) fn fsync_count(&self) -> u64 {
-        self.fsyncs.load(Ordering::Relaxed)
+        self.metrics.fsync_seconds.snapshot().count
     }
 
     #[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
@@ -133,7 +132,6 @@ impl Io {
         if !self.fsync {
             return Ok(());
         }
-        self.fsyncs.fetch_add(1, Ordering::Relaxed);
         let started = std::time::Instant::now();
         let r = sync();
         self.metrics.fsync_seconds.observe(started.elapsed());

@@ -13,4 +13,15 @@ if [ ! -x "$PG_BIN/postgres" ] || [ ! -x "$PG_BIN/pg_receivewal" ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql-15 >/dev/null
 fi
 
+# etcd-gateway's tests run their own etcd members on free loopback ports. Debian's package
+# enables a system etcd on 127.0.0.1:2379; where systemd runs it is stopped and disabled so no
+# stray server outlives the install (a container without systemd never starts it).
+if ! command -v etcd >/dev/null; then
+    echo "scripts/test.sh: etcd not found on PATH; installing etcd-server" >&2
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq etcd-server >/dev/null
+    if [ -d /run/systemd/system ]; then $SUDO systemctl disable --now etcd >/dev/null 2>&1 || true; fi
+fi
+
 cargo test --workspace --all-features "$@"

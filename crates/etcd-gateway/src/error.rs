@@ -1,0 +1,85 @@
+//! The crate's one error enum.
+
+use std::io;
+
+/// What can go wrong talking to etcd through its gateway.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An endpoint given to [`crate::Client::new`] is not `http://host:port` or `host:port`.
+    #[error("invalid etcd endpoint {endpoint:?}: {reason}")]
+    InvalidEndpoint {
+        endpoint: String,
+        reason: &'static str,
+    },
+
+    /// No endpoint accepted a connection. Nothing was sent, so the call can be retried.
+    #[error("no etcd endpoint reachable (tried {tried}): {source}")]
+    Connect {
+        tried: String,
+        #[source]
+        source: io::Error,
+    },
+
+    /// The call's deadline passed. The request may or may not have been applied.
+    #[error("etcd request to {endpoint}{path} timed out after {after_ms} ms")]
+    Timeout {
+        endpoint: String,
+        path: &'static str,
+        after_ms: u128,
+    },
+
+    /// The connection failed after the request was (partly) sent: the request may or may not
+    /// have been applied, so it is not resent to another endpoint.
+    #[error("etcd connection to {endpoint} failed during {path}: {source}")]
+    Io {
+        endpoint: String,
+        path: &'static str,
+        #[source]
+        source: io::Error,
+    },
+
+    /// The gateway answered with an HTTP error status and, usually, etcd's own error as JSON
+    /// (`{"error", "code", "message"}`; `code` is the gRPC status code).
+    #[error("etcd answered {path} with HTTP {status} (grpc code {code}): {message}")]
+    Status {
+        path: &'static str,
+        status: u16,
+        code: i64,
+        message: String,
+    },
+
+    /// The lease does not exist (never granted, revoked, or expired).
+    #[error("etcd lease {id} not found (revoked or expired)")]
+    LeaseNotFound { id: i64 },
+
+    /// The answer was not what the gateway sends: bad HTTP, bad JSON, bad base64, a number that
+    /// does not parse, or more bytes than the limit.
+    #[error("malformed answer from etcd for {path}: {reason}")]
+    Malformed { path: &'static str, reason: String },
+
+    /// The watch stream ended (the server closed it, or the member went away). Events after
+    /// the last delivered revision may be missed: watch again from the next revision.
+    #[error("etcd watch stream ended")]
+    WatchEnded,
+
+    /// The watch's start revision has been compacted away; events before `compact_revision`
+    /// are gone. Read the current state and watch again from its revision.
+    #[error("etcd watch start revision compacted; oldest available is {compact_revision}")]
+    Compacted { compact_revision: i64 },
+
+    /// The server canceled the watch for another reason.
+    #[error("etcd canceled the watch: {reason}")]
+    WatchCanceled { reason: String },
+}
+
+/// This crate's result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn malformed(path: &'static str, reason: impl Into<String>) -> Error {
+        Error::Malformed {
+            path,
+            reason: reason.into(),
+        }
+    }
+}

@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use crate::error::{Error, Result};
 use crate::http::{self, Body, Endpoint, HeadError};
 use crate::types::{
-    DeleteResponse, KeyRange, Lease, LeaseId, LeaseTimeToLive, Op, PutResponse, RangeResponse,
-    Status, Txn, TxnResponse,
+    DeleteResponse, Header, KeyRange, Lease, LeaseId, LeaseTimeToLive, Op, PutResponse,
+    RangeResponse, Status, Txn, TxnResponse,
 };
 use crate::wire::{int, ErrorBody, StreamMessage};
 
@@ -150,8 +150,9 @@ impl Client {
     }
 
     /// Revokes `id`: its keys are deleted.
-    pub fn lease_revoke(&self, id: LeaseId) -> Result<PutResponse> {
-        self.call("/v3/lease/revoke", &json!({ "ID": int(id.0) }))
+    pub fn lease_revoke(&self, id: LeaseId) -> Result<Header> {
+        self.call::<HeaderOnly>("/v3/lease/revoke", &json!({ "ID": int(id.0) }))
+            .map(|answer| answer.header)
             .map_err(|e| lease_error(id, e))
     }
 
@@ -171,8 +172,9 @@ impl Client {
 
     /// Compacts the history up to `revision`: watches from older revisions fail with
     /// [`Error::Compacted`].
-    pub fn compact(&self, revision: i64) -> Result<PutResponse> {
-        self.call("/v3/kv/compaction", &json!({ "revision": int(revision) }))
+    pub fn compact(&self, revision: i64) -> Result<Header> {
+        self.call::<HeaderOnly>("/v3/kv/compaction", &json!({ "revision": int(revision) }))
+            .map(|answer| answer.header)
     }
 
     /// The answering member's status: its version and the leader it knows.
@@ -248,6 +250,13 @@ impl Client {
             }),
         }
     }
+}
+
+/// An answer that is only a header (revoke, compaction).
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct HeaderOnly {
+    header: Header,
 }
 
 /// An I/O error after connecting, as a timeout or a failed connection.

@@ -236,17 +236,18 @@ fn watch_sees_puts_and_deletes_in_order() -> Result<()> {
     );
 
     // From a past revision, the same history is replayed.
-    let (_again, replay_rx) =
+    let (again, replay_rx) =
         client.watch_channel(&WatchRequest::new(KeyRange::key("w/a")).from_revision(b))?;
     let replay = next_events(&replay_rx)?;
     assert_eq!(replay.events[0].kv.mod_revision, b);
 
     // Dropping a watch joins its thread, which drops the callback and so the channel's
     // sender: what is left drains, then the channel is disconnected, with no error delivered.
-    // The drop runs on a helper thread so that a drop that hangs fails the test.
+    // The drops run on a helper thread so that a drop that hangs fails the test.
     let (dropped_tx, dropped_rx) = mpsc::channel();
     std::thread::spawn(move || {
         drop(watch);
+        drop(again);
         let _ = dropped_tx.send(());
     });
     dropped_rx
@@ -279,6 +280,25 @@ fn watch_from_a_compacted_revision_fails() -> Result<()> {
         other => bail!("expected a compaction error, got {other:?}"),
     }
     // That was the watch's end: nothing follows.
+    assert!(matches!(
+        rx.recv_timeout(EVENT_DEADLINE),
+        Err(mpsc::RecvTimeoutError::Disconnected)
+    ));
+    Ok(())
+}
+
+#[test]
+fn watch_reports_the_end_of_its_stream() -> Result<()> {
+    let mut etcd = EtcdServer::start();
+    let client = etcd.client();
+    let (_watch, rx) = client.watch_channel(&WatchRequest::new(KeyRange::key("k")))?;
+    // The member goes away: the stream ends, and the watch says so once, then disconnects.
+    etcd.kill();
+    match rx.recv_timeout(EVENT_DEADLINE) {
+        // A killed member leaves the chunked body unfinished: an I/O error, not a clean end.
+        Ok(Err(Error::Io { .. })) => {}
+        other => bail!("expected the end of the stream, got {other:?}"),
+    }
     assert!(matches!(
         rx.recv_timeout(EVENT_DEADLINE),
         Err(mpsc::RecvTimeoutError::Disconnected)
@@ -409,5 +429,30 @@ fn malformed_answers_are_errors() -> Result<()> {
         assert!(matches!(e, Error::Malformed { .. }), "{e:?} for {answer:?}");
         let _ = server.join();
     }
+    Ok(())
+}
+
+#[test]
+fn watch_stream_framing_and_a_clean_end() -> Result<()> {
+    // The gateway's framing, byte for byte: chunks that do not align with the messages, one
+    // JSON object per line, and a last chunk that ends the stream cleanly.
+    let answer: &'static [u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+        1c\r\n{\"result\":{\"header\":{\"revisi\r\n\
+        21\r\non\":\"5\"},\"created\":true}}\n{\"resul\r\n\
+        54\r\nt\":{\"header\":{\"revision\":\"6\"},\"events\":[{\"kv\":{\"key\":\"aw==\",\"mod_revision\":\"6\"}}]}}\n\r\n\
+        0\r\n\r\n";
+    let (url, server) = one_shot_server(Some(answer))?;
+    let client = Client::new([url])?;
+    let (watch, rx) = client.watch_channel(&WatchRequest::new(KeyRange::key("k")))?;
+    assert_eq!(watch.created().revision, 5);
+    let batch = next_events(&rx)?;
+    assert_eq!(batch.header.revision, 6);
+    assert_eq!(batch.events[0].kind, EventKind::Put);
+    assert_eq!(batch.events[0].kv.key, b"k");
+    match rx.recv_timeout(EVENT_DEADLINE) {
+        Ok(Err(Error::WatchEnded)) => {}
+        other => bail!("expected the stream's clean end, got {other:?}"),
+    }
+    let _ = server.join();
     Ok(())
 }

@@ -409,3 +409,40 @@ impl BufRead for Body {
         self.consume_entity(n);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_or_say_why_not() {
+        let e = Endpoint::parse("http://127.0.0.1:2379/").expect("parses");
+        assert_eq!(
+            (e.url.as_str(), e.host_header()),
+            ("http://127.0.0.1:2379", "127.0.0.1:2379".into())
+        );
+        let e = Endpoint::parse("[::1]:2379").expect("parses");
+        assert_eq!(
+            (e.host.as_str(), e.host_header()),
+            ("::1", "[::1]:2379".into())
+        );
+        assert_eq!(
+            Endpoint::parse("https://h:1").unwrap_err(),
+            "https is not supported by this client"
+        );
+        assert_eq!(
+            Endpoint::parse("unix://x:1").unwrap_err(),
+            "only http:// endpoints are supported"
+        );
+        assert_eq!(Endpoint::parse("h").unwrap_err(), "missing :port");
+        assert_eq!(
+            Endpoint::parse("h:port").unwrap_err(),
+            "port is not a number"
+        );
+        assert_eq!(
+            Endpoint::parse("http://a/b:1").unwrap_err(),
+            "expected host:port"
+        );
+        assert_eq!(Endpoint::parse(":1").unwrap_err(), "expected host:port");
+    }
+}

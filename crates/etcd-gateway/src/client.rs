@@ -41,6 +41,19 @@ pub struct Client {
     connect_timeout: Duration,
 }
 
+/// A copy starts at the endpoint the original would try next; `client.clone()
+/// .with_request_timeout(t)` gives one call site its own deadline.
+impl Clone for Client {
+    fn clone(&self) -> Client {
+        Client {
+            endpoints: self.endpoints.clone(),
+            current: AtomicUsize::new(self.current.load(Ordering::Relaxed)),
+            request_timeout: self.request_timeout,
+            connect_timeout: self.connect_timeout,
+        }
+    }
+}
+
 impl Client {
     /// A client of these endpoints (`http://host:port` or `host:port`), in order of preference.
     pub fn new<I, S>(endpoints: I) -> Result<Client>

@@ -168,7 +168,8 @@ impl Client {
     /// Starts a watch; `on_batch` gets each batch on the watch's thread, then at most one
     /// `Err` when the watch ends by itself ([`Error::WatchEnded`], [`Error::Compacted`],
     /// [`Error::WatchCanceled`], or a read or decode error). Nothing is delivered after the
-    /// [`Watch`] is dropped.
+    /// [`Watch`] is dropped. The drop waits for a callback in progress, so the callback must
+    /// not wait for the thread that drops the watch (an unbounded channel never does).
     pub fn watch<F>(&self, request: &WatchRequest, mut on_batch: F) -> Result<Watch>
     where
         F: FnMut(Result<WatchBatch>) + Send + 'static,

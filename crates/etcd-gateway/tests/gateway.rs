@@ -400,7 +400,10 @@ fn one_shot_server(answer: Option<&'static [u8]>) -> Result<(String, std::thread
 #[test]
 fn a_silent_server_times_out() -> Result<()> {
     let (url, server) = one_shot_server(None)?;
-    let client = Client::new([url])?.with_request_timeout(Duration::from_millis(300));
+    let patient = Client::new([url])?;
+    let client = patient
+        .clone()
+        .with_request_timeout(Duration::from_millis(300));
     let started = Instant::now();
     let e = client.range(&KeyRange::key("k")).unwrap_err();
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
@@ -409,7 +412,7 @@ fn a_silent_server_times_out() -> Result<()> {
         "{:?}",
         started.elapsed()
     );
-    drop(client);
+    drop((client, patient));
     let _ = server.join();
     Ok(())
 }

@@ -23,9 +23,10 @@
 //! (comparisons on value, version, create/mod revision and lease; then put, range and delete
 //! operations; [`TxnResponse::succeeded`] says which branch ran), [`Client::lease_grant`],
 //! [`Client::lease_keepalive`] (one renewal), [`Client::lease_revoke`],
-//! [`Client::lease_time_to_live`], [`Client::status`] and [`Client::watch`] (events through a
-//! callback or [`Client::watch_channel`]; the end of the stream and a compacted start revision
-//! are errors, a dropped [`Watch`] delivers nothing more). Every answer carries etcd's
+//! [`Client::lease_time_to_live`], [`Client::compact`], [`Client::status`] and
+//! [`Client::watch`] (events through a callback or [`Client::watch_channel`]; the end of the
+//! stream and a compacted start revision are errors, a dropped [`Watch`] delivers nothing
+//! more). Every answer carries etcd's
 //! [`Header`], whose `revision` callers can use as a term.
 //!
 //! Each call is blocking and bounded: by the client's request timeout (connect, send and the

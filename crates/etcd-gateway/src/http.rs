@@ -1,28 +1,29 @@
-//! Just enough HTTP/1.1 for etcd's gateway, on `std::net::TcpStream`.
+//! The transport: one POST per call through `awc`, actix's own HTTP client.
 //!
-//! One request per connection (`Connection: close`): a POST with a JSON body, then a response
-//! head and a body framed by `Content-Length`, by chunked transfer encoding (the gateway's
-//! streams and its errors), or by the connection's end. Owning the socket is the reason this
-//! is not a general HTTP client: every read runs under the call's deadline (the read timeout is
-//! set to what is left of it before each read), and a watch is ended from another thread by
-//! shutting its socket down.
+//! `awc` owns HTTP/1.1 (the head, `Content-Length`, chunked encoding); this module owns what is
+//! particular to the gateway: which send errors mean nothing was sent (a connection that could
+//! not be made, so the call may move to the next endpoint), every wait bounded by the call's
+//! deadline, and the streams' framing (one JSON message per line of a body that stays open).
+//! Each call builds its own `awc::Client`, so a connection serves one request and is never
+//! reused after a failure; dropping a [`Body`] drops the connection, which closes its socket.
+//! `awc`'s futures are not `Send`: they run on the actix-rt thread (an arbiter) that polls
+//! them.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::io;
 use std::time::{Duration, Instant};
 
-/// The most a response head may take. The gateway's heads are a few hundred bytes; this is a
-/// guess with a wide margin, there only to bound memory against a wrong server.
-const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// The longest chunk-size line (size, extensions) accepted.
-const MAX_CHUNK_LINE: usize = 1024;
+use awc::error::{ConnectError, PayloadError, SendRequestError};
+use awc::http::header::{ACCEPT, CONTENT_TYPE};
+use bytes::{Bytes, BytesMut};
+use futures_util::stream::{LocalBoxStream, StreamExt};
+use tokio::time::timeout_at;
+
+use crate::error::{Error, Result};
 
 /// One etcd client URL, as `http://host:port`.
 #[derive(Clone, Debug)]
 pub(crate) struct Endpoint {
     pub(crate) url: String,
-    host: String,
-    port: u16,
 }
 
 impl Endpoint {
@@ -46,368 +47,243 @@ impl Endpoint {
         let port: u16 = port.parse().map_err(|_| "port is not a number")?;
         Ok(Endpoint {
             url: format!("http://{host}:{port}"),
-            host: host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string(),
-            port,
         })
     }
-
-    /// Connects to the first of the host's addresses that accepts within `timeout`.
-    pub(crate) fn connect(&self, timeout: Duration) -> io::Result<TcpStream> {
-        let mut last = io::Error::new(io::ErrorKind::NotFound, "host resolved to no address");
-        for addr in (self.host.as_str(), self.port).to_socket_addrs()? {
-            match TcpStream::connect_timeout(&addr, timeout) {
-                Ok(stream) => {
-                    stream.set_nodelay(true)?;
-                    return Ok(stream);
-                }
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
-    }
-
-    fn host_header(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
-    }
 }
 
-/// A socket whose reads end at a deadline (or never, with `None`).
-pub(crate) struct DeadlineStream {
-    stream: TcpStream,
-    deadline: Option<Instant>,
+/// Why a POST got no answer.
+pub(crate) enum SendFailure {
+    /// No connection could be made: nothing was sent, another endpoint may be tried.
+    NotSent(io::Error),
+    /// The request was (perhaps partly) sent; it must not be resent.
+    Failed(Error),
 }
 
-impl DeadlineStream {
-    pub(crate) fn set_deadline(&mut self, deadline: Option<Instant>) {
-        self.deadline = deadline;
-    }
-}
-
-impl Read for DeadlineStream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let timeout = match self.deadline {
-            None => None,
-            Some(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(io::ErrorKind::TimedOut.into());
-                }
-                Some(left)
-            }
-        };
-        self.stream.set_read_timeout(timeout)?;
-        self.stream.read(buf)
-    }
-}
-
-/// Whether an I/O error is a read or write timeout (Linux reports `WouldBlock` for them).
-pub(crate) fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-    )
-}
-
-/// Sends one POST on a connected socket; the write is bounded by `deadline`.
-pub(crate) fn send_post(
-    stream: &TcpStream,
+/// POSTs `payload` to `endpoint` + `path` and waits, until `deadline`, for the answer's head.
+/// Returns the status and the body. Connecting is bounded by `connect_timeout` as well.
+pub(crate) async fn post(
     endpoint: &Endpoint,
-    path: &str,
-    body: &[u8],
+    path: &'static str,
+    payload: Bytes,
+    connect_timeout: Duration,
     deadline: Instant,
-) -> io::Result<()> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(io::ErrorKind::TimedOut.into());
-    }
-    stream.set_write_timeout(Some(left))?;
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-         Accept: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        endpoint.host_header(),
-        body.len()
-    );
-    let mut message = Vec::with_capacity(head.len() + body.len());
-    message.extend_from_slice(head.as_bytes());
-    message.extend_from_slice(body);
-    let mut writer = stream;
-    writer.write_all(&message)?;
-    writer.flush()
-}
-
-/// How a response body ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Framing {
-    Length(u64),
-    Chunked,
-    UntilClose,
-}
-
-/// A response whose head has been read; [`Response::body`] reads the rest.
-pub(crate) struct Response {
-    pub(crate) status: u16,
-    pub(crate) body: Body,
-}
-
-/// A response head that is not HTTP, in words.
-#[derive(Debug)]
-pub(crate) enum HeadError {
-    Io(io::Error),
-    Malformed(String),
-}
-
-impl From<io::Error> for HeadError {
-    fn from(e: io::Error) -> HeadError {
-        HeadError::Io(e)
-    }
-}
-
-/// Reads a response head from `stream`, whose reads end at `deadline`.
-pub(crate) fn read_response(
-    stream: TcpStream,
-    deadline: Option<Instant>,
-) -> Result<Response, HeadError> {
-    let mut reader = BufReader::new(DeadlineStream { stream, deadline });
-    let mut head = Vec::new();
-    loop {
-        let before = head.len();
-        let n = read_line_bounded(&mut reader, &mut head, MAX_HEAD_BYTES - before)?;
-        if n == 0 {
-            return Err(HeadError::Malformed(
-                "connection closed before the response head ended".into(),
-            ));
-        }
-        if &head[before..] == b"\r\n" || &head[before..] == b"\n" {
-            break;
-        }
-    }
-    let mut headers = [httparse::EMPTY_HEADER; 64];
-    let mut parsed = httparse::Response::new(&mut headers);
-    match parsed.parse(&head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => {
-            return Err(HeadError::Malformed("incomplete response head".into()))
-        }
-        Err(e) => return Err(HeadError::Malformed(format!("bad response head: {e}"))),
-    }
-    let status = parsed
-        .code
-        .ok_or_else(|| HeadError::Malformed("no status code".into()))?;
-    let mut framing = Framing::UntilClose;
-    for header in parsed.headers.iter() {
-        if header.name.eq_ignore_ascii_case("transfer-encoding") {
-            let value = String::from_utf8_lossy(header.value);
-            if value.to_ascii_lowercase().contains("chunked") {
-                framing = Framing::Chunked;
-            }
-        } else if header.name.eq_ignore_ascii_case("content-length") && framing != Framing::Chunked
-        {
-            let value = std::str::from_utf8(header.value)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or_else(|| HeadError::Malformed("bad Content-Length".into()))?;
-            framing = Framing::Length(value);
-        }
-    }
-    let state = match framing {
-        Framing::Length(n) => BodyState::Length { left: n },
-        Framing::Chunked => BodyState::ChunkStart { first: true },
-        Framing::UntilClose => BodyState::UntilClose,
+    timeout: Duration,
+) -> Result<(u16, Body), SendFailure> {
+    // The call's deadline is ours (below); awc's own request timeout would end a watch's
+    // stream, and its redirects would resend a request elsewhere.
+    let client = awc::Client::builder()
+        .disable_timeout()
+        .disable_redirects()
+        .connector(awc::Connector::new().timeout(connect_timeout))
+        .finish();
+    let send = client
+        .post(format!("{}{path}", endpoint.url))
+        .insert_header((CONTENT_TYPE, "application/json"))
+        .insert_header((ACCEPT, "application/json"))
+        .send_body(payload);
+    let context = Context {
+        endpoint: endpoint.url.clone(),
+        path,
+        timeout,
     };
-    Ok(Response {
+    let response = match timeout_at(deadline.into(), send).await {
+        Err(_elapsed) => return Err(SendFailure::Failed(context.timeout())),
+        // awc also reports a connection closed after the request went out, before the answer's
+        // head, as `Connect(Disconnected)`: that request was sent and may have been applied.
+        Ok(Err(SendRequestError::Connect(ConnectError::Disconnected))) => {
+            return Err(SendFailure::Failed(context.io(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the connection closed before the answer",
+            ))))
+        }
+        Ok(Err(SendRequestError::Connect(e))) => return Err(SendFailure::NotSent(connect_io(e))),
+        Ok(Err(e)) => return Err(SendFailure::Failed(context.send_error(e))),
+        Ok(Ok(response)) => response,
+    };
+    let status = response.status().as_u16();
+    Ok((
         status,
-        body: Body { reader, state },
-    })
+        Body {
+            stream: response.boxed_local(),
+            pending: BytesMut::new(),
+            ended: false,
+            context,
+        },
+    ))
 }
 
-/// Appends one line (through `\n`) of at most `max` bytes to `out`; returns its length (0 at
-/// the end of the stream).
-fn read_line_bounded<R: BufRead>(
-    reader: &mut R,
-    out: &mut Vec<u8>,
-    max: usize,
-) -> io::Result<usize> {
-    let mut taken = 0;
-    loop {
-        let available = reader.fill_buf()?;
-        if available.is_empty() {
-            return Ok(taken);
+/// A connection error as the `io::Error` that [`Error::Connect`] carries.
+fn connect_io(e: ConnectError) -> io::Error {
+    match e {
+        ConnectError::Io(e) => e,
+        ConnectError::Timeout => io::Error::new(io::ErrorKind::TimedOut, "connect timed out"),
+        other => io::Error::other(other.to_string()),
+    }
+}
+
+/// What an error after sending names: the endpoint, the call and its timeout.
+#[derive(Clone, Debug)]
+struct Context {
+    endpoint: String,
+    path: &'static str,
+    timeout: Duration,
+}
+
+impl Context {
+    fn timeout(&self) -> Error {
+        Error::Timeout {
+            endpoint: self.endpoint.clone(),
+            path: self.path,
+            after_ms: self.timeout.as_millis(),
         }
-        let (used, done) = match available.iter().position(|&b| b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (available.len(), false),
-        };
-        if taken + used > max {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("line longer than {max} bytes"),
-            ));
+    }
+
+    fn io(&self, source: io::Error) -> Error {
+        Error::Io {
+            endpoint: self.endpoint.clone(),
+            path: self.path,
+            source,
         }
-        out.extend_from_slice(&available[..used]);
-        reader.consume(used);
-        taken += used;
-        if done {
-            return Ok(taken);
+    }
+
+    fn send_error(&self, e: SendRequestError) -> Error {
+        match e {
+            SendRequestError::Timeout => self.timeout(),
+            SendRequestError::Send(e) => self.io(e),
+            SendRequestError::Response(e) => Error::malformed(self.path, e.to_string()),
+            other => self.io(io::Error::other(other.to_string())),
+        }
+    }
+
+    fn payload_error(&self, e: PayloadError) -> Error {
+        match e {
+            // A body that is not HTTP (bad chunk sizes) rather than one cut short.
+            PayloadError::Incomplete(Some(e)) | PayloadError::Io(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput
+                ) =>
+            {
+                Error::malformed(self.path, e.to_string())
+            }
+            PayloadError::Incomplete(Some(e)) | PayloadError::Io(e) => self.io(e),
+            PayloadError::Incomplete(None) => self.io(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the body ended early",
+            )),
+            other => Error::malformed(self.path, other.to_string()),
         }
     }
 }
 
-#[derive(Debug)]
-enum BodyState {
-    Length {
-        left: u64,
-    },
-    /// Before a chunk-size line; `first` is false when the previous chunk's CRLF is still due.
-    ChunkStart {
-        first: bool,
-    },
-    InChunk {
-        left: u64,
-    },
-    UntilClose,
-    Done,
-}
-
-/// A response body: the bytes of the entity, with the transfer framing removed.
+/// An answer's body, read under a deadline; dropping it closes the connection.
 pub(crate) struct Body {
-    reader: BufReader<DeadlineStream>,
-    state: BodyState,
+    stream: LocalBoxStream<'static, Result<Bytes, PayloadError>>,
+    /// Bytes read but not yet handed out (the start of a message).
+    pending: BytesMut,
+    ended: bool,
+    context: Context,
 }
 
 impl Body {
-    /// Moves the deadline of every later read (a watch clears it once created).
-    pub(crate) fn set_deadline(&mut self, deadline: Option<Instant>) {
-        self.reader.get_mut().set_deadline(deadline);
-    }
-
-    /// A second handle on the socket, to shut it down from another thread.
-    pub(crate) fn try_clone_socket(&self) -> io::Result<TcpStream> {
-        self.reader.get_ref().stream.try_clone()
+    /// The next piece of the body; `None` at its end. Waits until `deadline` (forever with
+    /// `None`, as a quiet watch must).
+    async fn chunk(&mut self, deadline: Option<Instant>) -> Result<Option<Bytes>> {
+        if self.ended {
+            return Ok(None);
+        }
+        let next = match deadline {
+            None => self.stream.next().await,
+            Some(deadline) => timeout_at(deadline.into(), self.stream.next())
+                .await
+                .map_err(|_elapsed| self.context.timeout())?,
+        };
+        match next {
+            None => {
+                self.ended = true;
+                Ok(None)
+            }
+            Some(Ok(bytes)) => Ok(Some(bytes)),
+            Some(Err(e)) => {
+                self.ended = true;
+                Err(self.context.payload_error(e))
+            }
+        }
     }
 
     /// Reads the whole body, refusing one longer than `limit` bytes.
-    pub(crate) fn read_all(&mut self, limit: u64) -> io::Result<Vec<u8>> {
-        let mut out = Vec::new();
-        let n = self.by_ref().take(limit + 1).read_to_end(&mut out)?;
-        if n as u64 > limit {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("response body longer than {limit} bytes"),
-            ));
+    pub(crate) async fn read_all(&mut self, limit: usize, deadline: Instant) -> Result<Bytes> {
+        let mut all = std::mem::take(&mut self.pending);
+        while let Some(bytes) = self.chunk(Some(deadline)).await? {
+            if all.len() + bytes.len() > limit {
+                return Err(Error::malformed(
+                    self.context.path,
+                    format!("response body longer than {limit} bytes"),
+                ));
+            }
+            all.extend_from_slice(&bytes);
         }
-        Ok(out)
+        Ok(all.freeze())
     }
 
-    /// Reads one newline-terminated message of at most `limit` bytes, without the newline;
-    /// `None` at the end of the body. Blank lines between messages are skipped.
-    pub(crate) fn read_message(&mut self, limit: usize) -> io::Result<Option<Vec<u8>>> {
+    /// The next message of a stream (a line, without its line end), at most `limit` bytes;
+    /// `None` at the end of the body. Blank lines are skipped; a last message without a line
+    /// end counts.
+    pub(crate) async fn read_message(
+        &mut self,
+        limit: usize,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Bytes>> {
         loop {
-            let mut line = Vec::new();
-            let n = read_line_bounded(self, &mut line, limit)?;
-            if n == 0 {
-                return Ok(None);
-            }
-            while matches!(line.last(), Some(b'\n' | b'\r')) {
-                line.pop();
-            }
-            if !line.iter().all(u8::is_ascii_whitespace) {
+            let path = self.context.path;
+            if let Some(line) = take_line(&mut self.pending, limit)
+                .map_err(|reason| Error::malformed(path, reason))?
+            {
                 return Ok(Some(line));
             }
-        }
-    }
-
-    /// The entity bytes available without crossing a chunk boundary (empty at the end),
-    /// reading from the socket if none are buffered.
-    fn fill_entity(&mut self) -> io::Result<&[u8]> {
-        loop {
-            match self.state {
-                BodyState::Done => return Ok(&[]),
-                BodyState::Length { left: 0 } => {
-                    self.state = BodyState::Done;
-                }
-                BodyState::ChunkStart { first } => {
-                    if !first {
-                        let mut crlf = Vec::new();
-                        read_line_bounded(&mut self.reader, &mut crlf, 2)?;
-                        if crlf != b"\r\n" && crlf != b"\n" {
-                            return Err(bad_chunk("missing CRLF after a chunk"));
-                        }
-                    }
-                    let mut line = Vec::new();
-                    if read_line_bounded(&mut self.reader, &mut line, MAX_CHUNK_LINE)? == 0 {
-                        return Err(io::ErrorKind::UnexpectedEof.into());
-                    }
-                    let text = std::str::from_utf8(&line).map_err(|_| bad_chunk("chunk size"))?;
-                    let size = text.split(';').next().unwrap_or("").trim();
-                    let size =
-                        u64::from_str_radix(size, 16).map_err(|_| bad_chunk("chunk size"))?;
-                    if size == 0 {
-                        // The last chunk. Trailers may follow (the gateway sends one on
-                        // errors); the connection closes after them, so they are not read.
-                        self.state = BodyState::Done;
-                    } else {
-                        self.state = BodyState::InChunk { left: size };
-                    }
-                }
-                BodyState::InChunk { left: 0 } => {
-                    self.state = BodyState::ChunkStart { first: false };
-                }
-                BodyState::Length { left } | BodyState::InChunk { left } => {
-                    let buffered = self.reader.fill_buf()?;
-                    if buffered.is_empty() {
-                        return Err(io::ErrorKind::UnexpectedEof.into());
-                    }
-                    let n = buffered
-                        .len()
-                        .min(usize::try_from(left).unwrap_or(usize::MAX));
-                    return Ok(&self.reader.buffer()[..n]);
-                }
-                BodyState::UntilClose => return self.reader.fill_buf(),
+            match self.chunk(deadline).await? {
+                Some(bytes) => self.pending.extend_from_slice(&bytes),
+                None => return Ok(take_rest(&mut self.pending)),
             }
         }
     }
+}
 
-    fn consume_entity(&mut self, n: usize) {
-        self.reader.consume(n);
-        match &mut self.state {
-            BodyState::Length { left } | BodyState::InChunk { left } => *left -= n as u64,
-            _ => {}
+/// Takes the first non-blank complete line out of `buffer`; `None` when there is none yet.
+/// A partial line longer than `limit` is an error, since it can never be accepted.
+fn take_line(buffer: &mut BytesMut, limit: usize) -> Result<Option<Bytes>, String> {
+    while let Some(end) = buffer.iter().position(|&b| b == b'\n') {
+        let line = trim(buffer.split_to(end + 1).freeze());
+        if line.len() > limit {
+            return Err(format!("message longer than {limit} bytes"));
+        }
+        if !line.is_empty() {
+            return Ok(Some(line));
         }
     }
+    if buffer.len() > limit {
+        return Err(format!("message longer than {limit} bytes"));
+    }
+    Ok(None)
 }
 
-fn bad_chunk(what: &str) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("bad chunked encoding: {what}"),
-    )
+/// What is left at the end of a body, as a last message unless it is blank.
+fn take_rest(buffer: &mut BytesMut) -> Option<Bytes> {
+    let rest = trim(buffer.split().freeze());
+    (!rest.is_empty()).then_some(rest)
 }
 
-impl Read for Body {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let available = self.fill_entity()?;
-        let n = available.len().min(buf.len());
-        buf[..n].copy_from_slice(&available[..n]);
-        self.consume_entity(n);
-        Ok(n)
-    }
-}
-
-impl BufRead for Body {
-    fn fill_buf(&mut self) -> io::Result<&[u8]> {
-        self.fill_entity()
-    }
-
-    fn consume(&mut self, n: usize) {
-        self.consume_entity(n);
-    }
+/// A line without surrounding whitespace (its line end, a stray `\r`).
+fn trim(line: Bytes) -> Bytes {
+    let start = line
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(line.len());
+    let end = line
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |i| i + 1);
+    line.slice(start..end)
 }
 
 #[cfg(test)]
@@ -417,15 +293,9 @@ mod tests {
     #[test]
     fn endpoints_parse_or_say_why_not() {
         let e = Endpoint::parse("http://127.0.0.1:2379/").expect("parses");
-        assert_eq!(
-            (e.url.as_str(), e.host_header()),
-            ("http://127.0.0.1:2379", "127.0.0.1:2379".into())
-        );
+        assert_eq!(e.url, "http://127.0.0.1:2379");
         let e = Endpoint::parse("[::1]:2379").expect("parses");
-        assert_eq!(
-            (e.host.as_str(), e.host_header()),
-            ("::1", "[::1]:2379".into())
-        );
+        assert_eq!(e.url, "http://[::1]:2379");
         assert_eq!(
             Endpoint::parse("https://h:1").unwrap_err(),
             "https is not supported by this client"
@@ -444,5 +314,38 @@ mod tests {
             "expected host:port"
         );
         assert_eq!(Endpoint::parse(":1").unwrap_err(), "expected host:port");
+    }
+
+    #[test]
+    fn lines_are_messages_across_pieces() {
+        let mut buffer = BytesMut::new();
+        let mut seen = Vec::new();
+        // Pieces that cut a message, a CRLF and a blank line apart.
+        for piece in [&b"{\"a\""[..], b":1}\r", b"\n\n  \n{\"b\":2}\n{\"c\""] {
+            buffer.extend_from_slice(piece);
+            while let Some(line) = take_line(&mut buffer, 64).expect("within the limit") {
+                seen.push(line);
+            }
+        }
+        assert_eq!(seen, [&b"{\"a\":1}"[..], b"{\"b\":2}"]);
+        assert_eq!(take_rest(&mut buffer).as_deref(), Some(&b"{\"c\""[..]));
+        assert_eq!(take_rest(&mut buffer), None);
+        buffer.extend_from_slice(b" \r\n");
+        assert_eq!(take_rest(&mut buffer), None, "a blank tail is no message");
+    }
+
+    #[test]
+    fn an_overlong_message_is_refused_before_it_ends() {
+        let mut buffer = BytesMut::from(&b"0123456789"[..]);
+        assert!(take_line(&mut buffer, 9)
+            .unwrap_err()
+            .contains("longer than 9"));
+        let mut buffer = BytesMut::from(&b"0123456789\n"[..]);
+        assert!(take_line(&mut buffer, 9).is_err());
+        let mut buffer = BytesMut::from(&b"012345678\n"[..]);
+        assert_eq!(
+            take_line(&mut buffer, 9).expect("fits").as_deref(),
+            Some(&b"012345678"[..])
+        );
     }
 }

@@ -210,12 +210,12 @@ impl EtcdCluster {
     /// The index of the member that leads, as the first live member reports it.
     pub fn leader_index(&self) -> Result<usize, String> {
         for member in self.members.iter().filter(|m| m.child.is_some()) {
-            let Ok(status) = member.client().status() else {
+            let Ok(status) = blocking_status(&member.client()) else {
                 continue;
             };
             for (index, other) in self.members.iter().enumerate() {
                 if other.child.is_some() {
-                    if let Ok(s) = other.client().status() {
+                    if let Ok(s) = blocking_status(&other.client()) {
                         if s.header.member_id == status.leader {
                             return Ok(index);
                         }
@@ -238,7 +238,7 @@ impl EtcdCluster {
                 if let Some(exit) = self.members[index].exited() {
                     return Err(exit);
                 }
-                match client.status() {
+                match blocking_status(&client) {
                     Ok(status) if status.leader != 0 => break,
                     _ => {}
                 }
@@ -259,6 +259,25 @@ impl EtcdCluster {
         }
         Ok(self)
     }
+}
+
+/// Asks `client` for the member's status, blocking: the call runs on an actix-rt runtime of
+/// its own, on a thread of its own, because the testkit is called from tests that already run
+/// one on their thread (and a runtime cannot be started inside another).
+fn blocking_status(client: &Client) -> crate::Result<crate::Status> {
+    let outcome = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let runtime = actix_rt::Runtime::new().map_err(|e| crate::Error::Io {
+                    endpoint: client.current_endpoint().to_string(),
+                    path: "/v3/maintenance/status",
+                    source: e,
+                })?;
+                runtime.block_on(client.status())
+            })
+            .join()
+    });
+    outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 /// Picks free loopback ports by binding them all at once (so none repeats), then frees them

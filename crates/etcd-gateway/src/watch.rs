@@ -1,26 +1,25 @@
-//! [`Watch`]: a long-lived `POST /v3/watch` read on its own thread.
+//! [`Watch`]: a long-lived `POST /v3/watch`, read as a [`Stream`] of batches.
 //!
 //! The request body is one `create_request`; the answer is a chunked stream of JSON messages,
 //! one per line (see `wire`). The first says the watch was created (with the revision it
 //! starts after); every later one is a batch of events, a progress notice (no events), or a
 //! cancellation (`canceled`, with `compact_revision` when the start revision was compacted).
 //! [`Client::watch`] reads the first message under the call's deadline, so once it returns
-//! the watch is registered and no later change is missed; then a thread reads the rest with
-//! no deadline (a quiet key sends nothing) and hands each batch to the callback. The stream's
-//! end, a cancellation and a bad message end the watch with one last `Err`. Dropping the
-//! [`Watch`] shuts the socket down, which wakes the thread's read, and joins it: no callback
-//! runs after the drop returns.
+//! the watch is registered and no later change is missed; then the [`Watch`] reads the rest
+//! when polled, with no deadline (a quiet key sends nothing). The stream's end, a
+//! cancellation and a bad message end the watch with one last `Err`. The [`Watch`] owns the
+//! connection and there is no task behind it: dropping it closes the socket, and no batch
+//! exists to be delivered after the drop.
 
-use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
+use futures_util::stream::{LocalBoxStream, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::client::{read_error, Client};
+use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::http::Body;
 use crate::types::{Header, KeyRange, KeyValue};
@@ -128,14 +127,24 @@ struct WatchResponse {
     events: Vec<Event>,
 }
 
-/// A running watch; dropping it ends it.
-#[derive(Debug)]
+/// A running watch: a [`Stream`] of batches, which ends after at most one `Err` when the
+/// watch ends by itself ([`Error::WatchEnded`], [`Error::Compacted`],
+/// [`Error::WatchCanceled`], or a read or decode error). Dropping it closes the connection at
+/// once, which ends the watch on the server; nothing can arrive after the drop, since the
+/// stream is the only reader. An actor takes it with `ctx.add_stream(watch)`.
 pub struct Watch {
     created: Header,
     watch_id: i64,
-    socket: TcpStream,
-    stopping: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    batches: LocalBoxStream<'static, Result<WatchBatch>>,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch")
+            .field("created", &self.created)
+            .field("watch_id", &self.watch_id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Watch {
@@ -148,35 +157,30 @@ impl Watch {
     pub fn watch_id(&self) -> i64 {
         self.watch_id
     }
+
+    /// The next batch, waiting as long as the watched keys stay quiet; `None` after the last.
+    pub async fn next_batch(&mut self) -> Option<Result<WatchBatch>> {
+        self.batches.next().await
+    }
 }
 
-impl Drop for Watch {
-    fn drop(&mut self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        // Wakes the thread's blocked read with an error (or the end of the stream).
-        let _ = self.socket.shutdown(Shutdown::Both);
-        if let Some(thread) = self.thread.take() {
-            // A callback that drops its own watch must not wait for itself.
-            if thread.thread().id() != std::thread::current().id() {
-                let _ = thread.join();
-            }
-        }
+impl Stream for Watch {
+    type Item = Result<WatchBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.batches.as_mut().poll_next(cx)
     }
 }
 
 impl Client {
-    /// Starts a watch; `on_batch` gets each batch on the watch's thread, then at most one
-    /// `Err` when the watch ends by itself ([`Error::WatchEnded`], [`Error::Compacted`],
-    /// [`Error::WatchCanceled`], or a read or decode error). Nothing is delivered after the
-    /// [`Watch`] is dropped. The drop waits for a callback in progress, so the callback must
-    /// not wait for the thread that drops the watch (an unbounded channel never does).
-    pub fn watch<F>(&self, request: &WatchRequest, mut on_batch: F) -> Result<Watch>
-    where
-        F: FnMut(Result<WatchBatch>) + Send + 'static,
-    {
+    /// Starts a watch. The future ends when etcd has created it (under the call's deadline),
+    /// so no change after [`Watch::created`]'s revision is missed; the [`Watch`] then yields
+    /// the batches as they come, with no deadline (a quiet key sends nothing).
+    pub async fn watch(&self, request: &WatchRequest) -> Result<Watch> {
         let deadline = Instant::now() + self.request_timeout();
-        let (endpoint, mut body) = self.open(PATH, &request.to_json(), Some(deadline))?;
-        let first = read_response(&mut body, &endpoint, self.request_timeout())?
+        let mut body = self.open(PATH, &request.to_json(), deadline).await?;
+        let first = read_response(&mut body, Some(deadline))
+            .await?
             .ok_or(Error::WatchEnded)?;
         if let Some(end) = ended(&first) {
             return Err(end);
@@ -187,73 +191,38 @@ impl Client {
                 "the first message did not create the watch",
             ));
         }
-        // From here on a read waits as long as the key stays quiet.
-        body.set_deadline(None);
-        let socket = body
-            .try_clone_socket()
-            .map_err(|e| read_error(e, &endpoint, PATH, self.request_timeout()))?;
-        let stopping = Arc::new(AtomicBool::new(false));
-        let stop = Arc::clone(&stopping);
-        let timeout = self.request_timeout();
-        let thread = std::thread::Builder::new()
-            .name("etcd-watch".into())
-            .spawn(move || loop {
-                let message = read_response(&mut body, &endpoint, timeout);
-                if stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                let response = match message {
-                    Ok(Some(response)) => response,
-                    Ok(None) => return on_batch(Err(Error::WatchEnded)),
-                    Err(e) => return on_batch(Err(e)),
-                };
-                if let Some(end) = ended(&response) {
-                    return on_batch(Err(end));
-                }
-                on_batch(Ok(WatchBatch {
-                    header: response.header,
-                    events: response.events,
-                }));
-            })
-            .map_err(|e| Error::Io {
-                endpoint: self.current_endpoint().to_string(),
-                path: PATH,
-                source: e,
-            })?;
+        // The body until the watch's last message; `None` once that has been handed out.
+        let batches = futures_util::stream::unfold(Some(body), |body| async move {
+            let mut body = body?;
+            let response = match read_response(&mut body, None).await {
+                Ok(Some(response)) => response,
+                Ok(None) => return Some((Err(Error::WatchEnded), None)),
+                Err(e) => return Some((Err(e), None)),
+            };
+            if let Some(end) = ended(&response) {
+                return Some((Err(end), None));
+            }
+            let batch = WatchBatch {
+                header: response.header,
+                events: response.events,
+            };
+            Some((Ok(batch), Some(body)))
+        });
         Ok(Watch {
             created: first.header,
             watch_id: first.watch_id,
-            socket,
-            stopping,
-            thread: Some(thread),
+            batches: batches.boxed_local(),
         })
-    }
-
-    /// [`Client::watch`] into a channel: batches arrive on the receiver, which disconnects
-    /// after the last.
-    pub fn watch_channel(
-        &self,
-        request: &WatchRequest,
-    ) -> Result<(Watch, mpsc::Receiver<Result<WatchBatch>>)> {
-        let (tx, rx) = mpsc::channel();
-        let watch = self.watch(request, move |batch| {
-            // A receiver that has gone away wants nothing more; the watch ends on drop.
-            let _ = tx.send(batch);
-        })?;
-        Ok((watch, rx))
     }
 }
 
-/// Reads and decodes one message; `None` at the end of the stream.
-fn read_response(
+/// Reads and decodes one message, waiting until `deadline` (or as long as it takes); `None`
+/// at the end of the stream.
+async fn read_response(
     body: &mut Body,
-    endpoint: &str,
-    timeout: std::time::Duration,
+    deadline: Option<Instant>,
 ) -> Result<Option<WatchResponse>> {
-    let Some(line) = body
-        .read_message(MAX_MESSAGE_BYTES)
-        .map_err(|e| read_error(e, endpoint, PATH, timeout))?
-    else {
+    let Some(line) = body.read_message(MAX_MESSAGE_BYTES, deadline).await? else {
         return Ok(None);
     };
     let message: StreamMessage<WatchResponse> =

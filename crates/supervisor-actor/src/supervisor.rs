@@ -673,7 +673,7 @@ impl Handler<Promote> for Supervisor {
             .unwrap_or_else(|e| {
                 Err(WalError::Io {
                     context: "promoting".into(),
-                    source: std::io::Error::other(e.to_string()),
+                    cause: std::io::Error::other(e.to_string()),
                 })
             })
         };

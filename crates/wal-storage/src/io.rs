@@ -19,6 +19,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
@@ -30,12 +31,14 @@ pub const FP_POINTER: &str = "wal_storage::pointer::err";
 pub const FP_PREALLOC: &str = "wal_storage::prealloc::err";
 pub const FP_ATOMIC: &str = "wal_storage::atomic::err";
 
+/// The counters and fail points are shared by every opening of one data directory (a restart
+/// after a storage failure reopens it), so counts go on and a fault set by a test stays set.
 #[derive(Debug, Default)]
 pub(crate) struct Io {
     pub(crate) fsync: bool,
-    pub(crate) metrics: StorageMetrics,
+    pub(crate) metrics: Arc<StorageMetrics>,
     #[cfg(feature = "failpoints")]
-    pub(crate) failpoints: Failpoints,
+    pub(crate) failpoints: Arc<Failpoints>,
 }
 
 impl Io {
@@ -43,6 +46,16 @@ impl Io {
         Io {
             fsync,
             ..Io::default()
+        }
+    }
+
+    /// An `Io` for a reopening: its counters and fail points are `other`'s.
+    pub(crate) fn sharing(other: &Io) -> Io {
+        Io {
+            fsync: other.fsync,
+            metrics: other.metrics.clone(),
+            #[cfg(feature = "failpoints")]
+            failpoints: other.failpoints.clone(),
         }
     }
 

@@ -140,6 +140,7 @@ pub mod durable;
 mod error;
 mod files;
 mod format;
+mod health;
 mod history;
 mod io;
 mod kind;
@@ -161,6 +162,7 @@ pub use wal_types::{Lsn, PgTimestamp, SystemId, TimelineId};
 pub use config::{StorageConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_SEGMENT_SIZE};
 pub use error::{Result, WalError};
 pub use format::{Record, SegmentHeader, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE};
+pub use health::{StorageHealth, StorageState};
 pub use history::{format_history, parse_history, HistoryEntry};
 #[cfg(feature = "failpoints")]
 pub use io::Failpoints;

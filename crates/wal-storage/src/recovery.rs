@@ -25,6 +25,7 @@ use crate::files::{
     encode_envelope, read_control, ControlData, FlushPointer, PointerFile, FILE_VERSION,
 };
 use crate::format::{Scan, Scanner, StopKind};
+use crate::health::StorageHealth;
 use crate::history::{check_history_for, format_history, parse_history};
 use crate::io::{pread_exact, Io, FP_FSYNC, FP_WRITE};
 use crate::naming::{history_file_name, parse_segment_file_name, segment_file_name};
@@ -206,7 +207,7 @@ pub(crate) fn init(dir: &Path, cfg: StorageConfig, opts: InitOptions) -> Result<
         &dir.join("control"),
         &encode_envelope("control", &control),
     )?;
-    open_locked(dir, cfg, lock)
+    open_locked(dir, cfg, Arc::new(lock), None)
 }
 
 /// Opens a data directory, finding the end of durable WAL (see the crate docs on crash
@@ -219,7 +220,25 @@ pub(crate) fn open(dir: &Path, cfg: StorageConfig) -> Result<Recovered> {
         });
     }
     let lock = lock_dir(dir)?;
-    open_locked(dir, cfg, lock)
+    open_locked(dir, cfg, Arc::new(lock), None)
+}
+
+/// Opens the data directory of `prev` again after a storage failure, with its lock, its
+/// channels and its counters, as an open after a crash would, except that the end is known:
+/// `prev`'s flushed end, the last good sync. Records below it are verified as usual; what
+/// lies beyond it (the failed batch's bytes, which may or may not be on disk) is cut, zeroed
+/// and synced before any write is accepted, so it can never be read or vouched for later.
+pub(crate) fn reopen(prev: &Inner) -> Result<Recovered> {
+    let known = {
+        let st = prev.state();
+        (st.tli, st.flushed)
+    };
+    open_locked(
+        &prev.dir,
+        prev.cfg.clone(),
+        prev.lock.clone(),
+        Some((prev, known)),
+    )
 }
 
 /// The control data of an initialized data directory, read without opening it.
@@ -234,7 +253,14 @@ pub(crate) fn stored_control(dir: &Path) -> Result<ControlData> {
 
 /// Reads the data directory with its lock held: control data, flush pointer, slots, the files
 /// of `pg_wal`, and the end of durable WAL, cutting what lies beyond it.
-fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> {
+///
+/// With `prev`, this is a reopening ([`reopen`]): the end is the given one, exactly.
+fn open_locked(
+    dir: &Path,
+    cfg: StorageConfig,
+    lock: Arc<File>,
+    prev: Option<(&Inner, (TimelineId, Lsn))>,
+) -> Result<Recovered> {
     let control = read_control(&dir.join("control"))?;
     if control.segment_size != cfg.segment_size {
         return Err(WalError::SegmentSizeMismatch {
@@ -243,7 +269,10 @@ fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> 
         });
     }
     let seg = cfg.segment_size;
-    let io = Io::new(cfg.fsync);
+    let io = match prev {
+        Some((p, _)) => Io::sharing(&p.io),
+        None => Io::new(cfg.fsync),
+    };
     let pg_wal = dir.join("pg_wal");
     let tmp = dir.join("tmp");
     let slots_dir = dir.join("slots");
@@ -284,8 +313,12 @@ fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> 
     }
 
     // The durable end the pointer vouches for. A pointer of another timeline predates the
-    // last switch, whose position the control file holds.
-    let (vouched, exact) = if pointer.last.timeline == st.tli {
+    // last switch, whose position the control file holds. A reopening knows the end exactly
+    // (unless a timeline switch failed half-way, when the control file says where it stands).
+    let known = prev.and_then(|(_, (tli, end))| (tli == st.tli).then_some(end));
+    let (vouched, exact) = if let Some(end) = known {
+        (end.max(st.timeline_start), true)
+    } else if pointer.last.timeline == st.tli {
         (pointer.last.end.max(st.timeline_start), pointer.last.exact)
     } else {
         (control.durable_lsn, true)
@@ -354,7 +387,11 @@ fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> 
             // A partial file holding nothing durable: remove, preallocation recreates it.
             fs::remove_file(&path).map_err(io_err("removing", &path))?;
         } else {
-            report.discarded_bytes = zero_tail(&io, &path, end.segment_offset(seg))?;
+            // A reopening after a failed sync zeroes and syncs the tail even if it reads back
+            // as zeros: the page cache may show the zeros of an earlier attempt whose sync
+            // failed, while the disk still holds the failed batch's bytes.
+            report.discarded_bytes =
+                zero_tail(&io, &path, end.segment_offset(seg), prev.is_some())?;
         }
     }
     io.sync_dir(&pg_wal).map_err(io_err("syncing", &pg_wal))?;
@@ -387,7 +424,19 @@ fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> 
         .max(st.wal_start);
 
     let slots = SlotTable::load(&slots_dir)?;
-    let (pos_tx, _) = watch::channel(st.position());
+    let (pos_tx, slot_released, health) = match prev {
+        Some((p, _)) => {
+            let now = st.position();
+            p.pos_tx
+                .send_if_modified(|pos| std::mem::replace(pos, now) != now);
+            (p.pos_tx.clone(), p.slot_released.clone(), p.health.clone())
+        }
+        None => (
+            watch::channel(st.position()).0,
+            watch::channel(0).0,
+            watch::channel(StorageHealth::default()).0,
+        ),
+    };
     let (bg_tx, bg_rx) = crossbeam_channel::unbounded();
     let inner = Arc::new(Inner {
         dir: dir.to_path_buf(),
@@ -400,12 +449,13 @@ fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> 
         files,
         state: RwLock::new(st),
         pos_tx,
-        slot_released: watch::channel(0).0,
+        slot_released,
         oldest_retained: AtomicU64::new(oldest.0),
         slots: Mutex::new(slots),
         bg_tx,
         tail: Default::default(),
-        _lock: lock,
+        health,
+        lock,
     });
     Ok(Recovered {
         inner,
@@ -488,9 +538,10 @@ fn is_all_zero(path: &Path) -> Result<bool> {
     Ok(true)
 }
 
-/// Zeroes a segment file from `from` to its end if anything there is non-zero, fsyncs it, and
-/// returns how many bytes up to the last non-zero one were discarded.
-fn zero_tail(io: &Io, path: &Path, from: u64) -> Result<u64> {
+/// Zeroes a segment file from `from` to its end if anything there is non-zero (or always,
+/// with `always`), fsyncs it, and returns how many bytes up to the last non-zero one were
+/// discarded.
+fn zero_tail(io: &Io, path: &Path, from: u64, always: bool) -> Result<u64> {
     let f = OpenOptions::new()
         .read(true)
         .write(true)
@@ -510,11 +561,18 @@ fn zero_tail(io: &Io, path: &Path, from: u64) -> Result<u64> {
         }
         off += b.len() as u64;
     }
-    let Some(last) = last_nonzero else {
-        return Ok(0);
+    let discarded = match last_nonzero {
+        Some(last) => last + 1 - from,
+        None if always => 0,
+        None => return Ok(0),
     };
-    io.write_zeros(&f, from, last + 1 - from, FP_WRITE)
+    let zero_len = if always {
+        len.saturating_sub(from)
+    } else {
+        discarded
+    };
+    io.write_zeros(&f, from, zero_len, FP_WRITE)
         .and_then(|_| io.sync_data(&f, FP_FSYNC))
         .map_err(io_err("zeroing the tail of", path))?;
-    Ok(last + 1 - from)
+    Ok(discarded)
 }

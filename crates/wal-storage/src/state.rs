@@ -21,6 +21,7 @@ use wal_types::{Lsn, SystemId, TimelineId};
 
 use crate::durable::write_atomic_with;
 use crate::files::{encode_envelope, ControlData, FILE_VERSION};
+use crate::health::HealthTx;
 use crate::io::Io;
 use crate::naming::segment_file_name;
 use crate::segments::{SegmentFiles, View, WalFileRange};
@@ -111,8 +112,11 @@ pub(crate) struct Inner {
     pub bg_tx: Sender<BgRequest>,
     /// The last small durable batches, for readers at the end of WAL.
     pub tail: TailCache,
-    /// Held for the life of the data directory's use; the lock goes with the file.
-    pub _lock: File,
+    /// Storage's health (`health.rs`); the writer moves it, and a restart.
+    pub health: HealthTx,
+    /// Held for the life of the data directory's use; the lock goes with the file. Shared
+    /// with the next opening after a storage failure, so the directory stays locked.
+    pub lock: Arc<File>,
 }
 
 impl Inner {

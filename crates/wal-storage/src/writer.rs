@@ -9,9 +9,14 @@
 //! thread, so it sees a quiet WAL with `written == flushed`. The writer starts the background
 //! thread (`background.rs`) and stops it when it stops.
 //!
-//! If a batch fails (a full disk, an I/O error), every waiter in it gets the error, `written`
-//! goes back to `flushed`, and the bytes the batch may have left on disk are zeroed by the next
-//! successful batch, so that no failed write can resurface as a valid record after a crash.
+//! If a batch fails, every waiter in it gets the error and `written` goes back to `flushed`;
+//! what happens next is the failure policy written in `health.rs`. For a full disk the writer
+//! goes on: the bytes the batch may have left on disk (up to where it got, not where it would
+//! have ended: a batch that could not preallocate the next segment wrote nothing there) are
+//! zeroed by the next successful batch, so that no failed write can resurface as a valid
+//! record after a crash, and writes that fit in the current segment succeed meanwhile. For a
+//! failed sync, or any other failure, the writer is *failed*: it refuses every request until
+//! [`Wal::restart`](crate::Wal::restart) replaces it, and stores nothing more at its stop.
 //!
 //! **Invariants:** a waiter is completed only after the fdatasync of every file its bytes went
 //! to and, when the batch needs it, of the flush pointer; the tail cache gets a batch after its
@@ -20,6 +25,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
@@ -29,8 +35,10 @@ use tokio::sync::oneshot;
 use wal_types::{Lsn, TimelineId};
 
 use crate::background;
+use crate::error::is_full_errno;
 use crate::files::PointerFile;
 use crate::format::Framer;
+use crate::health::{self, StorageState};
 use crate::io::{FP_FSYNC, FP_WRITE};
 use crate::naming::segment_file_name;
 use crate::scan::last_record_end;
@@ -97,6 +105,35 @@ pub(crate) struct Writer {
     /// The staged end is known to be a record boundary, so records may be appended there. Raw
     /// writes (a standby's stream) end anywhere; the first append after them checks by scanning.
     at_boundary: bool,
+    /// Set when a batch failed in a way that the failure policy does not retry (a failed
+    /// sync): why. From then on every request is refused until a restart replaces the writer.
+    failed: Option<String>,
+    /// While the disk is full: the segment that could not be made, if that is what failed.
+    /// The state stays `full` until it exists (appends that fit before it go on meanwhile).
+    full_segment: Option<u64>,
+}
+
+/// How a batch failed: the error, the file it was met on, whether it was a sync (never
+/// retried, whatever the errno), and how far the batch may have put bytes on disk.
+struct Failure {
+    error: WalError,
+    path: Option<PathBuf>,
+    sync: bool,
+    reach: Lsn,
+    /// The segment that could not be opened or made, if that failed.
+    segment: Option<u64>,
+}
+
+impl Failure {
+    fn at(reach: Lsn, path: PathBuf) -> impl FnOnce(WalError) -> Failure {
+        move |error| Failure {
+            error,
+            path: Some(path),
+            sync: false,
+            reach,
+            segment: None,
+        }
+    }
 }
 
 pub(crate) fn spawn(
@@ -122,6 +159,8 @@ pub(crate) fn spawn(
         pointer,
         bg: Some(bg),
         at_boundary: false,
+        failed: None,
+        full_segment: None,
         inner,
     };
     let end_seg = st.flushed.segment_number(seg);
@@ -203,6 +242,13 @@ impl Writer {
         self.inner.cfg.segment_size
     }
 
+    /// The error every request gets once the writer has failed.
+    pub(crate) fn refusal(&self) -> Option<WalError> {
+        self.failed.as_ref().map(|reason| WalError::StorageFailed {
+            reason: reason.clone(),
+        })
+    }
+
     /// True if a failed batch may have left bytes beyond `lsn` on disk.
     pub(crate) fn dirty_beyond(&self, lsn: Lsn) -> bool {
         self.dirty_until > lsn
@@ -266,6 +312,15 @@ impl Writer {
     /// At a clean stop: persist slots and the durable end, stop the background thread.
     fn close(&mut self) {
         background::persist_dirty_slots(&self.inner);
+        if self.failed.is_some() {
+            // Nothing more is stored by a failed writer: the reopening that replaces it
+            // records the end (`recovery::reopen`).
+            let _ = self.inner.bg_tx.send(BgRequest::Shutdown);
+            if let Some(bg) = self.bg.take() {
+                let _ = bg.join();
+            }
+            return;
+        }
         // Raw writes of walserver records move the pointer only per segment; a clean stop
         // records the end exactly, so the next start need not scan or drop a partial record.
         let p = self.pointer.last;
@@ -292,6 +347,10 @@ impl Writer {
     }
 
     fn stage_write(&mut self, start: Lsn, data: Bytes, reply: oneshot::Sender<Result<Lsn>>) {
+        if let Some(e) = self.refusal() {
+            let _ = reply.send(Err(e));
+            return;
+        }
         match self.check_write(start, &data) {
             Ok(skip) => {
                 if skip < data.len() {
@@ -372,6 +431,10 @@ impl Writer {
     }
 
     fn stage_append(&mut self, payloads: &[Bytes], reply: oneshot::Sender<Result<Vec<Lsn>>>) {
+        if let Some(e) = self.refusal() {
+            let _ = reply.send(Err(e));
+            return;
+        }
         if !self.at_boundary {
             // Make what is staged durable, then look for the last record boundary below it.
             self.commit();
@@ -394,7 +457,7 @@ impl Writer {
                 }
             });
             if let Err(e) = checked {
-                let _ = reply.send(Err(e));
+                let _ = reply.send(Err(self.refusal().unwrap_or(e)));
                 return;
             }
             self.at_boundary = true;
@@ -417,8 +480,9 @@ impl Writer {
         }
         let result = self.flush_batch();
         let waiters = std::mem::take(&mut self.waiters);
-        match result {
+        let e = match result {
             Ok(()) => {
+                self.clear_full();
                 for w in waiters {
                     match w {
                         Waiter::Write(reply) => {
@@ -429,24 +493,84 @@ impl Writer {
                         }
                     }
                 }
+                return;
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "WAL write failed");
-                for w in waiters {
-                    match w {
-                        Waiter::Write(reply) => {
-                            let _ = reply.send(Err(e.duplicate()));
-                        }
-                        Waiter::Append(reply, _) => {
-                            let _ = reply.send(Err(e.duplicate()));
-                        }
-                    }
+            Err(f) => self.apply_policy(f),
+        };
+        for w in waiters {
+            match w {
+                Waiter::Write(reply) => {
+                    let _ = reply.send(Err(e.duplicate()));
+                }
+                Waiter::Append(reply, _) => {
+                    let _ = reply.send(Err(e.duplicate()));
                 }
             }
         }
     }
 
-    fn flush_batch(&mut self) -> Result<()> {
+    /// Leaves the `full` state once the segment that could not be made exists (or, when no
+    /// segment was missing, after any batch that succeeded).
+    fn clear_full(&mut self) {
+        if self.inner.health.borrow().state != StorageState::Full {
+            return;
+        }
+        if self
+            .full_segment
+            .is_some_and(|s| !self.files.contains_key(&s) && self.highest_seg < s)
+        {
+            return;
+        }
+        self.full_segment = None;
+        tracing::info!("WAL writes succeed again: the disk has room");
+        health::set(&self.inner.health, StorageState::Ok, None, None);
+    }
+
+    /// The failure policy (`health.rs`): a full disk is backpressure, anything else (a failed
+    /// sync above all) fails the writer until a restart. Returns what the waiters get.
+    fn apply_policy(&mut self, f: Failure) -> WalError {
+        let full_errno = match &f.error {
+            WalError::Io { cause, .. } => is_full_errno(cause),
+            WalError::DiskFull { .. } => true,
+            _ => false,
+        };
+        if full_errno && !f.sync {
+            let e = match f.error {
+                WalError::Io { context, cause } => WalError::DiskFull {
+                    context,
+                    path: f.path.clone().unwrap_or_else(|| self.inner.dir.clone()),
+                    cause,
+                },
+                other => other,
+            };
+            if self.inner.health.borrow().state != StorageState::Full {
+                tracing::warn!(error = %e, "WAL write refused: the disk is full");
+            }
+            self.full_segment = f.segment;
+            health::set(
+                &self.inner.health,
+                StorageState::Full,
+                Some(e.to_string()),
+                f.path,
+            );
+            return e;
+        }
+        let reason = format!(
+            "{}; nothing beyond {} was acknowledged",
+            f.error, self.flushed
+        );
+        tracing::error!(error = %f.error, flushed = %self.flushed, "WAL storage failed; refusing writes until it is reopened");
+        health::set(
+            &self.inner.health,
+            StorageState::Failed,
+            Some(f.error.to_string()),
+            f.path,
+        );
+        self.failed = Some(reason);
+        self.refusal().expect("just failed")
+    }
+
+    fn flush_batch(&mut self) -> std::result::Result<(), Failure> {
         let start = self.batch_start;
         let end = self.staged_end();
         let result = self.write_out(start, end);
@@ -457,17 +581,17 @@ impl Writer {
                 self.batch_start = end;
                 Ok(())
             }
-            Err(e) => {
+            Err(f) => {
                 self.at_boundary = false;
-                self.dirty_until = self.dirty_until.max(end);
+                self.dirty_until = self.dirty_until.max(f.reach);
                 self.batch_start = self.flushed;
                 self.inner.set_positions(self.flushed, self.flushed);
-                Err(e)
+                Err(f)
             }
         }
     }
 
-    fn write_out(&mut self, start: Lsn, end: Lsn) -> Result<()> {
+    fn write_out(&mut self, start: Lsn, end: Lsn) -> std::result::Result<(), Failure> {
         let seg = self.seg();
         let zero_to = self.dirty_until.max(end);
         if zero_to <= start {
@@ -480,23 +604,32 @@ impl Writer {
         while pos < zero_to {
             let segno = pos.segment_number(seg);
             let upto = Lsn((segno + 1) * seg).min(zero_to);
-            self.ensure_segment(segno)?;
+            let path = self.inner.files.path(self.tli, segno);
+            // Nothing reached this segment if it cannot be opened (or preallocated).
+            self.ensure_segment(segno).map_err(|e| Failure {
+                segment: Some(segno),
+                ..Failure::at(pos, path.clone())(e)
+            })?;
             let f = &self.files[&segno];
             let io = &self.inner.io;
             let name = || segment_file_name(self.tli, segno, seg);
+            // A write that fails may have put any part of its range on disk.
+            let failed = |what: &str, e| {
+                Failure::at(upto, path.clone())(WalError::io(format!("{what} {}", name()), e))
+            };
             if pos < end {
                 let dend = upto.min(end);
                 let from = (pos.0 - start.0) as usize;
                 let bytes = self.batch.slices(from, (dend.0 - pos.0) as usize);
                 io.pwritev_all(f, &bytes, pos.segment_offset(seg), FP_WRITE)
-                    .map_err(|e| WalError::io(format!("writing WAL segment {}", name()), e))?;
+                    .map_err(|e| failed("writing WAL segment", e))?;
                 if dend < upto {
                     io.write_zeros(f, dend.segment_offset(seg), upto.0 - dend.0, FP_WRITE)
-                        .map_err(|e| WalError::io(format!("zeroing WAL segment {}", name()), e))?;
+                        .map_err(|e| failed("zeroing WAL segment", e))?;
                 }
             } else {
                 io.write_zeros(f, pos.segment_offset(seg), upto.0 - pos.0, FP_WRITE)
-                    .map_err(|e| WalError::io(format!("zeroing WAL segment {}", name()), e))?;
+                    .map_err(|e| failed("zeroing WAL segment", e))?;
             }
             touched.push(segno);
             pos = upto;
@@ -506,14 +639,18 @@ impl Writer {
             self.inner
                 .io
                 .sync_data(&self.files[&segno], FP_FSYNC)
-                .map_err(|e| {
-                    WalError::io(
+                .map_err(|e| Failure {
+                    error: WalError::io(
                         format!(
                             "fdatasync of WAL segment {}",
                             segment_file_name(self.tli, segno, seg)
                         ),
                         e,
-                    )
+                    ),
+                    path: Some(self.inner.files.path(self.tli, segno)),
+                    sync: true,
+                    reach: zero_to,
+                    segment: None,
                 })?;
         }
         // Raw bytes of relayed PostgreSQL WAL cannot be scanned back, so each batch's end is
@@ -530,7 +667,18 @@ impl Writer {
             || p.timeline != self.tli
             || p.end.segment_number(seg) != end.segment_number(seg)
         {
-            self.pointer.store(&self.inner.io, self.tli, end, false)?;
+            // The pointer is written in place and synced: whatever failed, it is not retried
+            // and trusted (a full disk cannot fail an in-place write of a preallocated file).
+            let path = self.inner.dir.join("flush_pointer");
+            self.pointer
+                .store(&self.inner.io, self.tli, end, false)
+                .map_err(|error| Failure {
+                    error,
+                    path: Some(path),
+                    sync: true,
+                    reach: zero_to,
+                    segment: None,
+                })?;
         }
         self.dirty_until = Lsn(0);
         self.flushed = end;
@@ -554,7 +702,17 @@ impl Writer {
         let seg = self.seg();
         let path = self.inner.files.path(self.tli, segno);
         let file = match self.pending.remove(&segno) {
-            Some(rx) => rx.recv().map_err(|_| WalError::Closed)??,
+            Some(rx) => match rx.recv().map_err(|_| WalError::Closed)? {
+                Ok(f) => f,
+                // A preallocation asked for earlier failed (a full disk, most likely). Space
+                // may have been freed since: try once more now rather than fail on an old
+                // result.
+                Err(_) => {
+                    self.request_prealloc(segno);
+                    let rx = self.pending.remove(&segno).ok_or(WalError::Closed)?;
+                    rx.recv().map_err(|_| WalError::Closed)??
+                }
+            },
             None => match OpenOptions::new().read(true).write(true).open(&path) {
                 Ok(f) => {
                     let len = f

@@ -8,6 +8,8 @@ mod basic;
 mod failpoints;
 mod golden;
 mod group_commit;
+#[cfg(feature = "failpoints")]
+mod policy;
 mod slots;
 mod timelines;
 mod torn_tail;

@@ -87,6 +87,17 @@
 //! The kill -9 test in `tests/crash/main.rs` exercises all of this with a real child process
 //! for both kinds of WAL; the torn-tail table and the fault tests cover the rest.
 //!
+//! # Failures
+//!
+//! A failed fsync or fdatasync is never retried and trusted: the kernel may have dropped the
+//! pages it could not write and marked them clean. The writer then refuses every request
+//! ([`WalError::StorageFailed`]) with the flushed end held at the last good sync, and says so
+//! on the health watch ([`Wal::subscribe_health`]); its owner reopens storage with
+//! [`Wal::restart`], which runs open's recovery with that end as the exact durable end, under
+//! the same handle. A full disk is backpressure ([`WalError::DiskFull`], state `full`): the
+//! batch fails, writes that fit in the current segment go on, and writes resume once space
+//! is freed. `health.rs` writes the policy down.
+//!
 //! # Timelines
 //!
 //! [`Wal::promote`] starts timeline N+1 at the end of the last complete record at or below the
@@ -118,6 +129,7 @@
 //! ```text
 //! metrics ← io                                               counters: fsync time, errors
 //! kind, naming, tail, io ← error ← config, history, format   types, names, formats, file ops
+//! health                                                     the state of the failure policy
 //! io ← durable ← files ← slots                               small durable files, slot rules
 //! io ← segments ← scan                                       segment files, record boundaries
 //! files, slots, segments, tail ← state                       Inner, positions, reads

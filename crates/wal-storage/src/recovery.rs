@@ -423,7 +423,10 @@ fn open_locked(
         .unwrap_or(end.segment_start(seg))
         .max(st.wal_start);
 
-    let slots = SlotTable::load(&slots_dir)?;
+    let slots = match prev {
+        Some((p, _)) => p.slots.clone(),
+        None => Arc::new(Mutex::new(SlotTable::load(&slots_dir)?)),
+    };
     let (pos_tx, slot_released, health) = match prev {
         Some((p, _)) => {
             let now = st.position();
@@ -451,7 +454,7 @@ fn open_locked(
         pos_tx,
         slot_released,
         oldest_retained: AtomicU64::new(oldest.0),
-        slots: Mutex::new(slots),
+        slots,
         bg_tx,
         tail: Default::default(),
         health,

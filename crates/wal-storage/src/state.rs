@@ -107,7 +107,9 @@ pub(crate) struct Inner {
     /// Counts slot releases, so a `DROP_REPLICATION_SLOT ... WAIT` can wait for one.
     pub slot_released: watch::Sender<u64>,
     pub oldest_retained: AtomicU64,
-    pub slots: Mutex<SlotTable>,
+    /// The slot table; a reopening after a storage failure shares it (it is the newest:
+    /// restart points not yet persisted, and which slots are in use).
+    pub slots: Arc<Mutex<SlotTable>>,
     /// Feeds the background thread (preallocation, retention, slot persistence).
     pub bg_tx: Sender<BgRequest>,
     /// The last small durable batches, for readers at the end of WAL.

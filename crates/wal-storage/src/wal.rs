@@ -9,8 +9,8 @@
 //! opening in place of the old one, so every clone of the handle (walsenders, the
 //! walreceiver, the admin API) goes on with it. What must outlive an opening lives here or
 //! is handed from one opening to the next: the request channel, the directory's lock, the
-//! position and health watches that subscribers hold, the slot table (with which slots are
-//! in use), the counters and the fail points.
+//! position and health watches that subscribers hold, the slot table (shared, with which
+//! slots are in use), the counters and the fail points.
 
 use std::fs;
 use std::future::Future;
@@ -248,9 +248,6 @@ impl Wal {
         health::set(&tx, StorageState::Restarting, error, path);
         self.shared.handle.stop();
         let reopened = recovery::reopen(&old.inner).and_then(|r| {
-            // The slot table in memory is the newest (restart points not yet persisted, and
-            // which slots are in use): it carries over.
-            std::mem::swap(&mut *r.inner.slots(), &mut *old.inner.slots());
             let thread = writer::spawn(
                 r.inner.clone(),
                 self.shared.handle.rx.clone(),

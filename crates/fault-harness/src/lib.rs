@@ -26,6 +26,7 @@ pub mod process;
 pub mod proxy;
 pub mod report;
 pub mod tmpfs;
+pub mod watch;
 
 pub use netns::{Host, Net};
 pub use node::WalNode;

@@ -237,3 +237,27 @@ fn a_tmpfs_fills_up_and_is_unmounted_on_drop() {
     drop(fs);
     assert!(!mounted());
 }
+
+#[test]
+fn a_line_watch_wakes_when_the_file_grows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    let mut w = fault_harness::watch::LineWatch::new(&path).unwrap();
+    assert_eq!(w.lines().unwrap(), 0);
+    let p = path.clone();
+    let writer = std::thread::spawn(move || {
+        let mut f = std::fs::File::create(&p).unwrap();
+        for i in 0..5 {
+            writeln!(f, "line {i}").unwrap();
+        }
+        write!(f, "partial").unwrap();
+    });
+    assert_eq!(w.wait_lines(5, Duration::from_secs(10)).unwrap(), 5);
+    writer.join().unwrap();
+    assert_eq!(
+        w.lines().unwrap(),
+        5,
+        "a line without its newline is not counted"
+    );
+    assert!(w.wait_lines(6, Duration::from_millis(100)).is_err());
+}

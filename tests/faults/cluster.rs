@@ -7,6 +7,7 @@
 //! short (`wal_sender_timeout` and `wal_receiver_timeout` 2 s) so that the scenarios can
 //! outlast them in seconds.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -183,6 +184,32 @@ impl Cluster {
         (count, Instant::now())
     }
 
+    /// Waits, woken by each new acknowledgement, until `done` holds of the set of
+    /// acknowledged (writer, seq); when it did, or `None` after `deadline`.
+    pub fn acks_wait_until(
+        &mut self,
+        deadline: Duration,
+        done: impl Fn(&HashSet<(usize, u64)>) -> bool,
+    ) -> Option<Instant> {
+        let start = Instant::now();
+        let mut seen = HashSet::new();
+        let mut read = 0;
+        loop {
+            let log = acklog::read(&self.ack_log).expect("read the ack log");
+            for e in &log[read.min(log.len())..] {
+                seen.insert((e.writer, e.seq));
+            }
+            read = log.len();
+            if done(&seen) {
+                return Some(Instant::now());
+            }
+            let left = deadline.saturating_sub(start.elapsed());
+            if left.is_zero() || self.acks.wait_lines(read + 1, left).is_err() {
+                return None;
+            }
+        }
+    }
+
     /// Acknowledged appends so far.
     pub fn acked(&mut self) -> usize {
         self.acks.lines().expect("ack log")
@@ -285,6 +312,12 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// The verdict with the scenario's own findings added.
+    pub fn with(mut self, problems: Vec<String>) -> Verdict {
+        self.problems.extend(problems);
+        self
+    }
+
     pub fn assert_ok(&self) {
         assert!(self.appends > 0, "the load had no append acknowledged");
         assert!(self.problems.is_empty(), "{}", self.problems.join("\n"));

@@ -51,7 +51,8 @@ pub struct Cluster {
     pub ack_log: PathBuf,
     pub acks: LineWatch,
     pub started: Instant,
-    dir: tempfile::TempDir,
+    /// Kept (not removed) when the test fails, for its logs and data directories.
+    dir: Option<tempfile::TempDir>,
 }
 
 impl Cluster {
@@ -128,11 +129,15 @@ impl Cluster {
             ack_log,
             acks,
             started,
-            dir,
+            dir: Some(dir),
         };
         c.wait_all_streaming(DEADLINE)
             .expect("both standbys stream");
         c
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.as_ref().expect("the cluster's directory").path()
     }
 
     /// Waits until the primary streams to both standbys and both receive; the time it took.
@@ -170,7 +175,7 @@ impl Cluster {
             .arg(format!("{}", request_timeout.as_secs_f64()))
             .args(["--writers", &WRITERS.to_string(), "--size", "100"])
             .args(["--durability", "on", "--seconds", "600"]);
-        let log = self.dir.path().join("load.log");
+        let log = self.dir().join("load.log");
         self.load = Some(Process::spawn("load", cmd, &log).expect("start the load"));
     }
 
@@ -297,7 +302,9 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("the cluster's files: {}", self.dir.path().display());
+            if let Some(dir) = self.dir.take() {
+                eprintln!("the cluster's files are kept in {}", dir.keep().display());
+            }
         }
     }
 }

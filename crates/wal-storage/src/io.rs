@@ -468,7 +468,16 @@ pub struct Failpoints {
 
 #[cfg(feature = "failpoints")]
 impl Failpoints {
+    /// Makes every operation passing `point` fail with OS error `errno`.
+    ///
+    /// # Panics
+    ///
+    /// If `point` is not one of [`FAILPOINTS`]: a misspelt point would never fire.
     pub fn set(&self, point: &'static str, errno: i32) {
+        assert!(
+            FAILPOINTS.contains(&point),
+            "no fail point is named {point:?}"
+        );
         self.lock().insert(point, errno);
     }
 
@@ -490,5 +499,169 @@ impl Failpoints {
             Some(&errno) => Err(io::Error::from_raw_os_error(errno)),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names in this file's `//!` list, in order.
+    fn documented() -> Vec<&'static str> {
+        include_str!("io.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! - `"))
+            .filter_map(|l| l.split('`').next())
+            .collect()
+    }
+
+    /// The values of this file's `FP_` constants, in order.
+    fn declared() -> Vec<&'static str> {
+        include_str!("io.rs")
+            .lines()
+            .filter(|l| l.starts_with("pub const FP_"))
+            .filter_map(|l| l.split('"').nth(1))
+            .collect()
+    }
+
+    #[test]
+    fn the_documented_fail_points_are_the_declared_ones() {
+        assert_eq!(documented(), FAILPOINTS);
+        assert_eq!(declared(), FAILPOINTS);
+        let mut names = FAILPOINTS.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), FAILPOINTS.len(), "a name is listed twice");
+        for name in FAILPOINTS {
+            let op = name
+                .strip_prefix("wal_storage::")
+                .and_then(|n| n.strip_suffix("::err"));
+            assert!(op.is_some_and(|op| !op.contains(':')), "{name}");
+        }
+    }
+
+    /// Calls that do file I/O directly, bypassing `Io`. Each module's code above its tests is
+    /// searched; `io.rs` is where they belong, and `metrics.rs`'s `statvfs` is a query for
+    /// `/metrics` (see the module docs above). A check by text, so it can be fooled, but it
+    /// catches the plain way of adding a file operation.
+    #[test]
+    fn no_file_operation_bypasses_io() {
+        const DIRECT: &[&str] = &[
+            "fs::read",
+            "fs::write",
+            "fs::remove",
+            "fs::rename",
+            "fs::hard_link",
+            "fs::create_dir",
+            "fs::metadata",
+            "fs::copy",
+            "File::open",
+            "File::create",
+            "FileExt",
+            ".metadata()",
+            ".exists()",
+            ".try_exists()",
+            ".sync_all()",
+            ".sync_data()",
+            ".write_all(",
+            ".read_to_end(",
+            ".set_len(",
+            ".try_lock()",
+            "libc::pread",
+            "libc::pwrite",
+            "libc::fallocate",
+            "libc::ftruncate",
+        ];
+        // Lines of an `OpenOptions` chain: an `.open(` right after one opens directly.
+        const CHAIN: &[&str] = &[
+            "OpenOptions::new()",
+            ".read(",
+            ".write(",
+            ".create(",
+            ".create_new(",
+            ".truncate(",
+            ".append(",
+        ];
+        // `needle` in `line`, not as the tail of a longer name (`PointerFile::open`).
+        let has = |line: &str, needle: &str| {
+            line.match_indices(needle).any(|(i, _)| {
+                !line[..i]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_')
+            })
+        };
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut found = Vec::new();
+        for entry in fs::read_dir(&src).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if name == "io.rs" || name == "metrics.rs" {
+                continue;
+            }
+            let text = fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or("");
+            let mut prev = "";
+            for (i, line) in code.lines().enumerate() {
+                let line = line.trim();
+                if line.starts_with("//") {
+                    continue;
+                }
+                let chained = line.find(".open(").is_some_and(|at| {
+                    line[..at].contains("OpenOptions::new()")
+                        || (at == 0 && CHAIN.iter().any(|c| prev.starts_with(c)))
+                });
+                if chained || DIRECT.iter().any(|d| has(line, d)) {
+                    found.push(format!("{name}:{}: {line}", i + 1));
+                }
+                prev = line;
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "file operations outside Io:\n{}",
+            found.join("\n")
+        );
+    }
+
+    /// Every kind has its own counter, at its index in `StorageErrorKind::ALL`.
+    #[test]
+    fn error_kinds_index_their_counters() {
+        for (i, kind) in StorageErrorKind::ALL.into_iter().enumerate() {
+            assert_eq!(kind as usize, i, "{}", kind.as_str());
+        }
+    }
+
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn a_set_point_fails_its_operations_until_cleared_and_counts_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let io = Io::new(true);
+        let path = dir.path().join("f");
+        io.failpoints.set(FP_CREATE, libc::EIO);
+        let err = io.create(&path).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO));
+        assert!(!path.exists(), "a failed point does not touch the file");
+        assert_eq!(io.metrics.errors(StorageErrorKind::Open), 1);
+        // Other points still pass.
+        assert!(io
+            .open_if_exists(&path, OpenOptions::new().read(true))
+            .unwrap()
+            .is_none());
+        io.failpoints.clear(FP_CREATE);
+        let f = io.create(&path).unwrap();
+        io.pwrite_all(&f, b"abc", 0, FP_WRITE).unwrap();
+        assert_eq!(&io.pread_exact(&f, 3, 0).unwrap()[..], b"abc");
+        // A missing file for `remove_file` or an existing one for `hard_link` is an answer.
+        assert!(!io.remove_file(&dir.path().join("missing")).unwrap());
+        assert!(!io.hard_link(&path, &path).unwrap());
+        assert_eq!(io.metrics.errors(StorageErrorKind::Directory), 0);
+    }
+
+    #[cfg(feature = "failpoints")]
+    #[test]
+    #[should_panic(expected = "no fail point is named")]
+    fn a_misspelt_point_is_refused() {
+        Failpoints::default().set("wal_storage::wirte::err", libc::EIO);
     }
 }

@@ -40,9 +40,12 @@
 //! there is no truncation point. Two operations are left out on purpose: `fstatfs` (only
 //! choosing between fallocate and a zero fill on tmpfs; if it fails the zero fill, which is
 //! always right, runs) and `statvfs` (`disk_free_bytes`, a query for `/metrics` that reports
-//! its own error). The walsender's `sendfile` reads a range that [`Wal::locate`](crate::Wal::locate)
-//! found through a descriptor opened here (under `open::err`) after a size check here (under
-//! `read::err`); the copy itself happens in the kernel on the socket's side, outside this crate.
+//! its own error). The walsender's `sendfile` (and the positional read it falls back to for a
+//! range on a connection that cannot take one) reads a range that
+//! [`Wal::locate`](crate::Wal::locate) found, through a descriptor opened here (under
+//! `open::err`) after a size check here (under `read::err`): a fault in finding or opening
+//! WAL fails `locate`, and the copy itself belongs to the socket's side, in walsender-actor.
+//! So the zero-copy path has no open of its own to exempt.
 //!
 //! Functions that work on a data directory without a `Wal` (`Wal::stored_format`,
 //! [`durable::write_atomic`](crate::durable::write_atomic)) use an `Io` of their own, which

@@ -4,7 +4,7 @@
 //! kind ([`StorageMetrics`]), and, under the `failpoints` feature, faults can be injected at
 //! named points. Positional reads into fresh buffers ([`Io::pread_exact`]) live here too.
 //! Without the feature a point's check compiles to nothing, so the read path walsenders use is
-//! a bare `pread`.
+//! a bare `pread` and a counter touched only when it fails.
 //!
 //! Fail points are per [`Wal`](crate::Wal) instance, not global, so tests that run in parallel in
 //! one process do not disturb each other; `Wal::open_with_failpoints` hands them to `open`, so

@@ -20,7 +20,7 @@ use walserver_bench::acklog;
 
 /// How long a scenario waits for something that should happen soon.
 pub const DEADLINE: Duration = Duration::from_secs(30);
-/// The timeouts the scenarios outlast.
+/// The timeouts the scenarios outlast (unless [`Options::timeout`] says otherwise).
 pub const TIMEOUT: Duration = Duration::from_secs(2);
 /// Concurrent writers of the load (each with one append in flight).
 pub const WRITERS: usize = 4;
@@ -36,6 +36,8 @@ pub fn walserver_bin() -> PathBuf {
 pub struct Options {
     /// Put a delaying proxy between `s1` and the primary (on `s1`'s host).
     pub s1_delay: Option<Delay>,
+    /// `wal_sender_timeout` and `wal_receiver_timeout` on every node, instead of [`TIMEOUT`].
+    pub timeout: Option<Duration>,
 }
 
 /// The cluster. Fields drop in order: the load, the nodes, the proxy, the network, the files.
@@ -71,7 +73,7 @@ impl Cluster {
             net.add_host("s2").expect("host"),
         ];
         let bin = walserver_bin();
-        let timeout = format!("\"{}s\"", TIMEOUT.as_secs());
+        let timeout = format!("\"{}s\"", opts.timeout.unwrap_or(TIMEOUT).as_secs());
         let mut primary = WalNode::primary(
             &hosts[0],
             &bin,

@@ -40,8 +40,8 @@ const AFTER: usize = 200;
 const IN_FLIGHT_GRACE: Duration = Duration::from_millis(500);
 
 /// A cluster with its load running and 50 appends acknowledged.
-fn under_load(label: &str) -> Cluster {
-    let mut c = Cluster::start(label, Options::default());
+fn under_load(label: &str, opts: Options) -> Cluster {
+    let mut c = Cluster::start(label, opts);
     c.start_load(REQUEST_TIMEOUT);
     c.wait_more_acks(50, DEADLINE);
     c
@@ -126,7 +126,14 @@ fn cut_sync_standby(c: &mut Cluster, cut_len: Duration) -> (Vec<String>, Option<
 #[test]
 fn sync_standby_cut_off_holds_appends_until_healed() {
     let _serial = serial();
-    let mut c = under_load("synccut");
+    // Timeouts well past the cut: the stream stalls and resumes, it is not torn down.
+    let mut c = under_load(
+        "synccut",
+        Options {
+            timeout: Some(Duration::from_secs(10)),
+            ..Options::default()
+        },
+    );
     let cut_len = Duration::from_secs(2);
     let cycles = 3;
     let mut problems = Vec::new();
@@ -141,7 +148,7 @@ fn sync_standby_cut_off_holds_appends_until_healed() {
     let verdict = c.finish().with(problems);
     c.row(
         "sync_standby_cut_off_holds_appends_until_healed",
-        &format!("sync standby cut off {}s", cut_len.as_secs()),
+        &format!("sync standby cut off {}s (timeouts 10s)", cut_len.as_secs()),
         cycles,
         &verdict,
         &recover,
@@ -152,7 +159,7 @@ fn sync_standby_cut_off_holds_appends_until_healed() {
 #[test]
 fn primary_cut_off_past_both_timeouts_streams_again_after_heal() {
     let _serial = serial();
-    let mut c = under_load("isolate");
+    let mut c = under_load("isolate", Options::default());
     let outage = TIMEOUT * 2 + Duration::from_secs(1);
     let cycles = 2;
     let mut problems = Vec::new();
@@ -208,6 +215,7 @@ fn delay_jitter_and_loss_lose_nothing() {
         "lossy",
         Options {
             s1_delay: Some(delay),
+            ..Options::default()
         },
     );
     let first = c.primary.status().expect("status");
@@ -248,7 +256,7 @@ fn delay_jitter_and_loss_lose_nothing() {
 #[test]
 fn one_way_partitions_fire_the_timeouts_and_heal() {
     let _serial = serial();
-    let mut c = under_load("oneway");
+    let mut c = under_load("oneway", Options::default());
     let outage = TIMEOUT * 2 + Duration::from_secs(1);
     let mut recover = Vec::new();
     let mut problems = Vec::new();
@@ -301,7 +309,7 @@ fn one_way_partitions_fire_the_timeouts_and_heal() {
 #[test]
 fn paused_primary_recovers_after_resume() {
     let _serial = serial();
-    let mut c = under_load("paused");
+    let mut c = under_load("paused", Options::default());
     let pause = TIMEOUT * 2 + Duration::from_secs(1);
     let cycles = 2;
     let mut problems = Vec::new();

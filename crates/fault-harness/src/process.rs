@@ -119,17 +119,19 @@ impl Process {
         match rx.recv_timeout(deadline) {
             Ok(line) => Ok(line),
             Err(mpsc::RecvTimeoutError::Timeout) => Err(Error::Timeout(format!(
-                "{} did not print {pattern:?} within {deadline:?} (log: {})",
+                "{} did not print {pattern:?} within {deadline:?}; the end of {}:\n{}",
                 self.name,
-                self.log.display()
+                self.log.display(),
+                self.log_tail()
             ))),
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let status = self.wait_exit(deadline).ok();
                 Err(Error::Exited(format!(
-                    "{} exited ({}) before printing {pattern:?} (log: {})",
+                    "{} exited ({}) before printing {pattern:?}; the end of {}:\n{}",
                     self.name,
                     status.map(|s| s.to_string()).unwrap_or_default(),
-                    self.log.display()
+                    self.log.display(),
+                    self.log_tail()
                 )))
             }
         }

@@ -34,7 +34,8 @@ pub struct WalPosition {
     pub timeline: TimelineId,
     /// End of what has been written to the segment files (not necessarily durable).
     pub written: Lsn,
-    /// End of what is durable. Never ahead of `written`.
+    /// End of what is durable and found again by open after a crash; what walsenders send up
+    /// to and a walreceiver reports upstream. Never ahead of `written`.
     pub flushed: Lsn,
 }
 

@@ -1,5 +1,6 @@
-//! Timeline control, run on the writer thread between batches (so it sees a quiet WAL with
-//! `written == flushed`): promotion (a new timeline at the last complete record), following an
+//! Timeline control, run on the writer thread between batches (so it sees a quiet WAL, every
+//! byte written durable; the published flushed end may stop before the end of a standby's
+//! partial record, so these look at the writer's durable end): promotion (a new timeline at the last complete record), following an
 //! upstream's switch, the switch itself with its copied first segment, storing history files,
 //! and truncation.
 //!
@@ -26,7 +27,8 @@ use crate::writer::Writer;
 use crate::{HistoryEntry, Result, WalError};
 
 impl Writer {
-    /// Starts a new timeline at the end of the last complete record at or below the flushed end.
+    /// Starts a new timeline at the end of the last complete record at or below the durable
+    /// end.
     pub(crate) fn promote(&mut self, reason: &str) -> Result<(TimelineId, Lsn)> {
         let st = self.inner.state().clone();
         let x = last_record_end(
@@ -34,7 +36,7 @@ impl Writer {
             &st.view(),
             &self.inner.cfg,
             st.wal_start,
-            st.flushed,
+            self.durable_end(),
         )?;
         // Like PostgreSQL's findNewestTimeLine: never reuse a timeline some history file names.
         let mut newest = st.tli;
@@ -96,16 +98,17 @@ impl Writer {
                 st.tli
             )));
         }
-        if st.flushed > switch_lsn {
+        let end = self.durable_end();
+        if end > switch_lsn {
             return Err(WalError::Forked {
                 fork_lsn: switch_lsn,
-                local_end: st.flushed,
+                local_end: end,
             });
         }
-        if st.flushed < switch_lsn {
+        if end < switch_lsn {
             return Err(WalError::BehindSwitchPoint {
                 switch_lsn,
-                flushed: st.flushed,
+                flushed: end,
             });
         }
         self.switch_to(new_tli, entries, &bytes, switch_lsn)
@@ -204,14 +207,12 @@ impl Writer {
     pub(crate) fn truncate(&mut self, lsn: Lsn) -> Result<u64> {
         let seg = self.seg();
         let st = self.inner.state().clone();
+        let end = self.durable_end();
         let bad = |reason: String| WalError::BadTruncate { lsn, reason };
-        if lsn > st.flushed {
-            return Err(bad(format!(
-                "the WAL of timeline {} ends at {}",
-                st.tli, st.flushed
-            )));
+        if lsn > end {
+            return Err(bad(format!("the WAL of timeline {} ends at {end}", st.tli)));
         }
-        if lsn == st.flushed && !self.dirty_beyond(lsn) {
+        if lsn == end && !self.dirty_beyond(lsn) {
             return Ok(0);
         }
         if lsn < st.timeline_start {
@@ -257,7 +258,7 @@ impl Writer {
             .io
             .sync_dir(self.inner.pg_wal())
             .map_err(|e| WalError::io("syncing pg_wal", e))?;
-        let dropped = st.flushed.0 - lsn.0;
+        let dropped = end.0 - lsn.0;
         self.resume_at(st.tli, lsn, false);
         self.inner.set_positions(lsn, lsn);
         let st = self.inner.state().clone();

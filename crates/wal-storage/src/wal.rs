@@ -70,7 +70,9 @@ pub struct Ticket<T> {
     rx: oneshot::Receiver<Result<T>>,
 }
 
-/// Resolves to the durable end of the current timeline after the write's bytes are fsynced.
+/// Resolves after the write's bytes are fsynced, to the flushed end then published (see
+/// [`Wal::flushed`]), which may stop before the end of the write when it ends inside a
+/// walserver record.
 pub type WriteTicket = Ticket<Lsn>;
 /// Resolves to the end LSN of each appended record once they are durable.
 pub type AppendTicket = Ticket<Vec<Lsn>>;
@@ -206,7 +208,10 @@ impl Wal {
             .map(|e| e.switch_lsn)
     }
 
-    /// The durable end of the current timeline.
+    /// The durable end of the current timeline: what open would find again after a crash.
+    /// After a standby's raw bytes of walserver records that end inside a record, it is the
+    /// end of the last complete record (or the flush pointer, if later), and the durable rest
+    /// counts as [`Wal::written`] only.
     pub fn flushed(&self) -> Lsn {
         self.inner.state().flushed
     }

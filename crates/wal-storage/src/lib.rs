@@ -99,9 +99,10 @@
 //! # Timelines
 //!
 //! [`Wal::promote`] starts timeline N+1 at the end of the last complete record at or below the
-//! flushed end (a standby's end may be mid-record), writes `0000000N+1.history` listing every
+//! durable end (a standby's end may be mid-record), writes `0000000N+1.history` listing every
 //! ancestor, and makes the new timeline's first segment a copy of the old one up to the switch
-//! point, as PostgreSQL does. Reads of a timeline resolve each LSN to the file of the timeline
+//! point, as PostgreSQL does. The control file that then makes N+1 current also records the
+//! node's [`Role`] as primary: the role and the timeline change in one atomic write. Reads of a timeline resolve each LSN to the file of the timeline
 //! in its history that covers it, preferring the newest timeline's copy of a switch segment
 //! (`segments.rs`). [`Wal::follow_timeline`] does the standby's side and detects forks; both
 //! run on the writer thread (`timeline.rs`).
@@ -175,7 +176,7 @@ pub use history::{format_history, parse_history, HistoryEntry};
 #[cfg(feature = "failpoints")]
 pub use io::Failpoints;
 pub use io::{FP_ATOMIC, FP_FSYNC, FP_POINTER, FP_PREALLOC, FP_WRITE};
-pub use kind::WalFormat;
+pub use kind::{Role, WalFormat};
 pub use metrics::{disk_free_bytes, StorageErrorKind, StorageMetrics};
 pub use naming::{
     history_file_name, parse_history_file_name, parse_segment_file_name, segment_file_name,

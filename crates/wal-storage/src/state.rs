@@ -26,7 +26,7 @@ use crate::naming::segment_file_name;
 use crate::segments::{SegmentFiles, View, WalFileRange};
 use crate::slots::{SlotPaths, SlotTable};
 use crate::tail::TailCache;
-use crate::{HistoryEntry, Result, StorageConfig, WalError, WalFormat};
+use crate::{HistoryEntry, Result, Role, StorageConfig, WalError, WalFormat};
 
 /// Where the WAL stands: what the writer thread publishes after each write and each fsync.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +48,8 @@ pub(crate) struct TimelineState {
     pub wal_start: Lsn,
     pub written: Lsn,
     pub flushed: Lsn,
+    /// The role the control data records; it changes with the timeline at a promotion.
+    pub role: Option<Role>,
 }
 
 impl TimelineState {
@@ -163,6 +165,7 @@ impl Inner {
             timeline_start: st.timeline_start,
             wal_start: st.wal_start,
             durable_lsn: st.flushed,
+            role: st.role,
         };
         write_atomic_with(
             &self.io,

@@ -24,7 +24,7 @@ use crate::naming::{
 use crate::scan::last_record_end;
 use crate::state::TimelineState;
 use crate::writer::Writer;
-use crate::{HistoryEntry, Result, WalError};
+use crate::{HistoryEntry, Result, Role, WalError};
 
 impl Writer {
     /// Starts a new timeline at the end of the last complete record at or below the durable
@@ -56,7 +56,7 @@ impl Writer {
             reason: reason.to_string(),
         });
         let bytes = format_history(&history);
-        self.switch_to(new_tli, history, &bytes, x)?;
+        self.switch_to(new_tli, history, &bytes, x, Some(Role::Primary))?;
         Ok((new_tli, x))
     }
 
@@ -111,7 +111,17 @@ impl Writer {
                 flushed: end,
             });
         }
-        self.switch_to(new_tli, entries, &bytes, switch_lsn)
+        let role = st.role;
+        self.switch_to(new_tli, entries, &bytes, switch_lsn, role)
+    }
+
+    /// Records the node's role in the control data, atomically.
+    pub(crate) fn set_role(&mut self, role: Role) -> Result<()> {
+        let mut st = self.inner.state().clone();
+        st.role = Some(role);
+        self.inner.write_control(&st)?;
+        self.inner.state_mut().role = Some(role);
+        Ok(())
     }
 
     pub(crate) fn store_history(&mut self, tli: TimelineId, bytes: &[u8]) -> Result<()> {
@@ -119,15 +129,17 @@ impl Writer {
         write_atomic_with(&self.inner.io, &self.inner.tmp, &target, bytes)
     }
 
-    /// Makes `new_tli` current, beginning at `x`. The control file is the commit point: a
-    /// crash before it leaves the old timeline current (the new history file and switch
-    /// segment are harmless leftovers, the latter removed at open).
+    /// Makes `new_tli` current, beginning at `x`, with `role`. The control file is the commit
+    /// point of both: a crash before it leaves the old timeline current and the role as it was
+    /// (the new history file and switch segment are harmless leftovers, the latter removed at
+    /// open).
     fn switch_to(
         &mut self,
         new_tli: TimelineId,
         history: Vec<HistoryEntry>,
         history_bytes: &[u8],
         x: Lsn,
+        role: Option<Role>,
     ) -> Result<()> {
         let seg = self.seg();
         self.store_history(new_tli, history_bytes)?;
@@ -143,6 +155,7 @@ impl Writer {
             wal_start: old.wal_start,
             written: x,
             flushed: x,
+            role,
         };
         self.inner.write_control(&st)?;
         self.store_pointer(new_tli, x, true)?;

@@ -30,7 +30,7 @@ use crate::segments::WalFileRange;
 use crate::slots::SlotInfo;
 use crate::state::{BgRequest, Inner, WalPosition};
 use crate::writer::{self, Request, Writer};
-use crate::{HistoryEntry, Result, StorageConfig, WalError, WalFormat};
+use crate::{HistoryEntry, Result, Role, StorageConfig, WalError, WalFormat};
 
 /// A handle on the WAL of one data directory. Cheap to clone; all clones share one writer
 /// thread, which stops when the last clone is dropped (after finishing what was sent to it).
@@ -156,6 +156,23 @@ impl Wal {
     /// The kind of WAL a data directory holds, read from its control file.
     pub fn stored_format(dir: impl AsRef<Path>) -> Result<WalFormat> {
         Ok(recovery::stored_control(dir.as_ref())?.wal_format)
+    }
+
+    /// The role a data directory's control data records, and its current timeline, read
+    /// without opening it. `None` for a directory made before the role was recorded.
+    pub fn stored_role(dir: impl AsRef<Path>) -> Result<(Option<Role>, TimelineId)> {
+        let c = recovery::stored_control(dir.as_ref())?;
+        Ok((c.role, c.timeline))
+    }
+
+    /// The role the control data records (see [`Role`]).
+    pub fn role(&self) -> Option<Role> {
+        self.inner.state().role
+    }
+
+    /// Records the node's role in the control data, durably and atomically. Blocks until done.
+    pub fn set_role(&self, role: Role) -> Result<()> {
+        self.control(move |w| w.set_role(role))
     }
 
     pub fn system_id(&self) -> SystemId {
@@ -372,9 +389,10 @@ impl Wal {
         rx.recv().map_err(|_| WalError::Closed)?
     }
 
-    /// Starts a new timeline at the end of the last complete record at or below the flushed
-    /// end, writes its history file, and publishes it. Returns the new timeline and where it
-    /// begins. Blocks until done.
+    /// Starts a new timeline at the end of the last complete record at or below the durable
+    /// end, writes its history file, and publishes it. The control data records the new
+    /// timeline and the role [`Role::Primary`] in one atomic write, the promotion's commit
+    /// point. Returns the new timeline and where it begins. Blocks until done.
     pub fn promote(&self, reason: &str) -> Result<(TimelineId, Lsn)> {
         if self.inner.format != WalFormat::Walserver {
             return Err(WalError::PromotionNotSupported);

@@ -767,7 +767,10 @@ mod tests {
         for from in (0..=10).chain((0..=10).rev()) {
             let got = st.bytes_at(from, 3, &mut hint);
             assert!(!got.is_empty() || from == 10, "from {from}");
-            assert!(got.len() <= 3 && all[from..].starts_with(&got), "from {from}");
+            assert!(
+                got.len() <= 3 && all[from..].starts_with(&got),
+                "from {from}"
+            );
         }
         let dir = tempfile::tempdir().unwrap();
         let f = File::options()

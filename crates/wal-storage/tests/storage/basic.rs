@@ -476,6 +476,7 @@ fn standby_layout_from_upstream() {
             start_lsn: Some(Lsn(0x5000000)),
             history: parse_history(&hist).unwrap(),
             history_files: vec![(TimelineId(2), hist.clone())],
+            role: Role::Standby,
         },
     )
     .unwrap();

@@ -286,10 +286,29 @@ fn raw_walserver_records_cost_one_fsync_per_batch_and_recover_by_scanning() {
         "the partial record is not published"
     );
     assert_eq!(wal.written(), Lsn(SEG) + mid as u64);
+    // Nothing beyond it is served: not from the files, not from the tail cache (which holds
+    // the batch), so a cascading walsender sends only what this node cannot lose.
     assert!(matches!(
         wal.read(TimelineId(1), ends[10] + 1, 1),
         Err(WalError::BeyondEnd { .. })
     ));
+    assert!(wal
+        .read(TimelineId(1), ends[10], 1 << 20)
+        .unwrap()
+        .is_empty());
+    assert!(wal
+        .locate(TimelineId(1), ends[10], 1 << 20)
+        .unwrap()
+        .is_none());
+    assert!(wal.read_cached(TimelineId(1), ends[10], 1 << 20).is_none());
+    let mut pos = ends[9];
+    for _ in 0..pieces.len() {
+        match wal.read_cached(TimelineId(1), pos, 1 << 20) {
+            Some(b) => pos = pos + b.len() as u64,
+            None => break,
+        }
+    }
+    assert_eq!(pos, ends[10], "the tail cache serves up to the flushed end");
     drop(wal);
     let wal = Wal::open(&dir, cfg()).unwrap();
     assert_eq!(

@@ -14,7 +14,7 @@
 //! (`background.rs`) and stops it when it stops.
 //!
 //! If a batch fails (a full disk, an I/O error), every waiter in it gets the error, `written`
-//! goes back to `flushed`, and the bytes the batch may have left on disk are zeroed by the next
+//! goes back to the durable end, and the bytes the batch may have left on disk are zeroed by the next
 //! successful batch, so that no failed write can resurface as a valid record after a crash.
 //!
 //! **Invariants:** a waiter is completed only after the fdatasync of every file its bytes went

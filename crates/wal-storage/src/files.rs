@@ -8,7 +8,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use wal_types::{Lsn, SystemId, TimelineId};
 
 use crate::io::{Io, FP_POINTER};
-use crate::{HistoryEntry, Result, WalError, WalFormat};
+use crate::{HistoryEntry, Result, Role, WalError, WalFormat};
 
 /// The version of the control and slot files this code writes and reads.
 pub(crate) const FILE_VERSION: u32 = 1;
@@ -85,6 +85,11 @@ pub(crate) struct ControlData {
     /// A durable position of the current timeline when this file was last written; the flush
     /// pointer is newer whenever it names the same timeline.
     pub durable_lsn: Lsn,
+    /// The node's role. Absent in files written before it was recorded (still version 1:
+    /// readers that do not know it ignore it, and it reads back as `None`), which keep the
+    /// meaning they had: `standby.signal`'s presence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
 }
 
 pub(crate) fn read_control(io: &Io, path: &Path) -> Result<ControlData> {

@@ -32,7 +32,7 @@ use crate::scan::{find_scan_start, FileSource};
 use crate::segments::{SegmentFiles, View};
 use crate::slots::SlotTable;
 use crate::state::{BgRequest, Inner, TimelineState};
-use crate::{HistoryEntry, Result, StorageConfig, WalError, WalFormat};
+use crate::{HistoryEntry, Result, Role, StorageConfig, WalError, WalFormat};
 
 /// How to make a new data directory.
 #[derive(Clone, Debug)]
@@ -50,6 +50,10 @@ pub struct InitOptions {
     /// be served again byte for byte. The file of `timeline` is written from `history` if it is
     /// not among them.
     pub history_files: Vec<(TimelineId, Vec<u8>)>,
+    /// The role recorded in the control data: `Primary` for a new primary, `Standby` for a
+    /// standby made from its upstream's identity, so that it stays one even if a crash comes
+    /// before its `standby.signal` is written.
+    pub role: Role,
 }
 
 impl InitOptions {
@@ -62,6 +66,7 @@ impl InitOptions {
             start_lsn: None,
             history: Vec::new(),
             history_files: Vec::new(),
+            role: Role::Primary,
         }
     }
 }
@@ -201,6 +206,7 @@ pub(crate) fn init(dir: &Path, cfg: StorageConfig, opts: InitOptions, io: Io) ->
         timeline_start: start,
         wal_start: start,
         durable_lsn: start,
+        role: Some(opts.role),
     };
     io.sync_dir(&pg_wal).map_err(io_err("syncing", &pg_wal))?;
     write_atomic_with(
@@ -268,6 +274,7 @@ fn open_locked(dir: &Path, cfg: StorageConfig, lock: File, io: Io) -> Result<Rec
         wal_start: control.wal_start,
         written: control.durable_lsn,
         flushed: control.durable_lsn,
+        role: control.role,
     };
 
     // Segment files on disk, by timeline; those of timelines newer than the current one are

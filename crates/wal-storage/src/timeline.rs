@@ -1,5 +1,6 @@
-//! Timeline control, run on the writer thread between batches (so it sees a quiet WAL with
-//! `written == flushed`): promotion (a new timeline at the last complete record), following an
+//! Timeline control, run on the writer thread between batches (so it sees a quiet WAL, every
+//! byte written durable; the published flushed end may stop before the end of a standby's
+//! partial record, so these look at the writer's durable end): promotion (a new timeline at the last complete record), following an
 //! upstream's switch, the switch itself with its copied first segment, storing history files,
 //! and truncation.
 //!
@@ -23,10 +24,11 @@ use crate::naming::{
 use crate::scan::last_record_end;
 use crate::state::TimelineState;
 use crate::writer::Writer;
-use crate::{HistoryEntry, Result, WalError};
+use crate::{HistoryEntry, Result, Role, WalError};
 
 impl Writer {
-    /// Starts a new timeline at the end of the last complete record at or below the flushed end.
+    /// Starts a new timeline at the end of the last complete record at or below the durable
+    /// end.
     pub(crate) fn promote(&mut self, reason: &str) -> Result<(TimelineId, Lsn)> {
         let st = self.inner.state().clone();
         let x = last_record_end(
@@ -34,7 +36,7 @@ impl Writer {
             &st.view(),
             &self.inner.cfg,
             st.wal_start,
-            st.flushed,
+            self.durable_end(),
         )?;
         // Like PostgreSQL's findNewestTimeLine: never reuse a timeline some history file names.
         let mut newest = st.tli;
@@ -55,7 +57,7 @@ impl Writer {
             reason: reason.to_string(),
         });
         let bytes = format_history(&history);
-        self.switch_to(new_tli, history, &bytes, x)?;
+        self.switch_to(new_tli, history, &bytes, x, Some(Role::Primary))?;
         Ok((new_tli, x))
     }
 
@@ -97,19 +99,30 @@ impl Writer {
                 st.tli
             )));
         }
-        if st.flushed > switch_lsn {
+        let end = self.durable_end();
+        if end > switch_lsn {
             return Err(WalError::Forked {
                 fork_lsn: switch_lsn,
-                local_end: st.flushed,
+                local_end: end,
             });
         }
-        if st.flushed < switch_lsn {
+        if end < switch_lsn {
             return Err(WalError::BehindSwitchPoint {
                 switch_lsn,
-                flushed: st.flushed,
+                flushed: end,
             });
         }
-        self.switch_to(new_tli, entries, &bytes, switch_lsn)
+        let role = st.role;
+        self.switch_to(new_tli, entries, &bytes, switch_lsn, role)
+    }
+
+    /// Records the node's role in the control data, atomically.
+    pub(crate) fn set_role(&mut self, role: Role) -> Result<()> {
+        let mut st = self.inner.state().clone();
+        st.role = Some(role);
+        self.inner.write_control(&st)?;
+        self.inner.state_mut().role = Some(role);
+        Ok(())
     }
 
     pub(crate) fn store_history(&mut self, tli: TimelineId, bytes: &[u8]) -> Result<()> {
@@ -117,15 +130,17 @@ impl Writer {
         write_atomic_with(&self.inner.io, &self.inner.tmp, &target, bytes)
     }
 
-    /// Makes `new_tli` current, beginning at `x`. The control file is the commit point: a
-    /// crash before it leaves the old timeline current (the new history file and switch
-    /// segment are harmless leftovers, the latter removed at open).
+    /// Makes `new_tli` current, beginning at `x`, with `role`. The control file is the commit
+    /// point of both: a crash before it leaves the old timeline current and the role as it was
+    /// (the new history file and switch segment are harmless leftovers, the latter removed at
+    /// open).
     fn switch_to(
         &mut self,
         new_tli: TimelineId,
         history: Vec<HistoryEntry>,
         history_bytes: &[u8],
         x: Lsn,
+        role: Option<Role>,
     ) -> Result<()> {
         let seg = self.seg();
         self.store_history(new_tli, history_bytes)?;
@@ -141,6 +156,7 @@ impl Writer {
             wal_start: old.wal_start,
             written: x,
             flushed: x,
+            role,
         };
         self.inner.write_control(&st)?;
         self.store_pointer(new_tli, x, true)?;
@@ -205,14 +221,12 @@ impl Writer {
     pub(crate) fn truncate(&mut self, lsn: Lsn) -> Result<u64> {
         let seg = self.seg();
         let st = self.inner.state().clone();
+        let end = self.durable_end();
         let bad = |reason: String| WalError::BadTruncate { lsn, reason };
-        if lsn > st.flushed {
-            return Err(bad(format!(
-                "the WAL of timeline {} ends at {}",
-                st.tli, st.flushed
-            )));
+        if lsn > end {
+            return Err(bad(format!("the WAL of timeline {} ends at {end}", st.tli)));
         }
-        if lsn == st.flushed && !self.dirty_beyond(lsn) {
+        if lsn == end && !self.dirty_beyond(lsn) {
             return Ok(0);
         }
         if lsn < st.timeline_start {
@@ -257,7 +271,7 @@ impl Writer {
         (self.inner.io)
             .sync_dir(pg_wal)
             .map_err(|e| WalError::io(format!("syncing {}", pg_wal.display()), e))?;
-        let dropped = st.flushed.0 - lsn.0;
+        let dropped = end.0 - lsn.0;
         self.resume_at(st.tli, lsn, false);
         self.inner.set_positions(lsn, lsn);
         let st = self.inner.state().clone();

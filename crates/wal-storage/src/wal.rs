@@ -30,7 +30,7 @@ use crate::segments::WalFileRange;
 use crate::slots::SlotInfo;
 use crate::state::{BgRequest, Inner, WalPosition};
 use crate::writer::{self, Request, Writer};
-use crate::{HistoryEntry, Result, StorageConfig, WalError, WalFormat};
+use crate::{HistoryEntry, Result, Role, StorageConfig, WalError, WalFormat};
 
 /// A handle on the WAL of one data directory. Cheap to clone; all clones share one writer
 /// thread, which stops when the last clone is dropped (after finishing what was sent to it).
@@ -70,7 +70,9 @@ pub struct Ticket<T> {
     rx: oneshot::Receiver<Result<T>>,
 }
 
-/// Resolves to the durable end of the current timeline after the write's bytes are fsynced.
+/// Resolves after the write's bytes are fsynced, to the flushed end then published (see
+/// [`Wal::flushed`]), which may stop before the end of the write when it ends inside a
+/// walserver record.
 pub type WriteTicket = Ticket<Lsn>;
 /// Resolves to the end LSN of each appended record once they are durable.
 pub type AppendTicket = Ticket<Vec<Lsn>>;
@@ -170,6 +172,23 @@ impl Wal {
         Ok(recovery::stored_control(dir.as_ref())?.wal_format)
     }
 
+    /// The role a data directory's control data records, and its current timeline, read
+    /// without opening it. `None` for a directory made before the role was recorded.
+    pub fn stored_role(dir: impl AsRef<Path>) -> Result<(Option<Role>, TimelineId)> {
+        let c = recovery::stored_control(dir.as_ref())?;
+        Ok((c.role, c.timeline))
+    }
+
+    /// The role the control data records (see [`Role`]).
+    pub fn role(&self) -> Option<Role> {
+        self.inner.state().role
+    }
+
+    /// Records the node's role in the control data, durably and atomically. Blocks until done.
+    pub fn set_role(&self, role: Role) -> Result<()> {
+        self.control(move |w| w.set_role(role))
+    }
+
     pub fn system_id(&self) -> SystemId {
         self.inner.system_id
     }
@@ -218,7 +237,10 @@ impl Wal {
             .map(|e| e.switch_lsn)
     }
 
-    /// The durable end of the current timeline.
+    /// The durable end of the current timeline: what open would find again after a crash.
+    /// After a standby's raw bytes of walserver records that end inside a record, it is the
+    /// end of the last complete record (or the flush pointer, if later), and the durable rest
+    /// counts as [`Wal::written`] only.
     pub fn flushed(&self) -> Lsn {
         self.inner.state().flushed
     }
@@ -379,9 +401,10 @@ impl Wal {
         rx.recv().map_err(|_| WalError::Closed)?
     }
 
-    /// Starts a new timeline at the end of the last complete record at or below the flushed
-    /// end, writes its history file, and publishes it. Returns the new timeline and where it
-    /// begins. Blocks until done.
+    /// Starts a new timeline at the end of the last complete record at or below the durable
+    /// end, writes its history file, and publishes it. The control data records the new
+    /// timeline and the role [`Role::Primary`] in one atomic write, the promotion's commit
+    /// point. Returns the new timeline and where it begins. Blocks until done.
     pub fn promote(&self, reason: &str) -> Result<(TimelineId, Lsn)> {
         if self.inner.format != WalFormat::Walserver {
             return Err(WalError::PromotionNotSupported);

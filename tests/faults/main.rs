@@ -4,7 +4,7 @@
 //! acknowledgement log (every acknowledged record on every node, at its LSN, with its hash)
 //! and the standbys' WAL compared with the primary's byte for byte; never by server logs.
 //! Each writes one row of figures (`fault_harness::report`), under
-//! `$CARGO_TARGET_DIR/reliability/` or `WALSERVER_RELIABILITY_DIR`.
+//! `$CARGO_TARGET_DIR/reliability/` or `WALSERVER_TEST_RELIABILITY_DIR`.
 //!
 //! Needs root, nftables and iproute2 (`scripts/test.sh` installs nftables when missing). The
 //! scenarios run one at a time (a lock), so that their timings are their own.

@@ -57,9 +57,9 @@ pub struct Row {
 }
 
 /// The environment variable naming the directory rows go to.
-pub const DIR_VAR: &str = "WALSERVER_RELIABILITY_DIR";
+pub const DIR_VAR: &str = "WALSERVER_TEST_RELIABILITY_DIR";
 
-/// The directory rows go to: `WALSERVER_RELIABILITY_DIR`, else `reliability/` in
+/// The directory rows go to: `WALSERVER_TEST_RELIABILITY_DIR`, else `reliability/` in
 /// `CARGO_TARGET_DIR` (or `target/` of the current directory when that is unset).
 pub fn dir() -> PathBuf {
     if let Some(d) = std::env::var_os(DIR_VAR) {

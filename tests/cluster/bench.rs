@@ -152,6 +152,74 @@ fn append_load_over_http_lands_in_the_nodes_wal() {
     assert!(num(&r["peak_rss"][0], "bytes") > 1e6, "{}", r["peak_rss"]);
 }
 
+/// Runs `walserver bench verify` of `log` against the node at `http`: its JSON report and
+/// whether the command succeeded.
+fn verify(log: &Path, http: &str) -> (Value, bool) {
+    let out = Command::new(env!("CARGO_BIN_EXE_walserver"))
+        .args(["bench", "verify", "--json", "--http", http, "--ack-log"])
+        .arg(log)
+        .output()
+        .expect("run walserver bench verify");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "verify printed no JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (v, out.status.success())
+}
+
+#[test]
+fn the_acknowledgement_log_is_checked_against_each_node() {
+    let primary = TestNode::primary("synchronous_standby_names = 'ack_s1'\n");
+    let standby = TestNode::standby_of(primary.addr(), "ack_s1", "");
+    standby.wait_receiver("streaming", |_| true);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("acks.ndjson");
+    let r = bench_json(&[
+        "append",
+        "--http",
+        &primary.http_addr.to_string(),
+        "--writers",
+        "3",
+        "--batch",
+        "3",
+        "--size",
+        "200",
+        "--bytes",
+        "180kB",
+        "--durability",
+        "on",
+        "--keep-going",
+        "--request-timeout",
+        "30",
+        "--ack-log",
+        log.to_str().unwrap(),
+    ]);
+    assert_eq!(num(&r, "errors"), 0.0, "{}", r["first_error"]);
+    let lines = std::fs::read_to_string(&log).unwrap().lines().count() as f64;
+    assert_eq!(
+        lines,
+        num(&r, "appends"),
+        "one log line per acknowledged append"
+    );
+    // Every acknowledged record is on the primary and, at `on`, on the synchronous standby.
+    for node in [&primary, &standby] {
+        let (v, ok) = verify(&log, &node.http_addr.to_string());
+        assert!(ok, "{v}");
+        assert_eq!(num(&v, "found"), num(&r, "records"), "{v}");
+        assert_eq!(num(&v, "lost"), 0.0, "{v}");
+    }
+    // A node that never had the appends fails the check, naming what is missing.
+    let other = TestNode::primary("");
+    other.append(3, 200, 7);
+    let (v, ok) = verify(&log, &other.http_addr.to_string());
+    assert!(!ok, "verify passed against a node without the appends: {v}");
+    assert_eq!(num(&v, "lost"), num(&r, "records"), "{v}");
+    assert!(!v["lost_examples"].as_array().unwrap().is_empty(), "{v}");
+}
+
 #[test]
 fn stream_load_catches_up_every_standby() {
     let dir = tempfile::tempdir().unwrap();

@@ -680,11 +680,18 @@ impl Handler<Promote> for Supervisor {
         let stopped = self.receiver_stopped();
         let work = async move {
             stopped.await;
-            // Promotion writes and fsyncs the history file and the switch segment.
+            // Promotion writes and fsyncs the history file and the switch segment. Its commit
+            // point is storage's control data, which records the new timeline and the role
+            // primary in one write; `standby.signal` is removed after it, and a crash in
+            // between leaves a signal known for a leftover (`datadir`'s role rule).
             tokio::task::spawn_blocking(move || {
                 let (timeline, switch_lsn) = wal.promote("promoted by walserver")?;
-                if let Some(path) = signal {
-                    wal_storage::durable::remove(&path)?;
+                if let Some(path) = &signal {
+                    // Committed already: a signal that stays is ignored and removed at the
+                    // next start.
+                    if let Err(e) = wal_storage::durable::remove(path) {
+                        tracing::warn!(error = %e, path = %path.display(), "promoted, but could not remove standby.signal; the next start removes it");
+                    }
                 }
                 Ok::<_, WalError>(Promoted {
                     timeline,

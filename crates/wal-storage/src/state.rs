@@ -27,7 +27,7 @@ use crate::naming::segment_file_name;
 use crate::segments::{SegmentFiles, View, WalFileRange};
 use crate::slots::{SlotPaths, SlotTable};
 use crate::tail::TailCache;
-use crate::{HistoryEntry, Result, StorageConfig, WalError, WalFormat};
+use crate::{HistoryEntry, Result, Role, StorageConfig, WalError, WalFormat};
 
 /// Where the WAL stands: what the writer thread publishes after each write and each fsync.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,7 +35,8 @@ pub struct WalPosition {
     pub timeline: TimelineId,
     /// End of what has been written to the segment files (not necessarily durable).
     pub written: Lsn,
-    /// End of what is durable. Never ahead of `written`.
+    /// End of what is durable and found again by open after a crash; what walsenders send up
+    /// to and a walreceiver reports upstream. Never ahead of `written`.
     pub flushed: Lsn,
 }
 
@@ -48,6 +49,8 @@ pub(crate) struct TimelineState {
     pub wal_start: Lsn,
     pub written: Lsn,
     pub flushed: Lsn,
+    /// The role the control data records; it changes with the timeline at a promotion.
+    pub role: Option<Role>,
 }
 
 impl TimelineState {
@@ -168,6 +171,7 @@ impl Inner {
             timeline_start: st.timeline_start,
             wal_start: st.wal_start,
             durable_lsn: st.flushed,
+            role: st.role,
         };
         write_atomic_with(
             &self.io,

@@ -12,7 +12,6 @@
 //! position and health watches that subscribers hold, the slot table (shared, with which
 //! slots are in use), the counters and the fail points.
 
-use std::fs;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -31,6 +30,7 @@ use crate::health::{self, StorageHealth, StorageState};
 use crate::history::{check_history_for, parse_history};
 #[cfg(feature = "failpoints")]
 use crate::io::Failpoints;
+use crate::io::Io;
 use crate::metrics::StorageMetrics;
 use crate::naming::{history_file_name, parse_history_file_name};
 use crate::reader::RecordReader;
@@ -39,7 +39,7 @@ use crate::segments::WalFileRange;
 use crate::slots::SlotInfo;
 use crate::state::{BgRequest, Inner, WalPosition};
 use crate::writer::{self, Request, Writer};
-use crate::{HistoryEntry, Result, StorageConfig, WalError, WalFormat};
+use crate::{HistoryEntry, Result, Role, StorageConfig, WalError, WalFormat};
 
 /// A handle on the WAL of one data directory. Cheap to clone; all clones share one writer
 /// thread, which stops when the last clone is dropped (after finishing what was sent to it).
@@ -106,7 +106,9 @@ pub struct Ticket<T> {
     rx: oneshot::Receiver<Result<T>>,
 }
 
-/// Resolves to the durable end of the current timeline after the write's bytes are fsynced.
+/// Resolves after the write's bytes are fsynced, to the flushed end then published (see
+/// [`Wal::flushed`]), which may stop before the end of the write when it ends inside a
+/// walserver record.
 pub type WriteTicket = Ticket<Lsn>;
 /// Resolves to the end LSN of each appended record once they are durable.
 pub type AppendTicket = Ticket<Vec<Lsn>>;
@@ -160,13 +162,27 @@ impl Drop for SlotGuard {
 impl Wal {
     /// Creates a data directory and opens it. Fails if `dir` already holds one.
     pub fn init(dir: impl AsRef<Path>, cfg: StorageConfig, opts: InitOptions) -> Result<Wal> {
-        Wal::start(recovery::init(dir.as_ref(), cfg, opts)?)
+        let io = Io::new(cfg.fsync);
+        Wal::start(recovery::init(dir.as_ref(), cfg, opts, io)?)
     }
 
     /// Opens a data directory, finding the end of durable WAL (see the crate docs on crash
     /// safety) and cutting off whatever lies beyond it.
     pub fn open(dir: impl AsRef<Path>, cfg: StorageConfig) -> Result<Wal> {
-        Wal::start(recovery::open(dir.as_ref(), cfg)?)
+        let io = Io::new(cfg.fsync);
+        Wal::start(recovery::open(dir.as_ref(), cfg, io)?)
+    }
+
+    /// [`Wal::open`] with fail points that are already in force while it recovers; the
+    /// `Wal` keeps them ([`Wal::failpoints`]).
+    #[cfg(feature = "failpoints")]
+    pub fn open_with_failpoints(
+        dir: impl AsRef<Path>,
+        cfg: StorageConfig,
+        failpoints: Arc<Failpoints>,
+    ) -> Result<Wal> {
+        let io = Io::with_failpoints(cfg.fsync, failpoints);
+        Wal::start(recovery::open(dir.as_ref(), cfg, io)?)
     }
 
     /// Starts the writer thread (which starts the background thread) on a recovered directory.
@@ -296,6 +312,23 @@ impl Wal {
         Ok(recovery::stored_control(dir.as_ref())?.wal_format)
     }
 
+    /// The role a data directory's control data records, and its current timeline, read
+    /// without opening it. `None` for a directory made before the role was recorded.
+    pub fn stored_role(dir: impl AsRef<Path>) -> Result<(Option<Role>, TimelineId)> {
+        let c = recovery::stored_control(dir.as_ref())?;
+        Ok((c.role, c.timeline))
+    }
+
+    /// The role the control data records (see [`Role`]).
+    pub fn role(&self) -> Option<Role> {
+        self.inner().state().role
+    }
+
+    /// Records the node's role in the control data, durably and atomically. Blocks until done.
+    pub fn set_role(&self, role: Role) -> Result<()> {
+        self.control(move |w| w.set_role(role))
+    }
+
     pub fn system_id(&self) -> SystemId {
         self.shared.system_id
     }
@@ -328,12 +361,11 @@ impl Wal {
     /// The stored history file of `tli`, byte for byte (for TIMELINE_HISTORY). `None` for
     /// timeline 1 or an unknown timeline.
     pub fn history_file(&self, tli: TimelineId) -> Result<Option<Vec<u8>>> {
-        let path = self.inner().pg_wal().join(history_file_name(tli));
-        match fs::read(&path) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(WalError::io(format!("reading {}", path.display()), e)),
-        }
+        let inner = self.inner();
+        let path = inner.pg_wal().join(history_file_name(tli));
+        (inner.io)
+            .read_file_if_exists(&path)
+            .map_err(|e| WalError::io(format!("reading {}", path.display()), e))
     }
 
     /// Where timeline `tli` ended, if it is an ancestor of the current one.
@@ -346,7 +378,10 @@ impl Wal {
             .map(|e| e.switch_lsn)
     }
 
-    /// The durable end of the current timeline.
+    /// The durable end of the current timeline: what open would find again after a crash.
+    /// After a standby's raw bytes of walserver records that end inside a record, it is the
+    /// end of the last complete record (or the flush pointer, if later), and the durable rest
+    /// counts as [`Wal::written`] only.
     pub fn flushed(&self) -> Lsn {
         self.inner().state().flushed
     }
@@ -529,9 +564,10 @@ impl Wal {
         rx.recv().map_err(|_| WalError::Closed)?
     }
 
-    /// Starts a new timeline at the end of the last complete record at or below the flushed
-    /// end, writes its history file, and publishes it. Returns the new timeline and where it
-    /// begins. Blocks until done.
+    /// Starts a new timeline at the end of the last complete record at or below the durable
+    /// end, writes its history file, and publishes it. The control data records the new
+    /// timeline and the role [`Role::Primary`] in one atomic write, the promotion's commit
+    /// point. Returns the new timeline and where it begins. Blocks until done.
     pub fn promote(&self, reason: &str) -> Result<(TimelineId, Lsn)> {
         if self.shared.format != WalFormat::Walserver {
             return Err(WalError::PromotionNotSupported);

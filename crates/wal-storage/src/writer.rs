@@ -4,27 +4,32 @@
 //! [`MAX_BATCH_REQUESTS`] requests or [`MAX_BATCH_BYTES`]), stages every write and append of
 //! the batch into one buffer, writes it with `pwrite` into the segment file or files it spans,
 //! fdatasyncs each file touched once, stores the flush pointer when needed, publishes the new
-//! position and only then completes every waiter. A control operation (promotion, following a
-//! timeline, truncation: `timeline.rs`) first commits what is staged, then runs alone on the
-//! thread, so it sees a quiet WAL with `written == flushed`. The writer starts the background
-//! thread (`background.rs`) and stops it when it stops.
+//! position and only then completes every waiter. The flushed end it publishes is what open
+//! would find again after a crash: the batch's end, except after a standby's raw bytes of
+//! walserver records that end inside a record and that no stored pointer vouches for; then
+//! it is the pointer or the end of the last complete record (`write_out`), and the rest
+//! counts as written. A control operation (promotion, following a timeline, truncation:
+//! `timeline.rs`) first commits what is staged, then runs alone on the thread, so it sees a
+//! quiet WAL whose every written byte is durable. The writer starts the background thread
+//! (`background.rs`) and stops it when it stops.
 //!
-//! If a batch fails, every waiter in it gets the error and `written` goes back to `flushed`;
-//! what happens next is the failure policy written in `health.rs`. For a full disk the writer
-//! goes on: the bytes the batch may have left on disk (up to where it got, not where it would
-//! have ended: a batch that could not preallocate the next segment wrote nothing there) are
-//! zeroed by the next successful batch, so that no failed write can resurface as a valid
-//! record after a crash, and writes that fit in the current segment succeed meanwhile. For a
-//! failed sync, or any other failure, the writer is *failed*: it refuses every request until
-//! [`Wal::restart`](crate::Wal::restart) replaces it, and stores nothing more at its stop.
+//! If a batch fails, every waiter in it gets the error and `written` goes back to the durable
+//! end; what happens next is the failure policy written in `health.rs`. For a full disk the
+//! writer goes on: the bytes the batch may have left on disk (up to where it got, not where
+//! it would have ended: a batch that could not preallocate the next segment wrote nothing
+//! there) are zeroed by the next successful batch, so that no failed write can resurface as
+//! a valid record after a crash, and writes that fit in the current segment succeed
+//! meanwhile. For a failed sync, or any other failure, the writer is *failed*: it refuses
+//! every request until [`Wal::restart`](crate::Wal::restart) replaces it, and stores nothing
+//! more at its stop.
 //!
 //! **Invariants:** a waiter is completed only after the fdatasync of every file its bytes went
-//! to and, when the batch needs it, of the flush pointer; the tail cache gets a batch after its
+//! to and, when the batch needs it, of the flush pointer; the published flushed end never
+//! passes what open would recover and never moves back; the tail cache gets a batch after its
 //! fdatasync and before its end is published.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -37,13 +42,14 @@ use wal_types::{Lsn, TimelineId};
 use crate::background;
 use crate::error::is_full_errno;
 use crate::files::PointerFile;
+use crate::format::ByteSource;
 use crate::format::Framer;
 use crate::health::{self, StorageState};
 use crate::io::{FP_FSYNC, FP_WRITE};
 use crate::naming::segment_file_name;
-use crate::scan::last_record_end;
+use crate::scan::{last_record_end, FileSource, RecordEnds};
 use crate::state::{BgRequest, Inner};
-use crate::{Result, WalError};
+use crate::{Result, WalError, WalFormat};
 
 /// The most requests one batch takes. A guess, from a measurement on actix 0.13 where 128
 /// concurrent writers averaged batches of about 65: large enough that 64 to 128 concurrent
@@ -87,8 +93,14 @@ pub(crate) struct Writer {
     /// The shared state; timeline control (`timeline.rs`) works on it directly.
     pub(crate) inner: Arc<Inner>,
     tli: TimelineId,
-    /// Durable end; `batch_start` equals it between batches.
+    /// Durable end of the bytes written; `batch_start` equals it between batches.
     flushed: Lsn,
+    /// The flushed end published: how far open would find the WAL again after a crash. It
+    /// equals `flushed` except after a standby's raw bytes of walserver records that end
+    /// inside a record, which no stored pointer vouches for (`write_out`).
+    published: Lsn,
+    /// How far open's record scan would reach in the bytes beyond the pointer.
+    record_ends: RecordEnds,
     batch: Staged,
     batch_start: Lsn,
     /// The batch holds raw bytes (whose durable end only the flush pointer can vouch for).
@@ -148,6 +160,8 @@ pub(crate) fn spawn(
     let mut w = Writer {
         tli: st.tli,
         flushed: st.flushed,
+        published: st.flushed,
+        record_ends: RecordEnds::default(),
         batch: Staged::default(),
         batch_start: st.flushed,
         batch_raw: false,
@@ -218,6 +232,30 @@ impl Staged {
         &mut self.open
     }
 
+    /// Up to `max` staged bytes at `from`, from the one part that holds `from` (a received
+    /// buffer is sliced, not copied); part `hint` or a later one is searched first.
+    fn bytes_at(&self, from: usize, max: usize, hint: &mut (usize, usize)) -> Bytes {
+        let (mut i, mut pos) = *hint;
+        if from < pos {
+            (i, pos) = (0, 0);
+        }
+        while let Some(part) = self.chunks.get(i) {
+            if from < pos + part.len() {
+                *hint = (i, pos);
+                let off = from - pos;
+                return part.slice(off..part.len().min(off + max));
+            }
+            pos += part.len();
+            i += 1;
+        }
+        *hint = (i, pos);
+        let off = from - pos;
+        if off >= self.open.len() {
+            return Bytes::new();
+        }
+        Bytes::copy_from_slice(&self.open[off..self.open.len().min(off + max)])
+    }
+
     /// The staged bytes `[from, from + n)`, as slices in order.
     fn slices(&self, from: usize, n: usize) -> Vec<&[u8]> {
         let mut out = Vec::new();
@@ -237,6 +275,30 @@ impl Staged {
     }
 }
 
+/// The durable bytes of the current timeline up to the end of the batch just written, for
+/// the record scan of `RecordEnds`: the batch's from memory, older ones from the files.
+struct BatchSource<'a> {
+    files: FileSource<'a>,
+    batch: &'a Staged,
+    start: Lsn,
+    end: Lsn,
+    hint: (usize, usize),
+}
+
+impl ByteSource for BatchSource<'_> {
+    fn read_at(&mut self, lsn: Lsn, max_len: usize) -> Result<Bytes> {
+        if lsn >= self.end {
+            Ok(Bytes::new())
+        } else if lsn < self.start {
+            self.files.read_at(lsn, max_len)
+        } else {
+            let max = max_len.min((self.end.0 - lsn.0) as usize);
+            let from = (lsn.0 - self.start.0) as usize;
+            Ok(self.batch.bytes_at(from, max, &mut self.hint))
+        }
+    }
+}
+
 impl Writer {
     pub(crate) fn seg(&self) -> u64 {
         self.inner.cfg.segment_size
@@ -247,6 +309,12 @@ impl Writer {
         self.failed.as_ref().map(|reason| WalError::StorageFailed {
             reason: reason.clone(),
         })
+    }
+
+    /// The durable end of the bytes written, which may be beyond the published flushed end
+    /// (see `write_out`): where promotion, following and truncation look for the end.
+    pub(crate) fn durable_end(&self) -> Lsn {
+        self.flushed
     }
 
     /// True if a failed batch may have left bytes beyond `lsn` on disk.
@@ -273,6 +341,8 @@ impl Writer {
         self.tli = tli;
         self.at_boundary = at_boundary;
         self.flushed = end;
+        self.published = end;
+        self.record_ends = RecordEnds::default();
         self.batch_start = end;
         self.dirty_until = Lsn(0);
         self.forget_files();
@@ -325,11 +395,17 @@ impl Writer {
         // records the end exactly, so the next start need not scan or drop a partial record.
         let p = self.pointer.last;
         if !p.exact || p.end != self.flushed || p.timeline != self.tli {
-            if let Err(e) = self
+            match self
                 .pointer
                 .store(&self.inner.io, self.tli, self.flushed, true)
             {
-                tracing::warn!(error = %e, "could not record the exact durable end at shutdown");
+                Ok(()) => {
+                    self.published = self.flushed;
+                    self.inner.set_positions(self.flushed, self.flushed);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not record the exact durable end at shutdown")
+                }
             }
         }
         let st = self.inner.state().clone();
@@ -439,21 +515,19 @@ impl Writer {
             // Make what is staged durable, then look for the last record boundary below it.
             self.commit();
             let st = self.inner.state().clone();
+            let end = self.flushed;
             let checked = last_record_end(
                 &self.inner.files,
                 &st.view(),
                 &self.inner.cfg,
                 st.wal_start,
-                st.flushed,
+                end,
             )
             .and_then(|record_end| {
-                if record_end == st.flushed {
+                if record_end == end {
                     Ok(())
                 } else {
-                    Err(WalError::NotAtRecordBoundary {
-                        end: st.flushed,
-                        record_end,
-                    })
+                    Err(WalError::NotAtRecordBoundary { end, record_end })
                 }
             });
             if let Err(e) = checked {
@@ -486,7 +560,7 @@ impl Writer {
                 for w in waiters {
                     match w {
                         Waiter::Write(reply) => {
-                            let _ = reply.send(Ok(self.flushed));
+                            let _ = reply.send(Ok(self.published));
                         }
                         Waiter::Append(reply, ends) => {
                             let _ = reply.send(Ok(ends));
@@ -557,9 +631,9 @@ impl Writer {
         }
         let reason = format!(
             "{}; nothing beyond {} was acknowledged",
-            f.error, self.flushed
+            f.error, self.published
         );
-        tracing::error!(error = %f.error, flushed = %self.flushed, "WAL storage failed; refusing writes until it is reopened");
+        tracing::error!(error = %f.error, flushed = %self.published, "WAL storage failed; refusing writes until it is reopened");
         health::set(
             &self.inner.health,
             StorageState::Failed,
@@ -585,7 +659,7 @@ impl Writer {
                 self.at_boundary = false;
                 self.dirty_until = self.dirty_until.max(f.reach);
                 self.batch_start = self.flushed;
-                self.inner.set_positions(self.flushed, self.flushed);
+                self.inner.set_positions(self.flushed, self.published);
                 Err(f)
             }
         }
@@ -634,7 +708,7 @@ impl Writer {
             touched.push(segno);
             pos = upto;
         }
-        self.inner.set_positions(end, self.flushed);
+        self.inner.set_positions(end, self.published);
         for segno in touched {
             self.inner
                 .io
@@ -656,17 +730,21 @@ impl Writer {
         // Raw bytes of relayed PostgreSQL WAL cannot be scanned back, so each batch's end is
         // stored exactly. Raw bytes of walserver records can: recovery scans records past a
         // non-exact pointer (`Wal::open`) and finds every complete record that was flushed,
-        // so, as for appends, the pointer moves only when the end enters a new segment. That
-        // saves a second fdatasync per batch on a standby, which sat on every synchronous
-        // commit's path. What recovery may then drop is the partial record at the end, which
-        // lies in the segment of the last durable end (the pointer is always in that segment),
-        // a segment the upstream still keeps for this standby (its slot is at most there).
+        // so, as for appends, the pointer moves only when the end enters a new segment (or
+        // while open would find no scan start at or below it). That saves a second fdatasync
+        // per batch on a standby, which sat on every synchronous commit's path. What recovery
+        // may then drop is the partial record at the end, so the flushed end published stops
+        // before it: at the pointer or at the end of the last complete record, whichever is
+        // later (`published`). Walsenders (cascades) send no further, the walreceiver reports
+        // no further upstream, and so the flushed end never moves back, even across a crash.
+        let walserver = self.inner.format == WalFormat::Walserver;
         let p = self.pointer.last;
-        if (self.batch_raw && self.inner.format != crate::WalFormat::Walserver)
+        let store = (self.batch_raw && !walserver)
             || p.exact
             || p.timeline != self.tli
             || p.end.segment_number(seg) != end.segment_number(seg)
-        {
+            || (walserver && !self.record_ends.scannable());
+        if store {
             // The pointer is written in place and synced: whatever failed, it is not retried
             // and trusted (a full disk cannot fail an in-place write of a preallocated file).
             let path = self.inner.dir.join("flush_pointer");
@@ -680,8 +758,14 @@ impl Writer {
                     segment: None,
                 })?;
         }
+        let published = if walserver {
+            self.recoverable_end(start, end, store)
+        } else {
+            end
+        };
         self.dirty_until = Lsn(0);
         self.flushed = end;
+        self.published = published;
         // Into the tail cache before the new end is published, so that a walsender woken by
         // it finds the bytes in memory.
         let len = (end.0 - start.0) as usize;
@@ -689,8 +773,48 @@ impl Writer {
             let parts = self.batch.slices(0, len);
             self.inner.tail.add(self.tli, start, len, &parts);
         }
-        self.inner.set_positions(end, end);
+        self.inner.set_positions(end, published);
         Ok(())
+    }
+
+    /// How far open would find walserver WAL again after a crash, once the batch `[start,
+    /// end)` is durable and the pointer stored if `stored`: the pointer, or the end of the
+    /// last complete record on the chain open scans, whichever is later. A failed scan (a
+    /// read error) publishes no further than the pointer and makes the next batch store it.
+    fn recoverable_end(&mut self, start: Lsn, end: Lsn, stored: bool) -> Lsn {
+        let st = self.inner.state().clone();
+        let view = st.view();
+        let files = &self.inner.files;
+        let scanned = (|| {
+            if stored {
+                (self.record_ends).pointer_stored(files, &view, st.wal_start, end)?;
+            }
+            if self.at_boundary {
+                self.record_ends.complete_to(end);
+                return Ok(Some(end));
+            }
+            let src = BatchSource {
+                files: FileSource {
+                    files,
+                    view: &view,
+                    limit: start,
+                },
+                batch: &self.batch,
+                start,
+                end,
+                hint: (0, 0),
+            };
+            self.record_ends.advance(src, &self.inner.cfg, end)
+        })();
+        let pointer = self.pointer.last.end;
+        match scanned {
+            Ok(records) => pointer.max(records.unwrap_or(pointer)).min(end),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not follow the records of received WAL; the flush pointer alone vouches for it");
+                self.record_ends = RecordEnds::default();
+                pointer
+            }
+        }
     }
 
     /// Opens segment `segno` of the current timeline for writing, waiting for its preallocation
@@ -713,12 +837,14 @@ impl Writer {
                     rx.recv().map_err(|_| WalError::Closed)??
                 }
             },
-            None => match OpenOptions::new().read(true).write(true).open(&path) {
-                Ok(f) => {
-                    let len = f
-                        .metadata()
-                        .map_err(|e| WalError::io(format!("reading {}", path.display()), e))?
-                        .len();
+            None => match (self.inner.io)
+                .open_if_exists(&path, OpenOptions::new().read(true).write(true))
+                .map_err(|e| WalError::io(format!("opening {}", path.display()), e))?
+            {
+                Some(f) => {
+                    let len = (self.inner.io)
+                        .file_len(&f)
+                        .map_err(|e| WalError::io(format!("reading {}", path.display()), e))?;
                     if len != seg {
                         return Err(WalError::BadFile {
                             path,
@@ -727,12 +853,11 @@ impl Writer {
                     }
                     f
                 }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                None => {
                     self.request_prealloc(segno);
                     let rx = self.pending.remove(&segno).expect("just requested");
                     rx.recv().map_err(|_| WalError::Closed)??
                 }
-                Err(e) => return Err(WalError::io(format!("opening {}", path.display()), e)),
             },
         };
         self.files.insert(segno, file);
@@ -746,9 +871,12 @@ impl Writer {
     }
 
     pub(crate) fn request_prealloc(&mut self, segno: u64) {
+        // A file that cannot be looked at is asked for anyway: preallocation never replaces
+        // a file, and reports what is wrong with the directory.
+        let path = self.inner.files.path(self.tli, segno);
         if self.pending.contains_key(&segno)
             || self.files.contains_key(&segno)
-            || self.inner.files.path(self.tli, segno).exists()
+            || self.inner.io.exists(&path).unwrap_or(false)
         {
             return;
         }
@@ -795,6 +923,16 @@ mod tests {
                 let got: Vec<u8> = st.slices(from, n).concat();
                 assert_eq!(got, &all[from..from + n], "from {from} n {n}");
             }
+        }
+        // `bytes_at` gives a prefix from the part holding `from`, whatever the hint says.
+        let mut hint = (0, 0);
+        for from in (0..=10).chain((0..=10).rev()) {
+            let got = st.bytes_at(from, 3, &mut hint);
+            assert!(!got.is_empty() || from == 10, "from {from}");
+            assert!(
+                got.len() <= 3 && all[from..].starts_with(&got),
+                "from {from}"
+            );
         }
         let dir = tempfile::tempdir().unwrap();
         let f = File::options()

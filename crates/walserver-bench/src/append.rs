@@ -16,6 +16,7 @@ use supervisor_actor::{AppendRecords, Durability, Node};
 use walserver_node::admin::{get_json, get_text, AdminClient};
 use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
 
+use crate::acklog::{self, AckEntry, AckLog};
 use crate::cluster::{Cluster, ClusterOptions};
 use crate::report::{self, Percentiles, Sample};
 use crate::sys;
@@ -71,6 +72,20 @@ pub struct AppendArgs {
     /// Process ids of the remote nodes, for their peak RSS (from /proc).
     #[arg(long = "pid")]
     pub pids: Vec<u32>,
+    /// Write every acknowledged append (writer, sequence number, timeline, end LSN, SHA-256 of
+    /// each record) to this file, one JSON line each, for `walserver-bench verify`. Records
+    /// are then unique (writer, sequence and index, then filler) instead of all alike.
+    #[arg(long, requires = "http")]
+    pub ack_log: Option<PathBuf>,
+    /// Go on after a failed append (counting it) instead of stopping the writer: after a
+    /// pause that starts at 10 ms and doubles to 200 ms while appends keep failing. Fault tests
+    /// run their load so.
+    #[arg(long, requires = "http")]
+    pub keep_going: bool,
+    /// Give up on one `POST /wal` after this many seconds (an error, so with `--keep-going`
+    /// the writer tries again); default: wait as long as it takes.
+    #[arg(long, requires = "http")]
+    pub request_timeout: Option<f64>,
     /// Bearer token of the node's admin API, if it requires one (or WALSERVER_HTTP_AUTH_TOKEN).
     #[arg(long, env = "WALSERVER_HTTP_AUTH_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -393,49 +408,146 @@ fn spawn_http_writers(
 ) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
     let batch = args.batch.max(1);
     let record = vec![b'x'; args.size];
-    let body: Arc<Vec<u8>> = Arc::new(join_records(std::iter::repeat_n(record.as_slice(), batch)));
+    let same_body: Arc<Vec<u8>> =
+        Arc::new(join_records(std::iter::repeat_n(record.as_slice(), batch)));
+    let ack_log = match &args.ack_log {
+        Some(path) => Some(Arc::new(AckLog::create(path)?)),
+        None => None,
+    };
+    let timeout = args.request_timeout.map(Duration::from_secs_f64);
     let path = format!("/wal?durability={durability}");
     let mut handles = Vec::new();
-    for i in 0..args.writers {
-        let (stats, budget, body, path) =
-            (stats.clone(), budget.clone(), body.clone(), path.clone());
-        let client = AdminClient::new(url, token);
-        let bytes = args.size * batch;
+    for writer in 0..args.writers {
+        let w = HttpWriter {
+            writer,
+            client: AdminClient::with_timeout(url, token, timeout),
+            path: path.clone(),
+            size: args.size,
+            batch,
+            same_body: same_body.clone(),
+            ack_log: ack_log.clone(),
+            keep_going: args.keep_going,
+        };
+        let (stats, budget) = (stats.clone(), budget.clone());
         handles.push(
             std::thread::Builder::new()
-                .name(format!("bench-writer-{i}"))
-                .spawn(move || {
-                    while budget.take(bytes as u64) {
-                        let req = client.post(&path, RECORDS_CONTENT_TYPE);
-                        let t = Instant::now();
-                        let r = req.send(body.as_slice());
-                        let lat = t.elapsed();
-                        let outcome = match r {
-                            Ok(mut resp) if resp.status().is_success() => {
-                                // Read the answer so the connection can be reused.
-                                let _ = resp.body_mut().read_to_string();
-                                Ok(())
-                            }
-                            Ok(mut resp) => Err(format!(
-                                "HTTP {}: {}",
-                                resp.status(),
-                                resp.body_mut().read_to_string().unwrap_or_default()
-                            )),
-                            Err(e) => Err(e.to_string()),
-                        };
-                        let mut s = stats.lock().expect("stats lock");
-                        match outcome {
-                            Ok(()) => s.ok(lat, batch, bytes),
-                            Err(e) => {
-                                s.err(e);
-                                budget.stop.store(true, Ordering::Relaxed);
-                            }
-                        }
-                    }
-                })?,
+                .name(format!("bench-writer-{writer}"))
+                .spawn(move || w.run(&stats, &budget))?,
         );
     }
     Ok(handles)
+}
+
+/// One HTTP writer: appends one after another until the budget is spent.
+struct HttpWriter {
+    writer: usize,
+    client: AdminClient,
+    path: String,
+    size: usize,
+    batch: usize,
+    /// The body of every append when there is no log (all records alike).
+    same_body: Arc<Vec<u8>>,
+    ack_log: Option<Arc<AckLog>>,
+    keep_going: bool,
+}
+
+impl HttpWriter {
+    fn run(&self, stats: &Mutex<Stats>, budget: &Budget) {
+        let bytes = self.size * self.batch;
+        let mut pause = Duration::ZERO;
+        let mut seq = 0u64;
+        while budget.take(bytes as u64) {
+            let logged = self.ack_log.is_some().then(|| {
+                let records: Vec<Vec<u8>> = (0..self.batch)
+                    .map(|i| acklog::payload(self.writer, seq, i, self.size))
+                    .collect();
+                let hashes = records.iter().map(|r| acklog::sha256_hex(r)).collect();
+                (join_records(records.iter().map(Vec::as_slice)), hashes)
+            });
+            let body = logged
+                .as_ref()
+                .map_or(self.same_body.as_slice(), |(b, _)| b);
+            let t = Instant::now();
+            let outcome = self.post(body);
+            let lat = t.elapsed();
+            let outcome = outcome.and_then(|answer| match (&self.ack_log, logged) {
+                (Some(log), Some((_, hashes))) => log_ack(log, self.writer, seq, &answer, hashes),
+                _ => Ok(()),
+            });
+            seq += 1;
+            let failed = {
+                let mut s = stats.lock().expect("stats lock");
+                match outcome {
+                    Ok(()) => {
+                        s.ok(lat, self.batch, bytes);
+                        false
+                    }
+                    Err(e) => {
+                        s.err(e);
+                        if !self.keep_going {
+                            budget.stop.store(true, Ordering::Relaxed);
+                        }
+                        true
+                    }
+                }
+            };
+            if failed && self.keep_going {
+                // Back off while the node refuses, so a node that is down is not flooded;
+                // the pause is a client's retry delay, not a wait for an event.
+                pause = (pause * 2).clamp(Duration::from_millis(10), Duration::from_millis(200));
+                std::thread::sleep(pause);
+            } else {
+                pause = Duration::ZERO;
+            }
+        }
+    }
+
+    /// One `POST /wal`: the answer's JSON on success, the error's text otherwise.
+    fn post(&self, body: &[u8]) -> Result<serde_json::Value, String> {
+        let req = self.client.post(&self.path, RECORDS_CONTENT_TYPE);
+        match req.send(body) {
+            Ok(mut resp) if resp.status().is_success() => {
+                // Read the answer (also so that the connection can be reused).
+                let text = resp
+                    .body_mut()
+                    .read_to_string()
+                    .map_err(|e| e.to_string())?;
+                Ok(serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+            }
+            Ok(mut resp) => Err(format!(
+                "HTTP {}: {}",
+                resp.status(),
+                resp.body_mut().read_to_string().unwrap_or_default()
+            )),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// Writes an acknowledged append to the log. An answer without its timeline or end LSN is an
+/// error: an acknowledgement that cannot be checked is not counted as one.
+fn log_ack(
+    log: &AckLog,
+    writer: usize,
+    seq: u64,
+    answer: &serde_json::Value,
+    hashes: Vec<String>,
+) -> Result<(), String> {
+    let end_lsn = answer["end_lsn"].as_str().and_then(|s| s.parse().ok());
+    let timeline = answer["timeline"]
+        .as_u64()
+        .and_then(|t| u32::try_from(t).ok());
+    let (Some(end_lsn), Some(timeline)) = (end_lsn, timeline) else {
+        return Err(format!("an acknowledgement without its position: {answer}"));
+    };
+    log.record(&AckEntry {
+        writer,
+        seq,
+        timeline,
+        end_lsn,
+        hashes,
+    })
+    .map_err(|e| format!("{e:#}"))
 }
 
 pub fn run(args: AppendArgs) -> anyhow::Result<()> {

@@ -9,6 +9,8 @@
 //!   per MB sent.
 //! - `catchup`: a plain blocking client (`repl-client`) that streams a WAL range from any server that
 //!   speaks PostgreSQL 15's protocol and discards it.
+//! - `verify`: checks a node against the acknowledgement log an `append --ack-log` load wrote
+//!   ([`acklog`]): every acknowledged record at its position with its hash.
 //! - `wait-lsn`: times another process (a standby) until its IDENTIFY_SYSTEM position
 //!   reaches an LSN; `benches/compare-postgres.sh` uses it on both PostgreSQL and walserver.
 //!
@@ -24,6 +26,7 @@
 //! package, whose binary delegates `walserver bench` to [`run`]. Errors are `anyhow` with
 //! context, as a command's are: each ends in a message to a person.
 
+pub mod acklog;
 mod append;
 mod client;
 pub mod cluster;
@@ -69,6 +72,22 @@ pub enum BenchCommand {
         /// show), so a script can tell this client from one that has just left.
         #[arg(long, default_value = "walserver-bench")]
         application_name: String,
+        /// Print one JSON object instead of a sentence.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check that a node holds every append an `append --ack-log` load was acknowledged:
+    /// each record at its position with its hash. Fails if one is missing.
+    Verify {
+        /// The acknowledgement log.
+        #[arg(long)]
+        ack_log: std::path::PathBuf,
+        /// The node's admin API (HOST:PORT).
+        #[arg(long)]
+        http: String,
+        /// Bearer token of the node's admin API, if it requires one.
+        #[arg(long, env = "WALSERVER_HTTP_AUTH_TOKEN", hide_env_values = true)]
+        token: Option<String>,
         /// Print one JSON object instead of a sentence.
         #[arg(long)]
         json: bool,
@@ -135,6 +154,27 @@ pub fn run(cmd: BenchCommand, program: &NodeProgram) -> anyhow::Result<()> {
             } else {
                 println!("streamed {bytes} bytes in {secs:.3} s: {mbps:.0} MB/s");
             }
+            Ok(())
+        }
+        BenchCommand::Verify {
+            ack_log,
+            http,
+            token,
+            json,
+        } => {
+            let r = acklog::verify_node(&ack_log, &http, token.as_deref())?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "{} acknowledged records in {} appends: {} found, {} lost, {} older than the node keeps",
+                    r.records, r.appends, r.found, r.lost, r.unverifiable
+                );
+                for e in &r.lost_examples {
+                    println!("  lost: {e}");
+                }
+            }
+            anyhow::ensure!(r.lost == 0, "{} acknowledged records are missing", r.lost);
             Ok(())
         }
         BenchCommand::WaitLsn {

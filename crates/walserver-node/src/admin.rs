@@ -103,9 +103,21 @@ pub struct AdminClient {
 
 impl AdminClient {
     pub fn new(http: &str, token: Option<&str>) -> AdminClient {
+        AdminClient::with_timeout(http, token, None)
+    }
+
+    /// A client whose every request gives up after `timeout` (connecting, sending and
+    /// reading the answer together), so that a paused or cut-off node cannot hold a caller
+    /// for ever.
+    pub fn with_timeout(
+        http: &str,
+        token: Option<&str>,
+        timeout: Option<std::time::Duration>,
+    ) -> AdminClient {
         AdminClient {
             agent: ureq::Agent::config_builder()
                 .http_status_as_error(false)
+                .timeout_global(timeout)
                 .build()
                 .into(),
             base: base_url(http),

@@ -75,6 +75,15 @@ pub fn render_status(v: &Value, slots: Option<&Value>, wide: bool) -> anyhow::Re
     ] {
         out.push_str(&format!("{key:<18} {}\n", text(&v[key])));
     }
+    // Storage's state, and what made it other than ok (cut when narrow: `--json` has it all).
+    if let Some(s) = v.get("storage").filter(|s| s.is_object()) {
+        let mut line = format!("{:<18} {}", "storage", text(&s["state"]));
+        if let Some(e) = s.get("error").filter(|e| !e.is_null()) {
+            line.push_str(&format!(" since {}: {}", text(&s["since"]), text(e)));
+        }
+        out.push_str(&if wide { line } else { clip(line, NARROW_WIDTH) });
+        out.push('\n');
+    }
     let wide_cols = [
         "pid",
         "application_name",

@@ -268,6 +268,14 @@ async fn append(state: web::Data<State>, req: HttpRequest, body: Bytes) -> HttpR
                 }
                 AppendError::NotConfirmed { .. } => actix_web::http::StatusCode::GATEWAY_TIMEOUT,
                 AppendError::ShuttingDown => actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+                // A full disk is backpressure: retry once space is freed.
+                AppendError::Storage(w) if w.is_disk_full() => {
+                    actix_web::http::StatusCode::INSUFFICIENT_STORAGE
+                }
+                // Storage is being reopened after a failed sync: retry shortly.
+                AppendError::Storage(w) if w.is_storage_failed() => {
+                    actix_web::http::StatusCode::SERVICE_UNAVAILABLE
+                }
                 AppendError::Storage(_) => actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
             };
             HttpResponse::build(status).json(serde_json::json!({ "error": e.to_string() }))

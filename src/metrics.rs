@@ -15,7 +15,7 @@ use std::fmt::{Display, Write as _};
 use std::time::SystemTime;
 
 use supervisor_actor::{AppendCounts, Durability, GetNodeStatus, Node, NodeRole, NodeStatus};
-use wal_storage::{Lsn, SlotInfo, StorageErrorKind};
+use wal_storage::{Lsn, SlotInfo, StorageErrorKind, StorageState};
 use wal_types::metrics::HistogramSnapshot;
 use walsender_actor::status::{WalSenderState, WalSenderStatus};
 
@@ -353,8 +353,8 @@ fn storage_families(out: &mut Text, node: &Node, s: &Snapshot) {
     out.family(
         name,
         "counter",
-        "Failed storage writes and syncs, by kind (enospc: the disk or a quota \
-         is full, whatever the operation).",
+        "Failed storage operations, by kind (open, read, write, directory, fsync; \
+         enospc: the disk or a quota is full, whatever the operation).",
     );
     for kind in StorageErrorKind::ALL {
         out.sample(name, &[("kind", kind.as_str())], m.errors(kind));
@@ -379,6 +379,31 @@ fn storage_families(out: &mut Text, node: &Node, s: &Snapshot) {
         "Time each fsync and fdatasync of storage took.",
         &m.fsync_seconds.snapshot(),
     );
+    let health = &s.status.storage;
+    let name = "walserver_storage_state";
+    out.family(
+        name,
+        "gauge",
+        "Storage's state, one series per state with 1 for the current one: ok; full (the \
+         disk or a quota is full, writes that need new space are refused); failed (a sync \
+         failed, writes are refused until storage is reopened); restarting (being reopened).",
+    );
+    let states = StorageState::ALL.map(StorageState::as_str);
+    out.one_hot(name, &[], ("state", health.state.as_str()), &states);
+    let name = "walserver_storage_restarts_total";
+    out.family(
+        name,
+        "counter",
+        "Times storage was reopened after a failed sync, and writes resumed.",
+    );
+    out.sample(name, &[], health.restarts);
+    let name = "walserver_storage_restart_failures_total";
+    out.family(
+        name,
+        "counter",
+        "Reopenings of failed storage that failed (each is tried again later).",
+    );
+    out.sample(name, &[], health.failed_restarts);
 }
 
 fn connection_families(out: &mut Text, node: &Node, s: &Snapshot) {

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::Context;
-use wal_storage::{StorageConfig, Wal};
+use wal_storage::{Role, StorageConfig, Wal};
 use walserver_node::init::StandbySignal;
 
 /// `walserver rejoin`: cut the WAL this node holds beyond the point where its new upstream's
@@ -64,12 +64,17 @@ pub fn rejoin(data_dir: &Path, primary_conninfo: &str, slot: Option<&str>) -> an
             upstream.timeline
         ),
     }
-    drop(wal);
+    // The upstream first, then the role, the commit point: a crash in between leaves a
+    // primary's directory holding a standby.signal it was never started with, which the role
+    // rule (supervisor-actor's `datadir`) makes a standby all the same.
     StandbySignal {
         primary_conninfo: Some(primary_conninfo.to_string()),
         primary_slot_name: slot.map(str::to_string),
+        standby_since: None,
     }
     .write(data_dir)?;
+    wal.set_role(Role::Standby)?;
+    drop(wal);
     println!(
         "rejoin: {} is now a standby of {}",
         data_dir.display(),

@@ -161,6 +161,7 @@ fn a_cascade_promotes_follows_and_the_old_primary_rejoins() {
     StandbySignal {
         primary_conninfo: Some(a.conninfo("p")),
         primary_slot_name: None,
+        standby_since: None,
     }
     .write(&p_data)
     .unwrap();

@@ -5,6 +5,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod metrics;
+#[cfg(feature = "failpoints")]
+mod storage;
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};

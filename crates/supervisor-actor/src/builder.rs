@@ -17,7 +17,7 @@ use walsender_actor::hba::HbaRules;
 use walsender_actor::{Listener, Shared, WalSenderRegistry};
 
 use crate::append::Durability;
-use crate::datadir::{create_private_dir, new_system_id, DataDirState, StandbySignal};
+use crate::datadir::{create_private_dir, new_system_id, settle_role, DataDirState, StandbySignal};
 use crate::node::{Node, NodeConfig, NodeError};
 use crate::restart::RestartPolicy;
 use crate::supervisor::Supervisor;
@@ -92,8 +92,7 @@ impl NodeBuilder {
 
     /// A primary in `data_dir`. The first start makes the directory (mode 0700; it must be
     /// missing or empty) with a new system identifier, timeline 1 and walserver records;
-    /// later starts open it. A directory that holds `standby.signal` is a standby's and is
-    /// refused.
+    /// later starts open it. A standby's directory (see `datadir`'s role rule) is refused.
     pub fn primary(data_dir: impl Into<PathBuf>) -> NodeBuilder {
         NodeBuilder {
             config: NodeConfig::new(data_dir, crate::node::DEFAULT_LISTEN),
@@ -106,7 +105,7 @@ impl NodeBuilder {
     /// PostgreSQL's `primary_conninfo`), in `data_dir`. The first start connects to the
     /// upstream, adopts its identity, makes the directory from it and writes
     /// `standby.signal`; later starts open it and stream from the upstream given here. Once
-    /// the node has been promoted (which removes `standby.signal`) it starts as a primary.
+    /// the node has been promoted (which the control data records) it starts as a primary.
     pub fn standby(
         data_dir: impl Into<PathBuf>,
         primary_conninfo: &str,
@@ -314,8 +313,8 @@ async fn prepare(
     let state = {
         let dir = dir.clone();
         blocking(move || {
-            let signal = StandbySignal::read(&dir)?.is_some();
-            Ok((DataDirState::of(&dir)?, signal))
+            let state = DataDirState::of(&dir)?;
+            Ok((state, StandbySignal::if_standby(&dir)?.is_some()))
         })
         .await?
     };
@@ -352,6 +351,7 @@ async fn prepare(
             let signal = StandbySignal {
                 primary_conninfo,
                 primary_slot_name: receiver.session.slot_name.clone(),
+                standby_since: None,
             };
             let storage = config.storage.clone();
             blocking(move || {
@@ -365,8 +365,7 @@ async fn prepare(
         }
         (Init::Standby, (DataDirState::Initialised, false)) => {
             tracing::info!(
-                "{} is gone: the node was promoted and starts as a primary",
-                StandbySignal::path(&config.data_dir).display()
+                "the control data says primary: the node was promoted and starts as a primary"
             );
             config.standby = None;
         }
@@ -393,10 +392,17 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         standby_signal,
         sync,
     } = config;
-    // Recovery reads and fsyncs: keep it off the actor thread.
+    // Recovery reads and fsyncs: keep it off the actor thread. Then the control data and
+    // standby.signal are made to agree with the role the node starts in.
+    let signals = standby_signal.is_some();
+    let is_standby = standby.is_some();
     let wal = tokio::task::spawn_blocking(move || {
         storage.segment_size = Wal::stored_segment_size(&data_dir)?;
-        Wal::open(&data_dir, storage)
+        let wal = Wal::open(&data_dir, storage)?;
+        if signals {
+            settle_role(&data_dir, &wal, is_standby)?;
+        }
+        Ok::<_, NodeError>(wal)
     })
     .await
     .map_err(|_| NodeError::OpenPanicked)??;

@@ -16,7 +16,12 @@
 //! - shutdown goes in order: stop accepting, drain walsenders with their deadline, stop the
 //!   walreceiver, stop the services handed to it ([`SuperviseService`]: walserver's admin
 //!   API), release storage;
-//! - promotion stops the walreceiver, starts the next timeline and makes the node a primary.
+//! - promotion stops the walreceiver, starts the next timeline and makes the node a primary;
+//! - storage's failures are events on its health watch: after a failed sync the supervisor
+//!   reopens storage ([`wal_storage::Wal::restart`]) on a backoff schedule of the restart
+//!   policy until it succeeds, starts no walreceiver meanwhile, and starts one at once when
+//!   storage is back; a full disk needs no restart (a standby's walreceiver retries on a
+//!   short backoff capped at `disk_full_cap`).
 //!
 //! It counts the appends it answers, by durability level, with their latency and their wait
 //! for synchronous standbys ([`AppendMetrics`], shared as [`Node::append_metrics`]).

@@ -43,8 +43,10 @@ pub struct NodeConfig {
     /// `Some` makes the node a standby that streams from this upstream.
     pub standby: Option<ReceiverConfig>,
     pub restart_policy: RestartPolicy,
-    /// A file whose presence marks a standby (PostgreSQL's `standby.signal`); promotion
-    /// removes it so a restart does not make the node a standby again.
+    /// The data directory's `standby.signal`, which holds a standby's upstream (whether the
+    /// node is a standby is the role rule of `datadir`, with the control data's role);
+    /// promotion removes it after its commit, and a start settles the role with it. `None`
+    /// leaves both alone.
     pub standby_signal: Option<PathBuf>,
     /// Synchronous replication and the default durability of appends.
     pub sync: SyncSettings,

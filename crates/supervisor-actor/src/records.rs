@@ -74,7 +74,7 @@ pub async fn check_records_start(wal: Wal, from: RecordsFrom) -> Result<RecordsS
         .unwrap_or_else(|e| {
             Err(WalError::Io {
                 context: "checking where to read records on the blocking pool".into(),
-                source: std::io::Error::other(e.to_string()),
+                cause: std::io::Error::other(e.to_string()),
             })
         })
 }
@@ -223,7 +223,7 @@ pub fn subscribe_records(
                     st.done = true;
                     let e = WalError::Io {
                         context: "reading records on the blocking pool".into(),
-                        source: std::io::Error::other(e.to_string()),
+                        cause: std::io::Error::other(e.to_string()),
                     };
                     return Some((Err(e), st));
                 }

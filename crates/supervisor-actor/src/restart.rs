@@ -7,7 +7,14 @@
 //! connection, an upstream shutting down) are retried often, so a standby resumes within
 //! about the cap of the upstream coming back; failures that need an operator (another system
 //! identifier, a fork, a refused password) are retried rarely, so they do not become a storm.
-//! The count resets once a stream has been healthy for `stable_after`.
+//! The count resets once a stream has been healthy for `stable_after`. A full disk on this
+//! node is its own case: it ends when space is freed, which nothing announces, so it is
+//! retried on a short backoff capped at `disk_full_cap`; a walreceiver stopped by a storage
+//! failure waits instead for storage to be back, which is an event.
+//!
+//! Storage itself is restarted by the same kind of schedule ([`StorageRestarts`]): the first
+//! reopening at once, then backoff from `storage_base` to `storage_cap`, the count reset once
+//! storage has stayed healthy for `stable_after`.
 //!
 //! The log follows a run of failures (from the first failure after a stream to the next
 //! stream) rather than each attempt: the first failure is logged, then at most one summary per
@@ -34,7 +41,17 @@ pub struct RestartPolicy {
     /// Backoff for failures that need an operator.
     pub persistent_base: Duration,
     pub persistent_cap: Duration,
-    /// A stream that lasted this long counts as healthy: the next failure starts afresh.
+    /// The longest wait between retries after this node's disk was full: 1 s is a guess that
+    /// resumes a standby within about a second of space returning while a full disk costs at
+    /// most one connection to the upstream a second.
+    pub disk_full_cap: Duration,
+    /// Backoff of storage restarts after a failed sync: the second reopening waits this long.
+    pub storage_base: Duration,
+    /// The longest wait between reopenings of failed storage: 2 s is a guess, short enough
+    /// that a node resumes soon after a transient fault, long enough that a disk that keeps
+    /// failing costs a few log lines a minute, not a storm.
+    pub storage_cap: Duration,
+    /// A stream (or storage) healthy this long counts as healthy: the next failure starts afresh.
     pub stable_after: Duration,
     /// Each delay is drawn from `[delay × (1 − jitter), delay]`, so standbys of one upstream
     /// do not retry in lockstep.
@@ -63,6 +80,7 @@ impl RestartPolicy {
             wal_retrieve_retry_interval_ms: ms(self.transient_cap),
             operator_failure_backoff_from_ms: ms(self.persistent_base),
             operator_failure_retry_interval_ms: ms(self.persistent_cap),
+            disk_full_retry_interval_ms: ms(self.disk_full_cap),
             jitter: self.jitter,
             summary_log_interval_ms: ms(self.summary_interval),
         }
@@ -80,6 +98,8 @@ pub struct RetrySchedule {
     pub wal_retrieve_retry_interval_ms: u64,
     pub operator_failure_backoff_from_ms: u64,
     pub operator_failure_retry_interval_ms: u64,
+    /// The cap of the backoff after this node's disk was full.
+    pub disk_full_retry_interval_ms: u64,
     pub jitter: f64,
     /// While failures go on, at most one log line per this long.
     pub summary_log_interval_ms: u64,
@@ -92,6 +112,9 @@ impl Default for RestartPolicy {
             transient_cap: Duration::from_millis(100),
             persistent_base: Duration::from_secs(1),
             persistent_cap: Duration::from_secs(30),
+            disk_full_cap: Duration::from_secs(1),
+            storage_base: Duration::from_millis(50),
+            storage_cap: Duration::from_secs(2),
             stable_after: Duration::from_secs(10),
             jitter: 0.5,
             summary_interval: Duration::from_secs(30),
@@ -210,6 +233,8 @@ impl RestartState {
         } else {
             let (base, cap) = if is_persistent(error) {
                 (policy.persistent_base, policy.persistent_cap)
+            } else if matches!(error, ReceiverError::DiskFull { .. }) {
+                (policy.transient_base, policy.disk_full_cap)
             } else {
                 (policy.transient_base, policy.transient_cap)
             };
@@ -225,6 +250,42 @@ impl RestartState {
     /// A walreceiver was started (the retry happened).
     pub fn on_started(&mut self) {
         self.next_retry_at = None;
+    }
+}
+
+/// Where the restarts of failed storage stand: see the module's story.
+#[derive(Clone, Debug, Default)]
+pub struct StorageRestarts {
+    /// Reopenings since storage was last healthy for `stable_after`.
+    pub attempts: u32,
+    /// Since when storage has been healthy, if it is.
+    healthy_since: Option<Instant>,
+}
+
+impl StorageRestarts {
+    /// Storage failed (or a reopening did): how long to wait before the next reopening.
+    pub fn on_failed(&mut self, policy: &RestartPolicy, now: Instant, random: f64) -> Duration {
+        if let Some(since) = self.healthy_since.take() {
+            if now.saturating_duration_since(since) >= policy.stable_after {
+                self.attempts = 0;
+            }
+        }
+        let delay = if self.attempts == 0 {
+            Duration::ZERO
+        } else {
+            let exp = policy
+                .storage_base
+                .saturating_mul(1u32 << (self.attempts - 1).min(20));
+            exp.min(policy.storage_cap)
+                .mul_f64(1.0 - policy.jitter * random.clamp(0.0, 1.0))
+        };
+        self.attempts = self.attempts.saturating_add(1);
+        delay
+    }
+
+    /// Storage is healthy again.
+    pub fn on_healthy(&mut self, now: Instant) {
+        self.healthy_since.get_or_insert(now);
     }
 }
 
@@ -262,6 +323,49 @@ mod tests {
             delays[5..].iter().all(|d| *d == p.transient_cap),
             "{delays:?}"
         );
+    }
+
+    #[test]
+    fn a_full_disk_is_retried_on_a_short_backoff_capped_near_a_second() {
+        let p = RestartPolicy::default();
+        let mut s = RestartState::default();
+        let full = ReceiverError::DiskFull {
+            message: "the disk is full".into(),
+        };
+        let now = Instant::now();
+        let delays: Vec<_> = (0..12).map(|_| s.on_failed(&p, &full, now, 0.0)).collect();
+        assert_eq!(
+            &delays[..3],
+            &[Duration::ZERO, p.transient_base, p.transient_base * 2]
+        );
+        assert!(
+            delays.iter().all(|d| *d <= Duration::from_secs(1)),
+            "{delays:?}"
+        );
+        assert_eq!(delays[11], p.disk_full_cap);
+        // Other storage errors still wait for an operator.
+        let other = ReceiverError::Storage {
+            message: "bad file".into(),
+        };
+        assert!(is_persistent(&other) && !is_persistent(&full));
+    }
+
+    #[test]
+    fn storage_restarts_back_off_and_reset_after_a_healthy_period() {
+        let p = RestartPolicy::default();
+        let mut s = StorageRestarts::default();
+        let t0 = Instant::now();
+        let delays: Vec<_> = (0..10).map(|_| s.on_failed(&p, t0, 0.0)).collect();
+        assert_eq!(
+            &delays[..3],
+            &[Duration::ZERO, p.storage_base, p.storage_base * 2]
+        );
+        assert_eq!(delays[9], p.storage_cap);
+        // Healthy, but not for long: the backoff goes on.
+        s.on_healthy(t0);
+        assert!(s.on_failed(&p, t0 + Duration::from_secs(1), 0.0) > Duration::ZERO);
+        s.on_healthy(t0);
+        assert_eq!(s.on_failed(&p, t0 + p.stable_after, 0.0), Duration::ZERO);
     }
 
     #[test]

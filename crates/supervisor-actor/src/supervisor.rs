@@ -11,6 +11,11 @@
 //!   which so answers `/status` during the drain), release storage.
 //! - Promotion stops the walreceiver, waits for its stop event, starts the next timeline in
 //!   storage, and turns the node into a primary.
+//! - Storage's failures arrive as events on its health watch. A failed sync makes storage
+//!   refuse writes; the supervisor then reopens it ([`Wal::restart`], on a blocking thread)
+//!   on its restart schedule ([`StorageRestarts`]) until a reopening succeeds. No walreceiver
+//!   is started while storage is failed; when storage is healthy again one starts at once.
+//!   A full disk needs no restart: storage clears it by itself.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use serde::Serialize;
-use wal_storage::{Lsn, SystemId, TimelineId, Wal, WalError, WalFormat};
+use wal_storage::{Lsn, StorageHealth, SystemId, TimelineId, Wal, WalError, WalFormat};
 use wal_types::time::format_time;
 use walreceiver_actor::messages::{
     Applied, GetReceiverStatus, ReceiverId, ReceiverOwner, ReceiverStopped, StopReceiver,
@@ -35,6 +40,9 @@ use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 
 use crate::append::{AppendError, AppendMetrics, AppendRecords, Appended, SyncSettings};
 use crate::restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
+
+mod storage;
+use storage::StorageSupervision;
 
 /// Whether the node serves as a primary or follows an upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -70,6 +78,9 @@ pub struct NodeStatus {
     pub wal_format: WalFormat,
     pub replication: Vec<WalSenderStatus>,
     pub wal_receiver: Option<WalReceiverInfo>,
+    /// Storage's health: `ok`, `full`, `failed` or `restarting`, the error and the file of
+    /// the failure, since when, and how often storage was reopened.
+    pub storage: StorageHealth,
     /// The services the supervisor stops with the node ([`SuperviseService`]).
     pub services: Vec<ServiceInfo>,
 }
@@ -137,6 +148,7 @@ pub struct Supervisor {
     promoting: bool,
     sync: SyncSettings,
     services: Vec<Service>,
+    storage: StorageSupervision,
     /// Shared with [`Node`](crate::Node), which shows them in `/metrics`.
     pub(crate) append_metrics: Arc<AppendMetrics>,
 }
@@ -185,6 +197,7 @@ impl Supervisor {
             standby_signal,
             promoting: false,
             services: Vec::new(),
+            storage: StorageSupervision::default(),
             sync,
             append_metrics: Arc::default(),
         }
@@ -199,6 +212,10 @@ impl Supervisor {
             return;
         };
         if !r.wanted || r.current.is_some() || r.retry.is_some() || self.shutting_down {
+            return;
+        }
+        // A walreceiver could write nothing: wait for storage to be back (an event).
+        if wal.health().state.is_failed() {
             return;
         }
         let id = ReceiverId(r.next_id);
@@ -319,6 +336,7 @@ impl Actor for Supervisor {
         ctx.set_mailbox_capacity(4096);
         self.registry
             .do_send(SetSyncStandbyNames(self.sync.standby_names.clone()));
+        self.watch_storage(ctx);
         self.reconcile(ctx);
     }
 }
@@ -498,6 +516,9 @@ impl Handler<ShutdownNode> for Supervisor {
                 ctx.cancel_future(h);
             }
         }
+        if let Some(h) = self.storage.timer.take() {
+            ctx.cancel_future(h);
+        }
         let registry = self.registry.clone();
         let me = ctx.address();
         ctx.spawn(
@@ -626,6 +647,7 @@ impl Handler<GetNodeStatus> for Supervisor {
                 wal_format: wal.format(),
                 replication,
                 wal_receiver,
+                storage: wal.health(),
                 services,
             })
         })
@@ -658,11 +680,18 @@ impl Handler<Promote> for Supervisor {
         let stopped = self.receiver_stopped();
         let work = async move {
             stopped.await;
-            // Promotion writes and fsyncs the history file and the switch segment.
+            // Promotion writes and fsyncs the history file and the switch segment. Its commit
+            // point is storage's control data, which records the new timeline and the role
+            // primary in one write; `standby.signal` is removed after it, and a crash in
+            // between leaves a signal known for a leftover (`datadir`'s role rule).
             tokio::task::spawn_blocking(move || {
                 let (timeline, switch_lsn) = wal.promote("promoted by walserver")?;
-                if let Some(path) = signal {
-                    wal_storage::durable::remove(&path)?;
+                if let Some(path) = &signal {
+                    // Committed already: a signal that stays is ignored and removed at the
+                    // next start.
+                    if let Err(e) = wal_storage::durable::remove(path) {
+                        tracing::warn!(error = %e, path = %path.display(), "promoted, but could not remove standby.signal; the next start removes it");
+                    }
                 }
                 Ok::<_, WalError>(Promoted {
                     timeline,
@@ -673,7 +702,7 @@ impl Handler<Promote> for Supervisor {
             .unwrap_or_else(|e| {
                 Err(WalError::Io {
                     context: "promoting".into(),
-                    source: std::io::Error::other(e.to_string()),
+                    cause: std::io::Error::other(e.to_string()),
                 })
             })
         };

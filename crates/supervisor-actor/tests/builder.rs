@@ -1,6 +1,8 @@
 //! The builder's common cases, over real sockets on loopback: a primary made on its first start
-//! and opened on the next, the directories it refuses, and a standby that makes itself from its
-//! upstream, stays a standby across restarts and starts as a primary once promoted.
+//! and opened on the next, the directories it refuses, a standby that makes itself from its
+//! upstream, stays a standby across restarts and starts as a primary once promoted (even when
+//! a crash kept promotion from removing `standby.signal`), and a standby made from a copy of a
+//! primary's directory.
 
 use std::future::Future;
 use std::path::Path;
@@ -10,7 +12,7 @@ use supervisor_actor::datadir::StandbySignal;
 use supervisor_actor::{
     AppendRecords, Durability, GetNodeStatus, Node, NodeBuilder, NodeError, NodeRole, ShutdownNode,
 };
-use wal_storage::Lsn;
+use wal_storage::{Lsn, Role, StorageConfig, TimelineId, Wal};
 
 fn run<F: Future>(f: F) -> F::Output {
     actix_rt::System::new().block_on(f)
@@ -151,12 +153,97 @@ fn a_standby_makes_itself_from_its_upstream_and_starts_as_a_primary_once_promote
         stop(standby).await;
         stop(primary).await;
     });
-    // What promotion leaves: no standby.signal.
-    std::fs::remove_file(StandbySignal::path(&s_dir)).unwrap();
+    // A crash between promotion's two steps: storage's control data says primary on
+    // timeline 2 (its commit point), and standby.signal, which promotion removes next, is
+    // still there. The node comes up as the primary of timeline 2 and takes appends.
+    let signal = StandbySignal::read(&s_dir)
+        .unwrap()
+        .expect("a standby's signal");
+    assert_eq!(
+        signal.standby_since,
+        Some(TimelineId(1)),
+        "written at its first start"
+    );
+    let cfg = StorageConfig {
+        segment_size: 1 << 20,
+        ..StorageConfig::default()
+    };
+    let (tli, switch) = Wal::open(&s_dir, cfg)
+        .unwrap()
+        .promote("crash test")
+        .unwrap();
+    assert_eq!(tli, TimelineId(2));
+    assert!(StandbySignal::path(&s_dir).exists());
     run(async {
         let upstream = primary(&p_dir).start().await.unwrap();
         let node = standby_of(&upstream, &s_dir).start().await.unwrap();
         assert_eq!(role(&node).await, NodeRole::Primary);
+        assert_eq!(node.wal.timeline(), TimelineId(2));
+        let after = append(&node, "after the crash", Durability::Local).await;
+        assert!(after > switch);
+        assert!(
+            !StandbySignal::path(&s_dir).exists(),
+            "the leftover signal is removed"
+        );
+        stop(node).await;
+        stop(upstream).await;
+    });
+    run(async {
+        let node = primary(&s_dir).start().await.unwrap();
+        assert_eq!(role(&node).await, NodeRole::Primary, "and stays a primary");
+        stop(node).await;
+    });
+}
+
+/// A standby made from a copy of a primary's data directory, with a `standby.signal`
+/// written into it (as after a base backup, and as `walserver rejoin` leaves a directory
+/// between its two steps, the signal and then the role): the control data says primary, the
+/// signal was never started with, so the node is a standby; its first start records that in
+/// the control data and it streams from the primary.
+#[test]
+fn a_copy_of_a_primary_with_a_standby_signal_is_a_standby() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p_dir, copy) = (dir.path().join("p"), dir.path().join("copy"));
+    run(async { stop(primary(&p_dir).start().await.unwrap()).await });
+    std::fs::create_dir(&copy).unwrap();
+    for d in ["pg_wal", "slots"] {
+        std::fs::create_dir(copy.join(d)).unwrap();
+        for e in std::fs::read_dir(p_dir.join(d)).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), copy.join(d).join(e.file_name())).unwrap();
+        }
+    }
+    for f in ["control", "flush_pointer"] {
+        std::fs::copy(p_dir.join(f), copy.join(f)).unwrap();
+    }
+    assert_eq!(Wal::stored_role(&copy).unwrap().0, Some(Role::Primary));
+    run(async {
+        let upstream = primary(&p_dir)
+            .synchronous_standby_names("replica")
+            .unwrap()
+            .start()
+            .await
+            .unwrap();
+        let conninfo = format!("host=127.0.0.1 port={} user=r", upstream.listen_addr.port());
+        StandbySignal {
+            primary_conninfo: Some(conninfo),
+            primary_slot_name: None,
+            standby_since: None,
+        }
+        .write(&copy)
+        .unwrap();
+        // Started as a primary, it is refused; started as a standby, it is one.
+        let e = primary(&copy).start().await.err().expect("refused");
+        assert!(matches!(e, NodeError::StandbyDirectory { .. }), "{e}");
+        let node = standby_of(&upstream, &copy).start().await.unwrap();
+        assert_eq!(role(&node).await, NodeRole::Standby);
+        assert_eq!(
+            node.wal.role(),
+            Some(Role::Standby),
+            "recorded at its first start"
+        );
+        let end = append(&upstream, "replicated", Durability::On).await;
+        assert!(node.wal.flushed() >= end);
         stop(node).await;
         stop(upstream).await;
     });

@@ -15,12 +15,28 @@ pub type Result<T, E = WalError> = std::result::Result<T, E>;
 /// `SlotNameInvalid` 42602, `SlotExists` 42710, `SlotNotFound` 42704 and `SlotInUse` 55006.
 #[derive(Debug, thiserror::Error)]
 pub enum WalError {
-    #[error("{context}: {source}")]
-    Io {
+    /// A file operation failed. The text says what was done and how it failed; the
+    /// `io::Error` is part of the text and not a separate source, so that a chain of causes
+    /// printed by the binary says it once.
+    #[error("{context}: {cause}")]
+    Io { context: String, cause: io::Error },
+
+    /// The file system holding the data directory is full (ENOSPC), or the quota is (EDQUOT).
+    /// Nothing durable was lost and nothing is restarted: the write that met it fails, later
+    /// ones that need no new space succeed, and all succeed again once space is freed.
+    #[error("the disk is full: {context} ({}): {cause}; writes resume once space is freed", path.display())]
+    DiskFull {
         context: String,
-        #[source]
-        source: io::Error,
+        path: PathBuf,
+        cause: io::Error,
     },
+
+    /// A sync failed (or a write in a way that leaves storage unsure what the disk holds), so
+    /// storage stopped acknowledging: nothing beyond the last good sync is durable or sent.
+    /// It is reopened, and the tail verified, by its owner's restart policy
+    /// ([`Wal::restart`](crate::Wal::restart)); until then every write fails with this.
+    #[error("storage failed and is restarting: {reason}")]
+    StorageFailed { reason: String },
 
     #[error("invalid storage configuration: {0}")]
     InvalidConfig(String),
@@ -123,34 +139,64 @@ pub enum WalError {
 }
 
 impl WalError {
-    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> WalError {
+    pub(crate) fn io(context: impl Into<String>, cause: io::Error) -> WalError {
         WalError::Io {
             context: context.into(),
-            source,
+            cause,
         }
     }
 
-    /// True for "No space left on device": the write failed, nothing durable was lost, and the
-    /// same write can succeed once space is freed.
+    /// True for a full disk or quota (ENOSPC, EDQUOT): the write failed, nothing durable was
+    /// lost, and the same write can succeed once space is freed.
     pub fn is_disk_full(&self) -> bool {
-        matches!(self, WalError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC))
+        match self {
+            WalError::DiskFull { .. } => true,
+            WalError::Io { cause, .. } => is_full_errno(cause),
+            _ => false,
+        }
+    }
+
+    /// True once storage has failed and is being restarted ([`WalError::StorageFailed`]).
+    pub fn is_storage_failed(&self) -> bool {
+        matches!(self, WalError::StorageFailed { .. })
     }
 
     /// A copy for handing one failure to many waiters. `io::Error` is not `Clone`, so the copy
     /// keeps the kind, the OS error code and the message.
     pub(crate) fn duplicate(&self) -> WalError {
         match self {
-            WalError::Io { context, source } => WalError::Io {
+            WalError::Io { context, cause } => WalError::Io {
                 context: context.clone(),
-                source: match source.raw_os_error() {
-                    Some(code) => io::Error::from_raw_os_error(code),
-                    None => io::Error::new(source.kind(), source.to_string()),
-                },
+                cause: copy_io(cause),
+            },
+            WalError::DiskFull {
+                context,
+                path,
+                cause,
+            } => WalError::DiskFull {
+                context: context.clone(),
+                path: path.clone(),
+                cause: copy_io(cause),
+            },
+            WalError::StorageFailed { reason } => WalError::StorageFailed {
+                reason: reason.clone(),
             },
             other => WalError::Io {
                 context: "WAL write failed".into(),
-                source: io::Error::other(other.to_string()),
+                cause: io::Error::other(other.to_string()),
             },
         }
+    }
+}
+
+/// ENOSPC or EDQUOT: a full file system or a full quota.
+pub(crate) fn is_full_errno(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+fn copy_io(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(e.kind(), e.to_string()),
     }
 }

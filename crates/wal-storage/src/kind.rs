@@ -1,5 +1,6 @@
-//! The kind of WAL a node holds ([`WalFormat`]), fixed at init. A leaf, so that errors can
-//! name it without depending on the configuration.
+//! The kind of WAL a node holds ([`WalFormat`]), fixed at init, and the node's [`Role`],
+//! recorded beside it in the control data. A leaf, so that errors can name them without
+//! depending on the configuration.
 
 use std::fmt;
 
@@ -23,6 +24,27 @@ impl fmt::Display for WalFormat {
         f.write_str(match self {
             WalFormat::Walserver => "walserver",
             WalFormat::Postgres => "postgresql",
+        })
+    }
+}
+
+/// Whether the node is a primary or a standby, as the control data records it. Promotion
+/// records `Primary` in the same atomic control file write that makes the new timeline
+/// current, so the role and the timeline change together; `Wal::set_role` records `Standby`
+/// (`walserver rejoin`). Data directories made before the role was recorded have none: their
+/// role is whether they hold `standby.signal` (the supervisor's rule).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Primary,
+    Standby,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Primary => "primary",
+            Role::Standby => "standby",
         })
     }
 }

@@ -63,15 +63,24 @@
 //!   torn pointer write damages one slot only, whose CRC fails; open takes the valid slot with
 //!   the highest sequence. The data is synced before the pointer, so the pointer never vouches
 //!   for bytes that are not durable.
-//! - walserver records check themselves (CRC, their own start LSN), so a batch of appends need
-//!   not store the pointer; it does so only when the batch ends in another segment than the
-//!   pointer names (or after a truncation or recovery). At open, the scan starts at a record
-//!   boundary at or below the pointer, found through the `rem_len` of the newest segment
-//!   header below it, and goes forward record by record while records validate. The end is
-//!   `max(pointer, end of valid records)`: the pointer covers a standby whose durable end is in
-//!   the middle of a record, the scan covers appends made after the pointer was last stored.
-//!   The scan is contiguous from a durable point, so a record that reached the disk while an
-//!   earlier one did not is never counted.
+//! - walserver records check themselves (CRC, their own start LSN), so a batch of appends, or
+//!   of a standby's raw bytes of walserver records, need not store the pointer; it does so
+//!   only when the batch ends in another segment than the pointer names (or after a
+//!   truncation or recovery, or while open would find no scan start at or below it). At open,
+//!   the scan starts at a record boundary at or below the pointer, found through the
+//!   `rem_len` of the newest segment header below it, and goes forward record by record while
+//!   records validate. The end is `max(pointer, end of valid records)`: the pointer covers a
+//!   standby whose durable end is in the middle of a record, the scan covers records written
+//!   after the pointer was last stored. The scan is contiguous from a durable point, so a
+//!   record that reached the disk while an earlier one did not is never counted.
+//! - So a crash may take back the partial record at the end of a standby's raw bytes (they
+//!   arrive cut anywhere). The writer therefore publishes as flushed only what open would find
+//!   again: for such bytes, the pointer or the end of the last complete record, whichever is
+//!   later (`scan.rs`'s `RecordEnds` follows open's scan batch by batch, reading each record
+//!   once, from memory). The rest is durable and counted as `written`; it is published once
+//!   its record is complete. Walsenders (cascades) send, and a walreceiver reports upstream,
+//!   only the published flushed end, so the flushed end never moves back across a crash and
+//!   nothing is sent downstream that the node could lose.
 //! - A record that fails to validate below the pointer is corruption in the middle of durable
 //!   WAL, and open fails with [`WalError::Corruption`]; it does not silently cut.
 //! - Having found the end, open (`recovery.rs`) stores it in the pointer marked *exact* (so a crash during the
@@ -87,12 +96,24 @@
 //! The kill -9 test in `tests/crash/main.rs` exercises all of this with a real child process
 //! for both kinds of WAL; the torn-tail table and the fault tests cover the rest.
 //!
+//! # Failures
+//!
+//! A failed fsync or fdatasync is never retried and trusted: the kernel may have dropped the
+//! pages it could not write and marked them clean. The writer then refuses every request
+//! ([`WalError::StorageFailed`]) with the flushed end held at the last good sync, and says so
+//! on the health watch ([`Wal::subscribe_health`]); its owner reopens storage with
+//! [`Wal::restart`], which runs open's recovery with that end as the exact durable end, under
+//! the same handle. A full disk is backpressure ([`WalError::DiskFull`], state `full`): the
+//! batch fails, writes that fit in the current segment go on, and writes resume once space
+//! is freed. `health.rs` writes the policy down.
+//!
 //! # Timelines
 //!
 //! [`Wal::promote`] starts timeline N+1 at the end of the last complete record at or below the
-//! flushed end (a standby's end may be mid-record), writes `0000000N+1.history` listing every
+//! durable end (a standby's end may be mid-record), writes `0000000N+1.history` listing every
 //! ancestor, and makes the new timeline's first segment a copy of the old one up to the switch
-//! point, as PostgreSQL does. Reads of a timeline resolve each LSN to the file of the timeline
+//! point, as PostgreSQL does. The control file that then makes N+1 current also records the
+//! node's [`Role`] as primary: the role and the timeline change in one atomic write. Reads of a timeline resolve each LSN to the file of the timeline
 //! in its history that covers it, preferring the newest timeline's copy of a switch segment
 //! (`segments.rs`). [`Wal::follow_timeline`] does the standby's side and detects forks; both
 //! run on the writer thread (`timeline.rs`).
@@ -118,6 +139,7 @@
 //! ```text
 //! metrics ← io                                               counters: fsync time, errors
 //! kind, naming, tail, io ← error ← config, history, format   types, names, formats, file ops
+//! health                                                     the state of the failure policy
 //! io ← durable ← files ← slots                               small durable files, slot rules
 //! io ← segments ← scan                                       segment files, record boundaries
 //! files, slots, segments, tail ← state                       Inner, positions, reads
@@ -130,9 +152,10 @@
 //! [`durable`] is public: the standby signal and the supervisor's removal of it use the same
 //! rule for small durable files as storage does.
 //!
-//! **Invariants:** `flushed <= written` and the flushed end of a timeline never moves back
-//! except by an explicit [`Wal::truncate_to`]; nothing is readable beyond the flushed end; a
-//! timeline's WAL below its switch point never changes.
+//! **Invariants:** `flushed <= written` and the flushed end of a timeline never moves back,
+//! not even across a crash, except by an explicit [`Wal::truncate_to`]; the flushed end
+//! published is never beyond what open finds again; nothing is readable beyond the flushed
+//! end; a timeline's WAL below its switch point never changes.
 
 mod background;
 mod config;
@@ -140,6 +163,7 @@ pub mod durable;
 mod error;
 mod files;
 mod format;
+mod health;
 mod history;
 mod io;
 mod kind;
@@ -161,11 +185,15 @@ pub use wal_types::{Lsn, PgTimestamp, SystemId, TimelineId};
 pub use config::{StorageConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_SEGMENT_SIZE};
 pub use error::{Result, WalError};
 pub use format::{Record, SegmentHeader, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE};
+pub use health::{StorageHealth, StorageState};
 pub use history::{format_history, parse_history, HistoryEntry};
 #[cfg(feature = "failpoints")]
 pub use io::Failpoints;
-pub use io::{FP_ATOMIC, FP_FSYNC, FP_POINTER, FP_PREALLOC, FP_WRITE};
-pub use kind::WalFormat;
+pub use io::{
+    FAILPOINTS, FP_ATOMIC, FP_CREATE, FP_DIRSYNC, FP_FSYNC, FP_LINK, FP_LOCK, FP_OPEN, FP_POINTER,
+    FP_PREALLOC, FP_READ, FP_READDIR, FP_REMOVE, FP_RENAME, FP_WRITE,
+};
+pub use kind::{Role, WalFormat};
 pub use metrics::{disk_free_bytes, StorageErrorKind, StorageMetrics};
 pub use naming::{
     history_file_name, parse_history_file_name, parse_segment_file_name, segment_file_name,

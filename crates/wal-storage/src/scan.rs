@@ -1,12 +1,14 @@
 //! Record boundaries in stored walserver WAL: where a scan can start below a position (through
 //! the `rem_len` of a segment header) and where the last complete record below it ends. Open
 //! (`recovery.rs`), the first append after raw writes (`writer.rs`) and promotion
-//! (`timeline.rs`) all start their scans here.
+//! (`timeline.rs`) all start their scans here. [`RecordEnds`] follows, batch by batch, how far
+//! a standby's raw bytes of walserver records would be found again by open's scan, which is
+//! as far as the writer publishes them as flushed.
 
 use bytes::Bytes;
 use wal_types::Lsn;
 
-use crate::format::{ByteSource, Scan, Scanner, SegmentHeader, SEGMENT_HEADER_SIZE};
+use crate::format::{ByteSource, Scan, Scanner, SegmentHeader, StopKind, SEGMENT_HEADER_SIZE};
 use crate::naming::segment_file_name;
 use crate::segments::{SegmentFiles, View};
 use crate::{Result, StorageConfig, WalError};
@@ -103,4 +105,93 @@ pub(crate) fn last_record_end(
         end = r.end;
     }
     Ok(end)
+}
+
+/// How far open would find a standby's raw bytes of walserver records again after a crash,
+/// followed as they become durable (`writer.rs` publishes no further as flushed).
+///
+/// Open keeps the flush pointer's position and every valid record of the chain that begins at
+/// [`find_scan_start`] of the pointer, and nothing else. So this follows the same chain: it
+/// restarts at the pointer's scan start whenever the pointer is stored, and from there scans
+/// each record once, when the durable end reaches the position by which its header says it is
+/// complete. Received bytes arrive in order, so the scan only ever moves forward.
+#[derive(Debug, Default)]
+pub(crate) struct RecordEnds {
+    /// The start of the first record of the chain not known to be complete; `None` while open
+    /// would not scan at all (no scan start at or below the pointer).
+    next: Option<Lsn>,
+    /// The durable end by which the record at `next` is complete, as far as is known: its
+    /// header's length once the header is durable. Scanning before that finds nothing new;
+    /// `Lsn::MAX` after a record that does not validate, where open's scan stops too.
+    complete_by: Lsn,
+}
+
+impl RecordEnds {
+    /// Follows the chain open would scan after the flush pointer was stored at `pointer`.
+    pub(crate) fn pointer_stored(
+        &mut self,
+        files: &SegmentFiles,
+        view: &View,
+        wal_start: Lsn,
+        pointer: Lsn,
+    ) -> Result<()> {
+        match find_scan_start(files, view, wal_start, pointer)? {
+            None => self.next = None,
+            // Positions below `next` were found complete before; both are boundaries of one
+            // chain, so the scan goes on from the later one.
+            Some(start) if self.next.is_none_or(|n| n < start) => {
+                self.next = Some(start);
+                self.complete_by = start;
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// True if open would scan records past the stored pointer (there is a scan start at or
+    /// below it); while it is not, only the pointer vouches for raw bytes.
+    pub(crate) fn scannable(&self) -> bool {
+        self.next.is_some()
+    }
+
+    /// The bytes up to `end` are complete records (appends end at a record boundary), on a
+    /// chain open scans.
+    pub(crate) fn complete_to(&mut self, end: Lsn) {
+        if self.next.is_some() {
+            self.next = Some(end);
+            self.complete_by = end;
+        }
+    }
+
+    /// Scans the records of `src`, which holds the durable bytes up to `end`, from the first
+    /// one not yet known complete; returns the start of the first one still incomplete (the
+    /// end of the last complete one, or past the header of the segment after it), `None` if
+    /// open would not scan.
+    pub(crate) fn advance<S: ByteSource>(
+        &mut self,
+        src: S,
+        cfg: &StorageConfig,
+        end: Lsn,
+    ) -> Result<Option<Lsn>> {
+        let Some(next) = self.next else {
+            return Ok(None);
+        };
+        if end < self.complete_by {
+            return Ok(Some(next));
+        }
+        let mut scanner = Scanner::new(src, cfg.segment_size, cfg.max_record_size, next);
+        loop {
+            match scanner.next()? {
+                Scan::Record(r) => self.next = Some(r.end),
+                Scan::Stop(stop) => {
+                    self.next = Some(stop.at.min(end));
+                    self.complete_by = match stop.kind {
+                        StopKind::Incomplete => stop.complete_by,
+                        StopKind::Zeroed | StopKind::Invalid(_) => Lsn::MAX,
+                    };
+                    return Ok(self.next);
+                }
+            }
+        }
+    }
 }

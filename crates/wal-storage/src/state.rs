@@ -21,12 +21,13 @@ use wal_types::{Lsn, SystemId, TimelineId};
 
 use crate::durable::write_atomic_with;
 use crate::files::{encode_envelope, ControlData, FILE_VERSION};
+use crate::health::HealthTx;
 use crate::io::Io;
 use crate::naming::segment_file_name;
 use crate::segments::{SegmentFiles, View, WalFileRange};
 use crate::slots::{SlotPaths, SlotTable};
 use crate::tail::TailCache;
-use crate::{HistoryEntry, Result, StorageConfig, WalError, WalFormat};
+use crate::{HistoryEntry, Result, Role, StorageConfig, WalError, WalFormat};
 
 /// Where the WAL stands: what the writer thread publishes after each write and each fsync.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +35,8 @@ pub struct WalPosition {
     pub timeline: TimelineId,
     /// End of what has been written to the segment files (not necessarily durable).
     pub written: Lsn,
-    /// End of what is durable. Never ahead of `written`.
+    /// End of what is durable and found again by open after a crash; what walsenders send up
+    /// to and a walreceiver reports upstream. Never ahead of `written`.
     pub flushed: Lsn,
 }
 
@@ -47,6 +49,8 @@ pub(crate) struct TimelineState {
     pub wal_start: Lsn,
     pub written: Lsn,
     pub flushed: Lsn,
+    /// The role the control data records; it changes with the timeline at a promotion.
+    pub role: Option<Role>,
 }
 
 impl TimelineState {
@@ -106,13 +110,18 @@ pub(crate) struct Inner {
     /// Counts slot releases, so a `DROP_REPLICATION_SLOT ... WAIT` can wait for one.
     pub slot_released: watch::Sender<u64>,
     pub oldest_retained: AtomicU64,
-    pub slots: Mutex<SlotTable>,
+    /// The slot table; a reopening after a storage failure shares it (it is the newest:
+    /// restart points not yet persisted, and which slots are in use).
+    pub slots: Arc<Mutex<SlotTable>>,
     /// Feeds the background thread (preallocation, retention, slot persistence).
     pub bg_tx: Sender<BgRequest>,
     /// The last small durable batches, for readers at the end of WAL.
     pub tail: TailCache,
-    /// Held for the life of the data directory's use; the lock goes with the file.
-    pub _lock: File,
+    /// Storage's health (`health.rs`); the writer moves it, and a restart.
+    pub health: HealthTx,
+    /// Held for the life of the data directory's use; the lock goes with the file. Shared
+    /// with the next opening after a storage failure, so the directory stays locked.
+    pub lock: Arc<File>,
 }
 
 impl Inner {
@@ -162,6 +171,7 @@ impl Inner {
             timeline_start: st.timeline_start,
             wal_start: st.wal_start,
             durable_lsn: st.flushed,
+            role: st.role,
         };
         write_atomic_with(
             &self.io,

@@ -1,5 +1,6 @@
-//! Timeline control, run on the writer thread between batches (so it sees a quiet WAL with
-//! `written == flushed`): promotion (a new timeline at the last complete record), following an
+//! Timeline control, run on the writer thread between batches (so it sees a quiet WAL, every
+//! byte written durable; the published flushed end may stop before the end of a standby's
+//! partial record, so these look at the writer's durable end): promotion (a new timeline at the last complete record), following an
 //! upstream's switch, the switch itself with its copied first segment, storing history files,
 //! and truncation.
 //!
@@ -9,7 +10,7 @@
 //! flush pointer before it cuts, so a crash in the middle redoes the same cut at open; the tail
 //! cache is emptied before a truncation cuts and before a switch makes the new timeline current.
 
-use std::fs::{self, OpenOptions};
+use std::fs::OpenOptions;
 use std::sync::Arc;
 
 use wal_types::{Lsn, TimelineId};
@@ -23,10 +24,11 @@ use crate::naming::{
 use crate::scan::last_record_end;
 use crate::state::TimelineState;
 use crate::writer::Writer;
-use crate::{HistoryEntry, Result, WalError};
+use crate::{HistoryEntry, Result, Role, WalError};
 
 impl Writer {
-    /// Starts a new timeline at the end of the last complete record at or below the flushed end.
+    /// Starts a new timeline at the end of the last complete record at or below the durable
+    /// end.
     pub(crate) fn promote(&mut self, reason: &str) -> Result<(TimelineId, Lsn)> {
         let st = self.inner.state().clone();
         let x = last_record_end(
@@ -34,14 +36,15 @@ impl Writer {
             &st.view(),
             &self.inner.cfg,
             st.wal_start,
-            st.flushed,
+            self.durable_end(),
         )?;
         // Like PostgreSQL's findNewestTimeLine: never reuse a timeline some history file names.
         let mut newest = st.tli;
-        for e in fs::read_dir(self.inner.pg_wal())
-            .map_err(|e| WalError::io("listing pg_wal", e))?
-            .flatten()
-        {
+        let pg_wal = self.inner.pg_wal();
+        let entries = (self.inner.io)
+            .read_dir(pg_wal)
+            .map_err(|e| WalError::io(format!("listing {}", pg_wal.display()), e))?;
+        for e in entries {
             if let Some(t) = parse_history_file_name(&e.file_name().to_string_lossy()) {
                 newest = newest.max(t);
             }
@@ -54,7 +57,7 @@ impl Writer {
             reason: reason.to_string(),
         });
         let bytes = format_history(&history);
-        self.switch_to(new_tli, history, &bytes, x)?;
+        self.switch_to(new_tli, history, &bytes, x, Some(Role::Primary))?;
         Ok((new_tli, x))
     }
 
@@ -96,19 +99,30 @@ impl Writer {
                 st.tli
             )));
         }
-        if st.flushed > switch_lsn {
+        let end = self.durable_end();
+        if end > switch_lsn {
             return Err(WalError::Forked {
                 fork_lsn: switch_lsn,
-                local_end: st.flushed,
+                local_end: end,
             });
         }
-        if st.flushed < switch_lsn {
+        if end < switch_lsn {
             return Err(WalError::BehindSwitchPoint {
                 switch_lsn,
-                flushed: st.flushed,
+                flushed: end,
             });
         }
-        self.switch_to(new_tli, entries, &bytes, switch_lsn)
+        let role = st.role;
+        self.switch_to(new_tli, entries, &bytes, switch_lsn, role)
+    }
+
+    /// Records the node's role in the control data, atomically.
+    pub(crate) fn set_role(&mut self, role: Role) -> Result<()> {
+        let mut st = self.inner.state().clone();
+        st.role = Some(role);
+        self.inner.write_control(&st)?;
+        self.inner.state_mut().role = Some(role);
+        Ok(())
     }
 
     pub(crate) fn store_history(&mut self, tli: TimelineId, bytes: &[u8]) -> Result<()> {
@@ -116,15 +130,17 @@ impl Writer {
         write_atomic_with(&self.inner.io, &self.inner.tmp, &target, bytes)
     }
 
-    /// Makes `new_tli` current, beginning at `x`. The control file is the commit point: a
-    /// crash before it leaves the old timeline current (the new history file and switch
-    /// segment are harmless leftovers, the latter removed at open).
+    /// Makes `new_tli` current, beginning at `x`, with `role`. The control file is the commit
+    /// point of both: a crash before it leaves the old timeline current and the role as it was
+    /// (the new history file and switch segment are harmless leftovers, the latter removed at
+    /// open).
     fn switch_to(
         &mut self,
         new_tli: TimelineId,
         history: Vec<HistoryEntry>,
         history_bytes: &[u8],
         x: Lsn,
+        role: Option<Role>,
     ) -> Result<()> {
         let seg = self.seg();
         self.store_history(new_tli, history_bytes)?;
@@ -140,6 +156,7 @@ impl Writer {
             wal_start: old.wal_start,
             written: x,
             flushed: x,
+            role,
         };
         self.inner.write_control(&st)?;
         self.store_pointer(new_tli, x, true)?;
@@ -159,15 +176,13 @@ impl Writer {
         let tmp = self.inner.tmp.join(format!("{name}.switch"));
         let view = self.inner.state().view();
         let io = &self.inner.io;
+        let target = self.inner.pg_wal().join(&name);
+        let ctx = |what: &str, path: &std::path::Path| {
+            let ctx = format!("creating switch segment {name}: {what} {}", path.display());
+            move |e| WalError::io(ctx, e)
+        };
         let result = (|| -> Result<()> {
-            let ctx = |e| WalError::io(format!("creating switch segment {name}"), e);
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)
-                .map_err(ctx)?;
+            let f = io.create(&tmp).map_err(ctx("creating", &tmp))?;
             let mut pos = x.segment_start(seg);
             while pos < x {
                 let b = self
@@ -179,7 +194,7 @@ impl Writer {
                         segment: segment_file_name(view.timeline_of(pos), segno, seg),
                     })?;
                 io.pwrite_all(&f, &b, pos.segment_offset(seg), FP_WRITE)
-                    .map_err(ctx)?;
+                    .map_err(ctx("writing", &tmp))?;
                 pos = pos + b.len() as u64;
             }
             io.write_zeros(
@@ -188,13 +203,15 @@ impl Writer {
                 seg - x.segment_offset(seg),
                 FP_WRITE,
             )
-            .map_err(ctx)?;
-            io.sync_all(&f, FP_FSYNC).map_err(ctx)?;
-            fs::rename(&tmp, self.inner.pg_wal().join(&name)).map_err(ctx)?;
-            io.sync_dir(self.inner.pg_wal()).map_err(ctx)
+            .map_err(ctx("writing", &tmp))?;
+            io.sync_all(&f, FP_FSYNC).map_err(ctx("syncing", &tmp))?;
+            io.rename(&tmp, &target)
+                .map_err(ctx("renaming into place", &tmp))?;
+            io.sync_dir(self.inner.pg_wal())
+                .map_err(ctx("syncing", self.inner.pg_wal()))
         })();
         if result.is_err() {
-            let _ = fs::remove_file(&tmp);
+            let _ = io.remove_file(&tmp);
         }
         self.inner.files.evict(|t, s| t == new_tli && s == segno);
         result
@@ -204,14 +221,12 @@ impl Writer {
     pub(crate) fn truncate(&mut self, lsn: Lsn) -> Result<u64> {
         let seg = self.seg();
         let st = self.inner.state().clone();
+        let end = self.durable_end();
         let bad = |reason: String| WalError::BadTruncate { lsn, reason };
-        if lsn > st.flushed {
-            return Err(bad(format!(
-                "the WAL of timeline {} ends at {}",
-                st.tli, st.flushed
-            )));
+        if lsn > end {
+            return Err(bad(format!("the WAL of timeline {} ends at {end}", st.tli)));
         }
-        if lsn == st.flushed && !self.dirty_beyond(lsn) {
+        if lsn == end && !self.dirty_beyond(lsn) {
             return Ok(0);
         }
         if lsn < st.timeline_start {
@@ -229,35 +244,34 @@ impl Writer {
         self.forget_files();
         let segno = lsn.segment_number(seg);
         let path = self.inner.files.path(st.tli, segno);
-        if path.exists() {
-            let f = OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(|e| WalError::io(format!("opening {}", path.display()), e))?;
+        let opened = (self.inner.io)
+            .open_if_exists(&path, OpenOptions::new().write(true))
+            .map_err(|e| WalError::io(format!("opening {}", path.display()), e))?;
+        if let Some(f) = opened {
             let off = lsn.segment_offset(seg);
             (self.inner.io)
                 .write_zeros(&f, off, seg - off, FP_WRITE)
                 .and_then(|_| self.inner.io.sync_data(&f, FP_FSYNC))
                 .map_err(|e| WalError::io(format!("truncating {}", path.display()), e))?;
         }
-        for e in fs::read_dir(self.inner.pg_wal())
-            .map_err(|e| WalError::io("listing pg_wal", e))?
-            .flatten()
-        {
+        let pg_wal = self.inner.pg_wal();
+        let entries = (self.inner.io)
+            .read_dir(pg_wal)
+            .map_err(|e| WalError::io(format!("listing {}", pg_wal.display()), e))?;
+        for e in entries {
             if let Some((t, s)) = parse_segment_file_name(&e.file_name().to_string_lossy(), seg) {
                 if t == st.tli && s > segno {
-                    fs::remove_file(e.path()).map_err(|err| {
+                    (self.inner.io).remove_file(&e.path()).map_err(|err| {
                         WalError::io(format!("removing {}", e.path().display()), err)
                     })?;
                 }
             }
         }
         self.inner.files.evict(|t, s| t == st.tli && s > segno);
-        self.inner
-            .io
-            .sync_dir(self.inner.pg_wal())
-            .map_err(|e| WalError::io("syncing pg_wal", e))?;
-        let dropped = st.flushed.0 - lsn.0;
+        (self.inner.io)
+            .sync_dir(pg_wal)
+            .map_err(|e| WalError::io(format!("syncing {}", pg_wal.display()), e))?;
+        let dropped = end.0 - lsn.0;
         self.resume_at(st.tli, lsn, false);
         self.inner.set_positions(lsn, lsn);
         let st = self.inner.state().clone();

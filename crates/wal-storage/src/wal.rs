@@ -1,27 +1,36 @@
 //! The [`Wal`] handle: what callers hold. It owns the writer thread (through [`Handle`]) and
 //! shares [`Inner`] with it; every method is a thin entry into the module that does the work:
-//! `recovery.rs` (init, open), `state.rs` (positions and reads), `reader.rs` (records),
+//! `recovery.rs` (init, open, reopen), `state.rs` (positions and reads), `reader.rs` (records),
 //! `writer.rs` (writes and appends, as tickets), `timeline.rs` (promotion, following,
 //! truncation, run on the writer thread), `slots.rs` and `background.rs` (slots, retention).
+//!
+//! A storage failure (`health.rs`) is recovered from under the handle: [`Wal::restart`] stops
+//! the failed writer, reopens the data directory ([`recovery::reopen`]) and puts the new
+//! opening in place of the old one, so every clone of the handle (walsenders, the
+//! walreceiver, the admin API) goes on with it. What must outlive an opening lives here or
+//! is handed from one opening to the next: the request channel, the directory's lock, the
+//! position and health watches that subscribers hold, the slot table (shared, with which
+//! slots are in use), the counters and the fail points.
 
-use std::fs;
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 
 use bytes::Bytes;
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 use tokio::sync::{oneshot, watch};
 use wal_types::{Lsn, SystemId, TimelineId};
 
 use crate::background;
 use crate::format::Record;
+use crate::health::{self, StorageHealth, StorageState};
 use crate::history::{check_history_for, parse_history};
 #[cfg(feature = "failpoints")]
 use crate::io::Failpoints;
+use crate::io::Io;
 use crate::metrics::StorageMetrics;
 use crate::naming::{history_file_name, parse_history_file_name};
 use crate::reader::RecordReader;
@@ -30,36 +39,63 @@ use crate::segments::WalFileRange;
 use crate::slots::SlotInfo;
 use crate::state::{BgRequest, Inner, WalPosition};
 use crate::writer::{self, Request, Writer};
-use crate::{HistoryEntry, Result, StorageConfig, WalError, WalFormat};
+use crate::{HistoryEntry, Result, Role, StorageConfig, WalError, WalFormat};
 
 /// A handle on the WAL of one data directory. Cheap to clone; all clones share one writer
 /// thread, which stops when the last clone is dropped (after finishing what was sent to it).
 #[derive(Clone, Debug)]
 pub struct Wal {
+    shared: Arc<Shared>,
+}
+
+/// What every clone shares, for the life of the handle.
+#[derive(Debug)]
+struct Shared {
+    /// Fixed for the directory: the same in every opening.
+    dir: PathBuf,
+    cfg: StorageConfig,
+    system_id: SystemId,
+    format: WalFormat,
+    /// The current opening; replaced by a restart.
+    current: RwLock<Arc<Opened>>,
+    handle: Handle,
+    /// One restart at a time.
+    restarting: Mutex<()>,
+}
+
+/// One opening of the data directory: the state its writer thread works on, and what its
+/// recovery found.
+#[derive(Debug)]
+struct Opened {
     inner: Arc<Inner>,
-    handle: Arc<Handle>,
-    recovery: Arc<RecoveryReport>,
+    recovery: RecoveryReport,
 }
 
 /// Owns the writer thread. Dropping it stops the writer, which stops the background thread.
+/// The request channel outlives a writer: requests queued while storage restarts are taken
+/// by the next one.
 #[derive(Debug)]
 struct Handle {
     tx: Sender<Request>,
+    rx: Receiver<Request>,
     thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Handle {
+    /// Stops the writer thread, if one runs, and waits for it.
+    fn stop(&self) {
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread {
+            let _ = self.tx.send(Request::Shutdown);
+            // The writer finishes its batch, persists slots, stops the background thread.
+            let _ = t.join();
+        }
+    }
 }
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        let _ = self.tx.send(Request::Shutdown);
-        let thread = self
-            .thread
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(t) = thread {
-            // The writer finishes its batch, persists slots, stops the background thread.
-            let _ = t.join();
-        }
+        self.stop();
     }
 }
 
@@ -70,7 +106,9 @@ pub struct Ticket<T> {
     rx: oneshot::Receiver<Result<T>>,
 }
 
-/// Resolves to the durable end of the current timeline after the write's bytes are fsynced.
+/// Resolves after the write's bytes are fsynced, to the flushed end then published (see
+/// [`Wal::flushed`]), which may stop before the end of the write when it ends inside a
+/// walserver record.
 pub type WriteTicket = Ticket<Lsn>;
 /// Resolves to the end LSN of each appended record once they are durable.
 pub type AppendTicket = Ticket<Vec<Lsn>>;
@@ -98,9 +136,12 @@ impl<T> Future for Ticket<T> {
 
 /// Held while a slot is in use (streaming); dropping it releases the slot, and drops it if it
 /// is temporary.
+///
+/// It releases the slot in whichever opening of storage is current, so a restart in between
+/// does not leave the slot marked in use.
 #[derive(Debug)]
 pub struct SlotGuard {
-    inner: Arc<Inner>,
+    wal: Wal,
     name: String,
 }
 
@@ -112,37 +153,152 @@ impl SlotGuard {
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        self.inner.slots().release(&self.name);
-        self.inner
-            .slot_released
-            .send_modify(|n| *n = n.wrapping_add(1));
+        let inner = self.wal.inner();
+        inner.slots().release(&self.name);
+        inner.slot_released.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 
 impl Wal {
     /// Creates a data directory and opens it. Fails if `dir` already holds one.
     pub fn init(dir: impl AsRef<Path>, cfg: StorageConfig, opts: InitOptions) -> Result<Wal> {
-        Wal::start(recovery::init(dir.as_ref(), cfg, opts)?)
+        let io = Io::new(cfg.fsync);
+        Wal::start(recovery::init(dir.as_ref(), cfg, opts, io)?)
     }
 
     /// Opens a data directory, finding the end of durable WAL (see the crate docs on crash
     /// safety) and cutting off whatever lies beyond it.
     pub fn open(dir: impl AsRef<Path>, cfg: StorageConfig) -> Result<Wal> {
-        Wal::start(recovery::open(dir.as_ref(), cfg)?)
+        let io = Io::new(cfg.fsync);
+        Wal::start(recovery::open(dir.as_ref(), cfg, io)?)
+    }
+
+    /// [`Wal::open`] with fail points that are already in force while it recovers; the
+    /// `Wal` keeps them ([`Wal::failpoints`]).
+    #[cfg(feature = "failpoints")]
+    pub fn open_with_failpoints(
+        dir: impl AsRef<Path>,
+        cfg: StorageConfig,
+        failpoints: Arc<Failpoints>,
+    ) -> Result<Wal> {
+        let io = Io::with_failpoints(cfg.fsync, failpoints);
+        Wal::start(recovery::open(dir.as_ref(), cfg, io)?)
     }
 
     /// Starts the writer thread (which starts the background thread) on a recovered directory.
     fn start(r: Recovered) -> Result<Wal> {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let thread = writer::spawn(r.inner.clone(), rx, r.bg_rx, r.pointer)?;
+        let thread = writer::spawn(r.inner.clone(), rx.clone(), r.bg_rx, r.pointer)?;
+        let inner = &r.inner;
         Ok(Wal {
-            inner: r.inner,
-            handle: Arc::new(Handle {
-                tx,
-                thread: Mutex::new(Some(thread)),
+            shared: Arc::new(Shared {
+                dir: inner.dir.clone(),
+                cfg: inner.cfg.clone(),
+                system_id: inner.system_id,
+                format: inner.format,
+                current: RwLock::new(Arc::new(Opened {
+                    inner: r.inner.clone(),
+                    recovery: r.report,
+                })),
+                handle: Handle {
+                    tx,
+                    rx,
+                    thread: Mutex::new(Some(thread)),
+                },
+                restarting: Mutex::new(()),
             }),
-            recovery: Arc::new(r.report),
         })
+    }
+
+    /// The current opening.
+    fn opened(&self) -> Arc<Opened> {
+        self.shared
+            .current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The state of the current opening.
+    fn inner(&self) -> Arc<Inner> {
+        self.opened().inner.clone()
+    }
+
+    /// Storage's health: `ok`, `full`, `failed` or `restarting`, with the error and the file
+    /// of the failure, since when, and how often storage was restarted.
+    pub fn health(&self) -> StorageHealth {
+        self.inner().health.borrow().clone()
+    }
+
+    /// Every change of [`Wal::health`], as it happens: how an owner hears that storage failed
+    /// and must be restarted ([`Wal::restart`]), without asking.
+    pub fn subscribe_health(&self) -> watch::Receiver<StorageHealth> {
+        self.inner().health.subscribe()
+    }
+
+    /// Restarts storage after a failure: stops the failed writer, reopens the data directory
+    /// with the last good sync as its end (verifying the records below it and cutting,
+    /// zeroing and syncing what lies beyond, as open does after a crash), and resumes writes
+    /// on the new opening; every clone of this handle goes on with it, and subscribers of the
+    /// position keep their channel. Blocks (call it on a blocking thread); returns what the
+    /// reopening found, or `None` if storage had not failed (nothing to do).
+    ///
+    /// If the reopening fails (the disk still fails its syncs, say), storage stays failed with
+    /// that error, and the caller tries again later: it is the owner's restart policy that
+    /// decides when.
+    pub fn restart(&self) -> Result<Option<RecoveryReport>> {
+        let _one = self
+            .shared
+            .restarting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let old = self.opened();
+        let tx = old.inner.health.clone();
+        let (was, error, path) = {
+            let h = tx.borrow();
+            (h.state, h.error.clone(), h.path.clone())
+        };
+        if !was.is_failed() {
+            return Ok(None);
+        }
+        health::set(&tx, StorageState::Restarting, error, path);
+        self.shared.handle.stop();
+        let reopened = recovery::reopen(&old.inner).and_then(|r| {
+            let thread = writer::spawn(
+                r.inner.clone(),
+                self.shared.handle.rx.clone(),
+                r.bg_rx,
+                r.pointer,
+            )?;
+            Ok((r.inner, r.report, thread))
+        });
+        match reopened {
+            Ok((inner, report, thread)) => {
+                *self
+                    .shared
+                    .current
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner()) = Arc::new(Opened {
+                    inner,
+                    recovery: report.clone(),
+                });
+                *self
+                    .shared
+                    .handle
+                    .thread
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(thread);
+                tx.send_modify(|h| h.restarts += 1);
+                health::set(&tx, StorageState::Ok, None, None);
+                tracing::info!(end = %report.end, discarded_bytes = report.discarded_bytes, "WAL storage reopened after a failure; writes resume");
+                Ok(Some(report))
+            }
+            Err(e) => {
+                tx.send_modify(|h| h.failed_restarts += 1);
+                health::set(&tx, StorageState::Failed, Some(e.to_string()), path_of(&e));
+                Err(e)
+            }
+        }
     }
 
     /// The segment size a data directory was made with, read from its control file, so a
@@ -156,49 +312,65 @@ impl Wal {
         Ok(recovery::stored_control(dir.as_ref())?.wal_format)
     }
 
+    /// The role a data directory's control data records, and its current timeline, read
+    /// without opening it. `None` for a directory made before the role was recorded.
+    pub fn stored_role(dir: impl AsRef<Path>) -> Result<(Option<Role>, TimelineId)> {
+        let c = recovery::stored_control(dir.as_ref())?;
+        Ok((c.role, c.timeline))
+    }
+
+    /// The role the control data records (see [`Role`]).
+    pub fn role(&self) -> Option<Role> {
+        self.inner().state().role
+    }
+
+    /// Records the node's role in the control data, durably and atomically. Blocks until done.
+    pub fn set_role(&self, role: Role) -> Result<()> {
+        self.control(move |w| w.set_role(role))
+    }
+
     pub fn system_id(&self) -> SystemId {
-        self.inner.system_id
+        self.shared.system_id
     }
 
     pub fn format(&self) -> WalFormat {
-        self.inner.format
+        self.shared.format
     }
 
     pub fn segment_size(&self) -> u64 {
-        self.inner.cfg.segment_size
+        self.shared.cfg.segment_size
     }
 
     pub fn config(&self) -> &StorageConfig {
-        &self.inner.cfg
+        &self.shared.cfg
     }
 
     pub fn data_dir(&self) -> &Path {
-        &self.inner.dir
+        &self.shared.dir
     }
 
     pub fn timeline(&self) -> TimelineId {
-        self.inner.state().tli
+        self.inner().state().tli
     }
 
     /// The ancestry of the current timeline, oldest first.
     pub fn history(&self) -> Vec<HistoryEntry> {
-        self.inner.state().history.to_vec()
+        self.inner().state().history.to_vec()
     }
 
     /// The stored history file of `tli`, byte for byte (for TIMELINE_HISTORY). `None` for
     /// timeline 1 or an unknown timeline.
     pub fn history_file(&self, tli: TimelineId) -> Result<Option<Vec<u8>>> {
-        let path = self.inner.pg_wal().join(history_file_name(tli));
-        match fs::read(&path) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(WalError::io(format!("reading {}", path.display()), e)),
-        }
+        let inner = self.inner();
+        let path = inner.pg_wal().join(history_file_name(tli));
+        (inner.io)
+            .read_file_if_exists(&path)
+            .map_err(|e| WalError::io(format!("reading {}", path.display()), e))
     }
 
     /// Where timeline `tli` ended, if it is an ancestor of the current one.
     pub fn timeline_end(&self, tli: TimelineId) -> Option<Lsn> {
-        self.inner
+        self.inner()
             .state()
             .history
             .iter()
@@ -206,39 +378,42 @@ impl Wal {
             .map(|e| e.switch_lsn)
     }
 
-    /// The durable end of the current timeline.
+    /// The durable end of the current timeline: what open would find again after a crash.
+    /// After a standby's raw bytes of walserver records that end inside a record, it is the
+    /// end of the last complete record (or the flush pointer, if later), and the durable rest
+    /// counts as [`Wal::written`] only.
     pub fn flushed(&self) -> Lsn {
-        self.inner.state().flushed
+        self.inner().state().flushed
     }
 
     /// The end of what has been written (maybe not yet durable).
     pub fn written(&self) -> Lsn {
-        self.inner.state().written
+        self.inner().state().written
     }
 
     pub fn position(&self) -> WalPosition {
-        self.inner.state().position()
+        self.inner().state().position()
     }
 
     /// The oldest LSN still readable; older segments were removed by retention.
     pub fn oldest_retained(&self) -> Lsn {
-        self.inner.oldest_retained()
+        self.inner().oldest_retained()
     }
 
     /// What `open` found (for the binary to log).
-    pub fn recovery_report(&self) -> &RecoveryReport {
-        &self.recovery
+    pub fn recovery_report(&self) -> RecoveryReport {
+        self.opened().recovery.clone()
     }
 
     /// The number of fsync/fdatasync calls made so far (segments, flush pointer, directories,
     /// control and slot files, preallocation).
     pub fn fsync_count(&self) -> u64 {
-        self.inner.io.fsync_count()
+        self.inner().io.fsync_count()
     }
 
     /// Storage's counters for `/metrics`: fsync latency and failed operations by kind.
-    pub fn metrics(&self) -> &StorageMetrics {
-        &self.inner.io.metrics
+    pub fn metrics(&self) -> Arc<StorageMetrics> {
+        self.inner().io.metrics.clone()
     }
 
     /// The bytes still free for writing on the data directory's file system. A system call
@@ -249,30 +424,47 @@ impl Wal {
 
     /// The fault-injection points of this instance.
     #[cfg(feature = "failpoints")]
-    pub fn failpoints(&self) -> &Failpoints {
-        &self.inner.io.failpoints
+    pub fn failpoints(&self) -> Arc<Failpoints> {
+        self.inner().io.failpoints.clone()
     }
 
     /// Flush progress: the receiver sees every new position the writer publishes (coalesced:
     /// the newest covers earlier ones).
     pub fn subscribe(&self) -> watch::Receiver<WalPosition> {
-        self.inner.pos_tx.subscribe()
+        self.inner().pos_tx.subscribe()
     }
 
     /// Changes each time a slot stops being in use: waiting for an active slot to become
     /// free awaits this instead of polling.
     pub fn slot_releases(&self) -> watch::Receiver<u64> {
-        self.inner.slot_released.subscribe()
+        self.inner().slot_released.subscribe()
     }
 
     fn send(&self, req: Request) -> Result<()> {
-        self.handle.tx.send(req).map_err(|_| WalError::Closed)
+        self.shared
+            .handle
+            .tx
+            .send(req)
+            .map_err(|_| WalError::Closed)
+    }
+
+    /// While storage has failed, writes are refused at once, without a trip to the writer.
+    fn refuse_if_failed(&self) -> Result<()> {
+        let inner = self.inner();
+        let h = inner.health.borrow();
+        if h.state.is_failed() {
+            return Err(WalError::StorageFailed {
+                reason: h.error.clone().unwrap_or_else(|| "a sync failed".into()),
+            });
+        }
+        Ok(())
     }
 
     /// Writes `data` at `start` on the current timeline. `start` must not be beyond the end
     /// (a gap); bytes below the end must equal what is stored, and only the new suffix is
     /// written. Gaps and mismatches fail the ticket.
     pub fn write(&self, start: Lsn, data: Bytes) -> Result<WriteTicket> {
+        self.refuse_if_failed()?;
         let (reply, rx) = oneshot::channel();
         self.send(Request::Write { start, data, reply })?;
         Ok(Ticket { rx })
@@ -280,16 +472,17 @@ impl Wal {
 
     /// Appends walserver records; the ticket resolves to each record's end LSN once durable.
     pub fn append(&self, payloads: Vec<Bytes>) -> Result<AppendTicket> {
-        if self.inner.format != WalFormat::Walserver {
+        if self.shared.format != WalFormat::Walserver {
             return Err(WalError::WrongFormat {
                 op: "append",
-                format: self.inner.format,
+                format: self.shared.format,
             });
         }
-        let max = self.inner.cfg.max_record_size;
+        let max = self.shared.cfg.max_record_size;
         if let Some(p) = payloads.iter().find(|p| p.len() > max) {
             return Err(WalError::RecordTooLarge { size: p.len(), max });
         }
+        self.refuse_if_failed()?;
         let (reply, rx) = oneshot::channel();
         self.send(Request::Append { payloads, reply })?;
         Ok(Ticket { rx })
@@ -301,7 +494,7 @@ impl Wal {
     ///
     /// A plain blocking `pread`; async callers run it on a blocking pool.
     pub fn read(&self, tli: TimelineId, start: Lsn, max_len: usize) -> Result<Bytes> {
-        self.inner.read(tli, start, max_len)
+        self.inner().read(tli, start, max_len)
     }
 
     /// Like [`Wal::read`], but only from memory: the last small batches made durable (at most
@@ -314,7 +507,7 @@ impl Wal {
         if max_len == 0 {
             return None;
         }
-        self.inner.read_cached(tli, start, max_len)
+        self.inner().read_cached(tli, start, max_len)
     }
 
     /// Where [`Wal::read`] would read: the segment file, offset and length of up to `max_len`
@@ -327,19 +520,19 @@ impl Wal {
         start: Lsn,
         max_len: usize,
     ) -> Result<Option<WalFileRange>> {
-        self.inner.locate(tli, start, max_len)
+        self.inner().locate(tli, start, max_len)
     }
 
     /// A decoder of the records of timeline `tli` from `from`, which must be a record boundary
     /// or a segment start.
     pub fn record_reader(&self, tli: TimelineId, from: Lsn) -> Result<RecordReader> {
-        if self.inner.format != WalFormat::Walserver {
+        if self.shared.format != WalFormat::Walserver {
             return Err(WalError::WrongFormat {
                 op: "reading records",
-                format: self.inner.format,
+                format: self.shared.format,
             });
         }
-        Ok(RecordReader::new(self.inner.clone(), tli, from))
+        Ok(RecordReader::new(self.inner(), tli, from))
     }
 
     /// Up to `limit` records of timeline `tli` from `from`; see [`Wal::record_reader`].
@@ -360,18 +553,23 @@ impl Wal {
         &self,
         f: impl FnOnce(&mut Writer) -> Result<T> + Send + 'static,
     ) -> Result<T> {
+        self.refuse_if_failed()?;
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.send(Request::Control(Box::new(move |w| {
-            let _ = tx.send(f(w));
+            let _ = tx.send(match w.refusal() {
+                Some(e) => Err(e),
+                None => f(w),
+            });
         })))?;
         rx.recv().map_err(|_| WalError::Closed)?
     }
 
-    /// Starts a new timeline at the end of the last complete record at or below the flushed
-    /// end, writes its history file, and publishes it. Returns the new timeline and where it
-    /// begins. Blocks until done.
+    /// Starts a new timeline at the end of the last complete record at or below the durable
+    /// end, writes its history file, and publishes it. The control data records the new
+    /// timeline and the role [`Role::Primary`] in one atomic write, the promotion's commit
+    /// point. Returns the new timeline and where it begins. Blocks until done.
     pub fn promote(&self, reason: &str) -> Result<(TimelineId, Lsn)> {
-        if self.inner.format != WalFormat::Walserver {
+        if self.shared.format != WalFormat::Walserver {
             return Err(WalError::PromotionNotSupported);
         }
         let reason = reason.to_string();
@@ -412,19 +610,22 @@ impl Wal {
 
     /// Creates a physical slot. With `reserve_wal` its restart LSN is the current flushed end.
     pub fn create_slot(&self, name: &str, temporary: bool, reserve_wal: bool) -> Result<SlotInfo> {
+        let inner = self.inner();
         let restart = {
-            let st = self.inner.state();
+            let st = inner.state();
             reserve_wal.then_some((st.flushed, st.tli))
         };
-        self.inner
+        inner
             .slots()
-            .create(self.inner.slot_paths(), name, temporary, restart)?;
+            .create(inner.slot_paths(), name, temporary, restart)?;
         self.slot(name)
     }
 
     /// Drops a slot that is not in use.
     pub fn drop_slot(&self, name: &str) -> Result<()> {
-        self.inner.slots().drop_slot(self.inner.slot_paths(), name)
+        let inner = self.inner();
+        let dropped = inner.slots().drop_slot(inner.slot_paths(), name);
+        dropped
     }
 
     pub fn slot(&self, name: &str) -> Result<SlotInfo> {
@@ -440,16 +641,16 @@ impl Wal {
     pub fn slots(&self) -> Vec<SlotInfo> {
         let written = self.written();
         let oldest_seg = self.oldest_retained().segment_number(self.segment_size());
-        self.inner
+        self.inner()
             .slots()
-            .infos(written, oldest_seg, &self.inner.cfg)
+            .infos(written, oldest_seg, &self.shared.cfg)
     }
 
     /// Marks a slot in use until the guard is dropped; `SlotInUse` if it already is.
     pub fn acquire_slot(&self, name: &str) -> Result<SlotGuard> {
-        self.inner.slots().acquire(name)?;
+        self.inner().slots().acquire(name)?;
         Ok(SlotGuard {
-            inner: self.inner.clone(),
+            wal: self.clone(),
             name: name.to_string(),
         })
     }
@@ -458,7 +659,7 @@ impl Wal {
     /// `max_slot_wal_keep_size`. It runs by itself at every segment switch; call it to apply a
     /// change at once (after dropping or advancing a slot, say).
     pub fn run_retention(&self) -> Result<()> {
-        background::retain(&self.inner)
+        background::retain(&self.inner())
     }
 
     /// Moves a slot's restart point (on a standby's flush feedback). Persisted in the
@@ -471,13 +672,19 @@ impl Wal {
         restart_tli: TimelineId,
     ) -> Result<()> {
         let seg = self.segment_size();
-        let due = self
-            .inner
-            .slots()
-            .advance(name, restart_lsn, restart_tli, seg)?;
+        let inner = self.inner();
+        let due = inner.slots().advance(name, restart_lsn, restart_tli, seg)?;
         if due {
-            let _ = self.inner.bg_tx.send(BgRequest::PersistSlots);
+            let _ = inner.bg_tx.send(BgRequest::PersistSlots);
         }
         Ok(())
+    }
+}
+
+/// The file an error names, for `/status`.
+fn path_of(e: &WalError) -> Option<PathBuf> {
+    match e {
+        WalError::DiskFull { path, .. } | WalError::BadFile { path, .. } => Some(path.clone()),
+        _ => None,
     }
 }

@@ -4,22 +4,33 @@
 //! [`MAX_BATCH_REQUESTS`] requests or [`MAX_BATCH_BYTES`]), stages every write and append of
 //! the batch into one buffer, writes it with `pwrite` into the segment file or files it spans,
 //! fdatasyncs each file touched once, stores the flush pointer when needed, publishes the new
-//! position and only then completes every waiter. A control operation (promotion, following a
-//! timeline, truncation: `timeline.rs`) first commits what is staged, then runs alone on the
-//! thread, so it sees a quiet WAL with `written == flushed`. The writer starts the background
-//! thread (`background.rs`) and stops it when it stops.
+//! position and only then completes every waiter. The flushed end it publishes is what open
+//! would find again after a crash: the batch's end, except after a standby's raw bytes of
+//! walserver records that end inside a record and that no stored pointer vouches for; then
+//! it is the pointer or the end of the last complete record (`write_out`), and the rest
+//! counts as written. A control operation (promotion, following a timeline, truncation:
+//! `timeline.rs`) first commits what is staged, then runs alone on the thread, so it sees a
+//! quiet WAL whose every written byte is durable. The writer starts the background thread
+//! (`background.rs`) and stops it when it stops.
 //!
-//! If a batch fails (a full disk, an I/O error), every waiter in it gets the error, `written`
-//! goes back to `flushed`, and the bytes the batch may have left on disk are zeroed by the next
-//! successful batch, so that no failed write can resurface as a valid record after a crash.
+//! If a batch fails, every waiter in it gets the error and `written` goes back to the durable
+//! end; what happens next is the failure policy written in `health.rs`. For a full disk the
+//! writer goes on: the bytes the batch may have left on disk (up to where it got, not where
+//! it would have ended: a batch that could not preallocate the next segment wrote nothing
+//! there) are zeroed by the next successful batch, so that no failed write can resurface as
+//! a valid record after a crash, and writes that fit in the current segment succeed
+//! meanwhile. For a failed sync, or any other failure, the writer is *failed*: it refuses
+//! every request until [`Wal::restart`](crate::Wal::restart) replaces it, and stores nothing
+//! more at its stop.
 //!
 //! **Invariants:** a waiter is completed only after the fdatasync of every file its bytes went
-//! to and, when the batch needs it, of the flush pointer; the tail cache gets a batch after its
+//! to and, when the batch needs it, of the flush pointer; the published flushed end never
+//! passes what open would recover and never moves back; the tail cache gets a batch after its
 //! fdatasync and before its end is published.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
@@ -29,13 +40,16 @@ use tokio::sync::oneshot;
 use wal_types::{Lsn, TimelineId};
 
 use crate::background;
+use crate::error::is_full_errno;
 use crate::files::PointerFile;
+use crate::format::ByteSource;
 use crate::format::Framer;
+use crate::health::{self, StorageState};
 use crate::io::{FP_FSYNC, FP_WRITE};
 use crate::naming::segment_file_name;
-use crate::scan::last_record_end;
+use crate::scan::{last_record_end, FileSource, RecordEnds};
 use crate::state::{BgRequest, Inner};
-use crate::{Result, WalError};
+use crate::{Result, WalError, WalFormat};
 
 /// The most requests one batch takes. A guess, from a measurement on actix 0.13 where 128
 /// concurrent writers averaged batches of about 65: large enough that 64 to 128 concurrent
@@ -79,8 +93,14 @@ pub(crate) struct Writer {
     /// The shared state; timeline control (`timeline.rs`) works on it directly.
     pub(crate) inner: Arc<Inner>,
     tli: TimelineId,
-    /// Durable end; `batch_start` equals it between batches.
+    /// Durable end of the bytes written; `batch_start` equals it between batches.
     flushed: Lsn,
+    /// The flushed end published: how far open would find the WAL again after a crash. It
+    /// equals `flushed` except after a standby's raw bytes of walserver records that end
+    /// inside a record, which no stored pointer vouches for (`write_out`).
+    published: Lsn,
+    /// How far open's record scan would reach in the bytes beyond the pointer.
+    record_ends: RecordEnds,
     batch: Staged,
     batch_start: Lsn,
     /// The batch holds raw bytes (whose durable end only the flush pointer can vouch for).
@@ -97,6 +117,35 @@ pub(crate) struct Writer {
     /// The staged end is known to be a record boundary, so records may be appended there. Raw
     /// writes (a standby's stream) end anywhere; the first append after them checks by scanning.
     at_boundary: bool,
+    /// Set when a batch failed in a way that the failure policy does not retry (a failed
+    /// sync): why. From then on every request is refused until a restart replaces the writer.
+    failed: Option<String>,
+    /// While the disk is full: the segment that could not be made, if that is what failed.
+    /// The state stays `full` until it exists (appends that fit before it go on meanwhile).
+    full_segment: Option<u64>,
+}
+
+/// How a batch failed: the error, the file it was met on, whether it was a sync (never
+/// retried, whatever the errno), and how far the batch may have put bytes on disk.
+struct Failure {
+    error: WalError,
+    path: Option<PathBuf>,
+    sync: bool,
+    reach: Lsn,
+    /// The segment that could not be opened or made, if that failed.
+    segment: Option<u64>,
+}
+
+impl Failure {
+    fn at(reach: Lsn, path: PathBuf) -> impl FnOnce(WalError) -> Failure {
+        move |error| Failure {
+            error,
+            path: Some(path),
+            sync: false,
+            reach,
+            segment: None,
+        }
+    }
 }
 
 pub(crate) fn spawn(
@@ -111,6 +160,8 @@ pub(crate) fn spawn(
     let mut w = Writer {
         tli: st.tli,
         flushed: st.flushed,
+        published: st.flushed,
+        record_ends: RecordEnds::default(),
         batch: Staged::default(),
         batch_start: st.flushed,
         batch_raw: false,
@@ -122,6 +173,8 @@ pub(crate) fn spawn(
         pointer,
         bg: Some(bg),
         at_boundary: false,
+        failed: None,
+        full_segment: None,
         inner,
     };
     let end_seg = st.flushed.segment_number(seg);
@@ -179,6 +232,30 @@ impl Staged {
         &mut self.open
     }
 
+    /// Up to `max` staged bytes at `from`, from the one part that holds `from` (a received
+    /// buffer is sliced, not copied); part `hint` or a later one is searched first.
+    fn bytes_at(&self, from: usize, max: usize, hint: &mut (usize, usize)) -> Bytes {
+        let (mut i, mut pos) = *hint;
+        if from < pos {
+            (i, pos) = (0, 0);
+        }
+        while let Some(part) = self.chunks.get(i) {
+            if from < pos + part.len() {
+                *hint = (i, pos);
+                let off = from - pos;
+                return part.slice(off..part.len().min(off + max));
+            }
+            pos += part.len();
+            i += 1;
+        }
+        *hint = (i, pos);
+        let off = from - pos;
+        if off >= self.open.len() {
+            return Bytes::new();
+        }
+        Bytes::copy_from_slice(&self.open[off..self.open.len().min(off + max)])
+    }
+
     /// The staged bytes `[from, from + n)`, as slices in order.
     fn slices(&self, from: usize, n: usize) -> Vec<&[u8]> {
         let mut out = Vec::new();
@@ -198,9 +275,46 @@ impl Staged {
     }
 }
 
+/// The durable bytes of the current timeline up to the end of the batch just written, for
+/// the record scan of `RecordEnds`: the batch's from memory, older ones from the files.
+struct BatchSource<'a> {
+    files: FileSource<'a>,
+    batch: &'a Staged,
+    start: Lsn,
+    end: Lsn,
+    hint: (usize, usize),
+}
+
+impl ByteSource for BatchSource<'_> {
+    fn read_at(&mut self, lsn: Lsn, max_len: usize) -> Result<Bytes> {
+        if lsn >= self.end {
+            Ok(Bytes::new())
+        } else if lsn < self.start {
+            self.files.read_at(lsn, max_len)
+        } else {
+            let max = max_len.min((self.end.0 - lsn.0) as usize);
+            let from = (lsn.0 - self.start.0) as usize;
+            Ok(self.batch.bytes_at(from, max, &mut self.hint))
+        }
+    }
+}
+
 impl Writer {
     pub(crate) fn seg(&self) -> u64 {
         self.inner.cfg.segment_size
+    }
+
+    /// The error every request gets once the writer has failed.
+    pub(crate) fn refusal(&self) -> Option<WalError> {
+        self.failed.as_ref().map(|reason| WalError::StorageFailed {
+            reason: reason.clone(),
+        })
+    }
+
+    /// The durable end of the bytes written, which may be beyond the published flushed end
+    /// (see `write_out`): where promotion, following and truncation look for the end.
+    pub(crate) fn durable_end(&self) -> Lsn {
+        self.flushed
     }
 
     /// True if a failed batch may have left bytes beyond `lsn` on disk.
@@ -227,6 +341,8 @@ impl Writer {
         self.tli = tli;
         self.at_boundary = at_boundary;
         self.flushed = end;
+        self.published = end;
+        self.record_ends = RecordEnds::default();
         self.batch_start = end;
         self.dirty_until = Lsn(0);
         self.forget_files();
@@ -266,15 +382,30 @@ impl Writer {
     /// At a clean stop: persist slots and the durable end, stop the background thread.
     fn close(&mut self) {
         background::persist_dirty_slots(&self.inner);
+        if self.failed.is_some() {
+            // Nothing more is stored by a failed writer: the reopening that replaces it
+            // records the end (`recovery::reopen`).
+            let _ = self.inner.bg_tx.send(BgRequest::Shutdown);
+            if let Some(bg) = self.bg.take() {
+                let _ = bg.join();
+            }
+            return;
+        }
         // Raw writes of walserver records move the pointer only per segment; a clean stop
         // records the end exactly, so the next start need not scan or drop a partial record.
         let p = self.pointer.last;
         if !p.exact || p.end != self.flushed || p.timeline != self.tli {
-            if let Err(e) = self
+            match self
                 .pointer
                 .store(&self.inner.io, self.tli, self.flushed, true)
             {
-                tracing::warn!(error = %e, "could not record the exact durable end at shutdown");
+                Ok(()) => {
+                    self.published = self.flushed;
+                    self.inner.set_positions(self.flushed, self.flushed);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not record the exact durable end at shutdown")
+                }
             }
         }
         let st = self.inner.state().clone();
@@ -292,6 +423,10 @@ impl Writer {
     }
 
     fn stage_write(&mut self, start: Lsn, data: Bytes, reply: oneshot::Sender<Result<Lsn>>) {
+        if let Some(e) = self.refusal() {
+            let _ = reply.send(Err(e));
+            return;
+        }
         match self.check_write(start, &data) {
             Ok(skip) => {
                 if skip < data.len() {
@@ -372,29 +507,31 @@ impl Writer {
     }
 
     fn stage_append(&mut self, payloads: &[Bytes], reply: oneshot::Sender<Result<Vec<Lsn>>>) {
+        if let Some(e) = self.refusal() {
+            let _ = reply.send(Err(e));
+            return;
+        }
         if !self.at_boundary {
             // Make what is staged durable, then look for the last record boundary below it.
             self.commit();
             let st = self.inner.state().clone();
+            let end = self.flushed;
             let checked = last_record_end(
                 &self.inner.files,
                 &st.view(),
                 &self.inner.cfg,
                 st.wal_start,
-                st.flushed,
+                end,
             )
             .and_then(|record_end| {
-                if record_end == st.flushed {
+                if record_end == end {
                     Ok(())
                 } else {
-                    Err(WalError::NotAtRecordBoundary {
-                        end: st.flushed,
-                        record_end,
-                    })
+                    Err(WalError::NotAtRecordBoundary { end, record_end })
                 }
             });
             if let Err(e) = checked {
-                let _ = reply.send(Err(e));
+                let _ = reply.send(Err(self.refusal().unwrap_or(e)));
                 return;
             }
             self.at_boundary = true;
@@ -417,36 +554,97 @@ impl Writer {
         }
         let result = self.flush_batch();
         let waiters = std::mem::take(&mut self.waiters);
-        match result {
+        let e = match result {
             Ok(()) => {
+                self.clear_full();
                 for w in waiters {
                     match w {
                         Waiter::Write(reply) => {
-                            let _ = reply.send(Ok(self.flushed));
+                            let _ = reply.send(Ok(self.published));
                         }
                         Waiter::Append(reply, ends) => {
                             let _ = reply.send(Ok(ends));
                         }
                     }
                 }
+                return;
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "WAL write failed");
-                for w in waiters {
-                    match w {
-                        Waiter::Write(reply) => {
-                            let _ = reply.send(Err(e.duplicate()));
-                        }
-                        Waiter::Append(reply, _) => {
-                            let _ = reply.send(Err(e.duplicate()));
-                        }
-                    }
+            Err(f) => self.apply_policy(f),
+        };
+        for w in waiters {
+            match w {
+                Waiter::Write(reply) => {
+                    let _ = reply.send(Err(e.duplicate()));
+                }
+                Waiter::Append(reply, _) => {
+                    let _ = reply.send(Err(e.duplicate()));
                 }
             }
         }
     }
 
-    fn flush_batch(&mut self) -> Result<()> {
+    /// Leaves the `full` state once the segment that could not be made exists (or, when no
+    /// segment was missing, after any batch that succeeded).
+    fn clear_full(&mut self) {
+        if self.inner.health.borrow().state != StorageState::Full {
+            return;
+        }
+        if self
+            .full_segment
+            .is_some_and(|s| !self.files.contains_key(&s) && self.highest_seg < s)
+        {
+            return;
+        }
+        self.full_segment = None;
+        tracing::info!("WAL writes succeed again: the disk has room");
+        health::set(&self.inner.health, StorageState::Ok, None, None);
+    }
+
+    /// The failure policy (`health.rs`): a full disk is backpressure, anything else (a failed
+    /// sync above all) fails the writer until a restart. Returns what the waiters get.
+    fn apply_policy(&mut self, f: Failure) -> WalError {
+        let full_errno = match &f.error {
+            WalError::Io { cause, .. } => is_full_errno(cause),
+            WalError::DiskFull { .. } => true,
+            _ => false,
+        };
+        if full_errno && !f.sync {
+            let e = match f.error {
+                WalError::Io { context, cause } => WalError::DiskFull {
+                    context,
+                    path: f.path.clone().unwrap_or_else(|| self.inner.dir.clone()),
+                    cause,
+                },
+                other => other,
+            };
+            if self.inner.health.borrow().state != StorageState::Full {
+                tracing::warn!(error = %e, "WAL write refused: the disk is full");
+            }
+            self.full_segment = f.segment;
+            health::set(
+                &self.inner.health,
+                StorageState::Full,
+                Some(e.to_string()),
+                f.path,
+            );
+            return e;
+        }
+        let reason = format!(
+            "{}; nothing beyond {} was acknowledged",
+            f.error, self.published
+        );
+        tracing::error!(error = %f.error, flushed = %self.published, "WAL storage failed; refusing writes until it is reopened");
+        health::set(
+            &self.inner.health,
+            StorageState::Failed,
+            Some(f.error.to_string()),
+            f.path,
+        );
+        self.failed = Some(reason);
+        self.refusal().expect("just failed")
+    }
+
+    fn flush_batch(&mut self) -> std::result::Result<(), Failure> {
         let start = self.batch_start;
         let end = self.staged_end();
         let result = self.write_out(start, end);
@@ -457,17 +655,17 @@ impl Writer {
                 self.batch_start = end;
                 Ok(())
             }
-            Err(e) => {
+            Err(f) => {
                 self.at_boundary = false;
-                self.dirty_until = self.dirty_until.max(end);
+                self.dirty_until = self.dirty_until.max(f.reach);
                 self.batch_start = self.flushed;
-                self.inner.set_positions(self.flushed, self.flushed);
-                Err(e)
+                self.inner.set_positions(self.flushed, self.published);
+                Err(f)
             }
         }
     }
 
-    fn write_out(&mut self, start: Lsn, end: Lsn) -> Result<()> {
+    fn write_out(&mut self, start: Lsn, end: Lsn) -> std::result::Result<(), Failure> {
         let seg = self.seg();
         let zero_to = self.dirty_until.max(end);
         if zero_to <= start {
@@ -480,60 +678,94 @@ impl Writer {
         while pos < zero_to {
             let segno = pos.segment_number(seg);
             let upto = Lsn((segno + 1) * seg).min(zero_to);
-            self.ensure_segment(segno)?;
+            let path = self.inner.files.path(self.tli, segno);
+            // Nothing reached this segment if it cannot be opened (or preallocated).
+            self.ensure_segment(segno).map_err(|e| Failure {
+                segment: Some(segno),
+                ..Failure::at(pos, path.clone())(e)
+            })?;
             let f = &self.files[&segno];
             let io = &self.inner.io;
             let name = || segment_file_name(self.tli, segno, seg);
+            // A write that fails may have put any part of its range on disk.
+            let failed = |what: &str, e| {
+                Failure::at(upto, path.clone())(WalError::io(format!("{what} {}", name()), e))
+            };
             if pos < end {
                 let dend = upto.min(end);
                 let from = (pos.0 - start.0) as usize;
                 let bytes = self.batch.slices(from, (dend.0 - pos.0) as usize);
                 io.pwritev_all(f, &bytes, pos.segment_offset(seg), FP_WRITE)
-                    .map_err(|e| WalError::io(format!("writing WAL segment {}", name()), e))?;
+                    .map_err(|e| failed("writing WAL segment", e))?;
                 if dend < upto {
                     io.write_zeros(f, dend.segment_offset(seg), upto.0 - dend.0, FP_WRITE)
-                        .map_err(|e| WalError::io(format!("zeroing WAL segment {}", name()), e))?;
+                        .map_err(|e| failed("zeroing WAL segment", e))?;
                 }
             } else {
                 io.write_zeros(f, pos.segment_offset(seg), upto.0 - pos.0, FP_WRITE)
-                    .map_err(|e| WalError::io(format!("zeroing WAL segment {}", name()), e))?;
+                    .map_err(|e| failed("zeroing WAL segment", e))?;
             }
             touched.push(segno);
             pos = upto;
         }
-        self.inner.set_positions(end, self.flushed);
+        self.inner.set_positions(end, self.published);
         for segno in touched {
             self.inner
                 .io
                 .sync_data(&self.files[&segno], FP_FSYNC)
-                .map_err(|e| {
-                    WalError::io(
+                .map_err(|e| Failure {
+                    error: WalError::io(
                         format!(
                             "fdatasync of WAL segment {}",
                             segment_file_name(self.tli, segno, seg)
                         ),
                         e,
-                    )
+                    ),
+                    path: Some(self.inner.files.path(self.tli, segno)),
+                    sync: true,
+                    reach: zero_to,
+                    segment: None,
                 })?;
         }
         // Raw bytes of relayed PostgreSQL WAL cannot be scanned back, so each batch's end is
         // stored exactly. Raw bytes of walserver records can: recovery scans records past a
         // non-exact pointer (`Wal::open`) and finds every complete record that was flushed,
-        // so, as for appends, the pointer moves only when the end enters a new segment. That
-        // saves a second fdatasync per batch on a standby, which sat on every synchronous
-        // commit's path. What recovery may then drop is the partial record at the end, which
-        // lies in the segment of the last durable end (the pointer is always in that segment),
-        // a segment the upstream still keeps for this standby (its slot is at most there).
+        // so, as for appends, the pointer moves only when the end enters a new segment (or
+        // while open would find no scan start at or below it). That saves a second fdatasync
+        // per batch on a standby, which sat on every synchronous commit's path. What recovery
+        // may then drop is the partial record at the end, so the flushed end published stops
+        // before it: at the pointer or at the end of the last complete record, whichever is
+        // later (`published`). Walsenders (cascades) send no further, the walreceiver reports
+        // no further upstream, and so the flushed end never moves back, even across a crash.
+        let walserver = self.inner.format == WalFormat::Walserver;
         let p = self.pointer.last;
-        if (self.batch_raw && self.inner.format != crate::WalFormat::Walserver)
+        let store = (self.batch_raw && !walserver)
             || p.exact
             || p.timeline != self.tli
             || p.end.segment_number(seg) != end.segment_number(seg)
-        {
-            self.pointer.store(&self.inner.io, self.tli, end, false)?;
+            || (walserver && !self.record_ends.scannable());
+        if store {
+            // The pointer is written in place and synced: whatever failed, it is not retried
+            // and trusted (a full disk cannot fail an in-place write of a preallocated file).
+            let path = self.inner.dir.join("flush_pointer");
+            self.pointer
+                .store(&self.inner.io, self.tli, end, false)
+                .map_err(|error| Failure {
+                    error,
+                    path: Some(path),
+                    sync: true,
+                    reach: zero_to,
+                    segment: None,
+                })?;
         }
+        let published = if walserver {
+            self.recoverable_end(start, end, store)
+        } else {
+            end
+        };
         self.dirty_until = Lsn(0);
         self.flushed = end;
+        self.published = published;
         // Into the tail cache before the new end is published, so that a walsender woken by
         // it finds the bytes in memory.
         let len = (end.0 - start.0) as usize;
@@ -541,8 +773,48 @@ impl Writer {
             let parts = self.batch.slices(0, len);
             self.inner.tail.add(self.tli, start, len, &parts);
         }
-        self.inner.set_positions(end, end);
+        self.inner.set_positions(end, published);
         Ok(())
+    }
+
+    /// How far open would find walserver WAL again after a crash, once the batch `[start,
+    /// end)` is durable and the pointer stored if `stored`: the pointer, or the end of the
+    /// last complete record on the chain open scans, whichever is later. A failed scan (a
+    /// read error) publishes no further than the pointer and makes the next batch store it.
+    fn recoverable_end(&mut self, start: Lsn, end: Lsn, stored: bool) -> Lsn {
+        let st = self.inner.state().clone();
+        let view = st.view();
+        let files = &self.inner.files;
+        let scanned = (|| {
+            if stored {
+                (self.record_ends).pointer_stored(files, &view, st.wal_start, end)?;
+            }
+            if self.at_boundary {
+                self.record_ends.complete_to(end);
+                return Ok(Some(end));
+            }
+            let src = BatchSource {
+                files: FileSource {
+                    files,
+                    view: &view,
+                    limit: start,
+                },
+                batch: &self.batch,
+                start,
+                end,
+                hint: (0, 0),
+            };
+            self.record_ends.advance(src, &self.inner.cfg, end)
+        })();
+        let pointer = self.pointer.last.end;
+        match scanned {
+            Ok(records) => pointer.max(records.unwrap_or(pointer)).min(end),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not follow the records of received WAL; the flush pointer alone vouches for it");
+                self.record_ends = RecordEnds::default();
+                pointer
+            }
+        }
     }
 
     /// Opens segment `segno` of the current timeline for writing, waiting for its preallocation
@@ -554,13 +826,25 @@ impl Writer {
         let seg = self.seg();
         let path = self.inner.files.path(self.tli, segno);
         let file = match self.pending.remove(&segno) {
-            Some(rx) => rx.recv().map_err(|_| WalError::Closed)??,
-            None => match OpenOptions::new().read(true).write(true).open(&path) {
-                Ok(f) => {
-                    let len = f
-                        .metadata()
-                        .map_err(|e| WalError::io(format!("reading {}", path.display()), e))?
-                        .len();
+            Some(rx) => match rx.recv().map_err(|_| WalError::Closed)? {
+                Ok(f) => f,
+                // A preallocation asked for earlier failed (a full disk, most likely). Space
+                // may have been freed since: try once more now rather than fail on an old
+                // result.
+                Err(_) => {
+                    self.request_prealloc(segno);
+                    let rx = self.pending.remove(&segno).ok_or(WalError::Closed)?;
+                    rx.recv().map_err(|_| WalError::Closed)??
+                }
+            },
+            None => match (self.inner.io)
+                .open_if_exists(&path, OpenOptions::new().read(true).write(true))
+                .map_err(|e| WalError::io(format!("opening {}", path.display()), e))?
+            {
+                Some(f) => {
+                    let len = (self.inner.io)
+                        .file_len(&f)
+                        .map_err(|e| WalError::io(format!("reading {}", path.display()), e))?;
                     if len != seg {
                         return Err(WalError::BadFile {
                             path,
@@ -569,12 +853,11 @@ impl Writer {
                     }
                     f
                 }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                None => {
                     self.request_prealloc(segno);
                     let rx = self.pending.remove(&segno).expect("just requested");
                     rx.recv().map_err(|_| WalError::Closed)??
                 }
-                Err(e) => return Err(WalError::io(format!("opening {}", path.display()), e)),
             },
         };
         self.files.insert(segno, file);
@@ -588,9 +871,12 @@ impl Writer {
     }
 
     pub(crate) fn request_prealloc(&mut self, segno: u64) {
+        // A file that cannot be looked at is asked for anyway: preallocation never replaces
+        // a file, and reports what is wrong with the directory.
+        let path = self.inner.files.path(self.tli, segno);
         if self.pending.contains_key(&segno)
             || self.files.contains_key(&segno)
-            || self.inner.files.path(self.tli, segno).exists()
+            || self.inner.io.exists(&path).unwrap_or(false)
         {
             return;
         }
@@ -637,6 +923,16 @@ mod tests {
                 let got: Vec<u8> = st.slices(from, n).concat();
                 assert_eq!(got, &all[from..from + n], "from {from} n {n}");
             }
+        }
+        // `bytes_at` gives a prefix from the part holding `from`, whatever the hint says.
+        let mut hint = (0, 0);
+        for from in (0..=10).chain((0..=10).rev()) {
+            let got = st.bytes_at(from, 3, &mut hint);
+            assert!(!got.is_empty() || from == 10, "from {from}");
+            assert!(
+                got.len() <= 3 && all[from..].starts_with(&got),
+                "from {from}"
+            );
         }
         let dir = tempfile::tempdir().unwrap();
         let f = File::options()

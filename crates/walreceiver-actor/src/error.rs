@@ -87,6 +87,16 @@ pub enum ReceiverError {
 
     #[error("local storage failed: {message}")]
     Storage { message: String },
+
+    /// This node's disk (or quota) is full: what fitted was written; the rest is received
+    /// again once space is freed, so the owner retries soon.
+    #[error("on this node, {message}")]
+    DiskFull { message: String },
+
+    /// This node's storage failed a sync and is being restarted by the owner; streaming
+    /// resumes from the durable end once it is back.
+    #[error("on this node, {message}")]
+    StorageRestarting { message: String },
 }
 
 impl ReceiverError {
@@ -123,6 +133,12 @@ impl ReceiverError {
                 timeline,
                 fork_lsn,
                 local_end,
+            },
+            e if e.is_disk_full() => ReceiverError::DiskFull {
+                message: e.to_string(),
+            },
+            e if e.is_storage_failed() => ReceiverError::StorageRestarting {
+                message: e.to_string(),
             },
             other => ReceiverError::Storage {
                 message: other.to_string(),

@@ -13,7 +13,7 @@ use protocol_codec::command::ReplicationCommand;
 use protocol_codec::conninfo::ConnInfo;
 use serde::Serialize;
 use wal_storage::{
-    parse_history, HistoryEntry, InitOptions, Lsn, StorageConfig, SystemId, TimelineId, Wal,
+    parse_history, HistoryEntry, InitOptions, Lsn, Role, StorageConfig, SystemId, TimelineId, Wal,
     WalFormat,
 };
 
@@ -82,6 +82,7 @@ impl UpstreamIdentity {
             start_lsn: Some(self.start_lsn()),
             history,
             history_files: self.history_files.clone(),
+            role: Role::Standby,
         }
     }
 }

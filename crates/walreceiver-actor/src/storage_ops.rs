@@ -60,7 +60,7 @@ pub fn run_blocking(
         job.await.unwrap_or_else(|e| {
             Err(WalError::Io {
                 context: "storage work on the blocking pool".into(),
-                source: std::io::Error::other(e.to_string()),
+                cause: std::io::Error::other(e.to_string()),
             })
         })
     }

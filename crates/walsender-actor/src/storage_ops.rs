@@ -185,7 +185,7 @@ pub fn run(op: StorageOp, wal: &Wal) -> StorageDone {
 fn pool_failed(e: tokio::task::JoinError) -> WalError {
     WalError::Io {
         context: "reading WAL on the blocking pool".into(),
-        source: std::io::Error::other(e.to_string()),
+        cause: std::io::Error::other(e.to_string()),
     }
 }
 

@@ -1,7 +1,8 @@
 //! Data directories as `walserver init` makes them: a primary's, with a new system identifier,
-//! and a standby's, which adopts its upstream's identity. `standby.signal`, the file whose
-//! presence makes a node a standby, is supervisor-actor's (`datadir`), whose builder writes it
-//! too.
+//! and a standby's, which adopts its upstream's identity and whose control data records the
+//! role standby. `standby.signal`, which holds a standby's upstream, is supervisor-actor's
+//! (`datadir`, with the rule that says from it and the control data whether a node is a
+//! standby), whose builder writes it too.
 
 use std::path::Path;
 
@@ -92,6 +93,7 @@ pub fn init_standby(
     StandbySignal {
         primary_conninfo: Some(primary_conninfo.to_string()),
         primary_slot_name: slot.map(str::to_string),
+        standby_since: None,
     }
     .write(dir)?;
     Ok(identity)

@@ -104,10 +104,10 @@ pub fn walsender_settings(
     })
 }
 
-/// The walreceiver's configuration for a standby (the data directory holds `standby.signal`);
-/// `None` for a primary.
+/// The walreceiver's configuration for a standby (the control data's role and
+/// `standby.signal` say which, by `StandbySignal::if_standby`); `None` for a primary.
 pub fn receiver_config(s: &Settings, data_dir: &Path) -> Result<Option<ReceiverConfig>> {
-    let Some(signal) = StandbySignal::read(data_dir)? else {
+    let Some(signal) = StandbySignal::if_standby(data_dir)? else {
         return Ok(None);
     };
     let conninfo = s
@@ -309,6 +309,7 @@ mod tests {
         StandbySignal {
             primary_conninfo: Some(conninfo.into()),
             primary_slot_name: None,
+            standby_since: None,
         }
         .write(dir.path())
         .unwrap();

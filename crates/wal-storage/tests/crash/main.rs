@@ -3,9 +3,14 @@
 //! the parent SIGKILLs it at random moments, reopens the data directory, and checks that every
 //! acknowledged byte is there, identical, and that nothing beyond the recovered end is served.
 //!
-//! Two modes, each with its own data directory: walserver records (four writer threads,
-//! records of varied sizes, some spanning segments) and raw bytes in PostgreSQL format (one
-//! writer pipelining writes, whose durable end only the flush pointer knows).
+//! Three modes, each with its own data directory: walserver records (four writer threads,
+//! records of varied sizes, some spanning segments), raw bytes in PostgreSQL format (one
+//! writer pipelining writes, whose durable end only the flush pointer knows), and a standby of
+//! walserver records: the raw bytes of an upstream's records, as a walreceiver hands them to
+//! storage, cut anywhere (inside record and segment headers too). In that mode the child also
+//! prints every flushed position storage publishes (what a walreceiver reports upstream and
+//! cascading walsenders send up to), and the parent checks that the recovered end is at or
+//! beyond each of them: the flushed end never moves back, even across a kill -9.
 //!
 //! It is a test target of its own because it forks: a child holds copies of the parent's file
 //! descriptors, among them other tests' data directory locks, until it execs, which would make
@@ -111,6 +116,8 @@ fn child_entry_point() {
         for t in threads {
             t.join().unwrap();
         }
+    } else if mode == "standby" {
+        standby_child(&wal, Path::new(&dir), seed);
     } else {
         let mut rng = Rng(seed | 1);
         let mut pos = wal.flushed();
@@ -127,6 +134,69 @@ fn child_entry_point() {
             writeln!(out, "R {}", end.0).unwrap();
             out.flush().unwrap();
         }
+    }
+}
+
+/// The upstream's data directory of the standby mode, beside the standby's.
+fn upstream_dir(standby: &Path) -> std::path::PathBuf {
+    standby.with_file_name("standby-upstream")
+}
+
+/// The standby mode's child: appends records to an upstream (a primary of its own), reads
+/// them back as bytes and writes those to the standby at their LSNs in pieces of random
+/// length, pipelining up to 8 writes as a walreceiver does; a thread prints every flushed
+/// position the standby publishes.
+fn standby_child(wal: &Wal, dir: &Path, seed: u64) {
+    let upstream = Wal::open(upstream_dir(dir), crash_cfg()).expect("child opens the upstream");
+    let mut watch = wal.subscribe();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            loop {
+                let flushed = watch.borrow_and_update().flushed;
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "F {}", flushed.0).unwrap();
+                out.flush().unwrap();
+                drop(out);
+                if watch.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+    });
+    let mut rng = Rng(seed | 1);
+    let mut pos = wal.flushed();
+    let mut record = seed << 24;
+    let mut tickets = std::collections::VecDeque::new();
+    loop {
+        while tickets.len() < 8 {
+            // Now and then a few bytes only, so that pieces end inside headers.
+            let len = if rng.below(4) == 0 {
+                1 + rng.below(24)
+            } else {
+                1 + rng.below(64 << 10)
+            };
+            while upstream.flushed() < pos + len {
+                let payloads: Vec<Bytes> = (0..1 + rng.below(4))
+                    .map(|_| {
+                        record += 1;
+                        let n = if rng.below(10) == 0 {
+                            20_000 + rng.below(200_000)
+                        } else {
+                            rng.below(3_000)
+                        };
+                        record_payload(record, n as usize)
+                    })
+                    .collect();
+                upstream.append(payloads).unwrap().wait().unwrap();
+            }
+            let data = read_range(&upstream, TimelineId(1), pos, pos + len);
+            tickets.push_back(wal.write(pos, Bytes::from(data)).unwrap());
+            pos = pos + len;
+        }
+        tickets.pop_front().unwrap().wait().unwrap();
     }
 }
 
@@ -157,7 +227,11 @@ fn run_child(dir: &Path, mode: &str, seed: u64, rng: &mut Rng, iteration: usize)
                 Ok(0) | Err(_) => break,
                 // A line cut by the kill was never fully printed: not an acknowledgement.
                 Ok(_) if !line.ends_with('\n') => break,
-                Ok(_) if line.starts_with("A ") || line.starts_with("R ") => {
+                Ok(_)
+                    if line.starts_with("A ")
+                        || line.starts_with("R ")
+                        || line.starts_with("F ") =>
+                {
                     acks.push(line.trim_end().to_string());
                     let _ = tx.send(());
                 }
@@ -307,6 +381,27 @@ fn verify_raw(dir: &Path, checked: &mut Checked, acked_end: Lsn) -> Lsn {
     end
 }
 
+/// Checks the standby mode's WAL after a kill: the recovered end is at or beyond every
+/// flushed position the child saw published, and the bytes are the upstream's.
+fn verify_standby(dir: &Path, checked: &mut Checked, reported: Lsn) -> Lsn {
+    let (wal, new) = checked.reopen(dir);
+    let end = wal.flushed();
+    assert!(
+        end >= reported,
+        "the standby published {reported} as flushed, but after the kill it recovered only {end}"
+    );
+    let upstream = Wal::open(upstream_dir(dir), crash_cfg()).unwrap();
+    let theirs = read_range(&upstream, TimelineId(1), checked.end(), end);
+    if let Some(i) = new.iter().zip(&theirs).position(|(a, b)| a != b) {
+        panic!(
+            "the standby's byte at {} differs from its upstream's",
+            checked.end() + i as u64
+        );
+    }
+    checked.extend(new);
+    end
+}
+
 #[test]
 fn kill_minus_nine_loses_nothing_acknowledged() {
     let seed = std::time::SystemTime::now()
@@ -321,9 +416,15 @@ fn kill_minus_nine_loses_nothing_acknowledged() {
     for (mode, format) in [
         ("records", WalFormat::Walserver),
         ("raw", WalFormat::Postgres),
+        ("standby", WalFormat::Walserver),
     ] {
         let dir = tmp.path().join(mode);
         drop(Wal::init(&dir, crash_cfg(), InitOptions::primary(SystemId(1), format)).unwrap());
+        if mode == "standby" {
+            let opts = InitOptions::primary(SystemId(1), format);
+            drop(Wal::init(upstream_dir(&dir), crash_cfg(), opts).unwrap());
+        }
+        let mut reported = Lsn(SEG);
         let mut acked_records: HashMap<u64, Lsn> = HashMap::new();
         let mut checked = Checked::default();
         let mut acked_end = Lsn(SEG);
@@ -340,12 +441,14 @@ fn kill_minus_nine_loses_nothing_acknowledged() {
                     "A" => {
                         acked_records.insert(f[1].parse().unwrap(), Lsn(f[2].parse().unwrap()));
                     }
+                    "F" => reported = reported.max(Lsn(f[1].parse().unwrap())),
                     _ => acked_end = acked_end.max(Lsn(f[1].parse().unwrap())),
                 }
             }
-            let end = match format {
-                WalFormat::Walserver => verify_records(&dir, &mut checked, &acked_records),
-                WalFormat::Postgres => verify_raw(&dir, &mut checked, acked_end),
+            let end = match mode {
+                "records" => verify_records(&dir, &mut checked, &acked_records),
+                "raw" => verify_raw(&dir, &mut checked, acked_end),
+                _ => verify_standby(&dir, &mut checked, reported),
             };
             acked_end = acked_end.max(end);
         }

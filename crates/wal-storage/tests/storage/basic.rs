@@ -224,9 +224,11 @@ fn record_size_and_format_rules() {
 
 /// A standby of walserver records writes its upstream's bytes raw. Each batch costs one
 /// fdatasync (the flush pointer moves only when the end enters a new segment, as for appends);
-/// a clean stop keeps the exact end, even inside a record; after a crash, recovery scans past
-/// the pointer and keeps every complete record written, dropping only the partial one at the
-/// end, which the walreceiver streams again.
+/// the flushed end published stops at the pointer or the end of the last complete record,
+/// which is what recovery finds again after a crash; a clean stop keeps the exact end, even
+/// inside a record; after a crash, recovery scans past the pointer and keeps every complete
+/// record written, dropping only the partial one at the end, which the walreceiver streams
+/// again and which had not been published as flushed.
 #[test]
 fn raw_walserver_records_cost_one_fsync_per_batch_and_recover_by_scanning() {
     let tmp = tempfile::tempdir().unwrap();
@@ -247,14 +249,26 @@ fn raw_walserver_records_cost_one_fsync_per_batch_and_recover_by_scanning() {
     let mut pieces: Vec<usize> = (0..10).map(|i| cut(ends[i]) - 5 + i).collect();
     pieces[0] = 0;
     pieces.push(mid);
+    let pointer = Lsn(SEG) + pieces[1] as u64;
     let mut fsyncs = Vec::new();
     for w in pieces.windows(2) {
         let before = wal.fsync_count();
-        wal.write(Lsn(SEG) + w[0] as u64, bytes.slice(w[0]..w[1]))
+        let written = Lsn(SEG) + w[1] as u64;
+        let flushed = wal
+            .write(Lsn(SEG) + w[0] as u64, bytes.slice(w[0]..w[1]))
             .unwrap()
             .wait()
             .unwrap();
         fsyncs.push(wal.fsync_count() - before);
+        let record_end = ends.iter().copied().filter(|&e| e <= written).max();
+        let expected = record_end.unwrap_or(pointer).max(pointer);
+        assert_eq!(flushed, expected, "batch ending at {written}");
+        assert_eq!(
+            wal.position().flushed,
+            expected,
+            "batch ending at {written}"
+        );
+        assert_eq!(wal.written(), written);
     }
     // The first batch also stores the pointer in the new segment; each later one fsyncs its
     // segment once. The background thread's preallocation of the next segments (a file and
@@ -266,7 +280,35 @@ fn raw_walserver_records_cost_one_fsync_per_batch_and_recover_by_scanning() {
         "fsyncs per batch: {fsyncs:?} (two per batch would be {})",
         2 * batches
     );
-    assert_eq!(wal.flushed(), Lsn(SEG) + mid as u64);
+    assert_eq!(
+        wal.flushed(),
+        ends[10],
+        "the partial record is not published"
+    );
+    assert_eq!(wal.written(), Lsn(SEG) + mid as u64);
+    // Nothing beyond it is served: not from the files, not from the tail cache (which holds
+    // the batch), so a cascading walsender sends only what this node cannot lose.
+    assert!(matches!(
+        wal.read(TimelineId(1), ends[10] + 1, 1),
+        Err(WalError::BeyondEnd { .. })
+    ));
+    assert!(wal
+        .read(TimelineId(1), ends[10], 1 << 20)
+        .unwrap()
+        .is_empty());
+    assert!(wal
+        .locate(TimelineId(1), ends[10], 1 << 20)
+        .unwrap()
+        .is_none());
+    assert!(wal.read_cached(TimelineId(1), ends[10], 1 << 20).is_none());
+    let mut pos = ends[9];
+    for _ in 0..pieces.len() {
+        match wal.read_cached(TimelineId(1), pos, 1 << 20) {
+            Some(b) => pos = pos + b.len() as u64,
+            None => break,
+        }
+    }
+    assert_eq!(pos, ends[10], "the tail cache serves up to the flushed end");
     drop(wal);
     let wal = Wal::open(&dir, cfg()).unwrap();
     assert_eq!(
@@ -453,6 +495,7 @@ fn standby_layout_from_upstream() {
             start_lsn: Some(Lsn(0x5000000)),
             history: parse_history(&hist).unwrap(),
             history_files: vec![(TimelineId(2), hist.clone())],
+            role: Role::Standby,
         },
     )
     .unwrap();

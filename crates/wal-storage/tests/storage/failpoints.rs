@@ -44,7 +44,10 @@ fn failed_fsync_leaves_no_phantom_records() {
         .wait()
         .unwrap_err();
     assert!(!err.is_disk_full());
+    assert!(err.is_storage_failed(), "{err}");
     wal.failpoints().clear_all();
+    // A failed sync is not retried: storage is reopened first.
+    wal.restart().unwrap().expect("storage had failed");
     // ... and a record of the first one's length written in its place is not followed by the
     // second, which was left CRC-valid on disk.
     append(&wal, &[payload(4, 200)]);
@@ -116,6 +119,8 @@ fn failed_flush_pointer_fails_raw_writes() {
         .is_err());
     assert_eq!(wal.flushed(), Lsn(SEG + 500));
     wal.failpoints().clear(FP_POINTER);
+    // The pointer is synced in place: a failure there is not retried and trusted either.
+    wal.restart().unwrap().expect("storage had failed");
     // The refused bytes are not vouched for: the caller sends them again.
     let end = wal
         .write(Lsn(SEG + 500), payload(3, 500))
@@ -171,6 +176,8 @@ fn failed_operations_are_counted_by_kind() {
             .wait()
             .unwrap_err();
         wal.failpoints().clear_all();
+        // A failed sync or write is recovered from by a restart; a full disk needs none.
+        assert_eq!(wal.restart().unwrap().is_some(), errno == libc::EIO);
         for (k, was) in StorageErrorKind::ALL.into_iter().zip(before) {
             let grew = m.errors(k) > was;
             assert_eq!(grew, k == kind, "{point} errno {errno}: {}", k.as_str());

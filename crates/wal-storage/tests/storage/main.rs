@@ -5,9 +5,13 @@ mod common;
 
 mod basic;
 #[cfg(feature = "failpoints")]
+mod every_failpoint;
+#[cfg(feature = "failpoints")]
 mod failpoints;
 mod golden;
 mod group_commit;
+#[cfg(feature = "failpoints")]
+mod policy;
 mod slots;
 mod timelines;
 mod torn_tail;

@@ -325,3 +325,75 @@ fn cached_reads_match_the_files() {
         .expect("the new timeline's record is cached");
     assert_eq!(&b[..], &read_range(&wal, t2, x, e2)[..]);
 }
+
+/// Rewrites the control file without its `role` field, as versions that did not record the
+/// role wrote it (same envelope and version).
+fn strip_role(dir: &std::path::Path) {
+    let path = dir.join("control");
+    let bytes = std::fs::read(&path).unwrap();
+    let nl = bytes.iter().position(|&b| b == b'\n').unwrap();
+    let mut body: serde_json::Value = serde_json::from_slice(&bytes[nl + 1..]).unwrap();
+    assert!(body.as_object_mut().unwrap().remove("role").is_some());
+    let json = serde_json::to_vec_pretty(&body).unwrap();
+    let mut out = format!("walserver-control crc32c={:08x}\n", crc32c::crc32c(&json)).into_bytes();
+    out.extend_from_slice(&json);
+    std::fs::write(&path, out).unwrap();
+}
+
+/// The control data records the role: a new primary's and a standby's at init, `Primary` in
+/// the same write that makes a promotion's timeline current, `Standby` by `set_role`; a
+/// follow keeps it; a control file without the field (written before it existed) opens with
+/// none and gets one when the node is promoted.
+#[test]
+fn the_role_is_recorded_with_the_timeline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (p_dir, s_dir) = (tmp.path().join("p"), tmp.path().join("s"));
+    let primary = init_primary(&p_dir, WalFormat::Walserver);
+    assert_eq!(primary.role(), Some(Role::Primary));
+    let mut opts = InitOptions::primary(SystemId(7), WalFormat::Walserver);
+    opts.role = Role::Standby;
+    let standby = Wal::init(&s_dir, cfg(), opts).unwrap();
+    assert_eq!(standby.role(), Some(Role::Standby));
+    assert_eq!(
+        Wal::stored_role(&s_dir).unwrap(),
+        (Some(Role::Standby), TimelineId(1))
+    );
+    // The standby follows its upstream's promotion and stays a standby.
+    let end = append(&primary, &[payload(1, 100)])[0];
+    relay(&primary, &standby, TimelineId(1), Lsn(SEG), end);
+    let (tli, x) = primary.promote("failover").unwrap();
+    let history = primary.history_file(tli).unwrap().unwrap();
+    standby.follow_timeline(tli, history, x).unwrap();
+    assert_eq!(standby.role(), Some(Role::Standby));
+    drop(standby);
+    assert_eq!(
+        Wal::stored_role(&s_dir).unwrap(),
+        (Some(Role::Standby), TimelineId(2))
+    );
+    // Promotion records the role with the new timeline.
+    let standby = Wal::open(&s_dir, cfg()).unwrap();
+    assert_eq!(standby.promote("failover").unwrap().0, TimelineId(3));
+    drop(standby);
+    assert_eq!(
+        Wal::stored_role(&s_dir).unwrap(),
+        (Some(Role::Primary), TimelineId(3))
+    );
+    // `set_role` records a role by itself (as `walserver rejoin` does), durably.
+    drop(primary);
+    let primary = Wal::open(&p_dir, cfg()).unwrap();
+    primary.set_role(Role::Standby).unwrap();
+    assert_eq!(primary.role(), Some(Role::Standby));
+    drop(primary);
+    assert_eq!(Wal::stored_role(&p_dir).unwrap().0, Some(Role::Standby));
+    // A control file from before the role was recorded opens with none, and promotion
+    // records one.
+    strip_role(&s_dir);
+    let old = Wal::open(&s_dir, cfg()).unwrap();
+    assert_eq!(old.role(), None);
+    append(&old, &[payload(2, 100)]);
+    drop(old);
+    assert_eq!(Wal::stored_role(&s_dir).unwrap().0, None, "kept as it was");
+    let old = Wal::open(&s_dir, cfg()).unwrap();
+    old.promote("failover").unwrap();
+    assert_eq!(old.role(), Some(Role::Primary));
+}

@@ -280,6 +280,81 @@ async fn watch_sees_puts_and_deletes_in_order() -> Result<()> {
     Ok(())
 }
 
+/// An actor as the failover actor will be, on an arbiter of its own: it creates its watch in
+/// `ctx.wait` (no message is handled before the watch exists), takes it with
+/// `ctx.add_stream`, then puts in `ctx.spawn`, and reports what it saw.
+struct Watcher {
+    client: Client,
+    put_revision: Option<oneshot::Sender<etcd_gateway::Result<i64>>>,
+    events: tokio::sync::mpsc::UnboundedSender<etcd_gateway::Result<WatchBatch>>,
+}
+
+impl actix::Actor for Watcher {
+    type Context = actix::Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        use actix::{ActorFutureExt, AsyncContext, WrapFuture};
+        let client = self.client.clone();
+        let create = async move {
+            client
+                .watch(&WatchRequest::new(KeyRange::prefix("actor/")))
+                .await
+        };
+        ctx.wait(create.into_actor(self).map(|created, actor, ctx| {
+            let watch = match created {
+                Ok(watch) => watch,
+                Err(e) => {
+                    if let Some(tx) = actor.put_revision.take() {
+                        let _ = tx.send(Err(e));
+                    }
+                    return;
+                }
+            };
+            ctx.add_stream(watch);
+            let client = actor.client.clone();
+            let put = async move { client.put(b"actor/k", b"v", None).await };
+            ctx.spawn(put.into_actor(actor).map(|answer, actor, _ctx| {
+                if let Some(tx) = actor.put_revision.take() {
+                    let _ = tx.send(answer.map(|put| put.header.revision));
+                }
+            }));
+        }));
+    }
+}
+
+impl actix::StreamHandler<etcd_gateway::Result<WatchBatch>> for Watcher {
+    fn handle(&mut self, batch: etcd_gateway::Result<WatchBatch>, _ctx: &mut Self::Context) {
+        let _ = self.events.send(batch);
+    }
+}
+
+#[actix_rt::test]
+async fn an_actor_awaits_calls_and_takes_a_watch_as_a_stream() -> Result<()> {
+    let etcd = EtcdServer::start();
+    let (put_tx, put_rx) = oneshot::channel();
+    let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
+    // The client is Send; the futures it makes run on the actor's arbiter, not this thread.
+    let client = etcd.client();
+    let arbiter = actix::Arbiter::new();
+    <Watcher as actix::Actor>::start_in_arbiter(&arbiter.handle(), move |_ctx| Watcher {
+        client,
+        put_revision: Some(put_tx),
+        events: events_tx,
+    });
+    let revision = timeout(EVENT_DEADLINE, put_rx)
+        .await
+        .context("the actor's put did not finish")?
+        .context("the actor went away")??;
+    let batch = timeout(EVENT_DEADLINE, events_rx.recv())
+        .await
+        .context("the actor saw no watch event")?
+        .context("the actor stopped")??;
+    assert_eq!(batch.events[0].kv.key, b"actor/k");
+    assert_eq!(batch.events[0].kv.mod_revision, revision);
+    arbiter.stop();
+    Ok(())
+}
+
 #[actix_rt::test]
 async fn watch_from_a_compacted_revision_fails() -> Result<()> {
     let etcd = EtcdServer::start();

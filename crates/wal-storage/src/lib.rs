@@ -141,10 +141,10 @@
 //! kind, naming, tail, io ← error ← config, history, format   types, names, formats, file ops
 //! health                                                     the state of the failure policy
 //! io ← durable ← files ← slots                               small durable files, slot rules
-//! io ← segments ← scan                                       segment files, record boundaries
+//! io ← segments ← scan ← staged                             segment files, record boundaries
 //! files, slots, segments, tail ← state                       Inner, positions, reads
 //! state ← background, reader                                 prealloc, retention; records
-//! state, background, scan ← writer ← timeline                group commit; promote, truncate
+//! state, background, scan, staged ← writer ← timeline        group commit; promote, truncate
 //! state, scan, files, slots, background ← recovery           init, open, tail scan, report
 //! recovery, writer, timeline, reader ← wal                   the `Wal` handle
 //! ```
@@ -174,6 +174,7 @@ mod recovery;
 mod scan;
 mod segments;
 mod slots;
+mod staged;
 mod state;
 mod tail;
 mod timeline;

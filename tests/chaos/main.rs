@@ -1,0 +1,186 @@
+//! Crash and resource faults against real `walserver run` processes on loopback, judged against
+//! what the client saw acknowledged: kill -9 of any node of a primary → synchronous standby →
+//! cascade chain under writers, a full disk on a primary and on a standby, accept failing with
+//! EMFILE; and the soak bench at a tiny scale. Each fault scenario writes a row of the
+//! reliability table (`walserver-bench reliability-table`, `benches/RELIABILITY.md`).
+//!
+//! CI runs them short. `WALSERVER_TEST_CHAOS_CYCLES=N` runs N cycles of each;
+//! `WALSERVER_TEST_CHAOS_SEED=S` replays the kill order of a run (each run prints its seed).
+//! The variables are `WALSERVER_TEST_` ones so the nodes, which refuse unknown `WALSERVER_*`
+//! variables, accept them in their environment.
+
+mod accept;
+mod kill_chain;
+mod node;
+mod soak;
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use wal_storage::Lsn;
+use walserver_bench::acklog::{self, AckEntry};
+use walserver_bench::reliability::{default_dir, RecoverMs, Row};
+
+use node::ChildNode;
+
+/// The cycle count of a scenario: `WALSERVER_TEST_CHAOS_CYCLES`, else `ci`.
+pub fn cycles(ci: u64) -> u64 {
+    std::env::var("WALSERVER_TEST_CHAOS_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ci)
+}
+
+/// Writes a scenario's row of the reliability table into `$CARGO_TARGET_DIR/reliability`.
+#[allow(clippy::too_many_arguments)]
+pub fn write_row(
+    file: &str,
+    fault: &str,
+    cycles: u64,
+    duration: Duration,
+    acknowledged: u64,
+    lost: u64,
+    recovered: u64,
+    recover: &[Duration],
+    replay: &str,
+) {
+    let row = Row {
+        fault: fault.into(),
+        cycles,
+        duration_s: duration.as_secs_f64(),
+        acknowledged,
+        lost,
+        recovered,
+        recover_ms: RecoverMs::of(recover),
+        replay: replay.into(),
+    };
+    let dir = default_dir(Path::new(env!("CARGO_MANIFEST_DIR")));
+    let path = row.write(&dir, file).expect("write the reliability row");
+    println!("reliability row: {}", path.display());
+}
+
+/// Appends a test makes itself, one record each through `POST /wal`, kept as the load tool's
+/// acknowledgement log keeps them ([`AckEntry`]), so they are checked the same way.
+#[derive(Default)]
+pub struct Acks {
+    acked: Vec<AckEntry>,
+}
+
+/// The writer number of a test's own appends in the log (the load tool's writers count from 0).
+const TEST_WRITER: usize = 9999;
+
+impl Acks {
+    /// Appends `n` records of `size` bytes to `node` (at its default durability) and logs
+    /// each acknowledged one; returns the last end.
+    pub fn append(&mut self, node: &ChildNode, n: usize, size: usize) -> anyhow::Result<Lsn> {
+        let client = walserver_node::admin::AdminClient::new(&node.http_str(), None);
+        let mut end = Lsn::INVALID;
+        for _ in 0..n {
+            let seq = self.acked.len() as u64;
+            let payload = acklog::payload(TEST_WRITER, seq, 0, size);
+            let mut resp = client
+                .post("/wal", "application/octet-stream")
+                .send(payload.as_slice())
+                .context("POST /wal")?;
+            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            anyhow::ensure!(resp.status().is_success(), "HTTP {}: {text}", resp.status());
+            let v: serde_json::Value = serde_json::from_str(&text)?;
+            end = node::lsn_at(&v, "/end_lsn").context("an answer without end_lsn")?;
+            let timeline = v["timeline"]
+                .as_u64()
+                .context("an answer without timeline")?;
+            self.acked.push(AckEntry {
+                writer: TEST_WRITER,
+                seq,
+                timeline: timeline as u32,
+                end_lsn: end,
+                hashes: vec![acklog::sha256_hex(&payload)],
+            });
+        }
+        Ok(end)
+    }
+
+    pub fn count(&self) -> u64 {
+        self.acked.len() as u64
+    }
+
+    /// How many acknowledged records `node` does not hold, at their LSN with their bytes.
+    pub fn lost_on(&self, node: &ChildNode) -> u64 {
+        let records = acklog::fetch_records(&node.http_str(), None).expect("the node's records");
+        acklog::verify(&self.acked, &records).lost
+    }
+}
+
+/// The load tool's HTTP writers (`walserver bench append --keep-going --ack-log FILE`) run
+/// as a child process against a node until stopped: killed, as a client crashes, which loses
+/// at most the log line of an append in flight, never an earlier one.
+pub struct Load {
+    child: std::process::Child,
+    pub ack_log: std::path::PathBuf,
+}
+
+impl Load {
+    /// `writers` writers of `batch` records of `size` bytes at `durability` against `node`.
+    pub fn start(
+        node: &ChildNode,
+        dir: &Path,
+        writers: usize,
+        batch: usize,
+        size: usize,
+        durability: &str,
+    ) -> Load {
+        let ack_log = dir.join("acks.jsonl");
+        let stderr = std::fs::File::create(dir.join("load.log")).expect("the load's log");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_walserver"))
+            .args(["bench", "append", "--http", &node.http_str(), "--ack-log"])
+            .arg(&ack_log)
+            .args(["--keep-going", "--request-timeout", "10", "--json"])
+            .args(["--writers", &writers.to_string()])
+            .args(["--batch", &batch.to_string()])
+            .args(["--size", &size.to_string()])
+            .args(["--durability", durability])
+            .args(["--seconds", "86400"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("run walserver bench append");
+        Load { child, ack_log }
+    }
+
+    /// The acknowledged appends logged so far (none before the log exists).
+    pub fn acks(&self) -> Vec<AckEntry> {
+        if !self.ack_log.exists() {
+            return Vec::new();
+        }
+        acklog::read(&self.ack_log).expect("read the acknowledgement log")
+    }
+
+    /// Waits until the log holds more than `n` acknowledged appends; returns how many.
+    pub fn wait_acks_beyond(&self, n: usize, deadline: Duration) -> anyhow::Result<usize> {
+        node::wait_for(
+            &format!("more than {n} acknowledged appends"),
+            deadline,
+            Duration::from_millis(5),
+            || {
+                let k = self.acks().len();
+                (k > n).then_some(k)
+            },
+        )
+    }
+
+    /// Stops the writers and returns the log.
+    pub fn stop(mut self) -> Vec<AckEntry> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.acks()
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

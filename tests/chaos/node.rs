@@ -1,0 +1,267 @@
+//! `walserver run` child processes on loopback that keep their ports across restarts (a
+//! standby's `primary_conninfo` names its upstream's port), can be killed with SIGKILL and
+//! started again on the same data directory, and are killed and reaped on drop, so a failing
+//! test leaves no process behind. Each process's log goes to a file beside its data directory.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+use wal_storage::Lsn;
+use walserver_bench::acklog::NodeRecord;
+
+/// How long a step that should take moments (a start, a reconnect) may take before the test
+/// fails. Generous: two cores are shared with other builds.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A free loopback port (bound and released; another process could take it in between, rare
+/// on loopback).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// The `primary_conninfo` of a node listening on `addr`.
+pub fn conninfo_of(addr: SocketAddr, application_name: &str) -> String {
+    format!(
+        "host=127.0.0.1 port={} user=walserver sslmode=disable application_name={application_name}",
+        addr.port()
+    )
+}
+
+/// A node run as `walserver run`, restartable on its data directory and ports.
+pub struct ChildNode {
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub http: SocketAddr,
+    pub log: PathBuf,
+    settings: Vec<(String, String)>,
+    /// `RLIMIT_NOFILE` of the process, if the test lowers it.
+    nofile: Option<u64>,
+    child: Option<Child>,
+    /// How many times this node has been started.
+    pub starts: u32,
+}
+
+impl ChildNode {
+    /// A node on the initialised `data_dir`, not yet started; its log is `NAME.log` beside it.
+    pub fn new(name: &str, data_dir: &Path, settings: &[(&str, &str)]) -> ChildNode {
+        let port = |_| {
+            format!("127.0.0.1:{}", free_port())
+                .parse()
+                .expect("address")
+        };
+        ChildNode {
+            name: name.into(),
+            data_dir: data_dir.to_path_buf(),
+            listen: port(0),
+            http: port(1),
+            log: data_dir.with_file_name(format!("{name}.log")),
+            settings: settings
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            nofile: None,
+            child: None,
+            starts: 0,
+        }
+    }
+
+    /// Runs the process with `RLIMIT_NOFILE` lowered to `n` (soft and hard).
+    pub fn with_nofile(mut self, n: u64) -> ChildNode {
+        self.nofile = Some(n);
+        self
+    }
+
+    pub fn http_str(&self) -> String {
+        self.http.to_string()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Starts the process (appending to its log) and waits until its admin API answers.
+    pub fn start(&mut self) -> anyhow::Result<()> {
+        assert!(self.child.is_none(), "{} already runs", self.name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("open {}", self.log.display()))?;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_walserver"));
+        cmd.arg("run")
+            .arg("-c")
+            .arg(format!("data_dir={}", self.data_dir.display()))
+            .arg("-c")
+            .arg(format!("listen={}", self.listen))
+            .arg("-c")
+            .arg(format!("http_listen={}", self.http));
+        for (k, v) in &self.settings {
+            cmd.arg("-c").arg(format!("{k}={v}"));
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .env("NO_COLOR", "1");
+        if let Some(n) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: between fork and exec only setrlimit runs, which is async-signal-safe
+            // and touches no memory of the parent.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: n as libc::rlim_t,
+                        rlim_max: n as libc::rlim_t,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        self.child = Some(cmd.spawn().context("run walserver")?);
+        self.starts += 1;
+        let started = Instant::now();
+        loop {
+            if walserver_node::admin::get_json(&self.http_str(), "/status", None).is_ok() {
+                return Ok(());
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                bail!(
+                    "{} exited with {status} before its admin API answered; its log:\n{}",
+                    self.name,
+                    self.log_tail()
+                );
+            }
+            if started.elapsed() > DEADLINE {
+                bail!(
+                    "{} did not answer on {} within {DEADLINE:?}",
+                    self.name,
+                    self.http
+                );
+            }
+            // The process reports its start to no one: a bounded wait for its port.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Sends `sig` to the running process.
+    pub fn signal(&self, sig: libc::c_int) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: kill with the pid of our own, not yet reaped, child.
+            unsafe { libc::kill(pid as libc::pid_t, sig) };
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// `GET /status`.
+    pub fn status(&self) -> anyhow::Result<Value> {
+        Ok(walserver_node::admin::get_json(
+            &self.http_str(),
+            "/status",
+            None,
+        )?)
+    }
+
+    /// The last lines of the node's log, for a failure message.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for ChildNode {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// An LSN field of a status object (`"X/X"`), if present and valid.
+pub fn lsn_at(v: &Value, pointer: &str) -> Option<Lsn> {
+    v.pointer(pointer)?.as_str()?.parse().ok()
+}
+
+/// The node's durable end, from `/status`.
+pub fn flush_of(status: &Value) -> Option<Lsn> {
+    lsn_at(status, "/flush_lsn")
+}
+
+/// Whether the node's walreceiver streams.
+pub fn receiver_streaming(status: &Value) -> bool {
+    status
+        .pointer("/wal_receiver/status")
+        .and_then(Value::as_str)
+        == Some("streaming")
+}
+
+/// The walsender row of the standby named `name`, if it is connected.
+pub fn sender_row<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
+    status
+        .get("replication")?
+        .as_array()?
+        .iter()
+        .find(|r| r.get("application_name").and_then(Value::as_str) == Some(name))
+}
+
+/// Waits until `f` gives `Some`, asking every `every` up to `deadline`; `what` names the wait
+/// in the failure. The nodes tell no one outside when they change state (their `/status` is
+/// the interface), so this asks, bounded in time.
+pub fn wait_for<T>(
+    what: &str,
+    deadline: Duration,
+    every: Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> anyhow::Result<T> {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        if started.elapsed() > deadline {
+            bail!("timed out after {deadline:?} waiting for {what}");
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// Asserts that the shorter of two nodes' record lists (`GET /wal?from=earliest`, oldest
+/// first) is a prefix of the longer: the same records, timeline by timeline, at the same LSNs
+/// with the same bytes (SHA-256). Returns how many records both hold.
+pub fn assert_prefix(a_name: &str, a: &[NodeRecord], b_name: &str, b: &[NodeRecord]) -> usize {
+    let common = a.len().min(b.len());
+    if let Some(i) = (0..common).find(|&i| a[i] != b[i]) {
+        panic!(
+            "record {i} differs between {a_name} and {b_name}: {:?} and {:?}",
+            a[i], b[i]
+        );
+    }
+    common
+}

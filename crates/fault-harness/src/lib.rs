@@ -1,0 +1,63 @@
+//! Fault tests of walserver across several hosts, for the test targets only.
+//!
+//! A test makes a [`netns::Net`] (a bridge in a network namespace of its own) and adds hosts
+//! to it (a namespace each, with an address from 10.213.0.0/16 on a veth into the bridge).
+//! Traffic flows only between those namespaces; the namespace the test runs in is never
+//! changed. On the hosts it runs processes ([`process::Process`], and [`node::WalNode`] for
+//! `walserver run`) whose output goes to log files printed when the test fails. Faults are
+//! guards that undo themselves when dropped: link cuts, one-way drops and random loss
+//! (nftables in the receiving host), bandwidth caps (tc's token bucket) in [`fault`]; delay
+//! and jitter from a user-space proxy ([`proxy`], as this kernel's tc has no netem); SIGSTOP
+//! and SIGCONT ([`process::Process::pause`]); a small [`tmpfs::Tmpfs`] for a full disk.
+//! Every scenario writes one [`report::Row`] of figures.
+//!
+//! Cleanup: every guard removes what it made when dropped, also while a test panics; a
+//! [`netns::Net`] kills whatever still runs in its namespaces before deleting them; and the
+//! first network or tmpfs of a test process removes the namespaces and mounts this crate left
+//! behind in processes that no longer exist (all named `wsf-<pid>-...`).
+//!
+//! Everything here needs root (namespaces, nft, tc, mount), as CI and the development machine
+//! run the tests.
+
+pub mod fault;
+pub mod netns;
+pub mod node;
+pub mod process;
+pub mod proxy;
+pub mod report;
+pub mod tmpfs;
+pub mod watch;
+
+pub use netns::{Host, Net};
+pub use node::WalNode;
+pub use process::Process;
+pub use report::Row;
+
+/// What can go wrong setting up or driving a fault test.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{command} failed ({status}): {stderr}")]
+    Command {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("GET {url}: {message}")]
+    Http { url: String, message: String },
+    #[error("bad JSON: {0}")]
+    Json(String),
+    #[error("timed out: {0}")]
+    Timeout(String),
+    #[error("{0}")]
+    Exited(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

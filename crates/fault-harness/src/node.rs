@@ -1,0 +1,287 @@
+//! `walserver run` as a process on a [`Host`]: its directory holds the data directory
+//! (`data/`), the configuration (`walserver.toml`) and the log (`walserver.log`, appended to
+//! across restarts). The replication port listens on the host's address, port 5433; the
+//! admin API on the host's loopback, port 8433, where only threads and commands inside the
+//! host's namespace reach it (so it needs no token). Readiness is the log line the server
+//! prints once its admin API listens.
+
+use std::net::{SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::netns::{run_cmd, Host};
+use crate::process::Process;
+use crate::{Error, Result};
+
+/// The replication port of every node (each host has an address of its own).
+pub const PG_PORT: u16 = 5433;
+/// The admin API's address inside a host's namespace.
+pub const HTTP: &str = "127.0.0.1:8433";
+/// What `walserver run` logs once it serves (after the replication listener is bound).
+const READY_LINE: &str = "admin API listening";
+/// How long a node may take to start, or a status request to answer.
+pub const START_DEADLINE: Duration = Duration::from_secs(30);
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A walserver node run as a child process inside a host's namespace.
+pub struct WalNode {
+    pub name: String,
+    pub host: Host,
+    bin: PathBuf,
+    dir: PathBuf,
+    process: Option<Process>,
+}
+
+impl WalNode {
+    fn new(host: &Host, bin: &Path, dir: &Path, name: &str, extra: &str) -> Result<WalNode> {
+        let node = WalNode {
+            name: name.to_string(),
+            host: host.clone(),
+            bin: bin.to_path_buf(),
+            dir: dir.to_path_buf(),
+            process: None,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| Error::Io {
+            what: format!("create {}", dir.display()),
+            source: e,
+        })?;
+        // Replication connections come over the test network from 10.213.0.0/16 (or through
+        // a proxy on a host's loopback); the hba rules trust exactly those.
+        let toml = format!(
+            "data_dir = {data:?}\nlisten = \"{addr}:{PG_PORT}\"\nhttp_listen = {HTTP:?}\n\
+             {extra}\n\
+             [[hba]]\naddress = \"10.213.0.0/16\"\nuser = \"all\"\nmethod = \"trust\"\n\
+             [[hba]]\naddress = \"127.0.0.1\"\nuser = \"all\"\nmethod = \"trust\"\n",
+            data = node.data_dir().display().to_string(),
+            addr = host.addr,
+        );
+        std::fs::write(node.config_path(), toml).map_err(|e| Error::Io {
+            what: "write the node's configuration".into(),
+            source: e,
+        })?;
+        Ok(node)
+    }
+
+    /// Makes a primary's data directory in `dir/data` (`walserver init`, with `init_args`
+    /// such as `--wal-segment-size 1MB`) and its configuration with `extra` TOML lines. Not
+    /// started: see [`WalNode::start`].
+    pub fn primary(
+        host: &Host,
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        init_args: &[&str],
+        extra: &str,
+    ) -> Result<WalNode> {
+        let node = WalNode::new(host, bin, dir, name, extra)?;
+        node.init(&[], init_args)?;
+        Ok(node)
+    }
+
+    /// Makes a standby's data directory (`walserver init --standby`, run on `host`, of the
+    /// upstream `primary_conninfo` names) and its configuration. Not started.
+    pub fn standby(
+        host: &Host,
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        primary_conninfo: &str,
+        extra: &str,
+    ) -> Result<WalNode> {
+        let node = WalNode::new(host, bin, dir, name, extra)?;
+        node.init(&["--standby"], &["--primary-conninfo", primary_conninfo])?;
+        Ok(node)
+    }
+
+    /// `walserver init BEFORE --data-dir DIR/data AFTER`, run on the node's host.
+    fn init(&self, before: &[&str], after: &[&str]) -> Result<()> {
+        let mut cmd = self.host.command(&self.bin);
+        cmd.arg("init")
+            .args(before)
+            .arg("--data-dir")
+            .arg(self.data_dir());
+        run_cmd(cmd.args(after)).map(|_| ())
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("walserver.toml")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("walserver.log")
+    }
+
+    /// The replication address on the test network.
+    pub fn listen_addr(&self) -> SocketAddr {
+        SocketAddr::V4(SocketAddrV4::new(self.host.addr, PG_PORT))
+    }
+
+    /// A `primary_conninfo` for a standby of this node.
+    pub fn conninfo(&self, application_name: &str) -> String {
+        conninfo_at(self.listen_addr(), application_name)
+    }
+
+    /// Starts `walserver run --config` and waits until it serves.
+    pub fn start(&mut self) -> Result<()> {
+        if self.process.is_some() {
+            return Err(Error::Invalid(format!("{} is already running", self.name)));
+        }
+        let mut cmd = self.host.command(&self.bin);
+        cmd.arg("run").arg("--config").arg(self.config_path());
+        // Plain text without colours (the output is a pipe), one line per event.
+        cmd.env("NO_COLOR", "1");
+        let p = Process::spawn_ready(
+            &self.name,
+            cmd,
+            &self.log_path(),
+            READY_LINE,
+            START_DEADLINE,
+        )?;
+        self.process = Some(p);
+        Ok(())
+    }
+
+    /// The running process; an error if the node is stopped.
+    pub fn process(&mut self) -> Result<&mut Process> {
+        let name = &self.name;
+        self.process
+            .as_mut()
+            .ok_or_else(|| Error::Invalid(format!("{name} is not running")))
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.process.is_some()
+    }
+
+    /// SIGKILL and reap; the data directory stays for [`WalNode::start`].
+    pub fn kill9(&mut self) -> Result<()> {
+        if let Some(mut p) = self.process.take() {
+            p.kill9()?;
+        }
+        Ok(())
+    }
+
+    /// SIGSTOP.
+    pub fn pause(&mut self) -> Result<()> {
+        self.process()?.pause()
+    }
+
+    /// SIGCONT.
+    pub fn resume(&mut self) -> Result<()> {
+        self.process()?.resume()
+    }
+
+    /// kill -9, then a start on the same data directory and configuration.
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill9()?;
+        self.start()
+    }
+
+    /// GET `path` from the node's admin API, as JSON.
+    pub fn get_json(&self, path: &str) -> Result<Value> {
+        let (status, body) = self.host.http_get(HTTP, path, HTTP_TIMEOUT)?;
+        if status != 200 {
+            return Err(Error::Http {
+                url: format!("{} {path}", self.name),
+                message: format!("status {status}: {body}"),
+            });
+        }
+        serde_json::from_str(&body).map_err(|e| Error::Json(format!("{} {path}: {e}", self.name)))
+    }
+
+    /// The node's `/status`.
+    pub fn status(&self) -> Result<Value> {
+        self.get_json("/status")
+    }
+
+    /// Asks `/status` until `ready` holds of it or `deadline` passes, and returns the status
+    /// that satisfied it. The server announces none of these states to anyone outside, so
+    /// this asks every 20 ms (a guess: often enough to time a recovery to tens of
+    /// milliseconds, rarely enough to cost nothing). Failed requests (a node restarting or
+    /// paused) count as "not yet".
+    pub fn wait_status(
+        &self,
+        what: &str,
+        deadline: Duration,
+        ready: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        let start = Instant::now();
+        loop {
+            let last = match self.status() {
+                Ok(s) if ready(&s) => return Ok(s),
+                Ok(s) => s.to_string(),
+                Err(e) => e.to_string(),
+            };
+            if start.elapsed() > deadline {
+                return Err(Error::Timeout(format!(
+                    "{}: {what} within {deadline:?}; last status: {last}",
+                    self.name
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for WalNode {
+    fn drop(&mut self) {
+        // The process's own drop kills it and, while a test panics, prints its log.
+        self.process.take();
+    }
+}
+
+/// A `primary_conninfo` for an upstream at `addr`.
+pub fn conninfo_at(addr: SocketAddr, application_name: &str) -> String {
+    format!(
+        "host={} port={} user=walserver sslmode=disable application_name={application_name}",
+        addr.ip(),
+        addr.port()
+    )
+}
+
+/// Status helpers: the fields of `/status` the fault tests look at.
+pub mod status {
+    use serde_json::Value;
+
+    /// The rows of pg_stat_replication.
+    pub fn replication(s: &Value) -> &[Value] {
+        s["replication"]
+            .as_array()
+            .map(|a| a.as_slice())
+            .unwrap_or(&[])
+    }
+
+    /// The pg_stat_replication row of `application_name`, if connected.
+    pub fn sender<'a>(s: &'a Value, application_name: &str) -> Option<&'a Value> {
+        replication(s)
+            .iter()
+            .find(|r| r["application_name"] == application_name)
+    }
+
+    /// Whether `application_name` streams from this node.
+    pub fn streams_to(s: &Value, application_name: &str) -> bool {
+        sender(s, application_name).is_some_and(|r| r["state"] == "streaming")
+    }
+
+    /// Whether this node's walreceiver streams.
+    pub fn receiving(s: &Value) -> bool {
+        s["wal_receiver"]["status"] == "streaming"
+    }
+
+    /// The node's flushed end (`flush_lsn`) as a number.
+    pub fn flush_lsn(s: &Value) -> Option<u64> {
+        s["flush_lsn"].as_str().and_then(parse_lsn)
+    }
+
+    /// `X/Y` as PostgreSQL writes an LSN.
+    pub fn parse_lsn(text: &str) -> Option<u64> {
+        let (hi, lo) = text.split_once('/')?;
+        Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+    }
+}

@@ -1,0 +1,263 @@
+//! The harness's own parts, against the real kernel: namespaces and their cleanup, link
+//! faults, the delaying proxy, processes and tmpfs. Root is needed, as for every fault test.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use fault_harness::proxy::{Delay, DelayProxy};
+use fault_harness::tmpfs::Tmpfs;
+use fault_harness::{fault, Net, Process};
+
+const SHORT: Duration = Duration::from_millis(500);
+
+/// A listener on `host` at `port` that echoes what each connection sends, forever.
+fn echo_server(host: &fault_harness::Host, port: u16) -> SocketAddr {
+    let addr = SocketAddr::from((host.addr, port));
+    let listener = host.run(|| TcpListener::bind(addr)).unwrap().unwrap();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = c.read(&mut buf) {
+                    if n == 0 || c.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Whether a TCP connection from `host` to `addr` is set up within `SHORT`.
+fn reaches(host: &fault_harness::Host, addr: SocketAddr) -> bool {
+    host.run(|| TcpStream::connect_timeout(&addr, SHORT).is_ok())
+        .unwrap()
+}
+
+/// Whether a connection to `addr` made on the current thread echoes a byte.
+fn echoes_here(addr: SocketAddr) -> bool {
+    let Ok(mut c) = TcpStream::connect_timeout(&addr, SHORT) else {
+        return false;
+    };
+    c.set_read_timeout(Some(SHORT)).unwrap();
+    let mut b = [0u8; 1];
+    c.write_all(b"e").is_ok() && matches!(c.read(&mut b), Ok(1)) && b[0] == b'e'
+}
+
+fn echoes(host: &fault_harness::Host, addr: SocketAddr) -> bool {
+    host.run(|| echoes_here(addr)).unwrap()
+}
+
+fn netns_list() -> String {
+    String::from_utf8(
+        std::process::Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+}
+
+#[test]
+fn hosts_reach_each_other_and_everything_goes_with_the_net() {
+    let mut net = Net::new("basic").unwrap();
+    let a = net.add_host("a").unwrap();
+    let b = net.add_host("b").unwrap();
+    let echo = echo_server(&b, 7000);
+    assert!(reaches(&a, echo));
+    // The test's own namespace does not reach the hosts (a connect may still succeed, to
+    // whatever the machine's default route leads to, but nothing echoes).
+    assert!(echoes(&a, echo));
+    assert!(!echoes_here(echo));
+    let names = [a.netns().to_string(), b.netns().to_string()];
+    assert!(netns_list().contains(&names[0]));
+    drop(net);
+    let list = netns_list();
+    assert!(
+        !list.contains(&names[0]) && !list.contains(&names[1]),
+        "{list}"
+    );
+}
+
+#[test]
+fn a_cut_stops_traffic_both_ways_until_healed() {
+    let mut net = Net::new("cut").unwrap();
+    let a = net.add_host("a").unwrap();
+    let b = net.add_host("b").unwrap();
+    let to_b = echo_server(&b, 7000);
+    let to_a = echo_server(&a, 7000);
+    let cut = fault::cut(&a, &b).unwrap();
+    assert!(!reaches(&a, to_b));
+    assert!(!reaches(&b, to_a));
+    cut.heal().unwrap();
+    assert!(reaches(&a, to_b));
+    assert!(reaches(&b, to_a));
+}
+
+#[test]
+fn a_one_way_drop_stops_one_direction() {
+    let mut net = Net::new("oneway").unwrap();
+    let a = net.add_host("a").unwrap();
+    let b = net.add_host("b").unwrap();
+    let b_udp = b.run(|| UdpSocket::bind((b.addr, 7001))).unwrap().unwrap();
+    let a_udp = a.run(|| UdpSocket::bind((a.addr, 7001))).unwrap().unwrap();
+    b_udp.set_read_timeout(Some(SHORT)).unwrap();
+    a_udp.set_read_timeout(Some(SHORT)).unwrap();
+    let one_way = fault::drop_one_way(&a, &b).unwrap();
+    let mut buf = [0u8; 16];
+    a_udp.send_to(b"x", (b.addr, 7001)).unwrap();
+    assert!(b_udp.recv_from(&mut buf).is_err(), "a -> b must be dropped");
+    b_udp.send_to(b"y", (a.addr, 7001)).unwrap();
+    assert_eq!(a_udp.recv_from(&mut buf).unwrap().0, 1, "b -> a must pass");
+    drop(one_way);
+    a_udp.send_to(b"x", (b.addr, 7001)).unwrap();
+    assert_eq!(b_udp.recv_from(&mut buf).unwrap().0, 1, "healed on drop");
+}
+
+#[test]
+fn loss_drops_about_the_share_asked_for() {
+    let mut net = Net::new("loss").unwrap();
+    let a = net.add_host("a").unwrap();
+    let b = net.add_host("b").unwrap();
+    let b_udp = b.run(|| UdpSocket::bind((b.addr, 7001))).unwrap().unwrap();
+    let a_udp = a.run(|| UdpSocket::bind((a.addr, 0))).unwrap().unwrap();
+    b_udp.set_read_timeout(Some(SHORT)).unwrap();
+    let _loss = fault::loss(&a, &b, 50).unwrap();
+    let sent = 400;
+    for i in 0..sent {
+        a_udp
+            .send_to(&(i as u32).to_be_bytes(), (b.addr, 7001))
+            .unwrap();
+    }
+    let mut got = 0;
+    let mut buf = [0u8; 16];
+    while b_udp.recv_from(&mut buf).is_ok() {
+        got += 1;
+    }
+    // Binomial(400, 0.5): 200 ± 20 is one standard deviation of 10; 120..280 is eight.
+    assert!(
+        (120..=280).contains(&got),
+        "{got} of {sent} arrived at 50% loss"
+    );
+}
+
+#[test]
+fn the_proxy_delays_both_ways_and_keeps_the_order() {
+    let mut net = Net::new("proxy").unwrap();
+    let a = net.add_host("a").unwrap();
+    let b = net.add_host("b").unwrap();
+    let echo = echo_server(&a, 7000);
+    let delay = Delay {
+        delay: Duration::from_millis(100),
+        jitter: Duration::from_millis(50),
+    };
+    let proxy = DelayProxy::start(&b, echo, delay).unwrap();
+    let mut c = b
+        .run(|| TcpStream::connect_timeout(&proxy.addr(), SHORT))
+        .unwrap()
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let start = Instant::now();
+    let mut want = Vec::new();
+    for i in 0..50u8 {
+        c.write_all(&[i]).unwrap();
+        want.push(i);
+    }
+    let mut got = vec![0u8; want.len()];
+    c.read_exact(&mut got).unwrap();
+    let rtt = start.elapsed();
+    assert_eq!(got, want, "bytes reordered");
+    // Each way at least delay - jitter.
+    assert!(rtt >= Duration::from_millis(100), "round trip {rtt:?}");
+    assert!(proxy.forwarded() >= 100);
+    drop(proxy);
+    // Stopping the proxy closes its connections.
+    let mut buf = [0u8; 1];
+    assert!(matches!(c.read(&mut buf), Ok(0) | Err(_)));
+}
+
+#[test]
+fn processes_signal_ready_pause_and_die_with_their_guard() {
+    let mut net = Net::new("proc").unwrap();
+    let a = net.add_host("a").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let mut cmd = a.command("sh");
+    cmd.args(["-c", "ip -o addr show dev eth0; echo ready; exec sleep 600"]);
+    let mut p =
+        Process::spawn_ready("sleeper", cmd, &log, "ready", Duration::from_secs(10)).unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(&a.addr.to_string()),
+        "ran outside the host: {text}"
+    );
+    let state = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat.rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    p.pause().unwrap();
+    assert_eq!(state(p.pid()), "T");
+    p.resume().unwrap();
+    assert_ne!(state(p.pid()), "T");
+    let pid = p.pid();
+    drop(p);
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+
+    let mut cmd = a.command("sh");
+    cmd.args(["-c", "echo bye; exit 3"]);
+    let err = Process::spawn_ready("quitter", cmd, &log, "never", Duration::from_secs(10))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("exited"), "{err}");
+}
+
+#[test]
+fn a_tmpfs_fills_up_and_is_unmounted_on_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("small");
+    let fs = Tmpfs::mount(&mnt, 1 << 20).unwrap();
+    let err = std::fs::write(mnt.join("big"), vec![0u8; 2 << 20]).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
+    let mounted = || {
+        std::fs::read_to_string("/proc/mounts")
+            .unwrap()
+            .contains(&mnt.display().to_string())
+    };
+    assert!(mounted());
+    drop(fs);
+    assert!(!mounted());
+}
+
+#[test]
+fn a_line_watch_wakes_when_the_file_grows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    let mut w = fault_harness::watch::LineWatch::new(&path).unwrap();
+    assert_eq!(w.lines().unwrap(), 0);
+    let p = path.clone();
+    let writer = std::thread::spawn(move || {
+        let mut f = std::fs::File::create(&p).unwrap();
+        for i in 0..5 {
+            writeln!(f, "line {i}").unwrap();
+        }
+        write!(f, "partial").unwrap();
+    });
+    assert_eq!(w.wait_lines(5, Duration::from_secs(10)).unwrap(), 5);
+    writer.join().unwrap();
+    assert_eq!(
+        w.lines().unwrap(),
+        5,
+        "a line without its newline is not counted"
+    );
+    assert!(w.wait_lines(6, Duration::from_millis(100)).is_err());
+}

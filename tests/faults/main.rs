@@ -1,0 +1,303 @@
+//! Network fault scenarios: a primary and two standbys as processes on hosts of a test
+//! network (`fault-harness`: network namespaces, nft, a delaying proxy, signals), under the
+//! load tool's appends at durability `on`. Each scenario is judged by the client's
+//! acknowledgement log (every acknowledged record on every node, at its LSN, with its hash)
+//! and the standbys' WAL compared with the primary's byte for byte; never by server logs.
+//! Each writes one row of figures (`fault_harness::report`), under
+//! `$CARGO_TARGET_DIR/reliability/` or `WALSERVER_RELIABILITY_DIR`.
+//!
+//! Needs root, nftables and iproute2 (`scripts/test.sh` installs nftables when missing). The
+//! scenarios run one at a time (a lock), so that their timings are their own.
+
+mod cluster;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use cluster::{Cluster, Options, DEADLINE, TIMEOUT, WRITERS};
+use fault_harness::fault;
+use fault_harness::node::status;
+use fault_harness::proxy::Delay;
+
+/// One scenario at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Each request of the load is given up after this long: longer than every fault, so the
+/// appends a fault holds are the ones that complete after it.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Appends acknowledged after a recovery before a scenario ends: the load flows again, and
+/// there is more to verify than the appends the fault held.
+const AFTER: usize = 200;
+
+/// How long after a cut appends already released by the primary may still be acknowledged
+/// (their answers are on the loopback, on their way): a guess, ample for a local HTTP answer.
+const IN_FLIGHT_GRACE: Duration = Duration::from_millis(500);
+
+/// A cluster with its load running and 50 appends acknowledged.
+fn under_load(label: &str) -> Cluster {
+    let mut c = Cluster::start(label, Options::default());
+    c.start_load(REQUEST_TIMEOUT);
+    c.wait_more_acks(50, DEADLINE);
+    c
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The highest `seq` each writer had acknowledged, from the log.
+fn last_seq_per_writer(c: &Cluster) -> Vec<Option<u64>> {
+    let log = walserver_bench::acklog::read(&c.ack_log).expect("read the ack log");
+    let mut last = vec![None; WRITERS];
+    for e in log {
+        if e.writer < WRITERS {
+            last[e.writer] = last[e.writer].max(Some(e.seq));
+        }
+    }
+    last
+}
+
+#[test]
+fn sync_standby_cut_off_holds_appends_until_healed() {
+    let _serial = serial();
+    let mut c = under_load("synccut");
+
+    let cut = fault::cut(&c.hosts[0], &c.hosts[1]).expect("cut p-s1");
+    let cut_len = Duration::from_secs(3);
+    let cut_at = Instant::now();
+    std::thread::sleep(IN_FLIGHT_GRACE);
+    let held_from = c.acked();
+    let before = last_seq_per_writer(&c);
+    // The primary wrote the held appends locally; the asynchronous standby must receive them
+    // while the synchronous one is cut off.
+    let s2_caught_up = {
+        let primary_end = c.primary_flush();
+        let acked_end = walserver_bench::acklog::read(&c.ack_log)
+            .expect("ack log")
+            .iter()
+            .map(|e| e.end_lsn.0)
+            .max()
+            .unwrap_or(0);
+        assert!(
+            primary_end > acked_end,
+            "the primary holds no unacknowledged append: {primary_end:#x} <= {acked_end:#x}"
+        );
+        c.s2.wait_status(
+            "receive the held appends",
+            cut_len.saturating_sub(cut_at.elapsed()),
+            |s| status::flush_lsn(s).is_some_and(|f| f >= primary_end),
+        )
+        .is_ok()
+    };
+    // The cut lasts its length: the fault's duration, not a wait for an event.
+    std::thread::sleep(cut_len.saturating_sub(cut_at.elapsed()));
+    let during = c.acked() - held_from;
+    cut.heal().expect("heal");
+    let healed = Instant::now();
+    let (_, released) = c.wait_more_acks(WRITERS, DEADLINE);
+    let recover = released - healed;
+    let after = last_seq_per_writer(&c);
+    c.wait_more_acks(AFTER, DEADLINE);
+    let verdict = c.finish();
+    c.row(
+        "sync_standby_cut_off_holds_appends_until_healed",
+        &format!("sync standby cut off {}s", cut_len.as_secs()),
+        1,
+        &verdict,
+        &[ms(recover)],
+    );
+    assert_eq!(
+        during, 0,
+        "appends acknowledged while the sync standby was cut off"
+    );
+    assert!(
+        s2_caught_up,
+        "the async standby did not receive the held appends"
+    );
+    for (w, (b, a)) in before.iter().zip(&after).enumerate() {
+        // The append each writer had in flight is the next one it had acknowledged: the
+        // one the cut held completes after the heal.
+        let held = b.map_or(0, |s| s + 1);
+        assert!(
+            a.is_some_and(|a| a >= held),
+            "writer {w}: held append {held} not acknowledged after the heal (last {a:?})"
+        );
+    }
+    verdict.assert_ok();
+}
+
+#[test]
+fn primary_cut_off_past_both_timeouts_streams_again_after_heal() {
+    let _serial = serial();
+    let mut c = under_load("isolate");
+    let outage = TIMEOUT * 2 + Duration::from_secs(1);
+    let isolated = fault::isolate(&c.hosts[0]).expect("isolate the primary");
+    let at = Instant::now();
+    // Both ends must notice: the primary's walsenders end (wal_sender_timeout) and the
+    // standbys' walreceivers stop streaming (wal_receiver_timeout).
+    let senders_gone = c
+        .primary
+        .wait_status("drop both walsenders", outage, |s| {
+            !status::streams_to(s, "s1") && !status::streams_to(s, "s2")
+        })
+        .is_ok();
+    let receivers_gone = c.standbys_stop_receiving(outage.saturating_sub(at.elapsed()));
+    std::thread::sleep(outage.saturating_sub(at.elapsed()));
+    isolated.heal().expect("heal");
+    let healed = Instant::now();
+    let streaming = c.wait_all_streaming(DEADLINE);
+    let (_, acked) = c.wait_more_acks(WRITERS, DEADLINE);
+    c.wait_more_acks(AFTER, DEADLINE);
+    let verdict = c.finish();
+    let recover = streaming.as_ref().map(|d| ms(*d)).unwrap_or(f64::NAN);
+    c.row(
+        "primary_cut_off_past_both_timeouts_streams_again_after_heal",
+        &format!("primary cut off from both standbys {}s", outage.as_secs()),
+        1,
+        &verdict,
+        &[recover],
+    );
+    eprintln!("first acknowledgement {:?} after the heal", acked - healed);
+    assert!(
+        senders_gone,
+        "the primary kept its walsenders through the cut"
+    );
+    assert!(receivers_gone, "a standby kept streaming through the cut");
+    streaming.expect("both standbys stream again after the heal");
+    verdict.assert_ok();
+}
+
+#[test]
+fn delay_jitter_and_loss_lose_nothing() {
+    let _serial = serial();
+    let delay = Delay {
+        delay: Duration::from_millis(20),
+        jitter: Duration::from_millis(10),
+    };
+    let mut c = Cluster::start(
+        "lossy",
+        Options {
+            s1_delay: Some(delay),
+        },
+    );
+    let first = c.primary.status().expect("status");
+    let pid_of = |s: &serde_json::Value| status::sender(s, "s1").map(|r| r["pid"].clone());
+    let s1_pid = pid_of(&first);
+    let _loss = (
+        fault::loss(&c.hosts[0], &c.hosts[1], 1).expect("loss p->s1"),
+        fault::loss(&c.hosts[1], &c.hosts[0], 1).expect("loss s1->p"),
+    );
+    c.start_load(REQUEST_TIMEOUT);
+    let at = Instant::now();
+    let load_for = Duration::from_secs(8);
+    c.wait_more_acks(50, DEADLINE);
+    std::thread::sleep(load_for.saturating_sub(at.elapsed()));
+    let last = c.primary.status().expect("status");
+    let still = pid_of(&last) == s1_pid && status::streams_to(&last, "s1");
+    let forwarded = c.proxy.as_ref().map_or(0, |p| p.forwarded());
+    c.wait_more_acks(AFTER, DEADLINE);
+    let stopped = Instant::now();
+    let verdict = c.finish();
+    let caught_up = stopped.elapsed();
+    c.row(
+        "delay_jitter_and_loss_lose_nothing",
+        "s1 link: 20ms ± 10ms delay, 1% loss both ways",
+        1,
+        &verdict,
+        &[ms(caught_up)],
+    );
+    assert!(forwarded > 0, "nothing went through the proxy");
+    assert!(
+        still,
+        "s1's stream did not last: {s1_pid:?} then {:?}",
+        pid_of(&last)
+    );
+    verdict.assert_ok();
+}
+
+#[test]
+fn one_way_partitions_fire_the_timeouts_and_heal() {
+    let _serial = serial();
+    let mut c = under_load("oneway");
+    let outage = TIMEOUT * 2 + Duration::from_secs(1);
+    let mut recover = Vec::new();
+    let mut fired = Vec::new();
+    for to_standby in [true, false] {
+        let (from, to) = if to_standby {
+            (&c.hosts[0], &c.hosts[1])
+        } else {
+            (&c.hosts[1], &c.hosts[0])
+        };
+        let f = fault::drop_one_way(from, to).expect("one-way drop");
+        let at = Instant::now();
+        // Primary to standby lost: the standby hears nothing (wal_receiver_timeout). Standby
+        // to primary lost: the primary hears no reply (wal_sender_timeout).
+        let noticed = if to_standby {
+            c.s1.wait_status("stop receiving", outage, |s| !status::receiving(s))
+        } else {
+            c.primary.wait_status("drop s1's walsender", outage, |s| {
+                !status::streams_to(s, "s1")
+            })
+        };
+        fired.push((f.describe().to_string(), noticed.is_ok()));
+        std::thread::sleep(outage.saturating_sub(at.elapsed()));
+        f.heal().expect("heal");
+        let healed = Instant::now();
+        c.wait_all_streaming(DEADLINE)
+            .unwrap_or_else(|e| panic!("streaming after healing {to_standby}: {e}"));
+        c.wait_more_acks(WRITERS, DEADLINE);
+        recover.push(ms(healed.elapsed()));
+    }
+    c.wait_more_acks(AFTER, DEADLINE);
+    let verdict = c.finish();
+    c.row(
+        "one_way_partitions_fire_the_timeouts_and_heal",
+        &format!("one-way drop p->s1 then s1->p, {}s each", outage.as_secs()),
+        2,
+        &verdict,
+        &recover,
+    );
+    for (what, ok) in fired {
+        assert!(ok, "no timeout fired during {what}");
+    }
+    verdict.assert_ok();
+}
+
+#[test]
+fn paused_primary_recovers_after_resume() {
+    let _serial = serial();
+    let mut c = under_load("paused");
+    let pause = TIMEOUT * 2 + Duration::from_secs(1);
+    c.primary.pause().expect("SIGSTOP");
+    let at = Instant::now();
+    let held_from = c.acked();
+    let receivers_gone = c.standbys_stop_receiving(pause.saturating_sub(at.elapsed()));
+    std::thread::sleep(pause.saturating_sub(at.elapsed()));
+    let during = c.acked() - held_from;
+    c.primary.resume().expect("SIGCONT");
+    let resumed = Instant::now();
+    let streaming = c.wait_all_streaming(DEADLINE);
+    let (_, acked) = c.wait_more_acks(WRITERS, DEADLINE);
+    c.wait_more_acks(AFTER, DEADLINE);
+    let verdict = c.finish();
+    c.row(
+        "paused_primary_recovers_after_resume",
+        &format!("primary SIGSTOPped {}s", pause.as_secs()),
+        1,
+        &verdict,
+        &[streaming.as_ref().map(|d| ms(*d)).unwrap_or(f64::NAN)],
+    );
+    eprintln!("first acknowledgement {:?} after SIGCONT", acked - resumed);
+    assert_eq!(during, 0, "appends acknowledged by a stopped primary");
+    assert!(
+        receivers_gone,
+        "a standby kept streaming from a stopped primary"
+    );
+    streaming.expect("both standbys stream again after SIGCONT");
+    verdict.assert_ok();
+}

@@ -10,6 +10,7 @@
 //! variables, accept them in their environment.
 
 mod accept;
+mod full_disk;
 mod kill_chain;
 mod node;
 mod soak;
@@ -17,10 +18,9 @@ mod soak;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context;
+use fault_harness::report::{RecoverMs, Row};
 use wal_storage::Lsn;
 use walserver_bench::acklog::{self, AckEntry};
-use walserver_bench::reliability::{default_dir, RecoverMs, Row};
 
 use node::ChildNode;
 
@@ -32,7 +32,8 @@ pub fn cycles(ci: u64) -> u64 {
         .unwrap_or(ci)
 }
 
-/// Writes a scenario's row of the reliability table into `$CARGO_TARGET_DIR/reliability`.
+/// Writes a scenario's row of the reliability table (the fault harness's row, into its
+/// directory: `$CARGO_TARGET_DIR/reliability`). `recovered` is how many cycles recovered.
 #[allow(clippy::too_many_arguments)]
 pub fn write_row(
     file: &str,
@@ -45,18 +46,18 @@ pub fn write_row(
     recover: &[Duration],
     replay: &str,
 ) {
+    let ms: Vec<f64> = recover.iter().map(|d| d.as_secs_f64() * 1e3).collect();
     let row = Row {
         fault: fault.into(),
         cycles,
         duration_s: duration.as_secs_f64(),
         acknowledged,
         lost,
-        recovered,
-        recover_ms: RecoverMs::of(recover),
+        recovered: recovered == cycles,
+        recover_ms: RecoverMs::of(&ms),
         replay: replay.into(),
     };
-    let dir = default_dir(Path::new(env!("CARGO_MANIFEST_DIR")));
-    let path = row.write(&dir, file).expect("write the reliability row");
+    let path = row.write(file).expect("write the reliability row");
     println!("reliability row: {}", path.display());
 }
 
@@ -74,30 +75,59 @@ impl Acks {
     /// Appends `n` records of `size` bytes to `node` (at its default durability) and logs
     /// each acknowledged one; returns the last end.
     pub fn append(&mut self, node: &ChildNode, n: usize, size: usize) -> anyhow::Result<Lsn> {
-        let client = walserver_node::admin::AdminClient::new(&node.http_str(), None);
         let mut end = Lsn::INVALID;
         for _ in 0..n {
-            let seq = self.acked.len() as u64;
-            let payload = acklog::payload(TEST_WRITER, seq, 0, size);
-            let mut resp = client
-                .post("/wal", "application/octet-stream")
-                .send(payload.as_slice())
-                .context("POST /wal")?;
-            let text = resp.body_mut().read_to_string().unwrap_or_default();
-            anyhow::ensure!(resp.status().is_success(), "HTTP {}: {text}", resp.status());
-            let v: serde_json::Value = serde_json::from_str(&text)?;
-            end = node::lsn_at(&v, "/end_lsn").context("an answer without end_lsn")?;
-            let timeline = v["timeline"]
-                .as_u64()
-                .context("an answer without timeline")?;
-            self.acked.push(AckEntry {
-                writer: TEST_WRITER,
-                seq,
-                timeline: timeline as u32,
-                end_lsn: end,
-                hashes: vec![acklog::sha256_hex(&payload)],
-            });
+            end = self
+                .try_append(node, size, "", None)
+                .map_err(|(status, text)| anyhow::anyhow!("HTTP {status}: {text}"))?;
         }
+        Ok(end)
+    }
+
+    /// One append of one record at `durability` (the node's default if empty), given up after
+    /// `timeout`; logged if acknowledged. A refusal is its HTTP status and text (status 0: no
+    /// answer).
+    pub fn try_append(
+        &mut self,
+        node: &ChildNode,
+        size: usize,
+        durability: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Lsn, (u16, String)> {
+        let client =
+            walserver_node::admin::AdminClient::with_timeout(&node.http_str(), None, timeout);
+        let seq = self.acked.len() as u64;
+        let payload = acklog::payload(TEST_WRITER, seq, 0, size);
+        let path = if durability.is_empty() {
+            "/wal".to_string()
+        } else {
+            format!("/wal?durability={durability}")
+        };
+        let mut resp = client
+            .post(&path, "application/octet-stream")
+            .send(payload.as_slice())
+            .map_err(|e| (0, e.to_string()))?;
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        if !resp.status().is_success() {
+            return Err((status, text));
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| (status, e.to_string()))?;
+        let (Some(end), Some(timeline)) = (node::lsn_at(&v, "/end_lsn"), v["timeline"].as_u64())
+        else {
+            return Err((
+                status,
+                format!("an answer without end_lsn or timeline: {text}"),
+            ));
+        };
+        self.acked.push(AckEntry {
+            writer: TEST_WRITER,
+            seq,
+            timeline: timeline as u32,
+            end_lsn: end,
+            hashes: vec![acklog::sha256_hex(&payload)],
+        });
         Ok(end)
     }
 

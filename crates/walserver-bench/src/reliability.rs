@@ -1,15 +1,16 @@
-//! The reliability table: each fault scenario (the `chaos` tests of the `walserver` package, and
-//! any other harness that writes the same rows) leaves one JSON [`Row`] in a directory
-//! (`$CARGO_TARGET_DIR/reliability/` by default), and `walserver-bench reliability-table`
-//! turns the rows into the markdown table of `benches/RELIABILITY.md`.
+//! The reliability table: each fault scenario (the `chaos` and `faults` tests of the
+//! `walserver` package, written with the fault harness's row type) leaves one JSON [`Row`] in
+//! a directory (`$CARGO_TARGET_DIR/reliability/` by default), and `walserver-bench
+//! reliability-table` turns the rows into the markdown table of `benches/RELIABILITY.md`.
+//! [`Row`] is the reader's side of that format: the harness is a test-only crate that this
+//! published one cannot depend on.
 //!
 //! A row says what was done (the fault, how many cycles, how long), what the client saw
-//! (appends acknowledged, acknowledged appends missing afterwards, cycles recovered) and how
+//! (appends acknowledged, acknowledged appends missing afterwards, whether it recovered) and how
 //! long recovery took, with the command that replays the run.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -20,26 +21,6 @@ pub struct RecoverMs {
     pub p50: f64,
     pub p99: f64,
     pub max: f64,
-}
-
-impl RecoverMs {
-    /// Nearest-rank percentiles of `times` (all zero when there are none).
-    pub fn of(times: &[Duration]) -> RecoverMs {
-        let mut ms: Vec<f64> = times.iter().map(|d| d.as_secs_f64() * 1e3).collect();
-        ms.sort_by(f64::total_cmp);
-        let rank = |p: f64| -> f64 {
-            if ms.is_empty() {
-                return 0.0;
-            }
-            let i = ((p * ms.len() as f64).ceil() as usize).clamp(1, ms.len());
-            ms[i - 1]
-        };
-        RecoverMs {
-            p50: rank(0.50),
-            p99: rank(0.99),
-            max: ms.last().copied().unwrap_or(0.0),
-        }
-    }
 }
 
 /// One fault scenario's outcome, one JSON file per scenario.
@@ -54,27 +35,20 @@ pub struct Row {
     pub acknowledged: u64,
     /// Acknowledged appends that were missing or different afterwards.
     pub lost: u64,
-    /// Cycles after which the cluster came back as the scenario requires.
-    pub recovered: u64,
+    /// Whether everything the scenario expects to recover did.
+    pub recovered: bool,
     pub recover_ms: RecoverMs,
     /// The command that runs the scenario again (with its seed, where it has one).
     pub replay: String,
 }
 
-impl Row {
-    /// Writes the row to `DIR/NAME.json` (making `DIR`); `name` is the scenario's file name.
-    pub fn write(&self, dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let path = dir.join(format!("{name}.json"));
-        std::fs::write(&path, serde_json::to_vec_pretty(self)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(path)
-    }
-}
-
-/// Where rows go by default: `$CARGO_TARGET_DIR/reliability`, else `target/reliability` under
-/// `workspace` (the directory cargo builds in).
+/// Where rows go by default, as the fault harness writes them: `WALSERVER_RELIABILITY_DIR`,
+/// else `$CARGO_TARGET_DIR/reliability`, else `target/reliability` under `workspace` (the
+/// directory cargo builds in).
 pub fn default_dir(workspace: &Path) -> PathBuf {
+    if let Some(d) = std::env::var_os("WALSERVER_RELIABILITY_DIR") {
+        return PathBuf::from(d);
+    }
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(t) => PathBuf::from(t).join("reliability"),
         None => workspace.join("target").join("reliability"),
@@ -127,14 +101,13 @@ pub fn render(rows: &[Row], machine: &str, date: &str) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {:.1} s | {} | {} | {} / {} | {:.0} / {:.0} / {:.0} ms | `{}` |",
+            "| {} | {} | {:.1} s | {} | {} | {} | {:.0} / {:.0} / {:.0} ms | `{}` |",
             cell(&r.fault),
             r.cycles,
             r.duration_s,
             r.acknowledged,
             r.lost,
-            r.recovered,
-            r.cycles,
+            if r.recovered { "yes" } else { "no" },
             r.recover_ms.p50,
             r.recover_ms.p99,
             r.recover_ms.max,
@@ -187,54 +160,62 @@ fn civil_date(days: i64) -> String {
 mod tests {
     use super::*;
 
-    fn row(fault: &str, lost: u64) -> Row {
+    fn row(fault: &str, recovered: bool) -> Row {
         Row {
             fault: fault.into(),
             cycles: 10,
             duration_s: 12.25,
             acknowledged: 5000,
-            lost,
-            recovered: 9,
-            recover_ms: RecoverMs::of(&[
-                Duration::from_millis(100),
-                Duration::from_millis(300),
-                Duration::from_millis(200),
-            ]),
-            replay: "WALSERVER_CHAOS_SEED=7 cargo test --test chaos kill".into(),
+            lost: 0,
+            recovered,
+            recover_ms: RecoverMs {
+                p50: 200.0,
+                p99: 300.4,
+                max: 300.4,
+            },
+            replay: "WALSERVER_TEST_CHAOS_SEED=7 cargo test --test chaos kill".into(),
         }
     }
 
-    #[test]
-    fn percentiles_are_nearest_rank() {
-        let r = RecoverMs::of(&(1..=100).map(Duration::from_millis).collect::<Vec<_>>());
-        assert_eq!((r.p50, r.p99, r.max), (50.0, 99.0, 100.0));
-        assert_eq!(RecoverMs::of(&[]), RecoverMs::default());
-        let one = RecoverMs::of(&[Duration::from_millis(7)]);
-        assert_eq!((one.p50, one.p99, one.max), (7.0, 7.0, 7.0));
+    fn write(dir: &Path, name: &str, r: &Row) {
+        std::fs::write(
+            dir.join(format!("{name}.json")),
+            serde_json::to_vec(r).unwrap(),
+        )
+        .unwrap();
     }
 
     #[test]
-    fn rows_round_trip_through_a_directory_and_render_sorted() {
+    fn rows_are_read_from_a_directory_and_rendered_sorted() {
         let dir = tempfile::tempdir().unwrap();
-        row("b | pipes", 1).write(dir.path(), "b").unwrap();
-        row("a fault", 0).write(dir.path(), "a").unwrap();
+        write(dir.path(), "b", &row("b | pipes", false));
+        write(dir.path(), "a", &row("a fault", true));
         std::fs::write(dir.path().join("notes.txt"), "not a row").unwrap();
         let rows = read_rows(dir.path()).unwrap();
-        assert_eq!(rows, vec![row("a fault", 0), row("b | pipes", 1)]);
+        assert_eq!(rows, vec![row("a fault", true), row("b | pipes", false)]);
         let table = render(&rows, "a test machine", "2026-12-01");
         let lines: Vec<&str> = table.lines().filter(|l| l.starts_with("| ")).collect();
         assert_eq!(lines.len(), 3, "{table}");
         assert_eq!(
             lines[1],
-            "| a fault | 10 | 12.2 s | 5000 | 0 | 9 / 10 | 200 / 300 / 300 ms | \
-             `WALSERVER_CHAOS_SEED=7 cargo test --test chaos kill` |"
+            "| a fault | 10 | 12.2 s | 5000 | 0 | yes | 200 / 300 / 300 ms | \
+             `WALSERVER_TEST_CHAOS_SEED=7 cargo test --test chaos kill` |"
         );
         assert!(lines[2].starts_with("| b \\| pipes |"), "{}", lines[2]);
+        assert!(lines[2].contains("| no |"), "{}", lines[2]);
         assert!(table.contains("a test machine, 2026-12-01"));
         // A file that is not a row is an error naming it, not a silent skip.
         std::fs::write(dir.path().join("bad.json"), "{}").unwrap();
         let e = read_rows(dir.path()).unwrap_err();
         assert!(format!("{e:#}").contains("bad.json"), "{e:#}");
+    }
+
+    #[test]
+    fn the_fault_harness_row_shape_is_read() {
+        // One line as the harness writes it (keys in its order, `recovered` a boolean).
+        let line = r#"{"fault":"cut","cycles":2,"duration_s":1.5,"acknowledged":10,"lost":0,"recovered":true,"recover_ms":{"p50":10.0,"p99":20.0,"max":20.0},"replay":"cargo test --test faults cut"}"#;
+        let r: Row = serde_json::from_str(line).unwrap();
+        assert_eq!((r.cycles, r.recovered, r.recover_ms.max), (2, true, 20.0));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use fault_harness::tmpfs::Tmpfs;
 use walserver_bench::acklog;
 
 use crate::node::*;
-use crate::{write_row, Acks, Load};
+use crate::{cycles, write_row, Acks, Load};
 
 const DISK: u64 = 64 << 20;
 
@@ -87,6 +87,8 @@ fn setup(full: Full, sync: bool) -> Setup {
     let keep = |node: Full| if node == full { "16MB" } else { "4GB" };
     let pdata = on_disk(Full::Primary, "primary");
     walserver_node::init::init_primary(&pdata, 1 << 20).expect("init the primary");
+    // The logs are kept off the small disk: the test reads them, and a log that cannot be
+    // written is a fault of its own (`an_unwritable_log_is_not_a_crash`).
     let mut primary = ChildNode::new(
         "primary",
         &pdata,
@@ -94,7 +96,8 @@ fn setup(full: Full, sync: bool) -> Setup {
             ("wal_keep_size", keep(Full::Primary)),
             ("synchronous_standby_names", if sync { "s1" } else { "" }),
         ],
-    );
+    )
+    .with_log(&dir.path().join("primary.log"));
     primary.start().expect("start the primary");
     let sdata = on_disk(Full::Standby, "standby");
     walserver_node::init::init_standby(&sdata, &conninfo_of(primary.listen, "s1"), None, None)
@@ -106,7 +109,8 @@ fn setup(full: Full, sync: bool) -> Setup {
             ("wal_keep_size", keep(Full::Standby)),
             ("wal_receiver_status_interval", "1"),
         ],
-    );
+    )
+    .with_log(&dir.path().join("standby.log"));
     standby.start().expect("start the standby");
     let ballast = disk.path().join("ballast");
     Setup {
@@ -142,21 +146,27 @@ impl Setup {
     }
 }
 
-fn full_disk(full: Full, sync: bool) {
-    let run_started = Instant::now();
-    let s = setup(full, sync);
-    let durability = if sync { "on" } else { "local" };
-    let work = s._dir.path().join("load");
-    std::fs::create_dir_all(&work).expect("the load's directory");
-    let load = Load::start(&s.primary, &work, 2, 1, 512, durability);
-    load.wait_acks_beyond(0, DEADLINE)
-        .expect("the writers to be acknowledged");
-    s.caught_up().expect("the standby to stream");
-    let mut acks = Acks::default();
-    let probe_timeout = Some(Duration::from_secs(2));
+/// Lines of a node's log saying a write found no space.
+fn no_space_lines(node: &ChildNode) -> usize {
+    let log = std::fs::read_to_string(&node.log).unwrap_or_default();
+    log.matches("No space left on device").count()
+}
 
+/// One cycle: fill the disk, check what a full disk must and must not do, free it and time
+/// until appends are acknowledged again (with a full asynchronous standby, until it has caught
+/// up, since the primary's appends never stopped).
+fn one_cycle(
+    s: &Setup,
+    load: &Load,
+    acks: &mut Acks,
+    (full, sync): (Full, bool),
+    cycle: u64,
+) -> Duration {
+    let durability = if sync { "on" } else { "local" };
+    let probe_timeout = Some(Duration::from_secs(2));
+    let no_space_before = no_space_lines(&s.standby);
     let filled = fill(&s.ballast);
-    println!("{full:?} disk full (sync: {sync}): {filled} bytes of ballast");
+    println!("cycle {cycle}: {full:?} disk full (sync: {sync}): {filled} bytes of ballast");
     match full {
         Full::Primary => {
             // Appends go on into the current segment until a new one is needed: probe until
@@ -196,10 +206,7 @@ fn full_disk(full: Full, sync: bool) {
                 "the standby to run out of space",
                 DEADLINE,
                 Duration::from_millis(5),
-                || {
-                    let log = std::fs::read_to_string(&s.standby.log).unwrap_or_default();
-                    log.contains("No space left on device").then_some(())
-                },
+                || (no_space_lines(&s.standby) > no_space_before).then_some(()),
             )
             .unwrap_or_else(|e| panic!("{e:#}\n{}", s.logs()));
             let st = s.standby.status().expect("a full standby answers /status");
@@ -231,10 +238,34 @@ fn full_disk(full: Full, sync: bool) {
         .unwrap_or_else(|e| panic!("{e:#}: the standby did not catch up\n{}", s.logs()));
     let caught_up = freed.elapsed();
     println!(
-        "after the ballast went, appends resumed in {:.0} ms, the standby caught up in {:.0} ms",
+        "cycle {cycle}: after the ballast went, appends resumed in {:.0} ms, the standby caught \
+         up in {:.0} ms",
         resumed.as_secs_f64() * 1e3,
         caught_up.as_secs_f64() * 1e3
     );
+    if full == Full::Standby && !sync {
+        caught_up
+    } else {
+        resumed
+    }
+}
+
+fn full_disk(full: Full, sync: bool) {
+    let run_started = Instant::now();
+    let s = setup(full, sync);
+    let durability = if sync { "on" } else { "local" };
+    let work = s._dir.path().join("load");
+    std::fs::create_dir_all(&work).expect("the load's directory");
+    let load = Load::start(&s.primary, &work, 2, 1, 512, durability);
+    load.wait_acks_beyond(0, DEADLINE)
+        .expect("the writers to be acknowledged");
+    s.caught_up().expect("the standby to stream");
+    let mut acks = Acks::default();
+    let n_cycles = cycles(1);
+    let mut recover = Vec::new();
+    for cycle in 0..n_cycles {
+        recover.push(one_cycle(&s, &load, &mut acks, (full, sync), cycle));
+    }
     acks.try_append(&s.primary, 4096, durability, None)
         .expect("an append after the disk has room again");
     let log = load.stop();
@@ -272,17 +303,15 @@ fn full_disk(full: Full, sync: bool) {
             "full disk (64 MiB tmpfs) on the {which}, {} replication, writers at {durability}",
             if sync { "synchronous" } else { "asynchronous" }
         ),
-        1,
+        n_cycles,
         run_started.elapsed(),
         log.len() as u64 + acks.count(),
         lost,
-        1,
-        &[if full == Full::Standby && !sync {
-            caught_up
-        } else {
-            resumed
-        }],
-        &format!("cargo test --test chaos full_disk_on_the_{which}_{mode}"),
+        recover.len() as u64,
+        &recover,
+        &format!(
+            "WALSERVER_TEST_CHAOS_CYCLES={n_cycles} cargo test --test chaos full_disk_on_the_{which}_{mode}"
+        ),
     );
 }
 
@@ -304,4 +333,49 @@ fn full_disk_on_the_standby_async() {
 #[test]
 fn full_disk_on_the_standby_sync() {
     full_disk(Full::Standby, true);
+}
+
+/// A node whose standard error cannot be written (`/dev/full` answers every write with
+/// ENOSPC, as a log on a full disk does) keeps running, takes appends and streams them:
+/// losing log lines must not cost a thread.
+#[test]
+fn an_unwritable_log_is_not_a_crash() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pdata = dir.path().join("primary");
+    walserver_node::init::init_primary(&pdata, 1 << 20).expect("init the primary");
+    let mut primary = ChildNode::new("primary", &pdata, &[("log_level", "debug")])
+        .with_stderr(Path::new("/dev/full"));
+    primary.start().expect("a node logging to /dev/full starts");
+    let sdata = dir.path().join("standby");
+    walserver_node::init::init_standby(&sdata, &conninfo_of(primary.listen, "s1"), None, None)
+        .expect("init the standby");
+    let mut standby = ChildNode::new("standby", &sdata, &[("log_level", "debug")])
+        .with_stderr(Path::new("/dev/full"));
+    standby
+        .start()
+        .expect("a standby logging to /dev/full starts");
+    let mut acks = Acks::default();
+    let end = acks
+        .append(&primary, 200, 256)
+        .expect("appends on a node whose log cannot be written");
+    wait_for(
+        "the standby to hold the appends",
+        DEADLINE,
+        Duration::from_millis(5),
+        || (flush_of(&standby.status().ok()?)? >= end).then_some(()),
+    )
+    .expect("streaming from a node whose log cannot be written");
+    // A restart of the standby logs more (connections, the walreceiver's start).
+    standby.kill9();
+    standby.start().expect("the standby restarts");
+    let end = acks.append(&primary, 50, 256).expect("more appends");
+    wait_for(
+        "the restarted standby to hold the appends",
+        DEADLINE,
+        Duration::from_millis(5),
+        || (flush_of(&standby.status().ok()?)? >= end).then_some(()),
+    )
+    .expect("streaming after the restart");
+    assert!(primary.running() && standby.running());
+    assert_eq!(acks.lost_on(&primary) + acks.lost_on(&standby), 0);
 }

@@ -44,6 +44,9 @@ pub struct ChildNode {
     settings: Vec<(String, String)>,
     /// `RLIMIT_NOFILE` of the process, if the test lowers it.
     nofile: Option<u64>,
+    /// Where standard error goes instead of the log file (`/dev/full`, for a log that cannot
+    /// be written).
+    stderr: Option<PathBuf>,
     child: Option<Child>,
     /// How many times this node has been started.
     pub starts: u32,
@@ -68,6 +71,7 @@ impl ChildNode {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             nofile: None,
+            stderr: None,
             child: None,
             starts: 0,
         }
@@ -76,6 +80,18 @@ impl ChildNode {
     /// Runs the process with `RLIMIT_NOFILE` lowered to `n` (soft and hard).
     pub fn with_nofile(mut self, n: u64) -> ChildNode {
         self.nofile = Some(n);
+        self
+    }
+
+    /// Writes the log to `path` (outside the data directory's file system, say).
+    pub fn with_log(mut self, path: &Path) -> ChildNode {
+        self.log = path.to_path_buf();
+        self
+    }
+
+    /// Sends standard error to `path` (opened for writing) instead of the log.
+    pub fn with_stderr(mut self, path: &Path) -> ChildNode {
+        self.stderr = Some(path.to_path_buf());
         self
     }
 
@@ -90,11 +106,12 @@ impl ChildNode {
     /// Starts the process (appending to its log) and waits until its admin API answers.
     pub fn start(&mut self) -> anyhow::Result<()> {
         assert!(self.child.is_none(), "{} already runs", self.name);
+        let log_path = self.stderr.as_ref().unwrap_or(&self.log);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&self.log)
-            .with_context(|| format!("open {}", self.log.display()))?;
+            .open(log_path)
+            .with_context(|| format!("open {}", log_path.display()))?;
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_walserver"));
         cmd.arg("run")
             .arg("-c")

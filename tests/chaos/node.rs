@@ -42,8 +42,6 @@ pub struct ChildNode {
     pub http: SocketAddr,
     pub log: PathBuf,
     settings: Vec<(String, String)>,
-    /// `RLIMIT_NOFILE` of the process, if the test lowers it.
-    nofile: Option<u64>,
     /// Where standard error goes instead of the log file (`/dev/full`, for a log that cannot
     /// be written).
     stderr: Option<PathBuf>,
@@ -70,17 +68,38 @@ impl ChildNode {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            nofile: None,
             stderr: None,
             child: None,
             starts: 0,
         }
     }
 
-    /// Runs the process with `RLIMIT_NOFILE` lowered to `n` (soft and hard).
-    pub fn with_nofile(mut self, n: u64) -> ChildNode {
-        self.nofile = Some(n);
-        self
+    /// Lowers the running process's `RLIMIT_NOFILE` to `n` (soft and hard), with prlimit(2).
+    pub fn set_nofile(&self, n: u64) -> anyhow::Result<()> {
+        let pid = self.pid().context("the node does not run")?;
+        let lim = libc::rlimit {
+            rlim_cur: n as libc::rlim_t,
+            rlim_max: n as libc::rlim_t,
+        };
+        // SAFETY: prlimit reads `lim` and writes nothing (the old limit is not asked for).
+        let r = unsafe {
+            libc::prlimit(
+                pid as libc::pid_t,
+                libc::RLIMIT_NOFILE,
+                &lim,
+                std::ptr::null_mut(),
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error()).context("prlimit");
+        }
+        Ok(())
+    }
+
+    /// How many descriptors the process holds (`/proc/PID/fd`).
+    pub fn open_fds(&self) -> anyhow::Result<u64> {
+        let pid = self.pid().context("the node does not run")?;
+        Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count() as u64)
     }
 
     /// Writes the log to `path` (outside the data directory's file system, say).
@@ -127,23 +146,6 @@ impl ChildNode {
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .env("NO_COLOR", "1");
-        if let Some(n) = self.nofile {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: between fork and exec only setrlimit runs, which is async-signal-safe
-            // and touches no memory of the parent.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let lim = libc::rlimit {
-                        rlim_cur: n as libc::rlim_t,
-                        rlim_max: n as libc::rlim_t,
-                    };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
         self.child = Some(cmd.spawn().context("run walserver")?);
         self.starts += 1;
         let started = Instant::now();

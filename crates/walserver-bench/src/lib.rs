@@ -69,6 +69,9 @@ pub enum BenchCommand {
         /// The machine named in the heading (default: CPU model, cores and kernel).
         #[arg(long)]
         machine: Option<String>,
+        /// A markdown file whose text follows the table (how the rows were made, findings).
+        #[arg(long)]
+        notes: Option<PathBuf>,
     },
     /// Stream [start, end) from a walserver or PostgreSQL server and discard it.
     Catchup {
@@ -144,7 +147,11 @@ pub fn run(cmd: BenchCommand, program: &NodeProgram) -> anyhow::Result<()> {
         BenchCommand::Append(args) => append::run(args),
         BenchCommand::Stream(args) => stream::run(args, program),
         BenchCommand::Soak(args) => soak::run(args, program),
-        BenchCommand::ReliabilityTable { dir, machine } => {
+        BenchCommand::ReliabilityTable {
+            dir,
+            machine,
+            notes,
+        } => {
             let dir = match dir {
                 Some(d) => d,
                 None => reliability::default_dir(&std::env::current_dir()?),
@@ -156,6 +163,11 @@ pub fn run(cmd: BenchCommand, program: &NodeProgram) -> anyhow::Result<()> {
                 "{}",
                 reliability::render(&rows, &machine, &reliability::today_utc())
             );
+            if let Some(path) = notes {
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                print!("\n{text}");
+            }
             Ok(())
         }
         BenchCommand::Catchup {

@@ -153,13 +153,9 @@ fn accept_errors_back_off_and_the_node_accepts_again_afterwards() {
         let end = acks
             .append(&primary, 16, 100)
             .expect("append after the fault");
-        wait_for(
-            "the standby to hold the new append",
-            DEADLINE,
-            Duration::from_millis(5),
-            || (flush_of(&standby.status().ok()?)? >= end).then_some(()),
-        )
-        .expect("the standby streams after the fault");
+        standby
+            .wait_flushed(end, "the standby to hold the new append")
+            .expect("the standby streams after the fault");
         recover.push(lifted.elapsed());
         recovered += 1;
     }

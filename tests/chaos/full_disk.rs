@@ -358,24 +358,16 @@ fn an_unwritable_log_is_not_a_crash() {
     let end = acks
         .append(&primary, 200, 256)
         .expect("appends on a node whose log cannot be written");
-    wait_for(
-        "the standby to hold the appends",
-        DEADLINE,
-        Duration::from_millis(5),
-        || (flush_of(&standby.status().ok()?)? >= end).then_some(()),
-    )
-    .expect("streaming from a node whose log cannot be written");
+    standby
+        .wait_flushed(end, "the standby to hold the appends")
+        .expect("streaming from a node whose log cannot be written");
     // A restart of the standby logs more (connections, the walreceiver's start).
     standby.kill9();
     standby.start().expect("the standby restarts");
     let end = acks.append(&primary, 50, 256).expect("more appends");
-    wait_for(
-        "the restarted standby to hold the appends",
-        DEADLINE,
-        Duration::from_millis(5),
-        || (flush_of(&standby.status().ok()?)? >= end).then_some(()),
-    )
-    .expect("streaming after the restart");
+    standby
+        .wait_flushed(end, "the restarted standby to hold the appends")
+        .expect("streaming after the restart");
     assert!(primary.running() && standby.running());
     assert_eq!(acks.lost_on(&primary) + acks.lost_on(&standby), 0);
 }

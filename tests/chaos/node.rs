@@ -250,6 +250,15 @@ pub fn sender_row<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
         .find(|r| r.get("application_name").and_then(Value::as_str) == Some(name))
 }
 
+impl ChildNode {
+    /// Waits until the node is durable up to `end` (`what` names the wait).
+    pub fn wait_flushed(&self, end: Lsn, what: &str) -> anyhow::Result<()> {
+        wait_for(what, DEADLINE, Duration::from_millis(5), || {
+            (flush_of(&self.status().ok()?)? >= end).then_some(())
+        })
+    }
+}
+
 /// Waits until `f` gives `Some`, asking every `every` up to `deadline`; `what` names the wait
 /// in the failure. The nodes tell no one outside when they change state (their `/status` is
 /// the interface), so this asks, bounded in time.

@@ -353,8 +353,8 @@ fn storage_families(out: &mut Text, node: &Node, s: &Snapshot) {
     out.family(
         name,
         "counter",
-        "Failed storage writes and syncs, by kind (enospc: the disk or a quota \
-         is full, whatever the operation).",
+        "Failed storage operations, by kind (open, read, write, directory, fsync; \
+         enospc: the disk or a quota is full, whatever the operation).",
     );
     for kind in StorageErrorKind::ALL {
         out.sample(name, &[("kind", kind.as_str())], m.errors(kind));

@@ -7,6 +7,7 @@
 //! short (`wal_sender_timeout` and `wal_receiver_timeout` 2 s) so that the scenarios can
 //! outlast them in seconds.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,7 @@ use walserver_bench::acklog;
 
 /// How long a scenario waits for something that should happen soon.
 pub const DEADLINE: Duration = Duration::from_secs(30);
-/// The timeouts the scenarios outlast.
+/// The timeouts the scenarios outlast (unless [`Options::timeout`] says otherwise).
 pub const TIMEOUT: Duration = Duration::from_secs(2);
 /// Concurrent writers of the load (each with one append in flight).
 pub const WRITERS: usize = 4;
@@ -35,6 +36,8 @@ pub fn walserver_bin() -> PathBuf {
 pub struct Options {
     /// Put a delaying proxy between `s1` and the primary (on `s1`'s host).
     pub s1_delay: Option<Delay>,
+    /// `wal_sender_timeout` and `wal_receiver_timeout` on every node, instead of [`TIMEOUT`].
+    pub timeout: Option<Duration>,
 }
 
 /// The cluster. Fields drop in order: the load, the nodes, the proxy, the network, the files.
@@ -50,7 +53,8 @@ pub struct Cluster {
     pub ack_log: PathBuf,
     pub acks: LineWatch,
     pub started: Instant,
-    dir: tempfile::TempDir,
+    /// Kept (not removed) when the test fails, for its logs and data directories.
+    dir: Option<tempfile::TempDir>,
 }
 
 impl Cluster {
@@ -69,7 +73,7 @@ impl Cluster {
             net.add_host("s2").expect("host"),
         ];
         let bin = walserver_bin();
-        let timeout = format!("\"{}s\"", TIMEOUT.as_secs());
+        let timeout = format!("\"{}s\"", opts.timeout.unwrap_or(TIMEOUT).as_secs());
         let mut primary = WalNode::primary(
             &hosts[0],
             &bin,
@@ -127,11 +131,15 @@ impl Cluster {
             ack_log,
             acks,
             started,
-            dir,
+            dir: Some(dir),
         };
         c.wait_all_streaming(DEADLINE)
             .expect("both standbys stream");
         c
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.as_ref().expect("the cluster's directory").path()
     }
 
     /// Waits until the primary streams to both standbys and both receive; the time it took.
@@ -169,7 +177,7 @@ impl Cluster {
             .arg(format!("{}", request_timeout.as_secs_f64()))
             .args(["--writers", &WRITERS.to_string(), "--size", "100"])
             .args(["--durability", "on", "--seconds", "600"]);
-        let log = self.dir.path().join("load.log");
+        let log = self.dir().join("load.log");
         self.load = Some(Process::spawn("load", cmd, &log).expect("start the load"));
     }
 
@@ -181,6 +189,32 @@ impl Cluster {
             .wait_lines(now + n, deadline)
             .unwrap_or_else(|e| panic!("the load's appends: {e}"));
         (count, Instant::now())
+    }
+
+    /// Waits, woken by each new acknowledgement, until `done` holds of the set of
+    /// acknowledged (writer, seq); when it did, or `None` after `deadline`.
+    pub fn acks_wait_until(
+        &mut self,
+        deadline: Duration,
+        done: impl Fn(&HashSet<(usize, u64)>) -> bool,
+    ) -> Option<Instant> {
+        let start = Instant::now();
+        let mut seen = HashSet::new();
+        let mut read = 0;
+        loop {
+            let log = acklog::read(&self.ack_log).expect("read the ack log");
+            for e in &log[read.min(log.len())..] {
+                seen.insert((e.writer, e.seq));
+            }
+            read = log.len();
+            if done(&seen) {
+                return Some(Instant::now());
+            }
+            let left = deadline.saturating_sub(start.elapsed());
+            if left.is_zero() || self.acks.wait_lines(read + 1, left).is_err() {
+                return None;
+            }
+        }
     }
 
     /// Acknowledged appends so far.
@@ -270,7 +304,9 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("the cluster's files: {}", self.dir.path().display());
+            if let Some(dir) = self.dir.take() {
+                eprintln!("the cluster's files are kept in {}", dir.keep().display());
+            }
         }
     }
 }
@@ -285,6 +321,12 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// The verdict with the scenario's own findings added.
+    pub fn with(mut self, problems: Vec<String>) -> Verdict {
+        self.problems.extend(problems);
+        self
+    }
+
     pub fn assert_ok(&self) {
         assert!(self.appends > 0, "the load had no append acknowledged");
         assert!(self.problems.is_empty(), "{}", self.problems.join("\n"));

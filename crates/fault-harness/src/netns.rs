@@ -247,6 +247,9 @@ impl Host {
     /// and exec, so its pid is the program's own, for signals).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut cmd = Command::new(program);
+        // The tests' own variable is not for the programs they run: walserver refuses
+        // WALSERVER_ variables that name no setting.
+        cmd.env_remove(crate::report::DIR_VAR);
         let ns = self.ns.clone();
         // SAFETY: the closure calls only setns, which is async-signal-safe, on a descriptor
         // the Arc keeps open for as long as the Command exists.

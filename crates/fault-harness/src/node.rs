@@ -2,8 +2,13 @@
 //! (`data/`), the configuration (`walserver.toml`) and the log (`walserver.log`, appended to
 //! across restarts). The replication port listens on the host's address, port 5433; the
 //! admin API on the host's loopback, port 8433, where only threads and commands inside the
-//! host's namespace reach it (so it needs no token). Readiness is the log line the server
-//! prints once its admin API listens.
+//! host's namespace reach it (so it needs no token): [`WalNode::get_json`], or a command
+//! from [`Host::command`] (the load tool: `walserver bench append --http 127.0.0.1:8433`).
+//! Readiness is the log line the server prints once its admin API listens.
+//!
+//! For a disk that fills up, mount a [`crate::tmpfs::Tmpfs`] on `dir/data` before making the
+//! node (`walserver init` takes an empty directory): the log and the configuration stay
+//! outside it, on the real disk.
 
 use std::net::{SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};

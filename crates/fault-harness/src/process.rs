@@ -67,6 +67,16 @@ impl Process {
         watch.lock().expect("log watch").open_pipes = 2;
         let out: Box<dyn Read + Send> = Box::new(child.stdout.take().expect("piped"));
         let err: Box<dyn Read + Send> = Box::new(child.stderr.take().expect("piped"));
+        // The guard exists before the reading threads, so that the child is killed if one
+        // of them cannot be started.
+        let process = Process {
+            name: name.to_string(),
+            child,
+            log: log.to_path_buf(),
+            watch: watch.clone(),
+            eof,
+            paused: false,
+        };
         for pipe in [out, err] {
             let (watch, file, eof_tx) = (watch.clone(), file.clone(), eof_tx.clone());
             std::thread::Builder::new()
@@ -74,14 +84,7 @@ impl Process {
                 .spawn(move || copy_lines(pipe, &file, &watch, eof_tx))
                 .map_err(io("spawn a log thread".into()))?;
         }
-        Ok(Process {
-            name: name.to_string(),
-            child,
-            log: log.to_path_buf(),
-            watch,
-            eof,
-            paused: false,
-        })
+        Ok(process)
     }
 
     pub fn pid(&self) -> u32 {
@@ -116,17 +119,19 @@ impl Process {
         match rx.recv_timeout(deadline) {
             Ok(line) => Ok(line),
             Err(mpsc::RecvTimeoutError::Timeout) => Err(Error::Timeout(format!(
-                "{} did not print {pattern:?} within {deadline:?} (log: {})",
+                "{} did not print {pattern:?} within {deadline:?}; the end of {}:\n{}",
                 self.name,
-                self.log.display()
+                self.log.display(),
+                self.log_tail()
             ))),
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let status = self.wait_exit(deadline).ok();
                 Err(Error::Exited(format!(
-                    "{} exited ({}) before printing {pattern:?} (log: {})",
+                    "{} exited ({}) before printing {pattern:?}; the end of {}:\n{}",
                     self.name,
                     status.map(|s| s.to_string()).unwrap_or_default(),
-                    self.log.display()
+                    self.log.display(),
+                    self.log_tail()
                 )))
             }
         }
@@ -238,7 +243,7 @@ impl Process {
     }
 }
 
-/// The last [`LOG_TAIL`] bytes of the file at `path`.
+/// The last 16 KiB of the file at `path`.
 pub fn log_tail(path: &Path) -> String {
     let text = std::fs::read(path).unwrap_or_default();
     let from = text.len().saturating_sub(LOG_TAIL);

@@ -56,10 +56,13 @@ pub struct Row {
     pub replay: String,
 }
 
+/// The environment variable naming the directory rows go to.
+pub const DIR_VAR: &str = "WALSERVER_RELIABILITY_DIR";
+
 /// The directory rows go to: `WALSERVER_RELIABILITY_DIR`, else `reliability/` in
 /// `CARGO_TARGET_DIR` (or `target/` of the current directory when that is unset).
 pub fn dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("WALSERVER_RELIABILITY_DIR") {
+    if let Some(d) = std::env::var_os(DIR_VAR) {
         return PathBuf::from(d);
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")

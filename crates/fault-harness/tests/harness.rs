@@ -127,20 +127,30 @@ fn loss_drops_about_the_share_asked_for() {
     let a_udp = a.run(|| UdpSocket::bind((a.addr, 0))).unwrap().unwrap();
     b_udp.set_read_timeout(Some(SHORT)).unwrap();
     let _loss = fault::loss(&a, &b, 50).unwrap();
-    let sent = 400;
+    // The receiver reads while the sender sends, so that its socket buffer never overflows
+    // (which would look like loss).
+    let receiver = std::thread::spawn(move || {
+        let mut got = 0;
+        let mut buf = [0u8; 16];
+        while b_udp.recv_from(&mut buf).is_ok() {
+            got += 1;
+        }
+        got
+    });
+    let sent = 1000;
     for i in 0..sent {
         a_udp
             .send_to(&(i as u32).to_be_bytes(), (b.addr, 7001))
             .unwrap();
+        if i % 50 == 0 {
+            // Paced a little: the loss under test is the rule's, not the receiver's.
+            std::thread::yield_now();
+        }
     }
-    let mut got = 0;
-    let mut buf = [0u8; 16];
-    while b_udp.recv_from(&mut buf).is_ok() {
-        got += 1;
-    }
-    // Binomial(400, 0.5): 200 ± 20 is one standard deviation of 10; 120..280 is eight.
+    let got = receiver.join().unwrap();
+    // Binomial(1000, 0.5): 500 with a standard deviation of 16; 400..=600 is six of them.
     assert!(
-        (120..=280).contains(&got),
+        (400..=600).contains(&got),
         "{got} of {sent} arrived at 50% loss"
     );
 }
@@ -260,4 +270,43 @@ fn a_line_watch_wakes_when_the_file_grows() {
         "a line without its newline is not counted"
     );
     assert!(w.wait_lines(6, Duration::from_millis(100)).is_err());
+}
+
+#[test]
+fn a_bandwidth_cap_slows_a_stream_until_removed() {
+    let mut net = Net::new("tbf").unwrap();
+    let a = net.add_host("a").unwrap();
+    let b = net.add_host("b").unwrap();
+    // A sink on b: reads to the end, then answers one byte.
+    let addr = SocketAddr::from((b.addr, 7002));
+    let listener = b.run(|| TcpListener::bind(addr)).unwrap().unwrap();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { return };
+            let mut sink = Vec::new();
+            if c.read_to_end(&mut sink).is_ok() {
+                let _ = c.write_all(b"k");
+            }
+        }
+    });
+    let send = |n: usize| {
+        a.run(|| {
+            let mut c = TcpStream::connect_timeout(&addr, SHORT).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let t = Instant::now();
+            c.write_all(&vec![7u8; n]).unwrap();
+            c.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut k = [0u8; 1];
+            c.read_exact(&mut k).unwrap();
+            t.elapsed()
+        })
+        .unwrap()
+    };
+    let cap = fault::bandwidth(&a, 1000).unwrap();
+    // 256 KiB at 1000 kbit/s is 2.1 s, less the 32 kB burst.
+    let capped = send(256 << 10);
+    cap.heal().unwrap();
+    let free = send(256 << 10);
+    assert!(capped >= Duration::from_millis(1500), "capped: {capped:?}");
+    assert!(free < capped / 4, "uncapped {free:?} vs capped {capped:?}");
 }

@@ -8,9 +8,8 @@
 //! holding the last durable byte, and it moves `oldest_retained` forward before it removes
 //! anything, so a reader is told `SegmentRemoved` rather than finding a file missing.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -19,7 +18,7 @@ use std::thread::{self, JoinHandle};
 use crossbeam_channel::Receiver;
 use wal_types::{Lsn, TimelineId};
 
-use crate::io::{Io, FP_PREALLOC};
+use crate::io::{on_tmpfs, Io, FP_PREALLOC};
 use crate::naming::{parse_segment_file_name, segment_file_name};
 use crate::slots::keep_segno;
 use crate::state::{BgRequest, Inner};
@@ -58,21 +57,10 @@ fn bg_main(inner: Arc<Inner>, rx: Receiver<BgRequest>) {
 /// that later overwrites, and their fdatasync, change no file-system metadata (an unwritten
 /// extent from fallocate would make every small commit's fdatasync a journal commit).
 fn zero_fill(io: &Io, f: &File, len: u64) -> io::Result<()> {
-    if on_tmpfs(f) {
-        io.count_write(io.check(FP_PREALLOC))?;
-        // SAFETY: fallocate on a descriptor we own, over a valid range.
-        if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) } == 0 {
-            return Ok(());
-        }
+    if on_tmpfs(f) && io.fallocate(f, len, FP_PREALLOC)? {
+        return Ok(());
     }
     io.write_zeros(f, 0, len, FP_PREALLOC)
-}
-
-fn on_tmpfs(f: &File) -> bool {
-    // SAFETY: fstatfs fills the struct we pass for a descriptor we own.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    let ok = unsafe { libc::fstatfs(f.as_raw_fd(), &mut st) } == 0;
-    ok && st.f_type as u64 == libc::TMPFS_MAGIC as u64
 }
 
 /// Creates a zero-filled segment file outside `pg_wal`, makes it durable, then links it into
@@ -102,31 +90,36 @@ pub(crate) fn create_segment(
     let name = segment_file_name(tli, segno, seg);
     let tmp = tmp_dir.join(format!("{name}.prealloc"));
     let target = pg_wal.join(&name);
-    let result = (|| -> io::Result<File> {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        zero_fill(io, &f, seg)?;
-        io.sync_all(&f, FP_PREALLOC)?;
-        match fs::hard_link(&tmp, &target) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                fs::remove_file(&tmp)?;
-                return OpenOptions::new().read(true).write(true).open(&target);
-            }
-            Err(e) => return Err(e),
+    // Each step's error names what it did and to which path.
+    let fail = |what: &str, path: &Path| {
+        let ctx = format!(
+            "preallocating WAL segment {name}: {what} {}",
+            path.display()
+        );
+        move |e| WalError::io(ctx, e)
+    };
+    let result = (|| -> Result<File> {
+        let f = io.create(&tmp).map_err(fail("creating", &tmp))?;
+        zero_fill(io, &f, seg)
+            .and_then(|_| io.sync_all(&f, FP_PREALLOC))
+            .map_err(fail("zero-filling", &tmp))?;
+        let linked = io
+            .hard_link(&tmp, &target)
+            .map_err(fail("linking into place", &tmp))?;
+        io.remove_file(&tmp).map_err(fail("removing", &tmp))?;
+        if !linked {
+            // Made by an earlier request; it entered pg_wal whole, like this one would have.
+            return io
+                .open(&target, OpenOptions::new().read(true).write(true))
+                .map_err(fail("opening", &target));
         }
-        fs::remove_file(&tmp)?;
-        io.sync_dir(pg_wal)?;
+        io.sync_dir(pg_wal).map_err(fail("syncing", pg_wal))?;
         Ok(f)
     })();
-    result.map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        WalError::io(format!("preallocating WAL segment {name}"), e)
-    })
+    if result.is_err() {
+        let _ = io.remove_file(&tmp);
+    }
+    result
 }
 
 /// Removes segments nobody needs and invalidates slots that hold too much.
@@ -163,25 +156,20 @@ pub(crate) fn retain(inner: &Inner) -> Result<()> {
     let cutoff = Lsn(keep * seg);
     inner.oldest_retained.fetch_max(cutoff.0, Ordering::AcqRel);
     let mut removed = false;
-    for e in fs::read_dir(inner.pg_wal())
-        .map_err(|e| WalError::io("listing pg_wal", e))?
-        .flatten()
-    {
+    let pg_wal = inner.pg_wal();
+    let entries = (inner.io)
+        .read_dir(pg_wal)
+        .map_err(|e| WalError::io(format!("listing {}", pg_wal.display()), e))?;
+    for e in entries {
         if let Some((_, segno)) = parse_segment_file_name(&e.file_name().to_string_lossy(), seg) {
             if segno < keep {
                 // Retention runs on the background thread at each segment switch and also when
                 // a caller asks (`Wal::run_retention`); two runs may list the same file, and
                 // the one that finds it gone has nothing left to do.
-                match fs::remove_file(e.path()) {
-                    Ok(()) => removed = true,
-                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(err) => {
-                        return Err(WalError::io(
-                            format!("removing {}", e.path().display()),
-                            err,
-                        ))
-                    }
-                }
+                let path = e.path();
+                removed |= (inner.io)
+                    .remove_file(&path)
+                    .map_err(|err| WalError::io(format!("removing {}", path.display()), err))?;
             }
         }
     }
@@ -189,8 +177,8 @@ pub(crate) fn retain(inner: &Inner) -> Result<()> {
         inner.files.evict(|_, s| s < keep);
         inner
             .io
-            .sync_dir(inner.pg_wal())
-            .map_err(|e| WalError::io("syncing pg_wal", e))?;
+            .sync_dir(pg_wal)
+            .map_err(|e| WalError::io(format!("syncing {}", pg_wal.display()), e))?;
     }
     Ok(())
 }

@@ -7,8 +7,6 @@
 //! `Io` (fsync switch, fsync count, fail points); the public functions use a plain `Io` that
 //! always fsyncs.
 
-use std::fs::{self, File};
-use std::io::Write;
 use std::path::Path;
 
 use crate::io::{Io, FP_ATOMIC};
@@ -31,7 +29,7 @@ pub fn remove(path: &Path) -> Result<()> {
     remove_with(&Io::new(true), path)
 }
 
-/// [`write_atomic`] through `io`.
+/// [`write_atomic`] through `io`. The error names the step that failed and its path.
 pub(crate) fn write_atomic_with(
     io: &Io,
     tmp_dir: &Path,
@@ -43,33 +41,44 @@ pub(crate) fn write_atomic_with(
         .expect("atomic targets are file paths")
         .to_string_lossy();
     let tmp = tmp_dir.join(format!("{name}.tmp"));
-    (|| -> std::io::Result<()> {
-        let written = io.check(FP_ATOMIC).and_then(|_| {
-            let mut f = File::create(&tmp)?;
-            f.write_all(bytes)?;
-            Ok(f)
-        });
-        let f = io.count_write(written)?;
-        io.sync_all(&f, FP_ATOMIC)?;
-        io.count_write(fs::rename(&tmp, target))?;
-        io.sync_dir(parent_dir(target))
-    })()
-    .map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        WalError::io(format!("writing {}", target.display()), e)
-    })
+    let dir = parent_dir(target);
+    let result = (|| -> Result<()> {
+        let fail = |what: String| {
+            move |e| WalError::io(format!("writing {}: {what}", target.display()), e)
+        };
+        let f = io
+            .create(&tmp)
+            .map_err(fail(format!("creating {}", tmp.display())))?;
+        io.pwrite_all(&f, bytes, 0, FP_ATOMIC)
+            .and_then(|_| io.sync_all(&f, FP_ATOMIC))
+            .map_err(fail(format!("writing {}", tmp.display())))?;
+        io.rename(&tmp, target)
+            .map_err(fail(format!("renaming {} to it", tmp.display())))?;
+        io.sync_dir(dir)
+            .map_err(fail(format!("syncing {}", dir.display())))
+    })();
+    if result.is_err() {
+        // Gone already once the rename happened.
+        let _ = io.remove_file(&tmp);
+    }
+    result
 }
 
 /// [`remove`] through `io`.
 pub(crate) fn remove_with(io: &Io, path: &Path) -> Result<()> {
-    match fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(WalError::io(format!("removing {}", path.display()), e)),
+    let removed = io
+        .remove_file(path)
+        .map_err(|e| WalError::io(format!("removing {}", path.display()), e))?;
+    if !removed {
+        return Ok(());
     }
     let dir = parent_dir(path);
-    io.sync_dir(dir)
-        .map_err(|e| WalError::io(format!("syncing {}", dir.display()), e))
+    io.sync_dir(dir).map_err(|e| {
+        WalError::io(
+            format!("removing {}: syncing {}", path.display(), dir.display()),
+            e,
+        )
+    })
 }
 
 /// The directory holding `path`; `.` for a bare file name.
@@ -82,6 +91,8 @@ fn parent_dir(path: &Path) -> &Path {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     #[test]

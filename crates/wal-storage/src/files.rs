@@ -1,8 +1,7 @@
 //! The small files beside `pg_wal`: control data, slots (both in a CRC'd JSON envelope and
 //! replaced atomically through `durable.rs`) and the flush pointer (updated in place).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -88,9 +87,10 @@ pub(crate) struct ControlData {
     pub durable_lsn: Lsn,
 }
 
-pub(crate) fn read_control(path: &Path) -> Result<ControlData> {
-    let bytes =
-        fs::read(path).map_err(|e| WalError::io(format!("reading {}", path.display()), e))?;
+pub(crate) fn read_control(io: &Io, path: &Path) -> Result<ControlData> {
+    let bytes = io
+        .read_file(path)
+        .map_err(|e| WalError::io(format!("reading {}", path.display()), e))?;
     decode_envelope("control", path, &bytes)
 }
 
@@ -167,25 +167,22 @@ impl PointerFile {
         let enc = initial.encode();
         buf[..36].copy_from_slice(&enc);
         buf[POINTER_SLOT as usize..POINTER_SLOT as usize + 36].copy_from_slice(&enc);
-        let mut f = File::create(path)
+        let f = io
+            .create(path)
             .map_err(|e| WalError::io(format!("creating {}", path.display()), e))?;
-        f.write_all(&buf)
+        io.pwrite_all(&f, &buf, 0, FP_POINTER)
             .and_then(|_| io.sync_all(&f, FP_POINTER))
             .map_err(|e| WalError::io(format!("writing {}", path.display()), e))
     }
 
-    pub(crate) fn open(path: &Path) -> Result<PointerFile> {
+    pub(crate) fn open(io: &Io, path: &Path) -> Result<PointerFile> {
         let ctx = |what: &str| format!("{what} {}", path.display());
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
+        let file = io
+            .open(path, OpenOptions::new().read(true).write(true))
             .map_err(|e| WalError::io(ctx("opening"), e))?;
-        let mut buf = vec![0u8; 2 * POINTER_SLOT as usize];
-        let n = file
-            .read_at(&mut buf, 0)
+        let buf = io
+            .pread_exact(&file, 2 * POINTER_SLOT as usize, 0)
             .map_err(|e| WalError::io(ctx("reading"), e))?;
-        buf.truncate(n);
         let slots = [
             buf.get(..36).and_then(FlushPointer::decode),
             buf.get(POINTER_SLOT as usize..)
@@ -229,10 +226,10 @@ impl PointerFile {
     }
 }
 
-use std::os::unix::fs::FileExt;
-
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::FileExt;
+
     use super::*;
 
     #[derive(Debug, PartialEq, Serialize, Deserialize)]
@@ -274,22 +271,22 @@ mod tests {
             exact: true,
         };
         PointerFile::create(&io, &path, first).unwrap();
-        let mut pf = PointerFile::open(&path).unwrap();
+        let mut pf = PointerFile::open(&io, &path).unwrap();
         assert_eq!(pf.last, first);
         pf.store(&io, TimelineId(1), Lsn(0x100_0100), false)
             .unwrap();
         pf.store(&io, TimelineId(1), Lsn(0x100_0200), false)
             .unwrap();
-        let pf2 = PointerFile::open(&path).unwrap();
+        let pf2 = PointerFile::open(&io, &path).unwrap();
         assert_eq!(pf2.last.end, Lsn(0x100_0200));
         assert_eq!(pf2.last.seq, 3);
         // Tear the newest slot (seq 3 sits in slot 1): the older one wins.
         let f = OpenOptions::new().write(true).open(&path).unwrap();
         f.write_at(&[0xFF; 8], POINTER_SLOT + 24).unwrap();
-        let pf3 = PointerFile::open(&path).unwrap();
+        let pf3 = PointerFile::open(&io, &path).unwrap();
         assert_eq!(pf3.last.end, Lsn(0x100_0100));
         // Both torn: an error, not a guess.
         f.write_at(&[0xFF; 8], 24).unwrap();
-        assert!(PointerFile::open(&path).is_err());
+        assert!(PointerFile::open(&io, &path).is_err());
     }
 }

@@ -164,7 +164,10 @@ pub use format::{Record, SegmentHeader, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE}
 pub use history::{format_history, parse_history, HistoryEntry};
 #[cfg(feature = "failpoints")]
 pub use io::Failpoints;
-pub use io::{FP_ATOMIC, FP_FSYNC, FP_POINTER, FP_PREALLOC, FP_WRITE};
+pub use io::{
+    FAILPOINTS, FP_ATOMIC, FP_CREATE, FP_DIRSYNC, FP_FSYNC, FP_LINK, FP_LOCK, FP_OPEN, FP_POINTER,
+    FP_PREALLOC, FP_READ, FP_READDIR, FP_REMOVE, FP_RENAME, FP_WRITE,
+};
 pub use kind::WalFormat;
 pub use metrics::{disk_free_bytes, StorageErrorKind, StorageMetrics};
 pub use naming::{

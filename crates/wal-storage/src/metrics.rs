@@ -1,6 +1,6 @@
 //! What storage counts for the admin API's `/metrics`: how long fsyncs take, which file
 //! operations failed and how, and how much room is left on the data directory's file system.
-//! The counts are kept by [`Io`](crate::io), which every fallible write and sync goes through.
+//! The counts are kept by [`Io`](crate::io), which every file operation goes through.
 
 use std::io;
 use std::path::Path;
@@ -18,13 +18,23 @@ pub enum StorageErrorKind {
     Fsync,
     /// Any operation that failed with ENOSPC (or EDQUOT, a quota that is full).
     Enospc,
+    /// Reading WAL, a small file, a file's size or a directory's entries.
+    Read,
+    /// Opening, creating or locking a file.
+    Open,
+    /// Changing a directory's entries: renaming, linking or removing a file, making or
+    /// removing a directory.
+    Directory,
 }
 
 impl StorageErrorKind {
-    pub const ALL: [StorageErrorKind; 3] = [
+    pub const ALL: [StorageErrorKind; 6] = [
         StorageErrorKind::Write,
         StorageErrorKind::Fsync,
         StorageErrorKind::Enospc,
+        StorageErrorKind::Read,
+        StorageErrorKind::Open,
+        StorageErrorKind::Directory,
     ];
 
     /// The `kind` label's value.
@@ -33,6 +43,9 @@ impl StorageErrorKind {
             StorageErrorKind::Write => "write",
             StorageErrorKind::Fsync => "fsync",
             StorageErrorKind::Enospc => "enospc",
+            StorageErrorKind::Read => "read",
+            StorageErrorKind::Open => "open",
+            StorageErrorKind::Directory => "directory",
         }
     }
 

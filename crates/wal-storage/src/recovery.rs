@@ -10,7 +10,7 @@
 //! fsynced); `tmp/` is empty and `pg_wal` holds no segment of a newer timeline after it.
 
 use std::collections::BTreeSet;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
@@ -26,7 +26,7 @@ use crate::files::{
 };
 use crate::format::{Scan, Scanner, StopKind};
 use crate::history::{check_history_for, format_history, parse_history};
-use crate::io::{pread_exact, Io, FP_FSYNC, FP_WRITE};
+use crate::io::{Io, FP_FSYNC, FP_WRITE};
 use crate::naming::{history_file_name, parse_segment_file_name, segment_file_name};
 use crate::scan::{find_scan_start, FileSource};
 use crate::segments::{SegmentFiles, View};
@@ -89,24 +89,28 @@ fn io_err(what: &str, path: &Path) -> impl FnOnce(std::io::Error) -> WalError {
     move |e| WalError::io(ctx, e)
 }
 
-fn lock_dir(dir: &Path) -> Result<File> {
+fn lock_dir(io: &Io, dir: &Path) -> Result<File> {
     let path = dir.join("walserver.lock");
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
+    let f = io
+        .open(
+            &path,
+            OpenOptions::new().create(true).truncate(false).write(true),
+        )
         .map_err(io_err("opening", &path))?;
-    match f.try_lock() {
-        Ok(()) => Ok(f),
-        Err(std::fs::TryLockError::WouldBlock) => Err(WalError::Locked {
+    if io.try_lock(&f).map_err(io_err("locking", &path))? {
+        Ok(f)
+    } else {
+        Err(WalError::Locked {
             dir: dir.to_path_buf(),
             lock: path,
-        }),
-        Err(std::fs::TryLockError::Error(e)) => {
-            Err(WalError::io(format!("locking {}", path.display()), e))
-        }
+        })
     }
+}
+
+/// Whether `dir` holds a control file.
+fn has_control(io: &Io, dir: &Path) -> Result<bool> {
+    let path = dir.join("control");
+    io.exists(&path).map_err(io_err("looking for", &path))
 }
 
 /// What open hands the `Wal` handle: the shared state, ready for the writer thread (which
@@ -120,12 +124,12 @@ pub(crate) struct Recovered {
 }
 
 /// Creates a data directory and opens it. Fails if `dir` already holds one.
-pub(crate) fn init(dir: &Path, cfg: StorageConfig, opts: InitOptions) -> Result<Recovered> {
+pub(crate) fn init(dir: &Path, cfg: StorageConfig, opts: InitOptions, io: Io) -> Result<Recovered> {
     cfg.validate()?;
     let seg = cfg.segment_size;
-    fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
-    let lock = lock_dir(dir)?;
-    if dir.join("control").exists() {
+    io.create_dir_all(dir).map_err(io_err("creating", dir))?;
+    let lock = lock_dir(&io, dir)?;
+    if has_control(&io, dir)? {
         return Err(WalError::AlreadyInitialized {
             dir: dir.to_path_buf(),
         });
@@ -145,12 +149,11 @@ pub(crate) fn init(dir: &Path, cfg: StorageConfig, opts: InitOptions) -> Result<
             )));
         }
     }
-    let io = Io::new(cfg.fsync);
     let pg_wal = dir.join("pg_wal");
     let tmp = dir.join("tmp");
     let slots = dir.join("slots");
     for d in [&pg_wal, &tmp, &slots] {
-        fs::create_dir_all(d).map_err(io_err("creating", d))?;
+        io.create_dir_all(d).map_err(io_err("creating", d))?;
     }
     // The first segment is made here, not left to the writer's preallocation, so that a disk
     // too small for it fails init instead of leaving a directory that cannot take a record.
@@ -166,7 +169,7 @@ pub(crate) fn init(dir: &Path, cfg: StorageConfig, opts: InitOptions) -> Result<
         seg,
     ) {
         for d in [&pg_wal, &tmp, &slots] {
-            let _ = fs::remove_dir(d);
+            let _ = io.remove_dir(d);
         }
         return Err(e);
     }
@@ -206,36 +209,38 @@ pub(crate) fn init(dir: &Path, cfg: StorageConfig, opts: InitOptions) -> Result<
         &dir.join("control"),
         &encode_envelope("control", &control),
     )?;
-    open_locked(dir, cfg, lock)
+    open_locked(dir, cfg, lock, io)
 }
 
 /// Opens a data directory, finding the end of durable WAL (see the crate docs on crash
 /// safety) and cutting off whatever lies beyond it.
-pub(crate) fn open(dir: &Path, cfg: StorageConfig) -> Result<Recovered> {
+pub(crate) fn open(dir: &Path, cfg: StorageConfig, io: Io) -> Result<Recovered> {
     cfg.validate()?;
-    if !dir.join("control").exists() {
+    if !has_control(&io, dir)? {
         return Err(WalError::NotInitialized {
             dir: dir.to_path_buf(),
         });
     }
-    let lock = lock_dir(dir)?;
-    open_locked(dir, cfg, lock)
+    let lock = lock_dir(&io, dir)?;
+    open_locked(dir, cfg, lock, io)
 }
 
 /// The control data of an initialized data directory, read without opening it.
 pub(crate) fn stored_control(dir: &Path) -> Result<ControlData> {
-    if !dir.join("control").exists() {
+    // No `Wal` and so no fail points: an `Io` of its own.
+    let io = Io::new(true);
+    if !has_control(&io, dir)? {
         return Err(WalError::NotInitialized {
             dir: dir.to_path_buf(),
         });
     }
-    read_control(&dir.join("control"))
+    read_control(&io, &dir.join("control"))
 }
 
 /// Reads the data directory with its lock held: control data, flush pointer, slots, the files
 /// of `pg_wal`, and the end of durable WAL, cutting what lies beyond it.
-fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> {
-    let control = read_control(&dir.join("control"))?;
+fn open_locked(dir: &Path, cfg: StorageConfig, lock: File, io: Io) -> Result<Recovered> {
+    let control = read_control(&io, &dir.join("control"))?;
     if control.segment_size != cfg.segment_size {
         return Err(WalError::SegmentSizeMismatch {
             configured: cfg.segment_size,
@@ -243,20 +248,19 @@ fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> 
         });
     }
     let seg = cfg.segment_size;
-    let io = Io::new(cfg.fsync);
     let pg_wal = dir.join("pg_wal");
     let tmp = dir.join("tmp");
     let slots_dir = dir.join("slots");
     for d in [&tmp, &slots_dir] {
-        fs::create_dir_all(d).map_err(io_err("creating", d))?;
+        io.create_dir_all(d).map_err(io_err("creating", d))?;
     }
     // Leftovers of interrupted atomic writes and preallocations.
-    for e in fs::read_dir(&tmp).map_err(io_err("listing", &tmp))? {
-        let p = e.map_err(io_err("listing", &tmp))?.path();
-        fs::remove_file(&p).map_err(io_err("removing", &p))?;
+    for e in io.read_dir(&tmp).map_err(io_err("listing", &tmp))? {
+        let p = e.path();
+        io.remove_file(&p).map_err(io_err("removing", &p))?;
     }
-    let files = SegmentFiles::new(&pg_wal, seg);
-    let mut pointer = PointerFile::open(&dir.join("flush_pointer"))?;
+    let files = SegmentFiles::new(&io, &pg_wal, seg);
+    let mut pointer = PointerFile::open(&io, &dir.join("flush_pointer"))?;
     let mut st = TimelineState {
         tli: control.timeline,
         history: Arc::new(control.history.clone()),
@@ -270,12 +274,12 @@ fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> 
     // remnants of an interrupted promotion and go.
     let mut removed_segments = Vec::new();
     let mut on_disk: BTreeSet<(TimelineId, u64)> = BTreeSet::new();
-    for e in fs::read_dir(&pg_wal).map_err(io_err("listing", &pg_wal))? {
-        let e = e.map_err(io_err("listing", &pg_wal))?;
+    for e in io.read_dir(&pg_wal).map_err(io_err("listing", &pg_wal))? {
         let name = e.file_name().to_string_lossy().into_owned();
         if let Some((tli, segno)) = parse_segment_file_name(&name, seg) {
             if tli > st.tli {
-                fs::remove_file(e.path()).map_err(io_err("removing", &e.path()))?;
+                io.remove_file(&e.path())
+                    .map_err(io_err("removing", &e.path()))?;
                 removed_segments.push(name);
             } else {
                 on_disk.insert((tli, segno));
@@ -333,17 +337,19 @@ fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> 
     for &(tli, segno) in on_disk.iter() {
         if tli == st.tli && segno > end_seg {
             let path = files.path(tli, segno);
-            if !is_all_zero(&path)? {
+            if !is_all_zero(&io, &path)? {
                 report
                     .removed_segments
                     .push(segment_file_name(tli, segno, seg));
             }
-            fs::remove_file(&path).map_err(io_err("removing", &path))?;
+            io.remove_file(&path).map_err(io_err("removing", &path))?;
         }
     }
     if on_disk.contains(&(st.tli, end_seg)) {
         let path = files.path(st.tli, end_seg);
-        let len = fs::metadata(&path).map_err(io_err("reading", &path))?.len();
+        let len = io
+            .path_len(&path)
+            .map_err(io_err("reading the size of", &path))?;
         if len != seg {
             if end.segment_offset(seg) != 0 {
                 return Err(WalError::BadFile {
@@ -352,7 +358,7 @@ fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> 
                 });
             }
             // A partial file holding nothing durable: remove, preallocation recreates it.
-            fs::remove_file(&path).map_err(io_err("removing", &path))?;
+            io.remove_file(&path).map_err(io_err("removing", &path))?;
         } else {
             report.discarded_bytes = zero_tail(&io, &path, end.segment_offset(seg))?;
         }
@@ -386,7 +392,7 @@ fn open_locked(dir: &Path, cfg: StorageConfig, lock: File) -> Result<Recovered> 
         .unwrap_or(end.segment_start(seg))
         .max(st.wal_start);
 
-    let slots = SlotTable::load(&slots_dir)?;
+    let slots = SlotTable::load(&io, &slots_dir)?;
     let (pos_tx, _) = watch::channel(st.position());
     let (bg_tx, bg_rx) = crossbeam_channel::unbounded();
     let inner = Arc::new(Inner {
@@ -470,12 +476,17 @@ fn scan_records_end(
 }
 
 /// True if the file holds only zero bytes.
-fn is_all_zero(path: &Path) -> Result<bool> {
-    let f = File::open(path).map_err(io_err("opening", path))?;
-    let len = f.metadata().map_err(io_err("reading", path))?.len();
+fn is_all_zero(io: &Io, path: &Path) -> Result<bool> {
+    let f = io
+        .open(path, OpenOptions::new().read(true))
+        .map_err(io_err("opening", path))?;
+    let len = io
+        .file_len(&f)
+        .map_err(io_err("reading the size of", path))?;
     let mut off = 0;
     while off < len {
-        let b = pread_exact(&f, (1 << 20).min((len - off) as usize), off)
+        let b = io
+            .pread_exact(&f, (1 << 20).min((len - off) as usize), off)
             .map_err(io_err("reading", path))?;
         if b.is_empty() {
             break;
@@ -491,16 +502,17 @@ fn is_all_zero(path: &Path) -> Result<bool> {
 /// Zeroes a segment file from `from` to its end if anything there is non-zero, fsyncs it, and
 /// returns how many bytes up to the last non-zero one were discarded.
 fn zero_tail(io: &Io, path: &Path, from: u64) -> Result<u64> {
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
+    let f = io
+        .open(path, OpenOptions::new().read(true).write(true))
         .map_err(io_err("opening", path))?;
-    let len = f.metadata().map_err(io_err("reading", path))?.len();
+    let len = io
+        .file_len(&f)
+        .map_err(io_err("reading the size of", path))?;
     let mut last_nonzero = None;
     let mut off = from;
     while off < len {
-        let b = pread_exact(&f, (1 << 20).min((len - off) as usize), off)
+        let b = io
+            .pread_exact(&f, (1 << 20).min((len - off) as usize), off)
             .map_err(io_err("reading", path))?;
         if b.is_empty() {
             break;

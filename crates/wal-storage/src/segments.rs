@@ -9,14 +9,14 @@
 //! while `x` lies below their end.
 
 use std::collections::HashMap;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use wal_types::{Lsn, TimelineId};
 
-use crate::io::pread_exact;
+use crate::io::Io;
 use crate::naming::segment_file_name;
 use crate::{HistoryEntry, Result, WalError};
 
@@ -82,6 +82,8 @@ pub struct WalFileRange {
 pub(crate) struct SegmentFiles {
     pub pg_wal: PathBuf,
     pub seg: u64,
+    /// The `Wal`'s file operations (a clone sharing its counters and fail points).
+    io: Io,
     cache: Mutex<HashMap<(TimelineId, u64), Arc<File>>>,
 }
 
@@ -90,10 +92,11 @@ pub(crate) struct SegmentFiles {
 const CACHE_LIMIT: usize = 64;
 
 impl SegmentFiles {
-    pub(crate) fn new(pg_wal: &Path, seg: u64) -> SegmentFiles {
+    pub(crate) fn new(io: &Io, pg_wal: &Path, seg: u64) -> SegmentFiles {
         SegmentFiles {
             pg_wal: pg_wal.to_path_buf(),
             seg,
+            io: io.clone(),
             cache: Mutex::new(HashMap::new()),
         }
     }
@@ -113,19 +116,20 @@ impl SegmentFiles {
             return Ok(Some(f.clone()));
         }
         let path = self.path(tli, segno);
-        match File::open(&path) {
-            Ok(f) => {
-                let f = Arc::new(f);
-                let mut cache = self.lock();
-                if cache.len() >= CACHE_LIMIT {
-                    cache.clear();
-                }
-                cache.insert((tli, segno), f.clone());
-                Ok(Some(f))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(WalError::io(format!("opening {}", path.display()), e)),
+        let opened = self
+            .io
+            .open_if_exists(&path, OpenOptions::new().read(true))
+            .map_err(|e| WalError::io(format!("opening {}", path.display()), e))?;
+        let Some(f) = opened else {
+            return Ok(None);
+        };
+        let f = Arc::new(f);
+        let mut cache = self.lock();
+        if cache.len() >= CACHE_LIMIT {
+            cache.clear();
         }
+        cache.insert((tli, segno), f.clone());
+        Ok(Some(f))
     }
 
     /// Forgets cached files matching `pred` (after removing or replacing them).
@@ -149,8 +153,15 @@ impl SegmentFiles {
         let Some(found) = self.find(view, x, limit, max_len)? else {
             return Ok(None);
         };
-        let buf = pread_exact(&found.file, found.len, found.offset)
-            .map_err(|e| WalError::io(format!("reading {}", found.name), e))?;
+        let buf = self
+            .io
+            .pread_exact(&found.file, found.len, found.offset)
+            .map_err(|e| {
+                WalError::io(
+                    format!("reading {}", self.pg_wal.join(&found.name).display()),
+                    e,
+                )
+            })?;
         if buf.len() < found.len {
             return Err(found.short(found.offset + buf.len() as u64));
         }
@@ -169,11 +180,10 @@ impl SegmentFiles {
         let Some(found) = self.find(view, x, limit, max_len)? else {
             return Ok(None);
         };
-        let size = found
-            .file
-            .metadata()
-            .map_err(|e| WalError::io(format!("reading the size of {}", found.name), e))?
-            .len();
+        let size = self.io.file_len(&found.file).map_err(|e| {
+            let path = self.pg_wal.join(&found.name);
+            WalError::io(format!("reading the size of {}", path.display()), e)
+        })?;
         if size < found.offset + found.len as u64 {
             return Err(found.short(size));
         }

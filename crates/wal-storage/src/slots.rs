@@ -22,7 +22,6 @@
 //!   `(t + max(slot_keep_segs, keep_segs) + 1) * segment_size - written`, which may be negative.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -187,14 +186,15 @@ pub(crate) struct SlotTable {
 }
 
 impl SlotTable {
-    pub(crate) fn load(dir: &Path) -> Result<SlotTable> {
+    pub(crate) fn load(io: &Io, dir: &Path) -> Result<SlotTable> {
         let mut table = SlotTable::default();
-        let entries =
-            fs::read_dir(dir).map_err(|e| WalError::io(format!("listing {}", dir.display()), e))?;
+        let entries = io
+            .read_dir(dir)
+            .map_err(|e| WalError::io(format!("listing {}", dir.display()), e))?;
         for entry in entries {
-            let entry = entry.map_err(|e| WalError::io(format!("listing {}", dir.display()), e))?;
             let path = entry.path();
-            let bytes = fs::read(&path)
+            let bytes = io
+                .read_file(&path)
                 .map_err(|e| WalError::io(format!("reading {}", path.display()), e))?;
             let f: SlotFile = decode_envelope("slot", &path, &bytes)?;
             table.slots.insert(
@@ -269,6 +269,12 @@ impl SlotTable {
         );
         if let Err(e) = self.persist(paths, name) {
             self.slots.remove(name);
+            // The file may have been renamed into place before the step that failed (the
+            // directory's fsync); a slot whose creation failed must not come back at the next
+            // open.
+            if !temporary {
+                let _ = remove_with(paths.io, &paths.dir.join(name));
+            }
             return Err(e);
         }
         Ok(())

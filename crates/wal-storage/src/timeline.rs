@@ -9,7 +9,7 @@
 //! flush pointer before it cuts, so a crash in the middle redoes the same cut at open; the tail
 //! cache is emptied before a truncation cuts and before a switch makes the new timeline current.
 
-use std::fs::{self, OpenOptions};
+use std::fs::OpenOptions;
 use std::sync::Arc;
 
 use wal_types::{Lsn, TimelineId};
@@ -38,10 +38,11 @@ impl Writer {
         )?;
         // Like PostgreSQL's findNewestTimeLine: never reuse a timeline some history file names.
         let mut newest = st.tli;
-        for e in fs::read_dir(self.inner.pg_wal())
-            .map_err(|e| WalError::io("listing pg_wal", e))?
-            .flatten()
-        {
+        let pg_wal = self.inner.pg_wal();
+        let entries = (self.inner.io)
+            .read_dir(pg_wal)
+            .map_err(|e| WalError::io(format!("listing {}", pg_wal.display()), e))?;
+        for e in entries {
             if let Some(t) = parse_history_file_name(&e.file_name().to_string_lossy()) {
                 newest = newest.max(t);
             }
@@ -159,15 +160,13 @@ impl Writer {
         let tmp = self.inner.tmp.join(format!("{name}.switch"));
         let view = self.inner.state().view();
         let io = &self.inner.io;
+        let target = self.inner.pg_wal().join(&name);
+        let ctx = |what: &str, path: &std::path::Path| {
+            let ctx = format!("creating switch segment {name}: {what} {}", path.display());
+            move |e| WalError::io(ctx, e)
+        };
         let result = (|| -> Result<()> {
-            let ctx = |e| WalError::io(format!("creating switch segment {name}"), e);
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)
-                .map_err(ctx)?;
+            let f = io.create(&tmp).map_err(ctx("creating", &tmp))?;
             let mut pos = x.segment_start(seg);
             while pos < x {
                 let b = self
@@ -179,7 +178,7 @@ impl Writer {
                         segment: segment_file_name(view.timeline_of(pos), segno, seg),
                     })?;
                 io.pwrite_all(&f, &b, pos.segment_offset(seg), FP_WRITE)
-                    .map_err(ctx)?;
+                    .map_err(ctx("writing", &tmp))?;
                 pos = pos + b.len() as u64;
             }
             io.write_zeros(
@@ -188,13 +187,15 @@ impl Writer {
                 seg - x.segment_offset(seg),
                 FP_WRITE,
             )
-            .map_err(ctx)?;
-            io.sync_all(&f, FP_FSYNC).map_err(ctx)?;
-            fs::rename(&tmp, self.inner.pg_wal().join(&name)).map_err(ctx)?;
-            io.sync_dir(self.inner.pg_wal()).map_err(ctx)
+            .map_err(ctx("writing", &tmp))?;
+            io.sync_all(&f, FP_FSYNC).map_err(ctx("syncing", &tmp))?;
+            io.rename(&tmp, &target)
+                .map_err(ctx("renaming into place", &tmp))?;
+            io.sync_dir(self.inner.pg_wal())
+                .map_err(ctx("syncing", self.inner.pg_wal()))
         })();
         if result.is_err() {
-            let _ = fs::remove_file(&tmp);
+            let _ = io.remove_file(&tmp);
         }
         self.inner.files.evict(|t, s| t == new_tli && s == segno);
         result
@@ -229,34 +230,33 @@ impl Writer {
         self.forget_files();
         let segno = lsn.segment_number(seg);
         let path = self.inner.files.path(st.tli, segno);
-        if path.exists() {
-            let f = OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(|e| WalError::io(format!("opening {}", path.display()), e))?;
+        let opened = (self.inner.io)
+            .open_if_exists(&path, OpenOptions::new().write(true))
+            .map_err(|e| WalError::io(format!("opening {}", path.display()), e))?;
+        if let Some(f) = opened {
             let off = lsn.segment_offset(seg);
             (self.inner.io)
                 .write_zeros(&f, off, seg - off, FP_WRITE)
                 .and_then(|_| self.inner.io.sync_data(&f, FP_FSYNC))
                 .map_err(|e| WalError::io(format!("truncating {}", path.display()), e))?;
         }
-        for e in fs::read_dir(self.inner.pg_wal())
-            .map_err(|e| WalError::io("listing pg_wal", e))?
-            .flatten()
-        {
+        let pg_wal = self.inner.pg_wal();
+        let entries = (self.inner.io)
+            .read_dir(pg_wal)
+            .map_err(|e| WalError::io(format!("listing {}", pg_wal.display()), e))?;
+        for e in entries {
             if let Some((t, s)) = parse_segment_file_name(&e.file_name().to_string_lossy(), seg) {
                 if t == st.tli && s > segno {
-                    fs::remove_file(e.path()).map_err(|err| {
+                    (self.inner.io).remove_file(&e.path()).map_err(|err| {
                         WalError::io(format!("removing {}", e.path().display()), err)
                     })?;
                 }
             }
         }
         self.inner.files.evict(|t, s| t == st.tli && s > segno);
-        self.inner
-            .io
-            .sync_dir(self.inner.pg_wal())
-            .map_err(|e| WalError::io("syncing pg_wal", e))?;
+        (self.inner.io)
+            .sync_dir(pg_wal)
+            .map_err(|e| WalError::io(format!("syncing {}", pg_wal.display()), e))?;
         let dropped = st.flushed.0 - lsn.0;
         self.resume_at(st.tli, lsn, false);
         self.inner.set_positions(lsn, lsn);

@@ -4,7 +4,6 @@
 //! `writer.rs` (writes and appends, as tickets), `timeline.rs` (promotion, following,
 //! truncation, run on the writer thread), `slots.rs` and `background.rs` (slots, retention).
 
-use std::fs;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
@@ -22,6 +21,7 @@ use crate::format::Record;
 use crate::history::{check_history_for, parse_history};
 #[cfg(feature = "failpoints")]
 use crate::io::Failpoints;
+use crate::io::Io;
 use crate::metrics::StorageMetrics;
 use crate::naming::{history_file_name, parse_history_file_name};
 use crate::reader::RecordReader;
@@ -122,13 +122,27 @@ impl Drop for SlotGuard {
 impl Wal {
     /// Creates a data directory and opens it. Fails if `dir` already holds one.
     pub fn init(dir: impl AsRef<Path>, cfg: StorageConfig, opts: InitOptions) -> Result<Wal> {
-        Wal::start(recovery::init(dir.as_ref(), cfg, opts)?)
+        let io = Io::new(cfg.fsync);
+        Wal::start(recovery::init(dir.as_ref(), cfg, opts, io)?)
     }
 
     /// Opens a data directory, finding the end of durable WAL (see the crate docs on crash
     /// safety) and cutting off whatever lies beyond it.
     pub fn open(dir: impl AsRef<Path>, cfg: StorageConfig) -> Result<Wal> {
-        Wal::start(recovery::open(dir.as_ref(), cfg)?)
+        let io = Io::new(cfg.fsync);
+        Wal::start(recovery::open(dir.as_ref(), cfg, io)?)
+    }
+
+    /// [`Wal::open`] with fail points that are already in force while it recovers; the
+    /// `Wal` keeps them ([`Wal::failpoints`]).
+    #[cfg(feature = "failpoints")]
+    pub fn open_with_failpoints(
+        dir: impl AsRef<Path>,
+        cfg: StorageConfig,
+        failpoints: Arc<Failpoints>,
+    ) -> Result<Wal> {
+        let io = Io::with_failpoints(cfg.fsync, failpoints);
+        Wal::start(recovery::open(dir.as_ref(), cfg, io)?)
     }
 
     /// Starts the writer thread (which starts the background thread) on a recovered directory.
@@ -189,11 +203,9 @@ impl Wal {
     /// timeline 1 or an unknown timeline.
     pub fn history_file(&self, tli: TimelineId) -> Result<Option<Vec<u8>>> {
         let path = self.inner.pg_wal().join(history_file_name(tli));
-        match fs::read(&path) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(WalError::io(format!("reading {}", path.display()), e)),
-        }
+        (self.inner.io)
+            .read_file_if_exists(&path)
+            .map_err(|e| WalError::io(format!("reading {}", path.display()), e))
     }
 
     /// Where timeline `tli` ended, if it is an ancestor of the current one.
@@ -249,7 +261,7 @@ impl Wal {
 
     /// The fault-injection points of this instance.
     #[cfg(feature = "failpoints")]
-    pub fn failpoints(&self) -> &Failpoints {
+    pub fn failpoints(&self) -> &Arc<Failpoints> {
         &self.inner.io.failpoints
     }
 

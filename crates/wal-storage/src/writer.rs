@@ -19,7 +19,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::io;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
@@ -555,12 +554,14 @@ impl Writer {
         let path = self.inner.files.path(self.tli, segno);
         let file = match self.pending.remove(&segno) {
             Some(rx) => rx.recv().map_err(|_| WalError::Closed)??,
-            None => match OpenOptions::new().read(true).write(true).open(&path) {
-                Ok(f) => {
-                    let len = f
-                        .metadata()
-                        .map_err(|e| WalError::io(format!("reading {}", path.display()), e))?
-                        .len();
+            None => match (self.inner.io)
+                .open_if_exists(&path, OpenOptions::new().read(true).write(true))
+                .map_err(|e| WalError::io(format!("opening {}", path.display()), e))?
+            {
+                Some(f) => {
+                    let len = (self.inner.io)
+                        .file_len(&f)
+                        .map_err(|e| WalError::io(format!("reading {}", path.display()), e))?;
                     if len != seg {
                         return Err(WalError::BadFile {
                             path,
@@ -569,12 +570,11 @@ impl Writer {
                     }
                     f
                 }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                None => {
                     self.request_prealloc(segno);
                     let rx = self.pending.remove(&segno).expect("just requested");
                     rx.recv().map_err(|_| WalError::Closed)??
                 }
-                Err(e) => return Err(WalError::io(format!("opening {}", path.display()), e)),
             },
         };
         self.files.insert(segno, file);
@@ -588,9 +588,12 @@ impl Writer {
     }
 
     pub(crate) fn request_prealloc(&mut self, segno: u64) {
+        // A file that cannot be looked at is asked for anyway: preallocation never replaces
+        // a file, and reports what is wrong with the directory.
+        let path = self.inner.files.path(self.tli, segno);
         if self.pending.contains_key(&segno)
             || self.files.contains_key(&segno)
-            || self.inner.files.path(self.tli, segno).exists()
+            || self.inner.io.exists(&path).unwrap_or(false)
         {
             return;
         }

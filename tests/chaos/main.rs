@@ -171,6 +171,7 @@ impl Load {
             .args(["--size", &size.to_string()])
             .args(["--durability", durability])
             .args(["--seconds", "86400"])
+            .env_remove(fault_harness::report::DIR_VAR)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(stderr)

@@ -145,7 +145,9 @@ impl ChildNode {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
-            .env("NO_COLOR", "1");
+            .env("NO_COLOR", "1")
+            // The nodes refuse unknown WALSERVER_ variables; this one is the row writer's.
+            .env_remove(fault_harness::report::DIR_VAR);
         self.child = Some(cmd.spawn().context("run walserver")?);
         self.starts += 1;
         let started = Instant::now();

@@ -42,11 +42,16 @@ pub struct Row {
     pub replay: String,
 }
 
+/// The variable that names the directory of rows. It is a test harness's, not a setting:
+/// programs that run `walserver run` take it out of the node's environment, since the node
+/// refuses `WALSERVER_` variables that name no setting.
+pub const DIR_VAR: &str = "WALSERVER_RELIABILITY_DIR";
+
 /// Where rows go by default, as the fault harness writes them: `WALSERVER_RELIABILITY_DIR`,
 /// else `$CARGO_TARGET_DIR/reliability`, else `target/reliability` under `workspace` (the
 /// directory cargo builds in).
 pub fn default_dir(workspace: &Path) -> PathBuf {
-    if let Some(d) = std::env::var_os("WALSERVER_RELIABILITY_DIR") {
+    if let Some(d) = std::env::var_os(DIR_VAR) {
         return PathBuf::from(d);
     }
     match std::env::var_os("CARGO_TARGET_DIR") {

@@ -148,6 +148,8 @@ impl Acks {
 pub struct Load {
     child: std::process::Child,
     pub ack_log: std::path::PathBuf,
+    /// How far [`Load::count`] has read the log, and the lines it found there.
+    counted: std::cell::Cell<(u64, usize)>,
 }
 
 impl Load {
@@ -177,7 +179,11 @@ impl Load {
             .stderr(stderr)
             .spawn()
             .expect("run walserver bench append");
-        Load { child, ack_log }
+        Load {
+            child,
+            ack_log,
+            counted: std::cell::Cell::new((0, 0)),
+        }
     }
 
     /// The acknowledged appends logged so far (none before the log exists).
@@ -188,6 +194,28 @@ impl Load {
         acklog::read(&self.ack_log).expect("read the acknowledgement log")
     }
 
+    /// How many acknowledged appends the log holds: its complete lines, counted from where
+    /// the last call stopped (the log only grows, a whole line per write), so that waiting on
+    /// it costs the new bytes only, not a parse of the whole log each time.
+    pub fn count(&self) -> usize {
+        use std::io::{Read, Seek};
+        let (mut offset, mut lines) = self.counted.get();
+        if let Ok(mut f) = std::fs::File::open(&self.ack_log) {
+            if f.seek(std::io::SeekFrom::Start(offset)).is_ok() {
+                let mut new = Vec::new();
+                if f.read_to_end(&mut new).is_ok() {
+                    // Only whole lines count; a line being written is counted next time.
+                    if let Some(last) = new.iter().rposition(|&b| b == b'\n') {
+                        lines += new[..=last].iter().filter(|&&b| b == b'\n').count();
+                        offset += last as u64 + 1;
+                    }
+                }
+            }
+        }
+        self.counted.set((offset, lines));
+        lines
+    }
+
     /// Waits until the log holds more than `n` acknowledged appends; returns how many.
     pub fn wait_acks_beyond(&self, n: usize, deadline: Duration) -> anyhow::Result<usize> {
         node::wait_for(
@@ -195,7 +223,7 @@ impl Load {
             deadline,
             Duration::from_millis(5),
             || {
-                let k = self.acks().len();
+                let k = self.count();
                 (k > n).then_some(k)
             },
         )

@@ -282,16 +282,40 @@ pub fn wait_for<T>(
     }
 }
 
+/// Where the shorter of two record lists stops being a prefix of the longer, if it does.
+pub fn first_difference(a: &[NodeRecord], b: &[NodeRecord]) -> Option<usize> {
+    (0..a.len().min(b.len())).find(|&i| a[i] != b[i])
+}
+
 /// Asserts that the shorter of two nodes' record lists (`GET /wal?from=earliest`, oldest
 /// first) is a prefix of the longer: the same records, timeline by timeline, at the same LSNs
 /// with the same bytes (SHA-256). Returns how many records both hold.
 pub fn assert_prefix(a_name: &str, a: &[NodeRecord], b_name: &str, b: &[NodeRecord]) -> usize {
-    let common = a.len().min(b.len());
-    if let Some(i) = (0..common).find(|&i| a[i] != b[i]) {
+    if let Some(i) = first_difference(a, b) {
         panic!(
             "record {i} differs between {a_name} and {b_name}: {:?} and {:?}",
             a[i], b[i]
         );
     }
-    common
+    a.len().min(b.len())
+}
+
+#[test]
+fn the_prefix_check_finds_any_difference() {
+    let rec = |tl: u32, start: u64, data: &[u8]| NodeRecord {
+        timeline: tl,
+        start: Lsn(start),
+        end: Lsn(start + 24 + data.len() as u64),
+        sha256: walserver_bench::acklog::sha256_hex(data),
+    };
+    let a = vec![rec(1, 100, b"x"), rec(1, 125, b"y"), rec(1, 150, b"z")];
+    assert_eq!(first_difference(&a, &a[..2]), None, "a prefix");
+    assert_eq!(first_difference(&a[..0], &a), None, "nothing in common");
+    let mut b = a.clone();
+    b[1] = rec(1, 125, b"Y");
+    assert_eq!(first_difference(&a, &b), Some(1), "other bytes");
+    b[1] = rec(2, 125, b"y");
+    assert_eq!(first_difference(&a, &b), Some(1), "another timeline");
+    b[1] = rec(1, 126, b"y");
+    assert_eq!(first_difference(&a, &b[..2]), Some(1), "another LSN");
 }

@@ -1,7 +1,7 @@
 //! Crash and resource faults against real `walserver run` processes on loopback, judged against
 //! what the client saw acknowledged: kill -9 of any node of a primary → synchronous standby →
-//! cascade chain under writers, a full disk on a primary and on a standby, accept failing with
-//! EMFILE; and the soak bench at a tiny scale. Each fault scenario writes a row of the
+//! cascade chain under writers, a full disk on a primary and on a standby, a log that cannot be
+//! written, accept failing with EMFILE; and the soak bench at a tiny scale. Each fault scenario writes a row of the
 //! reliability table (`walserver-bench reliability-table`, `benches/RELIABILITY.md`).
 //!
 //! CI runs them short. `WALSERVER_TEST_CHAOS_CYCLES=N` runs N cycles of each;

@@ -160,9 +160,14 @@ fn init_tracing(level: &str, format: LogFormat) -> anyhow::Result<()> {
                 .with_context(|| format!("invalid log_level {level:?}"))?
         }
     };
+    // A log line that cannot be written (standard error on a full disk) is lost, never a
+    // panic: tracing-subscriber reports such a failure with `eprintln!`, which panics when
+    // standard error fails too, and so killed whichever thread logged (the WAL writer's, the
+    // supervisor's).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     let _ = match format {
         LogFormat::Text => builder
             .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())

@@ -360,7 +360,9 @@ impl ChildNode {
         for (k, v) in settings {
             cmd.arg("-c").arg(format!("{k}={v}"));
         }
-        cmd.stdin(Stdio::null()).stdout(Stdio::null());
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .env_remove(crate::reliability::DIR_VAR);
         let child = cmd.spawn().context("cannot run walserver")?;
         let mut node = ChildNode {
             child,

@@ -13,6 +13,9 @@
 //!   ([`acklog`]): every acknowledged record at its position with its hash.
 //! - `wait-lsn`: times another process (a standby) until its IDENTIFY_SYSTEM position
 //!   reaches an LSN; `benches/compare-postgres.sh` uses it on both PostgreSQL and walserver.
+//! - `soak`: steady appends for minutes with a standby restarted at an interval, sampling
+//!   every node's resident memory and descriptors ([`soak`]).
+//! - `reliability-table`: the markdown table of the fault scenarios' rows ([`reliability`]).
 //!
 //! It reaches walserver only through public interfaces: nodes are configured and started
 //! with `walserver-node` (settings, `init`, `start_node`), in process on actix System threads
@@ -30,7 +33,9 @@ pub mod acklog;
 mod append;
 mod client;
 pub mod cluster;
+pub mod reliability;
 pub mod report;
+pub mod soak;
 mod stream;
 pub mod sys;
 
@@ -40,6 +45,7 @@ pub use cluster::NodeProgram;
 pub use repl_client::ReplClient;
 pub use stream::{Client, StreamArgs, StreamReport};
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -51,6 +57,22 @@ pub enum BenchCommand {
     Append(AppendArgs),
     /// Stream load: catch-up of 1..64 standbys from a primary holding G GiB.
     Stream(StreamArgs),
+    /// Steady appends for minutes with a standby restarted at an interval; samples every
+    /// node's resident memory and open descriptors into a CSV and an SVG plot.
+    Soak(soak::SoakArgs),
+    /// The markdown table of the reliability rows the fault scenarios wrote.
+    ReliabilityTable {
+        /// The directory of rows (default `$CARGO_TARGET_DIR/reliability`, else
+        /// `target/reliability`).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The machine named in the heading (default: CPU model, cores and kernel).
+        #[arg(long)]
+        machine: Option<String>,
+        /// A markdown file whose text follows the table (how the rows were made, findings).
+        #[arg(long)]
+        notes: Option<PathBuf>,
+    },
     /// Stream [start, end) from a walserver or PostgreSQL server and discard it.
     Catchup {
         /// The server's host.
@@ -124,6 +146,30 @@ pub fn run(cmd: BenchCommand, program: &NodeProgram) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Append(args) => append::run(args),
         BenchCommand::Stream(args) => stream::run(args, program),
+        BenchCommand::Soak(args) => soak::run(args, program),
+        BenchCommand::ReliabilityTable {
+            dir,
+            machine,
+            notes,
+        } => {
+            let dir = match dir {
+                Some(d) => d,
+                None => reliability::default_dir(&std::env::current_dir()?),
+            };
+            let rows = reliability::read_rows(&dir)?;
+            anyhow::ensure!(!rows.is_empty(), "no reliability rows in {}", dir.display());
+            let machine = machine.unwrap_or_else(reliability::machine);
+            print!(
+                "{}",
+                reliability::render(&rows, &machine, &reliability::today_utc())
+            );
+            if let Some(path) = notes {
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                print!("\n{text}");
+            }
+            Ok(())
+        }
         BenchCommand::Catchup {
             host,
             port,

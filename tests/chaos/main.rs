@@ -1,0 +1,245 @@
+//! Crash and resource faults against real `walserver run` processes on loopback, judged against
+//! what the client saw acknowledged: kill -9 of any node of a primary → synchronous standby →
+//! cascade chain under writers, a full disk on a primary and on a standby, a log that cannot be
+//! written, accept failing with EMFILE; and the soak bench at a tiny scale. Each fault scenario writes a row of the
+//! reliability table (`walserver-bench reliability-table`, `benches/RELIABILITY.md`).
+//!
+//! CI runs them short. `WALSERVER_TEST_CHAOS_CYCLES=N` runs N cycles of each;
+//! `WALSERVER_TEST_CHAOS_SEED=S` replays the kill order of a run (each run prints its seed).
+//! The variables are `WALSERVER_TEST_` ones so the nodes, which refuse unknown `WALSERVER_*`
+//! variables, accept them in their environment.
+
+mod accept;
+mod full_disk;
+mod kill_chain;
+mod node;
+mod soak;
+
+use std::path::Path;
+use std::time::Duration;
+
+use fault_harness::report::{RecoverMs, Row};
+use wal_storage::Lsn;
+use walserver_bench::acklog::{self, AckEntry};
+
+use node::ChildNode;
+
+/// The cycle count of a scenario: `WALSERVER_TEST_CHAOS_CYCLES`, else `ci`.
+pub fn cycles(ci: u64) -> u64 {
+    std::env::var("WALSERVER_TEST_CHAOS_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ci)
+}
+
+/// Writes a scenario's row of the reliability table (the fault harness's row, into its
+/// directory: `$CARGO_TARGET_DIR/reliability`). `recovered` is how many cycles recovered.
+#[allow(clippy::too_many_arguments)]
+pub fn write_row(
+    file: &str,
+    fault: &str,
+    cycles: u64,
+    duration: Duration,
+    acknowledged: u64,
+    lost: u64,
+    recovered: u64,
+    recover: &[Duration],
+    replay: &str,
+) {
+    let ms: Vec<f64> = recover.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    let row = Row {
+        fault: fault.into(),
+        cycles,
+        duration_s: duration.as_secs_f64(),
+        acknowledged,
+        lost,
+        recovered: recovered == cycles,
+        recover_ms: RecoverMs::of(&ms),
+        replay: replay.into(),
+    };
+    let path = row.write(file).expect("write the reliability row");
+    println!("reliability row: {}", path.display());
+}
+
+/// Appends a test makes itself, one record each through `POST /wal`, kept as the load tool's
+/// acknowledgement log keeps them ([`AckEntry`]), so they are checked the same way.
+#[derive(Default)]
+pub struct Acks {
+    acked: Vec<AckEntry>,
+}
+
+/// The writer number of a test's own appends in the log (the load tool's writers count from 0).
+const TEST_WRITER: usize = 9999;
+
+impl Acks {
+    /// Appends `n` records of `size` bytes to `node` (at its default durability) and logs
+    /// each acknowledged one; returns the last end.
+    pub fn append(&mut self, node: &ChildNode, n: usize, size: usize) -> anyhow::Result<Lsn> {
+        let mut end = Lsn::INVALID;
+        for _ in 0..n {
+            end = self
+                .try_append(node, size, "", None)
+                .map_err(|(status, text)| anyhow::anyhow!("HTTP {status}: {text}"))?;
+        }
+        Ok(end)
+    }
+
+    /// One append of one record at `durability` (the node's default if empty), given up after
+    /// `timeout`; logged if acknowledged. A refusal is its HTTP status and text (status 0: no
+    /// answer).
+    pub fn try_append(
+        &mut self,
+        node: &ChildNode,
+        size: usize,
+        durability: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Lsn, (u16, String)> {
+        let client =
+            walserver_node::admin::AdminClient::with_timeout(&node.http_str(), None, timeout);
+        let seq = self.acked.len() as u64;
+        let payload = acklog::payload(TEST_WRITER, seq, 0, size);
+        let path = if durability.is_empty() {
+            "/wal".to_string()
+        } else {
+            format!("/wal?durability={durability}")
+        };
+        let mut resp = client
+            .post(&path, "application/octet-stream")
+            .send(payload.as_slice())
+            .map_err(|e| (0, e.to_string()))?;
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        if !resp.status().is_success() {
+            return Err((status, text));
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| (status, e.to_string()))?;
+        let (Some(end), Some(timeline)) = (node::lsn_at(&v, "/end_lsn"), v["timeline"].as_u64())
+        else {
+            return Err((
+                status,
+                format!("an answer without end_lsn or timeline: {text}"),
+            ));
+        };
+        self.acked.push(AckEntry {
+            writer: TEST_WRITER,
+            seq,
+            timeline: timeline as u32,
+            end_lsn: end,
+            hashes: vec![acklog::sha256_hex(&payload)],
+        });
+        Ok(end)
+    }
+
+    pub fn count(&self) -> u64 {
+        self.acked.len() as u64
+    }
+
+    /// How many acknowledged records `node` does not hold, at their LSN with their bytes.
+    pub fn lost_on(&self, node: &ChildNode) -> u64 {
+        let records = acklog::fetch_records(&node.http_str(), None).expect("the node's records");
+        acklog::verify(&self.acked, &records).lost
+    }
+}
+
+/// The load tool's HTTP writers (`walserver bench append --keep-going --ack-log FILE`) run
+/// as a child process against a node until stopped: killed, as a client crashes, which loses
+/// at most the log line of an append in flight, never an earlier one.
+pub struct Load {
+    child: std::process::Child,
+    pub ack_log: std::path::PathBuf,
+    /// How far [`Load::count`] has read the log, and the lines it found there.
+    counted: std::cell::Cell<(u64, usize)>,
+}
+
+impl Load {
+    /// `writers` writers of `batch` records of `size` bytes at `durability` against `node`.
+    pub fn start(
+        node: &ChildNode,
+        dir: &Path,
+        writers: usize,
+        batch: usize,
+        size: usize,
+        durability: &str,
+    ) -> Load {
+        let ack_log = dir.join("acks.jsonl");
+        let stderr = std::fs::File::create(dir.join("load.log")).expect("the load's log");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_walserver"))
+            .args(["bench", "append", "--http", &node.http_str(), "--ack-log"])
+            .arg(&ack_log)
+            .args(["--keep-going", "--request-timeout", "10", "--json"])
+            .args(["--writers", &writers.to_string()])
+            .args(["--batch", &batch.to_string()])
+            .args(["--size", &size.to_string()])
+            .args(["--durability", durability])
+            .args(["--seconds", "86400"])
+            .env_remove(fault_harness::report::DIR_VAR)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("run walserver bench append");
+        Load {
+            child,
+            ack_log,
+            counted: std::cell::Cell::new((0, 0)),
+        }
+    }
+
+    /// The acknowledged appends logged so far (none before the log exists).
+    pub fn acks(&self) -> Vec<AckEntry> {
+        if !self.ack_log.exists() {
+            return Vec::new();
+        }
+        acklog::read(&self.ack_log).expect("read the acknowledgement log")
+    }
+
+    /// How many acknowledged appends the log holds: its complete lines, counted from where
+    /// the last call stopped (the log only grows, a whole line per write), so that waiting on
+    /// it costs the new bytes only, not a parse of the whole log each time.
+    pub fn count(&self) -> usize {
+        use std::io::{Read, Seek};
+        let (mut offset, mut lines) = self.counted.get();
+        if let Ok(mut f) = std::fs::File::open(&self.ack_log) {
+            if f.seek(std::io::SeekFrom::Start(offset)).is_ok() {
+                let mut new = Vec::new();
+                if f.read_to_end(&mut new).is_ok() {
+                    // Only whole lines count; a line being written is counted next time.
+                    if let Some(last) = new.iter().rposition(|&b| b == b'\n') {
+                        lines += new[..=last].iter().filter(|&&b| b == b'\n').count();
+                        offset += last as u64 + 1;
+                    }
+                }
+            }
+        }
+        self.counted.set((offset, lines));
+        lines
+    }
+
+    /// Waits until the log holds more than `n` acknowledged appends; returns how many.
+    pub fn wait_acks_beyond(&self, n: usize, deadline: Duration) -> anyhow::Result<usize> {
+        node::wait_for(
+            &format!("more than {n} acknowledged appends"),
+            deadline,
+            Duration::from_millis(5),
+            || {
+                let k = self.count();
+                (k > n).then_some(k)
+            },
+        )
+    }
+
+    /// Stops the writers and returns the log.
+    pub fn stop(mut self) -> Vec<AckEntry> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.acks()
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

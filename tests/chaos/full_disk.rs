@@ -1,8 +1,7 @@
 //! A full disk, on the primary and on a standby, with and without synchronous replication.
 //! The full node's data directory is on a 64 MiB tmpfs (unmounted on drop, also when the test
 //! fails) that a ballast file fills while the load tool's writers append. Then: appends fail
-//! with an error that says the disk is full (not 2xx; 500, 503 or 507: the status is being
-//! changed to 507 by the storage-failure policy, so the three are accepted for now); what is
+//! with `507 Insufficient Storage` and an error that says the disk is full; what is
 //! already durable is still served (the full node's records are readable, a standby of a full
 //! primary still streams and holds everything the primary made durable); and once the
 //! ballast is removed, appends are acknowledged again by themselves, which is timed. Judged
@@ -58,7 +57,7 @@ fn fill(path: &Path) -> u64 {
 /// Whether an answer to a refused append is the clear, retryable "disk full" one.
 fn is_disk_full_answer(status: u16, text: &str) -> bool {
     let t = text.to_ascii_lowercase();
-    matches!(status, 500 | 503 | 507)
+    status == 507
         && (t.contains("no space") || t.contains("disk is full") || t.contains("disk full"))
 }
 

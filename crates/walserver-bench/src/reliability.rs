@@ -2,8 +2,8 @@
 //! `walserver` package, written with the fault harness's row type) leaves one JSON [`Row`] in
 //! a directory (`$CARGO_TARGET_DIR/reliability/` by default), and `walserver-bench
 //! reliability-table` turns the rows into the markdown table of `benches/RELIABILITY.md`.
-//! [`Row`] is the reader's side of that format: the harness is a test-only crate that this
-//! published one cannot depend on.
+//! [`Row`] is the one definition of that format: the harness (a test-only crate) re-exports it
+//! and writes rows with [`Row::write`].
 //!
 //! A row says what was done (the fault, how many cycles, how long), what the client saw
 //! (appends acknowledged, acknowledged appends missing afterwards, whether it recovered) and how
@@ -21,6 +21,26 @@ pub struct RecoverMs {
     pub p50: f64,
     pub p99: f64,
     pub max: f64,
+}
+
+impl RecoverMs {
+    /// Percentiles of `samples` (milliseconds), nearest rank; all zero when there are none.
+    pub fn of(samples: &[f64]) -> RecoverMs {
+        if samples.is_empty() {
+            return RecoverMs::default();
+        }
+        let mut s = samples.to_vec();
+        s.sort_by(|a, b| a.total_cmp(b));
+        let rank = |q: f64| {
+            let i = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
+            s[i - 1]
+        };
+        RecoverMs {
+            p50: rank(0.50),
+            p99: rank(0.99),
+            max: s[s.len() - 1],
+        }
+    }
 }
 
 /// One fault scenario's outcome, one JSON file per scenario.
@@ -42,12 +62,30 @@ pub struct Row {
     pub replay: String,
 }
 
-/// The variable that names the directory of rows. It is a test harness's, not a setting:
-/// programs that run `walserver run` take it out of the node's environment, since the node
-/// refuses `WALSERVER_` variables that name no setting.
-pub const DIR_VAR: &str = "WALSERVER_RELIABILITY_DIR";
+/// The variable that names the directory of rows: a test harness's, not a setting (walserver's
+/// configuration lets `WALSERVER_TEST_` variables through; programs that start nodes still
+/// take it out of the node's environment, as none of its business).
+pub const DIR_VAR: &str = "WALSERVER_TEST_RELIABILITY_DIR";
 
-/// Where rows go by default, as the fault harness writes them: `WALSERVER_RELIABILITY_DIR`,
+impl Row {
+    /// Writes the row as `<dir>/<scenario>.json` (one JSON object, replacing an older row of
+    /// the same scenario) in [`default_dir`] of the current directory, and returns the path.
+    pub fn write(&self, scenario: &str) -> anyhow::Result<PathBuf> {
+        self.write_in(&default_dir(&std::env::current_dir()?), scenario)
+    }
+
+    /// [`Row::write`] into `dir`.
+    pub fn write_in(&self, dir: &Path, scenario: &str) -> anyhow::Result<PathBuf> {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let path = dir.join(format!("{scenario}.json"));
+        let text = serde_json::to_string(self)?;
+        std::fs::write(&path, format!("{text}\n"))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(path)
+    }
+}
+
+/// Where rows go by default, as the fault harness writes them: `WALSERVER_TEST_RELIABILITY_DIR`,
 /// else `$CARGO_TARGET_DIR/reliability`, else `target/reliability` under `workspace` (the
 /// directory cargo builds in).
 pub fn default_dir(workspace: &Path) -> PathBuf {

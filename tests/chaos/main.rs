@@ -59,6 +59,12 @@ pub fn write_row(
     };
     let path = row.write(file).expect("write the reliability row");
     println!("reliability row: {}", path.display());
+    if let Err(e) = fault_harness::report::check_published(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")),
+        &row,
+    ) {
+        panic!("{e}");
+    }
 }
 
 /// Appends a test makes itself, one record each through `POST /wal`, kept as the load tool's

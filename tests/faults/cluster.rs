@@ -298,6 +298,12 @@ impl Cluster {
             serde_json::to_string(&row).unwrap_or_default()
         );
         eprintln!("row written to {}", path.display());
+        if let Err(e) = fault_harness::report::check_published(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")),
+            &row,
+        ) {
+            panic!("{e}");
+        }
     }
 }
 

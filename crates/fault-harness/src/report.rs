@@ -3,7 +3,27 @@
 //! ones alike). The format is the load tool's ([`walserver_bench::reliability`], which also
 //! renders the table), re-exported here so that scenarios and renderer cannot disagree.
 
-pub use walserver_bench::reliability::{default_dir, RecoverMs, Row, DIR_VAR};
+pub use walserver_bench::reliability::{default_dir, published, RecoverMs, Row, DIR_VAR};
+
+/// Fails (naming what to do) unless the repository's published table,
+/// `benches/RELIABILITY.md` under `workspace`, has a row for `row`'s scenario: a scenario the
+/// suite runs must be in the table it keeps.
+pub fn check_published(workspace: &std::path::Path, row: &Row) -> Result<(), String> {
+    let path = workspace.join("benches").join("RELIABILITY.md");
+    let table = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if published(&table, row) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} has no row for the scenario {:?} ({}): run it and render the table again, as \
+             the notes under the table say",
+            path.display(),
+            row.fault,
+            row.replay
+        ))
+    }
+}
 
 #[cfg(test)]
 mod tests {

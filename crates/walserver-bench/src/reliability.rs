@@ -160,6 +160,28 @@ pub fn render(rows: &[Row], machine: &str, date: &str) -> String {
     out
 }
 
+/// The command of `row`'s replay without its leading `VAR=value` settings (a seed, a cycle
+/// count): what stays the same from run to run of a scenario.
+pub fn replay_command(row: &Row) -> String {
+    let words: Vec<&str> = row
+        .replay
+        .split_whitespace()
+        .skip_while(|w| w.contains('='))
+        .collect();
+    words.join(" ")
+}
+
+/// Whether the rendered `table` has a row for `row`'s scenario (one whose replay runs the same
+/// command), so that a suite can tell when its published table lacks a scenario.
+pub fn published(table: &str, row: &Row) -> bool {
+    let command = replay_command(row);
+    !command.is_empty()
+        && table
+            .lines()
+            .filter(|l| l.starts_with("| "))
+            .any(|l| l.contains(&format!(" {command}`")) || l.contains(&format!("`{command}`")))
+}
+
 /// The machine in a few words: CPU model, cores and kernel (Linux's `/proc`), for the heading.
 pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -251,6 +273,22 @@ mod tests {
         std::fs::write(dir.path().join("bad.json"), "{}").unwrap();
         let e = read_rows(dir.path()).unwrap_err();
         assert!(format!("{e:#}").contains("bad.json"), "{e:#}");
+    }
+
+    #[test]
+    fn a_table_is_checked_for_a_scenario_by_its_replay_command() {
+        let table = render(&[row("a fault", true)], "m", "2026-12-01");
+        let mut other = row("the same scenario, another run", true);
+        other.replay = "WALSERVER_TEST_CHAOS_SEED=99 WALSERVER_TEST_CHAOS_CYCLES=3 cargo test --test chaos kill".into();
+        assert_eq!(replay_command(&other), "cargo test --test chaos kill");
+        assert!(published(&table, &other), "{table}");
+        other.replay = "cargo test --test chaos kill_more".into();
+        assert!(!published(&table, &other), "{table}");
+        other.replay = "cargo test --test chaos".into();
+        assert!(
+            !published(&table, &other),
+            "a prefix of a command is not the command"
+        );
     }
 
     #[test]

@@ -13,7 +13,9 @@
 //!   last good sync (so nothing beyond it is readable or sent), and the state is `failed`.
 //!   The owner then restarts storage: the data directory is reopened with the last good sync
 //!   as its exact end, which re-verifies the tail, zeroes what the failed batch left and
-//!   fsyncs it before any write is accepted.
+//!   fsyncs it before any write is accepted. A control operation (promotion, following a
+//!   timeline, truncation, a history file) that fails with an I/O error falls under the same
+//!   rule, since it writes and syncs files too.
 //! - A full disk (ENOSPC, EDQUOT) is backpressure: the batch that met it fails with
 //!   [`WalError::DiskFull`](crate::WalError::DiskFull) and the state is `full`; later writes
 //!   that need no new space succeed, and the next batch that succeeds makes the state `ok`.

@@ -558,7 +558,7 @@ impl Wal {
         self.send(Request::Control(Box::new(move |w| {
             let _ = tx.send(match w.refusal() {
                 Some(e) => Err(e),
-                None => f(w),
+                None => f(w).map_err(|e| w.control_failed(e)),
             });
         })))?;
         rx.recv().map_err(|_| WalError::Closed)?

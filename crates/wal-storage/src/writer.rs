@@ -490,6 +490,24 @@ impl Writer {
 
     /// The failure policy (`health.rs`): a full disk is backpressure, anything else (a failed
     /// sync above all) fails the writer until a restart. Returns what the waiters get.
+    /// A control operation (promotion, following a timeline, truncation, a history file)
+    /// failed. Such operations write and sync files too, so an I/O failure falls under the same
+    /// policy as a batch's: a full disk is backpressure, anything else fails storage until it
+    /// is reopened, because a failed sync is never retried and trusted. Other errors (a request
+    /// that makes no sense) go back as they are and leave storage as it was.
+    pub(crate) fn control_failed(&mut self, e: WalError) -> WalError {
+        match e {
+            WalError::Io { .. } | WalError::DiskFull { .. } => self.apply_policy(Failure {
+                error: e,
+                path: None,
+                sync: false,
+                reach: self.published,
+                segment: None,
+            }),
+            other => other,
+        }
+    }
+
     fn apply_policy(&mut self, f: Failure) -> WalError {
         let full_errno = match &f.error {
             WalError::Io { cause, .. } => is_full_errno(cause),

@@ -247,3 +247,35 @@ fn raw_writes_are_refused_on_a_full_disk_and_resume_without_a_restart() {
     assert_eq!(done, end + 1000 + chunk);
     assert_eq!(wal.health().state, StorageState::Ok);
 }
+
+/// A control operation writes and syncs files too: a promotion whose history file cannot be
+/// written fails storage under the same policy as a batch, and the node promotes once storage
+/// is reopened. A request that makes no sense fails alone and leaves storage as it was.
+#[test]
+fn a_failed_promotion_write_fails_storage_until_it_is_reopened() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    let a = append(&wal, &[payload(1, 100)])[0];
+
+    let bad = wal.truncate_to(Lsn(a.0 + (1 << 20))).unwrap_err();
+    assert!(!bad.is_storage_failed(), "{bad}");
+    assert_eq!(wal.health().state, StorageState::Ok);
+
+    wal.failpoints().set(FP_ATOMIC, libc::EIO);
+    let err = wal.promote("test").unwrap_err();
+    wal.failpoints().clear(FP_ATOMIC);
+    assert!(err.is_storage_failed(), "{err}");
+    assert_eq!(wal.health().state, StorageState::Failed);
+    assert!(wal
+        .append(vec![payload(2, 10)])
+        .unwrap_err()
+        .is_storage_failed());
+
+    wal.restart().unwrap();
+    assert_eq!(wal.health().state, StorageState::Ok);
+    let (tli, _) = wal.promote("test").unwrap();
+    assert_eq!(tli, TimelineId(2));
+    append(&wal, &[payload(3, 10)]);
+    drop(wal);
+    assert_eq!(stored_payloads(tmp.path())[0], payload(1, 100));
+}

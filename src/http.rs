@@ -278,7 +278,18 @@ async fn append(state: web::Data<State>, req: HttpRequest, body: Bytes) -> HttpR
                 }
                 AppendError::Storage(_) => actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
             };
-            HttpResponse::build(status).json(serde_json::json!({ "error": e.to_string() }))
+            let mut resp = HttpResponse::build(status);
+            if matches!(
+                status,
+                actix_web::http::StatusCode::INSUFFICIENT_STORAGE
+                    | actix_web::http::StatusCode::SERVICE_UNAVAILABLE
+            ) {
+                // Both clear by themselves (space freed, storage reopened, a shutdown over);
+                // one second is about how long a full standby or a storage restart takes to
+                // come back here, a guess that keeps a well-behaved client from spinning.
+                resp.insert_header((actix_web::http::header::RETRY_AFTER, "1"));
+            }
+            resp.json(serde_json::json!({ "error": e.to_string() }))
         }
         Err(e) => unavailable(e),
     }

@@ -173,6 +173,20 @@ fn a_full_disk_refuses_appends_with_507_and_they_resume_when_space_returns() {
         "{text}"
     );
     assert_eq!(text.matches("No space left on device").count(), 1, "{text}");
+    // The answer says when to try again, as a retryable one should.
+    let resp = ureq::post(&format!("http://{}/wal", primary.http_addr))
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .send(&big[..])
+        .expect("admin API");
+    assert_eq!(resp.status().as_u16(), 507);
+    assert_eq!(
+        resp.headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
     let s = storage_status(&primary);
     assert_eq!(s["state"], "full", "{s}");
     assert!(s["path"].as_str().unwrap().contains("pg_wal/"), "{s}");

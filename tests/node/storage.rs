@@ -236,15 +236,15 @@ fn a_standby_with_a_full_disk_resumes_receiving_within_about_a_second_of_space_r
     assert_eq!(s["state"], "full", "{s}");
     assert!(standby.wal().flushed() < end);
     // The walreceiver retries on a short backoff: a full disk is not an operator's failure.
-    let r = standby.receiver();
-    assert!(
-        r.restart
+    // Storage says it is full before the walreceiver has ended on it, so wait for that too.
+    wait_until("the walreceiver to end on the full disk", || {
+        standby
+            .receiver()
+            .restart
             .last_error
             .as_deref()
-            .is_some_and(|e| e.contains("the disk is full")),
-        "{:?}",
-        r.restart.last_error
-    );
+            .is_some_and(|e| e.contains("the disk is full"))
+    });
 
     // Space stays short until the retries have backed off to their cap (the ninth retry
     // waits the whole `disk_full_cap`), so the time measured below is the worst case.

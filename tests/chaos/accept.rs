@@ -52,7 +52,7 @@ fn accept_errors_back_off_and_the_node_accepts_again_afterwards() {
     );
     primary.start().expect("start the primary");
     let sdata = dir.path().join("standby");
-    walserver_node::init::init_standby(&sdata, &conninfo_of(primary.listen, "s1"), None, None)
+    walserver_node::init::init_standby(&sdata, &conninfo_at(primary.listen, "s1"), None, None)
         .expect("init the standby");
     let mut standby = ChildNode::new("standby", &sdata, &[("wal_receiver_status_interval", "1")]);
     standby.start().expect("start the standby");

@@ -99,7 +99,7 @@ fn setup(full: Full, sync: bool) -> Setup {
     .with_log(&dir.path().join("primary.log"));
     primary.start().expect("start the primary");
     let sdata = on_disk(Full::Standby, "standby");
-    walserver_node::init::init_standby(&sdata, &conninfo_of(primary.listen, "s1"), None, None)
+    walserver_node::init::init_standby(&sdata, &conninfo_at(primary.listen, "s1"), None, None)
         .expect("init the standby");
     let mut standby = ChildNode::new(
         "standby",
@@ -346,7 +346,7 @@ fn an_unwritable_log_is_not_a_crash() {
         .with_stderr(Path::new("/dev/full"));
     primary.start().expect("a node logging to /dev/full starts");
     let sdata = dir.path().join("standby");
-    walserver_node::init::init_standby(&sdata, &conninfo_of(primary.listen, "s1"), None, None)
+    walserver_node::init::init_standby(&sdata, &conninfo_at(primary.listen, "s1"), None, None)
         .expect("init the standby");
     let mut standby = ChildNode::new("standby", &sdata, &[("log_level", "debug")])
         .with_stderr(Path::new("/dev/full"));

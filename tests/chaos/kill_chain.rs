@@ -66,7 +66,7 @@ impl Chain {
             let data = dir.join(name);
             walserver_node::init::init_standby(
                 &data,
-                &conninfo_of(upstream.listen, app),
+                &conninfo_at(upstream.listen, app),
                 None,
                 None,
             )

@@ -13,26 +13,11 @@ use serde_json::Value;
 use wal_storage::Lsn;
 use walserver_bench::acklog::NodeRecord;
 
+pub use fault_harness::node::conninfo_at;
+
 /// How long a step that should take moments (a start, a reconnect) may take before the test
 /// fails. Generous: two cores are shared with other builds.
 pub const DEADLINE: Duration = Duration::from_secs(60);
-
-/// A free loopback port (bound and released; another process could take it in between, rare
-/// on loopback).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// The `primary_conninfo` of a node listening on `addr`.
-pub fn conninfo_of(addr: SocketAddr, application_name: &str) -> String {
-    format!(
-        "host=127.0.0.1 port={} user=walserver sslmode=disable application_name={application_name}",
-        addr.port()
-    )
-}
 
 /// A node run as `walserver run`, restartable on its data directory and ports.
 pub struct ChildNode {
@@ -54,9 +39,12 @@ impl ChildNode {
     /// A node on the initialised `data_dir`, not yet started; its log is `NAME.log` beside it.
     pub fn new(name: &str, data_dir: &Path, settings: &[(&str, &str)]) -> ChildNode {
         let port = |_| {
-            format!("127.0.0.1:{}", free_port())
-                .parse()
-                .expect("address")
+            format!(
+                "127.0.0.1:{}",
+                walserver_bench::cluster::free_port().expect("a free loopback port")
+            )
+            .parse()
+            .expect("address")
         };
         ChildNode {
             name: name.into(),

@@ -17,15 +17,9 @@ use walreceiver_actor::ReceiverState;
 use walserver_node::config::Sources;
 use walserver_node::node::Reloader;
 
-use super::{TestNode, DEADLINE};
+use fault_harness::node::conninfo_at;
 
-/// The `primary_conninfo` of a walserver node listening on `addr`.
-pub fn conninfo_of(addr: SocketAddr, application_name: &str) -> String {
-    format!(
-        "host=127.0.0.1 port={} user=walserver sslmode=disable application_name={application_name}",
-        addr.port()
-    )
-}
+use super::{TestNode, DEADLINE};
 
 /// How a node is taken down before a restart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +38,7 @@ impl TestNode {
         let dir = tempfile::tempdir().expect("tempdir");
         walserver_node::init::init_standby(
             &dir.path().join("data"),
-            &conninfo_of(upstream, name),
+            &conninfo_at(upstream, name),
             None,
             None,
         )
@@ -54,7 +48,7 @@ impl TestNode {
 
     /// The `primary_conninfo` of this node, for its standbys.
     pub fn conninfo(&self, application_name: &str) -> String {
-        conninfo_of(self.addr(), application_name)
+        conninfo_at(self.addr(), application_name)
     }
 
     /// The node's status, as `/status` shows it, asked of the supervisor.

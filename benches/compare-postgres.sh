@@ -17,12 +17,23 @@
 #   (c) synchronous commit with one synchronous standby, 1 and 16 clients: pgbench running a
 #       one-row INSERT with synchronous_commit=on vs `walserver bench append --cluster 1
 #       --durability on --size 100`; throughput and p50/p99 latency;
-#   (d) fan-out: 16 pg_receivewal processes at once, aggregate MB/s, and memory per walsender;
+#   (d) fan-out: 16 and 64 pg_receivewal processes at once (PostgreSQL with max_wal_senders =
+#       70), aggregate MB/s, and memory per walsender;
 #   (e) live appends: pg_receivewal --synchronous, or the codec client, waits at the current
 #       end of WAL while a load appends LIVE_MIB more (PostgreSQL: INSERTs of wide rows from
 #       4 psql clients with synchronous_commit off; walserver: `walserver bench append --http
 #       --durability local`, 8 KiB records, 4 writers); MB/s from the start of the load until
-#       the receiver has it all, and how far behind the server it was at the end (ms).
+#       the receiver has it all, and how far behind the server it was at the end (ms);
+#   (f) one client's synchronous commits (pg_receivewal --synchronous as the synchronous
+#       standby, at the live end) while 64 pg_receivewal catch up from the server at once:
+#       commits/s and p50/p99 latency.
+#
+# A figure is only comparable from a quiet machine: the script refuses to start when the
+# 1-minute load average is above 1 (wait, or pass --allow-busy, and the table says BUSY), and
+# records the load average at the start of every section. --save DIR keeps the raw per-run
+# values (results.tsv: measure, system, value, run, load average when the run started), the
+# table (table.md) and the one-client commit latency distributions of (c) as files and as a
+# plot (commit-latency-1-client.svg).
 #
 # PostgreSQL runs from $WALSERVER_PG_BIN or /usr/lib/postgresql/15/bin, as the postgres user
 # (runuser) when this runs as root, on 127.0.0.1 only. Everything lives in one temporary
@@ -35,7 +46,9 @@ RUNS=3
 MIB=1024
 PGBENCH_SECS=10
 FANOUT_MIB=256
-FANOUT_N=16
+FANOUT_NS="16 64"
+ALLOW_BUSY=0
+SAVE=""
 LIVE_MIB=256
 LIVE_CLIENTS=4
 while [ $# -gt 0 ]; do
@@ -46,7 +59,10 @@ while [ $# -gt 0 ]; do
         --pgbench-seconds) PGBENCH_SECS="$2"; shift 2 ;;
         --fanout-mib) FANOUT_MIB="$2"; shift 2 ;;
         --live-mib) LIVE_MIB="$2"; shift 2 ;;
-        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        --fanout) FANOUT_NS="$2"; shift 2 ;;
+        --allow-busy) ALLOW_BUSY=1; shift ;;
+        --save) SAVE="$2"; shift 2 ;;
+        -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -58,6 +74,20 @@ done
 for tool in jq curl dd awk; do
     command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install $tool)" >&2; exit 1; }
 done
+
+LOAD1=$(cut -d' ' -f1 /proc/loadavg)
+if awk -v l="$LOAD1" 'BEGIN { exit !(l > 1) }'; then
+    if [ "$ALLOW_BUSY" = 1 ]; then
+        echo "warning: load average $LOAD1 > 1 at the start: the figures are flagged BUSY" >&2
+    else
+        echo "the 1-minute load average is $LOAD1 (> 1): the machine is not quiet enough to compare; wait, or pass --allow-busy" >&2
+        exit 3
+    fi
+fi
+FANOUT_MAX=0
+for n in $FANOUT_NS; do [ "$n" -gt "$FANOUT_MAX" ] && FANOUT_MAX=$n; done
+SENDERS=$(( FANOUT_MAX + 6 ))
+[ "$SENDERS" -lt 48 ] && SENDERS=48
 
 SECONDS=0
 log() { printf '[%4ds] %s\n' "$SECONDS" "$*" >&2; }
@@ -101,7 +131,15 @@ lsn2int() { local hi=${1%/*} lo=${1#*/}; echo $(( (16#$hi << 32) + 16#$lo )); }
 int2lsn() { printf '%X/%X\n' $(( $1 >> 32 )) $(( $1 & 0xFFFFFFFF )); }
 seg_start() { echo $(( $1 / (16 << 20) * (16 << 20) )); }
 
-record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$RES"; }
+# A value of the current run: the table reads the first three columns; --save keeps all five.
+RUN=0
+RUN_LOAD=""
+record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$RUN" "$RUN_LOAD" >> "$RES"; }
+# Marks the start of run $1 of a section: the load average then goes with its values.
+start_run() { RUN=$1; RUN_LOAD=$(cut -d' ' -f1 /proc/loadavg); }
+# The load average at the start of each section, for the table's notes.
+SECTION_LOADS=""
+section() { SECTION_LOADS="$SECTION_LOADS $1=$(cut -d' ' -f1 /proc/loadavg)"; log "$2"; }
 
 # CPU seconds (user + system) of a process so far, from /proc/PID/stat.
 cpu_of() {
@@ -138,8 +176,8 @@ port = $PG_PORT
 listen_addresses = '127.0.0.1'
 unix_socket_directories = ''
 wal_level = replica
-max_wal_senders = 48
-max_replication_slots = 96
+max_wal_senders = $SENDERS
+max_replication_slots = $(( RUNS * (2 + 2 * FANOUT_MAX + ${FANOUT_NS// /+}) + 8 ))
 fsync = on
 synchronous_commit = on
 max_wal_size = '16GB'
@@ -159,20 +197,26 @@ WSP="$WORK/ws-primary"
 log "walserver primary on port $WS_PORT (admin API $WS_HTTP)"
 "$WS" init --data-dir "$WSP" >/dev/null
 "$WS" run -c "data_dir=$WSP" -c "listen=127.0.0.1:$WS_PORT" -c "http_listen=127.0.0.1:$WS_HTTP" \
-    -c max_wal_senders=48 -c log_level=warn 2> "$WORK/ws-primary.log" &
+    -c "max_wal_senders=$SENDERS" -c "synchronous_standby_names=FIRST 1 (fan_sync)" \
+    -c log_level=warn 2> "$WORK/ws-primary.log" &
 WS_PID=$!
 BG_PIDS+=("$WS_PID")
 for _ in $(seq 1 500); do curl -sf "http://127.0.0.1:$WS_HTTP/status" >/dev/null && break; sleep 0.02; done
 repl_ws() { "$PG_BIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 "host=127.0.0.1 port=$WS_PORT user=postgres replication=true" -c "$1" >/dev/null; }
 
-# Slots: one per pg_receivewal run (a), FANOUT_N per fan-out run (d), one per standby (b).
+# Slots: one per pg_receivewal run (a), N per fan-out run (d) and 64 (the largest N) per run of
+# (f), one per standby (b). walserver's primary names `fan_sync` its synchronous standby, which
+# only (f) starts: every other section appends at durability local, which waits for no standby.
 log "slots and standbys made before the load"
 for r in $(seq 1 "$RUNS"); do
     psql_pg "SELECT pg_create_physical_replication_slot('recv_$r', true)" >/dev/null
     repl_ws "CREATE_REPLICATION_SLOT recv_$r PHYSICAL RESERVE_WAL"
-    for i in $(seq 1 "$FANOUT_N"); do
-        psql_pg "SELECT pg_create_physical_replication_slot('fan_${r}_$i', true)" >/dev/null
-        repl_ws "CREATE_REPLICATION_SLOT fan_${r}_$i PHYSICAL RESERVE_WAL"
+    for n in $FANOUT_NS f; do
+        count=$n; [ "$n" = f ] && count=$FANOUT_MAX
+        for i in $(seq 1 "$count"); do
+            psql_pg "SELECT pg_create_physical_replication_slot('fan_${n}_${r}_$i', true)" >/dev/null
+            repl_ws "CREATE_REPLICATION_SLOT fan_${n}_${r}_$i PHYSICAL RESERVE_WAL"
+        done
     done
     # A PostgreSQL standby per run from a base backup taken now, streaming through its slot.
     d="$WORK/pg-standby-$r"
@@ -245,8 +289,9 @@ a_one() { # system run
     record a_codec_mbps "$sys" "$(jq -r '.mb_per_s | floor' <<< "$j")"
 }
 
-log "(a) catch-up into pg_receivewal --synchronous, $RUNS runs"
+section a "(a) catch-up into pg_receivewal --synchronous, $RUNS runs"
 for r in $(seq 1 "$RUNS"); do
+    start_run "$r"
     if [ $((r % 2)) = 1 ]; then a_one pg "$r"; a_one ws "$r"; else a_one ws "$r"; a_one pg "$r"; fi
 done
 
@@ -302,20 +347,38 @@ b_ws() { # run where(disk|shm)
     rm -rf "$base/ws-standby-$r"
 }
 
-log "(b) catch-up into a standby (fsync on), $RUNS runs, with the disk's write+fdatasync bandwidth"
+section b "(b) catch-up into a standby (fsync on), $RUNS runs, with the disk's write+fdatasync bandwidth"
 for r in $(seq 1 "$RUNS"); do
+    start_run "$r"
     disk_bw
     if [ $((r % 2)) = 1 ]; then b_pg "$r"; b_ws "$r" disk; else b_ws "$r" disk; b_pg "$r"; fi
     b_ws "$r" shm
 done
 
 # ---------------------------------------------------------------------------------------------
-# (d) fan-out: FANOUT_N pg_receivewal processes at once
+# (d) fan-out: N pg_receivewal processes at once, for each N of --fanout
 # ---------------------------------------------------------------------------------------------
-d_one() { # system run
-    local sys=$1 r=$2 port start endlsn pids=() t0 t1 i peak=0 base_mem=0 sampler
+# Starts N pg_receivewal processes from slots fan_TAG_RUN_i, each to receive FANOUT_MIB; their
+# pids go to FAN_PIDS.
+fan_start() { # system tag run n
+    local sys=$1 tag=$2 r=$3 n=$4 port start endlsn i
     if [ "$sys" = pg ]; then port=$PG_PORT start=$PG_START; else port=$WS_PORT start=$WS_START; fi
     endlsn=$(int2lsn $(( start + (FANOUT_MIB << 20) - 1 )))
+    FAN_PIDS=()
+    for i in $(seq 1 "$n"); do
+        mkdir -p "$SHM/fan-$sys-$i"
+        timeout 600 "$PG_BIN/pg_receivewal" -h 127.0.0.1 -p "$port" -U postgres -D "$SHM/fan-$sys-$i" \
+            --slot "fan_${tag}_${r}_$i" --endpos "$endlsn" -n -w >/dev/null 2>"$SHM/fan-$sys-$i.err" &
+        FAN_PIDS+=($!)
+    done
+}
+fan_wait() {
+    local p
+    for p in "${FAN_PIDS[@]}"; do wait "$p" || { cat "$SHM"/fan-*.err >&2; exit 1; }; done
+}
+
+d_one() { # system run n
+    local sys=$1 r=$2 n=$3 t0 t1 peak=0 base_mem=0 sampler
     [ "$sys" = ws ] && base_mem=$(rss_kb "$WS_PID")
     # Memory while streaming: walserver's whole process RSS (minus before); PostgreSQL's
     # walsender processes' PSS (their share of shared memory included).
@@ -330,25 +393,90 @@ d_one() { # system run
     ) &
     sampler=$!
     t0=$(date +%s.%N)
-    for i in $(seq 1 "$FANOUT_N"); do
-        mkdir -p "$SHM/fan-$sys-$i"
-        timeout 600 "$PG_BIN/pg_receivewal" -h 127.0.0.1 -p "$port" -U postgres -D "$SHM/fan-$sys-$i" \
-            --slot "fan_${r}_$i" --endpos "$endlsn" -n -w >/dev/null 2>"$SHM/fan-$sys-$i.err" &
-        pids+=($!)
-    done
-    for p in "${pids[@]}"; do wait "$p" || { cat "$SHM"/fan-*.err >&2; exit 1; }; done
+    fan_start "$sys" "$n" "$r" "$n"
+    fan_wait
     t1=$(date +%s.%N)
     kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
     peak=$(cat "$WORK/fan-peak" 2>/dev/null || echo 0); rm -f "$WORK/fan-peak"
-    record d_fanout_mbps "$sys" "$(awk -v n="$FANOUT_N" -v b=$((FANOUT_MIB << 20)) -v a="$t0" -v z="$t1" 'BEGIN { printf "%.0f", n * b / (z - a) / 1e6 }')"
-    record d_mem_per_walsender_kib "$sys" "$(( (peak - base_mem) / FANOUT_N ))"
+    record "d${n}_fanout_mbps" "$sys" "$(awk -v n="$n" -v b=$((FANOUT_MIB << 20)) -v a="$t0" -v z="$t1" 'BEGIN { printf "%.0f", n * b / (z - a) / 1e6 }')"
+    record "d${n}_mem_per_walsender_kib" "$sys" "$(( (peak - base_mem) / n ))"
     rm -rf "$SHM"/fan-*
 }
 
-log "(d) fan-out to $FANOUT_N pg_receivewal, $FANOUT_MIB MiB each, $RUNS runs"
+section d "(d) fan-out to $FANOUT_NS pg_receivewal, $FANOUT_MIB MiB each, $RUNS runs"
 for r in $(seq 1 "$RUNS"); do
-    if [ $((r % 2)) = 1 ]; then d_one pg "$r"; d_one ws "$r"; else d_one ws "$r"; d_one pg "$r"; fi
+    start_run "$r"
+    for n in $FANOUT_NS; do
+        if [ $((r % 2)) = 1 ]; then d_one pg "$r" "$n"; d_one ws "$r" "$n"; else d_one ws "$r" "$n"; d_one pg "$r" "$n"; fi
+    done
 done
+
+# ---------------------------------------------------------------------------------------------
+# (f) one client's synchronous commits while FANOUT_MAX pg_receivewal catch up at once
+# ---------------------------------------------------------------------------------------------
+# The synchronous standby is a pg_receivewal --synchronous named fan_sync, started without a
+# slot in an empty directory (so at the segment of the server's end: it is live within 16 MiB)
+# and waited for until the server shows it streaming and synchronous. Then the FANOUT_MAX
+# receivers start from their slots and, at once, one client commits for PGBENCH_SECS seconds:
+# pgbench's one-row INSERT with synchronous_commit on, or `walserver bench append --http
+# --durability on --size 100`. The fan-out's own duration is recorded beside it, since the
+# commits only overlap it while it lasts.
+f_sync_start() { # system
+    local port st
+    if [ "$1" = pg ]; then port=$PG_PORT; else port=$WS_PORT; fi
+    rm -rf "$SHM/fan-sync"; mkdir -p "$SHM/fan-sync"
+    timeout 900 "$PG_BIN/pg_receivewal" -d "host=127.0.0.1 port=$port user=postgres application_name=fan_sync" \
+        -D "$SHM/fan-sync" --synchronous -n -w >/dev/null 2>"$SHM/fan-sync.err" &
+    F_SYNC_PID=$!; BG_PIDS+=("$F_SYNC_PID")
+    for _ in $(seq 1 3000); do
+        if [ "$1" = pg ]; then st=$(psql_pg "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'fan_sync'")
+        else st=$(curl -sf "http://127.0.0.1:$WS_HTTP/status" | jq -r '.replication[] | select(.application_name == "fan_sync") | .sync_state'); fi
+        [ "$st" = sync ] && return 0
+        sleep 0.02
+    done
+    echo "(f) fan_sync never became synchronous on $1 (state '${st:-}')" >&2; cat "$SHM/fan-sync.err" >&2; exit 1
+}
+
+f_one() { # system run
+    local sys=$1 r=$2 t0 t1 out j n
+    f_sync_start "$sys"
+    t0=$(date +%s.%N)
+    fan_start "$sys" f "$r" "$FANOUT_MAX"
+    if [ "$sys" = pg ]; then
+        rm -f "$WORK"/pgbench/flog*
+        out=$(cd "$WORK/pgbench" && as_pg "$PG_BIN/pgbench" -h 127.0.0.1 -p "$PG_PORT" -U postgres -n \
+            -c 1 -j 1 -T "$PGBENCH_SECS" -f "$WORK/finsert.sql" -l --log-prefix="$WORK/pgbench/flog" postgres 2>&1)
+        record f_tps pg "$(awk '/^tps = / { printf "%.0f", $3 }' <<< "$out")"
+        cat "$WORK"/pgbench/flog* | awk '{ print $3 }' | sort -n > "$WORK/pgbench/flat"
+        n=$(wc -l < "$WORK/pgbench/flat")
+        record f_p50_ms pg "$(awk -v k=$(( (n + 1) / 2 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/flat")"
+        record f_p99_ms pg "$(awk -v k=$(( (n * 99 + 99) / 100 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/flat")"
+    else
+        j=$("$WS" bench append --http "127.0.0.1:$WS_HTTP" --durability on --size 100 --writers 1 \
+            --seconds "$PGBENCH_SECS" --json)
+        record f_tps ws "$(jq -r '.appends_per_s | floor' <<< "$j")"
+        record f_p50_ms ws "$(jq -r '.latency.p50_ms' <<< "$j")"
+        record f_p99_ms ws "$(jq -r '.latency.p99_ms' <<< "$j")"
+    fi
+    fan_wait
+    t1=$(date +%s.%N)
+    record f_fanout_seconds "$sys" "$(awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.1f", z - a }')"
+    kill -TERM "$F_SYNC_PID" 2>/dev/null; wait "$F_SYNC_PID" 2>/dev/null || true
+    rm -rf "$SHM"/fan-*
+}
+
+psql_pg "CREATE TABLE fsc (id int, v text)"
+mkdir -p "$WORK/pgbench"; own_pg "$WORK/pgbench"
+echo "INSERT INTO fsc VALUES (1, repeat('x', 100));" > "$WORK/finsert.sql"; own_pg "$WORK/finsert.sql"
+psql_pg "ALTER SYSTEM SET synchronous_standby_names = 'FIRST 1 (fan_sync)'" >/dev/null
+psql_pg "SELECT pg_reload_conf()" >/dev/null
+section f "(f) one client's synchronous commits while $FANOUT_MAX pg_receivewal catch up, ${PGBENCH_SECS}s, $RUNS runs"
+for r in $(seq 1 "$RUNS"); do
+    start_run "$r"
+    if [ $((r % 2)) = 1 ]; then f_one pg "$r"; f_one ws "$r"; else f_one ws "$r"; f_one pg "$r"; fi
+done
+psql_pg "ALTER SYSTEM RESET synchronous_standby_names" >/dev/null
+psql_pg "SELECT pg_reload_conf()" >/dev/null
 
 # ---------------------------------------------------------------------------------------------
 # (e) live appends: the receiver waits at the end of WAL while a load appends LIVE_MIB more
@@ -465,8 +593,9 @@ e_one() { # system receiver(recv|codec) run
     if [ "$sys" = pg ]; then for i in $(seq 1 "$LIVE_CLIENTS"); do psql_pg "TRUNCATE live_$i"; done; fi
 }
 
-log "(e) live appends of $LIVE_MIB MiB into pg_receivewal --synchronous and into the codec client, $RUNS runs"
+section e "(e) live appends of $LIVE_MIB MiB into pg_receivewal --synchronous and into the codec client, $RUNS runs"
 for r in $(seq 1 "$RUNS"); do
+    start_run "$r"
     for kind in recv codec; do
         if [ $((r % 2)) = 1 ]; then e_one pg "$kind" "$r"; e_one ws "$kind" "$r"; else e_one ws "$kind" "$r"; e_one pg "$kind" "$r"; fi
     done
@@ -498,6 +627,7 @@ c_pg() { # clients
     record "c${c}_tps" pg "$(awk '/^tps = / { printf "%.0f", $3 }' <<< "$out")"
     # Per-transaction log: client, tx, latency (us), script, epoch, us.
     cat "$WORK"/pgbench/log* | awk '{ print $3 }' | sort -n > "$WORK/pgbench/lat"
+    if [ "$c" = 1 ]; then cat "$WORK/pgbench/lat" >> "$WORK/c1-latency-pg.txt"; fi
     local n; n=$(wc -l < "$WORK/pgbench/lat")
     record "c${c}_p50_ms" pg "$(awk -v k=$(( (n + 1) / 2 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/lat")"
     record "c${c}_p99_ms" pg "$(awk -v k=$(( (n * 99 + 99) / 100 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/lat")"
@@ -506,14 +636,16 @@ c_pg() { # clients
 c_ws() { # clients
     local c=$1 j
     j=$("$WS" bench append --cluster 1 --durability on --size 100 --writers "$c" --seconds "$PGBENCH_SECS" \
-        --dir "$WORK" --json)
+        --dir "$WORK" --latency-out "$WORK/c-latency-ws.txt" --json)
+    if [ "$c" = 1 ]; then cat "$WORK/c-latency-ws.txt" >> "$WORK/c1-latency-ws.txt"; fi
     record "c${c}_tps" ws "$(jq -r '.appends_per_s | floor' <<< "$j")"
     record "c${c}_p50_ms" ws "$(jq -r '.latency.p50_ms' <<< "$j")"
     record "c${c}_p99_ms" ws "$(jq -r '.latency.p99_ms' <<< "$j")"
 }
 
-log "(c) pgbench vs walserver bench append, ${PGBENCH_SECS}s each, $RUNS runs"
+section c "(c) pgbench vs walserver bench append, ${PGBENCH_SECS}s each, $RUNS runs"
 for r in $(seq 1 "$RUNS"); do
+    start_run "$r"
     for c in 1 16; do
         if [ $((r % 2)) = 1 ]; then c_pg "$c"; c_ws "$c"; else c_ws "$c"; c_pg "$c"; fi
     done
@@ -524,12 +656,15 @@ LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 # ---------------------------------------------------------------------------------------------
 # The table
 # ---------------------------------------------------------------------------------------------
+BUSY=""
+if awk -v l="${LOAD_START%% *}" 'BEGIN { exit !(l > 1) }'; then BUSY=" — BUSY: load average above 1 at the start, not comparable"; fi
+{
 echo
-echo "walserver vs PostgreSQL 15 — $MACHINE_DATE"
+echo "walserver vs PostgreSQL 15 — $MACHINE_DATE$BUSY"
 echo "machine: $MACHINE_NPROC cores ($MACHINE_CPU), disk $MACHINE_DISK, load average $LOAD_START at start, $LOAD_END at end"
 echo "volume: $((PG_BYTES >> 20)) MiB (PostgreSQL) / $((WS_BYTES >> 20)) MiB (walserver) of WAL; $RUNS run(s) per pair, alternating; medians, [min..max]"
 echo
-awk -F'\t' '
+awk -F'\t' 'BEGIN { nfan = split(fans, fan, " ") }
 function median(key,    n, i, j, t, a) {
     n = split(vals[key], a, " ")
     for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
@@ -566,17 +701,37 @@ END {
     row("(c) sync commit, 16 clients, commits/s", "c16_tps", "higher")
     row("(c) sync commit, 16 clients, p50 ms", "c16_p50_ms", "lower")
     row("(c) sync commit, 16 clients, p99 ms", "c16_p99_ms", "lower")
-    row("(d) fan-out to 16 pg_receivewal, aggregate MB/s", "d_fanout_mbps", "higher")
-    row("(d) memory per walsender, KiB", "d_mem_per_walsender_kib", "lower")
+    for (n = 1; n <= nfan; n++) {
+        row(sprintf("(d) fan-out to %d pg_receivewal, aggregate MB/s", fan[n]), "d" fan[n] "_fanout_mbps", "higher")
+        row(sprintf("(d) memory per walsender at %d, KiB", fan[n]), "d" fan[n] "_mem_per_walsender_kib", "lower")
+    }
     row("(e) live appends into pg_receivewal --synchronous, MB/s", "e_recv_mbps", "higher")
     row("(e) pg_receivewal behind the server at the end, ms", "e_recv_lag_ms", "lower")
     row("(e) live appends into a plain codec client, MB/s", "e_codec_mbps", "higher")
     row("(e) codec client behind the server at the end, ms", "e_codec_lag_ms", "lower")
     row("(e) the load: WAL durable on the server, MB/s", "e_load_mbps", "-")
-}' "$RES"
+    row(sprintf("(f) sync commit, 1 client, %d streaming, commits/s", fmax), "f_tps", "higher")
+    row(sprintf("(f) sync commit, 1 client, %d streaming, p50 ms", fmax), "f_p50_ms", "lower")
+    row(sprintf("(f) sync commit, 1 client, %d streaming, p99 ms", fmax), "f_p99_ms", "lower")
+    row(sprintf("(f) the %d receivers catching up, seconds", fmax), "f_fanout_seconds", "-")
+}' fans="$FANOUT_NS" fmax="$FANOUT_MAX" "$RES"
 echo
 echo "(b) standby rates are measured from the standby's first reported position to the end (start-up left out)."
-echo "(d) memory: walserver = growth of its process RSS / 16; PostgreSQL = PSS of the 16 walsender processes / 16."
+echo "(d) memory: walserver = growth of its process RSS / N; PostgreSQL = PSS of the N walsender processes / N."
+echo "(f) the commits overlap the fan-out only while it lasts (its row); PostgreSQL: max_wal_senders = $SENDERS."
+echo "load average at the start of each section:$SECTION_LOADS"
+} | tee "$WORK/table.md"
+if [ -n "$SAVE" ]; then
+    mkdir -p "$SAVE"
+    { printf 'measure\tsystem\tvalue\trun\tload1\n'; cat "$RES"; } > "$SAVE/results.tsv"
+    cp "$WORK/table.md" "$SAVE/table.md"
+    cp "$WORK/c1-latency-ws.txt" "$SAVE/c1-latency-walserver.txt"
+    cp "$WORK/c1-latency-pg.txt" "$SAVE/c1-latency-postgresql.txt"
+    "$WS" bench latency-plot --title "synchronous commit, 1 client, 1 synchronous standby — $MACHINE_DATE" \
+        --series "walserver=$SAVE/c1-latency-walserver.txt" --series "PostgreSQL 15=$SAVE/c1-latency-postgresql.txt" \
+        --out "$SAVE/commit-latency-1-client.svg" >&2
+    log "saved the raw values, the table and the latency plot in $SAVE"
+fi
 echo "(e) $LIVE_MIB MiB per load; MB/s from the load's start until the receiver has it all; behind = that moment - the"
 echo "    moment the server had it durable; the load's row: until the server had it durable (both receivers' runs)."
 log "done in ${SECONDS}s"

@@ -92,6 +92,10 @@ pub struct AppendArgs {
     /// Print one JSON object (with the time series) instead of a summary.
     #[arg(long)]
     pub json: bool,
+    /// Write every append's latency to this file (`MICROSECONDS COUNT` lines, as the
+    /// histogram holds them), for `latency-plot`.
+    #[arg(long)]
+    pub latency_out: Option<PathBuf>,
     /// Write latency and replication lag over time to this SVG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -705,6 +709,9 @@ pub fn measure(args: &AppendArgs) -> anyhow::Result<AppendReport> {
             })
             .collect(),
     };
+    if let Some(path) = &args.latency_out {
+        crate::latency::write_histogram(&s.total, path)?;
+    }
     Ok(AppendReport {
         target: match &target {
             Target::Cluster(_) => "cluster".into(),

@@ -33,6 +33,7 @@ pub mod acklog;
 mod append;
 mod client;
 pub mod cluster;
+pub mod latency;
 pub mod reliability;
 pub mod report;
 pub mod soak;
@@ -114,6 +115,19 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Draw latency distributions (files of `MICROSECONDS [COUNT]` lines, as
+    /// `append --latency-out` writes) as cumulative curves in one SVG.
+    LatencyPlot {
+        /// One curve: `NAME=FILE` (repeat for several).
+        #[arg(long = "series", required = true)]
+        series: Vec<String>,
+        /// The SVG to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// The plot's title.
+        #[arg(long, default_value = "commit latency")]
+        title: String,
+    },
     /// Wait until a server's IDENTIFY_SYSTEM position reaches an LSN, and say how long it
     /// took (timing a standby that catches up, from outside).
     WaitLsn {
@@ -145,6 +159,18 @@ pub enum BenchCommand {
 pub fn run(cmd: BenchCommand, program: &NodeProgram) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Append(args) => append::run(args),
+        BenchCommand::LatencyPlot { series, out, title } => {
+            let mut curves = Vec::new();
+            for s in &series {
+                let (name, file) = s
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("--series takes NAME=FILE, not {s:?}"))?;
+                curves.push((name.to_string(), latency::read(std::path::Path::new(file))?));
+            }
+            latency::plot(&out, &title, &curves)?;
+            println!("wrote {}", out.display());
+            Ok(())
+        }
         BenchCommand::Stream(args) => stream::run(args, program),
         BenchCommand::Soak(args) => soak::run(args, program),
         BenchCommand::ReliabilityTable {

@@ -83,6 +83,8 @@
 mod append;
 mod builder;
 pub mod datadir;
+mod fence;
+mod leadership;
 mod node;
 mod records;
 mod restart;
@@ -92,6 +94,8 @@ pub use append::{
     AppendCounts, AppendError, AppendMetrics, AppendRecords, Appended, Durability, SyncSettings,
 };
 pub use builder::NodeBuilder;
+pub use fence::{Fence, FenceView};
+pub use leadership::{FollowError, FollowLeader, Followed, PromoteForTerm, SetSyncStandbys};
 pub use node::{LocalLevel, Node, NodeConfig, NodeError, DEFAULT_LISTEN};
 pub use records::{
     check_records_start, subscribe_records, Follow, RecordEvent, RecordsFrom, RecordsStart,

@@ -41,6 +41,7 @@ use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 use crate::append::{AppendError, AppendMetrics, AppendRecords, Appended, SyncSettings};
 use crate::restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
 
+mod leadership;
 mod storage;
 use storage::StorageSupervision;
 

@@ -1,0 +1,14 @@
+//! failover-actor: automatic failover of walserver nodes on etcd (story to be written).
+
+mod config;
+mod error;
+mod messages;
+mod view;
+
+pub use config::{FailoverConfig, SynchronousMode, DEFAULT_MAXIMUM_LAG_ON_FAILOVER, DEFAULT_TTL};
+pub use error::FailoverError;
+pub use messages::{
+    Failover, GetClusterView, GetHistory, GetLocalHealth, Pause, Resume, Switchover,
+    SwitchoverReport,
+};
+pub use view::{ClusterView, LeaderView, LocalHealth, MemberInfo, TermRecord};

@@ -1,10 +1,12 @@
 //! failover-actor: automatic failover of walserver nodes on etcd (story to be written).
 
+mod actor;
 mod config;
 mod error;
 mod messages;
 mod view;
 
+pub use actor::FailoverActor;
 pub use config::{FailoverConfig, SynchronousMode, DEFAULT_MAXIMUM_LAG_ON_FAILOVER, DEFAULT_TTL};
 pub use error::FailoverError;
 pub use messages::{

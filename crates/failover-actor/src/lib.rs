@@ -3,6 +3,8 @@
 mod actor;
 mod config;
 mod error;
+pub mod keys;
+pub mod machine;
 mod messages;
 mod view;
 

@@ -106,7 +106,10 @@ async fn wait_for(
     }
 }
 
-async fn append(node: &Node, text: &str) -> std::result::Result<supervisor_actor::Appended, AppendError> {
+async fn append(
+    node: &Node,
+    text: &str,
+) -> std::result::Result<supervisor_actor::Appended, AppendError> {
     node.supervisor
         .send(AppendRecords {
             records: vec![Bytes::from(text.to_string())],
@@ -140,7 +143,11 @@ async fn cluster(etcd: &str, dir: &Path) -> Result<(Member, Member, Member, u64)
 async fn shutdown(members: impl IntoIterator<Item = Member>) {
     for m in members {
         let _ = m.actor.send(StopFailover { release: true }).await;
-        let _ = m.node.supervisor.send(ShutdownNode { immediate: true }).await;
+        let _ = m
+            .node
+            .supervisor
+            .send(ShutdownNode { immediate: true })
+            .await;
     }
 }
 
@@ -152,7 +159,9 @@ fn bootstrap_elects_the_primary_and_the_standbys_follow() -> Result<()> {
     actix_rt::System::new().block_on(async {
         let (a, b, c, term) = cluster(etcd.client_url(), dir.path()).await?;
         assert!(term > 0);
-        let appended = append(&a.node, "first").await.context("the leader acknowledges")?;
+        let appended = append(&a.node, "first")
+            .await
+            .context("the leader acknowledges")?;
         assert_eq!(a.node.fence.term(), Some(term));
         // The standbys know the term and never acknowledge.
         assert!(!b.node.fence.may_acknowledge(Instant::now()));
@@ -209,7 +218,9 @@ fn a_leader_cut_off_from_etcd_stops_acknowledging_by_its_deadline() -> Result<()
     let url = etcd.client_url().to_string();
     actix_rt::System::new().block_on(async {
         let (a, b, c, _) = cluster(&url, dir.path()).await?;
-        append(&a.node, "before").await.context("acknowledged while etcd lives")?;
+        append(&a.node, "before")
+            .await
+            .context("acknowledged while etcd lives")?;
         etcd.kill();
         let killed = Instant::now();
         // Every grant came from a renewal sent before the kill: none reaches past kill + ttl.
@@ -239,13 +250,20 @@ fn pause_stops_failover_and_resume_lets_it_happen() -> Result<()> {
         b.actor.send(Pause).await??;
         // The leader releases its lease: the key goes at once.
         a.actor.send(StopFailover { release: true }).await?;
-        a.node.supervisor.send(ShutdownNode { immediate: true }).await?;
+        a.node
+            .supervisor
+            .send(ShutdownNode { immediate: true })
+            .await?;
         // Nothing may happen for longer than a failover takes: no leader key appears.
         let leader_key = "/walserver/test/leader";
         let watch = client
-            .watch(&etcd_gateway::WatchRequest::new(etcd_gateway::KeyRange::key(leader_key)))
+            .watch(&etcd_gateway::WatchRequest::new(
+                etcd_gateway::KeyRange::key(leader_key),
+            ))
             .await?;
-        let now = client.range(&etcd_gateway::KeyRange::key(leader_key)).await?;
+        let now = client
+            .range(&etcd_gateway::KeyRange::key(leader_key))
+            .await?;
         assert!(now.kvs.is_empty(), "the leader key is gone");
         let mut watch = Box::pin(watch);
         let quiet = TTL + Duration::from_secs(1);
@@ -293,12 +311,177 @@ fn a_switchover_loses_nothing_and_the_old_leader_follows() -> Result<()> {
             "b lacks acknowledged WAL: {} < {acked}",
             b.node.wal.flushed()
         );
-        append(&b.node, "on b").await.context("the new leader acknowledges")?;
+        append(&b.node, "on b")
+            .await
+            .context("the new leader acknowledges")?;
         wait_for(&mut a, SETTLE, "following b", |l| {
             l.following == Some(("b".into(), report.term))
         })
         .await?;
         shutdown([a, b, c]).await;
+        Ok(())
+    })
+}
+
+/// The old leader crashes (its lease expires by the ttl), a standby takes over, and the old
+/// leader's data directory, restarted as the primary it was with a closed fence, follows the
+/// new leader: it is demoted live and never acknowledges.
+#[test]
+fn a_restarted_old_leader_follows_the_new_one() -> Result<()> {
+    log();
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir()?;
+    actix_rt::System::new().block_on(async {
+        let (a, mut b, mut c, _) = cluster(etcd.client_url(), dir.path()).await?;
+        a.actor.send(StopFailover { release: false }).await?;
+        a.node
+            .supervisor
+            .send(ShutdownNode { immediate: true })
+            .await?;
+        let won = tokio::select! {
+            l = wait_for(&mut b, SETTLE, "leading", |l| l.leading.is_some()) => ("b", l?),
+            l = wait_for(&mut c, SETTLE, "leading", |l| l.leading.is_some()) => ("c", l?),
+        };
+        let new_term = won.1.leading.context("leading")?;
+        // The storage lock goes with the last handle of the old node's storage.
+        drop(a);
+        let node = start_primary(&dir.path().join("a")).await?;
+        assert!(
+            !node.fence.may_acknowledge(Instant::now()),
+            "a restarted node's fence is closed"
+        );
+        let mut a = start_actor(etcd.client_url(), "a", node).await?;
+        wait_for(&mut a, SETTLE, "following the new leader", |l| {
+            l.following == Some((won.0.to_string(), new_term))
+        })
+        .await?;
+        let status = a
+            .node
+            .supervisor
+            .send(supervisor_actor::GetNodeStatus)
+            .await??;
+        assert_eq!(status.role, supervisor_actor::NodeRole::Standby);
+        assert!(a.leadership.borrow().leading.is_none());
+        match append(&a.node, "on the old leader").await {
+            Err(_) => {}
+            Ok(done) => bail!("the old leader acknowledged an append: {done:?}"),
+        }
+        shutdown([a, b, c]).await;
+        Ok(())
+    })
+}
+
+/// Waits until etcd's `key` satisfies `f` (its value, or `None` when absent), by a watch.
+async fn wait_key(
+    client: &etcd_gateway::Client,
+    key: &str,
+    within: Duration,
+    f: impl Fn(Option<&[u8]>) -> bool,
+) -> Result<Option<Vec<u8>>> {
+    let range = etcd_gateway::KeyRange::key(key);
+    let now = client.range(&range).await?;
+    let value = now.kvs.first().map(|kv| kv.value.clone());
+    if f(value.as_deref()) {
+        return Ok(value);
+    }
+    let watch = client
+        .watch(&etcd_gateway::WatchRequest::new(range).from_revision(now.header.revision + 1))
+        .await?;
+    let mut watch = Box::pin(watch);
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let batch = match tokio::time::timeout_at(deadline, watch.next()).await {
+            Ok(Some(batch)) => batch?,
+            Ok(None) => bail!("the watch of {key} ended"),
+            Err(_) => bail!("{key} did not change as expected within {within:?}"),
+        };
+        for event in batch.events {
+            let value = match event.kind {
+                etcd_gateway::EventKind::Put => Some(event.kv.value),
+                etcd_gateway::EventKind::Delete => None,
+            };
+            if f(value.as_deref()) {
+                return Ok(value);
+            }
+        }
+    }
+}
+
+fn sync_standby(value: Option<&[u8]>) -> Option<String> {
+    let record: serde_json::Value = serde_json::from_slice(value?).ok()?;
+    record["sync_standby"].as_str().map(str::to_string)
+}
+
+/// `synchronous_mode = on`: the leader publishes a synchronous standby once it counts and has
+/// caught up; when that standby goes, the other is counted, caught up and published, and
+/// synchronous appends are acknowledged again.
+#[test]
+fn synchronous_mode_publishes_a_standby_and_replaces_a_lost_one() -> Result<()> {
+    log();
+    let etcd = EtcdServer::start();
+    let client = etcd.client();
+    let dir = tempfile::tempdir()?;
+    actix_rt::System::new().block_on(async {
+        let p = start_primary(&dir.path().join("a")).await?;
+        let b = start_standby(&dir.path().join("b"), &p, "b").await?;
+        let c = start_standby(&dir.path().join("c"), &p, "c").await?;
+        let mut members = Vec::new();
+        for (name, node) in [("a", p), ("b", b), ("c", c)] {
+            let mut config = FailoverConfig::new(
+                vec![etcd.client_url().to_string()],
+                "test",
+                name,
+                conninfo(&node),
+                String::new(),
+            );
+            config.ttl = TTL;
+            config.synchronous_mode = failover_actor::SynchronousMode::On;
+            let actor = FailoverActor::start(config, node.clone())?;
+            let leadership = actor.send(SubscribeLeadership).await?;
+            members.push(Member {
+                name: name.into(),
+                node,
+                actor,
+                leadership,
+            });
+        }
+        wait_for(&mut members[0], SETTLE, "leading", |l| l.leading.is_some()).await?;
+        let first = wait_key(&client, "/walserver/test/sync", SETTLE, |v| {
+            sync_standby(v).is_some()
+        })
+        .await?;
+        let first = sync_standby(first.as_deref()).context("a sync standby")?;
+        eprintln!("first synchronous standby: {first}");
+        let on = |node: &Node, text: &'static str| {
+            let supervisor = node.supervisor.clone();
+            async move {
+                supervisor
+                    .send(AppendRecords {
+                        records: vec![Bytes::from(text)],
+                        durability: Some(Durability::On),
+                    })
+                    .await
+            }
+        };
+        on(&members[0].node, "sync 1")
+            .await?
+            .context("a synchronous append")?;
+        let gone = members
+            .iter()
+            .position(|m| m.name == first)
+            .context("the member")?;
+        let lost = members.remove(gone);
+        shutdown([lost]).await;
+        let other = if first == "b" { "c" } else { "b" };
+        wait_key(&client, "/walserver/test/sync", SETTLE, |v| {
+            sync_standby(v).as_deref() == Some(other)
+        })
+        .await?;
+        tokio::time::timeout(SETTLE, on(&members[0].node, "sync 2"))
+            .await
+            .context("the synchronous append waited too long")??
+            .context("a synchronous append after the replacement")?;
+        shutdown(members).await;
         Ok(())
     })
 }

@@ -42,6 +42,7 @@ pub struct FailoverActor {
     dirty: bool,
     renew_failures: u32,
     follow_failures: u32,
+    status_failures: u32,
     renew_timer: Option<SpawnHandle>,
     retry_timer: Option<SpawnHandle>,
     watch: Option<SpawnHandle>,
@@ -101,6 +102,7 @@ impl FailoverActor {
             dirty: false,
             renew_failures: 0,
             follow_failures: 0,
+            status_failures: 0,
             renew_timer: None,
             retry_timer: None,
             watch: None,
@@ -347,7 +349,7 @@ impl FailoverActor {
     }
 
     /// Tells the subscribers what this node does now (only when it changed).
-    fn publish_leadership(&self) {
+    pub(crate) fn publish_leadership(&self) {
         let leading = self
             .progress
             .leading
@@ -392,8 +394,17 @@ impl FailoverActor {
                 .into_actor(self)
                 .then(|status, act, ctx| {
                     match &status {
-                        Some(status) => act.take_status(status),
-                        None => warn!("failover: the supervisor did not answer"),
+                        Some(status) => {
+                            act.status_failures = 0;
+                            act.take_status(status);
+                        }
+                        None => {
+                            // Once per run of failures: the node may have been shut down.
+                            if act.status_failures == 0 {
+                                warn!("failover: the supervisor did not answer; deciding on its last status");
+                            }
+                            act.status_failures = act.status_failures.saturating_add(1);
+                        }
                     }
                     act.run_decision(ctx)
                 })

@@ -49,6 +49,8 @@ async fn start_primary(dir: &Path) -> Result<Node> {
     Ok(NodeBuilder::primary(dir)
         .listen("127.0.0.1:0".parse()?)
         .segment_size(1 << 20)
+        // The tests write megabytes in a burst; standbys must not lose segments they need.
+        .wal_keep_size(64 << 20)
         .io_threads(0)
         .fence(Fence::closed())
         .start()
@@ -360,16 +362,36 @@ fn a_switchover_loses_nothing_and_the_old_leader_follows() -> Result<()> {
             etcd: _etcd,
             dir: _dir,
         } = setup;
-        let mut acked = wal_storage::Lsn(0);
-        for i in 0..200 {
-            acked = append(&a.node, &format!("record {i}")).await?.end_lsn;
+        for i in 0..50 {
+            append(&a.node, &format!("record {i}")).await?;
         }
-        let report = c
-            .actor
-            .send(Switchover {
-                candidate: Some("b".into()),
+        // Appends stream in while the switchover is asked for, so the candidate is behind when
+        // the leader stops appends: whatever was acknowledged must be on it all the same.
+        let big = Bytes::from(vec![b'x'; 128 * 1024]);
+        let mut appends: Vec<_> = (0..60)
+            .map(|_| {
+                a.node.supervisor.send(AppendRecords {
+                    records: vec![big.clone()],
+                    durability: Some(Durability::Local),
+                })
             })
-            .await??;
+            .collect();
+        let later = appends.split_off(10);
+        let mut acked = wal_storage::Lsn(0);
+        for answer in appends {
+            acked = acked.max(answer.await??.end_lsn);
+        }
+        let switchover = c.actor.send(Switchover {
+            candidate: Some("b".into()),
+        });
+        let (answers, report) =
+            futures_util::future::join(futures_util::future::join_all(later), switchover).await;
+        let report = report??;
+        let refused = answers.iter().filter(|a| !matches!(a, Ok(Ok(_)))).count();
+        for answer in answers.into_iter().filter_map(|a| a.ok()?.ok()) {
+            acked = acked.max(answer.end_lsn);
+        }
+        eprintln!("{refused} of the 50 appends in flight were not acknowledged");
         eprintln!("switchover: {report:?}");
         assert_eq!(report.new_leader, "b");
         assert!(report.term > term);
@@ -547,6 +569,45 @@ fn synchronous_mode_publishes_a_standby_and_replaces_a_lost_one() -> Result<()> 
             .context("the synchronous append waited too long")??
             .context("a synchronous append after the replacement")?;
         shutdown(members).await;
+        Ok(())
+    })
+}
+
+/// A switchover to a standby that cannot catch up (its node is gone, its actor still in
+/// etcd) is refused after the catch-up timeout; the leader keeps its key and acknowledges
+/// again.
+#[test]
+fn a_switchover_to_a_standby_that_cannot_catch_up_is_refused() -> Result<()> {
+    with_cluster(|setup| async move {
+        let Setup {
+            mut a,
+            b,
+            c,
+            term,
+            etcd: _etcd,
+            dir: _dir,
+        } = setup;
+        b.node
+            .supervisor
+            .send(ShutdownNode { immediate: true })
+            .await?;
+        append(&a.node, "b never gets this").await?;
+        let asked = Instant::now();
+        let answer = a
+            .actor
+            .send(Switchover {
+                candidate: Some("b".into()),
+            })
+            .await?;
+        eprintln!("refused after {:?}: {answer:?}", asked.elapsed());
+        if let Ok(report) = answer {
+            bail!("a switchover to a standby that lacks acknowledged WAL happened: {report:?}");
+        }
+        wait_for(&mut a, SETTLE, "leading again", |l| l.leading == Some(term)).await?;
+        if let Err(e) = append(&a.node, "still the leader").await {
+            bail!("the leader does not acknowledge again: {e:?}");
+        }
+        shutdown([a, b, c]).await;
         Ok(())
     })
 }

@@ -9,6 +9,7 @@ pub mod machine;
 mod messages;
 mod peers;
 mod store;
+mod sync;
 mod view;
 
 pub use actor::FailoverActor;

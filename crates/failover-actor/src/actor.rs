@@ -53,8 +53,8 @@ pub struct FailoverActor {
     /// Who waits for a named member to take the leader key (switchover reports).
     pub(crate) awaiting_leader: Vec<(String, oneshot::Sender<u64>)>,
     stopping: bool,
-    /// The key just won was handed over (for the history's reason).
-    won_by_handover: bool,
+    /// Why the key just won was campaigned for (the history's reason).
+    won_reason: Option<&'static str>,
     pub(crate) leadership: tokio::sync::watch::Sender<Leadership>,
 }
 
@@ -113,7 +113,7 @@ impl FailoverActor {
             handing_over: false,
             awaiting_leader: Vec::new(),
             stopping: false,
-            won_by_handover: false,
+            won_reason: None,
             leadership: tokio::sync::watch::Sender::new(Leadership::default()),
         }))
     }
@@ -460,6 +460,22 @@ impl FailoverActor {
         let Some(lease) = self.lease else {
             return Box::pin(fut::ready(()));
         };
+        // Why this campaign, for the history, as things stand before it (once the key is won
+        // the watch shows this node as the last leader and the handover as ended).
+        let reason = if self.cluster.switchover.is_some() {
+            "switchover"
+        } else if !self.cluster.has_history {
+            "bootstrap"
+        } else if self
+            .cluster
+            .last_leader
+            .as_ref()
+            .is_some_and(|l| l.name == self.config.node_name)
+        {
+            "restart"
+        } else {
+            "failover"
+        };
         let client = self.client.clone();
         let keys = self.keys.clone();
         let me = self.me().to_string();
@@ -474,9 +490,8 @@ impl FailoverActor {
                             term,
                             lease: lease.0,
                         });
-                        if act.cluster.switchover.take().is_some() {
-                            act.won_by_handover = true;
-                        }
+                        act.cluster.switchover = None;
+                        act.won_reason = Some(reason);
                         act.dirty = true;
                     }
                     // Someone else won: the watch brings its key.
@@ -526,21 +541,7 @@ impl FailoverActor {
     fn lead(&mut self, term: u64, promote: bool) -> LocalBoxActorFuture<Self, ()> {
         let supervisor = self.node.supervisor.clone();
         let wal = self.node.wal.clone();
-        let reason = if std::mem::take(&mut self.won_by_handover) {
-            "switchover"
-        } else if !self.cluster.has_history {
-            "bootstrap"
-        } else if self
-            .cluster
-            .last_leader
-            .as_ref()
-            .is_some_and(|l| l.name == self.config.node_name)
-        {
-            "restart"
-        } else {
-            "failover"
-        };
-        let reason = reason.to_string();
+        let reason = self.won_reason.take().unwrap_or("failover").to_string();
         Box::pin(
             async move {
                 if promote {

@@ -9,8 +9,8 @@ use anyhow::{bail, Context as _, Result};
 use bytes::Bytes;
 use etcd_gateway::testkit::EtcdServer;
 use failover_actor::{
-    FailoverActor, FailoverConfig, Leadership, Pause, Resume, StopFailover, SubscribeLeadership,
-    Switchover,
+    Failover, FailoverActor, FailoverConfig, GetClusterView, GetHistory, GetLocalHealth,
+    Leadership, Pause, Resume, StopFailover, SubscribeLeadership, Switchover,
 };
 use futures_util::StreamExt;
 use supervisor_actor::{
@@ -223,6 +223,29 @@ fn bootstrap_elects_the_primary_and_the_standbys_follow() -> Result<()> {
         assert!(!b.node.fence.may_acknowledge(Instant::now()));
         assert_eq!(b.node.fence.term(), Some(term));
         assert!(appended.end_lsn > wal_storage::Lsn(0));
+        // Any member's view of the cluster says the same, from etcd.
+        let view = c.actor.send(GetClusterView).await??;
+        let leader = view.leader.context("a leader in the view")?;
+        assert_eq!((leader.name.as_str(), leader.term), ("a", term));
+        assert!(leader.lease_remaining_ms.is_some_and(|ms| ms <= 2000));
+        let mut names: Vec<_> = view.members.iter().map(|m| m.name.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(!view.paused);
+        let history = b.actor.send(GetHistory).await??;
+        assert_eq!(history.len(), 1);
+        assert_eq!(
+            (
+                history[0].term,
+                history[0].leader.as_str(),
+                history[0].reason.as_str()
+            ),
+            (term, "a", "bootstrap")
+        );
+        let health = a.actor.send(GetLocalHealth).await?;
+        assert!(health.leader_with_live_lease);
+        assert_eq!(health.term, Some(term));
+        assert!(!b.actor.send(GetLocalHealth).await?.leader_with_live_lease);
         shutdown([a, b, c]).await;
         Ok(())
     })
@@ -262,6 +285,11 @@ fn a_dead_leader_is_replaced_within_the_ttl_and_a_second() -> Result<()> {
         assert!(
             winner.node.wal.flushed() >= acked,
             "the winner has what was acknowledged"
+        );
+        let history = winner.actor.send(GetHistory).await??;
+        assert_eq!(
+            history.last().map(|r| (r.term, r.reason.as_str())),
+            Some((new_term, "failover"))
         );
         append(&winner.node, "after")
             .await
@@ -607,6 +635,46 @@ fn a_switchover_to_a_standby_that_cannot_catch_up_is_refused() -> Result<()> {
         if let Err(e) = append(&a.node, "still the leader").await {
             bail!("the leader does not acknowledge again: {e:?}");
         }
+        shutdown([a, b, c]).await;
+        Ok(())
+    })
+}
+
+/// A forced failover, asked of the leader itself: no catch-up wait; the report says how far
+/// behind the candidate was, the candidate leads in a newer term and the old leader follows.
+#[test]
+fn a_forced_failover_hands_over_at_once_and_reports_the_lag() -> Result<()> {
+    with_cluster(|setup| async move {
+        let Setup {
+            mut a,
+            b,
+            mut c,
+            term,
+            etcd: _etcd,
+            dir: _dir,
+        } = setup;
+        append(&a.node, "before").await?;
+        let report = a
+            .actor
+            .send(Failover {
+                candidate: "c".into(),
+            })
+            .await??;
+        eprintln!("forced failover: {report:?}");
+        assert_eq!(report.new_leader, "c");
+        assert!(report.term > term);
+        assert!(report.candidate_lag_bytes.is_some());
+        let l = wait_for(&mut c, SETTLE, "leading", |l| l.leading.is_some()).await?;
+        assert_eq!(l.leading, Some(report.term));
+        wait_for(&mut a, SETTLE, "following c", |l| {
+            l.following == Some(("c".into(), report.term))
+        })
+        .await?;
+        let history = c.actor.send(GetHistory).await??;
+        assert_eq!(
+            history.last().map(|r| (r.term, r.reason.as_str())),
+            Some((report.term, "switchover"))
+        );
         shutdown([a, b, c]).await;
         Ok(())
     })

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use supervisor_actor::{
     AppendError, AppendRecords, Appended, Durability, Fence, FollowLeader, Followed, GetNodeStatus,
-    LocalLevel, Node, NodeBuilder, NodeRole, PromoteForTerm, ShutdownNode,
+    LocalLevel, Node, NodeBuilder, NodeRole, PromoteForTerm, SetSyncStandbys, ShutdownNode,
 };
 use supervisor_actor::{Follow, RecordEvent};
 use wal_storage::{Lsn, TimelineId, WalError};
@@ -298,5 +298,119 @@ fn a_standby_is_retargeted_at_the_new_leader_at_once() {
         assert_eq!((again.dropped_bytes, again.fork), (0, None));
         stop(a).await;
         stop(b).await;
+    });
+}
+
+#[test]
+fn new_synchronous_standbys_release_the_appends_they_satisfy() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        // A synchronous standby that never connects: appends wait.
+        let p = start(
+            primary(&dir.path().join("p"), Fence::open())
+                .synchronous_standby_names("never_connects")
+                .unwrap(),
+        )
+        .await;
+        let s = start(standby_of(&p, &dir.path().join("s"), "s", Fence::closed())).await;
+        let waiting = p.supervisor.send(AppendRecords {
+            records: vec![Bytes::from_static(b"waits for s")],
+            durability: Some(Durability::On),
+        });
+        let mut waiting = Box::pin(waiting);
+        // Durable on the primary and on `s`, yet not acknowledged: `s` does not count.
+        let start_at = p.wal.flushed();
+        let mut pos = p.wal.subscribe();
+        tokio::select! {
+            r = pos.wait_for(|p| p.flushed > start_at) => { r.unwrap(); }
+            r = &mut waiting => panic!("acknowledged before s counted: {r:?}"),
+        }
+        let end = p.wal.flushed();
+        tokio::select! {
+            () = flushed_to(&s, end) => {}
+            r = &mut waiting => panic!("acknowledged before s counted: {r:?}"),
+        }
+        let names = walsender_actor::syncrep::parse_sync_standby_names("s").unwrap();
+        p.supervisor.do_send(SetSyncStandbys { names });
+        let appended = tokio::time::timeout(DEADLINE, waiting)
+            .await
+            .expect("released by the deadline")
+            .unwrap()
+            .unwrap();
+        assert_eq!(appended.end_lsn, end);
+
+        // With none, appends do not wait at all.
+        let p2 = start(
+            primary(&dir.path().join("p2"), Fence::open())
+                .synchronous_standby_names("never_connects")
+                .unwrap(),
+        )
+        .await;
+        let waiting = Box::pin(p2.supervisor.send(AppendRecords {
+            records: vec![Bytes::from_static(b"waits")],
+            durability: Some(Durability::On),
+        }));
+        let before = p2.wal.flushed();
+        let mut waiting = waiting;
+        let mut pos = p2.wal.subscribe();
+        tokio::select! {
+            r = pos.wait_for(|p| p.flushed > before) => { r.unwrap(); }
+            r = &mut waiting => panic!("acknowledged without its standby: {r:?}"),
+        }
+        p2.supervisor.do_send(SetSyncStandbys { names: None });
+        tokio::time::timeout(DEADLINE, waiting)
+            .await
+            .expect("released by the deadline")
+            .unwrap()
+            .unwrap();
+        // The supervisor's own setting changed too: the next one does not wait either.
+        try_append(&p2, "asynchronous now").await.unwrap();
+        stop(s).await;
+        stop(p).await;
+        stop(p2).await;
+    });
+}
+
+#[test]
+fn a_cascading_standby_with_the_divergent_tail_drops_it_and_follows_the_new_history() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let p_fence = Fence::closed();
+        p_fence.grant(1, lasting());
+        let p = start(primary(&dir.path().join("p"), p_fence.clone())).await;
+        let from = p.wal.flushed();
+        let shared = append(&p, "shared").await;
+        let s_fence = Fence::closed();
+        let s = start(standby_of(&p, &dir.path().join("s"), "s", s_fence.clone())).await;
+        // C streams from P, before and after P's demotion (a cascade of it).
+        let c = start(standby_of(&p, &dir.path().join("c"), "c", Fence::closed())).await;
+        flushed_to(&s, shared).await;
+        flushed_to(&c, shared).await;
+        let promoted = promote(&s, 2).await;
+        s_fence.grant(2, lasting());
+        let mut p_end = Lsn::INVALID;
+        for i in 0..10 {
+            p_end = append(&p, &format!("divergent {i}")).await;
+        }
+        // C holds the divergent tail as well.
+        flushed_to(&c, p_end).await;
+        let divergent = p_end.0 - promoted.switch_lsn.0;
+        assert_eq!(follow(&p, &s, "p", 2).await.dropped_bytes, divergent);
+        // The same upstream as before, once it is on the new history, which forked from C's
+        // WAL: C cuts back.
+        flushed_on(&p, TimelineId(2), promoted.switch_lsn).await;
+        let followed = follow(&c, &p, "c", 2).await;
+        assert!(!followed.demoted);
+        assert_eq!(followed.fork, Some(promoted.switch_lsn));
+        assert_eq!(followed.dropped_bytes, divergent);
+        let s_end = append(&s, "on the new leader").await;
+        flushed_on(&c, TimelineId(2), s_end).await;
+        let on_s = records(&s, from).await;
+        assert_eq!(records(&c, from).await, on_s);
+        assert_eq!(records(&p, from).await, on_s);
+        assert_eq!(c.wal.history(), s.wal.history());
+        stop(c).await;
+        stop(p).await;
+        stop(s).await;
     });
 }

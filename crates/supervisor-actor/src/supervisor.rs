@@ -41,6 +41,7 @@ use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 use crate::append::{AppendMetrics, SyncSettings};
 use crate::fence::Fence;
 use crate::restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
+use crate::visibility::{rule_of, Visibility};
 
 mod append;
 mod leadership;
@@ -78,6 +79,10 @@ pub struct NodeStatus {
     pub system_identifier: SystemId,
     pub timeline: TimelineId,
     pub flush_lsn: Lsn,
+    /// The end of the WAL acknowledged at the node's durability level, which readers see
+    /// ([`Node::acknowledged`](crate::Node::acknowledged)): `flush_lsn`, except on a primary
+    /// with synchronous standbys and a synchronous `synchronous_commit`.
+    pub acknowledged_lsn: Lsn,
     pub wal_format: WalFormat,
     pub replication: Vec<WalSenderStatus>,
     pub wal_receiver: Option<WalReceiverInfo>,
@@ -179,6 +184,8 @@ pub struct Supervisor {
     following: bool,
     /// Where `standby.signal` goes when the node follows a leader.
     data_dir: PathBuf,
+    /// What readers see: the acknowledged end, by a rule of the role and the settings.
+    visibility: Visibility,
     /// Shared with [`Node`](crate::Node), which shows them in `/metrics`.
     pub(crate) append_metrics: Arc<AppendMetrics>,
 }
@@ -198,6 +205,7 @@ impl Supervisor {
         sync: SyncSettings,
         fence: Fence,
         data_dir: PathBuf,
+        visibility: Visibility,
     ) -> Supervisor {
         Supervisor {
             wal: Some(wal),
@@ -223,8 +231,15 @@ impl Supervisor {
             fence,
             following: false,
             data_dir,
+            visibility,
             append_metrics: Arc::default(),
         }
+    }
+
+    /// Makes readers' visibility follow the role and the synchronous settings.
+    fn update_visibility(&self) {
+        self.visibility
+            .set_rule(rule_of(self.role == NodeRole::Primary, &self.sync));
     }
 
     /// Starts a walreceiver if one is wanted and none runs or waits for a retry.
@@ -361,6 +376,9 @@ impl Actor for Supervisor {
         self.registry
             .do_send(SetSyncStandbyNames(self.sync.standby_names.clone()));
         self.watch_storage(ctx);
+        if let Some(wal) = &self.wal {
+            ctx.spawn(actix::fut::wrap_future(self.visibility.run(wal)));
+        }
         self.reconcile(ctx);
     }
 }
@@ -622,6 +640,7 @@ impl Handler<GetNodeStatus> for Supervisor {
         let services = self.services.iter().map(|s| s.info.clone()).collect();
         let retry_schedule = self.policy.schedule();
         let term = self.fence.term();
+        let acknowledged_lsn = self.visibility.acknowledged();
         let receiver = self.receiver.as_ref().map(|r| {
             let not_streaming_reason = if r.streaming {
                 None
@@ -669,6 +688,7 @@ impl Handler<GetNodeStatus> for Supervisor {
                 system_identifier: wal.system_id(),
                 timeline: pos.timeline,
                 flush_lsn: pos.flushed,
+                acknowledged_lsn,
                 wal_format: wal.format(),
                 replication,
                 wal_receiver,
@@ -750,6 +770,7 @@ impl Supervisor {
             let promoted = res?;
             act.role = NodeRole::Primary;
             act.receiver = None;
+            act.update_visibility();
             let mut settings = (*act.shared.settings()).clone();
             settings.in_hot_standby = false;
             act.shared.replace_settings(settings);
@@ -778,6 +799,7 @@ impl Handler<Reconfigure> for Supervisor {
             self.registry
                 .do_send(SetSyncStandbyNames(msg.sync.standby_names.clone()));
             self.sync = msg.sync;
+            self.update_visibility();
         }
         let (Some(r), Some(new)) = (self.receiver.as_mut(), msg.receiver) else {
             return;

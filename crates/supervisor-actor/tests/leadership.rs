@@ -3,7 +3,9 @@
 //! streams from the new leader; a standby re-targeted at another upstream follows it at once;
 //! the synchronous standbys can be changed under waiting appends.
 
-use std::future::Future;
+mod common;
+use common::*;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -11,18 +13,11 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use supervisor_actor::{
     AppendError, AppendRecords, Appended, Durability, Fence, FollowLeader, Followed, GetNodeStatus,
-    LocalLevel, Node, NodeBuilder, NodeRole, PromoteForTerm, SetSyncStandbys, ShutdownNode,
+    LocalLevel, Node, NodeBuilder, NodeRole, PromoteForTerm, SetSyncStandbys,
 };
 use supervisor_actor::{Follow, RecordEvent};
 use wal_storage::{Lsn, TimelineId, WalError};
 use walreceiver_actor::ReceiverConfig;
-
-/// Every wait in these tests ends by this deadline, so a regression fails instead of hanging.
-const DEADLINE: Duration = Duration::from_secs(30);
-
-fn run<F: Future>(f: F) -> F::Output {
-    actix_rt::System::new().block_on(f)
-}
 
 fn conninfo(upstream: &Node) -> String {
     format!("host=127.0.0.1 port={} user=r", upstream.listen_addr.port())
@@ -94,13 +89,6 @@ async fn role(node: &Node) -> NodeRole {
         .role
 }
 
-async fn stop(node: Node) {
-    node.supervisor
-        .send(ShutdownNode { immediate: true })
-        .await
-        .unwrap();
-}
-
 #[test]
 fn a_standby_promoted_for_a_term_records_it_in_its_history() {
     let dir = tempfile::tempdir().unwrap();
@@ -141,29 +129,6 @@ async fn flushed_on(node: &Node, timeline: TimelineId, lsn: Lsn) {
     .await
     .unwrap_or_else(|_| panic!("flushed to {lsn} on timeline {timeline} by the deadline"))
     .unwrap();
-}
-
-/// Every record of `node` from `from` to its durable end: (timeline, end, payload).
-async fn records(node: &Node, from: Lsn) -> Vec<(TimelineId, Lsn, Bytes)> {
-    let events: Vec<_> = tokio::time::timeout(
-        DEADLINE,
-        node.records(from, Follow::UntilCurrentEnd)
-            .collect::<Vec<_>>(),
-    )
-    .await
-    .expect("read by the deadline");
-    events
-        .into_iter()
-        .filter_map(|e| match e.unwrap() {
-            RecordEvent::Record {
-                timeline,
-                end,
-                payload,
-                ..
-            } => Some((timeline, end, payload)),
-            RecordEvent::TimelineSwitch { .. } => None,
-        })
-        .collect()
 }
 
 fn leader(node: &Node, name: &str) -> ReceiverConfig {

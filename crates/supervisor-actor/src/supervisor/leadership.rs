@@ -235,6 +235,7 @@ impl Supervisor {
         if demoted {
             self.role = NodeRole::Standby;
             self.receiver = Some(Receiver::new(upstream));
+            self.update_visibility();
             let mut settings = (*self.shared.settings()).clone();
             settings.in_hot_standby = true;
             self.shared.replace_settings(settings);
@@ -282,5 +283,6 @@ impl Handler<SetSyncStandbys> for Supervisor {
         self.registry
             .do_send(SetSyncStandbyNames(msg.names.clone()));
         self.sync.standby_names = msg.names;
+        self.update_visibility();
     }
 }

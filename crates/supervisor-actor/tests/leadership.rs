@@ -379,3 +379,27 @@ fn a_cascading_standby_with_the_divergent_tail_drops_it_and_follows_the_new_hist
         stop(s).await;
     });
 }
+
+#[test]
+fn held_walsender_sessions_end_and_resume() {
+    use walsender_actor::messages::{GetReplicationStatus, HoldWalSenders, ResumeWalSenders};
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let p = start(primary(&dir.path().join("p"), Fence::open())).await;
+        let first = append(&p, "first").await;
+        let s = start(standby_of(&p, &dir.path().join("s"), "s", Fence::closed())).await;
+        flushed_to(&s, first).await;
+        tokio::time::timeout(DEADLINE, p.registry.send(HoldWalSenders))
+            .await
+            .expect("every session ended by the deadline")
+            .unwrap();
+        let sessions = p.registry.send(GetReplicationStatus).await.unwrap();
+        assert!(sessions.is_empty(), "{sessions:?}");
+        let second = append(&p, "second").await;
+        p.registry.do_send(ResumeWalSenders);
+        // The standby's walreceiver reconnects and streams again.
+        flushed_to(&s, second).await;
+        stop(s).await;
+        stop(p).await;
+    });
+}

@@ -679,3 +679,113 @@ fn a_forced_failover_hands_over_at_once_and_reports_the_lag() -> Result<()> {
         Ok(())
     })
 }
+
+/// A TCP relay on loopback between one actor and etcd that the test can cut (every relayed
+/// connection is dropped and new ones are closed at once) and heal.
+struct Relay {
+    url: String,
+    cut: watch::Sender<bool>,
+}
+
+impl Relay {
+    async fn start(target: &str) -> Result<Relay> {
+        let target = target
+            .strip_prefix("http://")
+            .context("an http URL")?
+            .to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let (cut, cut_rx) = watch::channel(false);
+        actix_rt::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if *cut_rx.borrow() {
+                    continue;
+                }
+                let target = target.clone();
+                let mut cut_rx = cut_rx.clone();
+                actix_rt::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut_rx.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Ok(Relay { url, cut })
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+/// The leader alone loses etcd (its relay is cut): it stops acknowledging by its own deadline,
+/// a standby leads within the ttl and a second, and when etcd is back the old leader finds
+/// its lease gone, joins again and follows the new leader, demoted.
+#[test]
+fn a_leader_cut_off_from_etcd_is_replaced_and_follows_when_it_comes_back() -> Result<()> {
+    log();
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir()?;
+    actix_rt::System::new().block_on(async {
+        let relay = Relay::start(etcd.client_url()).await?;
+        let p = start_primary(&dir.path().join("a")).await?;
+        let b = start_standby(&dir.path().join("b"), &p, "b").await?;
+        let c = start_standby(&dir.path().join("c"), &p, "c").await?;
+        let mut a = start_actor(&relay.url, "a", p).await?;
+        let mut b = start_actor(etcd.client_url(), "b", b).await?;
+        let mut c = start_actor(etcd.client_url(), "c", c).await?;
+        let term = wait_for(&mut a, SETTLE, "leading", |l| l.leading.is_some())
+            .await?
+            .leading
+            .context("leading")?;
+        for m in [&mut b, &mut c] {
+            wait_for(m, SETTLE, "following a", |l| {
+                l.following == Some(("a".into(), term))
+            })
+            .await?;
+        }
+        append(&a.node, "before")
+            .await
+            .context("acknowledged before the cut")?;
+        relay.set_cut(true);
+        let cut = Instant::now();
+        assert!(
+            !a.node.fence.may_acknowledge(cut + TTL),
+            "the cut-off leader's fence reaches past its lease"
+        );
+        let within = TTL + Duration::from_secs(1);
+        let (winner, new_term) =
+            first_to_lead(&mut b, &mut c, within + Duration::from_secs(5)).await?;
+        let took = cut.elapsed();
+        eprintln!("{winner} leads {took:?} after the leader was cut off from etcd");
+        assert!(
+            took <= within,
+            "the new leader took {took:?}, more than {within:?}"
+        );
+        assert!(
+            !a.node.fence.may_acknowledge(Instant::now()),
+            "two nodes acknowledge at once"
+        );
+        match append(&a.node, "cut off").await {
+            Err(AppendError::NotLeader { .. }) => {}
+            other => bail!("the cut-off old leader answered an append: {other:?}"),
+        }
+        relay.set_cut(false);
+        wait_for(&mut a, SETTLE, "following the new leader", |l| {
+            l.following == Some((winner.clone(), new_term))
+        })
+        .await?;
+        let status = a
+            .node
+            .supervisor
+            .send(supervisor_actor::GetNodeStatus)
+            .await??;
+        assert_eq!(status.role, supervisor_actor::NodeRole::Standby);
+        shutdown([a, b, c]).await;
+        Ok(())
+    })
+}

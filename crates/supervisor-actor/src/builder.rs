@@ -18,9 +18,11 @@ use walsender_actor::{Listener, Shared, WalSenderRegistry};
 
 use crate::append::Durability;
 use crate::datadir::{create_private_dir, new_system_id, settle_role, DataDirState, StandbySignal};
+use crate::fence::Fence;
 use crate::node::{Node, NodeConfig, NodeError};
 use crate::restart::RestartPolicy;
 use crate::supervisor::Supervisor;
+use crate::visibility::Visibility;
 
 /// Starts a node's actors in the current actix System.
 ///
@@ -270,6 +272,14 @@ impl NodeBuilder {
         self
     }
 
+    /// The fence the node asks before acknowledging an append (default [`Fence::open`]: it
+    /// always acknowledges, as without automatic failover). A failover actor keeps a clone
+    /// of a [`Fence::closed`] one and grants it while it holds the cluster's leadership.
+    pub fn fence(mut self, fence: Fence) -> NodeBuilder {
+        self.config.fence = fence;
+        self
+    }
+
     /// How the walreceiver is restarted after it stops (default [`RestartPolicy::default`]).
     pub fn restart_policy(mut self, policy: RestartPolicy) -> NodeBuilder {
         self.config.restart_policy = policy;
@@ -391,10 +401,12 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         restart_policy,
         standby_signal,
         sync,
+        fence,
     } = config;
     // Recovery reads and fsyncs: keep it off the actor thread. Then the control data and
     // standby.signal are made to agree with the role the node starts in.
     let signals = standby_signal.is_some();
+    let dir = data_dir.clone();
     let is_standby = standby.is_some();
     let wal = tokio::task::spawn_blocking(move || {
         storage.segment_size = Wal::stored_segment_size(&data_dir)?;
@@ -437,7 +449,13 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         &session.show,
     ));
     walsender.session = Arc::new(session);
-    let registry = WalSenderRegistry::new(max_wal_senders).start();
+    let registry = WalSenderRegistry::new(max_wal_senders);
+    let (visibility, acknowledged) = Visibility::new(
+        &wal,
+        crate::visibility::rule_of(standby.is_none(), &sync),
+        registry.sync_positions(),
+    );
+    let registry = registry.start();
     let shared = Shared::new(
         wal.clone(),
         walsender,
@@ -465,6 +483,9 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         restart_policy,
         standby_signal,
         sync,
+        fence.clone(),
+        dir,
+        visibility,
     );
     let append_metrics = supervisor.append_metrics.clone();
     let supervisor = supervisor.start();
@@ -475,6 +496,8 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         wal,
         listen_addr,
         append_metrics,
+        fence,
+        acknowledged,
         applied: Arc::new(tokio::sync::watch::channel(Lsn::INVALID).0),
     })
 }

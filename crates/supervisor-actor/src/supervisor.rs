@@ -32,15 +32,19 @@ use walreceiver_actor::messages::{
 use walreceiver_actor::{ApplyReporting, ReceiverConfig, ReceiverStatus, StopReason, WalReceiver};
 use walsender_actor::messages::{
     GetReplicationStatus, SetMaxWalSenders, SetSyncStandbyNames, SettingsChanged,
-    ShutdownWalSenders, StopAccepting, WaitForSync,
+    ShutdownWalSenders, StopAccepting,
 };
 use walsender_actor::session::ShutdownMode;
 use walsender_actor::status::WalSenderStatus;
 use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 
-use crate::append::{AppendError, AppendMetrics, AppendRecords, Appended, SyncSettings};
+use crate::append::{AppendMetrics, SyncSettings};
+use crate::fence::Fence;
 use crate::restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
+use crate::visibility::{rule_of, Visibility};
 
+mod append;
+mod leadership;
 mod storage;
 use storage::StorageSupervision;
 
@@ -75,6 +79,10 @@ pub struct NodeStatus {
     pub system_identifier: SystemId,
     pub timeline: TimelineId,
     pub flush_lsn: Lsn,
+    /// The end of the WAL acknowledged at the node's durability level, which readers see
+    /// ([`Node::acknowledged`](crate::Node::acknowledged)): `flush_lsn`, except on a primary
+    /// with synchronous standbys and a synchronous `synchronous_commit`.
+    pub acknowledged_lsn: Lsn,
     pub wal_format: WalFormat,
     pub replication: Vec<WalSenderStatus>,
     pub wal_receiver: Option<WalReceiverInfo>,
@@ -83,6 +91,9 @@ pub struct NodeStatus {
     pub storage: StorageHealth,
     /// The services the supervisor stops with the node ([`SuperviseService`]).
     pub services: Vec<ServiceInfo>,
+    /// The latest leadership term this node knows of (led or followed); `None` without
+    /// automatic failover.
+    pub term: Option<u64>,
 }
 
 /// A service that runs beside the node, handed to its supervisor so that it stops in the
@@ -131,6 +142,24 @@ struct Receiver {
     stop_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
+impl Receiver {
+    /// A walreceiver wanted, streaming from `config`'s upstream.
+    fn new(config: ReceiverConfig) -> Receiver {
+        Receiver {
+            config,
+            wanted: true,
+            current: None,
+            streaming: false,
+            next_id: 1,
+            retry: None,
+            restart: RestartState::default(),
+            last_status: None,
+            applied: None,
+            stop_waiters: Vec::new(),
+        }
+    }
+}
+
 /// Owns the node's children and shuts them down in order.
 pub struct Supervisor {
     wal: Option<Wal>,
@@ -149,6 +178,14 @@ pub struct Supervisor {
     sync: SyncSettings,
     services: Vec<Service>,
     storage: StorageSupervision,
+    /// Asked before an append is taken and again before it is acknowledged.
+    fence: Fence,
+    /// A [`FollowLeader`](crate::FollowLeader) is under way: no appends, no promotion.
+    following: bool,
+    /// Where `standby.signal` goes when the node follows a leader.
+    data_dir: PathBuf,
+    /// What readers see: the acknowledged end, by a rule of the role and the settings.
+    visibility: Visibility,
     /// Shared with [`Node`](crate::Node), which shows them in `/metrics`.
     pub(crate) append_metrics: Arc<AppendMetrics>,
 }
@@ -166,6 +203,9 @@ impl Supervisor {
         policy: RestartPolicy,
         standby_signal: Option<PathBuf>,
         sync: SyncSettings,
+        fence: Fence,
+        data_dir: PathBuf,
+        visibility: Visibility,
     ) -> Supervisor {
         Supervisor {
             wal: Some(wal),
@@ -181,26 +221,25 @@ impl Supervisor {
             } else {
                 NodeRole::Primary
             },
-            receiver: standby.map(|config| Receiver {
-                config,
-                wanted: true,
-                current: None,
-                streaming: false,
-                next_id: 1,
-                retry: None,
-                restart: RestartState::default(),
-                last_status: None,
-                applied: None,
-                stop_waiters: Vec::new(),
-            }),
+            receiver: standby.map(Receiver::new),
             policy,
             standby_signal,
             promoting: false,
             services: Vec::new(),
             storage: StorageSupervision::default(),
             sync,
+            fence,
+            following: false,
+            data_dir,
+            visibility,
             append_metrics: Arc::default(),
         }
+    }
+
+    /// Makes readers' visibility follow the role and the synchronous settings.
+    fn update_visibility(&self) {
+        self.visibility
+            .set_rule(rule_of(self.role == NodeRole::Primary, &self.sync));
     }
 
     /// Starts a walreceiver if one is wanted and none runs or waits for a retry.
@@ -337,6 +376,9 @@ impl Actor for Supervisor {
         self.registry
             .do_send(SetSyncStandbyNames(self.sync.standby_names.clone()));
         self.watch_storage(ctx);
+        if let Some(wal) = &self.wal {
+            ctx.spawn(actix::fut::wrap_future(self.visibility.run(wal)));
+        }
         self.reconcile(ctx);
     }
 }
@@ -597,6 +639,8 @@ impl Handler<GetNodeStatus> for Supervisor {
         let role = self.role;
         let services = self.services.iter().map(|s| s.info.clone()).collect();
         let retry_schedule = self.policy.schedule();
+        let term = self.fence.term();
+        let acknowledged_lsn = self.visibility.acknowledged();
         let receiver = self.receiver.as_ref().map(|r| {
             let not_streaming_reason = if r.streaming {
                 None
@@ -644,11 +688,13 @@ impl Handler<GetNodeStatus> for Supervisor {
                 system_identifier: wal.system_id(),
                 timeline: pos.timeline,
                 flush_lsn: pos.flushed,
+                acknowledged_lsn,
                 wal_format: wal.format(),
                 replication,
                 wal_receiver,
                 storage: wal.health(),
                 services,
+                term,
             })
         })
     }
@@ -658,14 +704,27 @@ impl Handler<Promote> for Supervisor {
     type Result = ResponseActFuture<Self, Result<Promoted, PromoteError>>;
 
     fn handle(&mut self, _: Promote, _: &mut Context<Self>) -> Self::Result {
-        let refuse = |e| Box::pin(actix::fut::ready(Err(e))) as Self::Result;
+        self.promote("promoted by walserver".into())
+    }
+}
+
+impl Supervisor {
+    /// Promotes this standby, with `reason` beside the new timeline in its history file.
+    fn promote(
+        &mut self,
+        reason: String,
+    ) -> ResponseActFuture<Self, Result<Promoted, PromoteError>> {
+        let refuse = |e| {
+            Box::pin(actix::fut::ready(Err(e)))
+                as ResponseActFuture<Self, Result<Promoted, PromoteError>>
+        };
         if self.shutting_down {
             return refuse(PromoteError::ShuttingDown);
         }
         if self.role != NodeRole::Standby {
             return refuse(PromoteError::NotStandby);
         }
-        if self.promoting {
+        if self.promoting || self.following {
             return refuse(PromoteError::InProgress);
         }
         let Some(wal) = self.wal.clone() else {
@@ -685,7 +744,7 @@ impl Handler<Promote> for Supervisor {
             // primary in one write; `standby.signal` is removed after it, and a crash in
             // between leaves a signal known for a leftover (`datadir`'s role rule).
             tokio::task::spawn_blocking(move || {
-                let (timeline, switch_lsn) = wal.promote("promoted by walserver")?;
+                let (timeline, switch_lsn) = wal.promote(&reason)?;
                 if let Some(path) = &signal {
                     // Committed already: a signal that stays is ignored and removed at the
                     // next start.
@@ -711,6 +770,7 @@ impl Handler<Promote> for Supervisor {
             let promoted = res?;
             act.role = NodeRole::Primary;
             act.receiver = None;
+            act.update_visibility();
             let mut settings = (*act.shared.settings()).clone();
             settings.in_hot_standby = false;
             act.shared.replace_settings(settings);
@@ -739,6 +799,7 @@ impl Handler<Reconfigure> for Supervisor {
             self.registry
                 .do_send(SetSyncStandbyNames(msg.sync.standby_names.clone()));
             self.sync = msg.sync;
+            self.update_visibility();
         }
         let (Some(r), Some(new)) = (self.receiver.as_mut(), msg.receiver) else {
             return;
@@ -776,91 +837,5 @@ impl Handler<ReportApplied> for Supervisor {
                 addr.do_send(Applied { lsn: msg.lsn });
             }
         }
-    }
-}
-
-impl Handler<AppendRecords> for Supervisor {
-    type Result = ResponseFuture<Result<Appended, AppendError>>;
-
-    fn handle(&mut self, msg: AppendRecords, _: &mut Context<Self>) -> Self::Result {
-        let wal = self.wal.clone();
-        let refusal = if self.shutting_down {
-            Some(AppendError::ShuttingDown)
-        } else if wal
-            .as_ref()
-            .is_some_and(|w| w.format() != WalFormat::Walserver)
-        {
-            // Said before "this node is a standby; append on the primary", which would send
-            // the client to a PostgreSQL server that takes no walserver records either.
-            Some(AppendError::RelayedPostgresWal)
-        } else if self.role == NodeRole::Standby || self.promoting {
-            Some(AppendError::Standby)
-        } else {
-            None
-        };
-        let registry = self.registry.clone();
-        let durability = msg.durability.unwrap_or(self.sync.default_durability);
-        let wait_timeout = self.sync.wait_timeout;
-        // Without synchronous standbys every level is satisfied by local durability, as in
-        // PostgreSQL; skip the trip to the registry.
-        let sync_configured = self.sync.standby_names.is_some();
-        let metrics = self.append_metrics.clone();
-        let started = Instant::now();
-        let records = msg.records.len() as u64;
-        let bytes = msg.records.iter().map(|r| r.len() as u64).sum();
-        let sync_metrics = metrics.clone();
-        let work = async move {
-            if let Some(e) = refusal {
-                return Err(e);
-            }
-            let wal = wal.ok_or(AppendError::ShuttingDown)?;
-            if wal.format() != WalFormat::Walserver {
-                return Err(AppendError::RelayedPostgresWal);
-            }
-            if msg.records.is_empty() {
-                return Err(AppendError::Empty);
-            }
-            // Local durability first: storage's group commit.
-            let record_ends = wal.append(msg.records)?.await?;
-            let end_lsn = *record_ends
-                .last()
-                .expect("one end per record, and there are records");
-            // Then the synchronous standbys, if the level asks for them.
-            if let Some(level) = durability.wait_level().filter(|_| sync_configured) {
-                let wait = registry.send(WaitForSync {
-                    lsn: end_lsn,
-                    level,
-                });
-                let waited = Instant::now();
-                let outcome = match wait_timeout {
-                    Some(t) => tokio::time::timeout(t, wait).await.ok(),
-                    None => Some(wait.await),
-                };
-                match outcome {
-                    Some(Ok(Ok(()))) => sync_metrics.sync_wait_seconds.observe(waited.elapsed()),
-                    Some(_) => return Err(AppendError::ShuttingDown),
-                    None => {
-                        return Err(AppendError::NotConfirmed {
-                            end_lsn,
-                            durability,
-                        })
-                    }
-                }
-            }
-            Ok(Appended {
-                end_lsn,
-                record_ends,
-                timeline: wal.timeline(),
-                durability,
-            })
-        };
-        Box::pin(async move {
-            let r = work.await;
-            match &r {
-                Ok(_) => metrics.acknowledged(durability, records, bytes, started.elapsed()),
-                Err(_) => metrics.failed(durability),
-            }
-            r
-        })
     }
 }

@@ -5,14 +5,18 @@
 //! startup phase), but only authenticated walsenders count toward `max_wal_senders`, as in
 //! PostgreSQL. A shutdown request is answered when the last connection has closed; each
 //! connection reports its close with a message, so nothing here waits on a timer.
+//!
+//! What the synchronous standbys have confirmed, taken together, is also published as a watch
+//! ([`WalSenderRegistry::sync_positions`]), so that readers on the primary can stop at WAL
+//! acknowledged at the node's durability level.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use actix::prelude::*;
 
 use crate::messages::*;
 use crate::status::{lock, SharedStatus, WalSenderState};
-use crate::syncrep::{decide, StandbyPositions, SyncStandbyNames, Waiters};
+use crate::syncrep::{decide, StandbyPositions, SyncPositions, SyncStandbyNames, Waiters};
 use crate::WalSender;
 
 struct Entry {
@@ -29,6 +33,13 @@ pub struct WalSenderRegistry {
     /// Answered when `connections` becomes empty during shutdown.
     shutdown_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
     shutting_down: Option<crate::session::ShutdownMode>,
+    /// Sessions are held ([`HoldWalSenders`]): every new connection is ended at once.
+    held: bool,
+    /// Each waits for the connections open at its [`HoldWalSenders`] to close.
+    hold_waiters: Vec<(BTreeSet<u32>, tokio::sync::oneshot::Sender<()>)>,
+    /// The highest positions the synchronous standbys ever confirmed together, each field on
+    /// its own: once acknowledged, WAL stays acknowledged whoever is synchronous later.
+    confirmed: tokio::sync::watch::Sender<SyncPositions>,
 }
 
 impl WalSenderRegistry {
@@ -40,7 +51,16 @@ impl WalSenderRegistry {
             connections: BTreeMap::new(),
             shutdown_waiters: Vec::new(),
             shutting_down: None,
+            held: false,
+            hold_waiters: Vec::new(),
+            confirmed: tokio::sync::watch::channel(SyncPositions::default()).0,
         }
+    }
+
+    /// What the synchronous standbys have confirmed, taken together (each position the
+    /// highest ever reached); zero until they first confirm anything.
+    pub fn sync_positions(&self) -> tokio::sync::watch::Receiver<SyncPositions> {
+        self.confirmed.subscribe()
     }
 
     fn active_walsenders(&self) -> usize {
@@ -82,6 +102,16 @@ impl WalSenderRegistry {
             for w in self.waiters.release(p) {
                 let _ = w.send(());
             }
+            self.confirmed.send_if_modified(|c| {
+                let next = SyncPositions {
+                    write: c.write.max(p.write),
+                    flush: c.flush.max(p.flush),
+                    apply: c.apply.max(p.apply),
+                };
+                let changed = next != *c;
+                *c = next;
+                changed
+            });
         }
     }
 
@@ -112,6 +142,10 @@ impl Handler<ConnectionOpened> for WalSenderRegistry {
         if let Some(mode) = self.shutting_down {
             // Accepted just before the listener stopped: end it like the rest.
             msg.addr.do_send(Shutdown { mode });
+        } else if self.held {
+            msg.addr.do_send(Shutdown {
+                mode: crate::session::ShutdownMode::Immediate,
+            });
         }
         self.connections.insert(
             msg.pid,
@@ -156,6 +190,40 @@ impl Handler<ConnectionClosed> for WalSenderRegistry {
         self.connections.remove(&msg.pid);
         self.recompute();
         self.wake_if_empty();
+        self.hold_waiters.retain_mut(|(open, _)| {
+            open.remove(&msg.pid);
+            !open.is_empty()
+        });
+    }
+}
+
+impl Handler<HoldWalSenders> for WalSenderRegistry {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: HoldWalSenders, _: &mut Context<Self>) -> Self::Result {
+        self.held = true;
+        let mode = crate::session::ShutdownMode::Immediate;
+        for e in self.connections.values() {
+            e.addr.do_send(Shutdown { mode });
+        }
+        let open: BTreeSet<u32> = self.connections.keys().copied().collect();
+        if open.is_empty() {
+            return Box::pin(async {});
+        }
+        // Dropping the sender (when its last connection closes) answers the waiter.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.hold_waiters.push((open, tx));
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+}
+
+impl Handler<ResumeWalSenders> for WalSenderRegistry {
+    type Result = ();
+
+    fn handle(&mut self, _: ResumeWalSenders, _: &mut Context<Self>) {
+        self.held = false;
     }
 }
 

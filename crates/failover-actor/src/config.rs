@@ -1,0 +1,76 @@
+//! The `[failover]` table, typed.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// How synchronous replication and failover go together.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SynchronousMode {
+    /// Asynchronous replication; failover takes the most advanced healthy standby within
+    /// `maximum_lag_on_failover`.
+    #[default]
+    Off,
+    /// The leader picks one synchronous standby and publishes it before its acknowledgements
+    /// count; only that standby may be promoted. With no standby left, appends fall back to
+    /// asynchronous (and the published choice is cleared first).
+    On,
+    /// As `on`, but with no synchronous standby left appends wait rather than fall back.
+    Strict,
+}
+
+/// Automatic failover for one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailoverConfig {
+    /// etcd's client URLs (`http://host:2379`), tried in turn.
+    pub etcd_endpoints: Vec<String>,
+    /// The cluster's name: every key lives under `/walserver/<cluster_name>/`.
+    pub cluster_name: String,
+    /// This node's name in the cluster (unique); also its `application_name` upstream.
+    pub node_name: String,
+    /// The leader key's lease (Patroni's default is 30 s; walserver's 10 s).
+    pub ttl: Duration,
+    /// A standby further behind the last known leader position than this may not be promoted.
+    pub maximum_lag_on_failover: u64,
+    pub synchronous_mode: SynchronousMode,
+    /// This node never becomes the leader.
+    pub nofailover: bool,
+    /// Among equally advanced candidates the higher priority wins; 0 never becomes leader.
+    pub priority: u32,
+    /// How other members reach this node's replication port: a libpq conninfo
+    /// (`host=... port=... user=...`).
+    pub conninfo: String,
+    /// How other members and operators reach this node's admin API (`http://host:port`).
+    pub api_url: String,
+}
+
+impl FailoverConfig {
+    /// The defaults for everything but where etcd and this node are.
+    pub fn new(
+        etcd_endpoints: Vec<String>,
+        cluster_name: impl Into<String>,
+        node_name: impl Into<String>,
+        conninfo: impl Into<String>,
+        api_url: impl Into<String>,
+    ) -> FailoverConfig {
+        FailoverConfig {
+            etcd_endpoints,
+            cluster_name: cluster_name.into(),
+            node_name: node_name.into(),
+            ttl: DEFAULT_TTL,
+            maximum_lag_on_failover: DEFAULT_MAXIMUM_LAG_ON_FAILOVER,
+            synchronous_mode: SynchronousMode::Off,
+            nofailover: false,
+            priority: 1,
+            conninfo: conninfo.into(),
+            api_url: api_url.into(),
+        }
+    }
+}
+
+/// The leader key's lease when the configuration names none.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+
+/// Patroni's default, 1 MiB.
+pub const DEFAULT_MAXIMUM_LAG_ON_FAILOVER: u64 = 1 << 20;

@@ -1,0 +1,19 @@
+//! The failover crate's one error enum.
+
+#[derive(Debug, thiserror::Error)]
+pub enum FailoverError {
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_gateway::Error),
+    #[error("no member named {0}")]
+    NoSuchMember(String),
+    #[error("{0} cannot become the leader: {1}")]
+    NotEligible(String, String),
+    #[error("there is no leader")]
+    NoLeader,
+    #[error("the cluster is paused")]
+    Paused,
+    #[error("the failover actor is not running")]
+    NotRunning,
+    #[error("{0}")]
+    Refused(String),
+}

@@ -1,0 +1,83 @@
+//! The failover actor's messages, for the admin API and the CLI behind it.
+
+use actix::prelude::*;
+use serde::Serialize;
+
+use crate::error::FailoverError;
+use crate::view::{ClusterView, LocalHealth, TermRecord};
+
+/// `GET /cluster`.
+#[derive(Message)]
+#[rtype(result = "Result<ClusterView, FailoverError>")]
+pub struct GetClusterView;
+
+/// `GET /primary`, `GET /replica`: from this node's own state, without a trip to etcd.
+#[derive(Message)]
+#[rtype(result = "LocalHealth")]
+pub struct GetLocalHealth;
+
+/// `walserver cluster history`.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<TermRecord>, FailoverError>")]
+pub struct GetHistory;
+
+/// A planned switchover with zero loss: appends pause, the candidate (or the best standby)
+/// catches up, the key is handed over, the old primary follows.
+#[derive(Message)]
+#[rtype(result = "Result<SwitchoverReport, FailoverError>")]
+pub struct Switchover {
+    pub candidate: Option<String>,
+}
+
+/// A forced failover to `candidate`, even with the leader alive; acknowledged appends the
+/// candidate lacks are lost, and the report says how many bytes it was behind.
+#[derive(Message)]
+#[rtype(result = "Result<SwitchoverReport, FailoverError>")]
+pub struct Failover {
+    pub candidate: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SwitchoverReport {
+    pub old_leader: Option<String>,
+    pub new_leader: String,
+    pub term: u64,
+    /// How long appends were refused on the old leader, in milliseconds.
+    pub appends_paused_ms: u64,
+    /// For a forced failover: how far behind the old leader the candidate was, in bytes.
+    pub candidate_lag_bytes: Option<u64>,
+}
+
+/// Automatic action off cluster-wide: no promotion, no demotion; the leader keeps its key.
+#[derive(Message)]
+#[rtype(result = "Result<(), FailoverError>")]
+pub struct Pause;
+
+/// Automatic action on again.
+#[derive(Message)]
+#[rtype(result = "Result<(), FailoverError>")]
+pub struct Resume;
+
+/// Stops the actor: the fence closes at once; with `release` the lease is revoked too (its
+/// member key, and the leader key if it held it, go with it, so a successor need not wait the
+/// ttl). Without, the lease expires by its ttl, as after a crash.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopFailover {
+    pub release: bool,
+}
+
+/// What this node does in the cluster, as a watch that changes when it does: whoever needs
+/// to wait for it (the binary's health, tests) waits on the change instead of asking again.
+#[derive(Message)]
+#[rtype(result = "tokio::sync::watch::Receiver<Leadership>")]
+pub struct SubscribeLeadership;
+
+/// This node's part in the cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Leadership {
+    /// The term it leads, with the fence granted (set after each confirmed renewal).
+    pub leading: Option<u64>,
+    /// The leader and term it follows (after its supervisor accepted `FollowLeader`).
+    pub following: Option<(String, u64)>,
+}

@@ -266,8 +266,12 @@ async fn append(state: web::Data<State>, req: HttpRequest, body: Bytes) -> HttpR
                 AppendError::Storage(wal_storage::WalError::RecordTooLarge { .. }) => {
                     actix_web::http::StatusCode::PAYLOAD_TOO_LARGE
                 }
-                AppendError::NotConfirmed { .. } => actix_web::http::StatusCode::GATEWAY_TIMEOUT,
-                AppendError::ShuttingDown => actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+                AppendError::NotConfirmed { .. } | AppendError::Indeterminate { .. } => {
+                    actix_web::http::StatusCode::GATEWAY_TIMEOUT
+                }
+                AppendError::ShuttingDown | AppendError::NotLeader { .. } => {
+                    actix_web::http::StatusCode::SERVICE_UNAVAILABLE
+                }
                 // A full disk is backpressure: retry once space is freed.
                 AppendError::Storage(w) if w.is_disk_full() => {
                     actix_web::http::StatusCode::INSUFFICIENT_STORAGE
@@ -284,10 +288,18 @@ async fn append(state: web::Data<State>, req: HttpRequest, body: Bytes) -> HttpR
                 actix_web::http::StatusCode::INSUFFICIENT_STORAGE
                     | actix_web::http::StatusCode::SERVICE_UNAVAILABLE
             ) {
-                // Both clear by themselves (space freed, storage reopened, a shutdown over);
+                // Both clear by themselves (space freed, storage reopened, a shutdown over,
+                // a leader elected and found by the client);
                 // one second is about how long a full standby or a storage restart takes to
                 // come back here, a guess that keeps a well-behaved client from spinning.
                 resp.insert_header((actix_web::http::header::RETRY_AFTER, "1"));
+            }
+            if e.is_indeterminate() {
+                // Durable here but not acknowledged: the client must not take it for lost.
+                return resp.json(serde_json::json!({
+                    "error": e.to_string(),
+                    "outcome": "indeterminate",
+                }));
             }
             resp.json(serde_json::json!({ "error": e.to_string() }))
         }

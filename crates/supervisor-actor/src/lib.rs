@@ -23,6 +23,13 @@
 //!   storage is back; a full disk needs no restart (a standby's walreceiver retries on a
 //!   short backoff capped at `disk_full_cap`).
 //!
+//! Whether it may acknowledge an append is its [`Fence`]'s answer: open (always) without
+//! automatic failover; under a failover actor, closed until the actor grants it a deadline
+//! while it holds the cluster's leadership. An append is refused before anything is written
+//! while the fence is closed ([`AppendError::NotLeader`]), and one that became durable here
+//! after the fence closed, even while it waited for synchronous standbys, is answered
+//! [`AppendError::Indeterminate`]: durable here, not acknowledged.
+//!
 //! It counts the appends it answers, by durability level, with their latency and their wait
 //! for synchronous standbys ([`AppendMetrics`], shared as [`Node::append_metrics`]).
 //!
@@ -34,7 +41,7 @@
 //! another.
 //!
 //! It never touches the protocol's bytes and never polls: children report with messages, and
-//! its only timers are the restart policy's backoff. It does not depend on `protocol-codec`:
+//! its only timers are the restart policy's backoff and an append's deadlines. It does not depend on `protocol-codec`:
 //! what it needs of the protocol (the shutdown modes, the `SHOW` values) comes through the
 //! actor crates.
 //!

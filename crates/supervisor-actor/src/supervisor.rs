@@ -39,6 +39,7 @@ use walsender_actor::status::WalSenderStatus;
 use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 
 use crate::append::{AppendError, AppendMetrics, AppendRecords, Appended, SyncSettings};
+use crate::fence::Fence;
 use crate::restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
 
 mod leadership;
@@ -84,6 +85,9 @@ pub struct NodeStatus {
     pub storage: StorageHealth,
     /// The services the supervisor stops with the node ([`SuperviseService`]).
     pub services: Vec<ServiceInfo>,
+    /// The latest leadership term this node knows of (led or followed); `None` without
+    /// automatic failover.
+    pub term: Option<u64>,
 }
 
 /// A service that runs beside the node, handed to its supervisor so that it stops in the
@@ -150,6 +154,8 @@ pub struct Supervisor {
     sync: SyncSettings,
     services: Vec<Service>,
     storage: StorageSupervision,
+    /// Asked before an append is taken and again before it is acknowledged.
+    fence: Fence,
     /// Shared with [`Node`](crate::Node), which shows them in `/metrics`.
     pub(crate) append_metrics: Arc<AppendMetrics>,
 }
@@ -167,6 +173,7 @@ impl Supervisor {
         policy: RestartPolicy,
         standby_signal: Option<PathBuf>,
         sync: SyncSettings,
+        fence: Fence,
     ) -> Supervisor {
         Supervisor {
             wal: Some(wal),
@@ -200,6 +207,7 @@ impl Supervisor {
             services: Vec::new(),
             storage: StorageSupervision::default(),
             sync,
+            fence,
             append_metrics: Arc::default(),
         }
     }
@@ -598,6 +606,7 @@ impl Handler<GetNodeStatus> for Supervisor {
         let role = self.role;
         let services = self.services.iter().map(|s| s.info.clone()).collect();
         let retry_schedule = self.policy.schedule();
+        let term = self.fence.term();
         let receiver = self.receiver.as_ref().map(|r| {
             let not_streaming_reason = if r.streaming {
                 None
@@ -650,6 +659,7 @@ impl Handler<GetNodeStatus> for Supervisor {
                 wal_receiver,
                 storage: wal.health(),
                 services,
+                term,
             })
         })
     }
@@ -796,9 +806,16 @@ impl Handler<AppendRecords> for Supervisor {
             Some(AppendError::RelayedPostgresWal)
         } else if self.role == NodeRole::Standby || self.promoting {
             Some(AppendError::Standby)
+        } else if !self.fence.may_acknowledge(Instant::now()) {
+            // Refused before anything is written: a record this node wrote without leading
+            // could only be dropped again when it follows the leader.
+            Some(AppendError::NotLeader {
+                term: self.fence.term(),
+            })
         } else {
             None
         };
+        let fence = self.fence.clone();
         let registry = self.registry.clone();
         let durability = msg.durability.unwrap_or(self.sync.default_durability);
         let wait_timeout = self.sync.wait_timeout;
@@ -826,27 +843,44 @@ impl Handler<AppendRecords> for Supervisor {
             let end_lsn = *record_ends
                 .last()
                 .expect("one end per record, and there are records");
-            // Then the synchronous standbys, if the level asks for them.
+            // Then the synchronous standbys, if the level asks for them. The wait also ends
+            // when the fence closes: an answer after that could not be an acknowledgement.
             if let Some(level) = durability.wait_level().filter(|_| sync_configured) {
                 let wait = registry.send(WaitForSync {
                     lsn: end_lsn,
                     level,
                 });
                 let waited = Instant::now();
-                let outcome = match wait_timeout {
-                    Some(t) => tokio::time::timeout(t, wait).await.ok(),
-                    None => Some(wait.await),
+                let timeout = async move {
+                    match wait_timeout {
+                        Some(t) => tokio::time::sleep(t).await,
+                        None => std::future::pending().await,
+                    }
                 };
-                match outcome {
-                    Some(Ok(Ok(()))) => sync_metrics.sync_wait_seconds.observe(waited.elapsed()),
-                    Some(_) => return Err(AppendError::ShuttingDown),
-                    None => {
+                tokio::select! {
+                    outcome = wait => match outcome {
+                        Ok(Ok(())) => sync_metrics.sync_wait_seconds.observe(waited.elapsed()),
+                        _ => return Err(AppendError::ShuttingDown),
+                    },
+                    () = timeout => {
                         return Err(AppendError::NotConfirmed {
                             end_lsn,
                             durability,
                         })
                     }
+                    () = fence.wait_closed() => {}
                 }
+            }
+            // The last look at the fence, just before answering: durable here after the
+            // leadership ended is not acknowledged.
+            if !fence.may_acknowledge(Instant::now()) {
+                return Err(AppendError::Indeterminate {
+                    end_lsn,
+                    reason: match fence.term() {
+                        Some(t) => format!("this node's leadership (term {t}) ended before the append was acknowledged"),
+                        None => "this node's leadership ended before the append was acknowledged".into(),
+                    },
+                });
             }
             Ok(Appended {
                 end_lsn,

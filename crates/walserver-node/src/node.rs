@@ -191,6 +191,11 @@ pub fn node_config(s: &Settings, data_dir: &Path) -> Result<NodeConfig> {
     cfg.standby_signal = Some(data_dir.join(STANDBY_SIGNAL));
     cfg.sync = sync_settings(s)?;
     cfg.restart_policy = RestartPolicy::with_retry_interval(s.wal_retrieve_retry_interval);
+    if s.failover.is_some() {
+        // Under failover the node acknowledges nothing until its failover actor holds the
+        // leader key and grants the fence (`walserver run` starts the actor beside it).
+        cfg.fence = supervisor_actor::Fence::closed();
+    }
     Ok(cfg)
 }
 

@@ -669,7 +669,20 @@ impl Handler<Promote> for Supervisor {
     type Result = ResponseActFuture<Self, Result<Promoted, PromoteError>>;
 
     fn handle(&mut self, _: Promote, _: &mut Context<Self>) -> Self::Result {
-        let refuse = |e| Box::pin(actix::fut::ready(Err(e))) as Self::Result;
+        self.promote("promoted by walserver".into())
+    }
+}
+
+impl Supervisor {
+    /// Promotes this standby, with `reason` beside the new timeline in its history file.
+    fn promote(
+        &mut self,
+        reason: String,
+    ) -> ResponseActFuture<Self, Result<Promoted, PromoteError>> {
+        let refuse = |e| {
+            Box::pin(actix::fut::ready(Err(e)))
+                as ResponseActFuture<Self, Result<Promoted, PromoteError>>
+        };
         if self.shutting_down {
             return refuse(PromoteError::ShuttingDown);
         }
@@ -696,7 +709,7 @@ impl Handler<Promote> for Supervisor {
             // primary in one write; `standby.signal` is removed after it, and a crash in
             // between leaves a signal known for a leftover (`datadir`'s role rule).
             tokio::task::spawn_blocking(move || {
-                let (timeline, switch_lsn) = wal.promote("promoted by walserver")?;
+                let (timeline, switch_lsn) = wal.promote(&reason)?;
                 if let Some(path) = &signal {
                     // Committed already: a signal that stays is ignored and removed at the
                     // next start.

@@ -9,9 +9,14 @@ use crate::supervisor::{PromoteError, Promoted};
 impl Handler<PromoteForTerm> for Supervisor {
     type Result = ResponseActFuture<Self, Result<Promoted, PromoteError>>;
 
-    fn handle(&mut self, _: PromoteForTerm, _: &mut Context<Self>) -> Self::Result {
-        // Not written yet: the term is not recorded in the history.
-        Box::pin(actix::fut::ready(Err(PromoteError::InProgress)))
+    fn handle(&mut self, msg: PromoteForTerm, _: &mut Context<Self>) -> Self::Result {
+        // The term is known from now, whatever the promotion's outcome; the fence stays closed
+        // until the failover actor grants it, after the promotion.
+        self.fence.observe_term(msg.term);
+        self.promote(format!(
+            "promoted by walserver failover for term {}",
+            msg.term
+        ))
     }
 }
 

@@ -21,6 +21,7 @@ use crate::messages::{
     Failover, GetClusterView, GetHistory, GetLocalHealth, Pause, Resume, StopFailover, Switchover,
     SwitchoverReport,
 };
+use crate::messages::SubscribeLeadership;
 use crate::store;
 use crate::view::{ClusterView, LeaderView, LocalHealth, TermRecord};
 
@@ -155,8 +156,16 @@ impl Handler<Resume> for FailoverActor {
 impl Handler<StopFailover> for FailoverActor {
     type Result = ResponseActFuture<Self, ()>;
 
-    fn handle(&mut self, _: StopFailover, _: &mut Context<Self>) -> Self::Result {
-        self.stop()
+    fn handle(&mut self, msg: StopFailover, _: &mut Context<Self>) -> Self::Result {
+        self.stop(msg.release)
+    }
+}
+
+impl Handler<SubscribeLeadership> for FailoverActor {
+    type Result = MessageResult<SubscribeLeadership>;
+
+    fn handle(&mut self, _: SubscribeLeadership, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.leadership.subscribe())
     }
 }
 

@@ -405,6 +405,7 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
     // Recovery reads and fsyncs: keep it off the actor thread. Then the control data and
     // standby.signal are made to agree with the role the node starts in.
     let signals = standby_signal.is_some();
+    let dir = data_dir.clone();
     let is_standby = standby.is_some();
     let wal = tokio::task::spawn_blocking(move || {
         storage.segment_size = Wal::stored_segment_size(&data_dir)?;
@@ -476,6 +477,7 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         standby_signal,
         sync,
         fence.clone(),
+        dir,
     );
     let append_metrics = supervisor.append_metrics.clone();
     let supervisor = supervisor.start();

@@ -17,6 +17,12 @@
 //!   walreceiver, stop the services handed to it ([`SuperviseService`]: walserver's admin
 //!   API), release storage;
 //! - promotion stops the walreceiver, starts the next timeline and makes the node a primary;
+//! - a failover actor acts on the node only through the leadership messages: [`PromoteForTerm`]
+//!   (a promotion whose history reason names the term), [`FollowLeader`] (a standby
+//!   re-targets its walreceiver at once; a primary is demoted live: its fence closes, its
+//!   walsender sessions end and new ones wait, its WAL beyond the leader's fork is dropped
+//!   ([`fork`], shared with `walserver rejoin`), and it streams from the leader) and
+//!   [`SetSyncStandbys`];
 //! - storage's failures are events on its health watch: after a failed sync the supervisor
 //!   reopens storage ([`wal_storage::Wal::restart`]) on a backoff schedule of the restart
 //!   policy until it succeeds, starts no walreceiver meanwhile, and starts one at once when
@@ -91,6 +97,7 @@ mod append;
 mod builder;
 pub mod datadir;
 mod fence;
+pub mod fork;
 mod leadership;
 mod node;
 mod records;

@@ -136,6 +136,24 @@ struct Receiver {
     stop_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
+impl Receiver {
+    /// A walreceiver wanted, streaming from `config`'s upstream.
+    fn new(config: ReceiverConfig) -> Receiver {
+        Receiver {
+            config,
+            wanted: true,
+            current: None,
+            streaming: false,
+            next_id: 1,
+            retry: None,
+            restart: RestartState::default(),
+            last_status: None,
+            applied: None,
+            stop_waiters: Vec::new(),
+        }
+    }
+}
+
 /// Owns the node's children and shuts them down in order.
 pub struct Supervisor {
     wal: Option<Wal>,
@@ -156,6 +174,10 @@ pub struct Supervisor {
     storage: StorageSupervision,
     /// Asked before an append is taken and again before it is acknowledged.
     fence: Fence,
+    /// A [`FollowLeader`](crate::FollowLeader) is under way: no appends, no promotion.
+    following: bool,
+    /// Where `standby.signal` goes when the node follows a leader.
+    data_dir: PathBuf,
     /// Shared with [`Node`](crate::Node), which shows them in `/metrics`.
     pub(crate) append_metrics: Arc<AppendMetrics>,
 }
@@ -174,6 +196,7 @@ impl Supervisor {
         standby_signal: Option<PathBuf>,
         sync: SyncSettings,
         fence: Fence,
+        data_dir: PathBuf,
     ) -> Supervisor {
         Supervisor {
             wal: Some(wal),
@@ -189,18 +212,7 @@ impl Supervisor {
             } else {
                 NodeRole::Primary
             },
-            receiver: standby.map(|config| Receiver {
-                config,
-                wanted: true,
-                current: None,
-                streaming: false,
-                next_id: 1,
-                retry: None,
-                restart: RestartState::default(),
-                last_status: None,
-                applied: None,
-                stop_waiters: Vec::new(),
-            }),
+            receiver: standby.map(Receiver::new),
             policy,
             standby_signal,
             promoting: false,
@@ -208,6 +220,8 @@ impl Supervisor {
             storage: StorageSupervision::default(),
             sync,
             fence,
+            following: false,
+            data_dir,
             append_metrics: Arc::default(),
         }
     }
@@ -689,7 +703,7 @@ impl Supervisor {
         if self.role != NodeRole::Standby {
             return refuse(PromoteError::NotStandby);
         }
-        if self.promoting {
+        if self.promoting || self.following {
             return refuse(PromoteError::InProgress);
         }
         let Some(wal) = self.wal.clone() else {
@@ -819,7 +833,7 @@ impl Handler<AppendRecords> for Supervisor {
             Some(AppendError::RelayedPostgresWal)
         } else if self.role == NodeRole::Standby || self.promoting {
             Some(AppendError::Standby)
-        } else if !self.fence.may_acknowledge(Instant::now()) {
+        } else if self.following || !self.fence.may_acknowledge(Instant::now()) {
             // Refused before anything is written: a record this node wrote without leading
             // could only be dropped again when it follows the leader.
             Some(AppendError::NotLeader {

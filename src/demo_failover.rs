@@ -222,7 +222,16 @@ pub fn run(dir: &Path, etcd: &Path) -> anyhow::Result<()> {
             (status_of(c, "/replica") == 200).then_some(())
         })?;
     }
-    let list = get_json(&nodes[0].http, "/cluster", None)?;
+    // The members' keys say streaming once each standby has refreshed its own.
+    let list = wait_for(&procs, "both standbys to be listed as streaming", || {
+        let v = get_json(&nodes[0].http, "/cluster", None).ok()?;
+        let streaming = v["members"]
+            .as_array()?
+            .iter()
+            .filter(|m| m["role"] == "standby" && m["streaming"] == true)
+            .count();
+        (streaming == 2).then_some(v)
+    })?;
     println!(
         "\n`walserver cluster list --http {}`:\n{}",
         nodes[0].http,
@@ -281,7 +290,7 @@ pub fn run(dir: &Path, etcd: &Path) -> anyhow::Result<()> {
     );
     let list = get_json(&new.http, "/cluster", None)?;
     println!(
-        "\n`walserver cluster list --http {}`:\n{}",
+        "\n`walserver cluster list --http {}` (f1's member key went with its lease):\n{}",
         new.http,
         crate::cluster::render_cluster(&list)?
     );

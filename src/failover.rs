@@ -82,7 +82,7 @@ pub fn start(
         }),
         stop: Box::new(move || {
             Box::pin(async move {
-                let _ = actor.send(StopFailover).await;
+                let _ = actor.send(StopFailover { release: true }).await;
                 let _ = stopped_tx.send(());
             })
         }),

@@ -16,8 +16,8 @@ use walsender_actor::status::{WalSenderState, WalSenderStatus};
 use crate::config::FailoverConfig;
 use crate::error::FailoverError;
 use crate::keys::Keys;
-use crate::messages::Leadership;
 use crate::machine::{self, Action, Cluster, Local, LocalRole, Progress, SyncCandidate, SyncPhase};
+use crate::messages::Leadership;
 use crate::store;
 use crate::view::MemberInfo;
 

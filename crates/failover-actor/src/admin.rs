@@ -17,11 +17,11 @@ use crate::actor::FailoverActor;
 use crate::error::FailoverError;
 use crate::keys::SwitchoverRecord;
 use crate::machine::{self, SyncCandidate};
+use crate::messages::SubscribeLeadership;
 use crate::messages::{
     Failover, GetClusterView, GetHistory, GetLocalHealth, Pause, Resume, StopFailover, Switchover,
     SwitchoverReport,
 };
-use crate::messages::SubscribeLeadership;
 use crate::store;
 use crate::view::{ClusterView, LeaderView, LocalHealth, TermRecord};
 

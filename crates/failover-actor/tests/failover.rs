@@ -106,7 +106,10 @@ async fn wait_for(
     }
 }
 
-async fn append(node: &Node, text: &str) -> std::result::Result<supervisor_actor::Appended, AppendError> {
+async fn append(
+    node: &Node,
+    text: &str,
+) -> std::result::Result<supervisor_actor::Appended, AppendError> {
     node.supervisor
         .send(AppendRecords {
             records: vec![Bytes::from(text.to_string())],
@@ -140,7 +143,11 @@ async fn cluster(etcd: &str, dir: &Path) -> Result<(Member, Member, Member, u64)
 async fn shutdown(members: impl IntoIterator<Item = Member>) {
     for m in members {
         let _ = m.actor.send(StopFailover { release: true }).await;
-        let _ = m.node.supervisor.send(ShutdownNode { immediate: true }).await;
+        let _ = m
+            .node
+            .supervisor
+            .send(ShutdownNode { immediate: true })
+            .await;
     }
 }
 
@@ -152,7 +159,9 @@ fn bootstrap_elects_the_primary_and_the_standbys_follow() -> Result<()> {
     actix_rt::System::new().block_on(async {
         let (a, b, c, term) = cluster(etcd.client_url(), dir.path()).await?;
         assert!(term > 0);
-        let appended = append(&a.node, "first").await.context("the leader acknowledges")?;
+        let appended = append(&a.node, "first")
+            .await
+            .context("the leader acknowledges")?;
         assert_eq!(a.node.fence.term(), Some(term));
         // The standbys know the term and never acknowledge.
         assert!(!b.node.fence.may_acknowledge(Instant::now()));
@@ -209,7 +218,9 @@ fn a_leader_cut_off_from_etcd_stops_acknowledging_by_its_deadline() -> Result<()
     let url = etcd.client_url().to_string();
     actix_rt::System::new().block_on(async {
         let (a, b, c, _) = cluster(&url, dir.path()).await?;
-        append(&a.node, "before").await.context("acknowledged while etcd lives")?;
+        append(&a.node, "before")
+            .await
+            .context("acknowledged while etcd lives")?;
         etcd.kill();
         let killed = Instant::now();
         // Every grant came from a renewal sent before the kill: none reaches past kill + ttl.
@@ -239,13 +250,20 @@ fn pause_stops_failover_and_resume_lets_it_happen() -> Result<()> {
         b.actor.send(Pause).await??;
         // The leader releases its lease: the key goes at once.
         a.actor.send(StopFailover { release: true }).await?;
-        a.node.supervisor.send(ShutdownNode { immediate: true }).await?;
+        a.node
+            .supervisor
+            .send(ShutdownNode { immediate: true })
+            .await?;
         // Nothing may happen for longer than a failover takes: no leader key appears.
         let leader_key = "/walserver/test/leader";
         let watch = client
-            .watch(&etcd_gateway::WatchRequest::new(etcd_gateway::KeyRange::key(leader_key)))
+            .watch(&etcd_gateway::WatchRequest::new(
+                etcd_gateway::KeyRange::key(leader_key),
+            ))
             .await?;
-        let now = client.range(&etcd_gateway::KeyRange::key(leader_key)).await?;
+        let now = client
+            .range(&etcd_gateway::KeyRange::key(leader_key))
+            .await?;
         assert!(now.kvs.is_empty(), "the leader key is gone");
         let mut watch = Box::pin(watch);
         let quiet = TTL + Duration::from_secs(1);
@@ -293,7 +311,9 @@ fn a_switchover_loses_nothing_and_the_old_leader_follows() -> Result<()> {
             "b lacks acknowledged WAL: {} < {acked}",
             b.node.wal.flushed()
         );
-        append(&b.node, "on b").await.context("the new leader acknowledges")?;
+        append(&b.node, "on b")
+            .await
+            .context("the new leader acknowledges")?;
         wait_for(&mut a, SETTLE, "following b", |l| {
             l.following == Some(("b".into(), report.term))
         })

@@ -1,7 +1,8 @@
 //! A node from its settings: the `NodeConfig` a configuration gives (the walsender, walreceiver
-//! and synchronous-replication parts of it, and the values SHOW answers), the reloader that
-//! re-reads a configuration for SIGHUP and `POST /reload`, and [`start_node`], the one way the
-//! server, the demo, the load tool and the tests bring a configured node to life.
+//! and synchronous-replication parts of it, the values SHOW answers, and under `[failover]` a
+//! closed fence), the reloader that re-reads a configuration for SIGHUP and `POST /reload`,
+//! and [`start_node`], the one way the server, the demo, the load tool and the tests bring a
+//! configured node to life.
 
 use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};

@@ -311,3 +311,109 @@ fn with_failover_the_leader_answers_primary_and_the_cluster_lists_its_members() 
         "{history}"
     );
 }
+
+/// `walserver cluster pause`, `resume` and `switchover` on a two-member cluster on a real
+/// etcd, sent to the standby (which forwards a switchover to the leader): while paused a
+/// switchover is refused with the reason, an unknown candidate is refused by name, and a
+/// switchover to the standby makes it the leader that acknowledges appends, with the old
+/// leader answering 503 to `/primary`.
+#[test]
+fn pause_resume_and_switchover_through_the_commands() {
+    let etcd = EtcdServer::start();
+    let p = TestNode::primary(&format!("{KEEP}{}", failover_table(&etcd, "n1")));
+    wait_until("n1 to hold the leader key", || {
+        http_get_any(p.http_addr, "/primary").0 == 200
+    });
+    let s = TestNode::standby_of(
+        p.addr(),
+        "n2",
+        &format!("{KEEP}{}", failover_table(&etcd, "n2")),
+    );
+    let view = |node: &TestNode| -> serde_json::Value {
+        let (code, body) = http_get_any(node.http_addr, "/cluster");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).expect("JSON")
+    };
+    wait_until("n2 to be listed as a streaming standby on both", || {
+        [&p, &s].iter().all(|n| {
+            view(n)["members"].as_array().is_some_and(|m| {
+                m.iter()
+                    .any(|m| m["name"] == "n2" && m["streaming"] == true)
+            })
+        })
+    });
+    let http = s.http_addr.to_string();
+    let ok = |args: &[&str]| -> String {
+        let out = walserver(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let refused = |args: &[&str]| -> String {
+        let out = walserver(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+
+    assert!(ok(&["cluster", "pause", "--http", &http]).starts_with("paused"));
+    wait_until("both members to see the pause", || {
+        view(&p)["paused"] == true && view(&s)["paused"] == true
+    });
+    let e = refused(&[
+        "cluster",
+        "switchover",
+        "--http",
+        &http,
+        "--candidate",
+        "n2",
+    ]);
+    assert!(e.contains("the cluster is paused"), "{e}");
+    assert!(ok(&["cluster", "resume", "--http", &http]).starts_with("resumed"));
+    wait_until("both members to see the resume", || {
+        view(&p)["paused"] == false && view(&s)["paused"] == false
+    });
+    let e = refused(&[
+        "cluster",
+        "switchover",
+        "--http",
+        &http,
+        "--candidate",
+        "n9",
+    ]);
+    assert!(e.contains("no member named n9"), "{e}");
+    let (code, answer) = http_post(s.http_addr, "/switchover", br#"{"candidate": "n9"}"#);
+    assert_eq!(code, 404, "{answer}");
+
+    let said = ok(&[
+        "cluster",
+        "switchover",
+        "--http",
+        &http,
+        "--candidate",
+        "n2",
+    ]);
+    assert!(said.starts_with("switchover: n2 leads term "), "{said}");
+    assert!(said.contains("after n1"), "{said}");
+    wait_until("n2 to answer /primary", || {
+        http_get_any(s.http_addr, "/primary").0 == 200
+    });
+    let (code, body) = http_get_any(p.http_addr, "/primary");
+    assert_eq!(code, 503, "{body}");
+    let (code, answer) = http_post(s.http_addr, "/wal", b"after the switchover");
+    assert_eq!(code, 200, "{answer}");
+    let out = walserver(&["cluster", "history", "--http", &http, "--json"]);
+    let history: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let last = history
+        .as_array()
+        .and_then(|h| h.last())
+        .unwrap_or_else(|| panic!("no history: {history}"));
+    assert_eq!(last["leader"], "n2", "{history}");
+    assert_eq!(
+        last["timeline"], 2,
+        "a promotion to the next timeline: {history}"
+    );
+}

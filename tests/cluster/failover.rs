@@ -417,3 +417,68 @@ fn pause_resume_and_switchover_through_the_commands() {
         "a promotion to the next timeline: {history}"
     );
 }
+
+/// The keys under the cluster `t`'s prefix in `etcd`, by name.
+fn cluster_keys(etcd: &EtcdServer) -> Vec<String> {
+    let client = etcd.client();
+    let prefix = failover_actor::keys::Keys::new("t").prefix().to_string();
+    let kvs = actix_rt::System::new()
+        .block_on(async move {
+            client
+                .range(&etcd_gateway::KeyRange::prefix(prefix.into_bytes()))
+                .await
+        })
+        .expect("etcd range")
+        .kvs;
+    kvs.into_iter()
+        .map(|kv| String::from_utf8_lossy(&kv.key).to_string())
+        .collect()
+}
+
+/// `walserver run` with a `[failover]` table: the failover actor runs as one of the node's
+/// services, and a SIGTERM (a fast shutdown, exit 0) releases its keys at once, the leader
+/// key with them, so a successor need not wait out the 30 s ttl.
+#[test]
+fn walserver_run_with_failover_releases_its_keys_on_sigterm() {
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
+    let table = failover_table(&etcd, "n1").replace("ttl = \"4s\"", "ttl = \"30s\"");
+    let config = write_config(dir.path(), &table);
+    let mut w = Walserver::run(&config);
+    // Logged before the admin API's line, which Walserver::run waited for.
+    assert!(
+        w.log
+            .iter()
+            .any(|l| l.contains("starting automatic failover")),
+        "{}",
+        w.log.join("\n")
+    );
+    wait_until("n1 to hold the leader key", || {
+        http_get_any(w.http, "/primary").0 == 200
+    });
+    let services = w.status()["services"].clone();
+    assert!(
+        services.as_array().is_some_and(|s| s
+            .iter()
+            .any(|s| s["name"] == "failover" && s["state"] == "running")),
+        "{services}"
+    );
+    let names = failover_actor::keys::Keys::new("t");
+    let leader = names.leader();
+    assert!(
+        cluster_keys(&etcd).contains(&leader),
+        "{:?}",
+        cluster_keys(&etcd)
+    );
+    let t = std::time::Instant::now();
+    w.signal(libc::SIGTERM);
+    let status = w.wait_exit();
+    assert!(status.success(), "{status}; the log:\n{}", w.log.join("\n"));
+    let keys = cluster_keys(&etcd);
+    assert!(
+        !keys.contains(&leader) && !keys.iter().any(|k| k.starts_with(&names.members())),
+        "{:.1?} after SIGTERM the keys are still there: {keys:?}",
+        t.elapsed()
+    );
+}

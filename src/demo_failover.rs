@@ -35,11 +35,14 @@ pub const ETCD_HINT: &str = "install etcd to see automatic failover too: `apt-ge
 
 /// The etcd executable: `etcd` on `PATH`, else `/usr/bin/etcd`.
 pub fn find_etcd() -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .iter()
+    find_etcd_in(std::env::var_os("PATH"), Path::new("/usr/bin/etcd"))
+}
+
+fn find_etcd_in(path: Option<std::ffi::OsString>, fallback: &Path) -> Option<PathBuf> {
+    path.iter()
         .flat_map(std::env::split_paths)
         .map(|d| d.join("etcd"))
-        .chain([PathBuf::from("/usr/bin/etcd")])
+        .chain([fallback.to_path_buf()])
         .find(|p| p.is_file())
 }
 
@@ -288,7 +291,23 @@ pub fn run(dir: &Path, etcd: &Path) -> anyhow::Result<()> {
         "{} follows {}: streaming, flushed through {end_lsn}",
         nodes[other].name, new.name
     );
-    let list = get_json(&new.http, "/cluster", None)?;
+    let timeline = first["timeline"].clone();
+    let list = wait_for(
+        &procs,
+        &format!(
+            "{}'s member key to say it streams on the new timeline",
+            nodes[other].name
+        ),
+        || {
+            let v = get_json(&new.http, "/cluster", None).ok()?;
+            let listed = v["members"].as_array()?.iter().any(|m| {
+                m["name"] == nodes[other].name
+                    && m["streaming"] == true
+                    && m["timeline"] == timeline
+            });
+            listed.then_some(v)
+        },
+    )?;
     println!(
         "\n`walserver cluster list --http {}` (f1's member key went with its lease):\n{}",
         new.http,
@@ -306,4 +325,28 @@ pub fn run(dir: &Path, etcd: &Path) -> anyhow::Result<()> {
         took.as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_is_found_on_path_then_at_the_fallback_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let (on_path, elsewhere) = (dir.path().join("bin"), dir.path().join("other"));
+        std::fs::create_dir_all(&on_path).unwrap();
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        let fallback = elsewhere.join("etcd");
+        let path = Some(on_path.clone().into_os_string());
+        assert_eq!(find_etcd_in(path.clone(), &fallback), None);
+        std::fs::write(&fallback, "").unwrap();
+        assert_eq!(
+            find_etcd_in(path.clone(), &fallback),
+            Some(fallback.clone())
+        );
+        std::fs::write(on_path.join("etcd"), "").unwrap();
+        assert_eq!(find_etcd_in(path, &fallback), Some(on_path.join("etcd")));
+        assert_eq!(find_etcd_in(None, &dir.path().join("none")), None);
+    }
 }

@@ -146,6 +146,11 @@ impl Handler<ConnectionOpened> for WalSenderRegistry {
             msg.addr.do_send(Shutdown {
                 mode: crate::session::ShutdownMode::Immediate,
             });
+            // Accepted before the hold but heard of after it: whoever waits for the sessions
+            // to end waits for this one too, so nothing reads WAL when the wait is answered.
+            for (open, _) in &mut self.hold_waiters {
+                open.insert(msg.pid);
+            }
         }
         self.connections.insert(
             msg.pid,

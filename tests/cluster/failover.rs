@@ -416,6 +416,7 @@ fn pause_resume_and_switchover_through_the_commands() {
         last["timeline"], 2,
         "a promotion to the next timeline: {history}"
     );
+    assert_eq!(last["reason"], "switchover", "{history}");
 }
 
 /// The keys under the cluster `t`'s prefix in `etcd`, by name.

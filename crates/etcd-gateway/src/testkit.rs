@@ -295,10 +295,19 @@ fn free_ports(count: usize) -> Result<Vec<u16>, String> {
 }
 
 fn spawn(etcd: &Path, size: usize, timing: Timing) -> Result<EtcdCluster, String> {
-    let dir = tempfile::Builder::new()
-        .prefix("etcd-testkit-")
-        .tempdir()
-        .map_err(|e| format!("cannot make a temporary directory: {e}"))?;
+    // etcd fsyncs its raft log on every write. On a disk shared with the rest of a test run
+    // those fsyncs stalled keepalives for seconds (measured: 2.3 s), long enough to expire the
+    // short leases failover tests use; what the tests judge is walserver, not the disk under
+    // etcd, so its data goes on tmpfs where there is one.
+    let mut builder = tempfile::Builder::new();
+    builder.prefix("etcd-testkit-");
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        builder.tempdir_in(shm)
+    } else {
+        builder.tempdir()
+    }
+    .map_err(|e| format!("cannot make a temporary directory: {e}"))?;
     let ports = free_ports(2 * size)?;
     let token = dir
         .path()

@@ -795,10 +795,17 @@ impl Handler<Reconfigure> for Supervisor {
         self.shared.replace_settings(walsender);
         self.registry.do_send(SetMaxWalSenders(msg.max_wal_senders));
         self.registry.do_send(SettingsChanged);
-        if msg.sync != self.sync {
+        let mut sync = msg.sync;
+        if self.fence.is_managed() {
+            // Under a failover actor the synchronous standbys are its choice, published in
+            // the cluster's store before their acknowledgements count (`SetSyncStandbys`); a
+            // reload must not replace them with the configuration's names.
+            sync.standby_names = self.sync.standby_names.clone();
+        }
+        if sync != self.sync {
             self.registry
-                .do_send(SetSyncStandbyNames(msg.sync.standby_names.clone()));
-            self.sync = msg.sync;
+                .do_send(SetSyncStandbyNames(sync.standby_names.clone()));
+            self.sync = sync;
             self.update_visibility();
         }
         let (Some(r), Some(new)) = (self.receiver.as_mut(), msg.receiver) else {

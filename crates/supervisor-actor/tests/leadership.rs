@@ -403,3 +403,52 @@ fn held_walsender_sessions_end_and_resume() {
         stop(p).await;
     });
 }
+
+/// Under a failover actor (a managed fence) the synchronous standbys are the actor's choice:
+/// a reload with the configuration's names (none, as the configuration must have under
+/// failover) keeps them, so appends still wait for the chosen standby.
+#[test]
+fn a_reload_keeps_the_synchronous_standbys_a_failover_actor_chose() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let fence = Fence::closed();
+        fence.grant(1, lasting());
+        let p = start(primary(&dir.path().join("p"), fence)).await;
+        let names = walsender_actor::syncrep::parse_sync_standby_names("never_connects").unwrap();
+        p.supervisor.send(SetSyncStandbys { names }).await.unwrap();
+        p.supervisor
+            .send(supervisor_actor::Reconfigure {
+                walsender: (*p.shared.settings()).clone(),
+                max_wal_senders: 10,
+                receiver: None,
+                sync: supervisor_actor::SyncSettings::default(),
+            })
+            .await
+            .unwrap();
+        let before = p.wal.flushed();
+        let mut waiting = Box::pin(p.supervisor.send(AppendRecords {
+            records: vec![Bytes::from_static(b"waits for the chosen standby")],
+            durability: Some(Durability::On),
+        }));
+        let mut pos = p.wal.subscribe();
+        tokio::select! {
+            r = pos.wait_for(|x| x.flushed > before) => { r.unwrap(); }
+            r = &mut waiting => panic!("acknowledged after a reload dropped the chosen standby: {r:?}"),
+        }
+        // Durable locally; give a wrongly released answer the time to arrive first.
+        let status = p
+            .supervisor
+            .send(supervisor_actor::GetNodeStatus)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(status.flush_lsn > before);
+        tokio::select! {
+            biased;
+            r = &mut waiting => panic!("acknowledged after a reload dropped the chosen standby: {r:?}"),
+            () = std::future::ready(()) => {}
+        }
+        drop(waiting);
+        stop(p).await;
+    });
+}

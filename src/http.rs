@@ -489,9 +489,9 @@ async fn promote(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
         Ok(Ok(p)) => HttpResponse::Ok().json(p),
         Ok(Err(e)) => {
             let status = match e {
-                PromoteError::NotStandby | PromoteError::InProgress => {
-                    actix_web::http::StatusCode::CONFLICT
-                }
+                PromoteError::NotStandby
+                | PromoteError::InProgress
+                | PromoteError::ManagedByFailover => actix_web::http::StatusCode::CONFLICT,
                 PromoteError::Storage(wal_storage::WalError::PromotionNotSupported) => {
                     actix_web::http::StatusCode::CONFLICT
                 }

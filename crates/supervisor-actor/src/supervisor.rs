@@ -501,6 +501,8 @@ pub enum PromoteError {
     InProgress,
     #[error("the node is shutting down")]
     ShuttingDown,
+    #[error("this node is under automatic failover: promote it through the cluster (`walserver cluster failover --candidate NAME`, POST /failover)")]
+    ManagedByFailover,
     #[error("cannot promote: {0}")]
     Storage(#[from] WalError),
 }
@@ -704,6 +706,11 @@ impl Handler<Promote> for Supervisor {
     type Result = ResponseActFuture<Self, Result<Promoted, PromoteError>>;
 
     fn handle(&mut self, _: Promote, _: &mut Context<Self>) -> Self::Result {
+        // A promotion outside the failover actor would make a primary that holds no term: it
+        // could acknowledge nothing, and the actor would demote it again.
+        if self.fence.is_managed() {
+            return Box::pin(actix::fut::ready(Err(PromoteError::ManagedByFailover)));
+        }
         self.promote("promoted by walserver".into())
     }
 }

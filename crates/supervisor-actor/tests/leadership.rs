@@ -98,6 +98,16 @@ fn a_standby_promoted_for_a_term_records_it_in_its_history() {
         let fence = Fence::closed();
         let s = start(standby_of(&p, &dir.path().join("s"), "s", fence.clone())).await;
         flushed_to(&s, end).await;
+        // Under failover a plain promotion is refused: it would make a primary of no term.
+        let refused = s.supervisor.send(supervisor_actor::Promote).await.unwrap();
+        assert!(
+            matches!(
+                refused,
+                Err(supervisor_actor::PromoteError::ManagedByFailover)
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(role(&s).await, NodeRole::Standby);
         let promoted = promote(&s, 7).await;
         assert_eq!(promoted.timeline, TimelineId(2));
         assert_eq!(role(&s).await, NodeRole::Primary);

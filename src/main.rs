@@ -117,8 +117,9 @@ enum Command {
     Passwd,
     /// Load tools: `append` and `stream` loads with latency percentiles and plots, `catchup`
     /// (a discarding protocol client), `wait-lsn` (times a standby catching up).
+    // Boxed: its arguments are by far the largest of the commands.
     #[command(subcommand)]
-    Bench(walserver_bench::BenchCommand),
+    Bench(Box<walserver_bench::BenchCommand>),
     /// Automatic failover: list the cluster's members, switch over, fail over, pause and
     /// resume automatic action, show the history of terms, through one member's admin API.
     #[command(subcommand)]
@@ -251,7 +252,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(cmd) => {
-            walserver_bench::run(cmd, &walserver_bench::NodeProgram::ThisExecutable)
+            walserver_bench::run(*cmd, &walserver_bench::NodeProgram::ThisExecutable)
         }
         Command::Demo { seconds } => {
             init_tracing("warn", LogFormat::Text)?;

@@ -3,7 +3,7 @@
 # context switches and system calls of the sending process per MB of catch-up.
 #
 #   benches/send-path.sh                         # target/release/walserver, 256 MiB, 5 runs
-#   benches/send-path.sh --bin PATH --mib 512 --runs 7 --strace --dir /dev/shm
+#   benches/send-path.sh --bin PATH --mib 512 --runs 7 --strace --dir /dev/shm --pin
 #   benches/send-path.sh --postgres              # the same client against PostgreSQL 15
 #
 # A walserver primary (`walserver run`, a child process, data directory under --dir, default
@@ -31,6 +31,7 @@ RUNS=5
 STRACE=0
 POSTGRES=0
 DIR=/var/tmp
+PIN=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin) BIN="$2"; shift 2 ;;
@@ -39,10 +40,15 @@ while [ $# -gt 0 ]; do
         --strace) STRACE=1; shift ;;
         --postgres) POSTGRES=1; shift ;;
         --dir) DIR="$2"; shift 2 ;;
+        --pin) PIN=1; shift ;;
         -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
+# --pin: the server on CPU 0, the client on CPU 1, so that every run puts them on the same
+# cores (the figures differ a lot between sharing a core and not).
+SERVER_CPU=(); CLIENT_CPU=()
+if [ "$PIN" = 1 ]; then SERVER_CPU=(taskset -c 0); CLIENT_CPU=(taskset -c 1); fi
 [ -x "$BIN" ] || { echo "$BIN is missing: cargo build --release -p walserver" >&2; exit 1; }
 PG_BIN="${WALSERVER_PG_BIN:-/usr/lib/postgresql/15/bin}"
 
@@ -71,6 +77,8 @@ threads_snapshot() {
     done
     echo "$ns $vol $inv $n"
 }
+# TCP segments sent by this machine so far (every connection; the catch-up is most of them).
+out_segs() { awk '/^Tcp:/ { if (h) { for (i = 1; i <= NF; i++) if (n[i] == "OutSegs") print $i } else { h = 1; for (i = 1; i <= NF; i++) n[i] = $i } }' /proc/net/snmp; }
 # utime + stime of the whole process in clock ticks (ended threads included).
 proc_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
@@ -91,7 +99,7 @@ fsync = off
 synchronous_commit = off
 EOF
     echo "host replication all 127.0.0.1/32 trust" >> "$PG_DATA/pg_hba.conf"
-    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$WORK/pg.log" -w start >/dev/null
+    "${SERVER_CPU[@]}" runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$WORK/pg.log" -w start >/dev/null
     psql() { runuser -u postgres -- "$PG_BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -Atq "$@"; }
     # Start at the start of the segment holding the current end, as catch-up clients ask.
     IFS=/ read -r hi lo <<< "$(psql -c "SELECT pg_current_wal_lsn()")"
@@ -103,7 +111,7 @@ EOF
 else
     HTTP=$(free_port)
     "$BIN" init --data-dir "$WORK/data" >/dev/null
-    "$BIN" run -c data_dir="$WORK/data" -c listen=127.0.0.1:$PORT -c http_listen=127.0.0.1:$HTTP \
+    "${SERVER_CPU[@]}" "$BIN" run -c data_dir="$WORK/data" -c listen=127.0.0.1:$PORT -c http_listen=127.0.0.1:$HTTP \
         -c wal_keep_size=$((MIB * 2))MB -c max_wal_size=$((MIB * 4))MB -c log_level=warning \
         > "$WORK/server.log" 2>&1 &
     SERVER_PID=$!
@@ -115,7 +123,7 @@ else
 fi
 
 catchup() {
-    "$BIN" bench catchup --port "$PORT" --start "$START" --json --application-name "sendpath$1"
+    "${CLIENT_CPU[@]}" "$BIN" bench catchup --port "$PORT" --start "$START" --json --application-name "sendpath$1"
 }
 
 # The process whose CPU is the sender's: walserver's server, or PostgreSQL's walsender for
@@ -134,22 +142,22 @@ load() { cut -d' ' -f1-3 /proc/loadavg; }
 TICK=$(getconf CLK_TCK)
 printf 'load average at start: %s; %s MiB per run\n' "$(load)" "$MIB"
 catchup warmup >/dev/null
-printf '%-4s %8s %10s %10s %10s %10s %8s %s\n' run MB/s cpu_ms/MB ticks/MB vcsw/MB ivcsw/MB threads load
+printf '%-4s %8s %10s %10s %10s %10s %10s %8s %s\n' run MB/s cpu_ms/MB ticks/MB vcsw/MB ivcsw/MB segs/MB threads load
 RESULTS="$WORK/runs.tsv"
 : > "$RESULTS"
 for r in $(seq 1 "$RUNS"); do
     if [ "$POSTGRES" = 0 ]; then
         pid=$SERVER_PID
-        a=$(threads_snapshot "$pid"); ta=$(proc_ticks "$pid")
+        a=$(threads_snapshot "$pid"); ta=$(proc_ticks "$pid"); sa=$(out_segs)
         out=$(catchup "$r")
-        b=$(threads_snapshot "$pid"); tb=$(proc_ticks "$pid")
+        b=$(threads_snapshot "$pid"); tb=$(proc_ticks "$pid"); sb=$(out_segs)
     else
         # PostgreSQL's walsender is a new process per connection: measure it from its start
         # (its connection set-up included) to just before it exits.
         catchup "$r" > "$WORK/out" &
         cpid=$!
         pid=$(measured_pid "sendpath$r")
-        a="0 0 0 1"; ta=0
+        a="0 0 0 1"; ta=0; sa=$(out_segs)
         # Sample until the client has everything; the last sample before it exits counts.
         b=$a; tb=0
         # Every 5 ms: at PostgreSQL's rate that leaves a few MB's worth unseen at the end, so
@@ -159,21 +167,21 @@ for r in $(seq 1 "$RUNS"); do
             t=$(proc_ticks "$pid" 2>/dev/null) && tb=$t
             sleep 0.005
         done
-        wait "$cpid"; out=$(cat "$WORK/out")
+        wait "$cpid"; out=$(cat "$WORK/out"); sb=$(out_segs)
     fi
     bytes=$(echo "$out" | sed 's/.*"bytes":\([0-9]*\).*/\1/')
     mbps=$(echo "$out" | sed 's/.*"mb_per_s":\([0-9.]*\).*/\1/')
     read -r ans avol ainv _ <<< "$a"
     read -r bns bvol binv bn <<< "$b"
-    echo "$r $mbps $bytes $((bns - ans)) $((bvol - avol)) $((binv - ainv)) $((tb - ta)) $bn" |
+    echo "$r $mbps $bytes $((bns - ans)) $((bvol - avol)) $((binv - ainv)) $((tb - ta)) $bn $((sb - sa))" |
         awk -v tick="$TICK" -v load="$(load)" '{
             mb = $3 / 1e6
-            printf "%-4s %8.0f %10.4f %10.4f %10.2f %10.2f %8d %s\n", $1, $2, $4 / 1e6 / mb, $7 * 1000 / tick / mb, $5 / mb, $6 / mb, $8, load
+            printf "%-4s %8.0f %10.4f %10.4f %10.2f %10.2f %10.2f %8d %s\n", $1, $2, $4 / 1e6 / mb, $7 * 1000 / tick / mb, $5 / mb, $6 / mb, $9 / mb, $8, load
         }' | tee -a "$RESULTS"
 done
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 printf '%-4s' med
-for c in 2 3 4 5 6; do printf ' %10s' "$(awk -v c=$c '{ print $c }' "$RESULTS" | median)"; done
+for c in 2 3 4 5 6 7; do printf ' %10s' "$(awk -v c=$c '{ print $c }' "$RESULTS" | median)"; done
 echo
 
 if [ "$STRACE" = 1 ] && [ "$POSTGRES" = 0 ]; then

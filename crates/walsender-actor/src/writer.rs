@@ -244,7 +244,7 @@ impl Piece {
 }
 
 /// Sends `pieces` from `at` (a piece and an offset in it) into the non-blocking `socket` until
-/// all are sent or the socket is full: memory with `writev`, file ranges with `sendfile`.
+/// all are sent or the socket is full: memory with `sendmsg`, file ranges with `sendfile`.
 /// Returns how far it got and whether the socket was full.
 fn send_until_full(
     socket: &OwnedFd,
@@ -255,7 +255,7 @@ fn send_until_full(
     while i < pieces.len() {
         let n = match &pieces[i] {
             Piece::Mem(_) => {
-                let iov: Vec<libc::iovec> = pieces[i..]
+                let mut iov: Vec<libc::iovec> = pieces[i..]
                     .iter()
                     .take(IOV_MAX)
                     .map_while(|p| match p {
@@ -271,9 +271,18 @@ fn send_until_full(
                         }
                     })
                     .collect();
+                // Bytes followed by a file range (an XLogData header before its WAL) are sent
+                // with MSG_MORE: the kernel holds them for the pages `sendfile` adds next, so
+                // the header does not go out as a packet of its own.
+                let more = matches!(pieces.get(i + iov.len()), Some(Piece::File(_)));
+                // SAFETY: a zeroed msghdr is valid (no name, no control data).
+                let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+                msg.msg_iov = iov.as_mut_ptr();
+                msg.msg_iovlen = iov.len() as _;
+                let flags = if more { libc::MSG_MORE } else { 0 };
                 // SAFETY: every iovec points into a live `Bytes` of `pieces` for its whole
-                // length, and writev only reads them.
-                unsafe { libc::writev(socket.as_raw_fd(), iov.as_ptr(), iov.len() as libc::c_int) }
+                // length, and sendmsg only reads them.
+                unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, flags) }
             }
             Piece::File(r) => {
                 let mut pos =
@@ -527,6 +536,69 @@ mod tests {
             assert_eq!(got.len(), expected.len());
             assert!(got == expected, "the bytes differ");
         });
+    }
+
+    /// Data segments the kernel has sent on `socket`.
+    fn data_segments_sent(socket: &impl AsRawFd) -> u32 {
+        // SAFETY: a zeroed tcp_info is valid; getsockopt writes at most `len` bytes into it.
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        let rc = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        info.tcpi_data_segs_out
+    }
+
+    /// An XLogData header and the file range after it leave in one TCP segment: the header
+    /// waits for the pages instead of going out as a small packet of its own.
+    #[test]
+    fn a_header_and_its_file_range_share_a_segment() {
+        rt().block_on(async {
+            let (_tmp, file, content) = wal_file(64 << 10);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .unwrap();
+            client.set_nodelay(true).unwrap();
+            let (mut server, _) = listener.accept().await.unwrap();
+            let files = FileSocket::duplicate(&client).unwrap();
+            let probe = files.0.clone();
+            let (tx, drain) = frame_queue_with_files(client, Some(files));
+            let writer = tokio::spawn(drain);
+            let mut expected = Vec::new();
+            let before = data_segments_sent(&probe);
+            for i in 0..4u64 {
+                let head = Bytes::from(format!("header {i}").into_bytes());
+                let range = WalFileRange {
+                    file: file.clone(),
+                    offset: i * 8192,
+                    len: 8192,
+                };
+                expected.extend_from_slice(&head);
+                expected.extend_from_slice(&content[i as usize * 8192..(i as usize + 1) * 8192]);
+                queue(&tx, Frame::with_file(head, range)).await;
+                // Each frame is written alone: wait until the peer has all of it.
+                let mut got = vec![0u8; head_and_range(i)];
+                server.read_exact(&mut got).await.unwrap();
+                assert_eq!(got, expected[expected.len() - got.len()..]);
+            }
+            let segments = data_segments_sent(&probe) - before;
+            drop(tx);
+            writer.await.unwrap().unwrap();
+            assert_eq!(segments, 4, "one data segment per frame");
+        });
+    }
+
+    /// The length of frame `i` of the test above: its header and 8 KiB.
+    fn head_and_range(i: u64) -> usize {
+        format!("header {i}").len() + 8192
     }
 
     /// Without a file socket (TLS), file ranges are read and written from memory.

@@ -13,7 +13,10 @@
 //! ([`WalFileRange`]): the task sends it with `sendfile`, so the WAL goes from the page cache
 //! to the socket without being copied into this process at all. `sendfile` may read from disk,
 //! so it runs on tokio's blocking pool, on a duplicate of the socket's descriptor; the task
-//! waits for the socket to be writable between calls, as for any write.
+//! waits for the socket to be writable between calls, as for any write. The header in front
+//! of a range goes with `MSG_MORE`, so that the kernel puts it in the packet with the pages
+//! instead of sending it alone (`TCP_CORK` around a whole batch made fewer packets still, but
+//! cost more CPU per MB when measured, see benches/send-path.md).
 
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd};

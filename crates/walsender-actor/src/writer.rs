@@ -468,6 +468,17 @@ mod tests {
         }
     }
 
+    /// Both ends of a loopback TCP connection, the first with TCP_NODELAY as a walsender's.
+    async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        client.set_nodelay(true).unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client, server)
+    }
+
     /// A file of `len` bytes whose content names its offsets, and its bytes.
     fn wal_file(len: usize) -> (tempfile::NamedTempFile, Arc<std::fs::File>, Vec<u8>) {
         let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
@@ -506,17 +517,13 @@ mod tests {
         expected
     }
 
-    /// Over a real TCP socket with a reader slower than the writer (so `sendfile` and `writev`
+    /// Over a real TCP socket with a reader slower than the writer (so `sendfile` and `sendmsg`
     /// meet a full socket again and again), file ranges and memory arrive in order and whole.
     #[test]
     fn file_ranges_are_sent_with_sendfile_in_order() {
         rt().block_on(async {
             let (_tmp, file, content) = wal_file(4 << 20);
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-                .await
-                .unwrap();
-            let (mut server, _) = listener.accept().await.unwrap();
+            let (client, mut server) = tcp_pair().await;
             let files = FileSocket::duplicate(&client).unwrap();
             let (tx, drain) = frame_queue_with_files(client, Some(files));
             let writer = tokio::spawn(drain);
@@ -565,12 +572,7 @@ mod tests {
     fn a_header_and_its_file_range_share_a_segment() {
         rt().block_on(async {
             let (_tmp, file, content) = wal_file(64 << 10);
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-                .await
-                .unwrap();
-            client.set_nodelay(true).unwrap();
-            let (mut server, _) = listener.accept().await.unwrap();
+            let (client, mut server) = tcp_pair().await;
             let files = FileSocket::duplicate(&client).unwrap();
             let probe = files.0.clone();
             let (tx, drain) = frame_queue_with_files(client, Some(files));
@@ -629,11 +631,7 @@ mod tests {
     fn a_short_file_is_an_error() {
         rt().block_on(async {
             let (_tmp, file, _) = wal_file(1000);
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-                .await
-                .unwrap();
-            let (_server, _) = listener.accept().await.unwrap();
+            let (client, _server) = tcp_pair().await;
             let files = FileSocket::duplicate(&client).unwrap();
             let (tx, drain) = frame_queue_with_files(client, Some(files));
             let writer = tokio::spawn(drain);

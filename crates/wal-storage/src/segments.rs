@@ -2,6 +2,12 @@
 //! of a range, and [`WalFileRange`], where a range lies for a sender that hands the file to the
 //! kernel.
 //!
+//! The cache keeps, with each open file, how long the file was last seen to be. Files are
+//! never shortened while WAL in them is retained (a segment is removed whole, and a cut
+//! zeroes bytes instead), so a range below that length needs no new `fstat`: a sender that
+//! locates range after range of one segment asks the kernel for its size once, and
+//! [`SegmentFiles::locate_cached`] can answer from memory alone.
+//!
 //! PostgreSQL's rule decides the file: an LSN `x` of timeline `T` belongs to the timeline in
 //! `T`'s history that covers `x`; but the segment in which a timeline began is, on the new
 //! timeline, a copy of the old one up to the switch point, so for each segment the newest
@@ -84,7 +90,14 @@ pub(crate) struct SegmentFiles {
     pub seg: u64,
     /// The `Wal`'s file operations (a clone sharing its counters and fail points).
     io: Io,
-    cache: Mutex<HashMap<(TimelineId, u64), Arc<File>>>,
+    cache: Mutex<HashMap<(TimelineId, u64), Cached>>,
+}
+
+/// An open segment file and the length it had when last looked at (0 until then).
+#[derive(Debug)]
+struct Cached {
+    file: Arc<File>,
+    known_len: u64,
 }
 
 /// How many open segment files the read cache keeps. A guess: readers mostly stream near the
@@ -105,15 +118,15 @@ impl SegmentFiles {
         self.pg_wal.join(segment_file_name(tli, segno, self.seg))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(TimelineId, u64), Arc<File>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(TimelineId, u64), Cached>> {
         // The map stays consistent even if a holder panicked.
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The open file, or `None` if it does not exist.
     pub(crate) fn open(&self, tli: TimelineId, segno: u64) -> Result<Option<Arc<File>>> {
-        if let Some(f) = self.lock().get(&(tli, segno)) {
-            return Ok(Some(f.clone()));
+        if let Some(c) = self.lock().get(&(tli, segno)) {
+            return Ok(Some(c.file.clone()));
         }
         let path = self.path(tli, segno);
         let opened = self
@@ -125,16 +138,55 @@ impl SegmentFiles {
         };
         let f = Arc::new(f);
         let mut cache = self.lock();
-        if cache.len() >= CACHE_LIMIT {
-            cache.clear();
-        }
-        cache.insert((tli, segno), f.clone());
+        // Files are closed after the lock is released: a reader on an actor's thread may be
+        // waiting for it, and closing is a system call.
+        let dropped = if cache.len() >= CACHE_LIMIT {
+            std::mem::take(&mut *cache)
+        } else {
+            HashMap::new()
+        };
+        cache.insert(
+            (tli, segno),
+            Cached {
+                file: f.clone(),
+                known_len: 0,
+            },
+        );
+        drop(cache);
+        drop(dropped);
         Ok(Some(f))
     }
 
     /// Forgets cached files matching `pred` (after removing or replacing them).
     pub(crate) fn evict(&self, pred: impl Fn(TimelineId, u64) -> bool) {
-        self.lock().retain(|&(t, s), _| !pred(t, s));
+        let mut cache = self.lock();
+        let gone: Vec<Cached> = cache
+            .extract_if(|&(t, s), _| pred(t, s))
+            .map(|(_, c)| c)
+            .collect();
+        drop(cache);
+        drop(gone);
+    }
+
+    /// The length of `file` (segment `segno` of `tli`), from the cache if it is known to be at
+    /// least `needed`, else from `fstat`, which is then remembered.
+    fn len_at_least(&self, tli: TimelineId, segno: u64, file: &File, needed: u64) -> Result<u64> {
+        if let Some(c) = self.lock().get(&(tli, segno)) {
+            if c.known_len >= needed {
+                return Ok(c.known_len);
+            }
+        }
+        let len = self.io.file_len(file).map_err(|e| {
+            let path = self.path(tli, segno);
+            WalError::io(format!("reading the size of {}", path.display()), e)
+        })?;
+        if let Some(c) = self.lock().get_mut(&(tli, segno)) {
+            // Only for the same open file: an evicted and reopened one starts again at 0.
+            if std::ptr::eq(Arc::as_ptr(&c.file), file) {
+                c.known_len = c.known_len.max(len);
+            }
+        }
+        Ok(len)
     }
 
     /// Reads up to `max_len` bytes of `view` at `x`, never at or past `limit`, within one
@@ -158,12 +210,15 @@ impl SegmentFiles {
             .pread_exact(&found.file, found.len, found.offset)
             .map_err(|e| {
                 WalError::io(
-                    format!("reading {}", self.pg_wal.join(&found.name).display()),
+                    format!(
+                        "reading {}",
+                        self.pg_wal.join(found.name(self.seg)).display()
+                    ),
                     e,
                 )
             })?;
         if buf.len() < found.len {
-            return Err(found.short(found.offset + buf.len() as u64));
+            return Err(found.short(found.offset + buf.len() as u64, self.seg));
         }
         Ok(Some(buf))
     }
@@ -180,56 +235,100 @@ impl SegmentFiles {
         let Some(found) = self.find(view, x, limit, max_len)? else {
             return Ok(None);
         };
-        let size = self.io.file_len(&found.file).map_err(|e| {
-            let path = self.pg_wal.join(&found.name);
-            WalError::io(format!("reading the size of {}", path.display()), e)
-        })?;
-        if size < found.offset + found.len as u64 {
-            return Err(found.short(size));
+        let end = found.offset + found.len as u64;
+        let size = self.len_at_least(found.tli, found.segno, &found.file, end)?;
+        if size < end {
+            return Err(found.short(size, self.seg));
         }
-        Ok(Some(WalFileRange {
-            file: found.file,
-            offset: found.offset,
-            len: found.len,
-        }))
+        Ok(Some(found.range()))
+    }
+
+    /// What [`SegmentFiles::locate`] would find, from memory alone: `Some` only if the file
+    /// that holds `x` is open in the cache and known to be long enough (no open, no `fstat`,
+    /// so an actor may call it on its own thread); `None` when that cannot be told without
+    /// touching a file.
+    pub(crate) fn locate_cached(
+        &self,
+        view: &View,
+        x: Lsn,
+        limit: Lsn,
+        max_len: usize,
+    ) -> Option<WalFileRange> {
+        let segno = x.segment_number(self.seg);
+        // The first candidate is the file `find` would take if it exists; whether it does is
+        // known only if it is open.
+        let (tli, serves_to) = *view.candidates(x, segno, self.seg).first()?;
+        let (file, known_len) = {
+            let cache = self.lock();
+            let c = cache.get(&(tli, segno))?;
+            (c.file.clone(), c.known_len)
+        };
+        let found = self.found(x, limit.min(serves_to), max_len, tli, file);
+        (found.offset + found.len as u64 <= known_len).then(|| found.range())
     }
 
     /// The file that holds `x` in `view`, and how much of it to take: up to `max_len` bytes,
     /// never past `limit`, the segment's end or where the timeline that owns it ends.
     fn find(&self, view: &View, x: Lsn, limit: Lsn, max_len: usize) -> Result<Option<Found>> {
         let segno = x.segment_number(self.seg);
-        let seg_end = Lsn((segno + 1) * self.seg);
         for (tli, serves_to) in view.candidates(x, segno, self.seg) {
             let Some(file) = self.open(tli, segno)? else {
                 continue;
             };
-            let upto = limit.min(seg_end).min(serves_to);
-            return Ok(Some(Found {
+            return Ok(Some(self.found(
+                x,
+                limit.min(serves_to),
+                max_len,
+                tli,
                 file,
-                offset: x.segment_offset(self.seg),
-                len: (upto.0 - x.0).min(max_len as u64) as usize,
-                name: segment_file_name(tli, segno, self.seg),
-            }));
+            )));
         }
         Ok(None)
+    }
+
+    /// The range of `x` in `file`, timeline `tli`'s copy of the segment holding `x`, which
+    /// serves WAL up to `limit`: up to `max_len` bytes, never past `limit` or the segment.
+    fn found(&self, x: Lsn, limit: Lsn, max_len: usize, tli: TimelineId, file: Arc<File>) -> Found {
+        let segno = x.segment_number(self.seg);
+        let upto = limit.min(Lsn((segno + 1) * self.seg));
+        Found {
+            file,
+            tli,
+            segno,
+            offset: x.segment_offset(self.seg),
+            len: (upto.0 - x.0).min(max_len as u64) as usize,
+        }
     }
 }
 
 /// Where [`SegmentFiles::find`] found a range.
 struct Found {
     file: Arc<File>,
+    tli: TimelineId,
+    segno: u64,
     offset: u64,
     len: usize,
-    name: String,
 }
 
 impl Found {
+    fn name(&self, seg: u64) -> String {
+        segment_file_name(self.tli, self.segno, seg)
+    }
+
     /// The error for a file that ends at `at`, before the range.
-    fn short(&self, at: u64) -> WalError {
+    fn short(&self, at: u64, seg: u64) -> WalError {
         WalError::Corruption {
-            segment: self.name.clone(),
+            segment: self.name(seg),
             offset: at,
             reason: "segment file is shorter than the WAL it should hold".into(),
+        }
+    }
+
+    fn range(self) -> WalFileRange {
+        WalFileRange {
+            file: self.file,
+            offset: self.offset,
+            len: self.len,
         }
     }
 }

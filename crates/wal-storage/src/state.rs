@@ -1,7 +1,7 @@
 //! The state every part of storage shares: [`Inner`] (directories, configuration, the segment
 //! files, the slot table, the channels out), [`TimelineState`] (the positions that change
 //! together), [`WalPosition`] (what is published), and the read paths (`read`, `read_cached`,
-//! `locate`), which need nothing but this state and the files, so handles call them on their
+//! `locate`, `locate_cached`), which need nothing but this state and the files, so handles call them on their
 //! own thread.
 //!
 //! **Invariants** (checked by [`TimelineState::check_invariants`] when positions are set):
@@ -231,6 +231,24 @@ impl Inner {
         })? {
             Found::Empty => Ok(None),
             Found::Here(r) => Ok(Some(r)),
+        }
+    }
+
+    /// What `locate` would find, from memory alone; see
+    /// [`Wal::locate_cached`](crate::Wal::locate_cached). Every error `locate` would report is
+    /// `None` here, so the caller's `locate` reports it.
+    pub(crate) fn locate_cached(
+        &self,
+        tli: TimelineId,
+        start: Lsn,
+        max_len: usize,
+    ) -> Option<WalFileRange> {
+        let found = self.find(tli, start, max_len, |files, view, limit| {
+            Ok(files.locate_cached(view, start, limit, max_len))
+        });
+        match found {
+            Ok(Found::Here(r)) => Some(r),
+            _ => None,
         }
     }
 

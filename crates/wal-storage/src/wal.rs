@@ -523,6 +523,25 @@ impl Wal {
         self.inner().locate(tli, start, max_len)
     }
 
+    /// Like [`Wal::locate`], but only from memory: `Some` when the segment file that holds
+    /// `start` is already open in storage's read cache and known to be long enough, which is
+    /// the case for every range after the first of a segment that a sender works through.
+    /// `None` when that cannot be told without touching a file, and wherever `locate` would
+    /// fail or find nothing (the caller then runs [`Wal::locate`] on a blocking pool, which
+    /// says why). `Some` is what `locate` would return. It never touches a file, so an actor
+    /// may call it on its own thread.
+    pub fn locate_cached(
+        &self,
+        tli: TimelineId,
+        start: Lsn,
+        max_len: usize,
+    ) -> Option<WalFileRange> {
+        if max_len == 0 {
+            return None;
+        }
+        self.inner().locate_cached(tli, start, max_len)
+    }
+
     /// A decoder of the records of timeline `tli` from `from`, which must be a record boundary
     /// or a segment start.
     pub fn record_reader(&self, tli: TimelineId, from: Lsn) -> Result<RecordReader> {

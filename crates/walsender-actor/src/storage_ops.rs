@@ -6,7 +6,8 @@
 //!   inline.
 //! - [`read`]: an `Output::Read`. WAL that storage still holds in its tail cache is taken from
 //!   memory at once; otherwise it is read from the segment files, or only located in them when
-//!   the writer sends from files (`sendfile`), on the blocking pool.
+//!   the writer sends from files (`sendfile`), on the blocking pool; a range of a segment file
+//!   storage already has open is located at once, from memory.
 //! - [`run`]: a [`StorageOp`] (a replication command that touches files), blocking;
 //!   [`run_blocking`] runs it on the pool and, for `DROP_REPLICATION_SLOT ... WAIT` on a slot in
 //!   use, again each time a slot is released until it can be dropped.
@@ -80,6 +81,14 @@ pub fn read(
 ) -> impl Future<Output = Result<WalData, WalError>> {
     if let Some(bytes) = wal.read_cached(timeline, start, len) {
         return Either::Left(future::ready(Ok(bytes.into())));
+    }
+    // Catching up from files: after the first range of a segment, storage has the file open
+    // and knows its length, so where the next range lies is known without the pool's two
+    // thread hand-offs.
+    if sendfile {
+        if let Some(range) = wal.locate_cached(timeline, start, len) {
+            return Either::Left(future::ready(Ok(WalData::File(range))));
+        }
     }
     let wal = wal.clone();
     let job = tokio::task::spawn_blocking(move || {
@@ -191,6 +200,7 @@ fn pool_failed(e: tokio::task::JoinError) -> WalError {
 
 #[cfg(test)]
 mod tests {
+    use futures_util::FutureExt;
     use wal_storage::{InitOptions, StorageConfig, WalFormat};
 
     use super::*;
@@ -274,6 +284,18 @@ mod tests {
                 matches!(&located, WalData::File(r) if r.len == 100),
                 "{located:?}"
             );
+            // The same segment again: its file is open and its length known, so where the
+            // next range lies is answered at once, without the blocking pool.
+            let next = read(&wal, tli, start + 100, 4000, true)
+                .now_or_never()
+                .expect("located from memory")
+                .unwrap();
+            let WalData::File(r) = next else {
+                panic!("{next:?}")
+            };
+            let mut buf = vec![0u8; r.len];
+            std::os::unix::fs::FileExt::read_exact_at(&*r.file, &mut buf, r.offset).unwrap();
+            assert_eq!(buf, wal.read(tli, start + 100, 4000).unwrap());
         });
     }
 

@@ -509,3 +509,70 @@ fn standby_layout_from_upstream() {
     opts.start_lsn = Some(Lsn(SEG + 8));
     assert!(Wal::init(tmp2.path(), cfg(), opts).is_err());
 }
+
+/// The bytes a located range holds, read from its file.
+fn range_bytes(r: &WalFileRange) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; r.len];
+    r.file.read_exact_at(&mut buf, r.offset).unwrap();
+    buf
+}
+
+/// `locate_cached` answers from memory exactly what `locate` finds, but only once storage has
+/// the segment's file open and has seen its length; for anything else (a segment not opened
+/// yet, the end, beyond it, an unknown timeline) it says nothing and `locate` has the answer.
+#[test]
+fn locate_cached_answers_what_locate_found_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    // A little over two segments.
+    let payloads: Vec<Bytes> = (0..40).map(|i| payload(i, 60_000)).collect();
+    let end = *append(&wal, &payloads).last().unwrap();
+    assert!(end.0 > 3 * SEG);
+    drop(wal);
+    // Reopened: the files recovery read may be open, but their lengths were never asked.
+    let wal = Wal::open(tmp.path(), cfg()).unwrap();
+    let tli = TimelineId(1);
+    let first = Lsn(SEG);
+    assert!(wal.locate_cached(tli, first, 100).is_none());
+    // A read opens the file without asking its length: still nothing known.
+    wal.read(tli, first, 100).unwrap();
+    assert!(wal.locate_cached(tli, first, 100).is_none());
+    let r = wal.locate(tli, first, 100).unwrap().unwrap();
+    assert_eq!((r.offset, r.len), (0, 100));
+    // The rest of the segment is now known, to its end and no further.
+    for (at, len) in [
+        (first + 1000, 5000),
+        (Lsn(2 * SEG - 10), 100),
+        (first, 1 << 30),
+    ] {
+        let cached = wal.locate_cached(tli, at, len).expect("the file is open");
+        let located = wal.locate(tli, at, len).unwrap().unwrap();
+        assert_eq!((cached.offset, cached.len), (located.offset, located.len));
+        assert_eq!(range_bytes(&cached), wal.read(tli, at, len).unwrap());
+    }
+    assert_eq!(
+        wal.locate_cached(tli, first, 1 << 30).unwrap().len,
+        SEG as usize
+    );
+    // The next segment's file has not been located yet.
+    let second = Lsn(2 * SEG);
+    assert!(wal.locate_cached(tli, second, 100).is_none());
+    wal.locate(tli, second, 100).unwrap().unwrap();
+    assert_eq!(
+        range_bytes(&wal.locate_cached(tli, second + 7, 300).unwrap()),
+        wal.read(tli, second + 7, 300).unwrap()
+    );
+    // Never to or past the flushed end, even in a file known to be longer.
+    let last = Lsn(end.0 - 10);
+    wal.locate(tli, last, 1).unwrap().unwrap();
+    assert_eq!(wal.locate_cached(tli, last, 1000).unwrap().len, 10);
+    assert!(wal.locate_cached(tli, end, 100).is_none());
+    assert!(wal.locate_cached(tli, end + 1, 100).is_none());
+    assert!(matches!(
+        wal.locate(tli, end + 1, 100),
+        Err(WalError::BeyondEnd { .. })
+    ));
+    assert!(wal.locate_cached(TimelineId(9), first, 100).is_none());
+    assert!(wal.locate_cached(tli, first, 0).is_none());
+}

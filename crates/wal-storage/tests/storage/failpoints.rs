@@ -190,3 +190,25 @@ fn failed_operations_are_counted_by_kind() {
     wal.failpoints().clear_all();
     assert!(m.errors(StorageErrorKind::Write) > writes);
 }
+
+/// A sender that locates range after range of one segment has the file's length read once:
+/// with every read failing after the first range, later ranges of that file are still
+/// located, while the next segment's file, whose length was never read, fails as it should.
+#[test]
+fn locate_reads_a_segments_length_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    let payloads: Vec<Bytes> = (0..30).map(|i| payload(i, 60_000)).collect();
+    append(&wal, &payloads);
+    let tli = TimelineId(1);
+    wal.locate(tli, Lsn(SEG), 100).unwrap().unwrap();
+    wal.failpoints().set(FP_READ, libc::EIO);
+    for at in [Lsn(SEG) + 100, Lsn(SEG) + 500_000, Lsn(2 * SEG - 1)] {
+        let r = wal.locate(tli, at, 128 << 10).unwrap().unwrap();
+        assert_eq!(r.offset, at.segment_offset(SEG));
+    }
+    let err = wal.locate(tli, Lsn(2 * SEG), 100).unwrap_err();
+    assert!(err.to_string().contains("reading the size of"), "{err}");
+    wal.failpoints().clear(FP_READ);
+    wal.locate(tli, Lsn(2 * SEG), 100).unwrap().unwrap();
+}

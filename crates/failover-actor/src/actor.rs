@@ -48,6 +48,12 @@ pub struct FailoverActor {
     watch: Option<SpawnHandle>,
     pub(crate) sync_phase: SyncPhase,
     pub(crate) sync_busy: bool,
+    /// Since when this leader holds appends for want of a synchronous standby of its own (set
+    /// when it starts leading in a synchronous mode, cleared once it has one or, in `on`, has
+    /// given up waiting and gone asynchronous).
+    pub(crate) sync_hold_since: Option<Instant>,
+    /// The sync standby management asked to renew (and look again) sooner than usual.
+    pub(crate) sync_recheck: bool,
     /// A handover of the key runs: renewals do not grant the fence meanwhile.
     pub(crate) handing_over: bool,
     /// Who waits for a named member to take the leader key (switchover reports).
@@ -110,6 +116,8 @@ impl FailoverActor {
             watch: None,
             sync_phase: SyncPhase::Steady,
             sync_busy: false,
+            sync_hold_since: None,
+            sync_recheck: false,
             handing_over: false,
             awaiting_leader: Vec::new(),
             stopping: false,
@@ -324,7 +332,10 @@ impl FailoverActor {
                     }
                     _ => {}
                 }
-                let next = machine::renewal_interval(ttl).saturating_sub(sent_at.elapsed());
+                let mut next = machine::renewal_interval(ttl).saturating_sub(sent_at.elapsed());
+                if std::mem::take(&mut self.sync_recheck) {
+                    next = next.min(crate::sync::SYNC_RECHECK);
+                }
                 self.schedule_renewal(ctx, next);
             }
             Err(FailoverError::Etcd(etcd_gateway::Error::LeaseNotFound { .. })) => {
@@ -348,6 +359,7 @@ impl FailoverActor {
         self.fence.revoke();
         self.progress.leading = None;
         self.sync_phase = SyncPhase::Steady;
+        self.sync_hold_since = None;
         self.publish_leadership();
     }
 
@@ -571,13 +583,9 @@ impl FailoverActor {
                 act.progress.following = None;
                 act.publish_leadership();
                 act.sync_phase = SyncPhase::Steady;
-                if act.config.synchronous_mode == crate::SynchronousMode::Strict {
-                    // Before the fence is granted: no append goes on asynchronously while the
-                    // new leader has no synchronous standby yet.
-                    act.node.supervisor.do_send(supervisor_actor::SetSyncStandbys {
-                        names: Some(machine::strict_hold()),
-                    });
-                }
+                let synchronous = act.config.synchronous_mode != crate::SynchronousMode::Off;
+                act.sync_hold_since = synchronous.then(Instant::now);
+                let supervisor = act.node.supervisor.clone();
                 let record = crate::view::TermRecord {
                     term,
                     leader: act.me().to_string(),
@@ -593,17 +601,41 @@ impl FailoverActor {
                 Box::pin(
                     async move {
                         let Some(lease) = lease else { return Ok(false) };
-                        store::leader_put(&client, &keys, &me, lease, keys.history_of(term), store::history_value(&record)).await
+                        if synchronous {
+                            // Before the fence is granted, in both synchronous modes: appends
+                            // wait until this leader has a synchronous standby of its own
+                            // (or, in `on`, has found none and published that), so that none
+                            // is acknowledged asynchronously while an older term's record
+                            // still names a standby that may lack it.
+                            supervisor
+                                .send(supervisor_actor::SetSyncStandbys { names: Some(machine::strict_hold()) })
+                                .await
+                                .map_err(|e| FailoverError::Refused(e.to_string()))?;
+                        }
+                        let history = store::leader_put(&client, &keys, &me, lease, keys.history_of(term), store::history_value(&record)).await?;
+                        if synchronous {
+                            // The term's own record, naming no standby yet: from now on no
+                            // older record makes anyone promotable.
+                            let sync = crate::keys::SyncRecord { leader: me.clone(), sync_standby: None, term };
+                            if !store::leader_put(&client, &keys, &me, lease, keys.sync(), store::sync_value(&sync)).await? {
+                                return Err(FailoverError::Refused("the leader key is not ours".into()));
+                            }
+                        }
+                        Ok(history)
                     }
                     .into_actor(act)
-                    .map(move |written, act, ctx| {
+                    .then(move |written, act, ctx| {
                         match written {
                             Ok(true) => act.cluster.has_history = true,
                             Ok(false) => {}
-                            Err(e) => warn!(term, error = %e, "failover: cannot write the term's history"),
+                            Err(e) => {
+                                warn!(term, error = %e, "failover: cannot record the term; giving the leader key up");
+                                return act.resign_after_failure(ctx);
+                            }
                         }
                         // Confirm the key and grant the fence now, not a renewal interval later.
                         act.renew(ctx);
+                        Box::pin(fut::ready(())) as LocalBoxActorFuture<Self, ()>
                     }),
                 )
             }),

@@ -60,6 +60,9 @@ pub struct Cluster {
     pub last_leader: Option<LeaderPosition>,
     /// Whether `history/` holds any term: without one the cluster is bootstrapping.
     pub has_history: bool,
+    /// The highest term `history/` holds: the last leader's, since a winner records its term
+    /// before it acknowledges anything.
+    pub latest_term: u64,
 }
 
 /// Where the last known leader was, from its member key.
@@ -199,6 +202,12 @@ pub fn may_campaign(
     }
     if config.synchronous_mode != SynchronousMode::Off {
         if let Some(sync) = &cluster.sync {
+            // A record of an earlier term says nothing of what the last leader acknowledged:
+            // every leader in a synchronous mode publishes its own record before it
+            // acknowledges an append, so an older one means nobody is known to hold them all.
+            if sync.term < cluster.latest_term {
+                return Err("synchronous mode: the published synchronous standby is of an older term than the last leader's");
+            }
             // Only the published synchronous standby has every acknowledged append; the
             // leader that published it had them too.
             return match &sync.sync_standby {

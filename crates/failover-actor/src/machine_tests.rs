@@ -256,6 +256,34 @@ fn in_synchronous_mode_only_the_published_standby_campaigns() {
     assert_eq!(may_campaign(&old, &c, &primary(0)), Ok(false));
 }
 
+/// The loss this guards against, seen in the kill -9 scenario: term 3's leader b published a
+/// as its synchronous standby; a led term 15 and acknowledged appends; a died. b's record of
+/// term 3 must not make b (or a) promotable: only a record of the last term counts.
+#[test]
+fn a_sync_record_of_an_older_term_makes_nobody_promotable() {
+    let mut cfg = config("b");
+    cfg.synchronous_mode = SynchronousMode::On;
+    let mut c = with_history();
+    c.latest_term = 15;
+    c.sync = Some(SyncRecord {
+        leader: "b".into(),
+        sync_standby: Some("c".into()),
+        term: 3,
+    });
+    assert!(may_campaign(&cfg, &c, &standby(u64::MAX)).is_err());
+    let mut named = cfg.clone();
+    named.node_name = "c".into();
+    assert!(may_campaign(&named, &c, &standby(u64::MAX)).is_err());
+    // The last term's own record does.
+    c.sync = Some(SyncRecord {
+        leader: "a".into(),
+        sync_standby: Some("c".into()),
+        term: 15,
+    });
+    assert_eq!(may_campaign(&named, &c, &standby(0)), Ok(false));
+    assert!(may_campaign(&cfg, &c, &standby(u64::MAX)).is_err());
+}
+
 #[test]
 fn a_switchover_lets_only_its_candidate_campaign() {
     let mut c = with_history();

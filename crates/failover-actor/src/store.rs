@@ -21,6 +21,7 @@ pub async fn read_cluster(
     let answer = client.range(&KeyRange::prefix(keys.prefix())).await?;
     let mut cluster = Cluster {
         last_leader: known.last_leader.clone(),
+        latest_term: known.latest_term,
         ..Cluster::default()
     };
     let mut history = Vec::new();
@@ -78,7 +79,12 @@ fn apply_put(cluster: &mut Cluster, keys: &Keys, kv: &KeyValue) {
         KeyKind::Sync => cluster.sync = parse::<SyncRecord>(kv),
         KeyKind::Pause => cluster.paused = true,
         KeyKind::Switchover => cluster.switchover = parse::<SwitchoverRecord>(kv),
-        KeyKind::History => cluster.has_history = true,
+        KeyKind::History => {
+            cluster.has_history = true;
+            if let Some(record) = parse::<TermRecord>(kv) {
+                cluster.latest_term = cluster.latest_term.max(record.term);
+            }
+        }
         KeyKind::Other => {}
     }
 }

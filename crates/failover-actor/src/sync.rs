@@ -13,6 +13,10 @@ use crate::error::FailoverError;
 use crate::machine::{self, SyncCandidate, SyncPhase};
 use crate::store;
 
+/// How soon a new leader looks again for a synchronous standby while it holds appends for
+/// want of one (a guess: a standby connects and reports within a few milliseconds here).
+pub(crate) const SYNC_RECHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl FailoverActor {
     /// The leader's synchronous standby, managed on each confirmed renewal.
     pub(crate) fn manage_sync(&mut self, ctx: &mut Context<Self>) {
@@ -45,17 +49,37 @@ impl FailoverActor {
                 }
             })
             .collect();
-        let (phase, actions) = machine::plan_sync(
+        let (phase, mut actions) = machine::plan_sync(
             self.config.synchronous_mode,
             &self.sync_phase,
             published.as_deref(),
             &candidates,
             local.flush,
         );
+        if let Some(since) = self.sync_hold_since.filter(|_| actions.is_empty()) {
+            // A new leader holds appends until it has a synchronous standby of its own. Its
+            // standbys follow it within milliseconds of its win, so look again soon (a short
+            // backoff, not a poll of something that would announce itself); in `on` give up
+            // after one renewal interval and go on asynchronously: the term's record names no
+            // standby, so nobody becomes promotable by it.
+            let grace = machine::renewal_interval(self.config.ttl);
+            if self.config.synchronous_mode == crate::SynchronousMode::On
+                && since.elapsed() >= grace
+            {
+                info!("failover: no synchronous standby to choose; appends go on asynchronously");
+                actions.push(machine::SyncAction::Set(None));
+            } else if since.elapsed() < grace {
+                self.sync_recheck = true;
+            }
+        }
         if actions.is_empty() {
             self.sync_phase = phase;
             return;
         }
+        // Any change of the node's synchronous standbys replaces the new leader's hold.
+        let releases_hold = actions
+            .iter()
+            .any(|a| matches!(a, machine::SyncAction::Set(_)));
         self.sync_busy = true;
         let supervisor = self.node.supervisor.clone();
         let registry = self.node.registry.clone();
@@ -92,6 +116,9 @@ impl FailoverActor {
                 act.sync_busy = false;
                 match result {
                     Ok(()) => {
+                        if releases_hold {
+                            act.sync_hold_since = None;
+                        }
                         // Waiting for the first standby to catch up is an event of the
                         // registry's synchronous wait; a replacement is checked on renewals.
                         if let SyncPhase::Adding { from: None, target, .. } = &phase {

@@ -4,13 +4,16 @@
 //! - `append`: N writers appending records at a durability level, against an in-process
 //!   cluster (the embedding path) or a running node's `POST /wal`; throughput, latency
 //!   percentiles from an HDR histogram, fsyncs per append, peak RSS, replication lag over time.
+//!   Given several admin APIs, its writers follow the leader (`GET /primary`); appends whose
+//!   outcome is unknown are logged as indeterminate, never as acknowledged.
 //! - `stream`: catch-up of one or K standbys (walserver standbys, plain codec clients or
 //!   pg_receivewal) from a primary holding G GiB; per-standby MB/s and the primary's CPU time
 //!   per MB sent.
 //! - `catchup`: a plain blocking client (`repl-client`) that streams a WAL range from any server that
 //!   speaks PostgreSQL 15's protocol and discards it.
 //! - `verify`: checks a node against the acknowledgement log an `append --ack-log` load wrote
-//!   ([`acklog`]): every acknowledged record at its position with its hash.
+//!   ([`acklog`]): every acknowledged record at its position, on its timeline, with its hash;
+//!   and how many indeterminate appends the node holds.
 //! - `wait-lsn`: times another process (a standby) until its IDENTIFY_SYSTEM position
 //!   reaches an LSN; `benches/compare-postgres.sh` uses it on both PostgreSQL and walserver.
 //! - `soak`: steady appends for minutes with a standby restarted at an interval, sampling
@@ -33,6 +36,7 @@ pub mod acklog;
 mod append;
 mod client;
 pub mod cluster;
+mod follow;
 pub mod reliability;
 pub mod report;
 pub mod soak;
@@ -216,11 +220,20 @@ pub fn run(cmd: BenchCommand, program: &NodeProgram) -> anyhow::Result<()> {
                     "{} acknowledged records in {} appends: {} found, {} lost, {} older than the node keeps",
                     r.records, r.appends, r.found, r.lost, r.unverifiable
                 );
+                println!(
+                    "{} indeterminate appends: {} present on the node, {} torn (some records only)",
+                    r.indeterminate, r.indeterminate_present, r.indeterminate_partial
+                );
                 for e in &r.lost_examples {
                     println!("  lost: {e}");
                 }
             }
             anyhow::ensure!(r.lost == 0, "{} acknowledged records are missing", r.lost);
+            anyhow::ensure!(
+                r.indeterminate_partial == 0,
+                "{} indeterminate appends are on the node only in part",
+                r.indeterminate_partial
+            );
             Ok(())
         }
         BenchCommand::WaitLsn {

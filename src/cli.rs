@@ -173,7 +173,8 @@ fn table_rows(list: &Value, cols: &[&str], wide: bool) -> Vec<Vec<String>> {
         .unwrap_or_default()
 }
 
-fn table(cols: &[&str], rows: &[Vec<String>]) -> String {
+/// A table: the header, a rule, the rows; each column as wide as its widest cell.
+pub(crate) fn table(cols: &[&str], rows: &[Vec<String>]) -> String {
     let widths: Vec<usize> = cols
         .iter()
         .enumerate()

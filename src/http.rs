@@ -1,5 +1,6 @@
 //! The HTTP admin API (actix-web): `/status`, `/slots`, `/metrics`, `/wal`, `/promote`,
-//! `/reload`.
+//! `/reload`, and automatic failover's (`/cluster`, `/primary`, `/replica` and the others of
+//! [`crate::failover`]).
 //!
 //! [`configure`] gives the node's routes to mount in an application's own `App`; [`start`] runs
 //! them as the stand-alone server `walserver run` serves, with `/promote` and `/reload`. The
@@ -26,6 +27,8 @@ use supervisor_actor::{
 };
 use wal_storage::{Lsn, SlotInfo, TimelineId};
 use walserver_node::config::Settings;
+
+use crate::failover::{FailoverSlot, FailoverState};
 use walserver_node::records::{join_records, split_records, RECORDS_CONTENT_TYPE};
 
 /// What `POST /reload` does: re-read the configuration and apply it to the node. The admin
@@ -40,6 +43,8 @@ pub struct HttpConfig {
     pub tls: Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>,
     /// What `POST /reload` does; without it the endpoint answers 501.
     pub reload: Option<ReloadAction>,
+    /// Where the failover endpoints find the failover actor; `None` without failover.
+    pub failover: Option<FailoverSlot>,
 }
 
 impl HttpConfig {
@@ -53,12 +58,14 @@ impl HttpConfig {
             token: s.http_auth_token.clone().filter(|t| !t.is_empty()),
             tls,
             reload: None,
+            failover: s.failover.as_ref().map(|_| FailoverSlot::default()),
         })
     }
 }
 
 /// Starts the admin API the settings describe on `addr` (their `http_listen`, or another
-/// address) and hands it to the node's supervisor; returns the address it listens on.
+/// address) and hands it to the node's supervisor; with a `[failover]` table, then starts the
+/// failover actor, which must know the admin API's address. Returns the address it listens on.
 pub fn serve(
     settings: &Settings,
     addr: SocketAddr,
@@ -67,7 +74,12 @@ pub fn serve(
 ) -> anyhow::Result<SocketAddr> {
     let mut cfg = HttpConfig::from_settings(settings, addr)?;
     cfg.reload = reload;
-    Ok(start(cfg, node.clone())?.supervise(node))
+    let slot = cfg.failover.clone();
+    let addr = start(cfg, node.clone())?.supervise(node);
+    if let Some(slot) = slot {
+        crate::failover::start(settings, node, addr, &slot)?;
+    }
+    Ok(addr)
 }
 
 pub struct HttpServerHandle {
@@ -152,18 +164,24 @@ fn node_routes(cfg: &mut web::ServiceConfig, state: web::Data<State>) {
 }
 
 /// Starts the stand-alone admin API in the current actix System: the routes of
-/// [`configure`], `POST /promote` and `POST /reload`, behind the bearer-token check.
+/// [`configure`], `POST /promote`, `POST /reload` and the failover endpoints, behind the
+/// bearer-token check.
 pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
+    let failover = web::Data::new(FailoverState {
+        node: node.clone(),
+        failover: cfg.failover,
+    });
     let state = web::Data::new(State {
         node,
         token: cfg.token,
         reload: cfg.reload,
     });
     let server = HttpServer::new(move || {
-        let state = state.clone();
+        let (state, failover) = (state.clone(), failover.clone());
         App::new()
             .wrap(from_fn(check_token))
             .configure(|cfg| node_routes(cfg, state))
+            .configure(|cfg| crate::failover::routes(cfg, failover))
             .route("/promote", web::post().to(promote))
             .route("/reload", web::post().to(reload))
     })
@@ -266,8 +284,12 @@ async fn append(state: web::Data<State>, req: HttpRequest, body: Bytes) -> HttpR
                 AppendError::Storage(wal_storage::WalError::RecordTooLarge { .. }) => {
                     actix_web::http::StatusCode::PAYLOAD_TOO_LARGE
                 }
-                AppendError::NotConfirmed { .. } => actix_web::http::StatusCode::GATEWAY_TIMEOUT,
-                AppendError::ShuttingDown => actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+                AppendError::NotConfirmed { .. } | AppendError::Indeterminate { .. } => {
+                    actix_web::http::StatusCode::GATEWAY_TIMEOUT
+                }
+                AppendError::ShuttingDown | AppendError::NotLeader { .. } => {
+                    actix_web::http::StatusCode::SERVICE_UNAVAILABLE
+                }
                 // A full disk is backpressure: retry once space is freed.
                 AppendError::Storage(w) if w.is_disk_full() => {
                     actix_web::http::StatusCode::INSUFFICIENT_STORAGE
@@ -284,10 +306,18 @@ async fn append(state: web::Data<State>, req: HttpRequest, body: Bytes) -> HttpR
                 actix_web::http::StatusCode::INSUFFICIENT_STORAGE
                     | actix_web::http::StatusCode::SERVICE_UNAVAILABLE
             ) {
-                // Both clear by themselves (space freed, storage reopened, a shutdown over);
+                // Both clear by themselves (space freed, storage reopened, a shutdown over,
+                // a leader elected and found by the client);
                 // one second is about how long a full standby or a storage restart takes to
                 // come back here, a guess that keeps a well-behaved client from spinning.
                 resp.insert_header((actix_web::http::header::RETRY_AFTER, "1"));
+            }
+            if e.is_indeterminate() {
+                // Durable here but not acknowledged: the client must not take it for lost.
+                return resp.json(serde_json::json!({
+                    "error": e.to_string(),
+                    "outcome": "indeterminate",
+                }));
             }
             resp.json(serde_json::json!({ "error": e.to_string() }))
         }

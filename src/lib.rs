@@ -1,5 +1,6 @@
-//! The walserver node as a program: the HTTP admin API, signal handling, and the commands of
-//! the `walserver` binary (`run`, `demo`, `status`, `promote`, `append`, `rejoin`; `init` and
+//! The walserver node as a program: the HTTP admin API, automatic failover's actor beside the
+//! node and its endpoints ([`failover`]), signal handling, and the commands of the `walserver`
+//! binary (`run`, `demo`, `status`, `promote`, `append`, `rejoin`, `cluster`; `init` and
 //! `passwd` are a few lines of `main.rs`, and `bench` is `walserver-bench`'s). The actors live
 //! in the workspace crates; a node's configuration, its data directories and the admin API's
 //! client live in `walserver-node`, which this crate wires together with the admin API.
@@ -8,7 +9,9 @@
 //! admin API in its own actix-web `App` with [`http::configure`].
 
 pub mod cli;
+pub mod cluster;
 pub mod demo;
+pub mod failover;
 pub mod http;
 pub mod metrics;
 pub mod rejoin;

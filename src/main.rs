@@ -119,6 +119,10 @@ enum Command {
     /// (a discarding protocol client), `wait-lsn` (times a standby catching up).
     #[command(subcommand)]
     Bench(walserver_bench::BenchCommand),
+    /// Automatic failover: list the cluster's members, switch over, fail over, pause and
+    /// resume automatic action, show the history of terms, through one member's admin API.
+    #[command(subcommand)]
+    Cluster(walserver::cluster::ClusterCommand),
     /// Show a running node's status through its admin API.
     Status {
         /// The admin API address.
@@ -285,6 +289,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             wide,
             token,
         } => walserver::cli::status(&http, json, wide, token.as_deref()),
+        Command::Cluster(cmd) => walserver::cluster::run(cmd),
     }
 }
 

@@ -37,32 +37,17 @@ pub fn rejoin(data_dir: &Path, primary_conninfo: &str, slot: Option<&str>) -> an
             data_dir.display()
         )
     })?;
-    anyhow::ensure!(
-        wal.system_id() == upstream.system_id,
-        "the upstream has system identifier {}, this node {}: it is another cluster",
-        upstream.system_id,
-        wal.system_id()
-    );
-    let local_tli = wal.timeline();
-    let flushed = wal.flushed();
-    let fork = upstream
-        .history
-        .iter()
-        .find(|e| e.parent == local_tli)
-        .map(|e| e.switch_lsn);
-    match fork {
-        Some(fork) if flushed > fork => {
-            let dropped = wal.truncate_to(fork)?;
-            println!(
-                "rejoin: dropped {dropped} bytes of WAL on timeline {local_tli} beyond the fork at {fork} (this node's WAL ended at {flushed})"
-            );
-        }
-        Some(fork) => println!("rejoin: this node's WAL ends at {flushed}, at or before the fork at {fork}: nothing to drop"),
-        None if upstream.timeline == local_tli => println!("rejoin: the upstream is on this node's timeline {local_tli}: nothing to drop"),
-        None => anyhow::bail!(
-            "this node's timeline {local_tli} is not in the history of the upstream's timeline {}",
-            upstream.timeline
+    // The same check and cut as a live demotion (supervisor-actor's `fork`).
+    let cut = supervisor_actor::fork::cut_back_to_fork(&wal, &upstream)?;
+    let point = cut.point;
+    let (local_tli, flushed) = (point.timeline, point.local_end);
+    match point.fork {
+        Some(fork) if point.must_cut() => println!(
+            "rejoin: dropped {} bytes of WAL on timeline {local_tli} beyond the fork at {fork} (this node's WAL ended at {flushed})",
+            cut.dropped_bytes
         ),
+        Some(fork) => println!("rejoin: this node's WAL ends at {flushed}, at or before the fork at {fork}: nothing to drop"),
+        None => println!("rejoin: the upstream is on this node's timeline {local_tli}: nothing to drop"),
     }
     // The upstream first, then the role, the commit point: a crash in between leaves a
     // primary's directory holding a standby.signal it was never started with, which the role

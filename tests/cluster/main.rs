@@ -10,6 +10,7 @@ mod binary;
 mod cli;
 #[path = "../common/mod.rs"]
 mod common;
+mod failover;
 mod lessons;
 mod logs;
 mod records;

@@ -1,86 +1,823 @@
-//! The failover actor (outline: its handlers answer `NotRunning` until the election is written).
+//! The failover actor: it carries out [`crate::machine`]'s decisions against etcd and the
+//! node's supervisor. Its cycle: one lease (renewed every ttl/3), one watch on the cluster's
+//! prefix, and a reconciliation after every change it sees, one at a time.
 
+use std::time::{Duration, Instant};
+
+use actix::fut::LocalBoxActorFuture;
 use actix::prelude::*;
-use supervisor_actor::Node;
+use etcd_gateway::{Client, LeaseId, WatchBatch, WatchRequest};
+use supervisor_actor::{Fence, GetNodeStatus, Node, NodeRole, NodeStatus};
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+use walreceiver_actor::ReceiverState;
+use walsender_actor::status::{WalSenderState, WalSenderStatus};
 
 use crate::config::FailoverConfig;
 use crate::error::FailoverError;
-use crate::messages::{
-    Failover, GetClusterView, GetHistory, GetLocalHealth, Pause, Resume, Switchover,
-    SwitchoverReport,
-};
-use crate::view::{ClusterView, LocalHealth, TermRecord};
+use crate::keys::Keys;
+use crate::machine::{self, Action, Cluster, Local, LocalRole, Progress, SyncCandidate, SyncPhase};
+use crate::store;
+use crate::view::MemberInfo;
 
 /// Keeps one node's membership and leadership in etcd and tells its supervisor what to do.
 pub struct FailoverActor {
-    #[allow(dead_code)]
-    config: FailoverConfig,
-    #[allow(dead_code)]
-    node: Node,
+    pub(crate) config: FailoverConfig,
+    pub(crate) node: Node,
+    pub(crate) fence: Fence,
+    pub(crate) client: Client,
+    pub(crate) keys: Keys,
+    pub(crate) cluster: Cluster,
+    pub(crate) progress: Progress,
+    /// The node as its last status said.
+    pub(crate) local: Option<Local>,
+    /// The leader's walsenders as its last status said.
+    pub(crate) replication: Vec<WalSenderStatus>,
+    pub(crate) lease: Option<LeaseId>,
+    /// The ttl the fence's deadline is computed with: the configured one, or etcd's if lower.
+    pub(crate) lease_ttl: Duration,
+    connecting: bool,
+    reconciling: bool,
+    dirty: bool,
+    renew_failures: u32,
+    renew_timer: Option<SpawnHandle>,
+    retry_timer: Option<SpawnHandle>,
+    watch: Option<SpawnHandle>,
+    pub(crate) sync_phase: SyncPhase,
+    pub(crate) sync_busy: bool,
+    /// A handover of the key runs: renewals do not grant the fence meanwhile.
+    pub(crate) handing_over: bool,
+    /// Who waits for a named member to take the leader key (switchover reports).
+    pub(crate) awaiting_leader: Vec<(String, oneshot::Sender<u64>)>,
+    stopping: bool,
 }
+
+/// How long a failed start (lease, first read, watch) waits before the next attempt, and the
+/// cap of its backoff. Guesses: quick enough that a node joins as soon as etcd is back.
+const CONNECT_RETRY_MIN: Duration = Duration::from_millis(200);
+const CONNECT_RETRY_MAX: Duration = Duration::from_secs(2);
+/// How long a failed promotion or follow waits before the next reconciliation tries again.
+/// A guess: the supervisor refuses while another change runs, which takes well under this.
+const ACTION_RETRY: Duration = Duration::from_millis(500);
 
 impl FailoverActor {
     /// Starts the actor for `node`, whose fence must be [`supervisor_actor::Fence::closed`]
     /// (the node acknowledges nothing until this actor has won the leader key).
     pub fn start(config: FailoverConfig, node: Node) -> Result<Addr<FailoverActor>, FailoverError> {
-        Ok(Actor::start(FailoverActor { config, node }))
+        if !node.fence.is_managed() {
+            return Err(FailoverError::Refused(
+                "the node's fence is open: start it with Fence::closed() under failover".into(),
+            ));
+        }
+        if config.ttl < Duration::from_secs(1) {
+            return Err(FailoverError::Refused(
+                "ttl must be at least 1 s (etcd's leases count whole seconds)".into(),
+            ));
+        }
+        // A guess that leaves room for the whole exchange: etcd's calls must end well inside
+        // one renewal interval, or a slow answer would eat the fence's margin.
+        let timeout = machine::renewal_interval(config.ttl).max(Duration::from_millis(300));
+        let client = Client::new(&config.etcd_endpoints)?.with_request_timeout(timeout);
+        let keys = Keys::new(&config.cluster_name);
+        let fence = node.fence.clone();
+        let lease_ttl = config.ttl;
+        Ok(Actor::start(FailoverActor {
+            config,
+            node,
+            fence,
+            client,
+            keys,
+            cluster: Cluster::default(),
+            progress: Progress::default(),
+            local: None,
+            replication: Vec::new(),
+            lease: None,
+            lease_ttl,
+            connecting: false,
+            reconciling: false,
+            dirty: false,
+            renew_failures: 0,
+            renew_timer: None,
+            retry_timer: None,
+            watch: None,
+            sync_phase: SyncPhase::Steady,
+            sync_busy: false,
+            handing_over: false,
+            awaiting_leader: Vec::new(),
+            stopping: false,
+        }))
+    }
+
+    pub(crate) fn me(&self) -> &str {
+        &self.config.node_name
+    }
+
+    /// The node's status, read into `local`.
+    fn take_status(&mut self, status: &NodeStatus) {
+        let streaming = status
+            .wal_receiver
+            .as_ref()
+            .and_then(|r| r.status.as_ref())
+            .is_some_and(|s| s.status == ReceiverState::Streaming);
+        self.local = Some(Local {
+            role: match status.role {
+                NodeRole::Primary => LocalRole::Primary,
+                NodeRole::Standby => LocalRole::Standby,
+            },
+            timeline: status.timeline.0,
+            flush: status.flush_lsn,
+            streaming,
+        });
+        self.replication = status.replication.clone();
+    }
+
+    /// Bytes behind the last known leader, for a standby.
+    pub(crate) fn lag_bytes(&self) -> Option<u64> {
+        let local = self.local.as_ref()?;
+        if local.role == LocalRole::Primary {
+            return None;
+        }
+        let last = self.cluster.last_leader.as_ref()?;
+        Some(last.flush.saturating_sub(local.flush))
+    }
+
+    pub(crate) fn member_info(&self) -> MemberInfo {
+        let (role, timeline, flush, streaming) = match &self.local {
+            Some(l) => (
+                match l.role {
+                    LocalRole::Primary => "primary",
+                    LocalRole::Standby => "standby",
+                },
+                l.timeline,
+                l.flush,
+                l.streaming,
+            ),
+            None => ("standby", 0, wal_storage::Lsn(0), false),
+        };
+        MemberInfo {
+            name: self.config.node_name.clone(),
+            role: role.to_string(),
+            timeline,
+            flush_lsn: flush.to_string(),
+            lag_bytes: self.lag_bytes(),
+            streaming,
+            conninfo: self.config.conninfo.clone(),
+            api_url: self.config.api_url.clone(),
+            nofailover: self.config.nofailover,
+            priority: self.config.priority,
+            term: self
+                .progress
+                .leading
+                .or(self.progress.following.as_ref().map(|f| f.1)),
+        }
+    }
+
+    /// Gets a lease, publishes the member key, reads the cluster and watches it from there.
+    fn connect(&mut self, ctx: &mut Context<Self>) {
+        if self.connecting || self.stopping {
+            return;
+        }
+        self.connecting = true;
+        if let Some(handle) = self.watch.take() {
+            ctx.cancel_future(handle);
+        }
+        let supervisor = self.node.supervisor.clone();
+        let status = async move { node_status(&supervisor).await };
+        ctx.spawn(status.into_actor(self).then(|status, act, _| {
+            if let Some(status) = &status {
+                act.take_status(status);
+            }
+            let client = act.client.clone();
+            let keys = act.keys.clone();
+            let known = act.cluster.clone();
+            let member = act.member_info();
+            let ttl = i64::try_from(act.config.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+            let old = act.lease.take();
+            async move {
+                if let Some(old) = old {
+                    // Best effort: a lease that renewals could not keep is gone or going.
+                    let _ = client.lease_revoke(old).await;
+                }
+                let lease = client.lease_grant(ttl).await?;
+                store::put_member(&client, &keys, lease.id, &member).await?;
+                let (cluster, revision, _) = store::read_cluster(&client, &keys, &known).await?;
+                let watch = client
+                    .watch(&WatchRequest::new(etcd_gateway::KeyRange::prefix(keys.prefix())).from_revision(revision + 1))
+                    .await?;
+                Ok::<_, FailoverError>((lease, cluster, watch))
+            }
+            .into_actor(act)
+            .map(|result, act, ctx| {
+                act.connecting = false;
+                match result {
+                    Ok((lease, cluster, watch)) => {
+                        info!(lease = %lease.id, granted_ttl = lease.ttl, "failover: joined the cluster");
+                        act.lease = Some(lease.id);
+                        let granted = Duration::from_secs(u64::try_from(lease.ttl).unwrap_or(0));
+                        act.lease_ttl = act.config.ttl.min(granted.max(Duration::from_secs(1)));
+                        act.cluster = cluster;
+                        act.renew_failures = 0;
+                        act.watch = Some(ctx.add_stream(watch));
+                        act.schedule_renewal(ctx, machine::renewal_interval(act.lease_ttl));
+                        act.reconcile(ctx);
+                    }
+                    Err(e) => {
+                        act.renew_failures = act.renew_failures.saturating_add(1);
+                        let delay = CONNECT_RETRY_MIN
+                            .saturating_mul(act.renew_failures.min(10))
+                            .min(CONNECT_RETRY_MAX);
+                        warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "failover: cannot join the cluster in etcd");
+                        ctx.run_later(delay, |act, ctx| act.connect(ctx));
+                    }
+                }
+            })
+        }));
+    }
+
+    fn schedule_renewal(&mut self, ctx: &mut Context<Self>, delay: Duration) {
+        if let Some(handle) = self.renew_timer.take() {
+            ctx.cancel_future(handle);
+        }
+        self.renew_timer = Some(ctx.run_later(delay, |act, ctx| {
+            act.renew_timer = None;
+            act.renew(ctx);
+        }));
+    }
+
+    /// Renews the lease; the leader confirms its key in a transaction and only then extends
+    /// the fence, from the instant the renewal was sent.
+    pub(crate) fn renew(&mut self, ctx: &mut Context<Self>) {
+        let Some(lease) = self.lease else {
+            return;
+        };
+        if self.stopping {
+            return;
+        }
+        let supervisor = self.node.supervisor.clone();
+        let status = async move { node_status(&supervisor).await };
+        ctx.spawn(status.into_actor(self).then(move |status, act, _| {
+            if let Some(status) = &status {
+                act.take_status(status);
+            }
+            let client = act.client.clone();
+            let keys = act.keys.clone();
+            let me = act.me().to_string();
+            let member = act.member_info();
+            let leading = act.progress.leading.filter(|_| !act.handing_over);
+            async move {
+                let sent_at = Instant::now();
+                let renewed = client.lease_keepalive(lease).await?;
+                let held = match leading {
+                    Some(_) => Some(store::confirm(&client, &keys, &me, lease, &member).await?),
+                    None => {
+                        store::put_member(&client, &keys, lease, &member).await?;
+                        None
+                    }
+                };
+                Ok::<_, FailoverError>((sent_at, renewed.ttl, leading, held))
+            }
+            .into_actor(act)
+            .map(move |result, act, ctx| act.renewed(ctx, lease, result))
+        }));
+    }
+
+    fn renewed(
+        &mut self,
+        ctx: &mut Context<Self>,
+        lease: LeaseId,
+        result: Result<(Instant, i64, Option<u64>, Option<bool>), FailoverError>,
+    ) {
+        if self.lease != Some(lease) {
+            return;
+        }
+        match result {
+            Ok((sent_at, granted, leading, held)) => {
+                self.renew_failures = 0;
+                let granted = Duration::from_secs(u64::try_from(granted).unwrap_or(0));
+                let ttl = self.config.ttl.min(granted.max(Duration::from_secs(1)));
+                match (leading, held) {
+                    (Some(term), Some(true))
+                        if self.progress.leading == Some(term) && !self.handing_over =>
+                    {
+                        self.fence
+                            .grant(term, machine::fence_deadline(sent_at, ttl));
+                        self.manage_sync(ctx);
+                    }
+                    (Some(term), Some(false)) => {
+                        warn!(
+                            term,
+                            "failover: the leader key is no longer ours; appends stop"
+                        );
+                        self.step_down();
+                        self.reconcile(ctx);
+                    }
+                    _ => {}
+                }
+                let next = machine::renewal_interval(ttl).saturating_sub(sent_at.elapsed());
+                self.schedule_renewal(ctx, next);
+            }
+            Err(FailoverError::Etcd(etcd_gateway::Error::LeaseNotFound { .. })) => {
+                warn!(lease = %lease, "failover: our lease expired; appends stop and a new lease is taken");
+                self.step_down();
+                self.lease = None;
+                self.connect(ctx);
+            }
+            Err(e) => {
+                // The fence closes by its own deadline; retry quickly meanwhile.
+                let delay = machine::retry_delay(self.renew_failures, self.lease_ttl);
+                self.renew_failures = self.renew_failures.saturating_add(1);
+                warn!(error = %e, failures = self.renew_failures, retry_in_ms = delay.as_millis() as u64, "failover: renewal failed");
+                self.schedule_renewal(ctx, delay);
+            }
+        }
+    }
+
+    /// Not the leader any more: no acknowledgement from now on.
+    pub(crate) fn step_down(&mut self) {
+        self.fence.revoke();
+        self.progress.leading = None;
+        self.sync_phase = SyncPhase::Steady;
+    }
+
+    fn schedule_retry(&mut self, ctx: &mut Context<Self>, delay: Duration) {
+        if self.retry_timer.is_some() {
+            return;
+        }
+        self.retry_timer = Some(ctx.run_later(delay, |act, ctx| {
+            act.retry_timer = None;
+            act.reconcile(ctx);
+        }));
+    }
+
+    /// Decides on what is known now and carries the decision out; one at a time (a change
+    /// seen meanwhile runs another round after it).
+    pub(crate) fn reconcile(&mut self, ctx: &mut Context<Self>) {
+        if self.stopping || self.lease.is_none() {
+            return;
+        }
+        if self.reconciling {
+            self.dirty = true;
+            return;
+        }
+        self.reconciling = true;
+        self.dirty = false;
+        let supervisor = self.node.supervisor.clone();
+        let status = async move { node_status(&supervisor).await };
+        ctx.spawn(
+            status
+                .into_actor(self)
+                .then(|status, act, ctx| {
+                    match &status {
+                        Some(status) => act.take_status(status),
+                        None => warn!("failover: the supervisor did not answer"),
+                    }
+                    act.run_decision(ctx)
+                })
+                .map(|_, act, ctx| {
+                    act.reconciling = false;
+                    if act.dirty {
+                        act.reconcile(ctx);
+                    }
+                }),
+        );
+    }
+
+    fn run_decision(&mut self, ctx: &mut Context<Self>) -> LocalBoxActorFuture<Self, ()> {
+        let Some(local) = self.local.clone() else {
+            return Box::pin(fut::ready(()));
+        };
+        if let Some(key) = &self.cluster.leader {
+            if key.holder != self.me() {
+                self.progress.highest_term = self.progress.highest_term.max(key.term);
+            }
+        }
+        self.start_forwarded_handover(ctx);
+        let actions = machine::decide(&self.config, &self.cluster, &local, &self.progress);
+        let mut next = None;
+        for action in actions {
+            match action {
+                Action::RevokeFence => {
+                    info!("failover: the leader key is not ours; appends stop");
+                    self.step_down();
+                }
+                Action::Wait(reason) => tracing::debug!(reason, "failover: waiting"),
+                other => next = Some(other),
+            }
+        }
+        match next {
+            Some(Action::Campaign) => self.campaign(),
+            Some(Action::CheckPeers) => self.check_peers(local),
+            Some(Action::Lead { term, promote }) => self.lead(term, promote),
+            Some(Action::Follow {
+                leader,
+                conninfo,
+                term,
+            }) => self.follow(leader, conninfo, term),
+            _ => Box::pin(fut::ready(())),
+        }
+    }
+
+    fn campaign(&mut self) -> LocalBoxActorFuture<Self, ()> {
+        let Some(lease) = self.lease else {
+            return Box::pin(fut::ready(()));
+        };
+        let client = self.client.clone();
+        let keys = self.keys.clone();
+        let me = self.me().to_string();
+        Box::pin(
+            async move { store::campaign(&client, &keys, &me, lease).await }
+                .into_actor(self)
+                .map(move |result, act, ctx| match result {
+                    Ok(Some(term)) => {
+                        info!(term, "failover: won the leader key");
+                        act.cluster.leader = Some(machine::LeaderKey {
+                            holder: act.me().to_string(),
+                            term,
+                            lease: lease.0,
+                        });
+                        act.cluster.switchover = None;
+                        act.dirty = true;
+                    }
+                    // Someone else won: the watch brings its key.
+                    Ok(None) => {}
+                    Err(e) => {
+                        warn!(error = %e, "failover: campaign failed");
+                        act.schedule_retry(ctx, ACTION_RETRY);
+                    }
+                }),
+        )
+    }
+
+    fn check_peers(&mut self, local: Local) -> LocalBoxActorFuture<Self, ()> {
+        let me = self.me().to_string();
+        let members: Vec<MemberInfo> = self.cluster.members.values().cloned().collect();
+        let mine = machine::PeerPosition {
+            name: me.clone(),
+            role: local.role,
+            timeline: local.timeline,
+            flush: local.flush,
+            priority: self.config.priority,
+            nofailover: self.config.nofailover,
+        };
+        Box::pin(
+            async move { crate::peers::positions(&me, members).await }
+                .into_actor(self)
+                .then(move |peers, act, ctx| {
+                    if act.cluster.leader.is_some() {
+                        return Box::pin(fut::ready(())) as LocalBoxActorFuture<Self, ()>;
+                    }
+                    match machine::better_peer(&mine, &peers) {
+                        None => act.campaign(),
+                        Some(better) => {
+                            info!(
+                                better,
+                                "failover: another member is more advanced; it campaigns"
+                            );
+                            // A real timeout: if it has not taken the key within a ttl, look again.
+                            act.schedule_retry(ctx, act.lease_ttl);
+                            Box::pin(fut::ready(()))
+                        }
+                    }
+                }),
+        )
+    }
+
+    fn lead(&mut self, term: u64, promote: bool) -> LocalBoxActorFuture<Self, ()> {
+        let supervisor = self.node.supervisor.clone();
+        let wal = self.node.wal.clone();
+        let reason = if !self.cluster.has_history {
+            "bootstrap"
+        } else if self
+            .cluster
+            .last_leader
+            .as_ref()
+            .is_some_and(|l| l.name == self.config.node_name)
+        {
+            "restart"
+        } else {
+            "failover"
+        };
+        let reason = reason.to_string();
+        Box::pin(
+            async move {
+                if promote {
+                    let promoted = supervisor
+                        .send(supervisor_actor::PromoteForTerm { term })
+                        .await
+                        .map_err(|e| FailoverError::Refused(e.to_string()))?
+                        .map_err(|e| FailoverError::Refused(format!("promotion failed: {e}")))?;
+                    Ok::<_, FailoverError>((promoted.timeline.0, promoted.switch_lsn))
+                } else {
+                    let start = wal.history().last().map_or(wal_storage::Lsn(0), |h| h.switch_lsn);
+                    Ok((wal.timeline().0, start))
+                }
+            }
+            .into_actor(self)
+            .then(move |promoted, act, ctx| {
+                let (timeline, switch_lsn) = match promoted {
+                    Ok(p) => p,
+                    Err(e) => {
+                        warn!(term, error = %e, "failover: cannot take up the leader key; giving it up");
+                        return act.resign_after_failure(ctx);
+                    }
+                };
+                info!(term, timeline, %switch_lsn, "failover: leading");
+                act.progress.leading = Some(term);
+                act.progress.highest_term = act.progress.highest_term.max(term);
+                act.progress.following = None;
+                act.sync_phase = SyncPhase::Steady;
+                let record = crate::view::TermRecord {
+                    term,
+                    leader: act.me().to_string(),
+                    timeline,
+                    switch_lsn: switch_lsn.to_string(),
+                    reason,
+                    at: store::unix_now(),
+                };
+                let client = act.client.clone();
+                let keys = act.keys.clone();
+                let me = act.me().to_string();
+                let lease = act.lease;
+                Box::pin(
+                    async move {
+                        let Some(lease) = lease else { return Ok(false) };
+                        store::leader_put(&client, &keys, &me, lease, keys.history_of(term), store::history_value(&record)).await
+                    }
+                    .into_actor(act)
+                    .map(move |written, act, ctx| {
+                        match written {
+                            Ok(true) => act.cluster.has_history = true,
+                            Ok(false) => {}
+                            Err(e) => warn!(term, error = %e, "failover: cannot write the term's history"),
+                        }
+                        // Confirm the key and grant the fence now, not a renewal interval later.
+                        act.renew(ctx);
+                    }),
+                )
+            }),
+        )
+    }
+
+    fn resign_after_failure(&mut self, ctx: &mut Context<Self>) -> LocalBoxActorFuture<Self, ()> {
+        self.step_down();
+        let Some(lease) = self.lease else {
+            return Box::pin(fut::ready(()));
+        };
+        self.schedule_retry(ctx, ACTION_RETRY);
+        let client = self.client.clone();
+        let keys = self.keys.clone();
+        let me = self.me().to_string();
+        Box::pin(
+            async move { store::resign(&client, &keys, &me, lease).await }
+                .into_actor(self)
+                .map(|result, _, _| {
+                    if let Err(e) = result {
+                        warn!(error = %e, "failover: cannot give up the leader key; it expires with the lease");
+                    }
+                }),
+        )
+    }
+
+    fn follow(
+        &mut self,
+        leader: String,
+        conninfo: String,
+        term: u64,
+    ) -> LocalBoxActorFuture<Self, ()> {
+        let mut upstream = match walreceiver_actor::ReceiverConfig::parse(&conninfo, None) {
+            Ok(upstream) => upstream,
+            Err(e) => {
+                warn!(%leader, error = %e, "failover: the leader's conninfo does not parse");
+                return Box::pin(fut::ready(()));
+            }
+        };
+        upstream.application_name = self.config.node_name.clone();
+        self.fence.observe_term(term);
+        let supervisor = self.node.supervisor.clone();
+        Box::pin(
+            async move {
+                supervisor
+                    .send(supervisor_actor::FollowLeader { upstream, term })
+                    .await
+            }
+            .into_actor(self)
+            .map(move |result, act, ctx| match result {
+                Ok(Ok(followed)) => {
+                    info!(%leader, term, demoted = followed.demoted, dropped_bytes = followed.dropped_bytes, "failover: following the leader");
+                    act.progress.following = Some((leader, term));
+                    act.progress.highest_term = act.progress.highest_term.max(term);
+                }
+                Ok(Err(e)) => {
+                    warn!(%leader, term, error = %e, "failover: cannot follow the leader yet");
+                    act.schedule_retry(ctx, ACTION_RETRY);
+                }
+                Err(e) => warn!(error = %e, "failover: the supervisor is gone"),
+            }),
+        )
+    }
+
+    /// The leader's synchronous standby, managed on each confirmed renewal.
+    fn manage_sync(&mut self, ctx: &mut Context<Self>) {
+        if self.sync_busy || self.config.synchronous_mode == crate::SynchronousMode::Off {
+            return;
+        }
+        let (Some(term), Some(lease), Some(local)) =
+            (self.progress.leading, self.lease, self.local.clone())
+        else {
+            return;
+        };
+        let me = self.me().to_string();
+        let published = self
+            .cluster
+            .sync
+            .as_ref()
+            .filter(|s| s.term == term && s.leader == me)
+            .and_then(|s| s.sync_standby.clone());
+        let candidates: Vec<SyncCandidate> = self
+            .replication
+            .iter()
+            .map(|r| {
+                let member = self.cluster.members.get(&r.application_name);
+                SyncCandidate {
+                    name: r.application_name.clone(),
+                    streaming: r.state == WalSenderState::Streaming,
+                    flush: r.flush_lsn.unwrap_or(wal_storage::Lsn(0)),
+                    priority: member.map_or(0, |m| m.priority),
+                    nofailover: member.is_none_or(|m| m.nofailover),
+                }
+            })
+            .collect();
+        let (phase, actions) = machine::plan_sync(
+            self.config.synchronous_mode,
+            &self.sync_phase,
+            published.as_deref(),
+            &candidates,
+            local.flush,
+        );
+        if actions.is_empty() {
+            self.sync_phase = phase;
+            return;
+        }
+        self.sync_busy = true;
+        let supervisor = self.node.supervisor.clone();
+        let registry = self.node.registry.clone();
+        let client = self.client.clone();
+        let keys = self.keys.clone();
+        ctx.spawn(
+            async move {
+                for action in actions {
+                    match action {
+                        machine::SyncAction::Set(names) => {
+                            info!(?names, "failover: synchronous standbys set");
+                            supervisor
+                                .send(supervisor_actor::SetSyncStandbys { names })
+                                .await
+                                .map_err(|e| FailoverError::Refused(e.to_string()))?;
+                        }
+                        machine::SyncAction::Publish(standby) => {
+                            info!(?standby, "failover: synchronous standby published");
+                            let record = crate::keys::SyncRecord {
+                                leader: me.clone(),
+                                sync_standby: standby,
+                                term,
+                            };
+                            if !store::leader_put(&client, &keys, &me, lease, keys.sync(), store::sync_value(&record)).await? {
+                                return Err(FailoverError::Refused("the leader key is not ours".into()));
+                            }
+                        }
+                    }
+                }
+                Ok::<_, FailoverError>(())
+            }
+            .into_actor(self)
+            .map(move |result, act, ctx| {
+                act.sync_busy = false;
+                match result {
+                    Ok(()) => {
+                        // Waiting for the first standby to catch up is an event of the
+                        // registry's synchronous wait; a replacement is checked on renewals.
+                        if let SyncPhase::Adding { from: None, target, .. } = &phase {
+                            let wait = registry.send(walsender_actor::messages::WaitForSync {
+                                lsn: *target,
+                                level: walsender_actor::syncrep::WaitLevel::Flush,
+                            });
+                            ctx.spawn(wait.into_actor(act).map(|_, act, ctx| act.renew(ctx)));
+                        }
+                        act.sync_phase = phase;
+                    }
+                    Err(e) => warn!(error = %e, "failover: changing the synchronous standby failed; retried on the next renewal"),
+                }
+            }),
+        );
     }
 }
 
 impl Actor for FailoverActor {
     type Context = Context<Self>;
-}
 
-impl Handler<GetClusterView> for FailoverActor {
-    type Result = Result<ClusterView, FailoverError>;
-    fn handle(&mut self, _: GetClusterView, _: &mut Context<Self>) -> Self::Result {
-        Err(FailoverError::NotRunning)
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // The node acknowledges nothing until this actor leads.
+        self.fence.revoke();
+        self.connect(ctx);
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.fence.revoke();
     }
 }
 
-impl Handler<GetLocalHealth> for FailoverActor {
-    type Result = MessageResult<GetLocalHealth>;
-    fn handle(&mut self, _: GetLocalHealth, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(LocalHealth {
-            leader_with_live_lease: false,
-            streaming: false,
-            lag_bytes: None,
-            term: None,
-        })
+impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
+    fn handle(&mut self, item: etcd_gateway::Result<WatchBatch>, ctx: &mut Context<Self>) {
+        match item {
+            Ok(batch) => {
+                for event in &batch.events {
+                    store::apply_event(&mut self.cluster, &self.keys, event);
+                }
+                if let Some(key) = &self.cluster.leader {
+                    let holder = key.holder.clone();
+                    let term = key.term;
+                    let waiting = std::mem::take(&mut self.awaiting_leader);
+                    for (name, tx) in waiting {
+                        if name == holder {
+                            let _ = tx.send(term);
+                        } else if !tx.is_closed() {
+                            self.awaiting_leader.push((name, tx));
+                        }
+                    }
+                }
+                self.reconcile(ctx);
+            }
+            Err(e) => warn!(error = %e, "failover: the watch ended"),
+        }
+    }
+
+    fn finished(&mut self, ctx: &mut Context<Self>) {
+        if self.stopping {
+            return;
+        }
+        // Read everything again and watch from there (the lease stays).
+        self.watch = None;
+        ctx.run_later(CONNECT_RETRY_MIN, |act, ctx| act.rewatch(ctx));
     }
 }
 
-impl Handler<GetHistory> for FailoverActor {
-    type Result = Result<Vec<TermRecord>, FailoverError>;
-    fn handle(&mut self, _: GetHistory, _: &mut Context<Self>) -> Self::Result {
-        Err(FailoverError::NotRunning)
+impl FailoverActor {
+    fn rewatch(&mut self, ctx: &mut Context<Self>) {
+        if self.stopping || self.watch.is_some() || self.connecting {
+            return;
+        }
+        let client = self.client.clone();
+        let keys = self.keys.clone();
+        let known = self.cluster.clone();
+        ctx.spawn(
+            async move {
+                let (cluster, revision, _) = store::read_cluster(&client, &keys, &known).await?;
+                let watch = client
+                    .watch(
+                        &WatchRequest::new(etcd_gateway::KeyRange::prefix(keys.prefix()))
+                            .from_revision(revision + 1),
+                    )
+                    .await?;
+                Ok::<_, FailoverError>((cluster, watch))
+            }
+            .into_actor(self)
+            .map(|result, act, ctx| match result {
+                Ok((cluster, watch)) => {
+                    act.cluster = cluster;
+                    act.watch = Some(ctx.add_stream(watch));
+                    act.reconcile(ctx);
+                }
+                Err(e) => {
+                    warn!(error = %e, "failover: cannot watch the cluster again yet");
+                    ctx.run_later(CONNECT_RETRY_MAX, |act, ctx| act.rewatch(ctx));
+                }
+            }),
+        );
+    }
+
+    /// Stops: the fence first, then the lease (so a successor need not wait the ttl).
+    pub(crate) fn stop(&mut self) -> LocalBoxActorFuture<Self, ()> {
+        self.stopping = true;
+        self.step_down();
+        let client = self.client.clone();
+        let lease = self.lease.take();
+        Box::pin(
+            async move {
+                if let Some(lease) = lease {
+                    if let Err(e) = client.lease_revoke(lease).await {
+                        warn!(error = %e, "failover: cannot revoke the lease; it expires by its ttl");
+                    }
+                }
+            }
+            .into_actor(self)
+            .map(|_, _, ctx: &mut Context<Self>| ctx.stop()),
+        )
     }
 }
 
-impl Handler<Switchover> for FailoverActor {
-    type Result = Result<SwitchoverReport, FailoverError>;
-    fn handle(&mut self, _: Switchover, _: &mut Context<Self>) -> Self::Result {
-        Err(FailoverError::NotRunning)
-    }
-}
-
-impl Handler<Failover> for FailoverActor {
-    type Result = Result<SwitchoverReport, FailoverError>;
-    fn handle(&mut self, _: Failover, _: &mut Context<Self>) -> Self::Result {
-        Err(FailoverError::NotRunning)
-    }
-}
-
-impl Handler<Pause> for FailoverActor {
-    type Result = Result<(), FailoverError>;
-    fn handle(&mut self, _: Pause, _: &mut Context<Self>) -> Self::Result {
-        Err(FailoverError::NotRunning)
-    }
-}
-
-impl Handler<Resume> for FailoverActor {
-    type Result = Result<(), FailoverError>;
-    fn handle(&mut self, _: Resume, _: &mut Context<Self>) -> Self::Result {
-        Err(FailoverError::NotRunning)
-    }
+/// The node's status, or `None` if its supervisor is gone.
+pub(crate) async fn node_status(
+    supervisor: &Addr<supervisor_actor::Supervisor>,
+) -> Option<NodeStatus> {
+    supervisor.send(GetNodeStatus).await.ok()?.ok()
 }

@@ -57,3 +57,9 @@ pub struct Pause;
 #[derive(Message)]
 #[rtype(result = "Result<(), FailoverError>")]
 pub struct Resume;
+
+/// Stops the actor: the fence closes at once, then the lease is revoked (its member key, and
+/// the leader key if it held it, go with it, so a successor need not wait the ttl).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopFailover;

@@ -134,12 +134,32 @@ pub enum AppendError {
     #[error(transparent)]
     Storage(#[from] WalError),
     /// The records are durable on this node but the synchronous standbys did not confirm them
-    /// within `synchronous_wait_timeout`.
-    #[error("the append is durable locally at {end_lsn} but was not confirmed by the synchronous standbys within synchronous_wait_timeout ({durability} requested)")]
+    /// within `synchronous_wait_timeout`: an indeterminate outcome (they may or may not
+    /// survive a failover).
+    #[error("indeterminate: the append is durable locally at {end_lsn} but was not confirmed by the synchronous standbys within synchronous_wait_timeout ({durability} requested); it may or may not survive a failover")]
     NotConfirmed {
         end_lsn: Lsn,
         durability: Durability,
     },
+    /// Refused before anything was written: under automatic failover this node does not hold
+    /// the cluster's leadership (or its grant ran out, or a role change is in progress).
+    #[error("cannot append: this node does not hold the cluster's leadership{}; append on the leader", term.map(|t| format!(" (last known term {t})")).unwrap_or_default())]
+    NotLeader { term: Option<u64> },
+    /// The records are durable on this node, but its leadership ended before it could answer:
+    /// not acknowledged, and they may or may not survive a failover.
+    #[error("indeterminate: the append is durable locally at {end_lsn} but not acknowledged: {reason}; it may or may not survive a failover")]
+    Indeterminate { end_lsn: Lsn, reason: String },
+}
+
+impl AppendError {
+    /// Whether the records may have been written and kept (durable here, not acknowledged):
+    /// a client must not assume either that they are lost or that they will survive.
+    pub fn is_indeterminate(&self) -> bool {
+        matches!(
+            self,
+            AppendError::NotConfirmed { .. } | AppendError::Indeterminate { .. }
+        )
+    }
 }
 
 /// What `/metrics` shows of appends, counted by the supervisor as it answers them, by the

@@ -18,6 +18,7 @@ use walsender_actor::{Listener, Shared, WalSenderRegistry};
 
 use crate::append::Durability;
 use crate::datadir::{create_private_dir, new_system_id, settle_role, DataDirState, StandbySignal};
+use crate::fence::Fence;
 use crate::node::{Node, NodeConfig, NodeError};
 use crate::restart::RestartPolicy;
 use crate::supervisor::Supervisor;
@@ -270,6 +271,14 @@ impl NodeBuilder {
         self
     }
 
+    /// The fence the node asks before acknowledging an append (default [`Fence::open`]: it
+    /// always acknowledges, as without automatic failover). A failover actor keeps a clone
+    /// of a [`Fence::closed`] one and grants it while it holds the cluster's leadership.
+    pub fn fence(mut self, fence: Fence) -> NodeBuilder {
+        self.config.fence = fence;
+        self
+    }
+
     /// How the walreceiver is restarted after it stops (default [`RestartPolicy::default`]).
     pub fn restart_policy(mut self, policy: RestartPolicy) -> NodeBuilder {
         self.config.restart_policy = policy;
@@ -391,10 +400,12 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         restart_policy,
         standby_signal,
         sync,
+        fence,
     } = config;
     // Recovery reads and fsyncs: keep it off the actor thread. Then the control data and
     // standby.signal are made to agree with the role the node starts in.
     let signals = standby_signal.is_some();
+    let dir = data_dir.clone();
     let is_standby = standby.is_some();
     let wal = tokio::task::spawn_blocking(move || {
         storage.segment_size = Wal::stored_segment_size(&data_dir)?;
@@ -465,6 +476,8 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         restart_policy,
         standby_signal,
         sync,
+        fence.clone(),
+        dir,
     );
     let append_metrics = supervisor.append_metrics.clone();
     let supervisor = supervisor.start();
@@ -475,6 +488,7 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         wal,
         listen_addr,
         append_metrics,
+        fence,
         applied: Arc::new(tokio::sync::watch::channel(Lsn::INVALID).0),
     })
 }

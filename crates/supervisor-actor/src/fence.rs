@@ -10,14 +10,19 @@
 //! before anything is written) and again just before it answers (an append made durable after
 //! the deadline is reported as indeterminate, not acknowledged).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Instant;
+
+use tokio::sync::watch;
 
 /// Shared between the failover actor (which grants and revokes) and the supervisor (which
 /// asks before acknowledging). Cloning shares the same fence.
+///
+/// The state is a watch, so that an append waiting for synchronous standbys hears a
+/// revocation or a renewal at once instead of reading the fence on a timer.
 #[derive(Clone, Debug)]
 pub struct Fence {
-    inner: Arc<Mutex<FenceState>>,
+    inner: Arc<watch::Sender<FenceState>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,59 +60,103 @@ impl Fence {
 
     fn with(state: FenceState) -> Fence {
         Fence {
-            inner: Arc::new(Mutex::new(state)),
+            inner: Arc::new(watch::channel(state).0),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, FenceState> {
-        // The state is a plain value written whole; a panic elsewhere cannot leave it torn.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn state(&self) -> FenceState {
+        *self.inner.borrow()
+    }
+
+    /// Changes the state with `f`, telling waiters only when it changed.
+    fn update(&self, f: impl FnOnce(FenceState) -> FenceState) {
+        self.inner.send_if_modified(|s| {
+            let next = f(*s);
+            let changed = next != *s;
+            *s = next;
+            changed
+        });
     }
 
     /// This node leads `term` and may acknowledge until `until` (a monotonic deadline that
     /// must lie before the lease can have expired). A grant never moves an earlier term back.
     pub fn grant(&self, term: u64, until: Instant) {
-        let mut s = self.lock();
-        let older = match *s {
-            FenceState::Granted { term: t, .. } => term < t,
-            FenceState::Closed { term: Some(t) } => term < t,
-            _ => false,
-        };
-        if !older {
-            *s = FenceState::Granted { term, until };
-        }
+        self.update(|s| {
+            let older = match s {
+                FenceState::Granted { term: t, .. } => term < t,
+                FenceState::Closed { term: Some(t) } => term < t,
+                _ => false,
+            };
+            if older {
+                s
+            } else {
+                FenceState::Granted { term, until }
+            }
+        });
     }
 
     /// Stops acknowledging at once (leadership lost, paused renewals, demotion). On an open
     /// fence this closes it: the node is under failover from now on.
     pub fn revoke(&self) {
-        let mut s = self.lock();
-        let term = match *s {
-            FenceState::Granted { term, .. } => Some(term),
-            FenceState::Closed { term } => term,
-            FenceState::Open => None,
-        };
-        *s = FenceState::Closed { term };
+        self.update(|s| {
+            let term = match s {
+                FenceState::Granted { term, .. } => Some(term),
+                FenceState::Closed { term } => term,
+                FenceState::Open => None,
+            };
+            FenceState::Closed { term }
+        });
     }
 
     /// Records a term this node learned of without leading it (a standby following the
-    /// leader of `term`): the fence stays closed.
+    /// leader of `term`, or a promotion for `term` before its grant): the fence stays or
+    /// becomes closed. On an open fence (no failover actor) the term is not kept: such a node
+    /// stays open.
     pub fn observe_term(&self, term: u64) {
-        let mut s = self.lock();
-        match *s {
+        self.update(|s| match s {
             FenceState::Closed { term: t } if t.is_none_or(|t| t < term) => {
-                *s = FenceState::Closed { term: Some(term) }
+                FenceState::Closed { term: Some(term) }
             }
             FenceState::Granted { term: t, .. } if t < term => {
-                *s = FenceState::Closed { term: Some(term) }
+                FenceState::Closed { term: Some(term) }
             }
-            _ => {}
+            s => s,
+        });
+    }
+
+    /// Resolves when the fence no longer lets this node acknowledge: revoked, superseded, or
+    /// its deadline passed (a renewal moves the deadline on). Never resolves on an open fence
+    /// that stays open.
+    pub async fn wait_closed(&self) {
+        let mut rx = self.inner.subscribe();
+        // Each turn waits for an event (a change of the fence or its deadline), so the loop
+        // does not spin.
+        loop {
+            let until = match self.view(Instant::now()) {
+                FenceView::Closed { .. } => return,
+                FenceView::Leader { until, .. } => Some(until),
+                FenceView::Open => None,
+            };
+            rx.borrow_and_update();
+            match until {
+                Some(until) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(until.into()) => {}
+                        changed = rx.changed() => if changed.is_err() { return },
+                    }
+                }
+                None => {
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
         }
     }
 
     /// What the fence says at `now`; a grant whose deadline has passed reads as closed.
     pub fn view(&self, now: Instant) -> FenceView {
-        match *self.lock() {
+        match self.state() {
             FenceState::Open => FenceView::Open,
             FenceState::Granted { term, until } if now < until => FenceView::Leader { term, until },
             FenceState::Granted { term, .. } => FenceView::Closed { term: Some(term) },
@@ -122,7 +171,7 @@ impl Fence {
 
     /// The latest term this node knows of (led or followed); `None` without failover.
     pub fn term(&self) -> Option<u64> {
-        match *self.lock() {
+        match self.state() {
             FenceState::Open => None,
             FenceState::Granted { term, .. } => Some(term),
             FenceState::Closed { term } => term,
@@ -131,7 +180,7 @@ impl Fence {
 
     /// Whether a failover actor governs this fence.
     pub fn is_managed(&self) -> bool {
-        !matches!(*self.lock(), FenceState::Open)
+        !matches!(self.state(), FenceState::Open)
     }
 }
 

@@ -67,6 +67,8 @@ pub enum FollowError {
     },
     #[error("cannot follow the leader: {0}")]
     Storage(#[from] WalError),
+    #[error("cannot write standby.signal: {0}")]
+    StandbySignal(String),
 }
 
 /// Which standbys' acknowledgements count for synchronous appends from now on: set by a

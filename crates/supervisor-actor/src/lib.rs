@@ -17,11 +17,24 @@
 //!   walreceiver, stop the services handed to it ([`SuperviseService`]: walserver's admin
 //!   API), release storage;
 //! - promotion stops the walreceiver, starts the next timeline and makes the node a primary;
+//! - a failover actor acts on the node only through the leadership messages: [`PromoteForTerm`]
+//!   (a promotion whose history reason names the term), [`FollowLeader`] (a standby
+//!   re-targets its walreceiver at once; a primary is demoted live: its fence closes, its
+//!   walsender sessions end and new ones wait, its WAL beyond the leader's fork is dropped
+//!   ([`fork`], shared with `walserver rejoin`), and it streams from the leader) and
+//!   [`SetSyncStandbys`];
 //! - storage's failures are events on its health watch: after a failed sync the supervisor
 //!   reopens storage ([`wal_storage::Wal::restart`]) on a backoff schedule of the restart
 //!   policy until it succeeds, starts no walreceiver meanwhile, and starts one at once when
 //!   storage is back; a full disk needs no restart (a standby's walreceiver retries on a
 //!   short backoff capped at `disk_full_cap`).
+//!
+//! Whether it may acknowledge an append is its [`Fence`]'s answer: open (always) without
+//! automatic failover; under a failover actor, closed until the actor grants it a deadline
+//! while it holds the cluster's leadership. An append is refused before anything is written
+//! while the fence is closed ([`AppendError::NotLeader`]), and one that became durable here
+//! after the fence closed, even while it waited for synchronous standbys, is answered
+//! [`AppendError::Indeterminate`]: durable here, not acknowledged.
 //!
 //! It counts the appends it answers, by durability level, with their latency and their wait
 //! for synchronous standbys ([`AppendMetrics`], shared as [`Node::append_metrics`]).
@@ -34,7 +47,7 @@
 //! another.
 //!
 //! It never touches the protocol's bytes and never polls: children report with messages, and
-//! its only timers are the restart policy's backoff. It does not depend on `protocol-codec`:
+//! its only timers are the restart policy's backoff and an append's deadlines. It does not depend on `protocol-codec`:
 //! what it needs of the protocol (the shutdown modes, the `SHOW` values) comes through the
 //! actor crates.
 //!
@@ -84,6 +97,7 @@ mod append;
 mod builder;
 pub mod datadir;
 mod fence;
+pub mod fork;
 mod leadership;
 mod node;
 mod records;

@@ -12,6 +12,7 @@ use walreceiver_actor::{ReceiverConfig, ReceiverError};
 use walsender_actor::{Shared, WalSenderRegistry, WalSenderSettings};
 
 use crate::append::{AppendMetrics, SyncSettings};
+use crate::fence::Fence;
 use crate::records::{subscribe_records, Follow, RecordEvent};
 use crate::restart::RestartPolicy;
 use crate::supervisor::ReportApplied;
@@ -50,6 +51,9 @@ pub struct NodeConfig {
     pub standby_signal: Option<PathBuf>,
     /// Synchronous replication and the default durability of appends.
     pub sync: SyncSettings,
+    /// Whether the node may acknowledge appends ([`Fence::open`] without automatic
+    /// failover; a failover actor holds a clone of a closed one and grants it).
+    pub fence: Fence,
 }
 
 impl NodeConfig {
@@ -69,6 +73,7 @@ impl NodeConfig {
             restart_policy: RestartPolicy::default(),
             standby_signal: None,
             sync: SyncSettings::default(),
+            fence: Fence::open(),
         }
     }
 }
@@ -120,6 +125,9 @@ pub struct Node {
     pub listen_addr: SocketAddr,
     /// Appends by durability level and their latencies, for `/metrics`.
     pub append_metrics: Arc<AppendMetrics>,
+    /// The fence the supervisor asks before acknowledging an append; the failover actor
+    /// grants and revokes it.
+    pub fence: Fence,
     /// What this node's application has applied (see [`Node::report_applied`]).
     pub(crate) applied: Arc<tokio::sync::watch::Sender<Lsn>>,
 }

@@ -7,6 +7,11 @@
 //! timeline it reads has ended (a promotion here or upstream), it says so with
 //! [`RecordEvent::TimelineSwitch`] and goes on with the next timeline.
 //!
+//! WAL is dropped in place only when a node follows a leader whose history forked from its
+//! own (a live demotion). A subscription that had already given records beyond the fork
+//! ends with [`WalError::ReadWalDropped`] when it sees the end of its timeline move below
+//! what it gave, instead of going on from a position inside the other history.
+//!
 //! [`check_records_start`] tells a reader, before it subscribes, whether it can start where it
 //! asks: the WAL there may have been removed, or the position may be inside a record. A reader
 //! that started inside a record would decode its payload as a record header and report damage
@@ -146,6 +151,8 @@ struct State {
     watch: tokio::sync::watch::Receiver<wal_storage::WalPosition>,
     timeline: TimelineId,
     position: Lsn,
+    /// The end of the last record given, to notice WAL dropped under the subscription.
+    read_to: Lsn,
     /// Where the stream stops, for [`Follow::UntilCurrentEnd`].
     stop_at: Option<Lsn>,
     buffered: VecDeque<RecordEvent>,
@@ -168,6 +175,15 @@ fn next_timeline(wal: &Wal, tli: TimelineId) -> Option<(TimelineId, Lsn)> {
     Some((next, history[i].switch_lsn))
 }
 
+/// Where the WAL of `tli` ends on this node: the flushed end on the current timeline, the
+/// switch point on an older one.
+fn end_of(wal: &Wal, tli: TimelineId) -> Lsn {
+    if tli == wal.timeline() {
+        return wal.flushed();
+    }
+    next_timeline(wal, tli).map_or(Lsn(u64::MAX), |(_, at)| at)
+}
+
 /// Subscribes to the node's records from `from`, which must be a record boundary or a
 /// segment start (a new standby's first segment begins mid-record; the reader skips to the
 /// first record that starts in it).
@@ -183,6 +199,7 @@ pub fn subscribe_records(
         wal,
         watch,
         position: from,
+        read_to: Lsn::INVALID,
         buffered: VecDeque::new(),
         done: false,
     };
@@ -196,6 +213,15 @@ pub fn subscribe_records(
             }
             if st.stop_at.is_some_and(|s| st.position >= s) {
                 return None;
+            }
+            let end = end_of(&st.wal, st.timeline);
+            if st.read_to > end {
+                st.done = true;
+                let e = WalError::ReadWalDropped {
+                    read_to: st.read_to,
+                    end,
+                };
+                return Some((Err(e), st));
             }
             // Mark the watch as seen before reading, so a flush that lands during the read
             // wakes the wait below instead of being missed.
@@ -235,6 +261,7 @@ pub fn subscribe_records(
                         break;
                     }
                     st.position = r.end;
+                    st.read_to = r.end;
                     st.buffered.push_back(RecordEvent::Record {
                         timeline: tli,
                         start: r.start,

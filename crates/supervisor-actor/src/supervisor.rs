@@ -39,6 +39,7 @@ use walsender_actor::status::WalSenderStatus;
 use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 
 use crate::append::{AppendError, AppendMetrics, AppendRecords, Appended, SyncSettings};
+use crate::fence::Fence;
 use crate::restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
 
 mod leadership;
@@ -84,6 +85,9 @@ pub struct NodeStatus {
     pub storage: StorageHealth,
     /// The services the supervisor stops with the node ([`SuperviseService`]).
     pub services: Vec<ServiceInfo>,
+    /// The latest leadership term this node knows of (led or followed); `None` without
+    /// automatic failover.
+    pub term: Option<u64>,
 }
 
 /// A service that runs beside the node, handed to its supervisor so that it stops in the
@@ -132,6 +136,24 @@ struct Receiver {
     stop_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
+impl Receiver {
+    /// A walreceiver wanted, streaming from `config`'s upstream.
+    fn new(config: ReceiverConfig) -> Receiver {
+        Receiver {
+            config,
+            wanted: true,
+            current: None,
+            streaming: false,
+            next_id: 1,
+            retry: None,
+            restart: RestartState::default(),
+            last_status: None,
+            applied: None,
+            stop_waiters: Vec::new(),
+        }
+    }
+}
+
 /// Owns the node's children and shuts them down in order.
 pub struct Supervisor {
     wal: Option<Wal>,
@@ -150,6 +172,12 @@ pub struct Supervisor {
     sync: SyncSettings,
     services: Vec<Service>,
     storage: StorageSupervision,
+    /// Asked before an append is taken and again before it is acknowledged.
+    fence: Fence,
+    /// A [`FollowLeader`](crate::FollowLeader) is under way: no appends, no promotion.
+    following: bool,
+    /// Where `standby.signal` goes when the node follows a leader.
+    data_dir: PathBuf,
     /// Shared with [`Node`](crate::Node), which shows them in `/metrics`.
     pub(crate) append_metrics: Arc<AppendMetrics>,
 }
@@ -167,6 +195,8 @@ impl Supervisor {
         policy: RestartPolicy,
         standby_signal: Option<PathBuf>,
         sync: SyncSettings,
+        fence: Fence,
+        data_dir: PathBuf,
     ) -> Supervisor {
         Supervisor {
             wal: Some(wal),
@@ -182,24 +212,16 @@ impl Supervisor {
             } else {
                 NodeRole::Primary
             },
-            receiver: standby.map(|config| Receiver {
-                config,
-                wanted: true,
-                current: None,
-                streaming: false,
-                next_id: 1,
-                retry: None,
-                restart: RestartState::default(),
-                last_status: None,
-                applied: None,
-                stop_waiters: Vec::new(),
-            }),
+            receiver: standby.map(Receiver::new),
             policy,
             standby_signal,
             promoting: false,
             services: Vec::new(),
             storage: StorageSupervision::default(),
             sync,
+            fence,
+            following: false,
+            data_dir,
             append_metrics: Arc::default(),
         }
     }
@@ -598,6 +620,7 @@ impl Handler<GetNodeStatus> for Supervisor {
         let role = self.role;
         let services = self.services.iter().map(|s| s.info.clone()).collect();
         let retry_schedule = self.policy.schedule();
+        let term = self.fence.term();
         let receiver = self.receiver.as_ref().map(|r| {
             let not_streaming_reason = if r.streaming {
                 None
@@ -650,6 +673,7 @@ impl Handler<GetNodeStatus> for Supervisor {
                 wal_receiver,
                 storage: wal.health(),
                 services,
+                term,
             })
         })
     }
@@ -659,14 +683,27 @@ impl Handler<Promote> for Supervisor {
     type Result = ResponseActFuture<Self, Result<Promoted, PromoteError>>;
 
     fn handle(&mut self, _: Promote, _: &mut Context<Self>) -> Self::Result {
-        let refuse = |e| Box::pin(actix::fut::ready(Err(e))) as Self::Result;
+        self.promote("promoted by walserver".into())
+    }
+}
+
+impl Supervisor {
+    /// Promotes this standby, with `reason` beside the new timeline in its history file.
+    fn promote(
+        &mut self,
+        reason: String,
+    ) -> ResponseActFuture<Self, Result<Promoted, PromoteError>> {
+        let refuse = |e| {
+            Box::pin(actix::fut::ready(Err(e)))
+                as ResponseActFuture<Self, Result<Promoted, PromoteError>>
+        };
         if self.shutting_down {
             return refuse(PromoteError::ShuttingDown);
         }
         if self.role != NodeRole::Standby {
             return refuse(PromoteError::NotStandby);
         }
-        if self.promoting {
+        if self.promoting || self.following {
             return refuse(PromoteError::InProgress);
         }
         let Some(wal) = self.wal.clone() else {
@@ -686,7 +723,7 @@ impl Handler<Promote> for Supervisor {
             // primary in one write; `standby.signal` is removed after it, and a crash in
             // between leaves a signal known for a leftover (`datadir`'s role rule).
             tokio::task::spawn_blocking(move || {
-                let (timeline, switch_lsn) = wal.promote("promoted by walserver")?;
+                let (timeline, switch_lsn) = wal.promote(&reason)?;
                 if let Some(path) = &signal {
                     // Committed already: a signal that stays is ignored and removed at the
                     // next start.
@@ -796,9 +833,16 @@ impl Handler<AppendRecords> for Supervisor {
             Some(AppendError::RelayedPostgresWal)
         } else if self.role == NodeRole::Standby || self.promoting {
             Some(AppendError::Standby)
+        } else if self.following || !self.fence.may_acknowledge(Instant::now()) {
+            // Refused before anything is written: a record this node wrote without leading
+            // could only be dropped again when it follows the leader.
+            Some(AppendError::NotLeader {
+                term: self.fence.term(),
+            })
         } else {
             None
         };
+        let fence = self.fence.clone();
         let registry = self.registry.clone();
         let durability = msg.durability.unwrap_or(self.sync.default_durability);
         let wait_timeout = self.sync.wait_timeout;
@@ -826,27 +870,44 @@ impl Handler<AppendRecords> for Supervisor {
             let end_lsn = *record_ends
                 .last()
                 .expect("one end per record, and there are records");
-            // Then the synchronous standbys, if the level asks for them.
+            // Then the synchronous standbys, if the level asks for them. The wait also ends
+            // when the fence closes: an answer after that could not be an acknowledgement.
             if let Some(level) = durability.wait_level().filter(|_| sync_configured) {
                 let wait = registry.send(WaitForSync {
                     lsn: end_lsn,
                     level,
                 });
                 let waited = Instant::now();
-                let outcome = match wait_timeout {
-                    Some(t) => tokio::time::timeout(t, wait).await.ok(),
-                    None => Some(wait.await),
+                let timeout = async move {
+                    match wait_timeout {
+                        Some(t) => tokio::time::sleep(t).await,
+                        None => std::future::pending().await,
+                    }
                 };
-                match outcome {
-                    Some(Ok(Ok(()))) => sync_metrics.sync_wait_seconds.observe(waited.elapsed()),
-                    Some(_) => return Err(AppendError::ShuttingDown),
-                    None => {
+                tokio::select! {
+                    outcome = wait => match outcome {
+                        Ok(Ok(())) => sync_metrics.sync_wait_seconds.observe(waited.elapsed()),
+                        _ => return Err(AppendError::ShuttingDown),
+                    },
+                    () = timeout => {
                         return Err(AppendError::NotConfirmed {
                             end_lsn,
                             durability,
                         })
                     }
+                    () = fence.wait_closed() => {}
                 }
+            }
+            // The last look at the fence, just before answering: durable here after the
+            // leadership ended is not acknowledged.
+            if !fence.may_acknowledge(Instant::now()) {
+                return Err(AppendError::Indeterminate {
+                    end_lsn,
+                    reason: match fence.term() {
+                        Some(t) => format!("this node's leadership (term {t}) ended before the append was acknowledged"),
+                        None => "this node's leadership ended before the append was acknowledged".into(),
+                    },
+                });
             }
             Ok(Appended {
                 end_lsn,

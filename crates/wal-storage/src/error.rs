@@ -117,6 +117,9 @@ pub enum WalError {
     #[error("cannot truncate to {lsn}: {reason}")]
     BadTruncate { lsn: Lsn, reason: String },
 
+    #[error("the WAL this reader had read up to {read_to} was dropped: the node now follows a history that forked from it at {end}; read again from a record at or before {end}")]
+    ReadWalDropped { read_to: Lsn, end: Lsn },
+
     #[error("invalid replication slot name {name:?}: slot names may contain only lower case letters, numbers and underscores, 1 to 63 characters")]
     SlotNameInvalid { name: String },
 

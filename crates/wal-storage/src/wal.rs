@@ -602,8 +602,11 @@ impl Wal {
     /// Drops the current timeline's WAL beyond `lsn`, durably (for rejoining after a fork).
     /// Returns how many bytes were dropped. The flushed end moves back: whoever streamed the
     /// dropped bytes must be told by the caller. It is the one change of durable WAL in place,
-    /// so it is for a node with no readers: ranges handed out by [`Wal::locate`] and not yet
-    /// sent would read the cut (`walserver rejoin` runs it on a stopped node).
+    /// so it is for a node with no readers of that WAL: ranges handed out by [`Wal::locate`]
+    /// and not yet sent would read the cut. `walserver rejoin` runs it on a stopped node; a
+    /// live demotion (supervisor-actor) ends every walsender session first and holds new
+    /// ones until the node is a standby, and its record readers end with
+    /// [`WalError::ReadWalDropped`] when they see their position beyond the new end.
     pub fn truncate_to(&self, lsn: Lsn) -> Result<u64> {
         self.control(move |w| w.truncate(lsn))
     }

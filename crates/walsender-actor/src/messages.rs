@@ -57,6 +57,20 @@ pub struct ShutdownWalSenders {
     pub mode: ShutdownMode,
 }
 
+/// Supervisor → registry: end every walsender session at once and hold new ones (each is
+/// ended as soon as it is accepted) until [`ResumeWalSenders`]; answered once every
+/// connection open at the request has closed. A live demotion needs it: WAL the sessions may
+/// already have read is about to be dropped, and a cascading standby that reconnects after
+/// the role change sees the new history.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct HoldWalSenders;
+
+/// Supervisor → registry: accept walsender sessions again after [`HoldWalSenders`].
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ResumeWalSenders;
+
 /// Supervisor → registry: `max_wal_senders` changed (on reload).
 #[derive(Message)]
 #[rtype(result = "()")]

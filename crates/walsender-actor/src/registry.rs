@@ -6,7 +6,7 @@
 //! PostgreSQL. A shutdown request is answered when the last connection has closed; each
 //! connection reports its close with a message, so nothing here waits on a timer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use actix::prelude::*;
 
@@ -29,6 +29,10 @@ pub struct WalSenderRegistry {
     /// Answered when `connections` becomes empty during shutdown.
     shutdown_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
     shutting_down: Option<crate::session::ShutdownMode>,
+    /// Sessions are held ([`HoldWalSenders`]): every new connection is ended at once.
+    held: bool,
+    /// Each waits for the connections open at its [`HoldWalSenders`] to close.
+    hold_waiters: Vec<(BTreeSet<u32>, tokio::sync::oneshot::Sender<()>)>,
 }
 
 impl WalSenderRegistry {
@@ -40,6 +44,8 @@ impl WalSenderRegistry {
             connections: BTreeMap::new(),
             shutdown_waiters: Vec::new(),
             shutting_down: None,
+            held: false,
+            hold_waiters: Vec::new(),
         }
     }
 
@@ -112,6 +118,10 @@ impl Handler<ConnectionOpened> for WalSenderRegistry {
         if let Some(mode) = self.shutting_down {
             // Accepted just before the listener stopped: end it like the rest.
             msg.addr.do_send(Shutdown { mode });
+        } else if self.held {
+            msg.addr.do_send(Shutdown {
+                mode: crate::session::ShutdownMode::Immediate,
+            });
         }
         self.connections.insert(
             msg.pid,
@@ -156,6 +166,40 @@ impl Handler<ConnectionClosed> for WalSenderRegistry {
         self.connections.remove(&msg.pid);
         self.recompute();
         self.wake_if_empty();
+        self.hold_waiters.retain_mut(|(open, _)| {
+            open.remove(&msg.pid);
+            !open.is_empty()
+        });
+    }
+}
+
+impl Handler<HoldWalSenders> for WalSenderRegistry {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: HoldWalSenders, _: &mut Context<Self>) -> Self::Result {
+        self.held = true;
+        let mode = crate::session::ShutdownMode::Immediate;
+        for e in self.connections.values() {
+            e.addr.do_send(Shutdown { mode });
+        }
+        let open: BTreeSet<u32> = self.connections.keys().copied().collect();
+        if open.is_empty() {
+            return Box::pin(async {});
+        }
+        // Dropping the sender (when its last connection closes) answers the waiter.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.hold_waiters.push((open, tx));
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+}
+
+impl Handler<ResumeWalSenders> for WalSenderRegistry {
+    type Result = ();
+
+    fn handle(&mut self, _: ResumeWalSenders, _: &mut Context<Self>) {
+        self.held = false;
     }
 }
 

@@ -24,15 +24,39 @@ fn authorized<B>(req: RequestBuilder<B>, token: Option<&str>) -> RequestBuilder<
     }
 }
 
-/// `GET path` as text; an answer that is not a success is an error.
+/// `GET path` as text; an answer that is not a success is an error, with the API's `error`
+/// as its message.
 pub fn get_text(http: &str, path: &str, token: Option<&str>) -> Result<String> {
     let url = format!("{}{path}", base_url(http));
-    let mut resp = authorized(ureq::get(&url), token)
-        .call()
-        .map_err(|e| unreachable(&url, e))?;
-    resp.body_mut()
+    let req = authorized(ureq::get(&url), token)
+        .config()
+        .http_status_as_error(false)
+        .build();
+    let mut resp = req.call().map_err(|e| unreachable(&url, e))?;
+    let status = resp.status();
+    let text = resp
+        .body_mut()
         .read_to_string()
-        .map_err(|e| unreadable(&url, e))
+        .map_err(|e| unreadable(&url, e))?;
+    if !status.is_success() {
+        return Err(refused(url, status.as_u16(), &text));
+    }
+    Ok(text)
+}
+
+/// An answer that is not a success: its `error` when it is the API's JSON error, else its
+/// text, else its status.
+fn refused(url: String, status: u16, text: &str) -> Error {
+    let message = serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_string))
+        .or_else(|| (!text.trim().is_empty()).then(|| text.trim().to_string()))
+        .unwrap_or_else(|| format!("HTTP status {status}"));
+    Error::AdminRefused {
+        url,
+        status,
+        message,
+    }
 }
 
 /// `GET path` as JSON; an answer that is not a success is an error.
@@ -58,15 +82,10 @@ pub fn post_json(
         .body_mut()
         .read_to_string()
         .map_err(|e| unreadable(&url, e))?;
-    let v = parse_answer(&url, &text)?;
     if !status.is_success() {
-        return Err(Error::AdminRefused {
-            message: v["error"].as_str().unwrap_or(&text).to_string(),
-            url,
-            status: status.as_u16(),
-        });
+        return Err(refused(url, status.as_u16(), &text));
     }
-    Ok(v)
+    parse_answer(&url, &text)
 }
 
 fn unreachable(url: &str, e: ureq::Error) -> Error {

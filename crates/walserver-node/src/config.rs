@@ -12,6 +12,7 @@ use serde::Deserialize;
 use walsender_actor::hba::HbaRuleConfig;
 
 use crate::error::{Error, Message, Result};
+use crate::failover::{FailoverSettings, FAILOVER_KEYS};
 use crate::logging::{self, LogFormat};
 use crate::units;
 
@@ -44,6 +45,7 @@ pub const KEYS: &[&str] = &[
     "log_format",
     "hba",
     "users",
+    "failover",
 ];
 
 #[derive(Clone, Debug, Deserialize)]
@@ -139,6 +141,10 @@ pub struct Settings {
     /// User name to password verifier (`SCRAM-SHA-256$...` from `walserver passwd`, or `md5...`).
     #[serde(default)]
     pub users: BTreeMap<String, String>,
+    /// Automatic failover on etcd; without the table the node keeps the role its data
+    /// directory gives it.
+    #[serde(default)]
+    pub failover: Option<FailoverSettings>,
 }
 
 fn default_listen() -> String {
@@ -206,6 +212,17 @@ pub const NON_SETTING_VARS: &[&str] = &["WALSERVER_PG_BIN", "WALSERVER_BIN"];
 /// Variables starting with this are test harnesses' own, never settings.
 pub const TEST_VAR_PREFIX: &str = "WALSERVER_TEST_";
 
+/// The keys that are tables, which no `-c` or variable sets whole.
+const TABLES: &[&str] = &["hba", "users", "failover"];
+
+/// Whether `-c key=value` may set `key`: a top-level setting, or `failover.KEY`.
+fn settable(key: &str) -> bool {
+    match key.strip_prefix("failover.") {
+        Some(k) => FAILOVER_KEYS.contains(&k),
+        None => KEYS.contains(&key),
+    }
+}
+
 /// Splits `key=value` from the command line.
 pub fn parse_override(arg: &str) -> Result<(String, String)> {
     match arg.split_once('=') {
@@ -230,12 +247,21 @@ fn env_setting(name: &str) -> Result<Option<String>> {
     match key.as_str() {
         "hba" => Err(env_error(name, ": [[hba]] rules cannot come from the environment; write them in the configuration file".into())),
         "users" => Err(env_error(name, ": [users] cannot come from the environment; write it in the configuration file".into())),
+        "failover" => Err(env_error(name, format!(": [failover] is a table; set its keys one by one, as {ENV_PREFIX}FAILOVER_NODE_NAME"))),
+        k if k.strip_prefix("failover_").is_some_and(|f| FAILOVER_KEYS.contains(&f)) => {
+            Ok(Some(format!("failover.{}", &k["failover_".len()..])))
+        }
         k if KEYS.contains(&k) => Ok(Some(key)),
         _ => {
             let known: Vec<String> = KEYS
                 .iter()
-                .filter(|k| **k != "hba" && **k != "users")
+                .filter(|k| !TABLES.contains(k))
                 .map(|k| format!("{ENV_PREFIX}{}", k.to_ascii_uppercase()))
+                .chain(
+                    FAILOVER_KEYS
+                        .iter()
+                        .map(|k| format!("{ENV_PREFIX}FAILOVER_{}", k.to_ascii_uppercase())),
+                )
                 .chain(NON_SETTING_VARS.iter().map(|v| v.to_string()))
                 .collect();
             match closest(&name.to_ascii_uppercase(), known.iter().map(String::as_str)) {
@@ -366,11 +392,17 @@ impl Settings {
             }
         }
         for (k, v) in &sources.overrides {
-            if !KEYS.contains(&k.as_str()) {
+            if !settable(k) {
+                let known: Vec<String> = KEYS
+                    .iter()
+                    .filter(|k| !TABLES.contains(k))
+                    .map(|k| k.to_string())
+                    .chain(FAILOVER_KEYS.iter().map(|k| format!("failover.{k}")))
+                    .collect();
                 return Err(Error::UnknownSetting {
                     key: k.clone(),
                     value: v.clone(),
-                    near: closest(k, KEYS.iter().copied()).map(str::to_string),
+                    near: closest(k, known.iter().map(String::as_str)).map(str::to_string),
                 });
             }
             b = b
@@ -415,6 +447,14 @@ impl Settings {
             ));
         }
         walsender_actor::hba::HbaRules::from_config(&self.hba)?;
+        if let Some(f) = &self.failover {
+            f.validate(
+                &self.listen,
+                &self.http_listen,
+                self.cluster_name.as_deref(),
+                &self.synchronous_standby_names,
+            )?;
+        }
         Ok(())
     }
 
@@ -432,10 +472,11 @@ impl Settings {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn load(
+    /// Loads `toml` from a file with `env` and `-c` overrides.
+    pub(crate) fn load(
         toml: &str,
         env: &[(&str, &str)],
         overrides: &[(&str, &str)],

@@ -3,7 +3,8 @@
 //! tool (`walserver-bench`) and the integration tests.
 //!
 //! It owns the configuration ([`config`]: a TOML file, `WALSERVER_*` variables and `-c`
-//! overrides, with PostgreSQL's units in [`units`] and its log level names in [`logging`]),
+//! overrides, with PostgreSQL's units in [`units`] and its log level names in [`logging`];
+//! the `[failover]` table in [`failover`]),
 //! data directories as `walserver init` makes them ([`init`]), the `NodeConfig` a
 //! configuration gives, the reloader, and [`start_node`], the one function that brings a
 //! configured node to life ([`node`]). It also owns the two things the admin API's server
@@ -19,6 +20,7 @@
 pub mod admin;
 pub mod config;
 pub mod error;
+pub mod failover;
 pub mod init;
 pub mod logging;
 pub mod node;

@@ -117,7 +117,13 @@ pub fn receiver_config(s: &Settings, data_dir: &Path) -> Result<Option<ReceiverC
         .ok_or_else(|| Error::StandbyWithoutConninfo {
             signal: data_dir.join(STANDBY_SIGNAL),
         })?;
-    let mut cfg = ReceiverConfig::parse(&conninfo, s.cluster_name.as_deref())
+    // Under failover the node's name upstream is its node name (validation refuses a
+    // different cluster_name), so the leader's synchronous standby choice names it.
+    let application_name = s
+        .cluster_name
+        .as_deref()
+        .or(s.failover.as_ref().map(|f| f.node_name.as_str()));
+    let mut cfg = ReceiverConfig::parse(&conninfo, application_name)
         .map_err(|e| Error::InvalidConninfo(Box::new(e)))?;
     cfg.session.slot_name = s
         .primary_slot_name
@@ -185,6 +191,11 @@ pub fn node_config(s: &Settings, data_dir: &Path) -> Result<NodeConfig> {
     cfg.standby_signal = Some(data_dir.join(STANDBY_SIGNAL));
     cfg.sync = sync_settings(s)?;
     cfg.restart_policy = RestartPolicy::with_retry_interval(s.wal_retrieve_retry_interval);
+    if s.failover.is_some() {
+        // Under failover the node acknowledges nothing until its failover actor holds the
+        // leader key and grants the fence (`walserver run` starts the actor beside it).
+        cfg.fence = supervisor_actor::Fence::closed();
+    }
     Ok(cfg)
 }
 
@@ -214,6 +225,7 @@ impl Reloader {
             ),
             ("log_level", s.log_level != self.running.log_level),
             ("log_format", s.log_format != self.running.log_format),
+            ("[failover]", s.failover != self.running.failover),
         ] {
             if changed {
                 tracing::warn!("{name} changed: the new value takes effect at the next restart");

@@ -116,6 +116,12 @@ pub fn size_mb<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         .ok_or_else(|| serde::de::Error::custom("-1 (unlimited) is not allowed here"))
 }
 
+/// A size whose bare numbers are bytes (as Patroni's `maximum_lag_on_failover`); -1 is refused.
+pub fn size_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    size_with_base(d, 1)?
+        .ok_or_else(|| serde::de::Error::custom("-1 (unlimited) is not allowed here"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

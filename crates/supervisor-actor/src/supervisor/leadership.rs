@@ -1,33 +1,247 @@
 //! The supervisor's side of automatic failover: the messages of [`crate::leadership`].
+//!
+//! Following a leader ([`FollowLeader`]) is one sequence for a primary and a standby: the
+//! fence closes (a primary), the walreceiver stops (a standby: it must not write more of the
+//! old upstream's WAL while the fork is checked), the leader says who it is, and if this node
+//! holds WAL beyond the fork (or is demoted) every walsender session ends and new ones are
+//! held while that WAL is dropped ([`crate::fork::cut_back_to_fork`], on a blocking thread);
+//! then `standby.signal` names the leader, a primary's control data says standby (the
+//! commit point of the demotion), and a walreceiver starts at once, with no backoff.
 
 use actix::prelude::*;
+use wal_storage::{Role, WalError, WalFormat};
+use walreceiver_actor::messages::StopReceiver;
+use walreceiver_actor::{ReceiverConfig, UpstreamIdentity};
+use walsender_actor::messages::{
+    HoldWalSenders, ResumeWalSenders, SetSyncStandbyNames, SettingsChanged,
+};
 
-use super::Supervisor;
+use super::{NodeRole, Receiver, Supervisor};
+use crate::datadir::StandbySignal;
+use crate::fork::{cut_back_to_fork, fork_point, CutBack};
 use crate::leadership::{FollowError, FollowLeader, Followed, PromoteForTerm, SetSyncStandbys};
+use crate::restart::RestartState;
 use crate::supervisor::{PromoteError, Promoted};
 
 impl Handler<PromoteForTerm> for Supervisor {
     type Result = ResponseActFuture<Self, Result<Promoted, PromoteError>>;
 
-    fn handle(&mut self, _: PromoteForTerm, _: &mut Context<Self>) -> Self::Result {
-        // Not written yet: the term is not recorded in the history.
-        Box::pin(actix::fut::ready(Err(PromoteError::InProgress)))
+    fn handle(&mut self, msg: PromoteForTerm, _: &mut Context<Self>) -> Self::Result {
+        // The term is known from now, whatever the promotion's outcome; the fence stays closed
+        // until the failover actor grants it, after the promotion.
+        self.fence.observe_term(msg.term);
+        self.promote(format!(
+            "promoted by walserver failover for term {}",
+            msg.term
+        ))
     }
+}
+
+/// Whether a walreceiver of `a` and one of `b` stream the same way (as `Reconfigure` decides
+/// whether to reconnect).
+fn same_upstream(a: &ReceiverConfig, b: &ReceiverConfig) -> bool {
+    a.conninfo == b.conninfo
+        && a.application_name == b.application_name
+        && a.session == b.session
+        && a.max_wal_in_flight == b.max_wal_in_flight
+}
+
+/// The conninfo `standby.signal` keeps for a restart that names none, password included
+/// (the configuration that gave it holds it as well), in libpq's quoting.
+fn signal_conninfo(config: &ReceiverConfig) -> String {
+    let mut s = config.conninfo.to_string_without_password();
+    if let Some(p) = &config.conninfo.password {
+        let quoted = p.replace('\\', "\\\\").replace('\'', "\\'");
+        s.push_str(&format!(" password='{quoted}'"));
+    }
+    s
 }
 
 impl Handler<FollowLeader> for Supervisor {
     type Result = ResponseActFuture<Self, Result<Followed, FollowError>>;
 
-    fn handle(&mut self, _: FollowLeader, _: &mut Context<Self>) -> Self::Result {
-        // Not written yet.
-        Box::pin(actix::fut::ready(Err(FollowError::InProgress)))
+    fn handle(&mut self, msg: FollowLeader, _: &mut Context<Self>) -> Self::Result {
+        let refuse = |e| Box::pin(actix::fut::ready(Err(e))) as Self::Result;
+        if self.shutting_down {
+            return refuse(FollowError::ShuttingDown);
+        }
+        if self.promoting || self.following {
+            return refuse(FollowError::InProgress);
+        }
+        let Some(wal) = self.wal.clone() else {
+            return refuse(FollowError::ShuttingDown);
+        };
+        if wal.format() != WalFormat::Walserver {
+            return refuse(FollowError::RelayedPostgresWal);
+        }
+        self.fence.observe_term(msg.term);
+        let demoting = self.role == NodeRole::Primary;
+        if demoting {
+            // From here this node acknowledges nothing: another node leads.
+            self.fence.revoke();
+        } else if self
+            .receiver
+            .as_ref()
+            .is_some_and(|r| r.wanted && same_upstream(&r.config, &msg.upstream))
+        {
+            // Already following this leader; the walreceiver follows its timeline switches.
+            return Box::pin(actix::fut::ready(Ok(Followed {
+                demoted: false,
+                fork: None,
+                dropped_bytes: 0,
+                timeline: wal.timeline(),
+            })));
+        }
+        self.following = true;
+        self.stop_receiver();
+        let stopped = self.receiver_stopped();
+        let registry = self.registry.clone();
+        let upstream = msg.upstream.clone();
+        let data_dir = self.data_dir.clone();
+        tracing::info!(
+            term = msg.term,
+            demoting,
+            leader = %upstream.conninfo.to_string_without_password(),
+            "following the leader"
+        );
+        let work = async move {
+            stopped.await;
+            let identity = match walreceiver_actor::fetch_upstream_identity(
+                &upstream.conninfo,
+                upstream.session.slot_name.as_deref(),
+                &upstream.application_name,
+            )
+            .await
+            {
+                Ok(i) => i,
+                Err(e) => return (false, Err(FollowError::Upstream(e.to_string()))),
+            };
+            let point = match fork_point(&wal, &identity) {
+                Ok(p) => p,
+                Err(e) => return (false, Err(e)),
+            };
+            // A walsender may have read (or be about to send) WAL beyond the fork, and a
+            // cascading standby of a demoted primary must reconnect to see the new history.
+            let hold = demoting || point.must_cut();
+            if hold && registry.send(HoldWalSenders).await.is_err() {
+                return (false, Err(FollowError::ShuttingDown));
+            }
+            let signal = StandbySignal {
+                primary_conninfo: Some(signal_conninfo(&upstream)),
+                primary_slot_name: upstream.session.slot_name.clone(),
+                standby_since: None,
+            };
+            let cut = tokio::task::spawn_blocking(move || {
+                commit_follow(&wal, &identity, &signal, &data_dir, demoting)
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err(FollowError::Storage(WalError::Io {
+                    context: "following the leader".into(),
+                    cause: std::io::Error::other(e.to_string()),
+                }))
+            });
+            (hold, cut)
+        };
+        Box::pin(work.into_actor(self).map(move |(held, res), act, ctx| {
+            act.following = false;
+            let result = res.map(|cut| act.followed(msg.upstream, cut, demoting, ctx));
+            if let Err(e) = &result {
+                tracing::warn!("could not follow the leader: {e}");
+                // A standby goes on with the upstream it had; a primary stays one, fenced.
+                if let Some(r) = act.receiver.as_mut() {
+                    r.wanted = true;
+                }
+                act.reconcile(ctx);
+            }
+            if held {
+                act.registry.do_send(ResumeWalSenders);
+            }
+            result
+        }))
+    }
+}
+
+/// The blocking part of following: the cut, then `standby.signal`, then (demoting) the
+/// role in the control data, the commit point: a crash before it leaves a primary's
+/// directory holding a signal, which the role rule of `datadir` makes a standby all the same.
+fn commit_follow(
+    wal: &wal_storage::Wal,
+    identity: &UpstreamIdentity,
+    signal: &StandbySignal,
+    data_dir: &std::path::Path,
+    demoting: bool,
+) -> Result<CutBack, FollowError> {
+    let cut = cut_back_to_fork(wal, identity)?;
+    signal
+        .write(data_dir)
+        .map_err(|e| FollowError::StandbySignal(e.to_string()))?;
+    if demoting {
+        wal.set_role(Role::Standby)?;
+    }
+    Ok(cut)
+}
+
+impl Supervisor {
+    /// The actor's side once following is committed: a standby of `upstream`, streaming at
+    /// once.
+    fn followed(
+        &mut self,
+        upstream: ReceiverConfig,
+        cut: CutBack,
+        demoted: bool,
+        ctx: &mut Context<Self>,
+    ) -> Followed {
+        self.standby_signal = Some(StandbySignal::path(&self.data_dir));
+        if demoted {
+            self.role = NodeRole::Standby;
+            self.receiver = Some(Receiver::new(upstream));
+            let mut settings = (*self.shared.settings()).clone();
+            settings.in_hot_standby = true;
+            self.shared.replace_settings(settings);
+            self.registry.do_send(SettingsChanged);
+        } else if let Some(r) = self.receiver.as_mut() {
+            r.config = upstream;
+            // A new upstream deserves a fresh start: no backoff carried over.
+            r.restart = RestartState::default();
+            if let Some(h) = r.retry.take() {
+                ctx.cancel_future(h);
+            }
+            r.wanted = true;
+            if let Some((_, addr)) = &r.current {
+                // Its stop event starts the new one.
+                addr.do_send(StopReceiver);
+            }
+        }
+        self.reconcile(ctx);
+        let timeline = self
+            .wal
+            .as_ref()
+            .map_or(cut.point.timeline, |w| w.timeline());
+        tracing::info!(
+            demoted,
+            fork = ?cut.point.fork,
+            dropped_bytes = cut.dropped_bytes,
+            %timeline,
+            "following the leader"
+        );
+        Followed {
+            demoted,
+            fork: cut.point.fork,
+            dropped_bytes: cut.dropped_bytes,
+            timeline,
+        }
     }
 }
 
 impl Handler<SetSyncStandbys> for Supervisor {
     type Result = ();
 
-    fn handle(&mut self, _: SetSyncStandbys, _: &mut Context<Self>) {
-        // Not written yet.
+    fn handle(&mut self, msg: SetSyncStandbys, _: &mut Context<Self>) {
+        // The registry releases the waiting appends the new setting satisfies (all of them
+        // when there are no synchronous standbys any more).
+        self.registry
+            .do_send(SetSyncStandbyNames(msg.names.clone()));
+        self.sync.standby_names = msg.names;
     }
 }

@@ -1,0 +1,465 @@
+//! The failover actor's admin messages: the cluster's view, local health, history, pause,
+//! and the handover of the leader key (switchover with zero loss, or forced failover).
+//!
+//! A handover asked of any member goes through etcd: the asking member writes `switchover`
+//! (`from` the current leader, on the leader's lease, only while that leader holds the key),
+//! the leader sees it on its watch and hands over. The leader itself hands over at once.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use etcd_gateway::{KeyRange, LeaseId};
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+use wal_storage::Lsn;
+
+use crate::actor::FailoverActor;
+use crate::error::FailoverError;
+use crate::keys::SwitchoverRecord;
+use crate::machine::{self, SyncCandidate};
+use crate::messages::{
+    Failover, GetClusterView, GetHistory, GetLocalHealth, Pause, Resume, StopFailover, Switchover,
+    SwitchoverReport,
+};
+use crate::store;
+use crate::view::{ClusterView, LeaderView, LocalHealth, TermRecord};
+
+/// How long a switchover waits for its candidate to have everything the leader flushed. A
+/// guess: a streaming standby on a LAN is milliseconds behind; one that needs longer should
+/// be caught up before it is switched to.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the old leader waits for its candidate to take the key (see it deleted, campaign,
+/// promote) before it cancels the handover. A guess: a promotion takes well under a second.
+const NEW_LEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The bounded re-reads of the leader's replication status while a candidate catches up: the
+/// registry has no per-standby event (its synchronous wait would change the node's
+/// synchronous setting), so this waits with a short backoff, bounded in count and time.
+const CATCH_UP_CHECK_MIN: Duration = Duration::from_millis(5);
+const CATCH_UP_CHECK_MAX: Duration = Duration::from_millis(100);
+const CATCH_UP_CHECKS: u32 = 1000;
+
+type Reply<T> = ResponseActFuture<FailoverActor, Result<T, FailoverError>>;
+
+impl Handler<GetClusterView> for FailoverActor {
+    type Result = Reply<ClusterView>;
+
+    fn handle(&mut self, _: GetClusterView, _: &mut Context<Self>) -> Self::Result {
+        let client = self.client.clone();
+        let keys = self.keys.clone();
+        let known = self.cluster.clone();
+        let name = self.config.cluster_name.clone();
+        let mode = self.config.synchronous_mode;
+        let ttl_seconds = self.config.ttl.as_secs();
+        Box::pin(
+            async move {
+                let (cluster, _, mut history) = store::read_cluster(&client, &keys, &known).await?;
+                history.sort_by_key(|r| r.term);
+                let leader = match &cluster.leader {
+                    Some(key) => {
+                        let remaining = client
+                            .lease_time_to_live(LeaseId(key.lease), false)
+                            .await
+                            .ok()
+                            .map(|t| u64::try_from(t.ttl).unwrap_or(0) * 1000);
+                        Some(LeaderView {
+                            name: key.holder.clone(),
+                            term: key.term,
+                            lease_remaining_ms: remaining,
+                        })
+                    }
+                    None => None,
+                };
+                Ok(ClusterView {
+                    cluster: name,
+                    members: cluster.members.values().cloned().collect(),
+                    leader,
+                    paused: cluster.paused,
+                    sync_standby: cluster.sync.and_then(|s| s.sync_standby),
+                    synchronous_mode: mode,
+                    ttl_seconds,
+                    history,
+                })
+            }
+            .into_actor(self),
+        )
+    }
+}
+
+impl Handler<GetLocalHealth> for FailoverActor {
+    type Result = MessageResult<GetLocalHealth>;
+
+    fn handle(&mut self, _: GetLocalHealth, _: &mut Context<Self>) -> Self::Result {
+        let leader = matches!(
+            self.fence.view(Instant::now()),
+            supervisor_actor::FenceView::Leader { .. }
+        );
+        MessageResult(LocalHealth {
+            leader_with_live_lease: leader,
+            streaming: self.local.as_ref().is_some_and(|l| l.streaming),
+            lag_bytes: self.lag_bytes(),
+            term: self.fence.term(),
+        })
+    }
+}
+
+impl Handler<GetHistory> for FailoverActor {
+    type Result = Reply<Vec<TermRecord>>;
+
+    fn handle(&mut self, _: GetHistory, _: &mut Context<Self>) -> Self::Result {
+        let client = self.client.clone();
+        let keys = self.keys.clone();
+        Box::pin(async move { store::read_history(&client, &keys).await }.into_actor(self))
+    }
+}
+
+impl Handler<Pause> for FailoverActor {
+    type Result = Reply<()>;
+
+    fn handle(&mut self, _: Pause, _: &mut Context<Self>) -> Self::Result {
+        let client = self.client.clone();
+        let key = self.keys.pause();
+        let by = self.config.node_name.clone();
+        Box::pin(
+            async move {
+                let value = serde_json::json!({ "by": by, "at": store::unix_now() }).to_string();
+                client.put(key.as_bytes(), value.as_bytes(), None).await?;
+                Ok(())
+            }
+            .into_actor(self)
+            .map(|result, act, _| {
+                if result.is_ok() {
+                    act.cluster.paused = true;
+                }
+                result
+            }),
+        )
+    }
+}
+
+impl Handler<Resume> for FailoverActor {
+    type Result = Reply<()>;
+
+    fn handle(&mut self, _: Resume, _: &mut Context<Self>) -> Self::Result {
+        let client = self.client.clone();
+        let key = self.keys.pause();
+        Box::pin(
+            async move {
+                client.delete_range(&KeyRange::key(key)).await?;
+                Ok(())
+            }
+            .into_actor(self),
+        )
+    }
+}
+
+impl Handler<StopFailover> for FailoverActor {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, _: StopFailover, _: &mut Context<Self>) -> Self::Result {
+        self.stop()
+    }
+}
+
+impl Handler<Switchover> for FailoverActor {
+    type Result = Reply<SwitchoverReport>;
+
+    fn handle(&mut self, msg: Switchover, _: &mut Context<Self>) -> Self::Result {
+        self.handover_request(msg.candidate, false)
+    }
+}
+
+impl Handler<Failover> for FailoverActor {
+    type Result = Reply<SwitchoverReport>;
+
+    fn handle(&mut self, msg: Failover, _: &mut Context<Self>) -> Self::Result {
+        self.handover_request(Some(msg.candidate), true)
+    }
+}
+
+fn refused<T: 'static>(e: FailoverError) -> Reply<T> {
+    Box::pin(fut::ready(Err(e)))
+}
+
+impl FailoverActor {
+    fn handover_request(
+        &mut self,
+        candidate: Option<String>,
+        force: bool,
+    ) -> Reply<SwitchoverReport> {
+        if self.cluster.paused {
+            return refused(FailoverError::Paused);
+        }
+        let Some(leader) = self.cluster.leader.clone() else {
+            return refused(FailoverError::NoLeader);
+        };
+        let candidate = match candidate {
+            Some(c) => c,
+            None => match self.best_candidate(&leader.holder) {
+                Some(c) => c,
+                None => return refused(FailoverError::Refused("no standby can take over".into())),
+            },
+        };
+        if candidate == leader.holder {
+            return refused(FailoverError::NotEligible(
+                candidate,
+                "it is the leader".into(),
+            ));
+        }
+        match self.cluster.members.get(&candidate) {
+            None => return refused(FailoverError::NoSuchMember(candidate)),
+            Some(m) if m.nofailover || m.priority == 0 => {
+                return refused(FailoverError::NotEligible(
+                    candidate,
+                    "nofailover or priority 0".into(),
+                ))
+            }
+            Some(_) => {}
+        }
+        if self.progress.leading == Some(leader.term) && leader.holder == self.me() {
+            return self.hand_over(candidate, force);
+        }
+        self.forward(leader, candidate, force)
+    }
+
+    /// The most advanced eligible standby, as the member keys say.
+    fn best_candidate(&self, leader: &str) -> Option<String> {
+        let candidates: Vec<SyncCandidate> = self
+            .cluster
+            .members
+            .values()
+            .filter(|m| m.name != leader && m.role == "standby")
+            .filter_map(|m| {
+                Some(SyncCandidate {
+                    name: m.name.clone(),
+                    streaming: m.streaming,
+                    flush: m.flush_lsn.parse().ok()?,
+                    priority: m.priority,
+                    nofailover: m.nofailover,
+                })
+            })
+            .collect();
+        machine::best_sync_candidate(&candidates, None).map(|c| c.name.clone())
+    }
+
+    /// A member waits for `name` to take the leader key.
+    fn await_leader(&mut self, name: &str) -> oneshot::Receiver<u64> {
+        let (tx, rx) = oneshot::channel();
+        self.awaiting_leader.push((name.to_string(), tx));
+        rx
+    }
+
+    /// Asks the leader, through etcd, to hand over to `candidate`, and waits for it to lead.
+    fn forward(
+        &mut self,
+        leader: machine::LeaderKey,
+        candidate: String,
+        force: bool,
+    ) -> Reply<SwitchoverReport> {
+        let started = Instant::now();
+        let lag = self.member_lag(&leader.holder, &candidate);
+        let client = self.client.clone();
+        let keys = self.keys.clone();
+        let record = SwitchoverRecord {
+            from: leader.holder.clone(),
+            to: candidate.clone(),
+            force,
+        };
+        let rx = self.await_leader(&candidate);
+        Box::pin(
+            async move {
+                if !store::request_switchover(&client, &keys, &record, LeaseId(leader.lease))
+                    .await?
+                {
+                    return Err(FailoverError::Refused(
+                        "the leader changed, or another switchover runs".into(),
+                    ));
+                }
+                let term = wait_new_leader(rx, CATCH_UP_TIMEOUT + NEW_LEADER_TIMEOUT).await?;
+                Ok(SwitchoverReport {
+                    old_leader: Some(record.from),
+                    new_leader: record.to,
+                    term,
+                    // Measured here, from the request to the new key: an upper bound.
+                    appends_paused_ms: millis(started.elapsed()),
+                    candidate_lag_bytes: if force { lag } else { None },
+                })
+            }
+            .into_actor(self),
+        )
+    }
+
+    /// How far `candidate` is behind `leader` by their member keys.
+    fn member_lag(&self, leader: &str, candidate: &str) -> Option<u64> {
+        let flush =
+            |name: &str| -> Option<Lsn> { self.cluster.members.get(name)?.flush_lsn.parse().ok() };
+        Some(flush(leader)?.saturating_sub(flush(candidate)?))
+    }
+
+    /// A switchover asked of another member reached us, the leader, through `switchover`.
+    pub(crate) fn start_forwarded_handover(&mut self, ctx: &mut Context<Self>) {
+        let Some(record) = self.cluster.switchover.clone() else {
+            return;
+        };
+        if self.handing_over || record.from != self.me() || self.progress.leading.is_none() {
+            return;
+        }
+        info!(to = %record.to, force = record.force, "failover: handing over, as asked through etcd");
+        let handover = self.hand_over(record.to, record.force);
+        ctx.spawn(handover.map(|result, _, _| {
+            if let Err(e) = result {
+                warn!(error = %e, "failover: the handover did not happen");
+            }
+        }));
+    }
+
+    /// The leader hands its key to `to`: appends stop, `to` catches up (unless forced), the
+    /// key is deleted with `switchover` naming `to`, and `to` takes it.
+    fn hand_over(&mut self, to: String, force: bool) -> Reply<SwitchoverReport> {
+        let (Some(term), Some(lease)) = (self.progress.leading, self.lease) else {
+            return refused(FailoverError::Refused("this node does not lead".into()));
+        };
+        if self.handing_over {
+            return refused(FailoverError::Refused("a handover already runs".into()));
+        }
+        self.handing_over = true;
+        let started = Instant::now();
+        // Appends are refused from here; everything acknowledged is at or below this.
+        self.fence.revoke();
+        let target = self.node.wal.flushed();
+        info!(%to, force, %target, term, "failover: appends stopped for a handover");
+        let supervisor = self.node.supervisor.clone();
+        let client = self.client.clone();
+        let keys = self.keys.clone();
+        let me = self.me().to_string();
+        let record = SwitchoverRecord {
+            from: me.clone(),
+            to: to.clone(),
+            force,
+        };
+        let already = self.cluster.switchover.as_ref() == Some(&record);
+        let request = record.clone();
+        let rx = self.await_leader(&to);
+        Box::pin(
+            async move {
+                let candidate_flush = if force {
+                    candidate_flush(&supervisor, &to).await
+                } else {
+                    Some(wait_caught_up(&supervisor, &to, target).await?)
+                };
+                if !already && !store::request_switchover(&client, &keys, &request, lease).await? {
+                    return Err(FailoverError::Refused("another switchover runs".into()));
+                }
+                if !store::resign(&client, &keys, &me, lease).await? {
+                    return Err(FailoverError::Refused(
+                        "the leader key is no longer ours".into(),
+                    ));
+                }
+                Ok(candidate_flush)
+            }
+            .into_actor(self)
+            .then(move |resigned, act, ctx| {
+                let candidate_flush = match resigned {
+                    Ok(flush) => flush,
+                    Err(e) => {
+                        act.handing_over = false;
+                        // Still the leader if the key is ours: the renewal says so and grants.
+                        act.renew(ctx);
+                        let client = act.client.clone();
+                        let keys = act.keys.clone();
+                        return Box::pin(
+                            async move {
+                                let _ = store::cancel_switchover(&client, &keys).await;
+                                Err(e)
+                            }
+                            .into_actor(act),
+                        ) as Reply<SwitchoverReport>;
+                    }
+                };
+                act.step_down();
+                act.handing_over = false;
+                act.reconcile(ctx);
+                let client = act.client.clone();
+                let keys = act.keys.clone();
+                Box::pin(
+                    async move {
+                        match wait_new_leader(rx, NEW_LEADER_TIMEOUT).await {
+                            Ok(new_term) => Ok(SwitchoverReport {
+                                old_leader: Some(record.from),
+                                new_leader: record.to,
+                                term: new_term,
+                                appends_paused_ms: millis(started.elapsed()),
+                                candidate_lag_bytes: candidate_flush
+                                    .filter(|_| force)
+                                    .map(|f| target.saturating_sub(f)),
+                            }),
+                            Err(e) => {
+                                // Let the cluster elect as usual.
+                                let _ = store::cancel_switchover(&client, &keys).await;
+                                Err(e)
+                            }
+                        }
+                    }
+                    .into_actor(act),
+                )
+            }),
+        )
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+async fn wait_new_leader(
+    rx: oneshot::Receiver<u64>,
+    timeout: Duration,
+) -> Result<u64, FailoverError> {
+    match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(term)) => Ok(term),
+        Ok(Err(_)) => Err(FailoverError::NotRunning),
+        Err(_) => Err(FailoverError::Refused(format!(
+            "the candidate did not take the leader key within {} ms",
+            timeout.as_millis()
+        ))),
+    }
+}
+
+/// The candidate's flush position as the leader's walsender last heard it.
+async fn candidate_flush(
+    supervisor: &Addr<supervisor_actor::Supervisor>,
+    candidate: &str,
+) -> Option<Lsn> {
+    let status = crate::actor::node_status(supervisor).await?;
+    status
+        .replication
+        .iter()
+        .filter(|r| r.application_name == candidate)
+        .filter_map(|r| r.flush_lsn)
+        .max()
+}
+
+/// Waits until the candidate has flushed `target`, bounded in time and count.
+async fn wait_caught_up(
+    supervisor: &Addr<supervisor_actor::Supervisor>,
+    candidate: &str,
+    target: Lsn,
+) -> Result<Lsn, FailoverError> {
+    let deadline = tokio::time::Instant::now() + CATCH_UP_TIMEOUT;
+    let mut delay = CATCH_UP_CHECK_MIN;
+    for _ in 0..CATCH_UP_CHECKS {
+        if let Some(flush) = candidate_flush(supervisor, candidate).await {
+            if flush >= target {
+                return Ok(flush);
+            }
+        }
+        if tokio::time::Instant::now() + delay > deadline {
+            break;
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(CATCH_UP_CHECK_MAX);
+    }
+    Err(FailoverError::Refused(format!(
+        "{candidate} did not reach {target} within {} ms",
+        CATCH_UP_TIMEOUT.as_millis()
+    )))
+}

@@ -1,0 +1,436 @@
+//! The election's decisions as plain functions of what the actor observed: no I/O, no
+//! clock of its own (the caller passes `now` and the instants it measured), so every rule is
+//! unit-tested here and the actor only carries the decisions out.
+//!
+//! Three parts:
+//! - [`decide`]: from the leader key, the members, `sync`, `pause`, `switchover` and the
+//!   node's own state, what to do about leadership: campaign (perhaps after asking the
+//!   peers), lead (promote or just grant), follow the leader, drop the fence, or nothing.
+//! - The fence's deadline and the renewal's schedule ([`fence_deadline`],
+//!   [`renewal_interval`], [`retry_delay`]).
+//! - [`plan_sync`]: the loss-free order of changing the synchronous standby.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use wal_storage::Lsn;
+use walsender_actor::syncrep::{SyncMethod, SyncStandbyNames};
+
+use crate::config::{FailoverConfig, SynchronousMode};
+use crate::keys::{SwitchoverRecord, SyncRecord};
+use crate::view::MemberInfo;
+
+/// The leader key as read or watched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderKey {
+    pub holder: String,
+    /// The key's create revision.
+    pub term: u64,
+    /// The lease it is attached to.
+    pub lease: i64,
+}
+
+/// What the node is, as its supervisor reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalRole {
+    Primary,
+    Standby,
+}
+
+/// The node's own state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Local {
+    pub role: LocalRole,
+    pub timeline: u32,
+    pub flush: Lsn,
+    pub streaming: bool,
+}
+
+/// The cluster as the actor last saw it in etcd.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cluster {
+    pub leader: Option<LeaderKey>,
+    pub members: BTreeMap<String, MemberInfo>,
+    pub sync: Option<SyncRecord>,
+    pub paused: bool,
+    pub switchover: Option<SwitchoverRecord>,
+    /// The last leader's published position, kept after its member key is gone (it goes with
+    /// the leader's lease, together with the leader key).
+    pub last_leader: Option<LeaderPosition>,
+    /// Whether `history/` holds any term: without one the cluster is bootstrapping.
+    pub has_history: bool,
+}
+
+/// Where the last known leader was, from its member key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderPosition {
+    pub name: String,
+    pub timeline: u32,
+    pub flush: Lsn,
+}
+
+/// What this actor has done so far (kept by the actor, updated as actions complete).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// This node's own lease.
+    pub lease: Option<i64>,
+    /// The term this node leads (it won the key and took it up).
+    pub leading: Option<u64>,
+    /// The leader and term this node follows (its supervisor accepted `FollowLeader`).
+    pub following: Option<(String, u64)>,
+    /// The highest term seen: an older one is refused.
+    pub highest_term: u64,
+}
+
+/// What to do about leadership.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Create the leader key on our lease if it is absent.
+    Campaign,
+    /// Ask the other members' admin API for their position, then [`decide_after_peers`].
+    CheckPeers,
+    /// We hold the key for `term`: promote first if the node is a standby, record the term in
+    /// the history, confirm the key and grant the fence.
+    Lead { term: u64, promote: bool },
+    /// Follow `leader` at `conninfo`, in `term`.
+    Follow {
+        leader: String,
+        conninfo: String,
+        term: u64,
+    },
+    /// Stop acknowledging at once: the key is gone or someone else holds it.
+    RevokeFence,
+    /// Nothing to do, and why (for the log).
+    Wait(&'static str),
+}
+
+/// The leadership decision for one observation.
+pub fn decide(
+    config: &FailoverConfig,
+    cluster: &Cluster,
+    local: &Local,
+    progress: &Progress,
+) -> Vec<Action> {
+    let me = config.node_name.as_str();
+    let mut actions = Vec::new();
+    match &cluster.leader {
+        Some(key) if key.holder == me && Some(key.lease) == progress.lease => {
+            if progress.leading != Some(key.term) {
+                actions.push(Action::Lead {
+                    term: key.term,
+                    promote: local.role == LocalRole::Standby,
+                });
+            }
+        }
+        Some(key) if key.holder == me => {
+            // An earlier life of this node holds the key on a lease this process cannot renew;
+            // it expires within the ttl, and the watch sees the deletion.
+            if progress.leading.is_some() {
+                actions.push(Action::RevokeFence);
+            }
+            actions.push(Action::Wait(
+                "the leader key is on an earlier lease of this node",
+            ));
+        }
+        Some(key) => {
+            if progress.leading.is_some() {
+                actions.push(Action::RevokeFence);
+            }
+            if key.term < progress.highest_term {
+                actions.push(Action::Wait("the leader key's term is older than one seen"));
+            } else if progress.following.as_ref() == Some(&(key.holder.clone(), key.term)) {
+                // Already following this leader in this term.
+            } else if cluster.paused && local.role == LocalRole::Primary {
+                actions.push(Action::Wait("paused: a primary is not demoted"));
+            } else {
+                match cluster.members.get(&key.holder) {
+                    Some(member) => actions.push(Action::Follow {
+                        leader: key.holder.clone(),
+                        conninfo: member.conninfo.clone(),
+                        term: key.term,
+                    }),
+                    None => actions.push(Action::Wait("the leader has no member key yet")),
+                }
+            }
+        }
+        None => {
+            if progress.leading.is_some() {
+                actions.push(Action::RevokeFence);
+            }
+            actions.push(match may_campaign(config, cluster, local) {
+                Ok(true) => Action::CheckPeers,
+                Ok(false) => Action::Campaign,
+                Err(reason) => Action::Wait(reason),
+            });
+        }
+    }
+    actions
+}
+
+/// Whether this node may campaign for a free leader key: `Ok(true)` if it may once no peer
+/// is ahead of it, `Ok(false)` if it may at once, `Err` with why not.
+pub fn may_campaign(
+    config: &FailoverConfig,
+    cluster: &Cluster,
+    local: &Local,
+) -> Result<bool, &'static str> {
+    let me = config.node_name.as_str();
+    if cluster.paused {
+        return Err("paused");
+    }
+    if config.nofailover {
+        return Err("nofailover");
+    }
+    if config.priority == 0 {
+        return Err("priority 0");
+    }
+    if let Some(switchover) = &cluster.switchover {
+        // A handover names its candidate; the old leader made sure it caught up (or the
+        // operator forced it).
+        return if switchover.to == me {
+            Ok(false)
+        } else {
+            Err("a switchover names another candidate")
+        };
+    }
+    if !cluster.has_history && local.role == LocalRole::Standby {
+        return Err("bootstrap: only a primary takes the first term");
+    }
+    if config.synchronous_mode != SynchronousMode::Off {
+        if let Some(sync) = &cluster.sync {
+            // Only the published synchronous standby has every acknowledged append; the
+            // leader that published it had them too.
+            return match &sync.sync_standby {
+                Some(name) if name == me => Ok(false),
+                _ if sync.leader == me => Ok(false),
+                Some(_) => Err("synchronous mode: another member is the synchronous standby"),
+                None => Err("synchronous mode: no synchronous standby is published"),
+            };
+        }
+    }
+    if let Some(last) = &cluster.last_leader {
+        if last.name != me {
+            if local.role == LocalRole::Primary && local.timeline < last.timeline {
+                return Err("a primary on an older timeline than the last leader's");
+            }
+            if last.flush.saturating_sub(local.flush) > config.maximum_lag_on_failover {
+                return Err("further behind the last leader than maximum_lag_on_failover");
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// One member's position as its admin API answered (or as this node knows its own).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerPosition {
+    pub name: String,
+    pub role: LocalRole,
+    pub timeline: u32,
+    pub flush: Lsn,
+    pub priority: u32,
+    pub nofailover: bool,
+}
+
+/// Whether `a` should win over `b`: the higher timeline, then the higher flush position,
+/// then a primary over a standby (at bootstrap it has the data directory the standbys copied),
+/// then the higher priority, then the smaller name.
+pub fn rank(a: &PeerPosition, b: &PeerPosition) -> Ordering {
+    a.timeline
+        .cmp(&b.timeline)
+        .then(a.flush.cmp(&b.flush))
+        .then((a.role == LocalRole::Primary).cmp(&(b.role == LocalRole::Primary)))
+        .then(a.priority.cmp(&b.priority))
+        .then(b.name.cmp(&a.name))
+}
+
+/// After asking the peers: the name of an eligible live peer that should win instead of us,
+/// if any (unreachable peers are left out by the caller, as Patroni does).
+pub fn better_peer<'p>(me: &PeerPosition, peers: &'p [PeerPosition]) -> Option<&'p str> {
+    peers
+        .iter()
+        .filter(|p| p.name != me.name && !p.nofailover && p.priority > 0)
+        .filter(|p| rank(p, me) == Ordering::Greater)
+        .max_by(|a, b| rank(a, b))
+        .map(|p| p.name.as_str())
+}
+
+/// How much earlier than the lease's own expiry the fence closes: a tenth of the ttl, at
+/// least 500 ms (a guess covering clock-rate differences and the time etcd takes to see the
+/// renewal), never more than half the ttl.
+pub fn fence_margin(ttl: Duration) -> Duration {
+    (ttl / 10).max(Duration::from_millis(500)).min(ttl / 2)
+}
+
+/// Until when a leader may acknowledge after a renewal confirmed: from the instant the
+/// renewal request was sent (the lease was renewed no earlier), plus the ttl, minus the
+/// margin.
+pub fn fence_deadline(sent_at: Instant, ttl: Duration) -> Instant {
+    sent_at + ttl - fence_margin(ttl)
+}
+
+/// How often the lease is renewed: a third of the ttl (a guess, Patroni's loop is a third
+/// of its ttl too), so two renewals can fail before the fence's deadline.
+pub fn renewal_interval(ttl: Duration) -> Duration {
+    ttl / 3
+}
+
+/// The delay before the `attempt`th retry of a failed renewal (from 0): 100 ms doubling,
+/// capped at a tenth of the ttl (guesses: quick enough that a short etcd hiccup costs no
+/// acknowledgement, slow enough not to flood a struggling etcd).
+pub fn retry_delay(attempt: u32, ttl: Duration) -> Duration {
+    let cap = (ttl / 10).max(Duration::from_millis(100));
+    Duration::from_millis(100)
+        .saturating_mul(1u32 << attempt.min(10))
+        .min(cap)
+}
+
+/// A standby the leader could count on for synchronous appends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncCandidate {
+    pub name: String,
+    pub streaming: bool,
+    pub flush: Lsn,
+    pub priority: u32,
+    pub nofailover: bool,
+}
+
+/// Where a change of synchronous standby stands.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum SyncPhase {
+    /// The published standby is the one the node counts on (or none is).
+    #[default]
+    Steady,
+    /// The node counts on `to` (and `from` too, if any); `to` is published once its flush
+    /// reaches `target`, the leader's flush position when the change began.
+    Adding {
+        to: String,
+        from: Option<String>,
+        target: Lsn,
+    },
+}
+
+/// One step of a change of synchronous standby, carried out in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SyncAction {
+    /// `SetSyncStandbys` on the node.
+    Set(Option<SyncStandbyNames>),
+    /// Write `sync` (guarded by the leader key).
+    Publish(Option<String>),
+}
+
+fn first(names: &[&str]) -> Option<SyncStandbyNames> {
+    Some(SyncStandbyNames {
+        method: SyncMethod::First,
+        num_sync: names.len(),
+        names: names.iter().map(|n| n.to_string()).collect(),
+    })
+}
+
+/// The best standby to count on: streaming, eligible, the most advanced, then the higher
+/// priority, then the smaller name.
+pub fn best_sync_candidate<'c>(
+    candidates: &'c [SyncCandidate],
+    except: Option<&str>,
+) -> Option<&'c SyncCandidate> {
+    candidates
+        .iter()
+        .filter(|c| c.streaming && !c.nofailover && c.priority > 0)
+        .filter(|c| Some(c.name.as_str()) != except)
+        .max_by(|a, b| {
+            a.flush
+                .cmp(&b.flush)
+                .then(a.priority.cmp(&b.priority))
+                .then(b.name.cmp(&a.name))
+        })
+}
+
+/// The next steps of the synchronous standby's management on the leader, in a loss-free
+/// order: a standby counts for acknowledgements before it is published, and is published
+/// only once it has everything the leader had flushed when it began to count; the old one
+/// stops counting only after the new one is published. `published` is what `sync` says for
+/// this leader's term.
+pub fn plan_sync(
+    mode: SynchronousMode,
+    phase: &SyncPhase,
+    published: Option<&str>,
+    candidates: &[SyncCandidate],
+    leader_flush: Lsn,
+) -> (SyncPhase, Vec<SyncAction>) {
+    if mode == SynchronousMode::Off {
+        return (SyncPhase::Steady, Vec::new());
+    }
+    let streaming = |name: &str| {
+        candidates
+            .iter()
+            .any(|c| c.name == name && c.streaming && !c.nofailover && c.priority > 0)
+    };
+    if let SyncPhase::Adding { to, from, target } = phase {
+        let caught_up = candidates
+            .iter()
+            .any(|c| &c.name == to && c.streaming && c.flush >= *target);
+        if caught_up {
+            let mut actions = vec![SyncAction::Publish(Some(to.clone()))];
+            if from.is_some() {
+                actions.push(SyncAction::Set(first(&[to])));
+            }
+            return (SyncPhase::Steady, actions);
+        }
+        if streaming(to) {
+            return (phase.clone(), Vec::new());
+        }
+        // The standby being added is gone: start over from what is published. With nothing
+        // published strict mode keeps the node's waiting setting; `on` lets appends go on
+        // asynchronously unless another standby is chosen.
+        let (next, mut actions) = plan_sync(
+            mode,
+            &SyncPhase::Steady,
+            published,
+            candidates,
+            leader_flush,
+        );
+        if actions.is_empty() {
+            match published {
+                // Back to counting on the published one alone (loss-free: it is published).
+                Some(p) => actions.push(SyncAction::Set(first(&[p]))),
+                None if mode == SynchronousMode::On => actions.push(SyncAction::Set(None)),
+                None => {}
+            }
+        }
+        return (next, actions);
+    }
+    match published {
+        Some(current) if streaming(current) => (SyncPhase::Steady, Vec::new()),
+        Some(current) => match best_sync_candidate(candidates, Some(current)) {
+            Some(next) => (
+                SyncPhase::Adding {
+                    to: next.name.clone(),
+                    from: Some(current.to_string()),
+                    target: leader_flush,
+                },
+                vec![SyncAction::Set(first(&[current, &next.name]))],
+            ),
+            None if mode == SynchronousMode::On => (
+                SyncPhase::Steady,
+                vec![SyncAction::Publish(None), SyncAction::Set(None)],
+            ),
+            None => (SyncPhase::Steady, Vec::new()),
+        },
+        None => match best_sync_candidate(candidates, None) {
+            Some(next) => (
+                SyncPhase::Adding {
+                    to: next.name.clone(),
+                    from: None,
+                    target: leader_flush,
+                },
+                vec![SyncAction::Set(first(&[&next.name]))],
+            ),
+            None => (SyncPhase::Steady, Vec::new()),
+        },
+    }
+}
+
+#[cfg(test)]
+#[path = "machine_tests.rs"]
+mod tests;

@@ -1,0 +1,447 @@
+use super::*;
+
+fn config(name: &str) -> FailoverConfig {
+    FailoverConfig::new(
+        vec!["http://127.0.0.1:2379".into()],
+        "c",
+        name,
+        format!("host=127.0.0.1 port=1 user={name}"),
+        "http://127.0.0.1:2",
+    )
+}
+
+fn member(name: &str) -> MemberInfo {
+    MemberInfo {
+        name: name.into(),
+        role: "standby".into(),
+        timeline: 1,
+        flush_lsn: "0/0".into(),
+        lag_bytes: None,
+        streaming: true,
+        conninfo: format!("host=h-{name}"),
+        api_url: String::new(),
+        nofailover: false,
+        priority: 1,
+        term: None,
+    }
+}
+
+fn standby(flush: u64) -> Local {
+    Local {
+        role: LocalRole::Standby,
+        timeline: 1,
+        flush: Lsn(flush),
+        streaming: true,
+    }
+}
+
+fn primary(flush: u64) -> Local {
+    Local {
+        role: LocalRole::Primary,
+        ..standby(flush)
+    }
+}
+
+fn with_history() -> Cluster {
+    Cluster {
+        has_history: true,
+        ..Cluster::default()
+    }
+}
+
+fn key(holder: &str, term: u64, lease: i64) -> Option<LeaderKey> {
+    Some(LeaderKey {
+        holder: holder.into(),
+        term,
+        lease,
+    })
+}
+
+#[test]
+fn at_bootstrap_only_the_primary_campaigns() {
+    let c = Cluster::default();
+    let p = Progress::default();
+    assert_eq!(
+        decide(&config("a"), &c, &primary(100), &p),
+        vec![Action::CheckPeers]
+    );
+    assert!(matches!(
+        decide(&config("b"), &c, &standby(100), &p)[..],
+        [Action::Wait(_)]
+    ));
+}
+
+#[test]
+fn winning_the_key_leads_and_a_standby_promotes() {
+    let c = Cluster {
+        leader: key("a", 7, 42),
+        ..with_history()
+    };
+    let p = Progress {
+        lease: Some(42),
+        ..Progress::default()
+    };
+    assert_eq!(
+        decide(&config("a"), &c, &standby(0), &p),
+        vec![Action::Lead {
+            term: 7,
+            promote: true
+        }]
+    );
+    assert_eq!(
+        decide(&config("a"), &c, &primary(0), &p),
+        vec![Action::Lead {
+            term: 7,
+            promote: false
+        }]
+    );
+    let leading = Progress {
+        leading: Some(7),
+        ..p
+    };
+    assert!(decide(&config("a"), &c, &primary(0), &leading).is_empty());
+}
+
+#[test]
+fn a_key_on_an_earlier_lease_of_ours_is_not_taken_up() {
+    let c = Cluster {
+        leader: key("a", 7, 41),
+        ..with_history()
+    };
+    let p = Progress {
+        lease: Some(42),
+        ..Progress::default()
+    };
+    assert!(matches!(
+        decide(&config("a"), &c, &primary(0), &p)[..],
+        [Action::Wait(_)]
+    ));
+}
+
+#[test]
+fn another_leader_is_followed_once_and_an_older_term_refused() {
+    let mut c = Cluster {
+        leader: key("b", 9, 5),
+        ..with_history()
+    };
+    c.members.insert("b".into(), member("b"));
+    let p = Progress {
+        lease: Some(1),
+        ..Progress::default()
+    };
+    let follow = Action::Follow {
+        leader: "b".into(),
+        conninfo: "host=h-b".into(),
+        term: 9,
+    };
+    assert_eq!(
+        decide(&config("a"), &c, &standby(0), &p),
+        vec![follow.clone()]
+    );
+    // A primary that comes back (or lost its key) follows too, fence revoked first.
+    let leading = Progress {
+        leading: Some(3),
+        ..p.clone()
+    };
+    assert_eq!(
+        decide(&config("a"), &c, &primary(0), &leading),
+        vec![Action::RevokeFence, follow]
+    );
+    let following = Progress {
+        following: Some(("b".into(), 9)),
+        highest_term: 9,
+        ..p.clone()
+    };
+    assert!(decide(&config("a"), &c, &standby(0), &following).is_empty());
+    let newer_seen = Progress {
+        highest_term: 10,
+        ..p
+    };
+    assert!(matches!(
+        decide(&config("a"), &c, &standby(0), &newer_seen)[..],
+        [Action::Wait(_)]
+    ));
+}
+
+#[test]
+fn without_the_leaders_member_key_nothing_is_followed() {
+    let c = Cluster {
+        leader: key("b", 9, 5),
+        ..with_history()
+    };
+    assert!(matches!(
+        decide(&config("a"), &c, &standby(0), &Progress::default())[..],
+        [Action::Wait(_)]
+    ));
+}
+
+#[test]
+fn a_lost_key_revokes_the_fence_and_pause_stops_campaigns_and_demotion() {
+    let mut c = with_history();
+    c.paused = true;
+    let leading = Progress {
+        leading: Some(4),
+        ..Progress::default()
+    };
+    assert!(matches!(
+        decide(&config("a"), &c, &primary(0), &leading)[..],
+        [Action::RevokeFence, Action::Wait("paused")]
+    ));
+    c.leader = key("b", 9, 5);
+    c.members.insert("b".into(), member("b"));
+    assert!(matches!(
+        decide(&config("a"), &c, &primary(0), &Progress::default())[..],
+        [Action::Wait(_)]
+    ));
+}
+
+#[test]
+fn eligibility_follows_the_configuration_and_the_lag() {
+    let mut c = with_history();
+    c.last_leader = Some(LeaderPosition {
+        name: "b".into(),
+        timeline: 1,
+        flush: Lsn(10_000_000),
+    });
+    let mut cfg = config("a");
+    assert_eq!(may_campaign(&cfg, &c, &standby(10_000_000 - 10)), Ok(true));
+    assert!(
+        may_campaign(&cfg, &c, &standby(10)).is_err(),
+        "too far behind"
+    );
+    cfg.maximum_lag_on_failover = u64::MAX;
+    assert_eq!(may_campaign(&cfg, &c, &standby(10)), Ok(true));
+    cfg.nofailover = true;
+    assert!(may_campaign(&cfg, &c, &standby(10_000_000)).is_err());
+    cfg.nofailover = false;
+    cfg.priority = 0;
+    assert!(may_campaign(&cfg, &c, &standby(10_000_000)).is_err());
+}
+
+#[test]
+fn an_old_primary_on_an_older_timeline_does_not_campaign() {
+    let mut c = with_history();
+    c.last_leader = Some(LeaderPosition {
+        name: "b".into(),
+        timeline: 2,
+        flush: Lsn(100),
+    });
+    assert!(may_campaign(&config("a"), &c, &primary(100)).is_err());
+    assert_eq!(may_campaign(&config("a"), &c, &standby(100)), Ok(true));
+}
+
+#[test]
+fn in_synchronous_mode_only_the_published_standby_campaigns() {
+    let mut cfg = config("a");
+    cfg.synchronous_mode = SynchronousMode::On;
+    let mut c = with_history();
+    c.sync = Some(SyncRecord {
+        leader: "b".into(),
+        sync_standby: Some("a".into()),
+        term: 3,
+    });
+    assert_eq!(may_campaign(&cfg, &c, &standby(0)), Ok(false));
+    let mut other = cfg.clone();
+    other.node_name = "c".into();
+    assert!(may_campaign(&other, &c, &standby(u64::MAX)).is_err());
+    c.sync = Some(SyncRecord {
+        leader: "b".into(),
+        sync_standby: None,
+        term: 3,
+    });
+    assert!(may_campaign(&cfg, &c, &standby(0)).is_err());
+    // The leader that published it has every acknowledged append.
+    let mut old = cfg;
+    old.node_name = "b".into();
+    assert_eq!(may_campaign(&old, &c, &primary(0)), Ok(false));
+}
+
+#[test]
+fn a_switchover_lets_only_its_candidate_campaign() {
+    let mut c = with_history();
+    c.switchover = Some(SwitchoverRecord {
+        from: "b".into(),
+        to: "a".into(),
+        force: false,
+    });
+    c.last_leader = Some(LeaderPosition {
+        name: "b".into(),
+        timeline: 1,
+        flush: Lsn(u64::MAX),
+    });
+    assert_eq!(may_campaign(&config("a"), &c, &standby(0)), Ok(false));
+    assert!(may_campaign(&config("c"), &c, &standby(u64::MAX)).is_err());
+}
+
+fn pos(name: &str, role: LocalRole, timeline: u32, flush: u64, priority: u32) -> PeerPosition {
+    PeerPosition {
+        name: name.into(),
+        role,
+        timeline,
+        flush: Lsn(flush),
+        priority,
+        nofailover: false,
+    }
+}
+
+#[test]
+fn the_most_advanced_peer_wins_then_priority_then_name() {
+    use LocalRole::*;
+    let me = pos("b", Standby, 1, 100, 1);
+    assert_eq!(better_peer(&me, &[pos("c", Standby, 1, 99, 9)]), None);
+    assert_eq!(better_peer(&me, &[pos("c", Standby, 1, 101, 1)]), Some("c"));
+    assert_eq!(better_peer(&me, &[pos("c", Standby, 2, 1, 1)]), Some("c"));
+    assert_eq!(better_peer(&me, &[pos("c", Standby, 1, 100, 2)]), Some("c"));
+    assert_eq!(better_peer(&me, &[pos("a", Standby, 1, 100, 1)]), Some("a"));
+    assert_eq!(better_peer(&me, &[pos("c", Standby, 1, 100, 1)]), None);
+    assert_eq!(better_peer(&me, &[pos("z", Primary, 1, 100, 1)]), Some("z"));
+    let mut ineligible = pos("c", Standby, 1, 200, 1);
+    ineligible.nofailover = true;
+    assert_eq!(
+        better_peer(&me, &[ineligible, pos("d", Standby, 1, 200, 0)]),
+        None
+    );
+}
+
+#[test]
+fn the_fence_closes_a_margin_before_the_lease_can_expire() {
+    let sent = Instant::now();
+    let ttl = Duration::from_secs(2);
+    assert_eq!(
+        fence_deadline(sent, ttl),
+        sent + Duration::from_millis(1500)
+    );
+    let ttl = Duration::from_secs(30);
+    assert_eq!(fence_deadline(sent, ttl), sent + Duration::from_secs(27));
+    assert!(fence_margin(Duration::from_millis(600)) <= Duration::from_millis(300));
+    assert_eq!(
+        renewal_interval(Duration::from_secs(3)),
+        Duration::from_secs(1)
+    );
+}
+
+#[test]
+fn renewal_retries_back_off_to_a_cap() {
+    let ttl = Duration::from_secs(10);
+    assert_eq!(retry_delay(0, ttl), Duration::from_millis(100));
+    assert_eq!(retry_delay(2, ttl), Duration::from_millis(400));
+    assert_eq!(retry_delay(30, ttl), Duration::from_secs(1));
+}
+
+fn cand(name: &str, streaming: bool, flush: u64) -> SyncCandidate {
+    SyncCandidate {
+        name: name.into(),
+        streaming,
+        flush: Lsn(flush),
+        priority: 1,
+        nofailover: false,
+    }
+}
+
+fn names(list: &[&str]) -> Option<SyncStandbyNames> {
+    first(list)
+}
+
+#[test]
+fn a_first_sync_standby_counts_before_it_is_published() {
+    let on = SynchronousMode::On;
+    let cands = [cand("b", true, 50), cand("c", true, 40)];
+    let (phase, actions) = plan_sync(on, &SyncPhase::Steady, None, &cands, Lsn(60));
+    assert_eq!(actions, vec![SyncAction::Set(names(&["b"]))]);
+    let adding = SyncPhase::Adding {
+        to: "b".into(),
+        from: None,
+        target: Lsn(60),
+    };
+    assert_eq!(phase, adding);
+    // Not caught up: nothing is published yet.
+    let (same, none) = plan_sync(on, &phase, None, &cands, Lsn(70));
+    assert_eq!((same, none), (adding.clone(), vec![]));
+    let caught = [cand("b", true, 60)];
+    assert_eq!(
+        plan_sync(on, &adding, None, &caught, Lsn(70)),
+        (
+            SyncPhase::Steady,
+            vec![SyncAction::Publish(Some("b".into()))]
+        )
+    );
+}
+
+#[test]
+fn replacing_a_sync_standby_counts_both_until_the_new_one_is_published() {
+    let on = SynchronousMode::Strict;
+    let cands = [cand("a", false, 10), cand("b", true, 50)];
+    let (phase, actions) = plan_sync(on, &SyncPhase::Steady, Some("a"), &cands, Lsn(80));
+    assert_eq!(actions, vec![SyncAction::Set(names(&["a", "b"]))]);
+    let caught = [cand("a", false, 10), cand("b", true, 80)];
+    assert_eq!(
+        plan_sync(on, &phase, Some("a"), &caught, Lsn(90)).1,
+        vec![
+            SyncAction::Publish(Some("b".into())),
+            SyncAction::Set(names(&["b"]))
+        ]
+    );
+}
+
+#[test]
+fn losing_the_only_sync_standby_unpublishes_first_in_on_and_waits_in_strict() {
+    let gone = [cand("a", false, 10)];
+    assert_eq!(
+        plan_sync(
+            SynchronousMode::On,
+            &SyncPhase::Steady,
+            Some("a"),
+            &gone,
+            Lsn(9)
+        )
+        .1,
+        vec![SyncAction::Publish(None), SyncAction::Set(None)]
+    );
+    assert!(plan_sync(
+        SynchronousMode::Strict,
+        &SyncPhase::Steady,
+        Some("a"),
+        &gone,
+        Lsn(9)
+    )
+    .1
+    .is_empty());
+    assert!(plan_sync(
+        SynchronousMode::Off,
+        &SyncPhase::Steady,
+        Some("a"),
+        &gone,
+        Lsn(9)
+    )
+    .1
+    .is_empty());
+}
+
+#[test]
+fn a_standby_lost_while_being_added_is_dropped_from_the_set() {
+    let adding = SyncPhase::Adding {
+        to: "b".into(),
+        from: Some("a".into()),
+        target: Lsn(80),
+    };
+    let cands = [cand("a", true, 80), cand("b", false, 70)];
+    assert_eq!(
+        plan_sync(SynchronousMode::Strict, &adding, Some("a"), &cands, Lsn(90)),
+        (SyncPhase::Steady, vec![SyncAction::Set(names(&["a"]))])
+    );
+    let first_one = SyncPhase::Adding {
+        to: "b".into(),
+        from: None,
+        target: Lsn(80),
+    };
+    let none = [cand("b", false, 70)];
+    assert_eq!(
+        plan_sync(SynchronousMode::On, &first_one, None, &none, Lsn(90)).1,
+        vec![SyncAction::Set(None)]
+    );
+    assert!(
+        plan_sync(SynchronousMode::Strict, &first_one, None, &none, Lsn(90))
+            .1
+            .is_empty()
+    );
+}

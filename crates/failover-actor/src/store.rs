@@ -1,0 +1,256 @@
+//! The failover actor's etcd operations as plain async functions of a [`Client`]: reading
+//! the cluster, applying watch events to what is known, campaigning, confirming a lease's hold
+//! on the leader key, and the leader's guarded writes. They run on the actor's arbiter.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use etcd_gateway::{Client, Compare, Event, EventKind, KeyRange, KeyValue, LeaseId, Op, Txn};
+use tracing::warn;
+
+use crate::error::FailoverError;
+use crate::keys::{KeyKind, Keys, SwitchoverRecord, SyncRecord};
+use crate::machine::{Cluster, LeaderKey, LeaderPosition};
+use crate::view::{MemberInfo, TermRecord};
+
+/// Reads every key of the cluster: what is known, and the revision to watch after.
+pub async fn read_cluster(
+    client: &Client,
+    keys: &Keys,
+    known: &Cluster,
+) -> Result<(Cluster, i64, Vec<TermRecord>), FailoverError> {
+    let answer = client.range(&KeyRange::prefix(keys.prefix())).await?;
+    let mut cluster = Cluster {
+        last_leader: known.last_leader.clone(),
+        ..Cluster::default()
+    };
+    let mut history = Vec::new();
+    for kv in &answer.kvs {
+        if let KeyKind::History = keys.classify(&kv.key) {
+            if let Some(record) = parse::<TermRecord>(kv) {
+                history.push(record);
+            }
+        }
+        apply_put(&mut cluster, keys, kv);
+    }
+    Ok((cluster, answer.header.revision, history))
+}
+
+/// Applies one watch event to what is known.
+pub fn apply_event(cluster: &mut Cluster, keys: &Keys, event: &Event) {
+    match event.kind {
+        EventKind::Put => apply_put(cluster, keys, &event.kv),
+        EventKind::Delete => match keys.classify(&event.kv.key) {
+            KeyKind::Leader => cluster.leader = None,
+            KeyKind::Member(name) => {
+                cluster.members.remove(name);
+            }
+            KeyKind::Sync => cluster.sync = None,
+            KeyKind::Pause => cluster.paused = false,
+            KeyKind::Switchover => cluster.switchover = None,
+            KeyKind::History | KeyKind::Other => {}
+        },
+    }
+}
+
+fn apply_put(cluster: &mut Cluster, keys: &Keys, kv: &KeyValue) {
+    match keys.classify(&kv.key) {
+        KeyKind::Leader => match String::from_utf8(kv.value.clone()) {
+            Ok(holder) => {
+                cluster.leader = Some(LeaderKey {
+                    holder,
+                    term: u64::try_from(kv.create_revision).unwrap_or(0),
+                    lease: kv.lease.0,
+                });
+                remember_leader(cluster);
+            }
+            Err(_) => warn!("the leader key's value is not UTF-8; ignored"),
+        },
+        KeyKind::Member(name) => {
+            if let Some(info) = parse::<MemberInfo>(kv) {
+                if info.name == name {
+                    cluster.members.insert(name.to_string(), info);
+                    remember_leader(cluster);
+                } else {
+                    warn!(key = name, inner = %info.name, "a member key names another member; ignored");
+                }
+            }
+        }
+        KeyKind::Sync => cluster.sync = parse::<SyncRecord>(kv),
+        KeyKind::Pause => cluster.paused = true,
+        KeyKind::Switchover => cluster.switchover = parse::<SwitchoverRecord>(kv),
+        KeyKind::History => cluster.has_history = true,
+        KeyKind::Other => {}
+    }
+}
+
+/// Keeps the leader's last published position: its member key goes with its lease, at the
+/// same moment as the leader key, and the candidates still need to know how far it had got.
+fn remember_leader(cluster: &mut Cluster) {
+    let Some(leader) = &cluster.leader else {
+        return;
+    };
+    if let Some(member) = cluster.members.get(&leader.holder) {
+        if let Ok(flush) = member.flush_lsn.parse() {
+            cluster.last_leader = Some(LeaderPosition {
+                name: member.name.clone(),
+                timeline: member.timeline,
+                flush,
+            });
+        }
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(kv: &KeyValue) -> Option<T> {
+    match serde_json::from_slice(&kv.value) {
+        Ok(value) => Some(value),
+        Err(e) => {
+            warn!(key = %String::from_utf8_lossy(&kv.key), error = %e, "a value under the cluster's prefix does not parse; ignored");
+            None
+        }
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    // These are plain structs of strings and numbers: serialising cannot fail.
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+/// The leader key is ours: its value is our name and it is on our lease.
+fn held(keys: &Keys, me: &str, lease: LeaseId) -> [Compare; 2] {
+    [
+        Compare::value_is(keys.leader(), me),
+        Compare::lease_is(keys.leader(), lease),
+    ]
+}
+
+/// Creates the leader key on `lease` if it is absent, and ends any switchover (it named us,
+/// or we could not have campaigned). `Ok(Some(term))` if we won.
+pub async fn campaign(
+    client: &Client,
+    keys: &Keys,
+    me: &str,
+    lease: LeaseId,
+) -> Result<Option<u64>, FailoverError> {
+    let txn = Txn::new().when([Compare::absent(keys.leader())]).and_then([
+        Op::put(keys.leader(), me, Some(lease)),
+        Op::Delete(KeyRange::key(keys.switchover())),
+    ]);
+    let answer = client.txn(&txn).await?;
+    // The put ran at the transaction's revision: the key's create revision, the term.
+    Ok(answer
+        .succeeded
+        .then(|| u64::try_from(answer.header.revision).unwrap_or(0)))
+}
+
+/// Confirms that the leader key is still ours (value and lease), refreshing our member key
+/// in the same step. `Ok(false)`: it is not.
+pub async fn confirm(
+    client: &Client,
+    keys: &Keys,
+    me: &str,
+    lease: LeaseId,
+    member: &MemberInfo,
+) -> Result<bool, FailoverError> {
+    let txn = Txn::new().when(held(keys, me, lease)).and_then([Op::put(
+        keys.member(me),
+        json(member),
+        Some(lease),
+    )]);
+    Ok(client.txn(&txn).await?.succeeded)
+}
+
+/// Writes our member key on our lease.
+pub async fn put_member(
+    client: &Client,
+    keys: &Keys,
+    lease: LeaseId,
+    member: &MemberInfo,
+) -> Result<(), FailoverError> {
+    client
+        .put(
+            keys.member(&member.name).as_bytes(),
+            &json(member),
+            Some(lease),
+        )
+        .await?;
+    Ok(())
+}
+
+/// The leader writes `history/<term>` (no lease: history outlives its leaders) and `sync`
+/// for its term, guarded by its key.
+pub async fn leader_put(
+    client: &Client,
+    keys: &Keys,
+    me: &str,
+    lease: LeaseId,
+    key: String,
+    value: Vec<u8>,
+) -> Result<bool, FailoverError> {
+    let txn = Txn::new()
+        .when(held(keys, me, lease))
+        .and_then([Op::put(key, value, None)]);
+    Ok(client.txn(&txn).await?.succeeded)
+}
+
+pub fn history_value(record: &TermRecord) -> Vec<u8> {
+    json(record)
+}
+
+pub fn sync_value(record: &SyncRecord) -> Vec<u8> {
+    json(record)
+}
+
+/// Gives up the leader key, if it is still ours. `Ok(false)`: it was not.
+pub async fn resign(
+    client: &Client,
+    keys: &Keys,
+    me: &str,
+    lease: LeaseId,
+) -> Result<bool, FailoverError> {
+    let txn = Txn::new()
+        .when(held(keys, me, lease))
+        .and_then([Op::Delete(KeyRange::key(keys.leader()))]);
+    Ok(client.txn(&txn).await?.succeeded)
+}
+
+/// Asks the leader `record.from` to hand over: `switchover` on the leader's own lease (so it
+/// goes when the leader does, and cannot keep a dead candidate as the only one allowed),
+/// written only while `from` holds the key on `leader_lease` and no other handover runs.
+pub async fn request_switchover(
+    client: &Client,
+    keys: &Keys,
+    record: &SwitchoverRecord,
+    leader_lease: LeaseId,
+) -> Result<bool, FailoverError> {
+    let txn = Txn::new()
+        .when([
+            Compare::value_is(keys.leader(), record.from.as_str()),
+            Compare::lease_is(keys.leader(), leader_lease),
+            Compare::absent(keys.switchover()),
+        ])
+        .and_then([Op::put(keys.switchover(), json(record), Some(leader_lease))]);
+    Ok(client.txn(&txn).await?.succeeded)
+}
+
+/// Ends a handover that did not happen (its candidate did not take the key in time).
+pub async fn cancel_switchover(client: &Client, keys: &Keys) -> Result<(), FailoverError> {
+    client
+        .delete_range(&KeyRange::key(keys.switchover()))
+        .await?;
+    Ok(())
+}
+
+/// The history, oldest term first.
+pub async fn read_history(client: &Client, keys: &Keys) -> Result<Vec<TermRecord>, FailoverError> {
+    let answer = client.range(&KeyRange::prefix(keys.history())).await?;
+    let mut records: Vec<TermRecord> = answer.kvs.iter().filter_map(parse).collect();
+    records.sort_by_key(|r| r.term);
+    Ok(records)
+}
+
+/// Seconds since the Unix epoch, for the history.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

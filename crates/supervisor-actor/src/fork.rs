@@ -1,0 +1,101 @@
+//! Following a leader whose history forked from this node's: where the fork is, and cutting
+//! this node's WAL back to it. Shared by a live demotion ([`crate::FollowLeader`]) and the
+//! offline `walserver rejoin`.
+//!
+//! The leader's history names, for each timeline it descends from, where it switched away.
+//! If this node's timeline is one of them, the leader's WAL is this node's up to that switch
+//! point and differs after it: WAL here beyond it was never the leader's and is dropped. If
+//! the leader is on this node's own timeline, nothing forked. Anything else (another cluster,
+//! a timeline the leader never descended from) is refused: no WAL is dropped on a guess.
+
+use serde::Serialize;
+use wal_storage::{Lsn, TimelineId, Wal};
+use walreceiver_actor::UpstreamIdentity;
+
+use crate::leadership::FollowError;
+
+/// Where following the leader cuts this node's WAL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ForkPoint {
+    /// Where the leader's history switched away from this node's timeline, if it did.
+    pub fork: Option<Lsn>,
+    /// This node's timeline and its durable end when asked.
+    pub timeline: TimelineId,
+    pub local_end: Lsn,
+}
+
+impl ForkPoint {
+    /// Whether WAL must be dropped: this node holds WAL beyond the fork.
+    pub fn must_cut(&self) -> bool {
+        self.fork.is_some_and(|f| self.local_end > f)
+    }
+
+    /// Bytes beyond the fork.
+    pub fn divergent_bytes(&self) -> u64 {
+        match self.fork {
+            Some(f) if self.local_end > f => self.local_end.0 - f.0,
+            _ => 0,
+        }
+    }
+}
+
+/// Where the leader's history (`upstream`) forked from this node's WAL (`wal`), after
+/// checking that the leader is of the same cluster and descends from this node's timeline.
+pub fn fork_point(wal: &Wal, upstream: &UpstreamIdentity) -> Result<ForkPoint, FollowError> {
+    if wal.system_id() != upstream.system_id {
+        return Err(FollowError::OtherCluster {
+            upstream: upstream.system_id.to_string(),
+            local: wal.system_id().to_string(),
+        });
+    }
+    let timeline = wal.timeline();
+    let fork = upstream
+        .history
+        .iter()
+        .find(|e| e.parent == timeline)
+        .map(|e| e.switch_lsn);
+    if fork.is_none() && upstream.timeline != timeline {
+        return Err(FollowError::NotInHistory {
+            local: timeline,
+            upstream: upstream.timeline,
+        });
+    }
+    Ok(ForkPoint {
+        fork,
+        timeline,
+        local_end: wal.flushed(),
+    })
+}
+
+/// What [`cut_back_to_fork`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CutBack {
+    pub point: ForkPoint,
+    /// Bytes of WAL beyond the fork that were dropped (0 when nothing forked).
+    pub dropped_bytes: u64,
+}
+
+/// Drops this node's WAL beyond the point where `upstream`'s history forked from it, durably
+/// ([`Wal::truncate_to`]). Blocks on storage's thread: call it from a blocking thread. Nobody
+/// may be reading the WAL beyond the fork (see [`Wal::truncate_to`]).
+pub fn cut_back_to_fork(wal: &Wal, upstream: &UpstreamIdentity) -> Result<CutBack, FollowError> {
+    let point = fork_point(wal, upstream)?;
+    let dropped_bytes = match point.fork {
+        Some(fork) if point.must_cut() => {
+            let dropped = wal.truncate_to(fork)?;
+            tracing::warn!(
+                timeline = %point.timeline,
+                %fork,
+                local_end = %point.local_end,
+                dropped_bytes = dropped,
+                "dropped this node's WAL beyond the fork from the leader's history"
+            );
+            dropped
+        }
+        _ => 0,
+    };
+    Ok(CutBack {
+        point,
+        dropped_bytes,
+    })
+}

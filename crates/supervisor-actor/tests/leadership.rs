@@ -1,0 +1,302 @@
+//! The leadership messages over real nodes on loopback: a standby promoted for a term records
+//! the term in its timeline history; a demoted primary drops exactly its divergent tail and
+//! streams from the new leader; a standby re-targeted at another upstream follows it at once;
+//! the synchronous standbys can be changed under waiting appends.
+
+use std::future::Future;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use supervisor_actor::{
+    AppendError, AppendRecords, Appended, Durability, Fence, FollowLeader, Followed, GetNodeStatus,
+    LocalLevel, Node, NodeBuilder, NodeRole, PromoteForTerm, ShutdownNode,
+};
+use supervisor_actor::{Follow, RecordEvent};
+use wal_storage::{Lsn, TimelineId, WalError};
+use walreceiver_actor::ReceiverConfig;
+
+/// Every wait in these tests ends by this deadline, so a regression fails instead of hanging.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn run<F: Future>(f: F) -> F::Output {
+    actix_rt::System::new().block_on(f)
+}
+
+fn conninfo(upstream: &Node) -> String {
+    format!("host=127.0.0.1 port={} user=r", upstream.listen_addr.port())
+}
+
+fn primary(dir: &Path, fence: Fence) -> NodeBuilder {
+    NodeBuilder::primary(dir)
+        .listen("127.0.0.1:0".parse().unwrap())
+        .segment_size(1 << 20)
+        .io_threads(0)
+        .fence(fence)
+}
+
+fn standby_of(upstream: &Node, dir: &Path, name: &str, fence: Fence) -> NodeBuilder {
+    NodeBuilder::standby(dir, &conninfo(upstream))
+        .unwrap()
+        .cluster_name(name)
+        .listen("127.0.0.1:0".parse().unwrap())
+        .io_threads(0)
+        .fence(fence)
+}
+
+/// A grant far beyond the tests' own deadline.
+fn lasting() -> Instant {
+    Instant::now() + Duration::from_secs(3600)
+}
+
+async fn try_append(node: &Node, record: &str) -> Result<Appended, AppendError> {
+    tokio::time::timeout(
+        DEADLINE,
+        node.supervisor.send(AppendRecords {
+            records: vec![Bytes::from(record.to_string())],
+            durability: Some(Durability::Local),
+        }),
+    )
+    .await
+    .expect("the append is answered by the deadline")
+    .expect("the supervisor runs")
+}
+
+async fn append(node: &Node, record: &str) -> Lsn {
+    try_append(node, record).await.unwrap().end_lsn
+}
+
+async fn flushed_to(node: &Node, lsn: Lsn) {
+    tokio::time::timeout(DEADLINE, node.wait_for_lsn(lsn, LocalLevel::Flushed))
+        .await
+        .unwrap_or_else(|_| panic!("flushed to {lsn} by the deadline"));
+}
+
+async fn start(builder: NodeBuilder) -> Node {
+    builder.start().await.unwrap()
+}
+
+async fn promote(node: &Node, term: u64) -> supervisor_actor::Promoted {
+    tokio::time::timeout(DEADLINE, node.supervisor.send(PromoteForTerm { term }))
+        .await
+        .expect("promoted by the deadline")
+        .unwrap()
+        .unwrap()
+}
+
+async fn role(node: &Node) -> NodeRole {
+    node.supervisor
+        .send(GetNodeStatus)
+        .await
+        .unwrap()
+        .unwrap()
+        .role
+}
+
+async fn stop(node: Node) {
+    node.supervisor
+        .send(ShutdownNode { immediate: true })
+        .await
+        .unwrap();
+}
+
+#[test]
+fn a_standby_promoted_for_a_term_records_it_in_its_history() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let p = start(primary(&dir.path().join("p"), Fence::open())).await;
+        let end = append(&p, "before").await;
+        let fence = Fence::closed();
+        let s = start(standby_of(&p, &dir.path().join("s"), "s", fence.clone())).await;
+        flushed_to(&s, end).await;
+        let promoted = promote(&s, 7).await;
+        assert_eq!(promoted.timeline, TimelineId(2));
+        assert_eq!(role(&s).await, NodeRole::Primary);
+        let history = s.wal.history();
+        let last = history.last().expect("timeline 2 has a history");
+        assert_eq!(last.parent, TimelineId(1));
+        assert_eq!(last.switch_lsn, promoted.switch_lsn);
+        assert!(last.reason.contains("term 7"), "{:?}", last.reason);
+        assert_eq!(fence.term(), Some(7));
+        // Promoted, but not yet granted: the failover actor grants after the promotion.
+        assert!(matches!(
+            try_append(&s, "early").await,
+            Err(AppendError::NotLeader { term: Some(7) })
+        ));
+        fence.grant(7, lasting());
+        assert!(append(&s, "after").await > promoted.switch_lsn);
+        stop(s).await;
+        stop(p).await;
+    });
+}
+
+/// Waits until `node` holds WAL up to `lsn` on `timeline`.
+async fn flushed_on(node: &Node, timeline: TimelineId, lsn: Lsn) {
+    let mut pos = node.wal.subscribe();
+    tokio::time::timeout(
+        DEADLINE,
+        pos.wait_for(|p| p.timeline == timeline && p.flushed >= lsn),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("flushed to {lsn} on timeline {timeline} by the deadline"))
+    .unwrap();
+}
+
+/// Every record of `node` from `from` to its durable end: (timeline, end, payload).
+async fn records(node: &Node, from: Lsn) -> Vec<(TimelineId, Lsn, Bytes)> {
+    let events: Vec<_> = tokio::time::timeout(
+        DEADLINE,
+        node.records(from, Follow::UntilCurrentEnd)
+            .collect::<Vec<_>>(),
+    )
+    .await
+    .expect("read by the deadline");
+    events
+        .into_iter()
+        .filter_map(|e| match e.unwrap() {
+            RecordEvent::Record {
+                timeline,
+                end,
+                payload,
+                ..
+            } => Some((timeline, end, payload)),
+            RecordEvent::TimelineSwitch { .. } => None,
+        })
+        .collect()
+}
+
+fn leader(node: &Node, name: &str) -> ReceiverConfig {
+    ReceiverConfig::parse(&conninfo(node), Some(name)).unwrap()
+}
+
+async fn follow(node: &Node, upstream: &Node, name: &str, term: u64) -> Followed {
+    tokio::time::timeout(
+        DEADLINE,
+        node.supervisor.send(FollowLeader {
+            upstream: leader(upstream, name),
+            term,
+        }),
+    )
+    .await
+    .expect("followed by the deadline")
+    .unwrap()
+    .unwrap()
+}
+
+#[test]
+fn a_demoted_primary_drops_exactly_its_divergent_tail_and_streams_from_the_new_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let p_fence = Fence::closed();
+        p_fence.grant(1, lasting());
+        let p = start(primary(&dir.path().join("p"), p_fence.clone())).await;
+        let from = p.wal.flushed();
+        let mut shared_end = Lsn::INVALID;
+        for i in 0..5 {
+            shared_end = append(&p, &format!("shared {i}")).await;
+        }
+        let s_fence = Fence::closed();
+        let s = start(standby_of(&p, &dir.path().join("s"), "s", s_fence.clone())).await;
+        flushed_to(&s, shared_end).await;
+        let promoted = promote(&s, 2).await;
+        s_fence.grant(2, lasting());
+        // The old primary goes on for a while, as a stale leader would: WAL the new leader
+        // never had.
+        let mut p_end = Lsn::INVALID;
+        for i in 0..20 {
+            p_end = append(&p, &format!("divergent {i} {}", "x".repeat(200))).await;
+        }
+        assert!(p_end > promoted.switch_lsn);
+        let mut s_end = Lsn::INVALID;
+        for i in 0..3 {
+            s_end = append(&s, &format!("new leader {i}")).await;
+        }
+
+        // A reader that has given the divergent records: it must not go on inside the other
+        // history once they are dropped.
+        let mut reader = Box::pin(p.records(from, Follow::Forever));
+        for _ in 0..25 {
+            let ev = tokio::time::timeout(DEADLINE, reader.next()).await.unwrap();
+            assert!(matches!(ev, Some(Ok(RecordEvent::Record { .. }))), "{ev:?}");
+        }
+
+        let followed = follow(&p, &s, "p", 2).await;
+        assert!(followed.demoted);
+        let ev = tokio::time::timeout(DEADLINE, reader.next()).await.unwrap();
+        assert!(
+            matches!(ev, Some(Err(WalError::ReadWalDropped { read_to, end })) if read_to == p_end && end == promoted.switch_lsn),
+            "{ev:?}"
+        );
+        assert_eq!(followed.fork, Some(promoted.switch_lsn));
+        assert_eq!(followed.dropped_bytes, p_end.0 - promoted.switch_lsn.0);
+        assert_eq!(role(&p).await, NodeRole::Standby);
+        assert_eq!(p_fence.term(), Some(2));
+        assert!(matches!(
+            try_append(&p, "refused").await,
+            Err(AppendError::Standby)
+        ));
+
+        // It streams from the new leader: what the leader appends now arrives too.
+        let more = append(&s, "after the demotion").await;
+        flushed_on(&p, TimelineId(2), more.max(s_end)).await;
+        assert_eq!(p.wal.history(), s.wal.history());
+        let on_p = records(&p, from).await;
+        let on_s = records(&s, from).await;
+        assert_eq!(on_p, on_s);
+        assert!(on_p.iter().all(|(_, _, r)| !r.starts_with(b"divergent")));
+        assert_eq!(on_p.len(), 5 + 3 + 1);
+        let status = p.supervisor.send(GetNodeStatus).await.unwrap().unwrap();
+        let receiver = status.wal_receiver.expect("a standby's walreceiver");
+        assert_eq!(
+            receiver.status.and_then(|s| s.sender_port),
+            Some(s.listen_addr.port())
+        );
+        stop(p).await;
+        stop(s).await;
+    });
+}
+
+#[test]
+fn a_standby_is_retargeted_at_the_new_leader_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let p = start(primary(&dir.path().join("p"), Fence::open())).await;
+        let from = p.wal.flushed();
+        let end = append(&p, "before").await;
+        let a_fence = Fence::closed();
+        let a = start(standby_of(&p, &dir.path().join("a"), "a", a_fence.clone())).await;
+        let b_fence = Fence::closed();
+        let b = start(standby_of(&p, &dir.path().join("b"), "b", b_fence.clone())).await;
+        flushed_to(&a, end).await;
+        flushed_to(&b, end).await;
+        // The old upstream is gone: only the new leader can feed B from now on.
+        stop(p).await;
+        let promoted = promote(&a, 5).await;
+        a_fence.grant(5, lasting());
+        let followed = follow(&b, &a, "b", 5).await;
+        assert!(!followed.demoted);
+        assert_eq!(followed.fork, Some(promoted.switch_lsn));
+        assert_eq!(followed.dropped_bytes, 0);
+        assert_eq!(b_fence.term(), Some(5));
+        let a_end = append(&a, "on the new leader").await;
+        flushed_on(&b, TimelineId(2), a_end).await;
+        assert_eq!(records(&b, from).await, records(&a, from).await);
+        assert_eq!(b.wal.history(), a.wal.history());
+        let signal = supervisor_actor::datadir::StandbySignal::read(&dir.path().join("b"))
+            .unwrap()
+            .expect("still a standby");
+        assert!(
+            signal
+                .primary_conninfo
+                .unwrap()
+                .contains(&format!("port={}", a.listen_addr.port())),
+            "a restart follows the new leader"
+        );
+        // The same leader again is nothing to do.
+        let again = follow(&b, &a, "b", 5).await;
+        assert_eq!((again.dropped_bytes, again.fork), (0, None));
+        stop(a).await;
+        stop(b).await;
+    });
+}

@@ -17,6 +17,7 @@ use crate::config::FailoverConfig;
 use crate::error::FailoverError;
 use crate::keys::Keys;
 use crate::machine::{self, Action, Cluster, Local, LocalRole, Progress, SyncCandidate, SyncPhase};
+use crate::messages::Leadership;
 use crate::store;
 use crate::view::MemberInfo;
 
@@ -40,6 +41,7 @@ pub struct FailoverActor {
     reconciling: bool,
     dirty: bool,
     renew_failures: u32,
+    follow_failures: u32,
     renew_timer: Option<SpawnHandle>,
     retry_timer: Option<SpawnHandle>,
     watch: Option<SpawnHandle>,
@@ -50,6 +52,7 @@ pub struct FailoverActor {
     /// Who waits for a named member to take the leader key (switchover reports).
     pub(crate) awaiting_leader: Vec<(String, oneshot::Sender<u64>)>,
     stopping: bool,
+    pub(crate) leadership: tokio::sync::watch::Sender<Leadership>,
 }
 
 /// How long a failed start (lease, first read, watch) waits before the next attempt, and the
@@ -97,6 +100,7 @@ impl FailoverActor {
             reconciling: false,
             dirty: false,
             renew_failures: 0,
+            follow_failures: 0,
             renew_timer: None,
             retry_timer: None,
             watch: None,
@@ -105,6 +109,7 @@ impl FailoverActor {
             handing_over: false,
             awaiting_leader: Vec::new(),
             stopping: false,
+            leadership: tokio::sync::watch::Sender::new(Leadership::default()),
         }))
     }
 
@@ -301,6 +306,7 @@ impl FailoverActor {
                     {
                         self.fence
                             .grant(term, machine::fence_deadline(sent_at, ttl));
+                        self.publish_leadership();
                         self.manage_sync(ctx);
                     }
                     (Some(term), Some(false)) => {
@@ -337,6 +343,24 @@ impl FailoverActor {
         self.fence.revoke();
         self.progress.leading = None;
         self.sync_phase = SyncPhase::Steady;
+        self.publish_leadership();
+    }
+
+    /// Tells the subscribers what this node does now (only when it changed).
+    fn publish_leadership(&self) {
+        let leading = self
+            .progress
+            .leading
+            .filter(|_| self.fence.may_acknowledge(Instant::now()));
+        let now = Leadership {
+            leading,
+            following: self.progress.following.clone(),
+        };
+        self.leadership.send_if_modified(|l| {
+            let changed = *l != now;
+            *l = now;
+            changed
+        });
     }
 
     fn schedule_retry(&mut self, ctx: &mut Context<Self>, delay: Duration) {
@@ -386,6 +410,7 @@ impl FailoverActor {
         let Some(local) = self.local.clone() else {
             return Box::pin(fut::ready(()));
         };
+        self.progress.lease = self.lease.map(|l| l.0);
         if let Some(key) = &self.cluster.leader {
             if key.holder != self.me() {
                 self.progress.highest_term = self.progress.highest_term.max(key.term);
@@ -525,6 +550,7 @@ impl FailoverActor {
                 act.progress.leading = Some(term);
                 act.progress.highest_term = act.progress.highest_term.max(term);
                 act.progress.following = None;
+                act.publish_leadership();
                 act.sync_phase = SyncPhase::Steady;
                 let record = crate::view::TermRecord {
                     term,
@@ -604,11 +630,17 @@ impl FailoverActor {
             .map(move |result, act, ctx| match result {
                 Ok(Ok(followed)) => {
                     info!(%leader, term, demoted = followed.demoted, dropped_bytes = followed.dropped_bytes, "failover: following the leader");
+                    act.follow_failures = 0;
                     act.progress.following = Some((leader, term));
                     act.progress.highest_term = act.progress.highest_term.max(term);
+                    act.publish_leadership();
                 }
                 Ok(Err(e)) => {
-                    warn!(%leader, term, error = %e, "failover: cannot follow the leader yet");
+                    // Logged on the first failure and then every so often, not on each retry.
+                    if act.follow_failures % 20 == 0 {
+                        warn!(%leader, term, error = %e, failures = act.follow_failures + 1, "failover: cannot follow the leader yet");
+                    }
+                    act.follow_failures = act.follow_failures.wrapping_add(1);
                     act.schedule_retry(ctx, ACTION_RETRY);
                 }
                 Err(e) => warn!(error = %e, "failover: the supervisor is gone"),
@@ -796,11 +828,11 @@ impl FailoverActor {
     }
 
     /// Stops: the fence first, then the lease (so a successor need not wait the ttl).
-    pub(crate) fn stop(&mut self) -> LocalBoxActorFuture<Self, ()> {
+    pub(crate) fn stop(&mut self, release: bool) -> LocalBoxActorFuture<Self, ()> {
         self.stopping = true;
         self.step_down();
         let client = self.client.clone();
-        let lease = self.lease.take();
+        let lease = self.lease.take().filter(|_| release);
         Box::pin(
             async move {
                 if let Some(lease) = lease {

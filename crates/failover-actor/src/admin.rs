@@ -17,6 +17,7 @@ use crate::actor::FailoverActor;
 use crate::error::FailoverError;
 use crate::keys::SwitchoverRecord;
 use crate::machine::{self, SyncCandidate};
+use crate::messages::SubscribeLeadership;
 use crate::messages::{
     Failover, GetClusterView, GetHistory, GetLocalHealth, Pause, Resume, StopFailover, Switchover,
     SwitchoverReport,
@@ -155,8 +156,16 @@ impl Handler<Resume> for FailoverActor {
 impl Handler<StopFailover> for FailoverActor {
     type Result = ResponseActFuture<Self, ()>;
 
-    fn handle(&mut self, _: StopFailover, _: &mut Context<Self>) -> Self::Result {
-        self.stop()
+    fn handle(&mut self, msg: StopFailover, _: &mut Context<Self>) -> Self::Result {
+        self.stop(msg.release)
+    }
+}
+
+impl Handler<SubscribeLeadership> for FailoverActor {
+    type Result = MessageResult<SubscribeLeadership>;
+
+    fn handle(&mut self, _: SubscribeLeadership, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.leadership.subscribe())
     }
 }
 

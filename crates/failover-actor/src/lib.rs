@@ -15,7 +15,7 @@ pub use actor::FailoverActor;
 pub use config::{FailoverConfig, SynchronousMode, DEFAULT_MAXIMUM_LAG_ON_FAILOVER, DEFAULT_TTL};
 pub use error::FailoverError;
 pub use messages::{
-    Failover, GetClusterView, GetHistory, GetLocalHealth, Pause, Resume, StopFailover, Switchover,
-    SwitchoverReport,
+    Failover, GetClusterView, GetHistory, GetLocalHealth, Leadership, Pause, Resume, StopFailover,
+    SubscribeLeadership, Switchover, SwitchoverReport,
 };
 pub use view::{ClusterView, LeaderView, LocalHealth, MemberInfo, TermRecord};

@@ -58,8 +58,26 @@ pub struct Pause;
 #[rtype(result = "Result<(), FailoverError>")]
 pub struct Resume;
 
-/// Stops the actor: the fence closes at once, then the lease is revoked (its member key, and
-/// the leader key if it held it, go with it, so a successor need not wait the ttl).
+/// Stops the actor: the fence closes at once; with `release` the lease is revoked too (its
+/// member key, and the leader key if it held it, go with it, so a successor need not wait the
+/// ttl). Without, the lease expires by its ttl, as after a crash.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct StopFailover;
+pub struct StopFailover {
+    pub release: bool,
+}
+
+/// What this node does in the cluster, as a watch that changes when it does: whoever needs
+/// to wait for it (the binary's health, tests) waits on the change instead of asking again.
+#[derive(Message)]
+#[rtype(result = "tokio::sync::watch::Receiver<Leadership>")]
+pub struct SubscribeLeadership;
+
+/// This node's part in the cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Leadership {
+    /// The term it leads, with the fence granted (set after each confirmed renewal).
+    pub leading: Option<u64>,
+    /// The leader and term it follows (after its supervisor accepted `FollowLeader`).
+    pub following: Option<(String, u64)>,
+}

@@ -1,0 +1,552 @@
+//! The failover actor with a real etcd and real nodes in one actix System, on loopback: a
+//! primary and two standbys, each with a closed fence and its own actor (ttl 2 s). Every wait
+//! is on an event (the actors' leadership watch, an etcd watch) under a deadline.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use bytes::Bytes;
+use etcd_gateway::testkit::EtcdServer;
+use failover_actor::{
+    FailoverActor, FailoverConfig, Leadership, Pause, Resume, StopFailover, SubscribeLeadership,
+    Switchover,
+};
+use futures_util::StreamExt;
+use supervisor_actor::{
+    AppendError, AppendRecords, Durability, Fence, Node, NodeBuilder, ShutdownNode,
+};
+use tokio::sync::watch;
+
+const TTL: Duration = Duration::from_secs(2);
+/// How long bootstrap may take: three actors join, the primary campaigns, two standbys
+/// follow. A guess for two busy cores.
+const SETTLE: Duration = Duration::from_secs(20);
+
+struct Member {
+    name: String,
+    node: Node,
+    actor: actix::Addr<FailoverActor>,
+    leadership: watch::Receiver<Leadership>,
+}
+
+/// The actors' log, shown for a failing test (`RUST_LOG` chooses; warnings by default).
+fn log() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "failover_actor=info,warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+fn conninfo(node: &Node) -> String {
+    format!("host=127.0.0.1 port={} user=r", node.listen_addr.port())
+}
+
+async fn start_primary(dir: &Path) -> Result<Node> {
+    Ok(NodeBuilder::primary(dir)
+        .listen("127.0.0.1:0".parse()?)
+        .segment_size(1 << 20)
+        .io_threads(0)
+        .fence(Fence::closed())
+        .start()
+        .await?)
+}
+
+async fn start_standby(dir: &Path, upstream: &Node, name: &str) -> Result<Node> {
+    Ok(NodeBuilder::standby(dir, &conninfo(upstream))?
+        .cluster_name(name)
+        .listen("127.0.0.1:0".parse()?)
+        .segment_size(1 << 20)
+        .io_threads(0)
+        .fence(Fence::closed())
+        .start()
+        .await?)
+}
+
+async fn start_actor(etcd: &str, name: &str, node: Node) -> Result<Member> {
+    let mut config = FailoverConfig::new(
+        vec![etcd.to_string()],
+        "test",
+        name,
+        conninfo(&node),
+        String::new(),
+    );
+    config.ttl = TTL;
+    let actor = FailoverActor::start(config, node.clone())?;
+    let leadership = actor.send(SubscribeLeadership).await?;
+    Ok(Member {
+        name: name.to_string(),
+        node,
+        actor,
+        leadership,
+    })
+}
+
+/// Waits until `member`'s leadership satisfies `f`, at most `within`.
+async fn wait_for(
+    member: &mut Member,
+    within: Duration,
+    what: &str,
+    f: impl Fn(&Leadership) -> bool,
+) -> Result<Leadership> {
+    let name = member.name.clone();
+    let waited = tokio::time::timeout(within, member.leadership.wait_for(|l| f(l)))
+        .await
+        .map(|r| r.map(|l| l.clone()));
+    match waited {
+        Ok(Ok(l)) => Ok(l),
+        Ok(Err(_)) => bail!("{name}'s actor stopped before {what}"),
+        Err(_) => bail!(
+            "{name}: not {what} within {within:?} (now {:?})",
+            *member.leadership.borrow()
+        ),
+    }
+}
+
+async fn append(
+    node: &Node,
+    text: &str,
+) -> std::result::Result<supervisor_actor::Appended, AppendError> {
+    node.supervisor
+        .send(AppendRecords {
+            records: vec![Bytes::from(text.to_string())],
+            durability: Some(Durability::Local),
+        })
+        .await
+        .expect("the supervisor answers")
+}
+
+/// A primary and two standbys under failover, settled: the primary leads, both follow it.
+async fn cluster(etcd: &str, dir: &Path) -> Result<(Member, Member, Member, u64)> {
+    let p = start_primary(&dir.join("a")).await?;
+    let b = start_standby(&dir.join("b"), &p, "b").await?;
+    let c = start_standby(&dir.join("c"), &p, "c").await?;
+    let mut a = start_actor(etcd, "a", p).await?;
+    let mut b = start_actor(etcd, "b", b).await?;
+    let mut c = start_actor(etcd, "c", c).await?;
+    let term = wait_for(&mut a, SETTLE, "leading", |l| l.leading.is_some())
+        .await?
+        .leading
+        .context("leading")?;
+    for m in [&mut b, &mut c] {
+        wait_for(m, SETTLE, "following a", |l| {
+            l.following == Some(("a".into(), term))
+        })
+        .await?;
+    }
+    Ok((a, b, c, term))
+}
+
+/// What a test of a settled cluster gets. A test binds every field (`_name` for those it
+/// does not use): an async block captures only the fields it names, and etcd must live
+/// until the test ends.
+struct Setup {
+    etcd: EtcdServer,
+    dir: std::path::PathBuf,
+    a: Member,
+    b: Member,
+    c: Member,
+    term: u64,
+}
+
+/// Runs `test` in an actix System on a settled cluster: etcd, `a` leading, `b` and `c`
+/// following it.
+fn with_cluster<F: std::future::Future<Output = Result<()>>>(
+    test: impl FnOnce(Setup) -> F,
+) -> Result<()> {
+    log();
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().to_path_buf();
+    actix_rt::System::new().block_on(async move {
+        let (a, b, c, term) = cluster(etcd.client_url(), &path).await?;
+        test(Setup {
+            etcd,
+            dir: path,
+            a,
+            b,
+            c,
+            term,
+        })
+        .await
+    })
+}
+
+async fn shutdown(members: impl IntoIterator<Item = Member>) {
+    for m in members {
+        let _ = stop(&m, true).await;
+    }
+}
+
+/// Stops a member's actor (`release`: revoking its lease, else as in a crash) and its node.
+async fn stop(m: &Member, release: bool) -> Result<Instant> {
+    m.actor.send(StopFailover { release }).await?;
+    let stopped = Instant::now();
+    m.node
+        .supervisor
+        .send(ShutdownNode { immediate: true })
+        .await?;
+    Ok(stopped)
+}
+
+/// Whichever of `b` and `c` leads first, and its term.
+async fn first_to_lead(b: &mut Member, c: &mut Member, within: Duration) -> Result<(String, u64)> {
+    let won = tokio::select! {
+        l = wait_for(b, within, "leading", |l| l.leading.is_some()) => ("b", l?),
+        l = wait_for(c, within, "leading", |l| l.leading.is_some()) => ("c", l?),
+    };
+    Ok((won.0.to_string(), won.1.leading.context("leading")?))
+}
+
+#[test]
+fn bootstrap_elects_the_primary_and_the_standbys_follow() -> Result<()> {
+    with_cluster(|setup| async move {
+        let Setup {
+            a,
+            b,
+            c,
+            term,
+            etcd: _etcd,
+            dir: _dir,
+        } = setup;
+        assert!(term > 0);
+        let appended = append(&a.node, "first")
+            .await
+            .context("the leader acknowledges")?;
+        assert_eq!(a.node.fence.term(), Some(term));
+        // The standbys know the term and never acknowledge.
+        assert!(!b.node.fence.may_acknowledge(Instant::now()));
+        assert_eq!(b.node.fence.term(), Some(term));
+        assert!(appended.end_lsn > wal_storage::Lsn(0));
+        shutdown([a, b, c]).await;
+        Ok(())
+    })
+}
+
+/// The leader's actor stops without releasing its lease (as in a crash) and its node shuts
+/// down: a standby leads within the ttl plus a second.
+#[test]
+fn a_dead_leader_is_replaced_within_the_ttl_and_a_second() -> Result<()> {
+    with_cluster(|setup| async move {
+        let Setup {
+            a,
+            mut b,
+            mut c,
+            term,
+            etcd: _etcd,
+            dir: _dir,
+        } = setup;
+        let acked = append(&a.node, "before").await?.end_lsn;
+        let stopped = stop(&a, false).await?;
+        let within = TTL + Duration::from_secs(1);
+        // Whichever standby wins; the other then follows it.
+        let won = first_to_lead(&mut b, &mut c, within + Duration::from_secs(5)).await?;
+        let took = stopped.elapsed();
+        eprintln!("a new leader ({}) after {took:?}", won.0);
+        assert!(
+            took <= within,
+            "the new leader took {took:?}, more than {within:?}"
+        );
+        let new_term = won.1;
+        assert!(new_term > term);
+        let (winner, other) = if won.0 == "b" {
+            (&b, &mut c)
+        } else {
+            (&c, &mut b)
+        };
+        assert!(
+            winner.node.wal.flushed() >= acked,
+            "the winner has what was acknowledged"
+        );
+        append(&winner.node, "after")
+            .await
+            .context("the new leader acknowledges")?;
+        wait_for(other, SETTLE, "following the new leader", |l| {
+            l.following == Some((won.0.to_string(), new_term))
+        })
+        .await?;
+        shutdown([b, c]).await;
+        Ok(())
+    })
+}
+
+/// etcd dies under the leader: its renewals fail, and it stops acknowledging by its own
+/// deadline (the last renewal sent, plus the ttl, minus the margin), without anyone telling it.
+#[test]
+fn a_leader_cut_off_from_etcd_stops_acknowledging_by_its_deadline() -> Result<()> {
+    with_cluster(|setup| async move {
+        let Setup {
+            mut etcd,
+            a,
+            b,
+            c,
+            dir: _dir,
+            term: _term,
+        } = setup;
+        append(&a.node, "before")
+            .await
+            .context("acknowledged while etcd lives")?;
+        etcd.kill();
+        let killed = Instant::now();
+        // Every grant came from a renewal sent before the kill: none reaches past kill + ttl.
+        assert!(
+            !a.node.fence.may_acknowledge(killed + TTL),
+            "the fence would still acknowledge a ttl after etcd died"
+        );
+        tokio::time::sleep_until((killed + TTL).into()).await;
+        match append(&a.node, "after").await {
+            Err(AppendError::NotLeader { .. }) => {}
+            other => bail!("an append after the deadline was not refused: {other:?}"),
+        }
+        shutdown([a, b, c]).await;
+        Ok(())
+    })
+}
+
+/// While paused nobody campaigns for a free key; on resume a standby does.
+#[test]
+fn pause_stops_failover_and_resume_lets_it_happen() -> Result<()> {
+    with_cluster(|setup| async move {
+        let Setup {
+            etcd,
+            a,
+            mut b,
+            mut c,
+            dir: _dir,
+            term: _term,
+        } = setup;
+        let client = etcd.client();
+        b.actor.send(Pause).await??;
+        // The leader releases its lease: the key goes at once.
+        stop(&a, true).await?;
+        // Nothing may happen for longer than a failover takes: no leader key appears.
+        let leader_key = "/walserver/test/leader";
+        let watch = client
+            .watch(&etcd_gateway::WatchRequest::new(
+                etcd_gateway::KeyRange::key(leader_key),
+            ))
+            .await?;
+        let now = client
+            .range(&etcd_gateway::KeyRange::key(leader_key))
+            .await?;
+        assert!(now.kvs.is_empty(), "the leader key is gone");
+        let mut watch = Box::pin(watch);
+        let quiet = TTL + Duration::from_secs(1);
+        if let Ok(event) = tokio::time::timeout(quiet, watch.next()).await {
+            bail!("paused, yet the leader key changed: {event:?}");
+        }
+        assert!(b.leadership.borrow().leading.is_none());
+        assert!(c.leadership.borrow().leading.is_none());
+        c.actor.send(Resume).await??;
+        first_to_lead(&mut b, &mut c, SETTLE).await?;
+        shutdown([b, c]).await;
+        Ok(())
+    })
+}
+
+/// A switchover asked of a standby's actor: the leader stops appends, `b` catches up, takes
+/// the key and leads; everything acknowledged before is on `b`; the old leader follows `b`.
+#[test]
+fn a_switchover_loses_nothing_and_the_old_leader_follows() -> Result<()> {
+    with_cluster(|setup| async move {
+        let Setup {
+            mut a,
+            mut b,
+            c,
+            term,
+            etcd: _etcd,
+            dir: _dir,
+        } = setup;
+        let mut acked = wal_storage::Lsn(0);
+        for i in 0..200 {
+            acked = append(&a.node, &format!("record {i}")).await?.end_lsn;
+        }
+        let report = c
+            .actor
+            .send(Switchover {
+                candidate: Some("b".into()),
+            })
+            .await??;
+        eprintln!("switchover: {report:?}");
+        assert_eq!(report.new_leader, "b");
+        assert!(report.term > term);
+        let l = wait_for(&mut b, SETTLE, "leading", |l| l.leading.is_some()).await?;
+        assert_eq!(l.leading, Some(report.term));
+        assert!(
+            b.node.wal.flushed() >= acked,
+            "b lacks acknowledged WAL: {} < {acked}",
+            b.node.wal.flushed()
+        );
+        append(&b.node, "on b")
+            .await
+            .context("the new leader acknowledges")?;
+        wait_for(&mut a, SETTLE, "following b", |l| {
+            l.following == Some(("b".into(), report.term))
+        })
+        .await?;
+        shutdown([a, b, c]).await;
+        Ok(())
+    })
+}
+
+/// The old leader crashes (its lease expires by the ttl), a standby takes over, and the old
+/// leader's data directory, restarted as the primary it was with a closed fence, follows the
+/// new leader: it is demoted live and never acknowledges.
+#[test]
+fn a_restarted_old_leader_follows_the_new_one() -> Result<()> {
+    with_cluster(|setup| async move {
+        let Setup {
+            etcd,
+            dir,
+            a,
+            mut b,
+            mut c,
+            term: _term,
+        } = setup;
+        stop(&a, false).await?;
+        let (winner, new_term) = first_to_lead(&mut b, &mut c, SETTLE).await?;
+        // The storage lock goes with the last handle of the old node's storage.
+        drop(a);
+        let node = start_primary(&dir.join("a")).await?;
+        assert!(
+            !node.fence.may_acknowledge(Instant::now()),
+            "a restarted node's fence is closed"
+        );
+        let mut a = start_actor(etcd.client_url(), "a", node).await?;
+        wait_for(&mut a, SETTLE, "following the new leader", |l| {
+            l.following == Some((winner.clone(), new_term))
+        })
+        .await?;
+        let status = a
+            .node
+            .supervisor
+            .send(supervisor_actor::GetNodeStatus)
+            .await??;
+        assert_eq!(status.role, supervisor_actor::NodeRole::Standby);
+        assert!(a.leadership.borrow().leading.is_none());
+        match append(&a.node, "on the old leader").await {
+            Err(_) => {}
+            Ok(done) => bail!("the old leader acknowledged an append: {done:?}"),
+        }
+        shutdown([a, b, c]).await;
+        Ok(())
+    })
+}
+
+/// Waits until etcd's `key` satisfies `f` (its value, or `None` when absent), by a watch.
+async fn wait_key(
+    client: &etcd_gateway::Client,
+    key: &str,
+    within: Duration,
+    f: impl Fn(Option<&[u8]>) -> bool,
+) -> Result<Option<Vec<u8>>> {
+    let range = etcd_gateway::KeyRange::key(key);
+    let now = client.range(&range).await?;
+    let value = now.kvs.first().map(|kv| kv.value.clone());
+    if f(value.as_deref()) {
+        return Ok(value);
+    }
+    let watch = client
+        .watch(&etcd_gateway::WatchRequest::new(range).from_revision(now.header.revision + 1))
+        .await?;
+    let mut watch = Box::pin(watch);
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let batch = match tokio::time::timeout_at(deadline, watch.next()).await {
+            Ok(Some(batch)) => batch?,
+            Ok(None) => bail!("the watch of {key} ended"),
+            Err(_) => bail!("{key} did not change as expected within {within:?}"),
+        };
+        for event in batch.events {
+            let value = match event.kind {
+                etcd_gateway::EventKind::Put => Some(event.kv.value),
+                etcd_gateway::EventKind::Delete => None,
+            };
+            if f(value.as_deref()) {
+                return Ok(value);
+            }
+        }
+    }
+}
+
+fn sync_standby(value: Option<&[u8]>) -> Option<String> {
+    let record: serde_json::Value = serde_json::from_slice(value?).ok()?;
+    record["sync_standby"].as_str().map(str::to_string)
+}
+
+/// `synchronous_mode = on`: the leader publishes a synchronous standby once it counts and has
+/// caught up; when that standby goes, the other is counted, caught up and published, and
+/// synchronous appends are acknowledged again.
+#[test]
+fn synchronous_mode_publishes_a_standby_and_replaces_a_lost_one() -> Result<()> {
+    log();
+    let etcd = EtcdServer::start();
+    let client = etcd.client();
+    let dir = tempfile::tempdir()?;
+    actix_rt::System::new().block_on(async {
+        let p = start_primary(&dir.path().join("a")).await?;
+        let b = start_standby(&dir.path().join("b"), &p, "b").await?;
+        let c = start_standby(&dir.path().join("c"), &p, "c").await?;
+        let mut members = Vec::new();
+        for (name, node) in [("a", p), ("b", b), ("c", c)] {
+            let mut config = FailoverConfig::new(
+                vec![etcd.client_url().to_string()],
+                "test",
+                name,
+                conninfo(&node),
+                String::new(),
+            );
+            config.ttl = TTL;
+            config.synchronous_mode = failover_actor::SynchronousMode::On;
+            let actor = FailoverActor::start(config, node.clone())?;
+            let leadership = actor.send(SubscribeLeadership).await?;
+            members.push(Member {
+                name: name.into(),
+                node,
+                actor,
+                leadership,
+            });
+        }
+        wait_for(&mut members[0], SETTLE, "leading", |l| l.leading.is_some()).await?;
+        let first = wait_key(&client, "/walserver/test/sync", SETTLE, |v| {
+            sync_standby(v).is_some()
+        })
+        .await?;
+        let first = sync_standby(first.as_deref()).context("a sync standby")?;
+        eprintln!("first synchronous standby: {first}");
+        let on = |node: &Node, text: &'static str| {
+            let supervisor = node.supervisor.clone();
+            async move {
+                supervisor
+                    .send(AppendRecords {
+                        records: vec![Bytes::from(text)],
+                        durability: Some(Durability::On),
+                    })
+                    .await
+            }
+        };
+        on(&members[0].node, "sync 1")
+            .await?
+            .context("a synchronous append")?;
+        let gone = members
+            .iter()
+            .position(|m| m.name == first)
+            .context("the member")?;
+        let lost = members.remove(gone);
+        shutdown([lost]).await;
+        let other = if first == "b" { "c" } else { "b" };
+        wait_key(&client, "/walserver/test/sync", SETTLE, |v| {
+            sync_standby(v).as_deref() == Some(other)
+        })
+        .await?;
+        tokio::time::timeout(SETTLE, on(&members[0].node, "sync 2"))
+            .await
+            .context("the synchronous append waited too long")??
+            .context("a synchronous append after the replacement")?;
+        shutdown(members).await;
+        Ok(())
+    })
+}

@@ -199,16 +199,18 @@ impl Cluster {
     /// Whether member `i` says it leads: `GET /primary` answers 200 (asked from the client
     /// host, with a short timeout so that a paused member is a "no").
     pub fn is_leader(&self, i: usize) -> bool {
+        matches!(self.primary_answer(i), Ok((200, _)))
+    }
+
+    /// Member `i`'s answer to `GET /primary`.
+    fn primary_answer(&self, i: usize) -> fault_harness::Result<(u16, String)> {
         let req = Request {
             timeout: PROBE_TIMEOUT,
             token: Some(TOKEN),
             ..Request::default()
         };
-        matches!(
-            self.client
-                .http("GET", self.nodes[i].http(), "/primary", &req),
-            Ok((200, _))
-        )
+        self.client
+            .http("GET", self.nodes[i].http(), "/primary", &req)
     }
 
     /// The running members that say they lead.
@@ -231,8 +233,13 @@ impl Cluster {
                 }
             }
             if start.elapsed() > deadline {
+                let answers: Vec<String> = (0..MEMBERS)
+                    .filter(|&i| self.nodes[i].is_running())
+                    .map(|i| format!("n{i}: {:?}", self.primary_answer(i)))
+                    .collect();
                 return Err(format!(
-                    "no single new leader within {deadline:?} (leaders now: {l:?}, not {not:?})"
+                    "no single new leader within {deadline:?} (leaders now: {l:?}, not \
+                     {not:?}); GET /primary: {answers:?}"
                 ));
             }
             std::thread::sleep(Duration::from_millis(50));

@@ -125,7 +125,9 @@ impl Spec {
             .arg(ELECTION_MS.to_string())
             .args(["--logger", "zap", "--log-level", "info"]);
         let log = m.dir.join("etcd.log");
-        Process::spawn_ready(&m.name, cmd, &log, READY_LINE, START_DEADLINE)
+        let mut p = Process::spawn_ready(&m.name, cmd, &log, READY_LINE, START_DEADLINE)?;
+        p.quiet_on_failure();
+        Ok(p)
     }
 }
 

@@ -482,6 +482,67 @@ impl Drop for Cluster {
     }
 }
 
+/// The writer number of [`probe_append`]'s appends (the load's writers count from 0).
+pub const PROBE_WRITER: usize = 1000;
+
+/// What one [`probe_append`] was answered.
+#[derive(Debug)]
+pub struct Probe {
+    /// The HTTP status, or the transport error.
+    pub answer: Result<(u16, String), String>,
+    /// When the answer (or the error) came ([`acklog::mono_ms`]).
+    pub at_ms: u64,
+}
+
+/// One append of the test's own, sent from `client` to the admin API `http` at `durability`
+/// with `seq` (unique per test) as writer [`PROBE_WRITER`], given `timeout` to be answered.
+/// An acknowledgement goes into the ack log at `ack_log` like the load's (one line, one write,
+/// opened for appending), so every check of the log counts it and the end state must hold it.
+pub fn probe_append(
+    client: &Host,
+    http: &str,
+    ack_log: &Path,
+    seq: u64,
+    durability: &str,
+    timeout: Duration,
+) -> Probe {
+    let payload = acklog::payload(PROBE_WRITER, seq, 0, 100);
+    let req = Request {
+        timeout,
+        token: Some(TOKEN),
+        body: Some(&payload),
+        content_type: Some("application/octet-stream"),
+    };
+    let answer = client
+        .http("POST", http, &format!("/wal?durability={durability}"), &req)
+        .map_err(|e| e.to_string());
+    let at_ms = acklog::mono_ms();
+    if let Ok((200, body)) = &answer {
+        let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        let entry = AckEntry {
+            writer: PROBE_WRITER,
+            seq,
+            timeline: v["timeline"].as_u64().unwrap_or(0) as u32,
+            end_lsn: v["end_lsn"]
+                .as_str()
+                .and_then(|l| l.parse().ok())
+                .unwrap_or_default(),
+            hashes: vec![acklog::sha256_hex(&payload)],
+            mono_ms: Some(at_ms),
+            node: Some(http.to_string()),
+            term: v["term"].as_u64(),
+        };
+        let mut line = serde_json::to_vec(&entry).expect("an entry is JSON");
+        line.push(b'\n');
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(ack_log)
+            .expect("open the ack log");
+        std::io::Write::write_all(&mut f, &line).expect("log the probe's acknowledgement");
+    }
+    Probe { answer, at_ms }
+}
+
 /// What a scenario measured beyond the end state.
 #[derive(Default)]
 pub struct Measured {

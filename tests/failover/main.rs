@@ -160,8 +160,20 @@ fn deposed_leader(label: &str, fault_name: &str, pause: bool) {
     let timeline = c.acked_timeline();
     let t0 = mono_ms();
     let at = Instant::now();
+    let mut in_flight = None;
     let cut = if pause {
         c.nodes[leader].pause().expect("SIGSTOP");
+        // An append sent to the stopped leader waits in its socket and is read when it
+        // resumes, long after a new leader took over: at durability `local` only the fence
+        // stands between it and an acknowledgement on the old timeline.
+        let (client, http, log) = (
+            c.client.clone(),
+            c.nodes[leader].http().to_string(),
+            c.ack_log.clone(),
+        );
+        in_flight = Some(std::thread::spawn(move || {
+            cluster::probe_append(&client, &http, &log, 0, "local", DEADLINE)
+        }));
         None
     } else {
         let host = &c.hosts[leader];
@@ -181,12 +193,44 @@ fn deposed_leader(label: &str, fault_name: &str, pause: bool) {
         Ok(ms) => m.failover_ms.push(ms),
         Err(e) => problems.push(e),
     }
+    let first_new_ms = m.failover_ms.first().map(|ms| t0 + *ms as u64);
     let new = c.wait_leader(DEADLINE, Some(leader));
+    if !pause {
+        // The deposed leader is still running, cut off from etcd: an append sent to it now, at
+        // durability `local` (so that no synchronous standby can hold it), must be refused.
+        let p = cluster::probe_append(
+            &c.client,
+            c.nodes[leader].http(),
+            &c.ack_log,
+            0,
+            "local",
+            cluster::REQUEST_TIMEOUT,
+        );
+        eprintln!("an append to the deposed leader: {p:?}");
+        if matches!(p.answer, Ok((200, _))) {
+            problems.push(format!("the deposed leader acknowledged an append: {p:?}"));
+        }
+    }
     // The fault lasts past the ttl whatever the failover took: its length, not a wait.
     std::thread::sleep((TTL + Duration::from_secs(1)).saturating_sub(at.elapsed()));
     let _ = c.wait_more_acks(50, DEADLINE);
     if pause {
         c.nodes[leader].resume().expect("SIGCONT");
+    }
+    if let Some(probe) = in_flight {
+        let p = probe.join().expect("the probe's thread");
+        eprintln!("the append sent to the stopped leader: {p:?}");
+        if first_new_ms.is_none_or(|t| p.at_ms < t) {
+            problems.push(format!(
+                "the append sent to the stopped leader was answered before the new leader's \
+                 first acknowledgement, so it was not held through the failover: {p:?}"
+            ));
+        }
+        if matches!(p.answer, Ok((200, _))) {
+            problems.push(format!(
+                "the resumed old leader acknowledged the append it held: {p:?}"
+            ));
+        }
     }
     if let Some(f) = cut {
         f.heal().expect("heal");

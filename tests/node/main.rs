@@ -4,6 +4,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod fence;
 mod metrics;
 #[cfg(feature = "failpoints")]
 mod storage;

@@ -567,7 +567,13 @@ fn kill_9_of_the_primary_loses_no_acknowledged_synchronous_append() {
         acked.extend(rx.try_iter());
         primary = spawn_node(&p_conf, &dir.path().join("p.log"));
     }
-    // Let the standby catch up with the restarted primary, then compare.
+    // The restarted primary shows only acknowledged WAL: wait for the standby to confirm what
+    // it flushed before the kill. Then let the standby catch up with it, and compare.
+    wait_until("the restarted primary's WAL to be acknowledged", || {
+        walserver_node::admin::get_json(&primary.http, "/status", None).is_ok_and(|s| {
+            s["acknowledged_lsn"].is_string() && s["acknowledged_lsn"] == s["flush_lsn"]
+        })
+    });
     let primary_records = read_all(&primary.http);
     wait_until("the standby to catch up", || {
         read_all(&standby.http).len() >= primary_records.len()

@@ -22,6 +22,7 @@ use crate::fence::Fence;
 use crate::node::{Node, NodeConfig, NodeError};
 use crate::restart::RestartPolicy;
 use crate::supervisor::Supervisor;
+use crate::visibility::Visibility;
 
 /// Starts a node's actors in the current actix System.
 ///
@@ -448,7 +449,13 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         &session.show,
     ));
     walsender.session = Arc::new(session);
-    let registry = WalSenderRegistry::new(max_wal_senders).start();
+    let registry = WalSenderRegistry::new(max_wal_senders);
+    let (visibility, acknowledged) = Visibility::new(
+        &wal,
+        crate::visibility::rule_of(standby.is_none(), &sync),
+        registry.sync_positions(),
+    );
+    let registry = registry.start();
     let shared = Shared::new(
         wal.clone(),
         walsender,
@@ -478,6 +485,7 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         sync,
         fence.clone(),
         dir,
+        visibility,
     );
     let append_metrics = supervisor.append_metrics.clone();
     let supervisor = supervisor.start();
@@ -489,6 +497,7 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         listen_addr,
         append_metrics,
         fence,
+        acknowledged,
         applied: Arc::new(tokio::sync::watch::channel(Lsn::INVALID).0),
     })
 }

@@ -36,6 +36,12 @@
 //! after the fence closed, even while it waited for synchronous standbys, is answered
 //! [`AppendError::Indeterminate`]: durable here, not acknowledged.
 //!
+//! Readers see only acknowledged WAL ([`Node::acknowledged`]): on a primary with synchronous
+//! standbys and a synchronous `synchronous_commit`, [`Node::records`] ends where the standbys
+//! confirmed (the registry publishes what they confirmed), not at the local flush, and after a
+//! restart it shows nothing past the start until they confirm again; elsewhere the local flush
+//! is the end.
+//!
 //! It counts the appends it answers, by durability level, with their latency and their wait
 //! for synchronous standbys ([`AppendMetrics`], shared as [`Node::append_metrics`]).
 //!
@@ -103,6 +109,7 @@ mod node;
 mod records;
 mod restart;
 mod supervisor;
+mod visibility;
 
 pub use append::{
     AppendCounts, AppendError, AppendMetrics, AppendRecords, Appended, Durability, SyncSettings,

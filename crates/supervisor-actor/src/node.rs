@@ -13,7 +13,7 @@ use walsender_actor::{Shared, WalSenderRegistry, WalSenderSettings};
 
 use crate::append::{AppendMetrics, SyncSettings};
 use crate::fence::Fence;
-use crate::records::{subscribe_records, Follow, RecordEvent};
+use crate::records::{subscribe_acknowledged_records, Follow, RecordEvent};
 use crate::restart::RestartPolicy;
 use crate::supervisor::ReportApplied;
 use crate::supervisor::Supervisor;
@@ -128,6 +128,9 @@ pub struct Node {
     /// The fence the supervisor asks before acknowledging an append; the failover actor
     /// grants and revokes it.
     pub fence: Fence,
+    /// The end of the WAL acknowledged at the node's durability level (see
+    /// [`Node::acknowledged`]).
+    pub(crate) acknowledged: crate::visibility::Acknowledged,
     /// What this node's application has applied (see [`Node::report_applied`]).
     pub(crate) applied: Arc<tokio::sync::watch::Sender<Lsn>>,
 }
@@ -143,13 +146,28 @@ pub enum LocalLevel {
 
 impl Node {
     /// The node's walserver records from `from` (a record boundary or a segment start), in
-    /// LSN order, across timeline switches, as they become durable.
+    /// LSN order, across timeline switches, as they become acknowledged: durable here, and on
+    /// a primary with synchronous standbys and a synchronous `synchronous_commit`, confirmed
+    /// by them (see [`Node::acknowledged`]).
     pub fn records(
         &self,
         from: Lsn,
         follow: Follow,
     ) -> impl futures_util::Stream<Item = Result<RecordEvent, WalError>> {
-        subscribe_records(self.wal.clone(), from, follow)
+        subscribe_acknowledged_records(
+            self.wal.clone(),
+            self.acknowledged.gate.clone(),
+            from,
+            follow,
+        )
+    }
+
+    /// The end of the WAL acknowledged at the node's durability level: the local flush,
+    /// except on a primary with synchronous standbys and a `synchronous_commit` other than
+    /// `local`, where it is what the synchronous standbys confirmed at that level (never
+    /// beyond the local flush). Readers see WAL up to here.
+    pub fn acknowledged(&self) -> tokio::sync::watch::Receiver<Lsn> {
+        self.acknowledged.end.clone()
     }
 
     /// Tells the node its application has applied WAL up to `lsn`. On a standby the position

@@ -149,6 +149,9 @@ const BATCH: usize = 256;
 struct State {
     wal: Wal,
     watch: tokio::sync::watch::Receiver<wal_storage::WalPosition>,
+    /// Records are given only up to here when it holds an LSN
+    /// ([`subscribe_acknowledged_records`]).
+    visible: Option<tokio::sync::watch::Receiver<Option<Lsn>>>,
     timeline: TimelineId,
     position: Lsn,
     /// The end of the last record given, to notice WAL dropped under the subscription.
@@ -192,10 +195,35 @@ pub fn subscribe_records(
     from: Lsn,
     follow: Follow,
 ) -> impl Stream<Item = Result<RecordEvent, WalError>> {
+    subscribe(wal, None, from, follow)
+}
+
+/// As [`subscribe_records`], but while `gate` holds an LSN (the acknowledged end, where it is
+/// not the local flush) each record is given only once the gate has reached its end.
+pub(crate) fn subscribe_acknowledged_records(
+    wal: Wal,
+    gate: tokio::sync::watch::Receiver<Option<Lsn>>,
+    from: Lsn,
+    follow: Follow,
+) -> impl Stream<Item = Result<RecordEvent, WalError>> {
+    subscribe(wal, Some(gate), from, follow)
+}
+
+fn subscribe(
+    wal: Wal,
+    visible: Option<tokio::sync::watch::Receiver<Option<Lsn>>>,
+    from: Lsn,
+    follow: Follow,
+) -> impl Stream<Item = Result<RecordEvent, WalError>> {
     let watch = wal.subscribe();
+    let end = match visible.as_ref().and_then(|v| *v.borrow()) {
+        Some(v) => wal.flushed().min(v),
+        None => wal.flushed(),
+    };
     let state = State {
         timeline: timeline_of(&wal, from),
-        stop_at: (follow == Follow::UntilCurrentEnd).then(|| wal.flushed()),
+        stop_at: (follow == Follow::UntilCurrentEnd).then_some(end),
+        visible,
         wal,
         watch,
         position: from,
@@ -226,6 +254,7 @@ pub fn subscribe_records(
             // Mark the watch as seen before reading, so a flush that lands during the read
             // wakes the wait below instead of being missed.
             st.watch.borrow_and_update();
+            let visible_end = st.visible.as_mut().and_then(|v| *v.borrow_and_update());
             let (wal, tli, pos) = (st.wal.clone(), st.timeline, st.position);
             let batch = tokio::task::spawn_blocking(move || -> Result<(Vec<_>, Lsn), WalError> {
                 let mut reader = wal.record_reader(tli, pos)?;
@@ -254,20 +283,43 @@ pub fn subscribe_records(
                     return Some((Err(e), st));
                 }
             };
-            if !records.is_empty() {
-                for r in records {
-                    if st.stop_at.is_some_and(|s| r.end > s) {
-                        st.done = true;
-                        break;
-                    }
-                    st.position = r.end;
-                    st.read_to = r.end;
-                    st.buffered.push_back(RecordEvent::Record {
-                        timeline: tli,
-                        start: r.start,
-                        end: r.end,
-                        payload: r.payload,
-                    });
+            let mut held_back = false;
+            let mut given = 0;
+            for r in records {
+                if st.stop_at.is_some_and(|s| r.end > s) {
+                    st.done = true;
+                    break;
+                }
+                if visible_end.is_some_and(|v| r.end > v) {
+                    // Durable here but not acknowledged yet: read again once it is.
+                    held_back = true;
+                    break;
+                }
+                given += 1;
+                st.position = r.end;
+                st.read_to = r.end;
+                st.buffered.push_back(RecordEvent::Record {
+                    timeline: tli,
+                    start: r.start,
+                    end: r.end,
+                    payload: r.payload,
+                });
+            }
+            if given > 0 || st.done {
+                continue;
+            }
+            if held_back {
+                if st.stop_at.is_some() {
+                    return None;
+                }
+                // Only the acknowledged end can let the next record out (a cut of the WAL
+                // moves it too): a local flush alone is no reason to read again.
+                let moved = match &mut st.visible {
+                    Some(v) => v.changed().await.is_ok(),
+                    None => false,
+                };
+                if !moved {
+                    return None;
                 }
                 continue;
             }
@@ -287,9 +339,21 @@ pub fn subscribe_records(
                 return None;
             }
             // Wait for more durable WAL (or a timeline switch).
-            if st.watch.changed().await.is_err() {
+            if !wait_for_more(&mut st).await {
                 return None;
             }
         }
     })
+}
+
+/// Waits for more durable WAL, a timeline switch, or more acknowledged WAL; `false` once
+/// storage or the acknowledged end is gone.
+async fn wait_for_more(st: &mut State) -> bool {
+    match &mut st.visible {
+        None => st.watch.changed().await.is_ok(),
+        Some(v) => tokio::select! {
+            r = st.watch.changed() => r.is_ok(),
+            r = v.changed() => r.is_ok(),
+        },
+    }
 }

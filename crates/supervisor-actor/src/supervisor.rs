@@ -32,16 +32,18 @@ use walreceiver_actor::messages::{
 use walreceiver_actor::{ApplyReporting, ReceiverConfig, ReceiverStatus, StopReason, WalReceiver};
 use walsender_actor::messages::{
     GetReplicationStatus, SetMaxWalSenders, SetSyncStandbyNames, SettingsChanged,
-    ShutdownWalSenders, StopAccepting, WaitForSync,
+    ShutdownWalSenders, StopAccepting,
 };
 use walsender_actor::session::ShutdownMode;
 use walsender_actor::status::WalSenderStatus;
 use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
 
-use crate::append::{AppendError, AppendMetrics, AppendRecords, Appended, SyncSettings};
+use crate::append::{AppendMetrics, SyncSettings};
 use crate::fence::Fence;
 use crate::restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
+use crate::visibility::{rule_of, Visibility};
 
+mod append;
 mod leadership;
 mod storage;
 use storage::StorageSupervision;
@@ -77,6 +79,10 @@ pub struct NodeStatus {
     pub system_identifier: SystemId,
     pub timeline: TimelineId,
     pub flush_lsn: Lsn,
+    /// The end of the WAL acknowledged at the node's durability level, which readers see
+    /// ([`Node::acknowledged`](crate::Node::acknowledged)): `flush_lsn`, except on a primary
+    /// with synchronous standbys and a synchronous `synchronous_commit`.
+    pub acknowledged_lsn: Lsn,
     pub wal_format: WalFormat,
     pub replication: Vec<WalSenderStatus>,
     pub wal_receiver: Option<WalReceiverInfo>,
@@ -178,6 +184,8 @@ pub struct Supervisor {
     following: bool,
     /// Where `standby.signal` goes when the node follows a leader.
     data_dir: PathBuf,
+    /// What readers see: the acknowledged end, by a rule of the role and the settings.
+    visibility: Visibility,
     /// Shared with [`Node`](crate::Node), which shows them in `/metrics`.
     pub(crate) append_metrics: Arc<AppendMetrics>,
 }
@@ -197,6 +205,7 @@ impl Supervisor {
         sync: SyncSettings,
         fence: Fence,
         data_dir: PathBuf,
+        visibility: Visibility,
     ) -> Supervisor {
         Supervisor {
             wal: Some(wal),
@@ -222,8 +231,15 @@ impl Supervisor {
             fence,
             following: false,
             data_dir,
+            visibility,
             append_metrics: Arc::default(),
         }
+    }
+
+    /// Makes readers' visibility follow the role and the synchronous settings.
+    fn update_visibility(&self) {
+        self.visibility
+            .set_rule(rule_of(self.role == NodeRole::Primary, &self.sync));
     }
 
     /// Starts a walreceiver if one is wanted and none runs or waits for a retry.
@@ -360,6 +376,9 @@ impl Actor for Supervisor {
         self.registry
             .do_send(SetSyncStandbyNames(self.sync.standby_names.clone()));
         self.watch_storage(ctx);
+        if let Some(wal) = &self.wal {
+            ctx.spawn(actix::fut::wrap_future(self.visibility.run(wal)));
+        }
         self.reconcile(ctx);
     }
 }
@@ -621,6 +640,7 @@ impl Handler<GetNodeStatus> for Supervisor {
         let services = self.services.iter().map(|s| s.info.clone()).collect();
         let retry_schedule = self.policy.schedule();
         let term = self.fence.term();
+        let acknowledged_lsn = self.visibility.acknowledged();
         let receiver = self.receiver.as_ref().map(|r| {
             let not_streaming_reason = if r.streaming {
                 None
@@ -668,6 +688,7 @@ impl Handler<GetNodeStatus> for Supervisor {
                 system_identifier: wal.system_id(),
                 timeline: pos.timeline,
                 flush_lsn: pos.flushed,
+                acknowledged_lsn,
                 wal_format: wal.format(),
                 replication,
                 wal_receiver,
@@ -749,6 +770,7 @@ impl Supervisor {
             let promoted = res?;
             act.role = NodeRole::Primary;
             act.receiver = None;
+            act.update_visibility();
             let mut settings = (*act.shared.settings()).clone();
             settings.in_hot_standby = false;
             act.shared.replace_settings(settings);
@@ -777,6 +799,7 @@ impl Handler<Reconfigure> for Supervisor {
             self.registry
                 .do_send(SetSyncStandbyNames(msg.sync.standby_names.clone()));
             self.sync = msg.sync;
+            self.update_visibility();
         }
         let (Some(r), Some(new)) = (self.receiver.as_mut(), msg.receiver) else {
             return;
@@ -814,115 +837,5 @@ impl Handler<ReportApplied> for Supervisor {
                 addr.do_send(Applied { lsn: msg.lsn });
             }
         }
-    }
-}
-
-impl Handler<AppendRecords> for Supervisor {
-    type Result = ResponseFuture<Result<Appended, AppendError>>;
-
-    fn handle(&mut self, msg: AppendRecords, _: &mut Context<Self>) -> Self::Result {
-        let wal = self.wal.clone();
-        let refusal = if self.shutting_down {
-            Some(AppendError::ShuttingDown)
-        } else if wal
-            .as_ref()
-            .is_some_and(|w| w.format() != WalFormat::Walserver)
-        {
-            // Said before "this node is a standby; append on the primary", which would send
-            // the client to a PostgreSQL server that takes no walserver records either.
-            Some(AppendError::RelayedPostgresWal)
-        } else if self.role == NodeRole::Standby || self.promoting {
-            Some(AppendError::Standby)
-        } else if self.following || !self.fence.may_acknowledge(Instant::now()) {
-            // Refused before anything is written: a record this node wrote without leading
-            // could only be dropped again when it follows the leader.
-            Some(AppendError::NotLeader {
-                term: self.fence.term(),
-            })
-        } else {
-            None
-        };
-        let fence = self.fence.clone();
-        let registry = self.registry.clone();
-        let durability = msg.durability.unwrap_or(self.sync.default_durability);
-        let wait_timeout = self.sync.wait_timeout;
-        // Without synchronous standbys every level is satisfied by local durability, as in
-        // PostgreSQL; skip the trip to the registry.
-        let sync_configured = self.sync.standby_names.is_some();
-        let metrics = self.append_metrics.clone();
-        let started = Instant::now();
-        let records = msg.records.len() as u64;
-        let bytes = msg.records.iter().map(|r| r.len() as u64).sum();
-        let sync_metrics = metrics.clone();
-        let work = async move {
-            if let Some(e) = refusal {
-                return Err(e);
-            }
-            let wal = wal.ok_or(AppendError::ShuttingDown)?;
-            if wal.format() != WalFormat::Walserver {
-                return Err(AppendError::RelayedPostgresWal);
-            }
-            if msg.records.is_empty() {
-                return Err(AppendError::Empty);
-            }
-            // Local durability first: storage's group commit.
-            let record_ends = wal.append(msg.records)?.await?;
-            let end_lsn = *record_ends
-                .last()
-                .expect("one end per record, and there are records");
-            // Then the synchronous standbys, if the level asks for them. The wait also ends
-            // when the fence closes: an answer after that could not be an acknowledgement.
-            if let Some(level) = durability.wait_level().filter(|_| sync_configured) {
-                let wait = registry.send(WaitForSync {
-                    lsn: end_lsn,
-                    level,
-                });
-                let waited = Instant::now();
-                let timeout = async move {
-                    match wait_timeout {
-                        Some(t) => tokio::time::sleep(t).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    outcome = wait => match outcome {
-                        Ok(Ok(())) => sync_metrics.sync_wait_seconds.observe(waited.elapsed()),
-                        _ => return Err(AppendError::ShuttingDown),
-                    },
-                    () = timeout => {
-                        return Err(AppendError::NotConfirmed {
-                            end_lsn,
-                            durability,
-                        })
-                    }
-                    () = fence.wait_closed() => {}
-                }
-            }
-            // The last look at the fence, just before answering: durable here after the
-            // leadership ended is not acknowledged.
-            if !fence.may_acknowledge(Instant::now()) {
-                return Err(AppendError::Indeterminate {
-                    end_lsn,
-                    reason: match fence.term() {
-                        Some(t) => format!("this node's leadership (term {t}) ended before the append was acknowledged"),
-                        None => "this node's leadership ended before the append was acknowledged".into(),
-                    },
-                });
-            }
-            Ok(Appended {
-                end_lsn,
-                record_ends,
-                timeline: wal.timeline(),
-                durability,
-            })
-        };
-        Box::pin(async move {
-            let r = work.await;
-            match &r {
-                Ok(_) => metrics.acknowledged(durability, records, bytes, started.elapsed()),
-                Err(_) => metrics.failed(durability),
-            }
-            r
-        })
     }
 }

@@ -2,22 +2,16 @@
 //! written, a grant lets them through, and a grant whose deadline passes while an append waits
 //! for a synchronous standby turns the answer into an indeterminate outcome.
 
-use std::future::Future;
+mod common;
+use common::*;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use supervisor_actor::{
     AppendError, AppendRecords, Appended, Durability, Fence, GetNodeStatus, Node, NodeBuilder,
-    ShutdownNode,
 };
-
-/// Every wait in these tests ends by this deadline, so a regression fails instead of hanging.
-const DEADLINE: Duration = Duration::from_secs(20);
-
-fn run<F: Future>(f: F) -> F::Output {
-    actix_rt::System::new().block_on(f)
-}
 
 fn primary(dir: &Path, fence: Fence) -> NodeBuilder {
     NodeBuilder::primary(dir)
@@ -49,13 +43,6 @@ async fn append(node: &Node, durability: Durability) -> Result<Appended, AppendE
     .await
     .expect("the append is answered by the deadline")
     .expect("the supervisor runs")
-}
-
-async fn stop(node: Node) {
-    node.supervisor
-        .send(ShutdownNode { immediate: true })
-        .await
-        .unwrap();
 }
 
 #[test]

@@ -3,7 +3,9 @@
 //! streams from the new leader; a standby re-targeted at another upstream follows it at once;
 //! the synchronous standbys can be changed under waiting appends.
 
-use std::future::Future;
+mod common;
+use common::*;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -11,18 +13,11 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use supervisor_actor::{
     AppendError, AppendRecords, Appended, Durability, Fence, FollowLeader, Followed, GetNodeStatus,
-    LocalLevel, Node, NodeBuilder, NodeRole, PromoteForTerm, ShutdownNode,
+    LocalLevel, Node, NodeBuilder, NodeRole, PromoteForTerm, SetSyncStandbys,
 };
 use supervisor_actor::{Follow, RecordEvent};
 use wal_storage::{Lsn, TimelineId, WalError};
 use walreceiver_actor::ReceiverConfig;
-
-/// Every wait in these tests ends by this deadline, so a regression fails instead of hanging.
-const DEADLINE: Duration = Duration::from_secs(30);
-
-fn run<F: Future>(f: F) -> F::Output {
-    actix_rt::System::new().block_on(f)
-}
 
 fn conninfo(upstream: &Node) -> String {
     format!("host=127.0.0.1 port={} user=r", upstream.listen_addr.port())
@@ -94,13 +89,6 @@ async fn role(node: &Node) -> NodeRole {
         .role
 }
 
-async fn stop(node: Node) {
-    node.supervisor
-        .send(ShutdownNode { immediate: true })
-        .await
-        .unwrap();
-}
-
 #[test]
 fn a_standby_promoted_for_a_term_records_it_in_its_history() {
     let dir = tempfile::tempdir().unwrap();
@@ -141,29 +129,6 @@ async fn flushed_on(node: &Node, timeline: TimelineId, lsn: Lsn) {
     .await
     .unwrap_or_else(|_| panic!("flushed to {lsn} on timeline {timeline} by the deadline"))
     .unwrap();
-}
-
-/// Every record of `node` from `from` to its durable end: (timeline, end, payload).
-async fn records(node: &Node, from: Lsn) -> Vec<(TimelineId, Lsn, Bytes)> {
-    let events: Vec<_> = tokio::time::timeout(
-        DEADLINE,
-        node.records(from, Follow::UntilCurrentEnd)
-            .collect::<Vec<_>>(),
-    )
-    .await
-    .expect("read by the deadline");
-    events
-        .into_iter()
-        .filter_map(|e| match e.unwrap() {
-            RecordEvent::Record {
-                timeline,
-                end,
-                payload,
-                ..
-            } => Some((timeline, end, payload)),
-            RecordEvent::TimelineSwitch { .. } => None,
-        })
-        .collect()
 }
 
 fn leader(node: &Node, name: &str) -> ReceiverConfig {
@@ -298,5 +263,143 @@ fn a_standby_is_retargeted_at_the_new_leader_at_once() {
         assert_eq!((again.dropped_bytes, again.fork), (0, None));
         stop(a).await;
         stop(b).await;
+    });
+}
+
+#[test]
+fn new_synchronous_standbys_release_the_appends_they_satisfy() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        // A synchronous standby that never connects: appends wait.
+        let p = start(
+            primary(&dir.path().join("p"), Fence::open())
+                .synchronous_standby_names("never_connects")
+                .unwrap(),
+        )
+        .await;
+        let s = start(standby_of(&p, &dir.path().join("s"), "s", Fence::closed())).await;
+        let waiting = p.supervisor.send(AppendRecords {
+            records: vec![Bytes::from_static(b"waits for s")],
+            durability: Some(Durability::On),
+        });
+        let mut waiting = Box::pin(waiting);
+        // Durable on the primary and on `s`, yet not acknowledged: `s` does not count.
+        let start_at = p.wal.flushed();
+        let mut pos = p.wal.subscribe();
+        tokio::select! {
+            r = pos.wait_for(|p| p.flushed > start_at) => { r.unwrap(); }
+            r = &mut waiting => panic!("acknowledged before s counted: {r:?}"),
+        }
+        let end = p.wal.flushed();
+        tokio::select! {
+            () = flushed_to(&s, end) => {}
+            r = &mut waiting => panic!("acknowledged before s counted: {r:?}"),
+        }
+        let names = walsender_actor::syncrep::parse_sync_standby_names("s").unwrap();
+        p.supervisor.do_send(SetSyncStandbys { names });
+        let appended = tokio::time::timeout(DEADLINE, waiting)
+            .await
+            .expect("released by the deadline")
+            .unwrap()
+            .unwrap();
+        assert_eq!(appended.end_lsn, end);
+
+        // With none, appends do not wait at all.
+        let p2 = start(
+            primary(&dir.path().join("p2"), Fence::open())
+                .synchronous_standby_names("never_connects")
+                .unwrap(),
+        )
+        .await;
+        let waiting = Box::pin(p2.supervisor.send(AppendRecords {
+            records: vec![Bytes::from_static(b"waits")],
+            durability: Some(Durability::On),
+        }));
+        let before = p2.wal.flushed();
+        let mut waiting = waiting;
+        let mut pos = p2.wal.subscribe();
+        tokio::select! {
+            r = pos.wait_for(|p| p.flushed > before) => { r.unwrap(); }
+            r = &mut waiting => panic!("acknowledged without its standby: {r:?}"),
+        }
+        p2.supervisor.do_send(SetSyncStandbys { names: None });
+        tokio::time::timeout(DEADLINE, waiting)
+            .await
+            .expect("released by the deadline")
+            .unwrap()
+            .unwrap();
+        // The supervisor's own setting changed too: the next one does not wait either.
+        try_append(&p2, "asynchronous now").await.unwrap();
+        stop(s).await;
+        stop(p).await;
+        stop(p2).await;
+    });
+}
+
+#[test]
+fn a_cascading_standby_with_the_divergent_tail_drops_it_and_follows_the_new_history() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let p_fence = Fence::closed();
+        p_fence.grant(1, lasting());
+        let p = start(primary(&dir.path().join("p"), p_fence.clone())).await;
+        let from = p.wal.flushed();
+        let shared = append(&p, "shared").await;
+        let s_fence = Fence::closed();
+        let s = start(standby_of(&p, &dir.path().join("s"), "s", s_fence.clone())).await;
+        // C streams from P, before and after P's demotion (a cascade of it).
+        let c = start(standby_of(&p, &dir.path().join("c"), "c", Fence::closed())).await;
+        flushed_to(&s, shared).await;
+        flushed_to(&c, shared).await;
+        let promoted = promote(&s, 2).await;
+        s_fence.grant(2, lasting());
+        let mut p_end = Lsn::INVALID;
+        for i in 0..10 {
+            p_end = append(&p, &format!("divergent {i}")).await;
+        }
+        // C holds the divergent tail as well.
+        flushed_to(&c, p_end).await;
+        let divergent = p_end.0 - promoted.switch_lsn.0;
+        assert_eq!(follow(&p, &s, "p", 2).await.dropped_bytes, divergent);
+        // The same upstream as before, once it is on the new history, which forked from C's
+        // WAL: C cuts back.
+        flushed_on(&p, TimelineId(2), promoted.switch_lsn).await;
+        let followed = follow(&c, &p, "c", 2).await;
+        assert!(!followed.demoted);
+        assert_eq!(followed.fork, Some(promoted.switch_lsn));
+        assert_eq!(followed.dropped_bytes, divergent);
+        let s_end = append(&s, "on the new leader").await;
+        flushed_on(&c, TimelineId(2), s_end).await;
+        let on_s = records(&s, from).await;
+        assert_eq!(records(&c, from).await, on_s);
+        assert_eq!(records(&p, from).await, on_s);
+        assert_eq!(c.wal.history(), s.wal.history());
+        stop(c).await;
+        stop(p).await;
+        stop(s).await;
+    });
+}
+
+#[test]
+fn held_walsender_sessions_end_and_resume() {
+    use walsender_actor::messages::{GetReplicationStatus, HoldWalSenders, ResumeWalSenders};
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let p = start(primary(&dir.path().join("p"), Fence::open())).await;
+        let first = append(&p, "first").await;
+        let s = start(standby_of(&p, &dir.path().join("s"), "s", Fence::closed())).await;
+        flushed_to(&s, first).await;
+        tokio::time::timeout(DEADLINE, p.registry.send(HoldWalSenders))
+            .await
+            .expect("every session ended by the deadline")
+            .unwrap();
+        let sessions = p.registry.send(GetReplicationStatus).await.unwrap();
+        assert!(sessions.is_empty(), "{sessions:?}");
+        let second = append(&p, "second").await;
+        p.registry.do_send(ResumeWalSenders);
+        // The standby's walreceiver reconnects and streams again.
+        flushed_to(&s, second).await;
+        stop(s).await;
+        stop(p).await;
     });
 }

@@ -7,7 +7,9 @@
 //! actors reach it through the [`WalSenderRegistry`], which knows every connection, enforces
 //! `max_wal_senders`, shows `pg_stat_replication`, fans out shutdown, and runs synchronous
 //! replication ([`syncrep`]): on every standby reply it decides who is synchronous and
-//! releases the appends their positions cover. The [`Listener`] accepts connections and
+//! releases the appends their positions cover, publishing what they confirmed as a watch
+//! (readers on the primary stop there). For a live demotion it ends every session and holds
+//! new ones ([`messages::HoldWalSenders`]) while WAL is dropped. The [`Listener`] accepts connections and
 //! starts walsenders. What happens before a connection reaches the registry (clients still
 //! authenticating, and those refused) is counted in [`Shared`]'s [`StartupMetrics`].
 //!

@@ -5,6 +5,10 @@
 //! startup phase), but only authenticated walsenders count toward `max_wal_senders`, as in
 //! PostgreSQL. A shutdown request is answered when the last connection has closed; each
 //! connection reports its close with a message, so nothing here waits on a timer.
+//!
+//! What the synchronous standbys have confirmed, taken together, is also published as a watch
+//! ([`WalSenderRegistry::sync_positions`]), so that readers on the primary can stop at WAL
+//! acknowledged at the node's durability level.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -12,7 +16,7 @@ use actix::prelude::*;
 
 use crate::messages::*;
 use crate::status::{lock, SharedStatus, WalSenderState};
-use crate::syncrep::{decide, StandbyPositions, SyncStandbyNames, Waiters};
+use crate::syncrep::{decide, StandbyPositions, SyncPositions, SyncStandbyNames, Waiters};
 use crate::WalSender;
 
 struct Entry {
@@ -33,6 +37,9 @@ pub struct WalSenderRegistry {
     held: bool,
     /// Each waits for the connections open at its [`HoldWalSenders`] to close.
     hold_waiters: Vec<(BTreeSet<u32>, tokio::sync::oneshot::Sender<()>)>,
+    /// The highest positions the synchronous standbys ever confirmed together, each field on
+    /// its own: once acknowledged, WAL stays acknowledged whoever is synchronous later.
+    confirmed: tokio::sync::watch::Sender<SyncPositions>,
 }
 
 impl WalSenderRegistry {
@@ -46,7 +53,14 @@ impl WalSenderRegistry {
             shutting_down: None,
             held: false,
             hold_waiters: Vec::new(),
+            confirmed: tokio::sync::watch::channel(SyncPositions::default()).0,
         }
+    }
+
+    /// What the synchronous standbys have confirmed, taken together (each position the
+    /// highest ever reached); zero until they first confirm anything.
+    pub fn sync_positions(&self) -> tokio::sync::watch::Receiver<SyncPositions> {
+        self.confirmed.subscribe()
     }
 
     fn active_walsenders(&self) -> usize {
@@ -88,6 +102,16 @@ impl WalSenderRegistry {
             for w in self.waiters.release(p) {
                 let _ = w.send(());
             }
+            self.confirmed.send_if_modified(|c| {
+                let next = SyncPositions {
+                    write: c.write.max(p.write),
+                    flush: c.flush.max(p.flush),
+                    apply: c.apply.max(p.apply),
+                };
+                let changed = next != *c;
+                *c = next;
+                changed
+            });
         }
     }
 
@@ -122,6 +146,11 @@ impl Handler<ConnectionOpened> for WalSenderRegistry {
             msg.addr.do_send(Shutdown {
                 mode: crate::session::ShutdownMode::Immediate,
             });
+            // Accepted before the hold but heard of after it: whoever waits for the sessions
+            // to end waits for this one too, so nothing reads WAL when the wait is answered.
+            for (open, _) in &mut self.hold_waiters {
+                open.insert(msg.pid);
+            }
         }
         self.connections.insert(
             msg.pid,

@@ -57,6 +57,10 @@ fn signal_conninfo(config: &ReceiverConfig) -> String {
     s
 }
 
+/// What the second half of following yields: whether walsender sessions were held, and the
+/// cut (`None`: nothing to do, the node already follows this leader on its history).
+type FollowOutcome = (bool, Result<Option<CutBack>, FollowError>);
+
 impl Handler<FollowLeader> for Supervisor {
     type Result = ResponseActFuture<Self, Result<Followed, FollowError>>;
 
@@ -79,43 +83,93 @@ impl Handler<FollowLeader> for Supervisor {
         if demoting {
             // From here this node acknowledges nothing: another node leads.
             self.fence.revoke();
-        } else if self
-            .receiver
-            .as_ref()
-            .is_some_and(|r| r.wanted && same_upstream(&r.config, &msg.upstream))
-        {
-            // Already following this leader; the walreceiver follows its timeline switches.
-            return Box::pin(actix::fut::ready(Ok(Followed {
-                demoted: false,
-                fork: None,
-                dropped_bytes: 0,
-                timeline: wal.timeline(),
-            })));
         }
         self.following = true;
-        self.stop_receiver();
-        let stopped = self.receiver_stopped();
-        let registry = self.registry.clone();
         let upstream = msg.upstream.clone();
-        let data_dir = self.data_dir.clone();
         tracing::info!(
             term = msg.term,
             demoting,
             leader = %upstream.conninfo.to_string_without_password(),
             "following the leader"
         );
+        let identify = {
+            let upstream = upstream.clone();
+            async move {
+                walreceiver_actor::fetch_upstream_identity(
+                    &upstream.conninfo,
+                    upstream.session.slot_name.as_deref(),
+                    &upstream.application_name,
+                )
+                .await
+                .map_err(|e| FollowError::Upstream(e.to_string()))
+            }
+        };
+        let work = identify
+            .into_actor(self)
+            .then(move |identity, act, _| act.follow_identified(identity, upstream, demoting));
+        Box::pin(work.map(move |(held, res), act, ctx| {
+            act.following = false;
+            let result = res.map(|cut| match cut {
+                Some(cut) => act.followed(msg.upstream, cut, demoting, ctx),
+                None => Followed {
+                    demoted: false,
+                    fork: None,
+                    dropped_bytes: 0,
+                    timeline: wal.timeline(),
+                },
+            });
+            if let Err(e) = &result {
+                tracing::warn!("could not follow the leader: {e}");
+                // A standby goes on with the upstream it had; a primary stays one, fenced.
+                if let Some(r) = act.receiver.as_mut() {
+                    r.wanted = true;
+                }
+                act.reconcile(ctx);
+            }
+            if held {
+                act.registry.do_send(ResumeWalSenders);
+            }
+            result
+        }))
+    }
+}
+
+impl Supervisor {
+    /// Following, once the leader has said who it is: stop the walreceiver, hold walsender
+    /// sessions if WAL is dropped or the node demoted, and commit on a blocking thread.
+    fn follow_identified(
+        &mut self,
+        identity: Result<UpstreamIdentity, FollowError>,
+        upstream: ReceiverConfig,
+        demoting: bool,
+    ) -> std::pin::Pin<Box<dyn ActorFuture<Self, Output = FollowOutcome>>> {
+        let done = |o: FollowOutcome| Box::pin(actix::fut::ready(o));
+        let Some(wal) = self.wal.clone() else {
+            return done((false, Err(FollowError::ShuttingDown)));
+        };
+        let identity = match identity.and_then(|i| fork_point(&wal, &i).map(|p| (i, p))) {
+            Ok((i, point)) => {
+                let same = self
+                    .receiver
+                    .as_ref()
+                    .is_some_and(|r| r.wanted && same_upstream(&r.config, &upstream));
+                if !demoting && same && !point.must_cut() {
+                    // Already following this leader on its history; the walreceiver follows
+                    // its timeline switches by itself.
+                    return done((false, Ok(None)));
+                }
+                i
+            }
+            Err(e) => return done((false, Err(e))),
+        };
+        // Stopped before the cut: it must not write more of the old upstream's WAL.
+        self.stop_receiver();
+        let stopped = self.receiver_stopped();
+        let registry = self.registry.clone();
+        let data_dir = self.data_dir.clone();
         let work = async move {
             stopped.await;
-            let identity = match walreceiver_actor::fetch_upstream_identity(
-                &upstream.conninfo,
-                upstream.session.slot_name.as_deref(),
-                &upstream.application_name,
-            )
-            .await
-            {
-                Ok(i) => i,
-                Err(e) => return (false, Err(FollowError::Upstream(e.to_string()))),
-            };
+            // Decided again now that nothing writes WAL here.
             let point = match fork_point(&wal, &identity) {
                 Ok(p) => p,
                 Err(e) => return (false, Err(e)),
@@ -141,24 +195,9 @@ impl Handler<FollowLeader> for Supervisor {
                     cause: std::io::Error::other(e.to_string()),
                 }))
             });
-            (hold, cut)
+            (hold, cut.map(Some))
         };
-        Box::pin(work.into_actor(self).map(move |(held, res), act, ctx| {
-            act.following = false;
-            let result = res.map(|cut| act.followed(msg.upstream, cut, demoting, ctx));
-            if let Err(e) = &result {
-                tracing::warn!("could not follow the leader: {e}");
-                // A standby goes on with the upstream it had; a primary stays one, fenced.
-                if let Some(r) = act.receiver.as_mut() {
-                    r.wanted = true;
-                }
-                act.reconcile(ctx);
-            }
-            if held {
-                act.registry.do_send(ResumeWalSenders);
-            }
-            result
-        }))
+        Box::pin(work.into_actor(self))
     }
 }
 
@@ -196,6 +235,7 @@ impl Supervisor {
         if demoted {
             self.role = NodeRole::Standby;
             self.receiver = Some(Receiver::new(upstream));
+            self.update_visibility();
             let mut settings = (*self.shared.settings()).clone();
             settings.in_hot_standby = true;
             self.shared.replace_settings(settings);
@@ -243,5 +283,6 @@ impl Handler<SetSyncStandbys> for Supervisor {
         self.registry
             .do_send(SetSyncStandbyNames(msg.names.clone()));
         self.sync.standby_names = msg.names;
+        self.update_visibility();
     }
 }

@@ -1,0 +1,157 @@
+//! Which WAL readers on this node see: only WAL acknowledged at the node's durability level.
+//!
+//! On a primary with synchronous standbys and a synchronous default durability
+//! (`synchronous_commit` other than `local`), WAL is acknowledged once the synchronous standbys
+//! have confirmed it at that level; before that it is durable here but may not survive a
+//! failover, so [`Node::records`](crate::Node::records) (and `GET /wal`) and the node's own
+//! apply consumers do not see it yet. Elsewhere (no synchronous standbys, `local`, a standby)
+//! the local flush is the acknowledged end, as before.
+//!
+//! What the standbys confirmed is not kept across a restart: a primary restarted with WAL it
+//! flushed but never had confirmed shows none of the WAL after its start until the
+//! synchronous standbys confirm again (they report their positions as soon as they stream).
+//! That is the safe side: nothing unacknowledged is shown.
+//!
+//! The acknowledged end is a watch, recomputed on events only: a local flush, a confirmation
+//! of the synchronous standbys (the registry's watch), or a change of the rule (the
+//! supervisor's, on a change of role or of synchronous settings).
+
+use tokio::sync::watch;
+use wal_storage::{Lsn, Wal};
+use walsender_actor::syncrep::{SyncPositions, WaitLevel};
+
+/// The rule of a node: what its synchronous settings make acknowledged, on a primary.
+pub(crate) fn rule_of(primary: bool, sync: &crate::append::SyncSettings) -> Option<WaitLevel> {
+    sync.standby_names
+        .as_ref()
+        .filter(|_| primary)
+        .and_then(|_| sync.default_durability.wait_level())
+}
+
+/// A node's side: the acknowledged end, and the readers' gate.
+#[derive(Clone, Debug)]
+pub(crate) struct Acknowledged {
+    pub(crate) end: watch::Receiver<Lsn>,
+    pub(crate) gate: watch::Receiver<Option<Lsn>>,
+}
+
+/// The supervisor's side: it sets the rule, a task keeps the acknowledged end.
+pub(crate) struct Visibility {
+    /// `None`: the local flush is acknowledged; `Some(level)`: what the synchronous standbys
+    /// confirmed at `level`, and never beyond the local flush.
+    rule: watch::Sender<Option<WaitLevel>>,
+    acknowledged: std::sync::Arc<watch::Sender<Lsn>>,
+    /// What readers stop at: `None` while the local flush is the acknowledged end, so that
+    /// they read up to the flush itself and never lag behind it.
+    gate: std::sync::Arc<watch::Sender<Option<Lsn>>>,
+    confirmed: watch::Receiver<SyncPositions>,
+}
+
+fn acknowledged_end(flushed: Lsn, rule: Option<WaitLevel>, confirmed: &SyncPositions) -> Lsn {
+    match rule {
+        None => flushed,
+        Some(WaitLevel::Write) => flushed.min(confirmed.write),
+        Some(WaitLevel::Flush) => flushed.min(confirmed.flush),
+        Some(WaitLevel::Apply) => flushed.min(confirmed.apply),
+    }
+}
+
+impl Visibility {
+    /// The rule `rule` from the start; `confirmed` is the registry's watch.
+    pub(crate) fn new(
+        wal: &Wal,
+        rule: Option<WaitLevel>,
+        confirmed: watch::Receiver<SyncPositions>,
+    ) -> (Visibility, Acknowledged) {
+        let first = acknowledged_end(wal.flushed(), rule, &confirmed.borrow());
+        let (acknowledged, end) = watch::channel(first);
+        let (gate, gate_rx) = watch::channel(rule.map(|_| first));
+        let v = Visibility {
+            rule: watch::channel(rule).0,
+            acknowledged: std::sync::Arc::new(acknowledged),
+            gate: std::sync::Arc::new(gate),
+            confirmed,
+        };
+        (v, Acknowledged { end, gate: gate_rx })
+    }
+
+    /// The acknowledged end now.
+    pub(crate) fn acknowledged(&self) -> Lsn {
+        *self.acknowledged.borrow()
+    }
+
+    /// Changes the rule (a change of role or of the synchronous settings).
+    pub(crate) fn set_rule(&self, rule: Option<WaitLevel>) {
+        self.rule.send_if_modified(|r| {
+            let changed = *r != rule;
+            *r = rule;
+            changed
+        });
+    }
+
+    /// Keeps the acknowledged end current until storage or the supervisor is gone. Each turn
+    /// waits for an event; none polls.
+    pub(crate) fn run(&self, wal: &Wal) -> impl std::future::Future<Output = ()> + 'static {
+        let mut flushed = wal.subscribe();
+        let mut confirmed = self.confirmed.clone();
+        let mut rule = self.rule.subscribe();
+        let acknowledged = self.acknowledged.clone();
+        let gate = self.gate.clone();
+        async move {
+            loop {
+                let r = *rule.borrow_and_update();
+                let end = acknowledged_end(
+                    flushed.borrow_and_update().flushed,
+                    r,
+                    &confirmed.borrow_and_update(),
+                );
+                acknowledged.send_if_modified(|a| {
+                    let changed = *a != end;
+                    *a = end;
+                    changed
+                });
+                let g = r.map(|_| end);
+                gate.send_if_modified(|x| {
+                    let changed = *x != g;
+                    *x = g;
+                    changed
+                });
+                let alive = tokio::select! {
+                    r = flushed.changed() => r.is_ok(),
+                    r = confirmed.changed() => r.is_ok(),
+                    r = rule.changed() => r.is_ok(),
+                };
+                if !alive {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_acknowledged_end_is_the_lower_of_the_flush_and_the_confirmation() {
+        let c = SyncPositions {
+            write: Lsn(30),
+            flush: Lsn(20),
+            apply: Lsn(10),
+        };
+        assert_eq!(acknowledged_end(Lsn(25), None, &c), Lsn(25));
+        assert_eq!(
+            acknowledged_end(Lsn(25), Some(WaitLevel::Write), &c),
+            Lsn(25)
+        );
+        assert_eq!(
+            acknowledged_end(Lsn(25), Some(WaitLevel::Flush), &c),
+            Lsn(20)
+        );
+        assert_eq!(
+            acknowledged_end(Lsn(25), Some(WaitLevel::Apply), &c),
+            Lsn(10)
+        );
+    }
+}

@@ -11,12 +11,12 @@ use supervisor_actor::{Fence, GetNodeStatus, Node, NodeRole, NodeStatus};
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 use walreceiver_actor::ReceiverState;
-use walsender_actor::status::{WalSenderState, WalSenderStatus};
+use walsender_actor::status::WalSenderStatus;
 
 use crate::config::FailoverConfig;
 use crate::error::FailoverError;
-use crate::keys::Keys;
-use crate::machine::{self, Action, Cluster, Local, LocalRole, Progress, SyncCandidate, SyncPhase};
+use crate::keys::{KeyKind, Keys};
+use crate::machine::{self, Action, Cluster, Local, LocalRole, Progress, SyncPhase};
 use crate::messages::Leadership;
 use crate::store;
 use crate::view::MemberInfo;
@@ -42,6 +42,7 @@ pub struct FailoverActor {
     dirty: bool,
     renew_failures: u32,
     follow_failures: u32,
+    status_failures: u32,
     renew_timer: Option<SpawnHandle>,
     retry_timer: Option<SpawnHandle>,
     watch: Option<SpawnHandle>,
@@ -52,6 +53,8 @@ pub struct FailoverActor {
     /// Who waits for a named member to take the leader key (switchover reports).
     pub(crate) awaiting_leader: Vec<(String, oneshot::Sender<u64>)>,
     stopping: bool,
+    /// Why the key just won was campaigned for (the history's reason).
+    won_reason: Option<&'static str>,
     pub(crate) leadership: tokio::sync::watch::Sender<Leadership>,
 }
 
@@ -101,6 +104,7 @@ impl FailoverActor {
             dirty: false,
             renew_failures: 0,
             follow_failures: 0,
+            status_failures: 0,
             renew_timer: None,
             retry_timer: None,
             watch: None,
@@ -109,6 +113,7 @@ impl FailoverActor {
             handing_over: false,
             awaiting_leader: Vec::new(),
             stopping: false,
+            won_reason: None,
             leadership: tokio::sync::watch::Sender::new(Leadership::default()),
         }))
     }
@@ -347,7 +352,7 @@ impl FailoverActor {
     }
 
     /// Tells the subscribers what this node does now (only when it changed).
-    fn publish_leadership(&self) {
+    pub(crate) fn publish_leadership(&self) {
         let leading = self
             .progress
             .leading
@@ -392,8 +397,17 @@ impl FailoverActor {
                 .into_actor(self)
                 .then(|status, act, ctx| {
                     match &status {
-                        Some(status) => act.take_status(status),
-                        None => warn!("failover: the supervisor did not answer"),
+                        Some(status) => {
+                            act.status_failures = 0;
+                            act.take_status(status);
+                        }
+                        None => {
+                            // Once per run of failures: the node may have been shut down.
+                            if act.status_failures == 0 {
+                                warn!("failover: the supervisor did not answer; deciding on its last status");
+                            }
+                            act.status_failures = act.status_failures.saturating_add(1);
+                        }
                     }
                     act.run_decision(ctx)
                 })
@@ -446,6 +460,22 @@ impl FailoverActor {
         let Some(lease) = self.lease else {
             return Box::pin(fut::ready(()));
         };
+        // Why this campaign, for the history, as things stand before it (once the key is won
+        // the watch shows this node as the last leader and the handover as ended).
+        let reason = if self.cluster.switchover.is_some() {
+            "switchover"
+        } else if !self.cluster.has_history {
+            "bootstrap"
+        } else if self
+            .cluster
+            .last_leader
+            .as_ref()
+            .is_some_and(|l| l.name == self.config.node_name)
+        {
+            "restart"
+        } else {
+            "failover"
+        };
         let client = self.client.clone();
         let keys = self.keys.clone();
         let me = self.me().to_string();
@@ -461,6 +491,7 @@ impl FailoverActor {
                             lease: lease.0,
                         });
                         act.cluster.switchover = None;
+                        act.won_reason = Some(reason);
                         act.dirty = true;
                     }
                     // Someone else won: the watch brings its key.
@@ -510,19 +541,7 @@ impl FailoverActor {
     fn lead(&mut self, term: u64, promote: bool) -> LocalBoxActorFuture<Self, ()> {
         let supervisor = self.node.supervisor.clone();
         let wal = self.node.wal.clone();
-        let reason = if !self.cluster.has_history {
-            "bootstrap"
-        } else if self
-            .cluster
-            .last_leader
-            .as_ref()
-            .is_some_and(|l| l.name == self.config.node_name)
-        {
-            "restart"
-        } else {
-            "failover"
-        };
-        let reason = reason.to_string();
+        let reason = self.won_reason.take().unwrap_or("failover").to_string();
         Box::pin(
             async move {
                 if promote {
@@ -647,101 +666,6 @@ impl FailoverActor {
             }),
         )
     }
-
-    /// The leader's synchronous standby, managed on each confirmed renewal.
-    fn manage_sync(&mut self, ctx: &mut Context<Self>) {
-        if self.sync_busy || self.config.synchronous_mode == crate::SynchronousMode::Off {
-            return;
-        }
-        let (Some(term), Some(lease), Some(local)) =
-            (self.progress.leading, self.lease, self.local.clone())
-        else {
-            return;
-        };
-        let me = self.me().to_string();
-        let published = self
-            .cluster
-            .sync
-            .as_ref()
-            .filter(|s| s.term == term && s.leader == me)
-            .and_then(|s| s.sync_standby.clone());
-        let candidates: Vec<SyncCandidate> = self
-            .replication
-            .iter()
-            .map(|r| {
-                let member = self.cluster.members.get(&r.application_name);
-                SyncCandidate {
-                    name: r.application_name.clone(),
-                    streaming: r.state == WalSenderState::Streaming,
-                    flush: r.flush_lsn.unwrap_or(wal_storage::Lsn(0)),
-                    priority: member.map_or(0, |m| m.priority),
-                    nofailover: member.is_none_or(|m| m.nofailover),
-                }
-            })
-            .collect();
-        let (phase, actions) = machine::plan_sync(
-            self.config.synchronous_mode,
-            &self.sync_phase,
-            published.as_deref(),
-            &candidates,
-            local.flush,
-        );
-        if actions.is_empty() {
-            self.sync_phase = phase;
-            return;
-        }
-        self.sync_busy = true;
-        let supervisor = self.node.supervisor.clone();
-        let registry = self.node.registry.clone();
-        let client = self.client.clone();
-        let keys = self.keys.clone();
-        ctx.spawn(
-            async move {
-                for action in actions {
-                    match action {
-                        machine::SyncAction::Set(names) => {
-                            info!(?names, "failover: synchronous standbys set");
-                            supervisor
-                                .send(supervisor_actor::SetSyncStandbys { names })
-                                .await
-                                .map_err(|e| FailoverError::Refused(e.to_string()))?;
-                        }
-                        machine::SyncAction::Publish(standby) => {
-                            info!(?standby, "failover: synchronous standby published");
-                            let record = crate::keys::SyncRecord {
-                                leader: me.clone(),
-                                sync_standby: standby,
-                                term,
-                            };
-                            if !store::leader_put(&client, &keys, &me, lease, keys.sync(), store::sync_value(&record)).await? {
-                                return Err(FailoverError::Refused("the leader key is not ours".into()));
-                            }
-                        }
-                    }
-                }
-                Ok::<_, FailoverError>(())
-            }
-            .into_actor(self)
-            .map(move |result, act, ctx| {
-                act.sync_busy = false;
-                match result {
-                    Ok(()) => {
-                        // Waiting for the first standby to catch up is an event of the
-                        // registry's synchronous wait; a replacement is checked on renewals.
-                        if let SyncPhase::Adding { from: None, target, .. } = &phase {
-                            let wait = registry.send(walsender_actor::messages::WaitForSync {
-                                lsn: *target,
-                                level: walsender_actor::syncrep::WaitLevel::Flush,
-                            });
-                            ctx.spawn(wait.into_actor(act).map(|_, act, ctx| act.renew(ctx)));
-                        }
-                        act.sync_phase = phase;
-                    }
-                    Err(e) => warn!(error = %e, "failover: changing the synchronous standby failed; retried on the next renewal"),
-                }
-            }),
-        );
-    }
 }
 
 impl Actor for FailoverActor {
@@ -762,7 +686,22 @@ impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
     fn handle(&mut self, item: etcd_gateway::Result<WatchBatch>, ctx: &mut Context<Self>) {
         match item {
             Ok(batch) => {
+                // Only what a decision reads calls for one: the leader key, `sync`, `pause`,
+                // `switchover`, the leader's member key, and any member key while there is no
+                // leader (the candidates weigh each other). Members' routine refreshes do not.
+                let mut relevant = false;
                 for event in &batch.events {
+                    relevant |= match self.keys.classify(&event.kv.key) {
+                        KeyKind::Leader | KeyKind::Sync | KeyKind::Pause | KeyKind::Switchover => {
+                            true
+                        }
+                        KeyKind::Member(name) => self
+                            .cluster
+                            .leader
+                            .as_ref()
+                            .is_none_or(|l| l.holder == name),
+                        KeyKind::History | KeyKind::Other => false,
+                    };
                     store::apply_event(&mut self.cluster, &self.keys, event);
                 }
                 if let Some(key) = &self.cluster.leader {
@@ -777,7 +716,9 @@ impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
                         }
                     }
                 }
-                self.reconcile(ctx);
+                if relevant {
+                    self.reconcile(ctx);
+                }
             }
             Err(e) => warn!(error = %e, "failover: the watch ended"),
         }

@@ -334,6 +334,7 @@ impl FailoverActor {
         let started = Instant::now();
         // Appends are refused from here; everything acknowledged is at or below this.
         self.fence.revoke();
+        self.publish_leadership();
         let target = self.node.wal.flushed();
         info!(%to, force, %target, term, "failover: appends stopped for a handover");
         let supervisor = self.node.supervisor.clone();

@@ -1,4 +1,65 @@
-//! failover-actor: automatic failover of walserver nodes on etcd (story to be written).
+//! failover-actor: automatic failover of walserver nodes on etcd.
+//!
+//! One [`FailoverActor`] runs beside each node under failover (whose fence starts
+//! [`supervisor_actor::Fence::closed`]). It keeps the node's membership and leadership in etcd
+//! and tells the node's supervisor what to do; it never acts on the node itself.
+//!
+//! What it owns:
+//! - The keys under `/walserver/<cluster>/` ([`keys`]): `leader` (the leader's name, on its
+//!   lease, created only when absent, so its create revision is the term), `members/<name>`
+//!   ([`MemberInfo`] JSON on the member's own lease, refreshed at each renewal), `sync`
+//!   (`{leader, sync_standby, term}`), `pause`, `switchover` (`{from, to, force}`, on the
+//!   leader's lease), `history/<term>` ([`TermRecord`], on no lease).
+//! - Membership and election. One lease per node (the configured ttl), renewed every ttl/3;
+//!   one watch on the prefix, so that a deleted leader key (an expired lease, a handover) makes
+//!   the eligible standbys campaign at once. The decisions are a plain state machine
+//!   ([`machine`], unit-tested): who may campaign (not `nofailover`, priority > 0, not
+//!   paused; asynchronous mode: within `maximum_lag_on_failover` of the last leader's
+//!   published position and no live peer more advanced by its admin API's `GET /status`,
+//!   ties to the primary, then priority, then name; synchronous mode: only the member `sync`
+//!   names; at bootstrap only a primary), and what a node does on what it sees: lead (promote
+//!   with `PromoteForTerm` if it is a standby, record the term, grant the fence), follow the
+//!   member the leader key names (`FollowLeader` with that member's conninfo, its own name as
+//!   `application_name`; an older term is refused), or drop the fence.
+//! - The fencing deadline. The leader confirms each renewal with a transaction comparing the
+//!   leader key's value and lease (a keepalive's answer alone proves nothing: etcd 3.4 could
+//!   renew a revoked lease) and only then grants the fence until the instant the renewal was
+//!   sent, plus the ttl, minus a margin ([`machine::fence_deadline`]). A failed confirmation
+//!   revokes the fence at once; a failed renewal is retried quickly, and the fence closes by
+//!   its own deadline if none succeeds, before any successor can have been elected.
+//! - The synchronous standby's publication (`synchronous_mode` on or strict), in a loss-free
+//!   order ([`machine::plan_sync`]): a standby counts for acknowledgements before it is
+//!   published, is published only once it has what the leader had flushed when it began to
+//!   count, and the one it replaces stops counting only after that; losing the only one
+//!   unpublishes first (`on`) or keeps appends waiting (`strict`).
+//! - Handovers: [`Switchover`] (zero loss: the leader stops acknowledging, waits for the
+//!   candidate to have everything it flushed, writes `switchover` and deletes its key in a
+//!   transaction guarded by value and lease; only the candidate campaigns) and [`Failover`]
+//!   (forced, no wait; the report says how far behind the candidate was). Either may be sent
+//!   to any member: it goes to the leader through the `switchover` key.
+//!
+//! What it does not own: the node (promotion, demotion with its divergent tail cut back,
+//! which standbys' acknowledgements count, the fence's check before an answer are the
+//! supervisor's); consensus (etcd's; this crate has none of its own); etcd's wire format
+//! (`etcd-gateway`).
+//!
+//! Its peers: etcd, through `etcd-gateway` (every call a future on the actor's arbiter, under
+//! a deadline of a third of the ttl); the node's supervisor (messages `PromoteForTerm`,
+//! `FollowLeader`, `SetSyncStandbys`, `GetNodeStatus`; the fence it shares with it); the
+//! other members' admin API (`GET /status`, before campaigning); and whoever embeds it (the
+//! binary's admin API, tests), through [`GetClusterView`], [`GetLocalHealth`], [`GetHistory`],
+//! [`Pause`], [`Resume`], the handovers and [`SubscribeLeadership`] (a watch of what this node
+//! does, for waiting on a change rather than asking again).
+//!
+//! How it stops: [`StopFailover`] closes the fence first and, with `release`, revokes the
+//! lease, so that the leader key and the member key go at once and a successor need not wait
+//! the ttl; an actor that simply stops closes the fence. On etcd errors it keeps retrying with
+//! a bounded backoff (joining, renewing, watching again); meanwhile the fence's deadline
+//! protects the appends. A supervisor that does not answer leaves the last status to decide on.
+//!
+//! Its timers are real timeouts and backoffs only: the renewal schedule, retries, the
+//! candidate's catch-up bound. Every event (a key changed, a leader elected) comes from the
+//! watch. Its constants are guesses and say so.
 
 mod actor;
 mod admin;
@@ -9,6 +70,7 @@ pub mod machine;
 mod messages;
 mod peers;
 mod store;
+mod sync;
 mod view;
 
 pub use actor::FailoverActor;

@@ -88,7 +88,7 @@ pub struct Progress {
 pub enum Action {
     /// Create the leader key on our lease if it is absent.
     Campaign,
-    /// Ask the other members' admin API for their position, then [`decide_after_peers`].
+    /// Ask the other members' admin API for their position, then campaign unless [`better_peer`] names one.
     CheckPeers,
     /// We hold the key for `term`: promote first if the node is a standby, record the term in
     /// the history, confirm the key and grant the fence.

@@ -76,3 +76,82 @@ async fn ask(api_url: &str) -> Option<(LocalRole, u32, Lsn)> {
     let flush = status.flush_lsn.parse().ok()?;
     Some((role_of(&status.role), status.timeline, flush))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn member(name: &str, api_url: String, flush: &str) -> MemberInfo {
+        MemberInfo {
+            name: name.into(),
+            role: "standby".into(),
+            timeline: 1,
+            flush_lsn: flush.into(),
+            lag_bytes: None,
+            streaming: true,
+            conninfo: String::new(),
+            api_url,
+            nofailover: false,
+            priority: 3,
+            term: None,
+        }
+    }
+
+    /// Serves one HTTP answer with `body` on a loopback port.
+    async fn one_answer(body: &'static str) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        actix_rt::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the request ended early");
+                request.extend_from_slice(&buf[..n]);
+            }
+            assert!(request.starts_with(b"GET /status "));
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            socket.write_all(answer.as_bytes()).await.unwrap();
+        });
+        url
+    }
+
+    #[actix_rt::test]
+    async fn a_peer_is_judged_by_its_status_and_else_by_its_member_key() {
+        let live =
+            one_answer(r#"{"role":"primary","timeline":2,"flush_lsn":"0/5000","other":1}"#).await;
+        let garbled = one_answer(r#"{"role":"standby"}"#).await;
+        // A port that refuses: bound, then closed.
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        };
+        let members = vec![
+            member("me", String::new(), "0/1"),
+            member("live", live, "0/10"),
+            member("garbled", garbled, "0/20"),
+            member("gone", closed, "0/30"),
+            member("no-key-position", String::new(), "not an lsn"),
+        ];
+        let mut got = positions("me", members).await;
+        got.sort_by(|a, b| a.name.cmp(&b.name));
+        let summary: Vec<_> = got
+            .iter()
+            .map(|p| (p.name.as_str(), p.role, p.timeline, p.flush))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("garbled", LocalRole::Standby, 1, Lsn(0x20)),
+                ("gone", LocalRole::Standby, 1, Lsn(0x30)),
+                ("live", LocalRole::Primary, 2, Lsn(0x5000)),
+            ]
+        );
+        assert!(got.iter().all(|p| p.priority == 3));
+    }
+}

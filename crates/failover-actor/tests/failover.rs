@@ -9,8 +9,8 @@ use anyhow::{bail, Context as _, Result};
 use bytes::Bytes;
 use etcd_gateway::testkit::EtcdServer;
 use failover_actor::{
-    FailoverActor, FailoverConfig, Leadership, Pause, Resume, StopFailover, SubscribeLeadership,
-    Switchover,
+    Failover, FailoverActor, FailoverConfig, GetClusterView, GetHistory, GetLocalHealth,
+    Leadership, Pause, Resume, StopFailover, SubscribeLeadership, Switchover,
 };
 use futures_util::StreamExt;
 use supervisor_actor::{
@@ -49,6 +49,8 @@ async fn start_primary(dir: &Path) -> Result<Node> {
     Ok(NodeBuilder::primary(dir)
         .listen("127.0.0.1:0".parse()?)
         .segment_size(1 << 20)
+        // The tests write megabytes in a burst; standbys must not lose segments they need.
+        .wal_keep_size(64 << 20)
         .io_threads(0)
         .fence(Fence::closed())
         .start()
@@ -221,6 +223,29 @@ fn bootstrap_elects_the_primary_and_the_standbys_follow() -> Result<()> {
         assert!(!b.node.fence.may_acknowledge(Instant::now()));
         assert_eq!(b.node.fence.term(), Some(term));
         assert!(appended.end_lsn > wal_storage::Lsn(0));
+        // Any member's view of the cluster says the same, from etcd.
+        let view = c.actor.send(GetClusterView).await??;
+        let leader = view.leader.context("a leader in the view")?;
+        assert_eq!((leader.name.as_str(), leader.term), ("a", term));
+        assert!(leader.lease_remaining_ms.is_some_and(|ms| ms <= 2000));
+        let mut names: Vec<_> = view.members.iter().map(|m| m.name.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(!view.paused);
+        let history = b.actor.send(GetHistory).await??;
+        assert_eq!(history.len(), 1);
+        assert_eq!(
+            (
+                history[0].term,
+                history[0].leader.as_str(),
+                history[0].reason.as_str()
+            ),
+            (term, "a", "bootstrap")
+        );
+        let health = a.actor.send(GetLocalHealth).await?;
+        assert!(health.leader_with_live_lease);
+        assert_eq!(health.term, Some(term));
+        assert!(!b.actor.send(GetLocalHealth).await?.leader_with_live_lease);
         shutdown([a, b, c]).await;
         Ok(())
     })
@@ -260,6 +285,11 @@ fn a_dead_leader_is_replaced_within_the_ttl_and_a_second() -> Result<()> {
         assert!(
             winner.node.wal.flushed() >= acked,
             "the winner has what was acknowledged"
+        );
+        let history = winner.actor.send(GetHistory).await??;
+        assert_eq!(
+            history.last().map(|r| (r.term, r.reason.as_str())),
+            Some((new_term, "failover"))
         );
         append(&winner.node, "after")
             .await
@@ -360,16 +390,36 @@ fn a_switchover_loses_nothing_and_the_old_leader_follows() -> Result<()> {
             etcd: _etcd,
             dir: _dir,
         } = setup;
-        let mut acked = wal_storage::Lsn(0);
-        for i in 0..200 {
-            acked = append(&a.node, &format!("record {i}")).await?.end_lsn;
+        for i in 0..50 {
+            append(&a.node, &format!("record {i}")).await?;
         }
-        let report = c
-            .actor
-            .send(Switchover {
-                candidate: Some("b".into()),
+        // Appends stream in while the switchover is asked for, so the candidate is behind when
+        // the leader stops appends: whatever was acknowledged must be on it all the same.
+        let big = Bytes::from(vec![b'x'; 128 * 1024]);
+        let mut appends: Vec<_> = (0..60)
+            .map(|_| {
+                a.node.supervisor.send(AppendRecords {
+                    records: vec![big.clone()],
+                    durability: Some(Durability::Local),
+                })
             })
-            .await??;
+            .collect();
+        let later = appends.split_off(10);
+        let mut acked = wal_storage::Lsn(0);
+        for answer in appends {
+            acked = acked.max(answer.await??.end_lsn);
+        }
+        let switchover = c.actor.send(Switchover {
+            candidate: Some("b".into()),
+        });
+        let (answers, report) =
+            futures_util::future::join(futures_util::future::join_all(later), switchover).await;
+        let report = report??;
+        let refused = answers.iter().filter(|a| !matches!(a, Ok(Ok(_)))).count();
+        for answer in answers.into_iter().filter_map(|a| a.ok()?.ok()) {
+            acked = acked.max(answer.end_lsn);
+        }
+        eprintln!("{refused} of the 50 appends in flight were not acknowledged");
         eprintln!("switchover: {report:?}");
         assert_eq!(report.new_leader, "b");
         assert!(report.term > term);
@@ -547,6 +597,195 @@ fn synchronous_mode_publishes_a_standby_and_replaces_a_lost_one() -> Result<()> 
             .context("the synchronous append waited too long")??
             .context("a synchronous append after the replacement")?;
         shutdown(members).await;
+        Ok(())
+    })
+}
+
+/// A switchover to a standby that cannot catch up (its node is gone, its actor still in
+/// etcd) is refused after the catch-up timeout; the leader keeps its key and acknowledges
+/// again.
+#[test]
+fn a_switchover_to_a_standby_that_cannot_catch_up_is_refused() -> Result<()> {
+    with_cluster(|setup| async move {
+        let Setup {
+            mut a,
+            b,
+            c,
+            term,
+            etcd: _etcd,
+            dir: _dir,
+        } = setup;
+        b.node
+            .supervisor
+            .send(ShutdownNode { immediate: true })
+            .await?;
+        append(&a.node, "b never gets this").await?;
+        let asked = Instant::now();
+        let answer = a
+            .actor
+            .send(Switchover {
+                candidate: Some("b".into()),
+            })
+            .await?;
+        eprintln!("refused after {:?}: {answer:?}", asked.elapsed());
+        if let Ok(report) = answer {
+            bail!("a switchover to a standby that lacks acknowledged WAL happened: {report:?}");
+        }
+        wait_for(&mut a, SETTLE, "leading again", |l| l.leading == Some(term)).await?;
+        if let Err(e) = append(&a.node, "still the leader").await {
+            bail!("the leader does not acknowledge again: {e:?}");
+        }
+        shutdown([a, b, c]).await;
+        Ok(())
+    })
+}
+
+/// A forced failover, asked of the leader itself: no catch-up wait; the report says how far
+/// behind the candidate was, the candidate leads in a newer term and the old leader follows.
+#[test]
+fn a_forced_failover_hands_over_at_once_and_reports_the_lag() -> Result<()> {
+    with_cluster(|setup| async move {
+        let Setup {
+            mut a,
+            b,
+            mut c,
+            term,
+            etcd: _etcd,
+            dir: _dir,
+        } = setup;
+        append(&a.node, "before").await?;
+        let report = a
+            .actor
+            .send(Failover {
+                candidate: "c".into(),
+            })
+            .await??;
+        eprintln!("forced failover: {report:?}");
+        assert_eq!(report.new_leader, "c");
+        assert!(report.term > term);
+        assert!(report.candidate_lag_bytes.is_some());
+        let l = wait_for(&mut c, SETTLE, "leading", |l| l.leading.is_some()).await?;
+        assert_eq!(l.leading, Some(report.term));
+        wait_for(&mut a, SETTLE, "following c", |l| {
+            l.following == Some(("c".into(), report.term))
+        })
+        .await?;
+        let history = c.actor.send(GetHistory).await??;
+        assert_eq!(
+            history.last().map(|r| (r.term, r.reason.as_str())),
+            Some((report.term, "switchover"))
+        );
+        shutdown([a, b, c]).await;
+        Ok(())
+    })
+}
+
+/// A TCP relay on loopback between one actor and etcd that the test can cut (every relayed
+/// connection is dropped and new ones are closed at once) and heal.
+struct Relay {
+    url: String,
+    cut: watch::Sender<bool>,
+}
+
+impl Relay {
+    async fn start(target: &str) -> Result<Relay> {
+        let target = target
+            .strip_prefix("http://")
+            .context("an http URL")?
+            .to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let (cut, cut_rx) = watch::channel(false);
+        actix_rt::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if *cut_rx.borrow() {
+                    continue;
+                }
+                let target = target.clone();
+                let mut cut_rx = cut_rx.clone();
+                actix_rt::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut_rx.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Ok(Relay { url, cut })
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+/// The leader alone loses etcd (its relay is cut): it stops acknowledging by its own deadline,
+/// a standby leads within the ttl and a second, and when etcd is back the old leader finds
+/// its lease gone, joins again and follows the new leader, demoted.
+#[test]
+fn a_leader_cut_off_from_etcd_is_replaced_and_follows_when_it_comes_back() -> Result<()> {
+    log();
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir()?;
+    actix_rt::System::new().block_on(async {
+        let relay = Relay::start(etcd.client_url()).await?;
+        let p = start_primary(&dir.path().join("a")).await?;
+        let b = start_standby(&dir.path().join("b"), &p, "b").await?;
+        let c = start_standby(&dir.path().join("c"), &p, "c").await?;
+        let mut a = start_actor(&relay.url, "a", p).await?;
+        let mut b = start_actor(etcd.client_url(), "b", b).await?;
+        let mut c = start_actor(etcd.client_url(), "c", c).await?;
+        let term = wait_for(&mut a, SETTLE, "leading", |l| l.leading.is_some())
+            .await?
+            .leading
+            .context("leading")?;
+        for m in [&mut b, &mut c] {
+            wait_for(m, SETTLE, "following a", |l| {
+                l.following == Some(("a".into(), term))
+            })
+            .await?;
+        }
+        append(&a.node, "before")
+            .await
+            .context("acknowledged before the cut")?;
+        relay.set_cut(true);
+        let cut = Instant::now();
+        assert!(
+            !a.node.fence.may_acknowledge(cut + TTL),
+            "the cut-off leader's fence reaches past its lease"
+        );
+        let within = TTL + Duration::from_secs(1);
+        let (winner, new_term) =
+            first_to_lead(&mut b, &mut c, within + Duration::from_secs(5)).await?;
+        let took = cut.elapsed();
+        eprintln!("{winner} leads {took:?} after the leader was cut off from etcd");
+        assert!(
+            took <= within,
+            "the new leader took {took:?}, more than {within:?}"
+        );
+        assert!(
+            !a.node.fence.may_acknowledge(Instant::now()),
+            "two nodes acknowledge at once"
+        );
+        match append(&a.node, "cut off").await {
+            Err(AppendError::NotLeader { .. }) => {}
+            other => bail!("the cut-off old leader answered an append: {other:?}"),
+        }
+        relay.set_cut(false);
+        wait_for(&mut a, SETTLE, "following the new leader", |l| {
+            l.following == Some((winner.clone(), new_term))
+        })
+        .await?;
+        let status = a
+            .node
+            .supervisor
+            .send(supervisor_actor::GetNodeStatus)
+            .await??;
+        assert_eq!(status.role, supervisor_actor::NodeRole::Standby);
+        shutdown([a, b, c]).await;
         Ok(())
     })
 }

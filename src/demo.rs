@@ -4,7 +4,8 @@
 //! standby1 synchronous (`synchronous_standby_names = 'ANY 1 (standby1)'`), standby2
 //! cascading from standby1. It appends for a few seconds with a progress bar, prints the
 //! replication status, promotes standby1 and shows standby2 following timeline 2, and ends
-//! with a summary.
+//! with a summary. Then, when an etcd executable is found, it shows automatic failover with
+//! three nodes as processes of their own ([`crate::demo_failover`]).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -87,7 +88,18 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 pub fn run(seconds: u64) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let system = actix_rt::System::new();
-    system.block_on(demo(dir.path(), seconds))
+    system.block_on(demo(dir.path(), seconds))?;
+    println!("\nautomatic failover on etcd");
+    match crate::demo_failover::find_etcd() {
+        Some(etcd) => crate::demo_failover::run(dir.path(), &etcd),
+        None => {
+            println!(
+                "  skipped: no etcd on PATH or at /usr/bin/etcd; {}",
+                crate::demo_failover::ETCD_HINT
+            );
+            Ok(())
+        }
+    }
 }
 
 async fn demo(dir: &std::path::Path, seconds: u64) -> anyhow::Result<()> {

@@ -24,7 +24,7 @@ use anyhow::Context;
 use bytes::Bytes;
 use failover_actor::{
     Failover, FailoverActor, FailoverError, GetClusterView, GetHistory, GetLocalHealth, Pause,
-    Resume, Switchover,
+    Resume, StopFailover, Switchover,
 };
 use supervisor_actor::{GetNodeStatus, Node, NodeRole, SuperviseService};
 use walreceiver_actor::ReceiverState;
@@ -69,13 +69,23 @@ pub fn start(
         )
     })?;
     let _ = slot.0.set(addr.clone());
-    // The actor stops with the node's actix System, after the supervisor's shutdown order has
-    // run; it is listed as a service so that status shows it runs. It tells nobody when it
-    // stops by itself, so its end is not awaited here.
+    // The supervisor stops it in the node's shutdown order, after the walsenders have
+    // drained: its fence closes and its lease is revoked, so that a successor need not wait
+    // out the ttl. The actor tells nobody when it ends by itself, so its end is its stop.
+    let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+    let actor = addr.clone();
     node.supervisor.do_send(SuperviseService {
         name: "failover".into(),
-        ended: Box::pin(std::future::pending()),
-        stop: Box::new(|| Box::pin(async {})),
+        ended: Box::pin(async move {
+            let _ = stopped_rx.await;
+            Ok(())
+        }),
+        stop: Box::new(move || {
+            Box::pin(async move {
+                let _ = actor.send(StopFailover { release: true }).await;
+                let _ = stopped_tx.send(());
+            })
+        }),
     });
     Ok(Some(addr))
 }

@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod cluster;
 pub mod demo;
+pub mod demo_failover;
 pub mod failover;
 pub mod http;
 pub mod metrics;

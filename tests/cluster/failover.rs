@@ -6,6 +6,8 @@
 
 use std::process::{Command, Output};
 
+use etcd_gateway::testkit::EtcdServer;
+
 use super::binary::{write_config, Walserver};
 use super::common::cluster::*;
 use super::common::*;
@@ -200,5 +202,283 @@ fn a_wrong_failover_table_is_refused_at_start() {
     assert!(
         stderr.contains("wildcard") && stderr.contains("failover.advertise_conninfo"),
         "{stderr}"
+    );
+}
+
+/// The `[failover]` table of member `name` of the cluster `t` on `etcd`.
+fn failover_table(etcd: &EtcdServer, name: &str) -> String {
+    format!(
+        "[failover]\netcd_endpoints = [{:?}]\ncluster_name = \"t\"\nnode_name = \"{name}\"\nttl = \"4s\"\n",
+        etcd.client_url()
+    )
+}
+
+/// A primary and its standby, both with failover on a real etcd: the primary takes the
+/// leader key, so `/primary` is 200 there (and appends are acknowledged) and 503 on the
+/// standby; `/cluster` lists both with the leader, and `walserver cluster list` and `history`
+/// show them.
+#[test]
+fn with_failover_the_leader_answers_primary_and_the_cluster_lists_its_members() {
+    let etcd = EtcdServer::start();
+    let p = TestNode::primary(&format!("{KEEP}{}", failover_table(&etcd, "n1")));
+    let start = std::time::Instant::now();
+    loop {
+        let (code, body) = http_get_any(p.http_addr, "/primary");
+        if code == 200 {
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "n1 does not hold the leader key: /primary {code} {body}; /cluster {:?}",
+            http_get_any(p.http_addr, "/cluster")
+        );
+        // Leadership is won in etcd; the node tells it only when asked.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (code, answer) = http_post(p.http_addr, "/wal", b"under failover");
+    assert_eq!(code, 200, "{answer}");
+    let s = TestNode::standby_of(
+        p.addr(),
+        "n2",
+        &format!("{KEEP}{}", failover_table(&etcd, "n2")),
+    );
+    let cluster = || -> serde_json::Value {
+        let (code, body) = http_get_any(p.http_addr, "/cluster");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).expect("JSON")
+    };
+    wait_until("n2 to be listed as a streaming standby", || {
+        cluster()["members"].as_array().is_some_and(|m| {
+            m.iter()
+                .any(|m| m["name"] == "n2" && m["role"] == "standby" && m["streaming"] == true)
+        })
+    });
+    let v = cluster();
+    assert_eq!(v["cluster"], "t", "{v}");
+    assert_eq!(v["leader"]["name"], "n1", "{v}");
+    assert_eq!(v["ttl_seconds"], 4, "{v}");
+    let n1 = v["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == "n1"))
+        .unwrap_or_else(|| panic!("no n1 in {v}"));
+    assert_eq!(n1["role"], "primary", "{v}");
+    assert_eq!(
+        n1["api_url"],
+        format!("http://{}", p.http_addr),
+        "the advertised admin API is the bound one: {v}"
+    );
+    let (code, body) = http_get_any(s.http_addr, "/primary");
+    assert_eq!(code, 503, "{body}");
+    wait_until("n2's /replica to answer 200", || {
+        http_get_any(s.http_addr, "/replica?lag=16MB").0 == 200
+    });
+
+    let http = p.http_addr.to_string();
+    let out = walserver(&["cluster", "list", "--http", &http]);
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{list}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        list.starts_with("cluster t (synchronous_mode off, ttl 4s)"),
+        "{list}"
+    );
+    let row = |name: &str| {
+        list.lines()
+            .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>())
+            .find(|r| r.get(1) == Some(&name))
+            .unwrap_or_else(|| panic!("no row {name} in\n{list}"))
+    };
+    assert_eq!(&row("n1")[..4], ["*", "n1", "primary", "leading"], "{list}");
+    assert_eq!(
+        &row("n2")[..4],
+        ["", "n2", "standby", "streaming"],
+        "{list}"
+    );
+    let out = walserver(&["cluster", "history", "--http", &http, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let history: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(
+        history
+            .as_array()
+            .is_some_and(|h| h.iter().any(|t| t["leader"] == "n1")),
+        "{history}"
+    );
+}
+
+/// `walserver cluster pause`, `resume` and `switchover` on a two-member cluster on a real
+/// etcd, sent to the standby (which forwards a switchover to the leader): while paused a
+/// switchover is refused with the reason, an unknown candidate is refused by name, and a
+/// switchover to the standby makes it the leader that acknowledges appends, with the old
+/// leader answering 503 to `/primary`.
+#[test]
+fn pause_resume_and_switchover_through_the_commands() {
+    let etcd = EtcdServer::start();
+    let p = TestNode::primary(&format!("{KEEP}{}", failover_table(&etcd, "n1")));
+    wait_until("n1 to hold the leader key", || {
+        http_get_any(p.http_addr, "/primary").0 == 200
+    });
+    let s = TestNode::standby_of(
+        p.addr(),
+        "n2",
+        &format!("{KEEP}{}", failover_table(&etcd, "n2")),
+    );
+    let view = |node: &TestNode| -> serde_json::Value {
+        let (code, body) = http_get_any(node.http_addr, "/cluster");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).expect("JSON")
+    };
+    wait_until("n2 to be listed as a streaming standby on both", || {
+        [&p, &s].iter().all(|n| {
+            view(n)["members"].as_array().is_some_and(|m| {
+                m.iter()
+                    .any(|m| m["name"] == "n2" && m["streaming"] == true)
+            })
+        })
+    });
+    let http = s.http_addr.to_string();
+    let ok = |args: &[&str]| -> String {
+        let out = walserver(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let refused = |args: &[&str]| -> String {
+        let out = walserver(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+
+    assert!(ok(&["cluster", "pause", "--http", &http]).starts_with("paused"));
+    wait_until("both members to see the pause", || {
+        view(&p)["paused"] == true && view(&s)["paused"] == true
+    });
+    let e = refused(&[
+        "cluster",
+        "switchover",
+        "--http",
+        &http,
+        "--candidate",
+        "n2",
+    ]);
+    assert!(e.contains("the cluster is paused"), "{e}");
+    assert!(ok(&["cluster", "resume", "--http", &http]).starts_with("resumed"));
+    wait_until("both members to see the resume", || {
+        view(&p)["paused"] == false && view(&s)["paused"] == false
+    });
+    let e = refused(&[
+        "cluster",
+        "switchover",
+        "--http",
+        &http,
+        "--candidate",
+        "n9",
+    ]);
+    assert!(e.contains("no member named n9"), "{e}");
+    let (code, answer) = http_post(s.http_addr, "/switchover", br#"{"candidate": "n9"}"#);
+    assert_eq!(code, 404, "{answer}");
+
+    let said = ok(&[
+        "cluster",
+        "switchover",
+        "--http",
+        &http,
+        "--candidate",
+        "n2",
+    ]);
+    assert!(said.starts_with("switchover: n2 leads term "), "{said}");
+    assert!(said.contains("after n1"), "{said}");
+    wait_until("n2 to answer /primary", || {
+        http_get_any(s.http_addr, "/primary").0 == 200
+    });
+    let (code, body) = http_get_any(p.http_addr, "/primary");
+    assert_eq!(code, 503, "{body}");
+    let (code, answer) = http_post(s.http_addr, "/wal", b"after the switchover");
+    assert_eq!(code, 200, "{answer}");
+    let out = walserver(&["cluster", "history", "--http", &http, "--json"]);
+    let history: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let last = history
+        .as_array()
+        .and_then(|h| h.last())
+        .unwrap_or_else(|| panic!("no history: {history}"));
+    assert_eq!(last["leader"], "n2", "{history}");
+    assert_eq!(
+        last["timeline"], 2,
+        "a promotion to the next timeline: {history}"
+    );
+}
+
+/// The keys under the cluster `t`'s prefix in `etcd`, by name.
+fn cluster_keys(etcd: &EtcdServer) -> Vec<String> {
+    let client = etcd.client();
+    let prefix = failover_actor::keys::Keys::new("t").prefix().to_string();
+    let kvs = actix_rt::System::new()
+        .block_on(async move {
+            client
+                .range(&etcd_gateway::KeyRange::prefix(prefix.into_bytes()))
+                .await
+        })
+        .expect("etcd range")
+        .kvs;
+    kvs.into_iter()
+        .map(|kv| String::from_utf8_lossy(&kv.key).to_string())
+        .collect()
+}
+
+/// `walserver run` with a `[failover]` table: the failover actor runs as one of the node's
+/// services, and a SIGTERM (a fast shutdown, exit 0) releases its keys at once, the leader
+/// key with them, so a successor need not wait out the 30 s ttl.
+#[test]
+fn walserver_run_with_failover_releases_its_keys_on_sigterm() {
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
+    let table = failover_table(&etcd, "n1").replace("ttl = \"4s\"", "ttl = \"30s\"");
+    let config = write_config(dir.path(), &table);
+    let mut w = Walserver::run(&config);
+    // Logged before the admin API's line, which Walserver::run waited for.
+    assert!(
+        w.log
+            .iter()
+            .any(|l| l.contains("starting automatic failover")),
+        "{}",
+        w.log.join("\n")
+    );
+    wait_until("n1 to hold the leader key", || {
+        http_get_any(w.http, "/primary").0 == 200
+    });
+    let services = w.status()["services"].clone();
+    assert!(
+        services.as_array().is_some_and(|s| s
+            .iter()
+            .any(|s| s["name"] == "failover" && s["state"] == "running")),
+        "{services}"
+    );
+    let names = failover_actor::keys::Keys::new("t");
+    let leader = names.leader();
+    assert!(
+        cluster_keys(&etcd).contains(&leader),
+        "{:?}",
+        cluster_keys(&etcd)
+    );
+    let t = std::time::Instant::now();
+    w.signal(libc::SIGTERM);
+    let status = w.wait_exit();
+    assert!(status.success(), "{status}; the log:\n{}", w.log.join("\n"));
+    let keys = cluster_keys(&etcd);
+    assert!(
+        !keys.contains(&leader) && !keys.iter().any(|k| k.starts_with(&names.members())),
+        "{:.1?} after SIGTERM the keys are still there: {keys:?}",
+        t.elapsed()
     );
 }

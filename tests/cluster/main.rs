@@ -3,7 +3,8 @@
 //! primary refused for its fork until it rejoins; and the supervisor's lessons (start requests
 //! are never lost and never wait for a fixed retry interval; an upstream restarted many times
 //! loses no byte); reading records across a promotion and as they arrive; the CLI clients run
-//! as commands; the log an operator reads.
+//! as commands; the log an operator reads; automatic failover's endpoints and `walserver
+//! cluster`, without failover and with it on a real etcd.
 
 mod bench;
 mod binary;

@@ -3,7 +3,7 @@
 //! `http://` URL; a bearer token, when given, goes in `Authorization`.
 
 use serde_json::Value;
-use ureq::typestate::WithBody;
+use ureq::typestate::{WithBody, WithoutBody};
 use ureq::RequestBuilder;
 
 use crate::error::{Error, Result};
@@ -142,6 +142,14 @@ impl AdminClient {
             base: base_url(http),
             token: token.map(str::to_string),
         }
+    }
+
+    /// `GET path`, ready to call.
+    pub fn get(&self, path: &str) -> RequestBuilder<WithoutBody> {
+        authorized(
+            self.agent.get(format!("{}{path}", self.base)),
+            self.token.as_deref(),
+        )
     }
 
     /// `POST path` of a `content_type` body, ready to send.

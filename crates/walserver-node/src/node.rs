@@ -1,7 +1,8 @@
 //! A node from its settings: the `NodeConfig` a configuration gives (the walsender, walreceiver
-//! and synchronous-replication parts of it, and the values SHOW answers), the reloader that
-//! re-reads a configuration for SIGHUP and `POST /reload`, and [`start_node`], the one way the
-//! server, the demo, the load tool and the tests bring a configured node to life.
+//! and synchronous-replication parts of it, the values SHOW answers, and under `[failover]` a
+//! closed fence), the reloader that re-reads a configuration for SIGHUP and `POST /reload`,
+//! and [`start_node`], the one way the server, the demo, the load tool and the tests bring a
+//! configured node to life.
 
 use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -233,10 +234,20 @@ impl Reloader {
         }
         let (segment_size, wal_format) = stored_facts(&self.data_dir)?;
         let tls = self.running.ssl_cert_file.is_some();
+        // Under failover the failover actor chooses the upstream (the leader): a reload must
+        // not point the walreceiver back at the one the configuration or standby.signal named.
+        let receiver = if s.failover.is_some() {
+            if s.primary_conninfo != self.running.primary_conninfo {
+                tracing::warn!("primary_conninfo changed: under [failover] the upstream is the leader, and a reload does not change it");
+            }
+            None
+        } else {
+            receiver_config(&s, &self.data_dir)?
+        };
         Ok(Reconfigure {
             walsender: walsender_settings(&s, segment_size, wal_format, tls)?,
             max_wal_senders: s.max_wal_senders,
-            receiver: receiver_config(&s, &self.data_dir)?,
+            receiver,
             sync: sync_settings(&s)?,
         })
     }
@@ -331,5 +342,50 @@ mod tests {
         assert_eq!(code.session, file.session);
         assert_eq!(code.application_name, file.application_name);
         assert_eq!(code.max_wal_in_flight, file.max_wal_in_flight);
+    }
+
+    /// A reload of a standby re-reads its upstream, but not under failover, where the
+    /// failover actor has pointed it at the leader.
+    #[test]
+    fn a_reload_under_failover_leaves_the_upstream_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::init::init_primary(dir.path(), 1 << 20).unwrap();
+        StandbySignal {
+            primary_conninfo: Some("host=127.0.0.1 port=5433 user=r".into()),
+            primary_slot_name: None,
+            standby_since: None,
+        }
+        .write(dir.path())
+        .unwrap();
+        let reloader = |overrides: &[(&str, &str)]| {
+            let sources = Sources {
+                file: None,
+                overrides: [("data_dir", dir.path().to_str().unwrap())]
+                    .iter()
+                    .chain(overrides)
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                env: Some(Default::default()),
+            };
+            let running = Settings::load(&sources).unwrap();
+            Reloader {
+                sources,
+                data_dir: dir.path().to_path_buf(),
+                running,
+            }
+        };
+        let plain = reloader(&[]).reconfigure().unwrap();
+        assert!(
+            plain.receiver.is_some(),
+            "a standby's reload re-reads its upstream"
+        );
+        let under = reloader(&[
+            ("failover.etcd_endpoints", "127.0.0.1:2379"),
+            ("failover.cluster_name", "c"),
+            ("failover.node_name", "n"),
+        ])
+        .reconfigure()
+        .unwrap();
+        assert!(under.receiver.is_none());
     }
 }

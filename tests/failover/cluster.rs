@@ -469,6 +469,16 @@ impl Cluster {
             serde_json::to_string(&row).unwrap_or_default()
         );
         eprintln!("row written to {}", path.display());
+        // The suite keeps its published table current: a scenario it runs must have a row.
+        let table = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/FAILOVER.md");
+        let text = std::fs::read_to_string(&table).unwrap_or_default();
+        assert!(
+            walserver_bench::reliability::published_replay(&text, &row.replay),
+            "{} has no row for {scenario} ({}): run it and render the table again, as the notes \
+             under the table say",
+            table.display(),
+            row.replay
+        );
     }
 }
 

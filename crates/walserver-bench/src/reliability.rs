@@ -173,8 +173,12 @@ pub fn render(rows: &[Row], machine: &str, date: &str) -> String {
 /// The command of `row`'s replay without its leading `VAR=value` settings (a seed, a cycle
 /// count): what stays the same from run to run of a scenario.
 pub fn replay_command(row: &Row) -> String {
-    let words: Vec<&str> = row
-        .replay
+    command_of(&row.replay)
+}
+
+/// `replay` without its leading `VAR=value` settings.
+pub fn command_of(replay: &str) -> String {
+    let words: Vec<&str> = replay
         .split_whitespace()
         .skip_while(|w| w.contains('='))
         .collect();
@@ -184,7 +188,13 @@ pub fn replay_command(row: &Row) -> String {
 /// Whether the rendered `table` has a row for `row`'s scenario (one whose replay runs the same
 /// command), so that a suite can tell when its published table lacks a scenario.
 pub fn published(table: &str, row: &Row) -> bool {
-    let command = replay_command(row);
+    published_replay(table, &row.replay)
+}
+
+/// Whether the rendered `table` (this one's or the failover table) has a row whose replay runs
+/// the command of `replay`.
+pub fn published_replay(table: &str, replay: &str) -> bool {
+    let command = command_of(replay);
     !command.is_empty()
         && table
             .lines()

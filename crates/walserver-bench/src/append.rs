@@ -800,6 +800,24 @@ mod tests {
     }
 
     #[test]
+    fn http_endpoints_repeat_or_come_as_a_list() {
+        use clap::Parser;
+        let cli = Cli::try_parse_from([
+            "bench",
+            "--http",
+            "10.0.0.1:8433",
+            "--http",
+            "10.0.0.2:8433,10.0.0.3:8433",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.args.http,
+            ["10.0.0.1:8433", "10.0.0.2:8433", "10.0.0.3:8433"]
+        );
+        assert!(Cli::try_parse_from(["bench", "--ack-log", "x"]).is_err());
+    }
+
+    #[test]
     fn a_byte_budget_stops_the_writers() {
         let b = Budget {
             deadline: None,

@@ -571,6 +571,13 @@ impl FailoverActor {
                 act.progress.following = None;
                 act.publish_leadership();
                 act.sync_phase = SyncPhase::Steady;
+                if act.config.synchronous_mode == crate::SynchronousMode::Strict {
+                    // Before the fence is granted: no append goes on asynchronously while the
+                    // new leader has no synchronous standby yet.
+                    act.node.supervisor.do_send(supervisor_actor::SetSyncStandbys {
+                        names: Some(machine::strict_hold()),
+                    });
+                }
                 let record = crate::view::TermRecord {
                     term,
                     leader: act.me().to_string(),

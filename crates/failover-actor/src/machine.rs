@@ -328,6 +328,16 @@ fn first(names: &[&str]) -> Option<SyncStandbyNames> {
     })
 }
 
+/// What a new leader in strict mode counts on before it has chosen a standby: one standby
+/// out of none, which nobody satisfies, so appends wait rather than go on asynchronously.
+pub fn strict_hold() -> SyncStandbyNames {
+    SyncStandbyNames {
+        method: SyncMethod::First,
+        num_sync: 1,
+        names: Vec::new(),
+    }
+}
+
 /// The best standby to count on: streaming, eligible, the most advanced, then the higher
 /// priority, then the smaller name.
 pub fn best_sync_candidate<'c>(

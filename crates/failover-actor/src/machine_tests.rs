@@ -445,3 +445,24 @@ fn a_standby_lost_while_being_added_is_dropped_from_the_set() {
             .is_empty()
     );
 }
+
+#[test]
+fn the_strict_hold_releases_no_append_whoever_streams() {
+    use walsender_actor::syncrep::{decide as sync_decide, StandbyPositions};
+    let standby = |pid: u32, name: &str| StandbyPositions {
+        pid,
+        application_name: name.into(),
+        streaming: true,
+        write: Lsn(100),
+        flush: Lsn(100),
+        apply: Lsn(100),
+    };
+    let streaming = [standby(1, "b"), standby(2, "c"), standby(3, "*")];
+    assert!(sync_decide(Some(&strict_hold()), &streaming)
+        .positions
+        .is_none());
+    // The same standbys would release appends under a set that names one of them.
+    assert!(sync_decide(names(&["b"]).as_ref(), &streaming)
+        .positions
+        .is_some());
+}

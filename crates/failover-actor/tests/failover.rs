@@ -123,10 +123,19 @@ async fn append(
 
 /// A primary and two standbys under failover, settled: the primary leads, both follow it.
 async fn cluster(etcd: &str, dir: &Path) -> Result<(Member, Member, Member, u64)> {
+    cluster_with(etcd, etcd, dir).await
+}
+
+/// As [`cluster`], with `a`'s actor reaching etcd at `a_etcd`.
+async fn cluster_with(
+    a_etcd: &str,
+    etcd: &str,
+    dir: &Path,
+) -> Result<(Member, Member, Member, u64)> {
     let p = start_primary(&dir.join("a")).await?;
     let b = start_standby(&dir.join("b"), &p, "b").await?;
     let c = start_standby(&dir.join("c"), &p, "c").await?;
-    let mut a = start_actor(etcd, "a", p).await?;
+    let mut a = start_actor(a_etcd, "a", p).await?;
     let mut b = start_actor(etcd, "b", b).await?;
     let mut c = start_actor(etcd, "c", c).await?;
     let term = wait_for(&mut a, SETTLE, "leading", |l| l.leading.is_some())
@@ -732,22 +741,8 @@ fn a_leader_cut_off_from_etcd_is_replaced_and_follows_when_it_comes_back() -> Re
     let dir = tempfile::tempdir()?;
     actix_rt::System::new().block_on(async {
         let relay = Relay::start(etcd.client_url()).await?;
-        let p = start_primary(&dir.path().join("a")).await?;
-        let b = start_standby(&dir.path().join("b"), &p, "b").await?;
-        let c = start_standby(&dir.path().join("c"), &p, "c").await?;
-        let mut a = start_actor(&relay.url, "a", p).await?;
-        let mut b = start_actor(etcd.client_url(), "b", b).await?;
-        let mut c = start_actor(etcd.client_url(), "c", c).await?;
-        let term = wait_for(&mut a, SETTLE, "leading", |l| l.leading.is_some())
-            .await?
-            .leading
-            .context("leading")?;
-        for m in [&mut b, &mut c] {
-            wait_for(m, SETTLE, "following a", |l| {
-                l.following == Some(("a".into(), term))
-            })
-            .await?;
-        }
+        let (mut a, mut b, mut c, _) =
+            cluster_with(&relay.url, etcd.client_url(), dir.path()).await?;
         append(&a.node, "before")
             .await
             .context("acknowledged before the cut")?;

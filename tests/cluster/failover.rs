@@ -312,13 +312,13 @@ fn with_failover_the_leader_answers_primary_and_the_cluster_lists_its_members() 
     );
 }
 
-/// `walserver cluster pause`, `resume` and `switchover` on a two-member cluster on a real
-/// etcd, sent to the standby (which forwards a switchover to the leader): while paused a
-/// switchover is refused with the reason, an unknown candidate is refused by name, and a
+/// `walserver cluster pause`, `resume`, `switchover` and `failover` on a two-member cluster on
+/// a real etcd, sent to the standby (which forwards a switchover to the leader): while paused a
+/// switchover is refused with the reason, an unknown candidate is refused by name, a
 /// switchover to the standby makes it the leader that acknowledges appends, with the old
-/// leader answering 503 to `/primary`.
+/// leader answering 503 to `/primary`, and a forced failover brings the leadership back.
 #[test]
-fn pause_resume_and_switchover_through_the_commands() {
+fn pause_resume_switchover_and_failover_through_the_commands() {
     let etcd = EtcdServer::start();
     let p = TestNode::primary(&format!("{KEEP}{}", failover_table(&etcd, "n1")));
     wait_until("n1 to hold the leader key", || {
@@ -416,6 +416,22 @@ fn pause_resume_and_switchover_through_the_commands() {
         last["timeline"], 2,
         "a promotion to the next timeline: {history}"
     );
+    assert_eq!(last["reason"], "switchover", "{history}");
+
+    // A forced failover back to n1, now n2's standby once it follows: the answer says how far
+    // behind it was.
+    wait_until("n1 to stream from n2", || {
+        http_get_any(p.http_addr, "/replica").0 == 200
+    });
+    let said = ok(&["cluster", "failover", "--http", &http, "--candidate", "n1"]);
+    assert!(said.starts_with("failover: n1 leads term "), "{said}");
+    assert!(
+        said.contains("after n2") && said.contains("bytes behind"),
+        "{said}"
+    );
+    wait_until("n1 to answer /primary again", || {
+        http_get_any(p.http_addr, "/primary").0 == 200
+    });
 }
 
 /// The keys under the cluster `t`'s prefix in `etcd`, by name.

@@ -133,6 +133,7 @@ impl Acks {
             timeline: timeline as u32,
             end_lsn: end,
             hashes: vec![acklog::sha256_hex(&payload)],
+            ..AckEntry::default()
         });
         Ok(end)
     }

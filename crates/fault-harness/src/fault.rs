@@ -163,6 +163,42 @@ pub fn cut(a: &Host, b: &Host) -> Result<Fault> {
     Ok(drop_one_way(a, b)?.and(drop_one_way(b, a)?))
 }
 
+/// Cuts the TCP traffic of `ports` between `a` and `b` both ways (a connection to one of the
+/// ports on either side, and its answers), leaving every other port open: etcd's ports cut
+/// while replication flows.
+pub fn cut_ports(a: &Host, b: &Host, ports: &[u16]) -> Result<Fault> {
+    if ports.is_empty() {
+        return Err(Error::Invalid("no ports to cut".into()));
+    }
+    let set = ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut undo = Vec::new();
+    for (to, from) in [(a, b), (b, a)] {
+        // Where the packets arrive: to a port of the set (a request) and from one (an answer).
+        let dport = chain_rule(
+            to,
+            "input",
+            &format!("ip saddr {} tcp dport {{ {set} }} drop", from.addr),
+        )?;
+        let sport = chain_rule(
+            to,
+            "input",
+            &format!("ip saddr {} tcp sport {{ {set} }} drop", from.addr),
+        )?;
+        undo.push(Undo::Chains {
+            host: to.clone(),
+            chains: vec![dport, sport],
+        });
+    }
+    Ok(Fault {
+        what: format!("ports {set} cut between {} and {}", a.name, b.name),
+        undo,
+    })
+}
+
 /// Cuts `host` off from every other host of its network both ways (its loopback still works).
 pub fn isolate(host: &Host) -> Result<Fault> {
     let input = chain_rule(host, "input", "iifname \"eth0\" drop")?;

@@ -7,8 +7,10 @@
 //! `walserver run`) whose output goes to log files printed when the test fails. Faults are
 //! guards that undo themselves when dropped: link cuts, one-way drops and random loss
 //! (nftables in the receiving host), bandwidth caps (tc's token bucket) in [`fault`]; delay
-//! and jitter from a user-space proxy ([`proxy`], as this kernel's tc has no netem); SIGSTOP
-//! and SIGCONT ([`process::Process::pause`]); a small [`tmpfs::Tmpfs`] for a full disk.
+//! and jitter from a user-space proxy ([`proxy`], as this kernel's tc has no netem); cuts of
+//! chosen ports only ([`fault::cut_ports`]: etcd's, with replication left open); SIGSTOP
+//! and SIGCONT ([`process::Process::pause`]); a small [`tmpfs::Tmpfs`] for a full disk. A real
+//! etcd cluster runs one member per host ([`etcd::EtcdCluster`]), for automatic failover.
 //! Every scenario writes one [`report::Row`] of figures.
 //!
 //! Cleanup: every guard removes what it made when dropped, also while a test panics; a
@@ -19,6 +21,7 @@
 //! Everything here needs root (namespaces, nft, tc, mount), as CI and the development machine
 //! run the tests.
 
+pub mod etcd;
 pub mod fault;
 pub mod netns;
 pub mod node;
@@ -28,7 +31,8 @@ pub mod report;
 pub mod tmpfs;
 pub mod watch;
 
-pub use netns::{Host, Net};
+pub use etcd::EtcdCluster;
+pub use netns::{Host, Net, Request};
 pub use node::WalNode;
 pub use process::Process;
 pub use report::Row;

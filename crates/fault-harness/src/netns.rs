@@ -274,23 +274,84 @@ impl Host {
         path: &str,
         timeout: std::time::Duration,
     ) -> Result<(u16, String)> {
+        self.http(
+            "GET",
+            authority,
+            path,
+            &Request {
+                timeout,
+                ..Request::default()
+            },
+        )
+    }
+
+    /// Sends `method path` (GET or POST) to an HTTP server reachable from this host, as
+    /// `req` says: the status code and the body.
+    pub fn http(
+        &self,
+        method: &str,
+        authority: &str,
+        path: &str,
+        req: &Request<'_>,
+    ) -> Result<(u16, String)> {
         let url = format!("http://{authority}{path}");
+        let fail = |e: ureq::Error| Error::Http {
+            url: url.clone(),
+            message: e.to_string(),
+        };
         self.run(|| {
             let agent: ureq::Agent = ureq::Agent::config_builder()
-                .timeout_global(Some(timeout))
+                .timeout_global(Some(req.timeout))
                 .http_status_as_error(false)
                 .build()
                 .into();
-            let mut resp = agent.get(&url).call().map_err(|e| Error::Http {
-                url: url.clone(),
-                message: e.to_string(),
-            })?;
+            let bearer = req.token.map(|t| format!("Bearer {t}"));
+            let mut resp = match method {
+                "GET" => {
+                    let mut r = agent.get(&url);
+                    if let Some(b) = &bearer {
+                        r = r.header("Authorization", b);
+                    }
+                    r.call().map_err(fail)?
+                }
+                "POST" => {
+                    let mut r = agent.post(&url).header(
+                        "Content-Type",
+                        req.content_type.unwrap_or("application/json"),
+                    );
+                    if let Some(b) = &bearer {
+                        r = r.header("Authorization", b);
+                    }
+                    r.send(req.body.unwrap_or(b"")).map_err(fail)?
+                }
+                other => return Err(Error::Invalid(format!("HTTP method {other}"))),
+            };
             let status = resp.status().as_u16();
-            let body = resp.body_mut().read_to_string().map_err(|e| Error::Http {
-                url: url.clone(),
-                message: e.to_string(),
-            })?;
+            let body = resp.body_mut().read_to_string().map_err(fail)?;
             Ok((status, body))
         })?
+    }
+}
+
+/// How [`Host::http`] sends a request.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// Bounds the whole exchange.
+    pub timeout: std::time::Duration,
+    /// A bearer token for `Authorization`.
+    pub token: Option<&'a str>,
+    /// A POST's body and its type (JSON unless said).
+    pub body: Option<&'a [u8]>,
+    pub content_type: Option<&'a str>,
+}
+
+impl Default for Request<'_> {
+    fn default() -> Self {
+        Request {
+            timeout: std::time::Duration::from_secs(5),
+            token: None,
+            body: None,
+            content_type: None,
+        }
     }
 }

@@ -4,6 +4,8 @@
 //! admin API on the host's loopback, port 8433, where only threads and commands inside the
 //! host's namespace reach it (so it needs no token): [`WalNode::get_json`], or a command
 //! from [`Host::command`] (the load tool: `walserver bench append --http 127.0.0.1:8433`).
+//! Members of a cluster ([`AdminAt::Network`]) serve it on the host's address instead, with
+//! a bearer token, so that the other hosts reach it.
 //! Readiness is the log line the server prints once its admin API listens.
 //!
 //! For a disk that fills up, mount a [`crate::tmpfs::Tmpfs`] on `dir/data` before making the
@@ -30,23 +32,54 @@ const READY_LINE: &str = "admin API listening";
 pub const START_DEADLINE: Duration = Duration::from_secs(30);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Where a node's admin API listens.
+#[derive(Clone, Debug, Default)]
+pub enum AdminAt {
+    /// The host's loopback ([`HTTP`]), reached only from inside the host, without a token.
+    #[default]
+    Loopback,
+    /// The host's address on the test network, port 8433, so that other hosts (the other
+    /// members of a cluster, a load that follows the leader) reach it; walserver then requires
+    /// a bearer token.
+    Network { token: String },
+}
+
 /// A walserver node run as a child process inside a host's namespace.
 pub struct WalNode {
     pub name: String,
     pub host: Host,
     bin: PathBuf,
     dir: PathBuf,
+    http: String,
+    token: Option<String>,
     process: Option<Process>,
 }
 
 impl WalNode {
-    fn new(host: &Host, bin: &Path, dir: &Path, name: &str, extra: &str) -> Result<WalNode> {
+    fn new(
+        host: &Host,
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        extra: &str,
+        admin: &AdminAt,
+    ) -> Result<WalNode> {
+        let (http, token) = match admin {
+            AdminAt::Loopback => (HTTP.to_string(), None),
+            AdminAt::Network { token } => (format!("{}:8433", host.addr), Some(token.clone())),
+        };
         let node = WalNode {
             name: name.to_string(),
             host: host.clone(),
             bin: bin.to_path_buf(),
             dir: dir.to_path_buf(),
+            http,
+            token,
             process: None,
+        };
+        let token_line = match &node.token {
+            Some(t) => format!("http_auth_token = {t:?}\n"),
+            None => String::new(),
         };
         std::fs::create_dir_all(dir).map_err(|e| Error::Io {
             what: format!("create {}", dir.display()),
@@ -55,12 +88,13 @@ impl WalNode {
         // Replication connections come over the test network from 10.213.0.0/16 (or through
         // a proxy on a host's loopback); the hba rules trust exactly those.
         let toml = format!(
-            "data_dir = {data:?}\nlisten = \"{addr}:{PG_PORT}\"\nhttp_listen = {HTTP:?}\n\
-             {extra}\n\
+            "data_dir = {data:?}\nlisten = \"{addr}:{PG_PORT}\"\nhttp_listen = {http:?}\n\
+             {token_line}{extra}\n\
              [[hba]]\naddress = \"10.213.0.0/16\"\nuser = \"all\"\nmethod = \"trust\"\n\
              [[hba]]\naddress = \"127.0.0.1\"\nuser = \"all\"\nmethod = \"trust\"\n",
             data = node.data_dir().display().to_string(),
             addr = host.addr,
+            http = node.http,
         );
         std::fs::write(node.config_path(), toml).map_err(|e| Error::Io {
             what: "write the node's configuration".into(),
@@ -80,7 +114,20 @@ impl WalNode {
         init_args: &[&str],
         extra: &str,
     ) -> Result<WalNode> {
-        let node = WalNode::new(host, bin, dir, name, extra)?;
+        WalNode::primary_with(host, bin, dir, name, init_args, extra, &AdminAt::Loopback)
+    }
+
+    /// [`WalNode::primary`] with its admin API where `admin` says.
+    pub fn primary_with(
+        host: &Host,
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        init_args: &[&str],
+        extra: &str,
+        admin: &AdminAt,
+    ) -> Result<WalNode> {
+        let node = WalNode::new(host, bin, dir, name, extra, admin)?;
         node.init(&[], init_args)?;
         Ok(node)
     }
@@ -95,9 +142,40 @@ impl WalNode {
         primary_conninfo: &str,
         extra: &str,
     ) -> Result<WalNode> {
-        let node = WalNode::new(host, bin, dir, name, extra)?;
+        WalNode::standby_with(
+            host,
+            bin,
+            dir,
+            name,
+            primary_conninfo,
+            extra,
+            &AdminAt::Loopback,
+        )
+    }
+
+    /// [`WalNode::standby`] with its admin API where `admin` says.
+    pub fn standby_with(
+        host: &Host,
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        primary_conninfo: &str,
+        extra: &str,
+        admin: &AdminAt,
+    ) -> Result<WalNode> {
+        let node = WalNode::new(host, bin, dir, name, extra, admin)?;
         node.init(&["--standby"], &["--primary-conninfo", primary_conninfo])?;
         Ok(node)
+    }
+
+    /// The admin API's address (`HOST:PORT`), as reached from the node's host.
+    pub fn http(&self) -> &str {
+        &self.http
+    }
+
+    /// The admin API's bearer token, if it requires one.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
     }
 
     /// `walserver init BEFORE --data-dir DIR/data AFTER`, run on the node's host.
@@ -188,9 +266,21 @@ impl WalNode {
         self.start()
     }
 
+    /// `method path` to the node's admin API (with its token), from the node's host: the
+    /// status code and the body, whatever the status.
+    pub fn request(&self, method: &str, path: &str, body: Option<&[u8]>) -> Result<(u16, String)> {
+        let req = crate::netns::Request {
+            timeout: HTTP_TIMEOUT,
+            token: self.token.as_deref(),
+            body,
+            content_type: None,
+        };
+        self.host.http(method, &self.http, path, &req)
+    }
+
     /// GET `path` from the node's admin API, as JSON.
     pub fn get_json(&self, path: &str) -> Result<Value> {
-        let (status, body) = self.host.http_get(HTTP, path, HTTP_TIMEOUT)?;
+        let (status, body) = self.request("GET", path, None)?;
         if status != 200 {
             return Err(Error::Http {
                 url: format!("{} {path}", self.name),
@@ -216,9 +306,20 @@ impl WalNode {
         deadline: Duration,
         ready: impl Fn(&Value) -> bool,
     ) -> Result<Value> {
+        self.wait_json("/status", what, deadline, ready)
+    }
+
+    /// [`WalNode::wait_status`] for the JSON of any `path` of the admin API.
+    pub fn wait_json(
+        &self,
+        path: &str,
+        what: &str,
+        deadline: Duration,
+        ready: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
         let start = Instant::now();
         loop {
-            let last = match self.status() {
+            let last = match self.get_json(path) {
                 Ok(s) if ready(&s) => return Ok(s),
                 Ok(s) => s.to_string(),
                 Err(e) => e.to_string(),

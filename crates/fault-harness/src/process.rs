@@ -35,6 +35,9 @@ pub struct Process {
     /// or closed them.
     eof: mpsc::Receiver<()>,
     paused: bool,
+    /// Whether a test that panics prints the end of this process's log (see
+    /// [`Process::quiet_on_failure`]).
+    print_on_panic: bool,
 }
 
 impl Process {
@@ -76,6 +79,7 @@ impl Process {
             watch: watch.clone(),
             eof,
             paused: false,
+            print_on_panic: true,
         };
         for pipe in [out, err] {
             let (watch, file, eof_tx) = (watch.clone(), file.clone(), eof_tx.clone());
@@ -85,6 +89,12 @@ impl Process {
                 .map_err(io("spawn a log thread".into()))?;
         }
         Ok(process)
+    }
+
+    /// Keeps this process's log out of a failing test's output (it stays in its file): for
+    /// helpers such as etcd, whose chatter would bury the nodes' logs.
+    pub fn quiet_on_failure(&mut self) {
+        self.print_on_panic = false;
     }
 
     pub fn pid(&self) -> u32 {
@@ -293,7 +303,7 @@ impl Drop for Process {
         }
         let _ = self.signal(libc::SIGKILL);
         let _ = self.child.wait();
-        if std::thread::panicking() {
+        if std::thread::panicking() && self.print_on_panic {
             eprintln!(
                 "----- {} ({}), end of its log -----\n{}\n----- end of {} -----",
                 self.name,

@@ -36,7 +36,7 @@ use wal_storage::Lsn;
 use walserver_node::admin::base_url;
 
 /// One acknowledged append, as a line of the log.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AckEntry {
     pub writer: usize,
     pub seq: u64,
@@ -44,58 +44,141 @@ pub struct AckEntry {
     pub end_lsn: Lsn,
     /// SHA-256 of each record of the append, hex, in order.
     pub hashes: Vec<String>,
+    /// When the acknowledgement arrived: [`mono_ms`], the machine's monotonic clock, which
+    /// every process on the machine reads alike, so a test can set it beside the moment of
+    /// its own fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mono_ms: Option<u64>,
+    /// The admin API (`HOST:PORT`) that acknowledged it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The leader's term the answer named, when the node runs under automatic failover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<u64>,
 }
 
-/// The log, shared by the writers of one load.
+/// One append whose outcome the client does not know: it was sent, and the answer was an
+/// explicit "indeterminate" (`504`, or `"outcome":"indeterminate"`), a timeout, or a cut
+/// connection. It may or may not be durable; it is never counted as acknowledged. These go to
+/// the log's sibling file, [`indeterminate_path`], so the acknowledgement log keeps one line
+/// per acknowledged append.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndeterminateEntry {
+    pub writer: usize,
+    pub seq: u64,
+    /// SHA-256 of each record of the append, hex, in order.
+    pub hashes: Vec<String>,
+    /// When the client gave up on the answer ([`mono_ms`]).
+    pub mono_ms: u64,
+    /// The admin API the append was sent to.
+    pub node: String,
+    /// What the client saw, in words.
+    pub reason: String,
+}
+
+/// The file of indeterminate appends beside the acknowledgement log at `ack_log`
+/// (`acks.jsonl` → `acks.jsonl.indeterminate`).
+pub fn indeterminate_path(ack_log: &Path) -> std::path::PathBuf {
+    let mut name = ack_log.as_os_str().to_owned();
+    name.push(".indeterminate");
+    std::path::PathBuf::from(name)
+}
+
+/// The machine's monotonic clock (`CLOCK_MONOTONIC`) in milliseconds: the same for every
+/// process on the machine, in every network namespace, and never set back.
+pub fn mono_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the timespec it is given; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+/// The log, shared by the writers of one load: acknowledged appends in one file, and
+/// indeterminate ones in its sibling.
 pub struct AckLog {
     file: Mutex<File>,
+    indeterminate: Mutex<File>,
+}
+
+/// Creates (or truncates) `path` and opens it for appending.
+fn create_appending(path: &Path) -> anyhow::Result<File> {
+    let file = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .with_context(|| format!("cannot create the acknowledgement log {}", path.display()))?;
+    drop(file);
+    OpenOptions::new()
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open the acknowledgement log {}", path.display()))
+}
+
+/// Writes `entry` as one line with one `write` call.
+fn write_line(file: &Mutex<File>, entry: &impl Serialize) -> anyhow::Result<()> {
+    let mut line = serde_json::to_vec(entry)?;
+    line.push(b'\n');
+    let mut f = file.lock().unwrap_or_else(|e| e.into_inner());
+    f.write_all(&line)
+        .context("cannot write to the acknowledgement log")
 }
 
 impl AckLog {
-    /// Creates (or truncates) the log at `path`.
+    /// Creates (or truncates) the log at `path` and its [`indeterminate_path`].
     pub fn create(path: &Path) -> anyhow::Result<AckLog> {
-        let file = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .open(path)
-            .with_context(|| format!("cannot create the acknowledgement log {}", path.display()))?;
-        drop(file);
-        let file = OpenOptions::new()
-            .append(true)
-            .open(path)
-            .with_context(|| format!("cannot open the acknowledgement log {}", path.display()))?;
         Ok(AckLog {
-            file: Mutex::new(file),
+            file: Mutex::new(create_appending(path)?),
+            indeterminate: Mutex::new(create_appending(&indeterminate_path(path))?),
         })
     }
 
-    /// Writes one entry as one line with one `write` call.
+    /// Writes one acknowledged append as one line with one `write` call.
     pub fn record(&self, entry: &AckEntry) -> anyhow::Result<()> {
-        let mut line = serde_json::to_vec(entry)?;
-        line.push(b'\n');
-        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        f.write_all(&line)
-            .context("cannot write to the acknowledgement log")
+        write_line(&self.file, entry)
+    }
+
+    /// Writes one indeterminate append to the sibling file.
+    pub fn record_indeterminate(&self, entry: &IndeterminateEntry) -> anyhow::Result<()> {
+        write_line(&self.indeterminate, entry)
     }
 }
 
-/// Reads every complete line of the log at `path` (a last line cut short by a crash of the
-/// writer is left out).
-pub fn read(path: &Path) -> anyhow::Result<Vec<AckEntry>> {
+/// Reads every complete line of the NDJSON file at `path` (a last line cut short by a crash
+/// of the writer is left out).
+fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<Vec<T>> {
     let f = File::open(path)
         .with_context(|| format!("cannot open the acknowledgement log {}", path.display()))?;
     let mut out = Vec::new();
     let mut lines = BufReader::new(f).lines().peekable();
     while let Some(line) = lines.next() {
         let line = line.with_context(|| format!("cannot read {}", path.display()))?;
-        match serde_json::from_str::<AckEntry>(&line) {
+        match serde_json::from_str::<T>(&line) {
             Ok(e) => out.push(e),
             Err(_) if lines.peek().is_none() => break,
             Err(e) => bail!("{}: a malformed line {line:?}: {e}", path.display()),
         }
     }
     Ok(out)
+}
+
+/// Reads every complete line of the log at `path` (a last line cut short by a crash of the
+/// writer is left out).
+pub fn read(path: &Path) -> anyhow::Result<Vec<AckEntry>> {
+    read_lines(path)
+}
+
+/// Reads the indeterminate appends beside the log at `ack_log`; none when the file does not
+/// exist (a log written before there was one, or by hand).
+pub fn read_indeterminate(ack_log: &Path) -> anyhow::Result<Vec<IndeterminateEntry>> {
+    let path = indeterminate_path(ack_log);
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    read_lines(&path)
 }
 
 /// The record `index` of append `seq` of `writer`: a header that makes it unique, then
@@ -202,13 +285,21 @@ pub struct VerifyReport {
     /// Acknowledged appends and records in the log.
     pub appends: u64,
     pub records: u64,
-    /// Acknowledged records found on the node, at their place, with their hash.
+    /// Acknowledged records found on the node, at their place, on their timeline, with their
+    /// hash.
     pub found: u64,
-    /// Acknowledged records the node should hold and does not (up to 20 described).
+    /// Acknowledged records the node should hold and does not (up to 20 described): another
+    /// payload or another timeline at the place, or no record there.
     pub lost: u64,
     pub lost_examples: Vec<String>,
     /// Acknowledged records older than the oldest record the node keeps.
     pub unverifiable: u64,
+    /// Appends whose outcome the client never learnt ([`IndeterminateEntry`]), how many of
+    /// them the node holds whole, and how many it holds only some records of (which would be
+    /// a torn append: an append is one write, all or nothing).
+    pub indeterminate: u64,
+    pub indeterminate_present: u64,
+    pub indeterminate_partial: u64,
     /// The node's records: how many, the oldest start and the newest end.
     pub node_records: u64,
     pub node_start: Option<Lsn>,
@@ -218,8 +309,19 @@ pub struct VerifyReport {
 /// Checks every acknowledged record of `log` against `records` (one node's, from
 /// [`fetch_records`]).
 pub fn verify(log: &[AckEntry], records: &[NodeRecord]) -> VerifyReport {
+    verify_all(log, &[], records)
+}
+
+/// [`verify`], and which of the `indeterminate` appends the node holds (found by their
+/// records' hashes anywhere, as their place was never told).
+pub fn verify_all(
+    log: &[AckEntry],
+    indeterminate: &[IndeterminateEntry],
+    records: &[NodeRecord],
+) -> VerifyReport {
     let mut r = VerifyReport {
         appends: log.len() as u64,
+        indeterminate: indeterminate.len() as u64,
         node_records: records.len() as u64,
         node_start: records.first().map(|x| x.start),
         node_end: records.last().map(|x| x.end),
@@ -271,7 +373,15 @@ pub fn verify(log: &[AckEntry], records: &[NodeRecord]) -> VerifyReport {
             // Record k of n ends n - 1 - k records before the append's end.
             let back = n - 1 - k;
             match last.checked_sub(back).map(|i| &records[i]) {
-                Some(got) if &got.sha256 == want => r.found += 1,
+                Some(got) if &got.sha256 == want && got.timeline == e.timeline => r.found += 1,
+                Some(got) if &got.sha256 == want => lose(
+                    &mut r,
+                    format!(
+                        "writer {} append {} record {k}: the record ending at {} is on timeline {}, \
+                         acknowledged on {}",
+                        e.writer, e.seq, got.end, got.timeline, e.timeline
+                    ),
+                ),
                 Some(got) => lose(
                     &mut r,
                     format!(
@@ -283,14 +393,32 @@ pub fn verify(log: &[AckEntry], records: &[NodeRecord]) -> VerifyReport {
             }
         }
     }
+    if !indeterminate.is_empty() {
+        let held: std::collections::HashSet<&str> =
+            records.iter().map(|x| x.sha256.as_str()).collect();
+        for e in indeterminate {
+            let present = e
+                .hashes
+                .iter()
+                .filter(|h| held.contains(h.as_str()))
+                .count();
+            if present == e.hashes.len() && present > 0 {
+                r.indeterminate_present += 1;
+            } else if present > 0 {
+                r.indeterminate_partial += 1;
+            }
+        }
+    }
     r
 }
 
-/// Reads the log at `path`, fetches the node's records and checks them.
+/// Reads the log at `path` (and its indeterminate appends), fetches the node's records and
+/// checks them.
 pub fn verify_node(path: &Path, http: &str, token: Option<&str>) -> anyhow::Result<VerifyReport> {
     let log = read(path)?;
+    let indeterminate = read_indeterminate(path)?;
     let records = fetch_records(http, token)?;
-    Ok(verify(&log, &records))
+    Ok(verify_all(&log, &indeterminate, &records))
 }
 
 #[cfg(test)]
@@ -322,6 +450,7 @@ mod tests {
             timeline: 1,
             end_lsn: records[ends].end,
             hashes: payloads.iter().map(|d| sha256_hex(d)).collect(),
+            ..AckEntry::default()
         };
         let log = vec![
             entry(0, 0, &[&p[0]]),
@@ -377,6 +506,43 @@ mod tests {
     }
 
     #[test]
+    fn the_right_payload_on_another_timeline_is_lost() {
+        let (records, mut log) = node();
+        log[1].timeline = 2;
+        let r = verify(&log, &records);
+        assert_eq!((r.found, r.lost), (3, 1), "{r:?}");
+        assert!(r.lost_examples[0].contains("timeline 1"), "{r:?}");
+    }
+
+    #[test]
+    fn indeterminate_appends_are_counted_and_looked_for() {
+        let (records, log) = node();
+        let held = IndeterminateEntry {
+            hashes: vec![records[3].sha256.clone()],
+            ..IndeterminateEntry::default()
+        };
+        let absent = IndeterminateEntry {
+            hashes: vec![sha256_hex(b"never written")],
+            ..IndeterminateEntry::default()
+        };
+        let torn = IndeterminateEntry {
+            hashes: vec![records[0].sha256.clone(), sha256_hex(b"never written")],
+            ..IndeterminateEntry::default()
+        };
+        let r = verify_all(&log, &[held, absent, torn], &records);
+        assert_eq!(
+            (
+                r.indeterminate,
+                r.indeterminate_present,
+                r.indeterminate_partial
+            ),
+            (3, 1, 1),
+            "{r:?}"
+        );
+        assert_eq!((r.found, r.lost), (4, 0), "{r:?}");
+    }
+
+    #[test]
     fn an_empty_node_loses_everything() {
         let (_, log) = node();
         let r = verify(&log, &[]);
@@ -396,6 +562,20 @@ mod tests {
         let mut f = OpenOptions::new().append(true).open(&path).expect("open");
         f.write_all(b"{\"writer\":0,\"se").expect("write");
         assert_eq!(read(&path).expect("read"), log);
+        let i = IndeterminateEntry {
+            writer: 1,
+            seq: 9,
+            hashes: vec![sha256_hex(b"x")],
+            mono_ms: 5,
+            node: "127.0.0.1:1".into(),
+            reason: "timed out".into(),
+        };
+        l.record_indeterminate(&i).expect("record");
+        assert_eq!(read_indeterminate(&path).expect("read"), vec![i]);
+        assert!(read_indeterminate(&dir.path().join("none"))
+            .expect("read")
+            .is_empty());
+        assert!(mono_ms() > 0);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `walserver bench append`: N writers appending records of S bytes at a durability level,
 //! against an in-process cluster (the embedding path: `AppendRecords` to the primary's
-//! supervisor) or a running node's `POST /wal`.
+//! supervisor) or a running node's `POST /wal`, following the leader among several
+//! (`follow`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,11 +14,12 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use supervisor_actor::{AppendRecords, Durability, Node};
 
-use walserver_node::admin::{get_json, get_text, AdminClient};
-use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
+use walserver_node::admin::{get_json, get_text};
+use walserver_node::records::join_records;
 
-use crate::acklog::{self, AckEntry, AckLog};
+use crate::acklog::AckLog;
 use crate::cluster::{Cluster, ClusterOptions};
+use crate::follow::{Endpoints, HttpWriter};
 use crate::report::{self, Percentiles, Sample};
 use crate::sys;
 
@@ -41,9 +43,11 @@ pub struct AppendArgs {
     /// Stop after appending this much payload (`1GB`, `64MB`, bytes).
     #[arg(long)]
     pub bytes: Option<String>,
-    /// A running node's admin API (HOST:PORT): append through `POST /wal`.
-    #[arg(long, conflicts_with = "cluster")]
-    pub http: Option<String>,
+    /// A running node's admin API (HOST:PORT): append through `POST /wal`. Repeat it (or give
+    /// a comma-separated list) for the members of a cluster: each writer follows the leader,
+    /// moving to the endpoint whose `GET /primary` answers 200 when an append fails.
+    #[arg(long, value_delimiter = ',', conflicts_with = "cluster")]
+    pub http: Vec<String>,
     /// Start an in-process cluster of a primary and this many standbys (the default is 1),
     /// the first synchronous, on free loopback ports in temporary directories.
     #[arg(long)]
@@ -73,8 +77,9 @@ pub struct AppendArgs {
     #[arg(long = "pid")]
     pub pids: Vec<u32>,
     /// Write every acknowledged append (writer, sequence number, timeline, end LSN, SHA-256 of
-    /// each record) to this file, one JSON line each, for `walserver-bench verify`. Records
-    /// are then unique (writer, sequence and index, then filler) instead of all alike.
+    /// each record, when and by whom) to this file, one JSON line each, for `walserver-bench
+    /// verify`; appends whose outcome is unknown go to FILE.indeterminate. Records are then
+    /// unique (writer, sequence and index, then filler) instead of all alike.
     #[arg(long, requires = "http")]
     pub ack_log: Option<PathBuf>,
     /// Go on after a failed append (counting it) instead of stopping the writer: after a
@@ -102,7 +107,7 @@ pub struct AppendArgs {
 }
 
 /// What the writers have done so far.
-struct Stats {
+pub(crate) struct Stats {
     total: Histogram<u64>,
     interval: Histogram<u64>,
     appends: u64,
@@ -125,7 +130,7 @@ impl Stats {
         }
     }
 
-    fn ok(&mut self, latency: Duration, records: usize, bytes: usize) {
+    pub(crate) fn ok(&mut self, latency: Duration, records: usize, bytes: usize) {
         report::record(&mut self.total, latency);
         report::record(&mut self.interval, latency);
         self.appends += 1;
@@ -133,23 +138,23 @@ impl Stats {
         self.bytes += bytes as u64;
     }
 
-    fn err(&mut self, e: String) {
+    pub(crate) fn err(&mut self, e: String) {
         self.errors += 1;
         self.first_error.get_or_insert(e);
     }
 }
 
 /// When the writers stop: after a time or a byte budget.
-struct Budget {
+pub(crate) struct Budget {
     deadline: Option<Instant>,
     bytes: Option<u64>,
     issued: AtomicU64,
-    stop: AtomicBool,
+    pub(crate) stop: AtomicBool,
 }
 
 impl Budget {
     /// Claims `n` bytes; false once the budget is spent or the time is up.
-    fn take(&self, n: u64) -> bool {
+    pub(crate) fn take(&self, n: u64) -> bool {
         if self.stop.load(Ordering::Relaxed) {
             return false;
         }
@@ -401,10 +406,11 @@ fn spawn_cluster_writers(
     Ok(handles)
 }
 
-/// Writers of the HTTP path: one thread and one keep-alive connection each.
+/// Writers of the HTTP path: one thread and one keep-alive connection each, each following
+/// the leader among `urls` on its own.
 fn spawn_http_writers(
     args: &AppendArgs,
-    url: &str,
+    urls: &[String],
     durability: &str,
     token: Option<&str>,
     stats: &Arc<Mutex<Stats>>,
@@ -424,7 +430,7 @@ fn spawn_http_writers(
     for writer in 0..args.writers {
         let w = HttpWriter {
             writer,
-            client: AdminClient::with_timeout(url, token, timeout),
+            endpoints: Endpoints::new(urls.to_vec(), token, timeout),
             path: path.clone(),
             size: args.size,
             batch,
@@ -440,118 +446,6 @@ fn spawn_http_writers(
         );
     }
     Ok(handles)
-}
-
-/// One HTTP writer: appends one after another until the budget is spent.
-struct HttpWriter {
-    writer: usize,
-    client: AdminClient,
-    path: String,
-    size: usize,
-    batch: usize,
-    /// The body of every append when there is no log (all records alike).
-    same_body: Arc<Vec<u8>>,
-    ack_log: Option<Arc<AckLog>>,
-    keep_going: bool,
-}
-
-impl HttpWriter {
-    fn run(&self, stats: &Mutex<Stats>, budget: &Budget) {
-        let bytes = self.size * self.batch;
-        let mut pause = Duration::ZERO;
-        let mut seq = 0u64;
-        while budget.take(bytes as u64) {
-            let logged = self.ack_log.is_some().then(|| {
-                let records: Vec<Vec<u8>> = (0..self.batch)
-                    .map(|i| acklog::payload(self.writer, seq, i, self.size))
-                    .collect();
-                let hashes = records.iter().map(|r| acklog::sha256_hex(r)).collect();
-                (join_records(records.iter().map(Vec::as_slice)), hashes)
-            });
-            let body = logged
-                .as_ref()
-                .map_or(self.same_body.as_slice(), |(b, _)| b);
-            let t = Instant::now();
-            let outcome = self.post(body);
-            let lat = t.elapsed();
-            let outcome = outcome.and_then(|answer| match (&self.ack_log, logged) {
-                (Some(log), Some((_, hashes))) => log_ack(log, self.writer, seq, &answer, hashes),
-                _ => Ok(()),
-            });
-            seq += 1;
-            let failed = {
-                let mut s = stats.lock().expect("stats lock");
-                match outcome {
-                    Ok(()) => {
-                        s.ok(lat, self.batch, bytes);
-                        false
-                    }
-                    Err(e) => {
-                        s.err(e);
-                        if !self.keep_going {
-                            budget.stop.store(true, Ordering::Relaxed);
-                        }
-                        true
-                    }
-                }
-            };
-            if failed && self.keep_going {
-                // Back off while the node refuses, so a node that is down is not flooded;
-                // the pause is a client's retry delay, not a wait for an event.
-                pause = (pause * 2).clamp(Duration::from_millis(10), Duration::from_millis(200));
-                std::thread::sleep(pause);
-            } else {
-                pause = Duration::ZERO;
-            }
-        }
-    }
-
-    /// One `POST /wal`: the answer's JSON on success, the error's text otherwise.
-    fn post(&self, body: &[u8]) -> Result<serde_json::Value, String> {
-        let req = self.client.post(&self.path, RECORDS_CONTENT_TYPE);
-        match req.send(body) {
-            Ok(mut resp) if resp.status().is_success() => {
-                // Read the answer (also so that the connection can be reused).
-                let text = resp
-                    .body_mut()
-                    .read_to_string()
-                    .map_err(|e| e.to_string())?;
-                Ok(serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
-            }
-            Ok(mut resp) => Err(format!(
-                "HTTP {}: {}",
-                resp.status(),
-                resp.body_mut().read_to_string().unwrap_or_default()
-            )),
-            Err(e) => Err(e.to_string()),
-        }
-    }
-}
-
-/// Writes an acknowledged append to the log. An answer without its timeline or end LSN is an
-/// error: an acknowledgement that cannot be checked is not counted as one.
-fn log_ack(
-    log: &AckLog,
-    writer: usize,
-    seq: u64,
-    answer: &serde_json::Value,
-    hashes: Vec<String>,
-) -> Result<(), String> {
-    let end_lsn = answer["end_lsn"].as_str().and_then(|s| s.parse().ok());
-    let timeline = answer["timeline"]
-        .as_u64()
-        .and_then(|t| u32::try_from(t).ok());
-    let (Some(end_lsn), Some(timeline)) = (end_lsn, timeline) else {
-        return Err(format!("an acknowledgement without its position: {answer}"));
-    };
-    log.record(&AckEntry {
-        writer,
-        seq,
-        timeline,
-        end_lsn,
-        hashes,
-    })
-    .map_err(|e| format!("{e:#}"))
 }
 
 pub fn run(args: AppendArgs) -> anyhow::Result<()> {
@@ -589,7 +483,7 @@ pub fn measure(args: &AppendArgs) -> anyhow::Result<AppendReport> {
     let seconds = args
         .seconds
         .unwrap_or(if byte_limit.is_some() { 0.0 } else { 10.0 });
-    let target = match &args.http {
+    let target = match args.http.first() {
         Some(url) => Target::Http {
             url: url.clone(),
             token: args.token.clone(),
@@ -619,9 +513,9 @@ pub fn measure(args: &AppendArgs) -> anyhow::Result<AppendReport> {
     });
     let handles = match &target {
         Target::Cluster(c) => spawn_cluster_writers(args, c, durability, &stats, &budget)?,
-        Target::Http { url, token } => spawn_http_writers(
+        Target::Http { token, .. } => spawn_http_writers(
             args,
-            url,
+            &args.http,
             &durability.to_string(),
             token.as_deref(),
             &stats,
@@ -715,7 +609,7 @@ pub fn measure(args: &AppendArgs) -> anyhow::Result<AppendReport> {
     Ok(AppendReport {
         target: match &target {
             Target::Cluster(_) => "cluster".into(),
-            Target::Http { url, .. } => format!("http {url}"),
+            Target::Http { .. } => format!("http {}", args.http.join(",")),
         },
         standbys: match &target {
             Target::Cluster(c) => Some(c.standbys.len()),
@@ -910,6 +804,24 @@ mod tests {
         assert!(r.standby_fsyncs_per_append.unwrap() > 0.0);
         assert_eq!(r.durability, "on");
         assert!(summary(&r).contains("p99.9"));
+    }
+
+    #[test]
+    fn http_endpoints_repeat_or_come_as_a_list() {
+        use clap::Parser;
+        let cli = Cli::try_parse_from([
+            "bench",
+            "--http",
+            "10.0.0.1:8433",
+            "--http",
+            "10.0.0.2:8433,10.0.0.3:8433",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.args.http,
+            ["10.0.0.1:8433", "10.0.0.2:8433", "10.0.0.3:8433"]
+        );
+        assert!(Cli::try_parse_from(["bench", "--ack-log", "x"]).is_err());
     }
 
     #[test]

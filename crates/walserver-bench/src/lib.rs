@@ -4,18 +4,22 @@
 //! - `append`: N writers appending records at a durability level, against an in-process
 //!   cluster (the embedding path) or a running node's `POST /wal`; throughput, latency
 //!   percentiles from an HDR histogram, fsyncs per append, peak RSS, replication lag over time.
+//!   Given several admin APIs, its writers follow the leader (`GET /primary`); appends whose
+//!   outcome is unknown are logged as indeterminate, never as acknowledged.
 //! - `stream`: catch-up of one or K standbys (walserver standbys, plain codec clients or
 //!   pg_receivewal) from a primary holding G GiB; per-standby MB/s and the primary's CPU time
 //!   per MB sent.
 //! - `catchup`: a plain blocking client (`repl-client`) that streams a WAL range from any server that
 //!   speaks PostgreSQL 15's protocol and discards it.
 //! - `verify`: checks a node against the acknowledgement log an `append --ack-log` load wrote
-//!   ([`acklog`]): every acknowledged record at its position with its hash.
+//!   ([`acklog`]): every acknowledged record at its position, on its timeline, with its hash;
+//!   and how many indeterminate appends the node holds.
 //! - `wait-lsn`: times another process (a standby) until its IDENTIFY_SYSTEM position
 //!   reaches an LSN; `benches/compare-postgres.sh` uses it on both PostgreSQL and walserver.
 //! - `soak`: steady appends for minutes with a standby restarted at an interval, sampling
 //!   every node's resident memory and descriptors ([`soak`]).
-//! - `reliability-table`: the markdown table of the fault scenarios' rows ([`reliability`]).
+//! - `reliability-table`: the markdown table of the fault scenarios' rows ([`reliability`]);
+//!   `failover-table`, the same for the automatic-failover scenarios ([`failover_table`]).
 //!
 //! It reaches walserver only through public interfaces: nodes are configured and started
 //! with `walserver-node` (settings, `init`, `start_node`), in process on actix System threads
@@ -33,6 +37,8 @@ pub mod acklog;
 mod append;
 mod client;
 pub mod cluster;
+pub mod failover_table;
+mod follow;
 pub mod latency;
 pub mod reliability;
 pub mod report;
@@ -71,6 +77,19 @@ pub enum BenchCommand {
         #[arg(long)]
         machine: Option<String>,
         /// A markdown file whose text follows the table (how the rows were made, findings).
+        #[arg(long)]
+        notes: Option<PathBuf>,
+    },
+    /// The markdown table of the failover scenarios' rows.
+    FailoverTable {
+        /// The directory of rows (default `$CARGO_TARGET_DIR/failover`, else
+        /// `target/failover`).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The machine named in the heading (default: CPU model, cores and kernel).
+        #[arg(long)]
+        machine: Option<String>,
+        /// A markdown file whose text follows the table.
         #[arg(long)]
         notes: Option<PathBuf>,
     },
@@ -155,6 +174,23 @@ pub enum BenchCommand {
     },
 }
 
+/// Prints a table that `render` makes for the machine (given, or this one) and today, then
+/// the text of `notes`.
+fn print_table(
+    render: impl FnOnce(&str, &str) -> String,
+    machine: Option<String>,
+    notes: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let machine = machine.unwrap_or_else(reliability::machine);
+    print!("{}", render(&machine, &reliability::today_utc()));
+    if let Some(path) = notes {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        print!("\n{text}");
+    }
+    Ok(())
+}
+
 /// Runs a load; `program` is the `walserver` that runs a node as a child process (`stream`).
 pub fn run(cmd: BenchCommand, program: &NodeProgram) -> anyhow::Result<()> {
     match cmd {
@@ -184,17 +220,28 @@ pub fn run(cmd: BenchCommand, program: &NodeProgram) -> anyhow::Result<()> {
             };
             let rows = reliability::read_rows(&dir)?;
             anyhow::ensure!(!rows.is_empty(), "no reliability rows in {}", dir.display());
-            let machine = machine.unwrap_or_else(reliability::machine);
-            print!(
-                "{}",
-                reliability::render(&rows, &machine, &reliability::today_utc())
-            );
-            if let Some(path) = notes {
-                let text = std::fs::read_to_string(&path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                print!("\n{text}");
-            }
-            Ok(())
+            print_table(
+                |m, d| reliability::render(&rows, m, d),
+                machine,
+                notes.as_deref(),
+            )
+        }
+        BenchCommand::FailoverTable {
+            dir,
+            machine,
+            notes,
+        } => {
+            let dir = match dir {
+                Some(d) => d,
+                None => failover_table::default_dir(&std::env::current_dir()?),
+            };
+            let rows = failover_table::read_rows(&dir)?;
+            anyhow::ensure!(!rows.is_empty(), "no failover rows in {}", dir.display());
+            print_table(
+                |m, d| failover_table::render(&rows, m, d),
+                machine,
+                notes.as_deref(),
+            )
         }
         BenchCommand::Catchup {
             host,
@@ -242,11 +289,20 @@ pub fn run(cmd: BenchCommand, program: &NodeProgram) -> anyhow::Result<()> {
                     "{} acknowledged records in {} appends: {} found, {} lost, {} older than the node keeps",
                     r.records, r.appends, r.found, r.lost, r.unverifiable
                 );
+                println!(
+                    "{} indeterminate appends: {} present on the node, {} torn (some records only)",
+                    r.indeterminate, r.indeterminate_present, r.indeterminate_partial
+                );
                 for e in &r.lost_examples {
                     println!("  lost: {e}");
                 }
             }
             anyhow::ensure!(r.lost == 0, "{} acknowledged records are missing", r.lost);
+            anyhow::ensure!(
+                r.indeterminate_partial == 0,
+                "{} indeterminate appends are on the node only in part",
+                r.indeterminate_partial
+            );
             Ok(())
         }
         BenchCommand::WaitLsn {

@@ -100,7 +100,17 @@ pub fn default_dir(workspace: &Path) -> PathBuf {
 
 /// Every row in `dir` (its `*.json` files), sorted by fault.
 pub fn read_rows(dir: &Path) -> anyhow::Result<Vec<Row>> {
-    let mut rows = Vec::new();
+    let mut rows: Vec<Row> = read_json_files(dir, "a reliability row")?;
+    rows.sort_by(|a, b| a.fault.cmp(&b.fault));
+    Ok(rows)
+}
+
+/// Every `*.json` file in `dir`, each one `T` (`what` names it in errors).
+pub fn read_json_files<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    what: &str,
+) -> anyhow::Result<Vec<T>> {
+    let mut out = Vec::new();
     let entries =
         std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
     for e in entries {
@@ -110,12 +120,12 @@ pub fn read_rows(dir: &Path) -> anyhow::Result<Vec<Row>> {
         }
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
-        let row: Row = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not a reliability row", path.display()))?;
-        rows.push(row);
+        out.push(
+            serde_json::from_str(&text)
+                .with_context(|| format!("{} is not {what}", path.display()))?,
+        );
     }
-    rows.sort_by(|a, b| a.fault.cmp(&b.fault));
-    Ok(rows)
+    Ok(out)
 }
 
 /// A markdown cell: `|` would end the cell and a newline the row.
@@ -163,8 +173,12 @@ pub fn render(rows: &[Row], machine: &str, date: &str) -> String {
 /// The command of `row`'s replay without its leading `VAR=value` settings (a seed, a cycle
 /// count): what stays the same from run to run of a scenario.
 pub fn replay_command(row: &Row) -> String {
-    let words: Vec<&str> = row
-        .replay
+    command_of(&row.replay)
+}
+
+/// `replay` without its leading `VAR=value` settings.
+pub fn command_of(replay: &str) -> String {
+    let words: Vec<&str> = replay
         .split_whitespace()
         .skip_while(|w| w.contains('='))
         .collect();
@@ -174,7 +188,13 @@ pub fn replay_command(row: &Row) -> String {
 /// Whether the rendered `table` has a row for `row`'s scenario (one whose replay runs the same
 /// command), so that a suite can tell when its published table lacks a scenario.
 pub fn published(table: &str, row: &Row) -> bool {
-    let command = replay_command(row);
+    published_replay(table, &row.replay)
+}
+
+/// Whether the rendered `table` (this one's or the failover table) has a row whose replay runs
+/// the command of `replay`.
+pub fn published_replay(table: &str, replay: &str) -> bool {
+    let command = command_of(replay);
     !command.is_empty()
         && table
             .lines()

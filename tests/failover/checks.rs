@@ -1,0 +1,175 @@
+//! What the scenarios conclude from the client's acknowledgement log alone, as plain
+//! functions over its entries (each unit-tested below on logs that break the property, so a
+//! check that cannot fail would show here).
+//!
+//! Times are the log's `mono_ms` (the machine's monotonic clock, read by the load when each
+//! answer arrived) and the test's own [`acklog::mono_ms`] at the moment of a fault.
+
+use walserver_bench::acklog::AckEntry;
+
+/// The entries ordered by when their answers arrived (entries without a time last).
+fn by_time(log: &[AckEntry]) -> Vec<&AckEntry> {
+    let mut v: Vec<&AckEntry> = log.iter().collect();
+    v.sort_by_key(|e| e.mono_ms.unwrap_or(u64::MAX));
+    v
+}
+
+/// Acknowledgements of an older timeline (or term, where the answers name one) received after
+/// the first acknowledgement of a newer one: each is an append a deposed leader acknowledged
+/// while the new one already did, what a fence must make impossible. Described, up to 20.
+pub fn old_term_after_new(log: &[AckEntry]) -> (u64, Vec<String>) {
+    let mut newest: Option<&AckEntry> = None;
+    let mut count = 0;
+    let mut examples = Vec::new();
+    for e in by_time(log) {
+        let key = |x: &AckEntry| (x.timeline, x.term.unwrap_or(0));
+        match newest {
+            Some(n) if key(e) < key(n) => {
+                count += 1;
+                if examples.len() < 20 {
+                    examples.push(format!(
+                        "writer {} append {} acknowledged on timeline {} (term {:?}) by {:?} at \
+                         {:?} ms, after writer {} append {} on timeline {} (term {:?}) by {:?} \
+                         at {:?} ms",
+                        e.writer,
+                        e.seq,
+                        e.timeline,
+                        e.term,
+                        e.node,
+                        e.mono_ms,
+                        n.writer,
+                        n.seq,
+                        n.timeline,
+                        n.term,
+                        n.node,
+                        n.mono_ms
+                    ));
+                }
+            }
+            Some(n) if key(e) <= key(n) => {}
+            _ => newest = Some(e),
+        }
+    }
+    (count, examples)
+}
+
+/// The leader changes the log shows: the distinct timelines acknowledged, less one.
+pub fn promotions(log: &[AckEntry]) -> u64 {
+    let mut t: Vec<u32> = log.iter().map(|e| e.timeline).collect();
+    t.sort_unstable();
+    t.dedup();
+    t.len().saturating_sub(1) as u64
+}
+
+/// The first acknowledgement (by arrival) on a timeline above `timeline`, at or after
+/// `since_ms`.
+pub fn first_on_newer(log: &[AckEntry], timeline: u32, since_ms: u64) -> Option<&AckEntry> {
+    by_time(log)
+        .into_iter()
+        .find(|e| e.timeline > timeline && e.mono_ms.is_some_and(|t| t >= since_ms))
+}
+
+/// The last acknowledgement's arrival time.
+pub fn last_ack_ms(log: &[AckEntry]) -> Option<u64> {
+    log.iter().filter_map(|e| e.mono_ms).max()
+}
+
+/// The longest gap between consecutive acknowledgements arriving within `[from_ms, to_ms]`
+/// (counting from `from_ms` and up to the first acknowledgement after `to_ms`), in ms.
+pub fn longest_pause(log: &[AckEntry], from_ms: u64, to_ms: u64) -> u64 {
+    let mut times: Vec<u64> = log.iter().filter_map(|e| e.mono_ms).collect();
+    times.sort_unstable();
+    let mut prev = from_ms;
+    let mut longest = 0;
+    for t in times.into_iter().filter(|&t| t >= from_ms) {
+        longest = longest.max(t - prev);
+        prev = t;
+        if t > to_ms {
+            break;
+        }
+    }
+    longest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wal_storage::Lsn;
+    use walserver_bench::acklog::{sha256_hex, verify, NodeRecord};
+
+    fn ack(seq: u64, timeline: u32, at: u64) -> AckEntry {
+        AckEntry {
+            writer: (seq % 2) as usize,
+            seq,
+            timeline,
+            end_lsn: Lsn(0x1000 + seq * 0x100),
+            hashes: vec![sha256_hex(&seq.to_le_bytes())],
+            mono_ms: Some(at),
+            node: Some(format!("n{timeline}")),
+            term: None,
+        }
+    }
+
+    #[test]
+    fn an_old_term_ack_after_the_new_one_is_caught() {
+        let good = vec![ack(0, 1, 10), ack(1, 1, 20), ack(2, 2, 30), ack(3, 2, 40)];
+        assert_eq!(old_term_after_new(&good).0, 0);
+        // The log's order is the writers' and not the arrival's: sorting must find it.
+        let bad = vec![ack(0, 1, 10), ack(2, 2, 30), ack(1, 1, 31), ack(3, 2, 40)];
+        let (n, examples) = old_term_after_new(&bad);
+        assert_eq!(n, 1, "{examples:?}");
+        assert!(examples[0].contains("append 1 acknowledged on timeline 1"));
+        let shuffled = vec![ack(3, 2, 40), ack(1, 1, 31), ack(2, 2, 30), ack(0, 1, 10)];
+        assert_eq!(old_term_after_new(&shuffled).0, 1);
+    }
+
+    #[test]
+    fn a_term_in_the_answer_counts_too() {
+        let mut a = ack(0, 1, 10);
+        a.term = Some(2);
+        let mut b = ack(1, 1, 20);
+        b.term = Some(1);
+        assert_eq!(old_term_after_new(&[a, b]).0, 1);
+    }
+
+    #[test]
+    fn failover_time_and_pauses() {
+        let log = vec![
+            ack(0, 1, 100),
+            ack(1, 1, 200),
+            ack(2, 2, 3_200),
+            ack(3, 2, 3_300),
+        ];
+        assert_eq!(promotions(&log), 1);
+        let first = first_on_newer(&log, 1, 150).expect("a new leader's ack");
+        assert_eq!(first.mono_ms, Some(3_200));
+        assert!(first_on_newer(&log, 2, 0).is_none());
+        assert_eq!(longest_pause(&log, 150, 3_250), 3_000);
+        assert_eq!(longest_pause(&log, 0, 150), 100);
+        assert_eq!(last_ack_ms(&log), Some(3_300));
+    }
+
+    /// The end-state check is the load tool's verify: a node missing one acknowledged append
+    /// (deleted here from what the node holds) is caught, and so is one the log holds that the
+    /// node never had.
+    #[test]
+    fn a_deleted_acknowledgement_is_caught() {
+        let log: Vec<AckEntry> = (0..5).map(|s| ack(s, 1, s * 10)).collect();
+        let records: Vec<NodeRecord> = log
+            .iter()
+            .map(|e| NodeRecord {
+                timeline: e.timeline,
+                start: Lsn(e.end_lsn.0 - 0x80),
+                end: e.end_lsn,
+                sha256: e.hashes[0].clone(),
+            })
+            .collect();
+        assert_eq!(verify(&log, &records).lost, 0);
+        let mut missing = records.clone();
+        missing.remove(2);
+        assert_eq!(verify(&log, &missing).lost, 1);
+        let mut extra = log.clone();
+        extra.push(ack(9, 1, 90));
+        assert_eq!(verify(&extra, &records).lost, 1);
+    }
+}

@@ -42,7 +42,13 @@ impl FailoverActor {
                 let member = self.cluster.members.get(&r.application_name);
                 SyncCandidate {
                     name: r.application_name.clone(),
-                    streaming: r.state == WalSenderState::Streaming,
+                    // A standby still catching up streams too: choosing it is loss-free (it
+                    // is published only once it has caught up), and one that had just
+                    // reconnected was otherwise taken for gone and the choice undone.
+                    streaming: matches!(
+                        r.state,
+                        WalSenderState::Streaming | WalSenderState::Catchup
+                    ),
                     flush: r.flush_lsn.unwrap_or(wal_storage::Lsn(0)),
                     priority: member.map_or(0, |m| m.priority),
                     nofailover: member.is_none_or(|m| m.nofailover),
@@ -75,6 +81,18 @@ impl FailoverActor {
         if actions.is_empty() {
             self.sync_phase = phase;
             return;
+        }
+        if actions.iter().any(|a| {
+            matches!(
+                a,
+                machine::SyncAction::Set(None) | machine::SyncAction::Publish(None)
+            )
+        }) {
+            let seen: Vec<String> = candidates
+                .iter()
+                .map(|c| format!("{} (streaming {}, flush {})", c.name, c.streaming, c.flush))
+                .collect();
+            info!(?seen, "failover: no synchronous standby left to count on");
         }
         // Any change of the node's synchronous standbys replaces the new leader's hold.
         let releases_hold = actions

@@ -50,9 +50,23 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// A cluster with its load running and 50 appends acknowledged.
 fn under_load(label: &str, opts: Options) -> Cluster {
+    let synchronous = opts.synchronous_mode != "off";
     let mut c = Cluster::start(label, opts);
     c.start_load();
     c.wait_more_acks(50, DEADLINE).expect("the load runs");
+    if synchronous {
+        // Only a standby published as synchronous may be promoted: until the leader has
+        // published one, a fault leaves the cluster without a candidate, by design.
+        let leader = c.wait_leader(DEADLINE, None).expect("a leader");
+        c.nodes[leader]
+            .wait_json(
+                "/cluster",
+                "a published synchronous standby",
+                DEADLINE,
+                |v| v["sync_standby"].is_string(),
+            )
+            .expect("the leader publishes a synchronous standby");
+    }
     c
 }
 

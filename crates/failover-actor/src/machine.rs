@@ -148,11 +148,20 @@ pub fn decide(
                 actions.push(Action::Wait("paused: a primary is not demoted"));
             } else {
                 match cluster.members.get(&key.holder) {
-                    Some(member) => actions.push(Action::Follow {
-                        leader: key.holder.clone(),
-                        conninfo: member.conninfo.clone(),
-                        term: key.term,
-                    }),
+                    // Only a leader that has taken up its term (promoted, its member key
+                    // saying so): following it earlier compares this node's WAL with a
+                    // history that does not yet hold the new timeline's fork, so a tail
+                    // past the fork would be kept and streaming could never resume.
+                    Some(member) if member.role == "primary" && member.term == Some(key.term) => {
+                        actions.push(Action::Follow {
+                            leader: key.holder.clone(),
+                            conninfo: member.conninfo.clone(),
+                            term: key.term,
+                        })
+                    }
+                    Some(_) => {
+                        actions.push(Action::Wait("the leader has not taken up its term yet"))
+                    }
                     None => actions.push(Action::Wait("the leader has no member key yet")),
                 }
             }

@@ -129,6 +129,19 @@ fn another_leader_is_followed_once_and_an_older_term_refused() {
         lease: Some(1),
         ..Progress::default()
     };
+    // Not before the leader has taken up its term: its history would not yet hold the fork.
+    assert_eq!(
+        decide(&config("a"), &c, &standby(0), &p),
+        vec![Action::Wait("the leader has not taken up its term yet")]
+    );
+    c.members.insert(
+        "b".into(),
+        MemberInfo {
+            role: "primary".into(),
+            term: Some(9),
+            ..member("b")
+        },
+    );
     let follow = Action::Follow {
         leader: "b".into(),
         conninfo: "host=h-b".into(),

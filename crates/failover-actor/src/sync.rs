@@ -62,19 +62,29 @@ impl FailoverActor {
             &candidates,
             local.flush,
         );
-        if let Some(since) = self.sync_hold_since.filter(|_| actions.is_empty()) {
-            // A new leader holds appends until it has a synchronous standby of its own. Its
-            // standbys follow it within milliseconds of its win, so look again soon (a short
-            // backoff, not a poll of something that would announce itself); in `on` give up
-            // after one renewal interval and go on asynchronously: the term's record names no
-            // standby, so nobody becomes promotable by it.
-            let grace = machine::renewal_interval(self.config.ttl);
-            if self.config.synchronous_mode == crate::SynchronousMode::On
-                && since.elapsed() >= grace
+        // A new leader holds appends until it has published a synchronous standby of its own.
+        // Its standbys follow it within milliseconds of its win (and each reconnects once as it
+        // does), so while the hold is young it looks again soon (a short backoff, not a poll of
+        // something that would announce itself) and does not take a standby that just
+        // reconnected for gone; in `on` it gives up after one renewal interval and goes on
+        // asynchronously: the term's record names no standby, so nobody becomes promotable.
+        let mut gave_up = false;
+        if let Some(since) = self.sync_hold_since {
+            let young = since.elapsed() < machine::renewal_interval(self.config.ttl);
+            if young && actions == [machine::SyncAction::Set(None)] {
+                actions = vec![machine::SyncAction::Set(Some(machine::strict_hold()))];
+            }
+            let adding = matches!(phase, SyncPhase::Adding { .. });
+            if actions.is_empty()
+                && !adding
+                && !young
+                && self.config.synchronous_mode == crate::SynchronousMode::On
             {
                 info!("failover: no synchronous standby to choose; appends go on asynchronously");
                 actions.push(machine::SyncAction::Set(None));
-            } else if since.elapsed() < grace {
+                gave_up = true;
+            }
+            if young {
                 self.sync_recheck = true;
             }
         }
@@ -94,10 +104,11 @@ impl FailoverActor {
                 .collect();
             info!(?seen, "failover: no synchronous standby left to count on");
         }
-        // Any change of the node's synchronous standbys replaces the new leader's hold.
-        let releases_hold = actions
-            .iter()
-            .any(|a| matches!(a, machine::SyncAction::Set(_)));
+        // The hold ends once a standby of this term is published, or when `on` gives up.
+        let releases_hold = gave_up
+            || actions
+                .iter()
+                .any(|a| matches!(a, machine::SyncAction::Publish(Some(_))));
         self.sync_busy = true;
         let supervisor = self.node.supervisor.clone();
         let registry = self.node.registry.clone();

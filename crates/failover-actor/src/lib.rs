@@ -69,15 +69,20 @@ pub mod keys;
 pub mod machine;
 mod messages;
 mod peers;
+mod slots;
 mod store;
 mod sync;
 mod view;
 
 pub use actor::FailoverActor;
-pub use config::{FailoverConfig, SynchronousMode, DEFAULT_MAXIMUM_LAG_ON_FAILOVER, DEFAULT_TTL};
+pub use config::{
+    FailoverConfig, SynchronousMode, DEFAULT_MAXIMUM_LAG_ON_FAILOVER,
+    DEFAULT_MEMBER_SLOT_GRACE_TTLS, DEFAULT_TTL,
+};
 pub use error::FailoverError;
 pub use messages::{
     Failover, GetClusterView, GetHistory, GetLocalHealth, Leadership, Pause, Resume, StopFailover,
     SubscribeLeadership, Switchover, SwitchoverReport,
 };
+pub use slots::{member_slot_name, slot_member, SubscribeMemberSlots, MEMBER_SLOT_PREFIX};
 pub use view::{ClusterView, LeaderView, LocalHealth, MemberInfo, TermRecord};

@@ -116,7 +116,10 @@ pub use append::{
 };
 pub use builder::NodeBuilder;
 pub use fence::{Fence, FenceView};
-pub use leadership::{FollowError, FollowLeader, Followed, PromoteForTerm, SetSyncStandbys};
+pub use leadership::{
+    DropMemberSlots, EnsureMemberSlots, FollowError, FollowLeader, Followed, MemberSlots,
+    PromoteForTerm, SetSyncStandbys,
+};
 pub use node::{LocalLevel, Node, NodeConfig, NodeError, DEFAULT_LISTEN};
 pub use records::{
     check_records_start, subscribe_records, Follow, RecordEvent, RecordsFrom, RecordsStart,

@@ -9,7 +9,7 @@
 //! commit point of the demotion), and a walreceiver starts at once, with no backoff.
 
 use actix::prelude::*;
-use wal_storage::{Role, WalError, WalFormat};
+use wal_storage::{Role, Wal, WalError, WalFormat};
 use walreceiver_actor::messages::StopReceiver;
 use walreceiver_actor::{ReceiverConfig, UpstreamIdentity};
 use walsender_actor::messages::{
@@ -19,7 +19,10 @@ use walsender_actor::messages::{
 use super::{NodeRole, Receiver, Supervisor};
 use crate::datadir::StandbySignal;
 use crate::fork::{cut_back_to_fork, fork_point, CutBack};
-use crate::leadership::{FollowError, FollowLeader, Followed, PromoteForTerm, SetSyncStandbys};
+use crate::leadership::{
+    DropMemberSlots, EnsureMemberSlots, FollowError, FollowLeader, Followed, MemberSlots,
+    PromoteForTerm, SetSyncStandbys,
+};
 use crate::restart::RestartState;
 use crate::supervisor::{PromoteError, Promoted};
 
@@ -285,4 +288,88 @@ impl Handler<SetSyncStandbys> for Supervisor {
         self.sync.standby_names = msg.names;
         self.update_visibility();
     }
+}
+
+impl Handler<EnsureMemberSlots> for Supervisor {
+    type Result = ResponseFuture<Result<MemberSlots, WalError>>;
+
+    fn handle(&mut self, msg: EnsureMemberSlots, _: &mut Context<Self>) -> Self::Result {
+        let wal = self.wal.clone();
+        Box::pin(on_storage(wal, move |wal| {
+            let held = wal.slots();
+            let mut changed = Vec::new();
+            for name in &msg.names {
+                if held.iter().any(|s| s.name == *name) {
+                    continue;
+                }
+                match wal.create_slot(name, false, true) {
+                    Ok(_) => changed.push(name.clone()),
+                    // Made meanwhile by someone else: it is there, which is what was asked.
+                    Err(WalError::SlotExists { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(MemberSlots {
+                changed,
+                held: held_with_prefix(wal, &msg.prefix),
+            })
+        }))
+    }
+}
+
+impl Handler<DropMemberSlots> for Supervisor {
+    type Result = ResponseFuture<Result<MemberSlots, WalError>>;
+
+    fn handle(&mut self, msg: DropMemberSlots, _: &mut Context<Self>) -> Self::Result {
+        let wal = self.wal.clone();
+        Box::pin(on_storage(wal, move |wal| {
+            let mut changed = Vec::new();
+            for name in &msg.names {
+                match wal.drop_slot(name) {
+                    Ok(()) => changed.push(name.clone()),
+                    Err(WalError::SlotNotFound { .. }) => {}
+                    Err(WalError::SlotInUse { .. }) => {
+                        tracing::info!(slot = %name, "not dropping a replication slot in use; asked again later");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if !changed.is_empty() {
+                // Release at once the WAL only those slots kept, not at the next segment.
+                wal.run_retention()?;
+            }
+            Ok(MemberSlots {
+                changed,
+                held: held_with_prefix(wal, &msg.prefix),
+            })
+        }))
+    }
+}
+
+/// Runs `f` with the node's storage on a blocking thread (slot files are written and synced).
+async fn on_storage<T: Send + 'static>(
+    wal: Option<Wal>,
+    f: impl FnOnce(&Wal) -> Result<T, WalError> + Send + 'static,
+) -> Result<T, WalError> {
+    let wal = wal.ok_or(WalError::Closed)?;
+    tokio::task::spawn_blocking(move || f(&wal))
+        .await
+        .unwrap_or_else(|e| {
+            Err(WalError::Io {
+                context: "managing replication slots".into(),
+                cause: std::io::Error::other(e.to_string()),
+            })
+        })
+}
+
+/// The names of the slots starting with `prefix`, sorted.
+fn held_with_prefix(wal: &Wal, prefix: &str) -> Vec<String> {
+    let mut names: Vec<String> = wal
+        .slots()
+        .into_iter()
+        .map(|s| s.name)
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    names.sort_unstable();
+    names
 }

@@ -7,6 +7,10 @@
 //! held while that WAL is dropped ([`crate::fork::cut_back_to_fork`], on a blocking thread);
 //! then `standby.signal` names the leader, a primary's control data says standby (the
 //! commit point of the demotion), and a walreceiver starts at once, with no backoff.
+//!
+//! The member slots ([`EnsureMemberSlots`], [`DropMemberSlots`]) are plain storage calls on a
+//! blocking thread (a slot's file is written and synced): which slots, and when, is the
+//! failover actor's decision.
 
 use actix::prelude::*;
 use wal_storage::{Role, Wal, WalError, WalFormat};

@@ -36,6 +36,11 @@ use crate::config::FailoverConfig;
 /// The prefix of every member slot.
 pub const MEMBER_SLOT_PREFIX: &str = "walserver_member_";
 
+/// How long a leader waits before trying again a slot operation that failed (storage full or
+/// restarting, say). A guess: storage's own restarts and a full disk's retries are on the
+/// order of a second.
+const SLOT_RETRY: Duration = Duration::from_secs(1);
+
 /// PostgreSQL's longest slot name (`NAMEDATALEN - 1`).
 const MAX_SLOT_NAME: usize = 63;
 
@@ -126,6 +131,10 @@ pub(crate) struct SlotState {
     again: bool,
     /// The next look at a departed member's slot, when its grace ends.
     timer: Option<SpawnHandle>,
+    /// The last round's slot operation failed: the next one comes after [`SLOT_RETRY`].
+    failed: bool,
+    /// Slot operations have been failing since the last success (logged once per run).
+    failing: bool,
 }
 
 /// The member slots this node holds, sorted, as a watch that changes after each slot
@@ -226,7 +235,10 @@ impl FailoverActor {
                             slots.held
                         }
                         Ok(Err(e)) => {
-                            warn!(error = %e, "failover: cannot make the member slots");
+                            if !act.slots.failing {
+                                warn!(error = %e, "failover: cannot make the member slots; trying again every {SLOT_RETRY:?}");
+                            }
+                            act.slots.failed = true;
                             Vec::new()
                         }
                         Err(e) => {
@@ -252,12 +264,19 @@ impl FailoverActor {
                     match dropped {
                         Some(Ok(Ok(slots))) => act.slots_changed("dropped", &slots),
                         Some(Ok(Err(e))) => {
-                            warn!(error = %e, "failover: cannot drop a departed member's slot")
+                            if !act.slots.failing {
+                                warn!(error = %e, "failover: cannot drop a departed member's slot; trying again every {SLOT_RETRY:?}");
+                            }
+                            act.slots.failed = true;
                         }
                         Some(Err(e)) => warn!(error = %e, "failover: the supervisor is gone"),
                         None => {}
                     }
                     act.slots.busy = false;
+                    if act.slots.failing && !act.slots.failed {
+                        info!("failover: member slots managed again");
+                    }
+                    act.slots.failing = act.slots.failed;
                     act.schedule_slot_look(ctx);
                     if act.slots.again {
                         act.manage_slots(ctx);
@@ -298,20 +317,22 @@ impl FailoverActor {
         expired
     }
 
-    /// A timer for the earliest end of a grace among the absent members' slots: a real
-    /// timeout, the moment a slot is to be dropped.
+    /// A timer for the earliest end of a grace among the absent members' slots (a real
+    /// timeout, the moment a slot is to be dropped), or for the retry of a failed operation.
     fn schedule_slot_look(&mut self, ctx: &mut Context<Self>) {
         if let Some(h) = self.slots.timer.take() {
             ctx.cancel_future(h);
         }
         let grace = self.config.member_slot_grace();
         let held = self.held_slots.borrow().clone().unwrap_or_default();
+        let failed = std::mem::take(&mut self.slots.failed).then_some(SLOT_RETRY);
         let next = self
             .slots
             .absent_since
             .iter()
             .filter(|(slot, _)| held.contains(slot))
             .map(|(_, since)| grace.saturating_sub(since.elapsed()))
+            .chain(failed)
             .min();
         if let Some(wait) = next {
             // A little past the end, so that the round finds the grace over.

@@ -686,7 +686,12 @@ impl FailoverActor {
                 Ok(Err(e)) => {
                     // Logged on the first failure and then every so often, not on each retry.
                     if act.follow_failures % 20 == 0 {
-                        warn!(%leader, term, error = %e, failures = act.follow_failures + 1, "failover: cannot follow the leader yet");
+                        if matches!(e, supervisor_actor::FollowError::NoSlot { .. }) {
+                            // A new leader makes its members' slots as it starts leading.
+                            info!(%leader, term, error = %e, failures = act.follow_failures + 1, "failover: cannot follow the leader yet");
+                        } else {
+                            warn!(%leader, term, error = %e, failures = act.follow_failures + 1, "failover: cannot follow the leader yet");
+                        }
                     }
                     act.follow_failures = act.follow_failures.wrapping_add(1);
                     act.schedule_retry(ctx, ACTION_RETRY);

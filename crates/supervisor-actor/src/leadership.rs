@@ -54,6 +54,10 @@ pub enum FollowError {
     RelayedPostgresWal,
     #[error("cannot identify the leader: {0}")]
     Upstream(String),
+    /// The leader does not hold the slot this node streams through (yet: a new leader makes
+    /// its members' slots as it starts leading, and a member that races it tries again).
+    #[error("the leader has no replication slot \"{slot}\" yet")]
+    NoSlot { slot: String },
     #[error(
         "the leader has system identifier {upstream}, this node {local}: it is another cluster"
     )]

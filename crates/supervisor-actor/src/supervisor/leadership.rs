@@ -102,13 +102,20 @@ impl Handler<FollowLeader> for Supervisor {
         let identify = {
             let upstream = upstream.clone();
             async move {
+                let slot = upstream.session.slot_name.as_deref();
                 walreceiver_actor::fetch_upstream_identity(
                     &upstream.conninfo,
-                    upstream.session.slot_name.as_deref(),
+                    slot,
                     &upstream.application_name,
                 )
                 .await
-                .map_err(|e| FollowError::Upstream(e.to_string()))
+                .map_err(|e| match slot {
+                    // 42704, undefined object: READ_REPLICATION_SLOT found no such slot.
+                    Some(slot) if e.sqlstate() == Some("42704") => FollowError::NoSlot {
+                        slot: slot.to_string(),
+                    },
+                    _ => FollowError::Upstream(e.to_string()),
+                })
             }
         };
         let work = identify
@@ -126,7 +133,12 @@ impl Handler<FollowLeader> for Supervisor {
                 },
             });
             if let Err(e) = &result {
-                tracing::warn!("could not follow the leader: {e}");
+                if matches!(e, FollowError::NoSlot { .. }) {
+                    // Expected while a new leader makes its members' slots; tried again.
+                    tracing::info!("could not follow the leader yet: {e}");
+                } else {
+                    tracing::warn!("could not follow the leader: {e}");
+                }
                 // A standby goes on with the upstream it had; a primary stays one, fenced.
                 if let Some(r) = act.receiver.as_mut() {
                     r.wanted = true;

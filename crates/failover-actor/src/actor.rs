@@ -62,6 +62,9 @@ pub struct FailoverActor {
     /// Why the key just won was campaigned for (the history's reason).
     won_reason: Option<&'static str>,
     pub(crate) leadership: tokio::sync::watch::Sender<Leadership>,
+    pub(crate) slots: crate::slots::SlotState,
+    /// The member slots this node holds, as last known.
+    pub(crate) held_slots: tokio::sync::watch::Sender<Option<Vec<String>>>,
 }
 
 /// How long a failed start (lease, first read, watch) waits before the next attempt, and the
@@ -86,6 +89,7 @@ impl FailoverActor {
                 "ttl must be at least 1 s (etcd's leases count whole seconds)".into(),
             ));
         }
+        crate::slots::check_slot_name(&config).map_err(FailoverError::Refused)?;
         // A guess that leaves room for the whole exchange: etcd's calls must end well inside
         // one renewal interval, or a slow answer would eat the fence's margin.
         let timeout = machine::renewal_interval(config.ttl).max(Duration::from_millis(300));
@@ -123,6 +127,8 @@ impl FailoverActor {
             stopping: false,
             won_reason: None,
             leadership: tokio::sync::watch::Sender::new(Leadership::default()),
+            slots: crate::slots::SlotState::default(),
+            held_slots: tokio::sync::watch::Sender::new(None),
         }))
     }
 
@@ -233,7 +239,9 @@ impl FailoverActor {
                         act.lease = Some(lease.id);
                         let granted = Duration::from_secs(u64::try_from(lease.ttl).unwrap_or(0));
                         act.lease_ttl = act.config.ttl.min(granted.max(Duration::from_secs(1)));
+                        let before = act.member_names();
                         act.cluster = cluster;
+                        act.note_members(&before);
                         act.renew_failures = 0;
                         act.watch = Some(ctx.add_stream(watch));
                         act.schedule_renewal(ctx, machine::renewal_interval(act.lease_ttl));
@@ -455,6 +463,8 @@ impl FailoverActor {
                 other => next = Some(other),
             }
         }
+        // A leader looks at its member slots on every change it decides on.
+        self.manage_slots(ctx);
         match next {
             Some(Action::Campaign) => self.campaign(),
             Some(Action::CheckPeers) => self.check_peers(local),
@@ -554,19 +564,24 @@ impl FailoverActor {
         let supervisor = self.node.supervisor.clone();
         let wal = self.node.wal.clone();
         let reason = self.won_reason.take().unwrap_or("failover").to_string();
+        let slots = self.wanted_slots();
         Box::pin(
             async move {
-                if promote {
+                let taken = if promote {
                     let promoted = supervisor
                         .send(supervisor_actor::PromoteForTerm { term })
                         .await
                         .map_err(|e| FailoverError::Refused(e.to_string()))?
                         .map_err(|e| FailoverError::Refused(format!("promotion failed: {e}")))?;
-                    Ok::<_, FailoverError>((promoted.timeline.0, promoted.switch_lsn))
+                    (promoted.timeline.0, promoted.switch_lsn)
                 } else {
                     let start = wal.history().last().map_or(wal_storage::Lsn(0), |h| h.switch_lsn);
-                    Ok((wal.timeline().0, start))
-                }
+                    (wal.timeline().0, start)
+                };
+                // The members' slots before the fence is granted: no append (and so no segment
+                // switch, where retention removes WAL) comes before them.
+                ensure_slots(&supervisor, slots).await;
+                Ok::<_, FailoverError>(taken)
             }
             .into_actor(self)
             .then(move |promoted, act, ctx| {
@@ -582,6 +597,8 @@ impl FailoverActor {
                 act.progress.highest_term = act.progress.highest_term.max(term);
                 act.progress.following = None;
                 act.publish_leadership();
+                // Publishes the slots just made, and starts the graces of departed members'.
+                act.manage_slots(ctx);
                 act.sync_phase = SyncPhase::Steady;
                 let synchronous = act.config.synchronous_mode != crate::SynchronousMode::Off;
                 act.sync_hold_since = synchronous.then(Instant::now);
@@ -676,6 +693,10 @@ impl FailoverActor {
             }
         };
         upstream.application_name = self.config.node_name.clone();
+        if self.config.use_slots {
+            // Its slot on the leader keeps the WAL this member has not received yet.
+            upstream.session.slot_name = crate::slots::member_slot_name(self.me());
+        }
         self.fence.observe_term(term);
         let supervisor = self.node.supervisor.clone();
         Box::pin(
@@ -692,11 +713,17 @@ impl FailoverActor {
                     act.progress.following = Some((leader, term));
                     act.progress.highest_term = act.progress.highest_term.max(term);
                     act.publish_leadership();
+                    act.drop_slots_as_follower(ctx);
                 }
                 Ok(Err(e)) => {
                     // Logged on the first failure and then every so often, not on each retry.
                     if act.follow_failures % 20 == 0 {
-                        warn!(%leader, term, error = %e, failures = act.follow_failures + 1, "failover: cannot follow the leader yet");
+                        if matches!(e, supervisor_actor::FollowError::NoSlot { .. }) {
+                            // A new leader makes its members' slots as it starts leading.
+                            info!(%leader, term, error = %e, failures = act.follow_failures + 1, "failover: cannot follow the leader yet");
+                        } else {
+                            warn!(%leader, term, error = %e, failures = act.follow_failures + 1, "failover: cannot follow the leader yet");
+                        }
                     }
                     act.follow_failures = act.follow_failures.wrapping_add(1);
                     act.schedule_retry(ctx, ACTION_RETRY);
@@ -729,6 +756,7 @@ impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
                 // `switchover`, the leader's member key, and any member key while there is no
                 // leader (the candidates weigh each other). Members' routine refreshes do not.
                 let mut relevant = false;
+                let before = self.member_names();
                 for event in &batch.events {
                     relevant |= match self.keys.classify(&event.kv.key) {
                         KeyKind::Leader | KeyKind::Sync | KeyKind::Pause | KeyKind::Switchover => {
@@ -743,6 +771,9 @@ impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
                     };
                     store::apply_event(&mut self.cluster, &self.keys, event);
                 }
+                // A member that came or went changes the slots the leader holds.
+                let members_changed = self.note_members(&before);
+                relevant |= members_changed && self.progress.leading.is_some();
                 if let Some(key) = &self.cluster.leader {
                     let holder = key.holder.clone();
                     let term = key.term;
@@ -795,7 +826,9 @@ impl FailoverActor {
             .into_actor(self)
             .map(|result, act, ctx| match result {
                 Ok((cluster, watch)) => {
+                    let before = act.member_names();
                     act.cluster = cluster;
+                    act.note_members(&before);
                     act.watch = Some(ctx.add_stream(watch));
                     act.reconcile(ctx);
                 }
@@ -824,6 +857,25 @@ impl FailoverActor {
             .into_actor(self)
             .map(|_, _, ctx: &mut Context<Self>| ctx.stop()),
         )
+    }
+}
+
+/// Makes the member slots `names` on the node (nothing if there are none); a failure is
+/// logged, and the leader's next reconciliation tries again: leading goes on without them.
+async fn ensure_slots(supervisor: &Addr<supervisor_actor::Supervisor>, names: Vec<String>) {
+    if names.is_empty() {
+        return;
+    }
+    let asked = supervisor_actor::EnsureMemberSlots {
+        names,
+        prefix: crate::slots::MEMBER_SLOT_PREFIX.to_string(),
+    };
+    match supervisor.send(asked).await {
+        Ok(Ok(slots)) => {
+            info!(made = ?slots.changed, held = ?slots.held, "failover: member slots before leading")
+        }
+        Ok(Err(e)) => warn!(error = %e, "failover: cannot make the member slots before leading"),
+        Err(e) => warn!(error = %e, "failover: the supervisor is gone"),
     }
 }
 

@@ -349,10 +349,18 @@ impl FailoverActor {
         let already = self.cluster.switchover.as_ref() == Some(&record);
         let request = record.clone();
         let rx = self.await_leader(&to);
+        // What the candidate published at its last renewal, for when the leader has no
+        // walsender for it at this moment (it is reconnecting, as after it began to stream
+        // through its member slot): an upper bound of its lag all the same.
+        let published: Option<Lsn> = self
+            .cluster
+            .members
+            .get(&to)
+            .and_then(|m| m.flush_lsn.parse().ok());
         Box::pin(
             async move {
                 let candidate_flush = if force {
-                    candidate_flush(&supervisor, &to).await
+                    candidate_flush(&supervisor, &to).await.or(published)
                 } else {
                     Some(wait_caught_up(&supervisor, &to, target).await?)
                 };

@@ -43,6 +43,13 @@ pub struct FailoverConfig {
     pub conninfo: String,
     /// How other members and operators reach this node's admin API (`http://host:port`).
     pub api_url: String,
+    /// Member slots (Patroni's `use_slots`): the leader keeps a physical replication slot for
+    /// every other member and the members stream through theirs, so that the WAL a member
+    /// behind or down still needs stays on the leader. Off, the actor touches no slot.
+    pub use_slots: bool,
+    /// How long the leader keeps the slot of a member whose key is gone; `None` is
+    /// [`DEFAULT_MEMBER_SLOT_GRACE_TTLS`] times the ttl.
+    pub member_slot_grace: Option<Duration>,
 }
 
 impl FailoverConfig {
@@ -65,9 +72,23 @@ impl FailoverConfig {
             priority: 1,
             conninfo: conninfo.into(),
             api_url: api_url.into(),
+            use_slots: true,
+            member_slot_grace: None,
         }
     }
+
+    /// How long the slot of a member whose key is gone is kept.
+    pub fn member_slot_grace(&self) -> Duration {
+        self.member_slot_grace
+            .unwrap_or(self.ttl.saturating_mul(DEFAULT_MEMBER_SLOT_GRACE_TTLS))
+    }
 }
+
+/// The leader keeps a departed member's slot this many ttls. A guess: long enough for a
+/// restart, a reboot or a short network partition (the member's key goes one ttl after it
+/// stops renewing), short enough that a removed member's slot does not hold WAL for long;
+/// `max_slot_wal_keep_size` bounds what any slot holds meanwhile.
+pub const DEFAULT_MEMBER_SLOT_GRACE_TTLS: u32 = 10;
 
 /// The leader key's lease when the configuration names none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);

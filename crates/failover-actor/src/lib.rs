@@ -32,6 +32,19 @@
 //!   published, is published only once it has what the leader had flushed when it began to
 //!   count, and the one it replaces stops counting only after that; losing the only one
 //!   unpublishes first (`on`) or keeps appends waiting (`strict`).
+//! - Member slots (`use_slots`, on by default, as Patroni's): the leader holds a physical
+//!   replication slot for every other member ([`member_slot_name`]: `walserver_member_` and
+//!   the name, one injective mapping), for those with a key and those whose key went less
+//!   than a grace ago (10 ttl by default; the crashed leader's key goes with its lease). It
+//!   makes them right after its promotion and before its fence is granted, so before any
+//!   append can reach a segment switch (where retention removes WAL), and again whenever a
+//!   member appears; a slot whose member has been gone longer than the grace is dropped at
+//!   the grace's end, so a removed member does not fill the disk (`max_slot_wal_keep_size`
+//!   bounds every slot meanwhile). Members follow through their slot (`primary_slot_name`),
+//!   so that the WAL one behind or down still needs stays even with `wal_keep_size` 0. A
+//!   follower drops the member slots it holds (every member streams from the leader, so they
+//!   would only keep WAL on a standby). Only slots with the prefix are touched;
+//!   [`SubscribeMemberSlots`] watches the ones held.
 //! - Handovers: [`Switchover`] (zero loss: the leader stops acknowledging, waits for the
 //!   candidate to have everything it flushed, writes `switchover` and deletes its key in a
 //!   transaction guarded by value and lease; only the candidate campaigns) and [`Failover`]
@@ -45,7 +58,8 @@
 //!
 //! Its peers: etcd, through `etcd-gateway` (every call a future on the actor's arbiter, under
 //! a deadline of a third of the ttl); the node's supervisor (messages `PromoteForTerm`,
-//! `FollowLeader`, `SetSyncStandbys`, `GetNodeStatus`; the fence it shares with it); the
+//! `FollowLeader`, `SetSyncStandbys`, `EnsureMemberSlots`, `DropMemberSlots`,
+//! `GetNodeStatus`; the fence it shares with it); the
 //! other members' admin API (`GET /status`, before campaigning); and whoever embeds it (the
 //! binary's admin API, tests), through [`GetClusterView`], [`GetLocalHealth`], [`GetHistory`],
 //! [`Pause`], [`Resume`], the handovers and [`SubscribeLeadership`] (a watch of what this node
@@ -58,7 +72,7 @@
 //! protects the appends. A supervisor that does not answer leaves the last status to decide on.
 //!
 //! Its timers are real timeouts and backoffs only: the renewal schedule, retries, the
-//! candidate's catch-up bound. Every event (a key changed, a leader elected) comes from the
+//! candidate's catch-up bound, the end of a departed member's slot grace. Every event (a key changed, a leader elected) comes from the
 //! watch. Its constants are guesses and say so.
 
 mod actor;
@@ -69,15 +83,20 @@ pub mod keys;
 pub mod machine;
 mod messages;
 mod peers;
+mod slots;
 mod store;
 mod sync;
 mod view;
 
 pub use actor::FailoverActor;
-pub use config::{FailoverConfig, SynchronousMode, DEFAULT_MAXIMUM_LAG_ON_FAILOVER, DEFAULT_TTL};
+pub use config::{
+    FailoverConfig, SynchronousMode, DEFAULT_MAXIMUM_LAG_ON_FAILOVER,
+    DEFAULT_MEMBER_SLOT_GRACE_TTLS, DEFAULT_TTL,
+};
 pub use error::FailoverError;
 pub use messages::{
     Failover, GetClusterView, GetHistory, GetLocalHealth, Leadership, Pause, Resume, StopFailover,
     SubscribeLeadership, Switchover, SwitchoverReport,
 };
+pub use slots::{member_slot_name, slot_member, SubscribeMemberSlots, MEMBER_SLOT_PREFIX};
 pub use view::{ClusterView, LeaderView, LocalHealth, MemberInfo, TermRecord};

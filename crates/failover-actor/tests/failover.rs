@@ -9,8 +9,9 @@ use anyhow::{bail, Context as _, Result};
 use bytes::Bytes;
 use etcd_gateway::testkit::EtcdServer;
 use failover_actor::{
-    Failover, FailoverActor, FailoverConfig, GetClusterView, GetHistory, GetLocalHealth,
-    Leadership, Pause, Resume, StopFailover, SubscribeLeadership, Switchover,
+    member_slot_name, Failover, FailoverActor, FailoverConfig, GetClusterView, GetHistory,
+    GetLocalHealth, Leadership, Pause, Resume, StopFailover, SubscribeLeadership,
+    SubscribeMemberSlots, Switchover,
 };
 use futures_util::StreamExt;
 use supervisor_actor::{
@@ -45,12 +46,20 @@ fn conninfo(node: &Node) -> String {
     format!("host=127.0.0.1 port={} user=r", node.listen_addr.port())
 }
 
+/// What the primary keeps for standbys beyond what slots keep. The tests write megabytes in a
+/// burst; standbys must not lose segments they need whatever the member slots do (the
+/// member slot tests keep nothing but what slots keep).
+const KEEP: u64 = 64 << 20;
+
 async fn start_primary(dir: &Path) -> Result<Node> {
+    start_primary_keeping(dir, KEEP).await
+}
+
+async fn start_primary_keeping(dir: &Path, wal_keep_size: u64) -> Result<Node> {
     Ok(NodeBuilder::primary(dir)
         .listen("127.0.0.1:0".parse()?)
         .segment_size(1 << 20)
-        // The tests write megabytes in a burst; standbys must not lose segments they need.
-        .wal_keep_size(64 << 20)
+        .wal_keep_size(wal_keep_size)
         .io_threads(0)
         .fence(Fence::closed())
         .start()
@@ -69,6 +78,16 @@ async fn start_standby(dir: &Path, upstream: &Node, name: &str) -> Result<Node> 
 }
 
 async fn start_actor(etcd: &str, name: &str, node: Node) -> Result<Member> {
+    start_actor_with(etcd, name, node, |_| {}).await
+}
+
+/// As [`start_actor`], the configuration changed by `configure` first.
+async fn start_actor_with(
+    etcd: &str,
+    name: &str,
+    node: Node,
+    configure: fn(&mut FailoverConfig),
+) -> Result<Member> {
     let mut config = FailoverConfig::new(
         vec![etcd.to_string()],
         "test",
@@ -77,6 +96,7 @@ async fn start_actor(etcd: &str, name: &str, node: Node) -> Result<Member> {
         String::new(),
     );
     config.ttl = TTL;
+    configure(&mut config);
     let actor = FailoverActor::start(config, node.clone())?;
     let leadership = actor.send(SubscribeLeadership).await?;
     Ok(Member {
@@ -121,23 +141,31 @@ async fn append(
         .expect("the supervisor answers")
 }
 
-/// A primary and two standbys under failover, settled: the primary leads, both follow it.
-async fn cluster(etcd: &str, dir: &Path) -> Result<(Member, Member, Member, u64)> {
-    cluster_with(etcd, etcd, dir).await
-}
-
-/// As [`cluster`], with `a`'s actor reaching etcd at `a_etcd`.
+/// A primary and two standbys under failover, settled: the primary leads, both follow it;
+/// `a`'s actor reaches etcd at `a_etcd`, the others at `etcd`.
 async fn cluster_with(
     a_etcd: &str,
     etcd: &str,
     dir: &Path,
 ) -> Result<(Member, Member, Member, u64)> {
-    let p = start_primary(&dir.join("a")).await?;
+    cluster_opts(a_etcd, etcd, dir, KEEP, |_| {}).await
+}
+
+/// As [`cluster_with`], the primary keeping `wal_keep_size`, every actor's configuration
+/// changed by `configure`.
+async fn cluster_opts(
+    a_etcd: &str,
+    etcd: &str,
+    dir: &Path,
+    wal_keep_size: u64,
+    configure: fn(&mut FailoverConfig),
+) -> Result<(Member, Member, Member, u64)> {
+    let p = start_primary_keeping(&dir.join("a"), wal_keep_size).await?;
     let b = start_standby(&dir.join("b"), &p, "b").await?;
     let c = start_standby(&dir.join("c"), &p, "c").await?;
-    let mut a = start_actor(a_etcd, "a", p).await?;
-    let mut b = start_actor(etcd, "b", b).await?;
-    let mut c = start_actor(etcd, "c", c).await?;
+    let mut a = start_actor_with(a_etcd, "a", p, configure).await?;
+    let mut b = start_actor_with(etcd, "b", b, configure).await?;
+    let mut c = start_actor_with(etcd, "c", c, configure).await?;
     let term = wait_for(&mut a, SETTLE, "leading", |l| l.leading.is_some())
         .await?
         .leading
@@ -168,12 +196,23 @@ struct Setup {
 fn with_cluster<F: std::future::Future<Output = Result<()>>>(
     test: impl FnOnce(Setup) -> F,
 ) -> Result<()> {
+    with_cluster_opts(KEEP, |_| {}, test)
+}
+
+/// As [`with_cluster`], the primary keeping `wal_keep_size`, every actor's configuration
+/// changed by `configure`.
+fn with_cluster_opts<F: std::future::Future<Output = Result<()>>>(
+    wal_keep_size: u64,
+    configure: fn(&mut FailoverConfig),
+    test: impl FnOnce(Setup) -> F,
+) -> Result<()> {
     log();
     let etcd = EtcdServer::start();
     let dir = tempfile::tempdir()?;
     let path = dir.path().to_path_buf();
     actix_rt::System::new().block_on(async move {
-        let (a, b, c, term) = cluster(etcd.client_url(), &path).await?;
+        let url = etcd.client_url();
+        let (a, b, c, term) = cluster_opts(url, url, &path, wal_keep_size, configure).await?;
         test(Setup {
             etcd,
             dir: path,
@@ -783,4 +822,219 @@ fn a_leader_cut_off_from_etcd_is_replaced_and_follows_when_it_comes_back() -> Re
         shutdown([a, b, c]).await;
         Ok(())
     })
+}
+
+// Member slots. Every node here keeps no WAL for others but what its slots keep
+// (`wal_keep_size` 0, as by default), with 1 MiB segments.
+
+/// Runs `test` on a settled cluster whose primary keeps no WAL for others but what slots
+/// keep, every actor's configuration changed by `configure`, once `a` holds `b`'s and `c`'s
+/// slots.
+fn with_slot_cluster<F: std::future::Future<Output = Result<()>>>(
+    configure: fn(&mut FailoverConfig),
+    test: impl FnOnce(Setup) -> F,
+) -> Result<()> {
+    with_cluster_opts(0, configure, |setup| async move {
+        wait_slots(&setup.a, SETTLE, "holding b's and c's slots", |s| {
+            s == [slot("b"), slot("c")]
+        })
+        .await?;
+        test(setup).await
+    })
+}
+
+/// The member slot of `name`.
+fn slot(name: &str) -> String {
+    member_slot_name(name).expect("a short name has a slot")
+}
+
+/// Waits until the member slots `member`'s node holds satisfy `f`, at most `within`.
+async fn wait_slots(
+    member: &Member,
+    within: Duration,
+    what: &str,
+    f: impl Fn(&[String]) -> bool,
+) -> Result<Vec<String>> {
+    let mut held = member.actor.send(SubscribeMemberSlots).await?;
+    let waited = tokio::time::timeout(within, held.wait_for(|h| h.as_deref().is_some_and(&f)))
+        .await
+        .map(|r| r.map(|h| h.clone()));
+    match waited {
+        Ok(Ok(h)) => Ok(h.unwrap_or_default()),
+        Ok(Err(_)) => bail!("{}'s actor stopped before {what}", member.name),
+        Err(_) => bail!(
+            "{}: not {what} within {within:?} (holds {:?})",
+            member.name,
+            *held.borrow()
+        ),
+    }
+}
+
+/// Appends `count` records of 128 KiB on `node`; the end of the last.
+async fn append_megabytes(node: &Node, count: usize) -> Result<wal_storage::Lsn> {
+    let big = Bytes::from(vec![b'w'; 128 * 1024]);
+    let mut end = wal_storage::Lsn(0);
+    for _ in 0..count {
+        let done = node
+            .supervisor
+            .send(AppendRecords {
+                records: vec![big.clone()],
+                durability: Some(Durability::Local),
+            })
+            .await??;
+        end = end.max(done.end_lsn);
+    }
+    Ok(end)
+}
+
+/// Waits until `node` has flushed `lsn`, at most `within`.
+async fn wait_flushed(
+    node: &Node,
+    lsn: wal_storage::Lsn,
+    within: Duration,
+    what: &str,
+) -> Result<()> {
+    tokio::time::timeout(
+        within,
+        node.wait_for_lsn(lsn, supervisor_actor::LocalLevel::Flushed),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "{what}: {lsn} not flushed within {within:?} (at {})",
+            node.wal.flushed()
+        )
+    })
+}
+
+/// A standby stopped while the leader writes several segments finds, on restart, everything
+/// it missed still there: its slot on the leader kept it (without it nothing would, and it
+/// could never catch up).
+#[test]
+fn a_stopped_standby_catches_up_through_its_slot() -> Result<()> {
+    with_slot_cluster(
+        |_| {},
+        |setup| async move {
+            let Setup {
+                etcd,
+                dir,
+                a,
+                b,
+                c,
+                term,
+            } = setup;
+            let url = etcd.client_url();
+            let end = append_megabytes(&a.node, 4).await?;
+            wait_flushed(&c.node, end, SETTLE, "c before its stop").await?;
+            stop(&c, true).await?;
+            let c_flush = c.node.wal.flushed();
+            drop(c);
+            // Six segments while c is down: without its slot, retention removes what c needs at
+            // the leader's segment switches.
+            let end = append_megabytes(&a.node, 48).await?;
+            assert!(
+                end.0 >= c_flush.0 + (5 << 20),
+                "several segments were written ({c_flush} to {end})"
+            );
+            wait_flushed(&b.node, end, SETTLE, "b").await?;
+            let node = start_standby(&dir.join("c"), &a.node, "c").await?;
+            let mut c = start_actor(url, "c", node).await?;
+            wait_for(&mut c, SETTLE, "following a", |l| {
+                l.following == Some(("a".into(), term))
+            })
+            .await?;
+            wait_flushed(&c.node, end, SETTLE, "c after its restart").await?;
+            // It streams through its slot, whose position follows what it has flushed.
+            let info = a.node.wal.slot(&slot("c"))?;
+            assert!(info.restart_lsn.is_some_and(|r| r >= c_flush), "{info:?}");
+            shutdown([a, b, c]).await;
+            Ok(())
+        },
+    )
+}
+
+/// After a failover the new leader holds the slots of the other members, the crashed old
+/// leader's included (its key went with its lease, together with the leader key); the old
+/// leader, back as a standby, drops the slots it held as the leader and catches up.
+#[test]
+fn after_a_failover_the_new_leader_holds_the_others_slots() -> Result<()> {
+    with_slot_cluster(
+        |_| {},
+        |setup| async move {
+            let Setup {
+                etcd,
+                dir,
+                a,
+                mut b,
+                mut c,
+                term: _term,
+            } = setup;
+            let url = etcd.client_url();
+            stop(&a, false).await?;
+            let (winner, new_term) = first_to_lead(&mut b, &mut c, SETTLE).await?;
+            let (leader, other) = if winner == "b" { (&b, "c") } else { (&c, "b") };
+            let mut want = vec![slot("a"), slot(other)];
+            want.sort_unstable();
+            wait_slots(leader, SETTLE, "holding the others' slots", |s| s == want).await?;
+            // Segments while the old leader is down; then it comes back and follows.
+            let end = append_megabytes(&leader.node, 24).await?;
+            drop(a);
+            let node = start_primary_keeping(&dir.join("a"), 0).await?;
+            let mut a = start_actor(url, "a", node).await?;
+            wait_for(&mut a, SETTLE, "following the new leader", |l| {
+                l.following == Some((winner.clone(), new_term))
+            })
+            .await?;
+            wait_slots(&a, SETTLE, "holding no member slot as a standby", |s| {
+                s.is_empty()
+            })
+            .await?;
+            wait_flushed(&a.node, end, SETTLE, "the old leader").await?;
+            shutdown([a, b, c]).await;
+            Ok(())
+        },
+    )
+}
+
+/// The grace of a departed member's slot in the test below.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// A member gone for longer than the grace loses its slot on the leader; the others' slots
+/// and a slot that is not a member slot stay.
+#[test]
+fn a_departed_member_s_slot_is_dropped_after_the_grace() -> Result<()> {
+    with_slot_cluster(
+        |config| {
+            config.member_slot_grace = Some(GRACE);
+        },
+        |setup| async move {
+            let Setup {
+                etcd: _etcd,
+                dir: _dir,
+                a,
+                b,
+                c,
+                term: _term,
+            } = setup;
+            a.node.wal.create_slot("not_a_member", false, true)?;
+            // Its lease revoked: c's key goes at once.
+            stop(&c, true).await?;
+            let gone = Instant::now();
+            wait_slots(&a, GRACE + SETTLE, "dropping c's slot", |s| {
+                s == [slot("b")]
+            })
+            .await?;
+            let took = gone.elapsed();
+            assert!(
+                took >= GRACE,
+                "c's slot went after {took:?}, within the grace"
+            );
+            assert!(
+                a.node.wal.slot("not_a_member").is_ok(),
+                "another slot was dropped"
+            );
+            shutdown([a, b, c]).await;
+            Ok(())
+        },
+    )
 }

@@ -54,6 +54,10 @@ pub enum FollowError {
     RelayedPostgresWal,
     #[error("cannot identify the leader: {0}")]
     Upstream(String),
+    /// The leader does not hold the slot this node streams through (yet: a new leader makes
+    /// its members' slots as it starts leading, and a member that races it tries again).
+    #[error("the leader has no replication slot \"{slot}\" yet")]
+    NoSlot { slot: String },
     #[error(
         "the leader has system identifier {upstream}, this node {local}: it is another cluster"
     )]
@@ -79,4 +83,36 @@ pub enum FollowError {
 #[rtype(result = "()")]
 pub struct SetSyncStandbys {
     pub names: Option<SyncStandbyNames>,
+}
+
+/// Makes sure this node holds a physical replication slot by each of `names` (made
+/// persistent, reserving WAL from the flushed end, as PostgreSQL's
+/// `pg_create_physical_replication_slot(name, true)`): the slots a leader keeps for the other
+/// members, so that the WAL a member has not received yet stays while it is behind or down.
+/// Existing slots are left as they are. The answer says which were made, and lists every slot
+/// whose name starts with `prefix` afterwards (the slots of this kind the node holds).
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "Result<MemberSlots, WalError>")]
+pub struct EnsureMemberSlots {
+    pub names: Vec<String>,
+    pub prefix: String,
+}
+
+/// Drops the slots named `names` that exist and are not in use (a slot a walsender streams
+/// through is left, and said so in the log; the caller asks again later). The answer says
+/// which were dropped, and lists every slot whose name starts with `prefix` afterwards.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "Result<MemberSlots, WalError>")]
+pub struct DropMemberSlots {
+    pub names: Vec<String>,
+    pub prefix: String,
+}
+
+/// What [`EnsureMemberSlots`] or [`DropMemberSlots`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MemberSlots {
+    /// The slots made (ensuring) or dropped (dropping).
+    pub changed: Vec<String>,
+    /// Every slot with the prefix the node holds afterwards, sorted.
+    pub held: Vec<String>,
 }

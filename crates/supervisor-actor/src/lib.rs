@@ -21,8 +21,9 @@
 //!   (a promotion whose history reason names the term), [`FollowLeader`] (a standby
 //!   re-targets its walreceiver at once; a primary is demoted live: its fence closes, its
 //!   walsender sessions end and new ones wait, its WAL beyond the leader's fork is dropped
-//!   ([`fork`], shared with `walserver rejoin`), and it streams from the leader) and
-//!   [`SetSyncStandbys`];
+//!   ([`fork`], shared with `walserver rejoin`), and it streams from the leader),
+//!   [`SetSyncStandbys`], and [`EnsureMemberSlots`] / [`DropMemberSlots`] (the physical slots
+//!   a leader keeps for the other members, made or dropped on a blocking thread);
 //! - storage's failures are events on its health watch: after a failed sync the supervisor
 //!   reopens storage ([`wal_storage::Wal::restart`]) on a backoff schedule of the restart
 //!   policy until it succeeds, starts no walreceiver meanwhile, and starts one at once when
@@ -116,7 +117,10 @@ pub use append::{
 };
 pub use builder::NodeBuilder;
 pub use fence::{Fence, FenceView};
-pub use leadership::{FollowError, FollowLeader, Followed, PromoteForTerm, SetSyncStandbys};
+pub use leadership::{
+    DropMemberSlots, EnsureMemberSlots, FollowError, FollowLeader, Followed, MemberSlots,
+    PromoteForTerm, SetSyncStandbys,
+};
 pub use node::{LocalLevel, Node, NodeConfig, NodeError, DEFAULT_LISTEN};
 pub use records::{
     check_records_start, subscribe_records, Follow, RecordEvent, RecordsFrom, RecordsStart,

@@ -29,6 +29,8 @@ pub const FAILOVER_KEYS: &[&str] = &[
     "priority",
     "advertise_conninfo",
     "advertise_http",
+    "use_slots",
+    "member_slot_grace",
 ];
 
 /// The user of the default `advertise_conninfo`: the user the other members connect as to
@@ -81,6 +83,14 @@ pub struct FailoverSettings {
     /// `http://<http_listen>` (`https://` with a certificate).
     #[serde(default)]
     pub advertise_http: Option<String>,
+    /// Member slots: the leader keeps a replication slot for every other member (Patroni's
+    /// `use_slots`).
+    #[serde(default = "default_use_slots")]
+    pub use_slots: bool,
+    /// How long the leader keeps the slot of a member whose key is gone; default ten ttls.
+    /// Bare numbers are seconds.
+    #[serde(default, deserialize_with = "optional_duration_s")]
+    pub member_slot_grace: Option<Duration>,
 }
 
 fn default_ttl() -> Duration {
@@ -91,6 +101,14 @@ fn default_maximum_lag_on_failover() -> u64 {
 }
 fn default_priority() -> u32 {
     1
+}
+fn default_use_slots() -> bool {
+    true
+}
+fn optional_duration_s<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Duration>, D::Error> {
+    units::duration_s(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -175,6 +193,13 @@ impl FailoverSettings {
             .map_err(|e| invalid(format!("failover.etcd_endpoints: {e}")))?;
         check_name("cluster_name", &self.cluster_name)?;
         check_name("node_name", &self.node_name)?;
+        if self.use_slots && failover_actor::member_slot_name(&self.node_name).is_none() {
+            return Err(invalid(format!(
+                "failover.node_name {:?} is too long for its replication slot ({}<name>, at most 63 bytes; an upper-case letter, '_', '-' and '.' count two): shorten it, or set failover.use_slots = false",
+                self.node_name,
+                failover_actor::MEMBER_SLOT_PREFIX
+            )));
+        }
         if !(MIN_TTL..=MAX_TTL).contains(&self.ttl) {
             return Err(invalid(format!(
                 "failover.ttl {} is out of range: from {} to {}",
@@ -266,6 +291,8 @@ impl FailoverSettings {
         cfg.synchronous_mode = self.synchronous_mode;
         cfg.nofailover = self.nofailover;
         cfg.priority = self.priority;
+        cfg.use_slots = self.use_slots;
+        cfg.member_slot_grace = self.member_slot_grace;
         cfg
     }
 }
@@ -314,6 +341,8 @@ mod tests {
         assert_eq!(f.synchronous_mode, SynchronousMode::Off);
         assert!(!f.nofailover);
         assert_eq!(f.priority, 1);
+        assert!(f.use_slots, "member slots by default");
+        assert_eq!(f.member_slot_grace, None);
         // The advertised addresses come from the bound listeners, port 0 resolved.
         let cfg = f.failover_config(
             "127.0.0.1:6001".parse().unwrap(),
@@ -350,6 +379,8 @@ nofailover = true
 priority = 7
 advertise_conninfo = "host=10.0.0.5 port=5433 user=repl"
 advertise_http = "10.0.0.5:8433"
+use_slots = false
+member_slot_grace = "5min"
 "#,
         );
         assert_eq!(
@@ -371,6 +402,8 @@ advertise_http = "10.0.0.5:8433"
         assert_eq!(cfg.synchronous_mode, SynchronousMode::Strict);
         assert_eq!((cfg.priority, cfg.nofailover), (7, true));
         assert_eq!(cfg.maximum_lag_on_failover, 4096);
+        assert!(!cfg.use_slots);
+        assert_eq!(cfg.member_slot_grace, Some(Duration::from_secs(300)));
         let f = failover(&format!(
             "{BASE}ttl = \"1min\"\nmaximum_lag_on_failover = \"16MB\"\nsynchronous_mode = \"on\""
         ));
@@ -441,6 +474,12 @@ advertise_http = "10.0.0.5:8433"
             ),
             (BASE, &[], &[("failover.node_name", "a/b")], &["failover.node_name", "'/'"]),
             (BASE, &[], &[("failover.node_name", "")], &["failover.node_name must not be empty"]),
+            (
+                BASE,
+                &[],
+                &[("failover.node_name", "Node-With-A-Long-Name-For-Its-Slot")],
+                &["too long for its replication slot", "use_slots = false"],
+            ),
             (BASE, &[], &[("failover.ttl", "1s")], &["failover.ttl 1s is out of range"]),
             (BASE, &[], &[("failover.ttl", "10 fortnights")], &["fortnights"]),
             (BASE, &[], &[("failover.maximum_lag_on_failover", "-1")], &["-1"]),

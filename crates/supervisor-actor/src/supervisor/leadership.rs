@@ -7,9 +7,13 @@
 //! held while that WAL is dropped ([`crate::fork::cut_back_to_fork`], on a blocking thread);
 //! then `standby.signal` names the leader, a primary's control data says standby (the
 //! commit point of the demotion), and a walreceiver starts at once, with no backoff.
+//!
+//! The member slots ([`EnsureMemberSlots`], [`DropMemberSlots`]) are plain storage calls on a
+//! blocking thread (a slot's file is written and synced): which slots, and when, is the
+//! failover actor's decision.
 
 use actix::prelude::*;
-use wal_storage::{Role, WalError, WalFormat};
+use wal_storage::{Role, Wal, WalError, WalFormat};
 use walreceiver_actor::messages::StopReceiver;
 use walreceiver_actor::{ReceiverConfig, UpstreamIdentity};
 use walsender_actor::messages::{
@@ -19,7 +23,10 @@ use walsender_actor::messages::{
 use super::{NodeRole, Receiver, Supervisor};
 use crate::datadir::StandbySignal;
 use crate::fork::{cut_back_to_fork, fork_point, CutBack};
-use crate::leadership::{FollowError, FollowLeader, Followed, PromoteForTerm, SetSyncStandbys};
+use crate::leadership::{
+    DropMemberSlots, EnsureMemberSlots, FollowError, FollowLeader, Followed, MemberSlots,
+    PromoteForTerm, SetSyncStandbys,
+};
 use crate::restart::RestartState;
 use crate::supervisor::{PromoteError, Promoted};
 
@@ -95,13 +102,20 @@ impl Handler<FollowLeader> for Supervisor {
         let identify = {
             let upstream = upstream.clone();
             async move {
+                let slot = upstream.session.slot_name.as_deref();
                 walreceiver_actor::fetch_upstream_identity(
                     &upstream.conninfo,
-                    upstream.session.slot_name.as_deref(),
+                    slot,
                     &upstream.application_name,
                 )
                 .await
-                .map_err(|e| FollowError::Upstream(e.to_string()))
+                .map_err(|e| match slot {
+                    // 42704, undefined object: READ_REPLICATION_SLOT found no such slot.
+                    Some(slot) if e.sqlstate() == Some("42704") => FollowError::NoSlot {
+                        slot: slot.to_string(),
+                    },
+                    _ => FollowError::Upstream(e.to_string()),
+                })
             }
         };
         let work = identify
@@ -119,7 +133,12 @@ impl Handler<FollowLeader> for Supervisor {
                 },
             });
             if let Err(e) = &result {
-                tracing::warn!("could not follow the leader: {e}");
+                if matches!(e, FollowError::NoSlot { .. }) {
+                    // Expected while a new leader makes its members' slots; tried again.
+                    tracing::info!("could not follow the leader yet: {e}");
+                } else {
+                    tracing::warn!("could not follow the leader: {e}");
+                }
                 // A standby goes on with the upstream it had; a primary stays one, fenced.
                 if let Some(r) = act.receiver.as_mut() {
                     r.wanted = true;
@@ -285,4 +304,88 @@ impl Handler<SetSyncStandbys> for Supervisor {
         self.sync.standby_names = msg.names;
         self.update_visibility();
     }
+}
+
+impl Handler<EnsureMemberSlots> for Supervisor {
+    type Result = ResponseFuture<Result<MemberSlots, WalError>>;
+
+    fn handle(&mut self, msg: EnsureMemberSlots, _: &mut Context<Self>) -> Self::Result {
+        let wal = self.wal.clone();
+        Box::pin(on_storage(wal, move |wal| {
+            let held = wal.slots();
+            let mut changed = Vec::new();
+            for name in &msg.names {
+                if held.iter().any(|s| s.name == *name) {
+                    continue;
+                }
+                match wal.create_slot(name, false, true) {
+                    Ok(_) => changed.push(name.clone()),
+                    // Made meanwhile by someone else: it is there, which is what was asked.
+                    Err(WalError::SlotExists { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(MemberSlots {
+                changed,
+                held: held_with_prefix(wal, &msg.prefix),
+            })
+        }))
+    }
+}
+
+impl Handler<DropMemberSlots> for Supervisor {
+    type Result = ResponseFuture<Result<MemberSlots, WalError>>;
+
+    fn handle(&mut self, msg: DropMemberSlots, _: &mut Context<Self>) -> Self::Result {
+        let wal = self.wal.clone();
+        Box::pin(on_storage(wal, move |wal| {
+            let mut changed = Vec::new();
+            for name in &msg.names {
+                match wal.drop_slot(name) {
+                    Ok(()) => changed.push(name.clone()),
+                    Err(WalError::SlotNotFound { .. }) => {}
+                    Err(WalError::SlotInUse { .. }) => {
+                        tracing::info!(slot = %name, "not dropping a replication slot in use; asked again later");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if !changed.is_empty() {
+                // Release at once the WAL only those slots kept, not at the next segment.
+                wal.run_retention()?;
+            }
+            Ok(MemberSlots {
+                changed,
+                held: held_with_prefix(wal, &msg.prefix),
+            })
+        }))
+    }
+}
+
+/// Runs `f` with the node's storage on a blocking thread (slot files are written and synced).
+async fn on_storage<T: Send + 'static>(
+    wal: Option<Wal>,
+    f: impl FnOnce(&Wal) -> Result<T, WalError> + Send + 'static,
+) -> Result<T, WalError> {
+    let wal = wal.ok_or(WalError::Closed)?;
+    tokio::task::spawn_blocking(move || f(&wal))
+        .await
+        .unwrap_or_else(|e| {
+            Err(WalError::Io {
+                context: "managing replication slots".into(),
+                cause: std::io::Error::other(e.to_string()),
+            })
+        })
+}
+
+/// The names of the slots starting with `prefix`, sorted.
+fn held_with_prefix(wal: &Wal, prefix: &str) -> Vec<String> {
+    let mut names: Vec<String> = wal
+        .slots()
+        .into_iter()
+        .map(|s| s.name)
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    names.sort_unstable();
+    names
 }

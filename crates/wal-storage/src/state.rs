@@ -192,6 +192,18 @@ impl Inner {
         self.publish();
     }
 
+    /// Moves the written end of the current timeline without publishing it. The writer calls
+    /// it between a batch's write and its fdatasync: no subscriber acts on bytes not yet
+    /// durable (walsenders send and walreceivers report only the flushed end), and waking
+    /// the node's threads for it took CPU and a system call from the writer thread just
+    /// before the fdatasync of every synchronous commit. [`Wal::position`](crate::Wal::position)
+    /// reads it at once; the watch sees it with the flushed end that follows.
+    pub(crate) fn set_written(&self, written: Lsn) {
+        let mut st = self.state_mut();
+        st.written = written;
+        st.check_invariants();
+    }
+
     /// Bytes of the current timeline at `start` from the tail cache; see
     /// [`Wal::read_cached`](crate::Wal::read_cached).
     pub(crate) fn read_cached(&self, tli: TimelineId, start: Lsn, max_len: usize) -> Option<Bytes> {

@@ -429,7 +429,9 @@ impl Wal {
     }
 
     /// Flush progress: the receiver sees every new position the writer publishes (coalesced:
-    /// the newest covers earlier ones).
+    /// the newest covers earlier ones). The writer publishes when the flushed end moves (and
+    /// at timeline changes and failures), not when a batch has only been written: `written`
+    /// in a published position is current, but a written end alone wakes no one.
     pub fn subscribe(&self) -> watch::Receiver<WalPosition> {
         self.inner().pos_tx.subscribe()
     }

@@ -614,7 +614,7 @@ impl Writer {
             touched.push(segno);
             pos = upto;
         }
-        self.inner.set_positions(end, self.published);
+        self.inner.set_written(end);
         for segno in touched {
             self.inner
                 .io

@@ -50,3 +50,57 @@ fn sixty_four_writers_share_fsyncs() {
     assert_eq!(records(&wal, TimelineId(1), Lsn(SEG)).len(), WRITERS * EACH);
     println!("{appends} appends, {fsyncs} fsyncs");
 }
+
+/// The position watch wakes its subscribers for durable WAL only: every position it delivers
+/// has the flushed end at the written end (for a primary's appends both are the batch's end).
+/// A watch that also announced a batch between its write and its fdatasync, as it once did,
+/// woke every walsender and walreceiver of the node for nothing just before the fdatasync of
+/// each synchronous commit; on the real disk the subscriber sees such a position within a
+/// few appends.
+#[test]
+fn the_position_watch_announces_durable_wal_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    const APPENDS: usize = 200;
+    let mut rx = wal.subscribe();
+    rx.borrow_and_update();
+    let watcher = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let mut seen = Vec::new();
+            // Bounded: at most a few announcements per append, and storage is dropped after
+            // the last one, which ends `changed()`.
+            for _ in 0..APPENDS * 4 {
+                let next = tokio::time::timeout(std::time::Duration::from_secs(10), rx.changed());
+                match next.await {
+                    Ok(Ok(())) => seen.push(*rx.borrow_and_update()),
+                    // The storage was dropped (after the last append), or a deadline passed.
+                    _ => break,
+                }
+            }
+            seen
+        })
+    });
+    let mut last = Lsn(0);
+    for i in 0..APPENDS {
+        last = append(&wal, &[payload(i as u64, 64)])[0];
+    }
+    drop(wal);
+    let seen = watcher.join().unwrap();
+    assert_eq!(
+        seen.last().map(|p| p.flushed),
+        Some(last),
+        "the watch announced the last durable end"
+    );
+    let early: Vec<_> = seen.iter().filter(|p| p.written != p.flushed).collect();
+    assert!(
+        early.is_empty(),
+        "{} of {} announced positions had WAL written but not yet durable, e.g. {:?}",
+        early.len(),
+        seen.len(),
+        early.first()
+    );
+}

@@ -7,7 +7,7 @@
 //! load on the client host reaches every member and follows the leader (`walserver bench
 //! append --http n0,n1,n2`). `n0` is made a primary (`walserver init`), `n1` and `n2`
 //! standbys of it; from then on etcd decides who leads. Timeouts are short: the leader key's
-//! ttl is [`TTL`] (3 s, to fit CI) and the replication timeouts 2 s.
+//! ttl is [`ttl`] (3 s unless `WALSERVER_TEST_FAILOVER_TTL_MS` says otherwise, to fit CI) and the replication timeouts 2 s.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,8 +19,20 @@ use fault_harness::watch::LineWatch;
 use fault_harness::{Host, Net, Process, Request, WalNode};
 use walserver_bench::acklog::{self, AckEntry};
 
-/// The leader key's ttl: short, so that a failover fits in a CI run.
-pub const TTL: Duration = Duration::from_secs(3);
+/// The leader key's ttl by default: short, so that a failover fits in a CI run.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(3);
+
+/// The leader key's ttl of every scenario: [`DEFAULT_TTL`], or `WALSERVER_TEST_FAILOVER_TTL_MS`
+/// (walserver's own default of 10 s, say, for a measurement beside Patroni's).
+pub fn ttl() -> Duration {
+    match std::env::var("WALSERVER_TEST_FAILOVER_TTL_MS") {
+        Ok(ms) => Duration::from_millis(
+            ms.parse()
+                .expect("WALSERVER_TEST_FAILOVER_TTL_MS must be a number of milliseconds"),
+        ),
+        Err(_) => DEFAULT_TTL,
+    }
+}
 /// How long a scenario waits for something that should happen soon (a guess for two busy
 /// cores running three etcd members and four nodes).
 pub const DEADLINE: Duration = Duration::from_secs(45);
@@ -53,7 +65,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            ttl: TTL,
+            ttl: ttl(),
             synchronous_mode: "on",
             cascade: false,
         }
@@ -446,6 +458,22 @@ impl Cluster {
         m: &Measured,
         env: &str,
     ) {
+        self.row_in(scenario, scenario, fault, cycles, v, m, env)
+    }
+
+    /// As [`Cluster::row`], kept under `file` (a second row of one scenario, run with other
+    /// settings) rather than under the scenario's name.
+    #[allow(clippy::too_many_arguments)]
+    pub fn row_in(
+        &self,
+        file: &str,
+        scenario: &str,
+        fault: &str,
+        cycles: u64,
+        v: &Verdict,
+        m: &Measured,
+        env: &str,
+    ) {
         let row = walserver_bench::failover_table::FailoverRow {
             fault: fault.to_string(),
             cycles,
@@ -463,7 +491,7 @@ impl Cluster {
                 .trim_start()
                 .to_string(),
         };
-        let path = row.write(scenario).expect("write the row");
+        let path = row.write(file).expect("write the row");
         eprintln!(
             "{scenario}: {}",
             serde_json::to_string(&row).unwrap_or_default()

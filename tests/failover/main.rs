@@ -8,7 +8,7 @@
 //! time from the fault to the first acknowledgement by the new leader; all nodes on one
 //! timeline with the same history file. Never by server logs.
 //!
-//! The leader key's ttl is 3 s (`cluster::TTL`), short to fit CI; the replication timeouts 2 s.
+//! The leader key's ttl is 3 s (`cluster::ttl`, `WALSERVER_TEST_FAILOVER_TTL_MS` for another), short to fit CI; the replication timeouts 2 s.
 //! `WALSERVER_TEST_FAILOVER_CYCLES` sets the kill -9 cycles (5 by default; 20 or more for a
 //! longer run) and `WALSERVER_TEST_FAILOVER_CONTROL_SECS` the control run's length (30 s by
 //! default). Each scenario writes one row (`walserver_bench::failover_table`) under
@@ -25,7 +25,7 @@ mod load;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use cluster::{Cluster, Measured, Options, DEADLINE, MEMBERS, TTL};
+use cluster::{ttl, Cluster, Measured, Options, DEADLINE, DEFAULT_TTL, MEMBERS};
 use fault_harness::{etcd, fault};
 use walserver_bench::acklog::mono_ms;
 
@@ -86,7 +86,7 @@ fn judge_log(c: &Cluster, m: &mut Measured, problems: &mut Vec<String>) {
 /// One failover after `fault` has been applied at `t0`: waits for the first acknowledgement
 /// on a timeline above `timeline`; its delay from `t0` in ms.
 fn wait_failover(c: &mut Cluster, timeline: u32, t0: u64) -> Result<f64, String> {
-    c.wait_ack(DEADLINE + TTL * 3, |e| {
+    c.wait_ack(DEADLINE + ttl() * 3, |e| {
         e.timeline > timeline && e.mono_ms.is_some_and(|t| t >= t0)
     })
     .and_then(|e| e.mono_ms)
@@ -149,16 +149,27 @@ fn kill_9_of_the_primary_repeated() {
         ));
     }
     let v = c.finish().with(problems);
-    c.row(
-        "kill_9_of_the_primary_repeated",
+    // Another ttl is another row beside the default's.
+    let scenario = "kill_9_of_the_primary_repeated";
+    let (file, ttl_env) = if ttl() == DEFAULT_TTL {
+        (scenario.to_string(), String::new())
+    } else {
+        (
+            format!("{scenario}_ttl_{}ms", ttl().as_millis()),
+            format!("WALSERVER_TEST_FAILOVER_TTL_MS={} ", ttl().as_millis()),
+        )
+    };
+    c.row_in(
+        &file,
+        scenario,
         &format!(
             "kill -9 of the primary, restarted as a standby (ttl {}s)",
-            TTL.as_secs()
+            ttl().as_secs_f64()
         ),
         cycles,
         &v,
         &m,
-        &format!("WALSERVER_TEST_FAILOVER_CYCLES={cycles} "),
+        &format!("{ttl_env}WALSERVER_TEST_FAILOVER_CYCLES={cycles} "),
     );
     v.assert_ok();
 }
@@ -226,7 +237,7 @@ fn deposed_leader(label: &str, fault_name: &str, pause: bool) {
         }
     }
     // The fault lasts past the ttl whatever the failover took: its length, not a wait.
-    std::thread::sleep((TTL + Duration::from_secs(1)).saturating_sub(at.elapsed()));
+    std::thread::sleep((ttl() + Duration::from_secs(1)).saturating_sub(at.elapsed()));
     let _ = c.wait_more_acks(50, DEADLINE);
     if pause {
         c.nodes[leader].resume().expect("SIGCONT");
@@ -321,7 +332,7 @@ fn etcd_leader_killed_and_quorum_lost() {
         }
     }
     // Watch for twice the ttl: the observation's length.
-    std::thread::sleep(TTL * 2);
+    std::thread::sleep(ttl() * 2);
     c.wait_more_acks(50, DEADLINE).expect("appends go on");
     let now = c.leaders();
     if now != [leader] {
@@ -344,16 +355,16 @@ fn etcd_leader_killed_and_quorum_lost() {
     for &v in &victims {
         c.etcd.members[v].kill9().expect("kill an etcd member");
     }
-    std::thread::sleep(TTL + Duration::from_secs(2));
+    std::thread::sleep(ttl() + Duration::from_secs(2));
     let log = c.log();
     let last = checks::last_ack_ms(&log).unwrap_or(0);
-    let limit = t0 + (TTL + IN_FLIGHT_GRACE).as_millis() as u64;
+    let limit = t0 + (ttl() + IN_FLIGHT_GRACE).as_millis() as u64;
     let stopped_after = last.saturating_sub(t0);
     m.failover_ms.push(stopped_after as f64);
     if last > limit {
         problems.push(format!(
             "appends acknowledged {stopped_after} ms after etcd lost its quorum (ttl {} ms)",
-            TTL.as_millis()
+            ttl().as_millis()
         ));
     }
     if !c.leaders().is_empty() {

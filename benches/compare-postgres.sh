@@ -664,7 +664,7 @@ echo "walserver vs PostgreSQL 15 — $MACHINE_DATE$BUSY"
 echo "machine: $MACHINE_NPROC cores ($MACHINE_CPU), disk $MACHINE_DISK, load average $LOAD_START at start, $LOAD_END at end"
 echo "volume: $((PG_BYTES >> 20)) MiB (PostgreSQL) / $((WS_BYTES >> 20)) MiB (walserver) of WAL; $RUNS run(s) per pair, alternating; medians, [min..max]"
 echo
-awk -F'\t' 'BEGIN { nfan = split(fans, fan, " ") }
+awk -F'\t' -v fans="$FANOUT_NS" -v fmax="$FANOUT_MAX" 'BEGIN { nfan = split(fans, fan, " ") }
 function median(key,    n, i, j, t, a) {
     n = split(vals[key], a, " ")
     for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
@@ -714,7 +714,7 @@ END {
     row(sprintf("(f) sync commit, 1 client, %d streaming, p50 ms", fmax), "f_p50_ms", "lower")
     row(sprintf("(f) sync commit, 1 client, %d streaming, p99 ms", fmax), "f_p99_ms", "lower")
     row(sprintf("(f) the %d receivers catching up, seconds", fmax), "f_fanout_seconds", "-")
-}' fans="$FANOUT_NS" fmax="$FANOUT_MAX" "$RES"
+}' "$RES"
 echo
 echo "(b) standby rates are measured from the standby's first reported position to the end (start-up left out)."
 echo "(d) memory: walserver = growth of its process RSS / N; PostgreSQL = PSS of the N walsender processes / N."

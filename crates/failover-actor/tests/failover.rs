@@ -313,6 +313,10 @@ fn a_dead_leader_is_replaced_within_the_ttl_and_a_second() -> Result<()> {
             dir: _dir,
         } = setup;
         let acked = append(&a.node, "before").await?.end_lsn;
+        // synchronous_mode is off here, so an acknowledgement means only that `a` flushed it;
+        // wait until both standbys hold it too, or whether the winner has it is a race.
+        wait_flushed(&b.node, acked, SETTLE, "b before the crash").await?;
+        wait_flushed(&c.node, acked, SETTLE, "c before the crash").await?;
         let stopped = stop(&a, false).await?;
         let within = TTL + Duration::from_secs(1);
         // Whichever standby wins; the other then follows it.

@@ -7,8 +7,8 @@
 #
 # It prints one table of medians (with the spread over the runs) and ratios walserver/PostgreSQL:
 #   (a) catch-up of the same already-stored WAL into the same pg_receivewal (--synchronous,
-#       writing to the same disk), through a physical slot made with RESERVE_WAL before the
-#       WAL was generated; and into a plain protocol-codec client that discards it;
+#       and plain, writing to the same disk), through a physical slot made with RESERVE_WAL
+#       before the WAL was generated; and into a plain protocol-codec client that discards it;
 #   (b) catch-up into a standby (fsync on): a PostgreSQL standby from a base backup taken
 #       before the load, and a walserver standby initialised before the load, each started
 #       after the primary holds the WAL and timed until its flushed position (IDENTIFY_SYSTEM)
@@ -27,6 +27,8 @@
 #   (f) one client's synchronous commits (pg_receivewal --synchronous as the synchronous
 #       standby, at the live end) while 64 pg_receivewal catch up from the server at once:
 #       commits/s and p50/p99 latency.
+# The sections run in the order a, b, e, c, d, f: the fan-outs last, since 64 receivers leave
+# the load average high for minutes.
 #
 # A figure is only comparable from a quiet machine: the script refuses to start when the
 # 1-minute load average is above 1 (wait, or pass --allow-busy, and the table says BUSY), and
@@ -149,6 +151,15 @@ cpu_of() {
 rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 pss_kb() { awk '/^Pss:/ { print $2 }' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
 
+# pg_ctl starts PostgreSQL in a session of its own (setsid). With the kernel's autogroup
+# scheduling on (kernel.sched_autogroup_enabled, recorded in the table's header), the processes
+# of one session share the CPU as one group: PostgreSQL's as a whole would get half of a busy
+# machine while a walserver started from this script shared its half with the script's own 64
+# pg_receivewal, and a commit path through a few of its threads waited tens of milliseconds for
+# each of them to be scheduled. So walserver's servers start in sessions of their own too
+# (`setsid "$WS" run ... &`: setsid, not a process group leader here, execs walserver in the
+# same process, so $! is walserver's pid).
+
 log "building walserver (release)"
 cargo build --release -j2 --quiet --bin walserver
 WS="$PWD/target/release/walserver"
@@ -161,6 +172,7 @@ MACHINE_CPU=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
 MACHINE_NPROC=$(nproc)
 MACHINE_DISK=$(df --output=source,fstype "$WORK" | tail -1 | awk '{ print $1 " (" $2 ")" }')
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+MACHINE_AUTOGROUP=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo "?")
 
 # ---------------------------------------------------------------------------------------------
 # The two primaries, each holding ~MIB of WAL behind physical slots made before it was written
@@ -177,7 +189,7 @@ listen_addresses = '127.0.0.1'
 unix_socket_directories = ''
 wal_level = replica
 max_wal_senders = $SENDERS
-max_replication_slots = $(( RUNS * (2 + 2 * FANOUT_MAX + ${FANOUT_NS// /+}) + 8 ))
+max_replication_slots = $(( RUNS * (3 + 2 * FANOUT_MAX + ${FANOUT_NS// /+}) + 8 ))
 fsync = on
 synchronous_commit = on
 max_wal_size = '16GB'
@@ -196,7 +208,7 @@ WS_PORT=$(free_port); WS_HTTP=$(free_port)
 WSP="$WORK/ws-primary"
 log "walserver primary on port $WS_PORT (admin API $WS_HTTP)"
 "$WS" init --data-dir "$WSP" >/dev/null
-"$WS" run -c "data_dir=$WSP" -c "listen=127.0.0.1:$WS_PORT" -c "http_listen=127.0.0.1:$WS_HTTP" \
+setsid "$WS" run -c "data_dir=$WSP" -c "listen=127.0.0.1:$WS_PORT" -c "http_listen=127.0.0.1:$WS_HTTP" \
     -c "max_wal_senders=$SENDERS" -c "synchronous_standby_names=FIRST 1 (fan_sync)" \
     -c log_level=warn 2> "$WORK/ws-primary.log" &
 WS_PID=$!
@@ -209,8 +221,10 @@ repl_ws() { "$PG_BIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 "host=127.0.0.1 port=$
 # only (f) starts: every other section appends at durability local, which waits for no standby.
 log "slots and standbys made before the load"
 for r in $(seq 1 "$RUNS"); do
-    psql_pg "SELECT pg_create_physical_replication_slot('recv_$r', true)" >/dev/null
-    repl_ws "CREATE_REPLICATION_SLOT recv_$r PHYSICAL RESERVE_WAL"
+    for slot in recv plain; do
+        psql_pg "SELECT pg_create_physical_replication_slot('${slot}_$r', true)" >/dev/null
+        repl_ws "CREATE_REPLICATION_SLOT ${slot}_$r PHYSICAL RESERVE_WAL"
+    done
     for n in $FANOUT_NS f; do
         count=$n; [ "$n" = f ] && count=$FANOUT_MAX
         for i in $(seq 1 "$count"); do
@@ -265,12 +279,12 @@ sync
 # ---------------------------------------------------------------------------------------------
 # pg_receivewal stops once it has received WAL *past* --endpos (PostgreSQL 15 compares
 # endpos < received), so the end it is given is one byte short of the last byte to receive.
-# pg_receivewal PORT SLOT END(int) DIR -> "real user sys" of the process
+# pg_receivewal PORT SLOT END(int) DIR [OPTION] -> "real user sys" of the process
 run_receivewal() {
     mkdir -p "$4"
     local TIMEFORMAT='%R %U %S' out
     out=$( { time timeout 600 "$PG_BIN/pg_receivewal" -h 127.0.0.1 -p "$1" -U postgres -D "$4" --slot "$2" \
-        --synchronous --endpos "$(int2lsn $(( $3 - 1 )))" -n -w >/dev/null 2>"$4.err"; } 2>&1 ) \
+        ${5:-} --endpos "$(int2lsn $(( $3 - 1 )))" -n -w >/dev/null 2>"$4.err"; } 2>&1 ) \
         || { echo "pg_receivewal failed:" >&2; cat "$4.err" >&2; exit 1; }
     echo "$out"
 }
@@ -279,10 +293,14 @@ a_one() { # system run
     local sys=$1 r=$2 port start end bytes t
     if [ "$sys" = pg ]; then port=$PG_PORT start=$PG_START end=$PG_END bytes=$PG_BYTES
     else port=$WS_PORT start=$WS_START end=$WS_END bytes=$WS_BYTES; fi
-    t=$(run_receivewal "$port" "recv_$r" "$end" "$WORK/recv-$sys-$r")
+    t=$(run_receivewal "$port" "recv_$r" "$end" "$WORK/recv-$sys-$r" --synchronous)
     read -r real user sys_t <<< "$t"
     record a_recv_mbps "$sys" "$(awk -v b="$bytes" -v s="$real" 'BEGIN { printf "%.0f", b / s / 1e6 }')"
     record a_recv_client_cpu "$sys" "$(awk -v u="$user" -v s="$sys_t" -v r="$real" 'BEGIN { printf "%.2f", (u + s) / r }')"
+    rm -rf "$WORK/recv-$sys-$r"
+    t=$(run_receivewal "$port" "plain_$r" "$end" "$WORK/recv-$sys-$r")
+    read -r real user sys_t <<< "$t"
+    record a_plain_mbps "$sys" "$(awk -v b="$bytes" -v s="$real" 'BEGIN { printf "%.0f", b / s / 1e6 }')"
     rm -rf "$WORK/recv-$sys-$r"
     local j
     j=$(timeout 600 "$WS" bench catchup --port "$port" --user postgres --start "$(int2lsn "$start")" --end "$(int2lsn "$end")" --json)
@@ -330,7 +348,7 @@ b_ws() { # run where(disk|shm)
     [ "$where" = shm ] && base=$SHM
     port=$(free_port); http=$(free_port)
     cpu0=$(cpu_of "$WS_PID")
-    "$WS" run -c "data_dir=$base/ws-standby-$r" -c "listen=127.0.0.1:$port" -c "http_listen=127.0.0.1:$http" \
+    setsid "$WS" run -c "data_dir=$base/ws-standby-$r" -c "listen=127.0.0.1:$port" -c "http_listen=127.0.0.1:$http" \
         -c log_level=warn 2> "$WORK/ws-standby-$where-$r.log" &
     pid=$!
     BG_PIDS+=("$pid")
@@ -354,129 +372,6 @@ for r in $(seq 1 "$RUNS"); do
     if [ $((r % 2)) = 1 ]; then b_pg "$r"; b_ws "$r" disk; else b_ws "$r" disk; b_pg "$r"; fi
     b_ws "$r" shm
 done
-
-# ---------------------------------------------------------------------------------------------
-# (d) fan-out: N pg_receivewal processes at once, for each N of --fanout
-# ---------------------------------------------------------------------------------------------
-# Starts N pg_receivewal processes from slots fan_TAG_RUN_i, each to receive FANOUT_MIB; their
-# pids go to FAN_PIDS.
-fan_start() { # system tag run n
-    local sys=$1 tag=$2 r=$3 n=$4 port start endlsn i
-    if [ "$sys" = pg ]; then port=$PG_PORT start=$PG_START; else port=$WS_PORT start=$WS_START; fi
-    endlsn=$(int2lsn $(( start + (FANOUT_MIB << 20) - 1 )))
-    FAN_PIDS=()
-    for i in $(seq 1 "$n"); do
-        mkdir -p "$SHM/fan-$sys-$i"
-        timeout 600 "$PG_BIN/pg_receivewal" -h 127.0.0.1 -p "$port" -U postgres -D "$SHM/fan-$sys-$i" \
-            --slot "fan_${tag}_${r}_$i" --endpos "$endlsn" -n -w >/dev/null 2>"$SHM/fan-$sys-$i.err" &
-        FAN_PIDS+=($!)
-    done
-}
-fan_wait() {
-    local p
-    for p in "${FAN_PIDS[@]}"; do wait "$p" || { cat "$SHM"/fan-*.err >&2; exit 1; }; done
-}
-
-d_one() { # system run n
-    local sys=$1 r=$2 n=$3 t0 t1 peak=0 base_mem=0 sampler
-    [ "$sys" = ws ] && base_mem=$(rss_kb "$WS_PID")
-    # Memory while streaming: walserver's whole process RSS (minus before); PostgreSQL's
-    # walsender processes' PSS (their share of shared memory included).
-    (
-        peak=0
-        while :; do
-            if [ "$sys" = ws ]; then m=$(rss_kb "$WS_PID")
-            else m=0; for p in $(pgrep -f "postgres: walsender" || true); do m=$((m + $(pss_kb "$p"))); done; fi
-            [ "$m" -gt "$peak" ] && { peak=$m; echo "$peak" > "$WORK/fan-peak"; }
-            sleep 0.05
-        done
-    ) &
-    sampler=$!
-    t0=$(date +%s.%N)
-    fan_start "$sys" "$n" "$r" "$n"
-    fan_wait
-    t1=$(date +%s.%N)
-    kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
-    peak=$(cat "$WORK/fan-peak" 2>/dev/null || echo 0); rm -f "$WORK/fan-peak"
-    record "d${n}_fanout_mbps" "$sys" "$(awk -v n="$n" -v b=$((FANOUT_MIB << 20)) -v a="$t0" -v z="$t1" 'BEGIN { printf "%.0f", n * b / (z - a) / 1e6 }')"
-    record "d${n}_mem_per_walsender_kib" "$sys" "$(( (peak - base_mem) / n ))"
-    rm -rf "$SHM"/fan-*
-}
-
-section d "(d) fan-out to $FANOUT_NS pg_receivewal, $FANOUT_MIB MiB each, $RUNS runs"
-for r in $(seq 1 "$RUNS"); do
-    start_run "$r"
-    for n in $FANOUT_NS; do
-        if [ $((r % 2)) = 1 ]; then d_one pg "$r" "$n"; d_one ws "$r" "$n"; else d_one ws "$r" "$n"; d_one pg "$r" "$n"; fi
-    done
-done
-
-# ---------------------------------------------------------------------------------------------
-# (f) one client's synchronous commits while FANOUT_MAX pg_receivewal catch up at once
-# ---------------------------------------------------------------------------------------------
-# The synchronous standby is a pg_receivewal --synchronous named fan_sync, started without a
-# slot in an empty directory (so at the segment of the server's end: it is live within 16 MiB)
-# and waited for until the server shows it streaming and synchronous. Then the FANOUT_MAX
-# receivers start from their slots and, at once, one client commits for PGBENCH_SECS seconds:
-# pgbench's one-row INSERT with synchronous_commit on, or `walserver bench append --http
-# --durability on --size 100`. The fan-out's own duration is recorded beside it, since the
-# commits only overlap it while it lasts.
-f_sync_start() { # system
-    local port st
-    if [ "$1" = pg ]; then port=$PG_PORT; else port=$WS_PORT; fi
-    rm -rf "$SHM/fan-sync"; mkdir -p "$SHM/fan-sync"
-    timeout 900 "$PG_BIN/pg_receivewal" -d "host=127.0.0.1 port=$port user=postgres application_name=fan_sync" \
-        -D "$SHM/fan-sync" --synchronous -n -w >/dev/null 2>"$SHM/fan-sync.err" &
-    F_SYNC_PID=$!; BG_PIDS+=("$F_SYNC_PID")
-    for _ in $(seq 1 3000); do
-        if [ "$1" = pg ]; then st=$(psql_pg "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'fan_sync'")
-        else st=$(curl -sf "http://127.0.0.1:$WS_HTTP/status" | jq -r '.replication[] | select(.application_name == "fan_sync") | .sync_state'); fi
-        [ "$st" = sync ] && return 0
-        sleep 0.02
-    done
-    echo "(f) fan_sync never became synchronous on $1 (state '${st:-}')" >&2; cat "$SHM/fan-sync.err" >&2; exit 1
-}
-
-f_one() { # system run
-    local sys=$1 r=$2 t0 t1 out j n
-    f_sync_start "$sys"
-    t0=$(date +%s.%N)
-    fan_start "$sys" f "$r" "$FANOUT_MAX"
-    if [ "$sys" = pg ]; then
-        rm -f "$WORK"/pgbench/flog*
-        out=$(cd "$WORK/pgbench" && as_pg "$PG_BIN/pgbench" -h 127.0.0.1 -p "$PG_PORT" -U postgres -n \
-            -c 1 -j 1 -T "$PGBENCH_SECS" -f "$WORK/finsert.sql" -l --log-prefix="$WORK/pgbench/flog" postgres 2>&1)
-        record f_tps pg "$(awk '/^tps = / { printf "%.0f", $3 }' <<< "$out")"
-        cat "$WORK"/pgbench/flog* | awk '{ print $3 }' | sort -n > "$WORK/pgbench/flat"
-        n=$(wc -l < "$WORK/pgbench/flat")
-        record f_p50_ms pg "$(awk -v k=$(( (n + 1) / 2 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/flat")"
-        record f_p99_ms pg "$(awk -v k=$(( (n * 99 + 99) / 100 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/flat")"
-    else
-        j=$("$WS" bench append --http "127.0.0.1:$WS_HTTP" --durability on --size 100 --writers 1 \
-            --seconds "$PGBENCH_SECS" --json)
-        record f_tps ws "$(jq -r '.appends_per_s | floor' <<< "$j")"
-        record f_p50_ms ws "$(jq -r '.latency.p50_ms' <<< "$j")"
-        record f_p99_ms ws "$(jq -r '.latency.p99_ms' <<< "$j")"
-    fi
-    fan_wait
-    t1=$(date +%s.%N)
-    record f_fanout_seconds "$sys" "$(awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.1f", z - a }')"
-    kill -TERM "$F_SYNC_PID" 2>/dev/null; wait "$F_SYNC_PID" 2>/dev/null || true
-    rm -rf "$SHM"/fan-*
-}
-
-psql_pg "CREATE TABLE fsc (id int, v text)"
-mkdir -p "$WORK/pgbench"; own_pg "$WORK/pgbench"
-echo "INSERT INTO fsc VALUES (1, repeat('x', 100));" > "$WORK/finsert.sql"; own_pg "$WORK/finsert.sql"
-psql_pg "ALTER SYSTEM SET synchronous_standby_names = 'FIRST 1 (fan_sync)'" >/dev/null
-psql_pg "SELECT pg_reload_conf()" >/dev/null
-section f "(f) one client's synchronous commits while $FANOUT_MAX pg_receivewal catch up, ${PGBENCH_SECS}s, $RUNS runs"
-for r in $(seq 1 "$RUNS"); do
-    start_run "$r"
-    if [ $((r % 2)) = 1 ]; then f_one pg "$r"; f_one ws "$r"; else f_one ws "$r"; f_one pg "$r"; fi
-done
-psql_pg "ALTER SYSTEM RESET synchronous_standby_names" >/dev/null
-psql_pg "SELECT pg_reload_conf()" >/dev/null
 
 # ---------------------------------------------------------------------------------------------
 # (e) live appends: the receiver waits at the end of WAL while a load appends LIVE_MIB more
@@ -605,7 +500,6 @@ done
 # (c) synchronous commit with one synchronous standby, 1 and 16 clients
 # ---------------------------------------------------------------------------------------------
 log "(c) synchronous commit: PostgreSQL standby 1 as the synchronous standby"
-kill -TERM "$WS_PID"; wait "$WS_PID" 2>/dev/null || true
 SB1="$WORK/pg-standby-1"
 as_pg "$PG_BIN/pg_ctl" -D "$SB1" -l "$WORK/pg-standby-1.log" -w start >/dev/null
 psql_pg "ALTER SYSTEM SET synchronous_standby_names = 'FIRST 1 (pgstby1)'" >/dev/null
@@ -651,6 +545,135 @@ for r in $(seq 1 "$RUNS"); do
     done
 done
 
+# The fan-outs come last: 64 pg_receivewal raise the load average to 30 and more, and it takes
+# minutes to decay, so a section after them would not start on a quiet machine.
+as_pg "$PG_BIN/pg_ctl" -D "$SB1" -m fast -w stop >/dev/null
+psql_pg "ALTER SYSTEM RESET synchronous_standby_names" >/dev/null
+psql_pg "SELECT pg_reload_conf()" >/dev/null
+
+# ---------------------------------------------------------------------------------------------
+# (d) fan-out: N pg_receivewal processes at once, for each N of --fanout
+# ---------------------------------------------------------------------------------------------
+# Starts N pg_receivewal processes from slots fan_TAG_RUN_i, each to receive FANOUT_MIB; their
+# pids go to FAN_PIDS.
+fan_start() { # system tag run n
+    local sys=$1 tag=$2 r=$3 n=$4 port start endlsn i
+    if [ "$sys" = pg ]; then port=$PG_PORT start=$PG_START; else port=$WS_PORT start=$WS_START; fi
+    endlsn=$(int2lsn $(( start + (FANOUT_MIB << 20) - 1 )))
+    FAN_PIDS=()
+    for i in $(seq 1 "$n"); do
+        mkdir -p "$SHM/fan-$sys-$i"
+        timeout 600 "$PG_BIN/pg_receivewal" -h 127.0.0.1 -p "$port" -U postgres -D "$SHM/fan-$sys-$i" \
+            --slot "fan_${tag}_${r}_$i" --endpos "$endlsn" -n -w >/dev/null 2>"$SHM/fan-$sys-$i.err" &
+        FAN_PIDS+=($!)
+    done
+}
+fan_wait() {
+    local p
+    for p in "${FAN_PIDS[@]}"; do wait "$p" || { cat "$SHM"/fan-*.err >&2; exit 1; }; done
+}
+
+d_one() { # system run n
+    local sys=$1 r=$2 n=$3 t0 t1 peak=0 base_mem=0 sampler
+    [ "$sys" = ws ] && base_mem=$(rss_kb "$WS_PID")
+    # Memory while streaming: walserver's whole process RSS (minus before); PostgreSQL's
+    # walsender processes' PSS (their share of shared memory included).
+    (
+        peak=0
+        while :; do
+            if [ "$sys" = ws ]; then m=$(rss_kb "$WS_PID")
+            else m=0; for p in $(pgrep -f "postgres: walsender" || true); do m=$((m + $(pss_kb "$p"))); done; fi
+            [ "$m" -gt "$peak" ] && { peak=$m; echo "$peak" > "$WORK/fan-peak"; }
+            sleep 0.05
+        done
+    ) &
+    sampler=$!
+    t0=$(date +%s.%N)
+    fan_start "$sys" "$n" "$r" "$n"
+    fan_wait
+    t1=$(date +%s.%N)
+    kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
+    peak=$(cat "$WORK/fan-peak" 2>/dev/null || echo 0); rm -f "$WORK/fan-peak"
+    record "d${n}_fanout_mbps" "$sys" "$(awk -v n="$n" -v b=$((FANOUT_MIB << 20)) -v a="$t0" -v z="$t1" 'BEGIN { printf "%.0f", n * b / (z - a) / 1e6 }')"
+    record "d${n}_mem_per_walsender_kib" "$sys" "$(( (peak - base_mem) / n ))"
+    rm -rf "$SHM"/fan-*
+}
+
+section d "(d) fan-out to $FANOUT_NS pg_receivewal, $FANOUT_MIB MiB each, $RUNS runs"
+for r in $(seq 1 "$RUNS"); do
+    start_run "$r"
+    for n in $FANOUT_NS; do
+        if [ $((r % 2)) = 1 ]; then d_one pg "$r" "$n"; d_one ws "$r" "$n"; else d_one ws "$r" "$n"; d_one pg "$r" "$n"; fi
+    done
+done
+
+# ---------------------------------------------------------------------------------------------
+# (f) one client's synchronous commits while FANOUT_MAX pg_receivewal catch up at once
+# ---------------------------------------------------------------------------------------------
+# The synchronous standby is a pg_receivewal --synchronous named fan_sync, started without a
+# slot in an empty directory (so at the segment of the server's end: it is live within 16 MiB)
+# and waited for until the server shows it streaming and synchronous. Then the FANOUT_MAX
+# receivers start from their slots and, at once, one client commits for PGBENCH_SECS seconds:
+# pgbench's one-row INSERT with synchronous_commit on, or `walserver bench append --http
+# --durability on --size 100`. The fan-out's own duration is recorded beside it, since the
+# commits only overlap it while it lasts.
+f_sync_start() { # system
+    local port st
+    if [ "$1" = pg ]; then port=$PG_PORT; else port=$WS_PORT; fi
+    rm -rf "$SHM/fan-sync"; mkdir -p "$SHM/fan-sync"
+    timeout 900 "$PG_BIN/pg_receivewal" -d "host=127.0.0.1 port=$port user=postgres application_name=fan_sync" \
+        -D "$SHM/fan-sync" --synchronous -n -w >/dev/null 2>"$SHM/fan-sync.err" &
+    F_SYNC_PID=$!; BG_PIDS+=("$F_SYNC_PID")
+    for _ in $(seq 1 3000); do
+        if [ "$1" = pg ]; then st=$(psql_pg "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'fan_sync'")
+        else st=$(curl -sf "http://127.0.0.1:$WS_HTTP/status" | jq -r '.replication[] | select(.application_name == "fan_sync") | .sync_state'); fi
+        [ "$st" = sync ] && return 0
+        sleep 0.02
+    done
+    echo "(f) fan_sync never became synchronous on $1 (state '${st:-}')" >&2; cat "$SHM/fan-sync.err" >&2; exit 1
+}
+
+f_one() { # system run
+    local sys=$1 r=$2 t0 t1 out j n
+    f_sync_start "$sys"
+    t0=$(date +%s.%N)
+    fan_start "$sys" f "$r" "$FANOUT_MAX"
+    if [ "$sys" = pg ]; then
+        rm -f "$WORK"/pgbench/flog*
+        out=$(cd "$WORK/pgbench" && as_pg "$PG_BIN/pgbench" -h 127.0.0.1 -p "$PG_PORT" -U postgres -n \
+            -c 1 -j 1 -T "$PGBENCH_SECS" -f "$WORK/finsert.sql" -l --log-prefix="$WORK/pgbench/flog" postgres 2>&1)
+        record f_tps pg "$(awk '/^tps = / { printf "%.0f", $3 }' <<< "$out")"
+        cat "$WORK"/pgbench/flog* | awk '{ print $3 }' | sort -n > "$WORK/pgbench/flat"
+        n=$(wc -l < "$WORK/pgbench/flat")
+        record f_p50_ms pg "$(awk -v k=$(( (n + 1) / 2 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/flat")"
+        record f_p99_ms pg "$(awk -v k=$(( (n * 99 + 99) / 100 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/flat")"
+    else
+        j=$("$WS" bench append --http "127.0.0.1:$WS_HTTP" --durability on --size 100 --writers 1 \
+            --seconds "$PGBENCH_SECS" --json)
+        record f_tps ws "$(jq -r '.appends_per_s | floor' <<< "$j")"
+        record f_p50_ms ws "$(jq -r '.latency.p50_ms' <<< "$j")"
+        record f_p99_ms ws "$(jq -r '.latency.p99_ms' <<< "$j")"
+    fi
+    fan_wait
+    t1=$(date +%s.%N)
+    record f_fanout_seconds "$sys" "$(awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.1f", z - a }')"
+    kill -TERM "$F_SYNC_PID" 2>/dev/null; wait "$F_SYNC_PID" 2>/dev/null || true
+    rm -rf "$SHM"/fan-*
+}
+
+psql_pg "CREATE TABLE fsc (id int, v text)"
+mkdir -p "$WORK/pgbench"; own_pg "$WORK/pgbench"
+echo "INSERT INTO fsc VALUES (1, repeat('x', 100));" > "$WORK/finsert.sql"; own_pg "$WORK/finsert.sql"
+psql_pg "ALTER SYSTEM SET synchronous_standby_names = 'FIRST 1 (fan_sync)'" >/dev/null
+psql_pg "SELECT pg_reload_conf()" >/dev/null
+section f "(f) one client's synchronous commits while $FANOUT_MAX pg_receivewal catch up, ${PGBENCH_SECS}s, $RUNS runs"
+for r in $(seq 1 "$RUNS"); do
+    start_run "$r"
+    if [ $((r % 2)) = 1 ]; then f_one pg "$r"; f_one ws "$r"; else f_one ws "$r"; f_one pg "$r"; fi
+done
+psql_pg "ALTER SYSTEM RESET synchronous_standby_names" >/dev/null
+psql_pg "SELECT pg_reload_conf()" >/dev/null
+
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------------------------------------
@@ -661,7 +684,7 @@ if awk -v l="${LOAD_START%% *}" 'BEGIN { exit !(l > 1) }'; then BUSY=" — BUSY:
 {
 echo
 echo "walserver vs PostgreSQL 15 — $MACHINE_DATE$BUSY"
-echo "machine: $MACHINE_NPROC cores ($MACHINE_CPU), disk $MACHINE_DISK, load average $LOAD_START at start, $LOAD_END at end"
+echo "machine: $MACHINE_NPROC cores ($MACHINE_CPU), disk $MACHINE_DISK, sched_autogroup_enabled $MACHINE_AUTOGROUP, load average $LOAD_START at start, $LOAD_END at end"
 echo "volume: $((PG_BYTES >> 20)) MiB (PostgreSQL) / $((WS_BYTES >> 20)) MiB (walserver) of WAL; $RUNS run(s) per pair, alternating; medians, [min..max]"
 echo
 awk -F'\t' -v fans="$FANOUT_NS" -v fmax="$FANOUT_MAX" 'BEGIN { nfan = split(fans, fan, " ") }
@@ -689,6 +712,7 @@ END {
     printf "|%s|%s|%s|%s|%s|\n", "----------------------------------------------------------", "------------------------", "------------------------", "--------", "--------"
     row("(a) catch-up into pg_receivewal --synchronous, MB/s", "a_recv_mbps", "higher")
     row("(a) pg_receivewal CPU, cores busy", "a_recv_client_cpu", "-")
+    row("(a) catch-up into plain pg_receivewal, MB/s", "a_plain_mbps", "higher")
     row("(a) catch-up into a plain codec client, MB/s", "a_codec_mbps", "higher")
     row("(b) catch-up into a standby, fsync on, MB/s", "b_standby_mbps", "higher")
     row("(b) sender CPU per MB sent, ms", "b_sender_cpu_ms_per_mb", "lower")

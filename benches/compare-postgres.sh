@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # walserver and PostgreSQL 15 side by side, on this machine, in one run, with the same clients.
 #
-#   benches/compare-postgres.sh            # full: 1 GiB, 3 alternating runs per pair (~5.5 min)
+#   benches/compare-postgres.sh            # full: 1 GiB, 3 alternating runs per pair (~10.5 min)
 #   benches/compare-postgres.sh --quick    # 256 MiB, 1 run, short pgbench (for development)
 #   benches/compare-postgres.sh --runs 5 --mib 2048 --pgbench-seconds 20 --fanout-mib 256 --live-mib 512
 #

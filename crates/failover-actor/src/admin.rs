@@ -240,7 +240,7 @@ impl FailoverActor {
             .filter_map(|m| {
                 Some(SyncCandidate {
                     name: m.name.clone(),
-                    streaming: m.streaming,
+                    connected: m.streaming,
                     flush: m.flush_lsn.parse().ok()?,
                     priority: m.priority,
                     nofailover: m.nofailover,

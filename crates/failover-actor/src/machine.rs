@@ -308,7 +308,9 @@ pub fn retry_delay(attempt: u32, ttl: Duration) -> Duration {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SyncCandidate {
     pub name: String,
-    pub streaming: bool,
+    /// Whether its walsender is streaming or catching up: choosing one that catches up is
+    /// loss-free, since it is published only once its flush reaches the leader's.
+    pub connected: bool,
     pub flush: Lsn,
     pub priority: u32,
     pub nofailover: bool,
@@ -364,7 +366,7 @@ pub fn best_sync_candidate<'c>(
 ) -> Option<&'c SyncCandidate> {
     candidates
         .iter()
-        .filter(|c| c.streaming && !c.nofailover && c.priority > 0)
+        .filter(|c| c.connected && !c.nofailover && c.priority > 0)
         .filter(|c| Some(c.name.as_str()) != except)
         .max_by(|a, b| {
             a.flush
@@ -392,12 +394,12 @@ pub fn plan_sync(
     let streaming = |name: &str| {
         candidates
             .iter()
-            .any(|c| c.name == name && c.streaming && !c.nofailover && c.priority > 0)
+            .any(|c| c.name == name && c.connected && !c.nofailover && c.priority > 0)
     };
     if let SyncPhase::Adding { to, from, target } = phase {
         let caught_up = candidates
             .iter()
-            .any(|c| &c.name == to && c.streaming && c.flush >= *target);
+            .any(|c| &c.name == to && c.connected && c.flush >= *target);
         if caught_up {
             let mut actions = vec![SyncAction::Publish(Some(to.clone()))];
             if from.is_some() {

@@ -369,10 +369,10 @@ fn renewal_retries_back_off_to_a_cap() {
     assert_eq!(retry_delay(30, ttl), Duration::from_secs(1));
 }
 
-fn cand(name: &str, streaming: bool, flush: u64) -> SyncCandidate {
+fn cand(name: &str, connected: bool, flush: u64) -> SyncCandidate {
     SyncCandidate {
         name: name.into(),
-        streaming,
+        connected,
         flush: Lsn(flush),
         priority: 1,
         nofailover: false,

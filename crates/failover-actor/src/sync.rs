@@ -42,10 +42,10 @@ impl FailoverActor {
                 let member = self.cluster.members.get(&r.application_name);
                 SyncCandidate {
                     name: r.application_name.clone(),
-                    // A standby still catching up streams too: choosing it is loss-free (it
-                    // is published only once it has caught up), and one that had just
-                    // reconnected was otherwise taken for gone and the choice undone.
-                    streaming: matches!(
+                    // A standby still catching up counts as connected: choosing it is
+                    // loss-free (it is published only once it has caught up), and one that
+                    // had just reconnected was otherwise taken for gone and the choice undone.
+                    connected: matches!(
                         r.state,
                         WalSenderState::Streaming | WalSenderState::Catchup
                     ),
@@ -100,7 +100,7 @@ impl FailoverActor {
         }) {
             let seen: Vec<String> = candidates
                 .iter()
-                .map(|c| format!("{} (streaming {}, flush {})", c.name, c.streaming, c.flush))
+                .map(|c| format!("{} (connected {}, flush {})", c.name, c.connected, c.flush))
                 .collect();
             info!(?seen, "failover: no synchronous standby left to count on");
         }

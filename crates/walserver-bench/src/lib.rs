@@ -174,15 +174,35 @@ pub enum BenchCommand {
     },
 }
 
-/// Prints a table that `render` makes for the machine (given, or this one) and today, then
-/// the text of `notes`.
-fn print_table(
-    render: impl FnOnce(&str, &str) -> String,
+/// How a table command finds and draws its rows: the failover and the reliability tables are
+/// the same command over different rows.
+struct TableSource<R> {
+    /// What the rows are, for the error when there are none.
+    what: &'static str,
+    default_dir: fn(&std::path::Path) -> PathBuf,
+    read_rows: fn(&std::path::Path) -> anyhow::Result<Vec<R>>,
+    render: fn(&[R], &str, &str) -> String,
+}
+
+/// Prints the table of the rows in `dir` (by default `source`'s directory under the working
+/// directory), for the machine (given, or this one) and today, then the text of `notes`.
+fn print_table<R>(
+    source: TableSource<R>,
+    dir: Option<PathBuf>,
     machine: Option<String>,
     notes: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
+    let dir = match dir {
+        Some(d) => d,
+        None => (source.default_dir)(&std::env::current_dir()?),
+    };
+    let rows = (source.read_rows)(&dir)?;
+    anyhow::ensure!(!rows.is_empty(), "no {} in {}", source.what, dir.display());
     let machine = machine.unwrap_or_else(reliability::machine);
-    print!("{}", render(&machine, &reliability::today_utc()));
+    print!(
+        "{}",
+        (source.render)(&rows, &machine, &reliability::today_utc())
+    );
     if let Some(path) = notes {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
@@ -213,36 +233,32 @@ pub fn run(cmd: BenchCommand, program: &NodeProgram) -> anyhow::Result<()> {
             dir,
             machine,
             notes,
-        } => {
-            let dir = match dir {
-                Some(d) => d,
-                None => reliability::default_dir(&std::env::current_dir()?),
-            };
-            let rows = reliability::read_rows(&dir)?;
-            anyhow::ensure!(!rows.is_empty(), "no reliability rows in {}", dir.display());
-            print_table(
-                |m, d| reliability::render(&rows, m, d),
-                machine,
-                notes.as_deref(),
-            )
-        }
+        } => print_table(
+            TableSource {
+                what: "reliability rows",
+                default_dir: reliability::default_dir,
+                read_rows: reliability::read_rows,
+                render: reliability::render,
+            },
+            dir,
+            machine,
+            notes.as_deref(),
+        ),
         BenchCommand::FailoverTable {
             dir,
             machine,
             notes,
-        } => {
-            let dir = match dir {
-                Some(d) => d,
-                None => failover_table::default_dir(&std::env::current_dir()?),
-            };
-            let rows = failover_table::read_rows(&dir)?;
-            anyhow::ensure!(!rows.is_empty(), "no failover rows in {}", dir.display());
-            print_table(
-                |m, d| failover_table::render(&rows, m, d),
-                machine,
-                notes.as_deref(),
-            )
-        }
+        } => print_table(
+            TableSource {
+                what: "failover rows",
+                default_dir: failover_table::default_dir,
+                read_rows: failover_table::read_rows,
+                render: failover_table::render,
+            },
+            dir,
+            machine,
+            notes.as_deref(),
+        ),
         BenchCommand::Catchup {
             host,
             port,

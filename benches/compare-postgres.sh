@@ -4,6 +4,7 @@
 #   benches/compare-postgres.sh            # full: 1 GiB, 3 alternating runs per pair (~10.5 min)
 #   benches/compare-postgres.sh --quick    # 256 MiB, 1 run, short pgbench (for development)
 #   benches/compare-postgres.sh --runs 5 --mib 2048 --pgbench-seconds 20 --fanout-mib 256 --live-mib 512
+#   benches/compare-postgres.sh --only "a f"   # only sections (a) and (f); the others' rows say -
 #
 # It prints one table of medians (with the spread over the runs) and ratios walserver/PostgreSQL:
 #   (a) catch-up of the same already-stored WAL into the same pg_receivewal (--synchronous,
@@ -51,6 +52,7 @@ FANOUT_MIB=256
 FANOUT_NS="16 64"
 ALLOW_BUSY=0
 SAVE=""
+ONLY=""
 LIVE_MIB=256
 LIVE_CLIENTS=4
 while [ $# -gt 0 ]; do
@@ -64,7 +66,8 @@ while [ $# -gt 0 ]; do
         --fanout) FANOUT_NS="$2"; shift 2 ;;
         --allow-busy) ALLOW_BUSY=1; shift ;;
         --save) SAVE="$2"; shift 2 ;;
-        -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+        --only) ONLY="$2"; shift 2 ;;
+        -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -141,7 +144,12 @@ record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$RUN" "$RUN_LOAD" >> "$
 start_run() { RUN=$1; RUN_LOAD=$(cut -d' ' -f1 /proc/loadavg); }
 # The load average at the start of each section, for the table's notes.
 SECTION_LOADS=""
-section() { SECTION_LOADS="$SECTION_LOADS $1=$(cut -d' ' -f1 /proc/loadavg)"; log "$2"; }
+section() {
+    if wanted "$1"; then SECTION_LOADS="$SECTION_LOADS $1=$(cut -d' ' -f1 /proc/loadavg)"; log "$2"; else log "$2: left out (--only)"; fi
+}
+# Whether --only keeps section $1 (every section without it), and the runs of that section.
+wanted() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
+runs_of() { if wanted "$1"; then seq 1 "$RUNS"; fi; }
 
 # CPU seconds (user + system) of a process so far, from /proc/PID/stat.
 cpu_of() {
@@ -308,7 +316,7 @@ a_one() { # system run
 }
 
 section a "(a) catch-up into pg_receivewal --synchronous, $RUNS runs"
-for r in $(seq 1 "$RUNS"); do
+for r in $(runs_of a); do
     start_run "$r"
     if [ $((r % 2)) = 1 ]; then a_one pg "$r"; a_one ws "$r"; else a_one ws "$r"; a_one pg "$r"; fi
 done
@@ -366,7 +374,7 @@ b_ws() { # run where(disk|shm)
 }
 
 section b "(b) catch-up into a standby (fsync on), $RUNS runs, with the disk's write+fdatasync bandwidth"
-for r in $(seq 1 "$RUNS"); do
+for r in $(runs_of b); do
     start_run "$r"
     disk_bw
     if [ $((r % 2)) = 1 ]; then b_pg "$r"; b_ws "$r" disk; else b_ws "$r" disk; b_pg "$r"; fi
@@ -489,7 +497,7 @@ e_one() { # system receiver(recv|codec) run
 }
 
 section e "(e) live appends of $LIVE_MIB MiB into pg_receivewal --synchronous and into the codec client, $RUNS runs"
-for r in $(seq 1 "$RUNS"); do
+for r in $(runs_of e); do
     start_run "$r"
     for kind in recv codec; do
         if [ $((r % 2)) = 1 ]; then e_one pg "$kind" "$r"; e_one ws "$kind" "$r"; else e_one ws "$kind" "$r"; e_one pg "$kind" "$r"; fi
@@ -538,7 +546,7 @@ c_ws() { # clients
 }
 
 section c "(c) pgbench vs walserver bench append, ${PGBENCH_SECS}s each, $RUNS runs"
-for r in $(seq 1 "$RUNS"); do
+for r in $(runs_of c); do
     start_run "$r"
     for c in 1 16; do
         if [ $((r % 2)) = 1 ]; then c_pg "$c"; c_ws "$c"; else c_ws "$c"; c_pg "$c"; fi
@@ -600,7 +608,7 @@ d_one() { # system run n
 }
 
 section d "(d) fan-out to $FANOUT_NS pg_receivewal, $FANOUT_MIB MiB each, $RUNS runs"
-for r in $(seq 1 "$RUNS"); do
+for r in $(runs_of d); do
     start_run "$r"
     for n in $FANOUT_NS; do
         if [ $((r % 2)) = 1 ]; then d_one pg "$r" "$n"; d_one ws "$r" "$n"; else d_one ws "$r" "$n"; d_one pg "$r" "$n"; fi
@@ -667,7 +675,7 @@ echo "INSERT INTO fsc VALUES (1, repeat('x', 100));" > "$WORK/finsert.sql"; own_
 psql_pg "ALTER SYSTEM SET synchronous_standby_names = 'FIRST 1 (fan_sync)'" >/dev/null
 psql_pg "SELECT pg_reload_conf()" >/dev/null
 section f "(f) one client's synchronous commits while $FANOUT_MAX pg_receivewal catch up, ${PGBENCH_SECS}s, $RUNS runs"
-for r in $(seq 1 "$RUNS"); do
+for r in $(runs_of f); do
     start_run "$r"
     if [ $((r % 2)) = 1 ]; then f_one pg "$r"; f_one ws "$r"; else f_one ws "$r"; f_one pg "$r"; fi
 done
@@ -749,11 +757,13 @@ if [ -n "$SAVE" ]; then
     mkdir -p "$SAVE"
     { printf 'measure\tsystem\tvalue\trun\tload1\n'; cat "$RES"; } > "$SAVE/results.tsv"
     cp "$WORK/table.md" "$SAVE/table.md"
-    cp "$WORK/c1-latency-ws.txt" "$SAVE/c1-latency-walserver.txt"
-    cp "$WORK/c1-latency-pg.txt" "$SAVE/c1-latency-postgresql.txt"
-    "$WS" bench latency-plot --title "synchronous commit, 1 client, 1 synchronous standby — $MACHINE_DATE" \
-        --series "walserver=$SAVE/c1-latency-walserver.txt" --series "PostgreSQL 15=$SAVE/c1-latency-postgresql.txt" \
-        --out "$SAVE/commit-latency-1-client.svg" >&2
+    if wanted c; then
+        cp "$WORK/c1-latency-ws.txt" "$SAVE/c1-latency-walserver.txt"
+        cp "$WORK/c1-latency-pg.txt" "$SAVE/c1-latency-postgresql.txt"
+        "$WS" bench latency-plot --title "synchronous commit, 1 client, 1 synchronous standby — $MACHINE_DATE" \
+            --series "walserver=$SAVE/c1-latency-walserver.txt" --series "PostgreSQL 15=$SAVE/c1-latency-postgresql.txt" \
+            --out "$SAVE/commit-latency-1-client.svg" >&2
+    fi
     log "saved the raw values, the table and the latency plot in $SAVE"
 fi
 echo "(e) $LIVE_MIB MiB per load; MB/s from the load's start until the receiver has it all; behind = that moment - the"

@@ -4,63 +4,12 @@
 //! a crash kept promotion from removing `standby.signal`), and a standby made from a copy of a
 //! primary's directory.
 
-use std::future::Future;
-use std::path::Path;
+mod common;
+use common::*;
 
-use bytes::Bytes;
 use supervisor_actor::datadir::StandbySignal;
-use supervisor_actor::{
-    AppendRecords, Durability, GetNodeStatus, Node, NodeBuilder, NodeError, NodeRole, ShutdownNode,
-};
-use wal_storage::{Lsn, Role, StorageConfig, TimelineId, Wal};
-
-fn run<F: Future>(f: F) -> F::Output {
-    actix_rt::System::new().block_on(f)
-}
-
-fn primary(dir: &Path) -> NodeBuilder {
-    NodeBuilder::primary(dir)
-        .listen("127.0.0.1:0".parse().unwrap())
-        .segment_size(1 << 20)
-        .io_threads(0)
-}
-
-fn standby_of(upstream: &Node, dir: &Path) -> NodeBuilder {
-    let conninfo = format!("host=127.0.0.1 port={} user=r", upstream.listen_addr.port());
-    NodeBuilder::standby(dir, &conninfo)
-        .unwrap()
-        .cluster_name("replica")
-        .listen("127.0.0.1:0".parse().unwrap())
-        .io_threads(0)
-}
-
-async fn append(node: &Node, record: &'static str, durability: Durability) -> Lsn {
-    node.supervisor
-        .send(AppendRecords {
-            records: vec![Bytes::from(record)],
-            durability: Some(durability),
-        })
-        .await
-        .unwrap()
-        .unwrap()
-        .end_lsn
-}
-
-async fn role(node: &Node) -> NodeRole {
-    node.supervisor
-        .send(GetNodeStatus)
-        .await
-        .unwrap()
-        .unwrap()
-        .role
-}
-
-async fn stop(node: Node) {
-    node.supervisor
-        .send(ShutdownNode { immediate: true })
-        .await
-        .unwrap();
-}
+use supervisor_actor::{Durability, NodeBuilder, NodeError, NodeRole};
+use wal_storage::{Role, StorageConfig, TimelineId, Wal};
 
 #[test]
 fn a_primary_is_made_on_its_first_start_and_opened_on_the_next() {
@@ -127,7 +76,10 @@ fn a_standby_makes_itself_from_its_upstream_and_starts_as_a_primary_once_promote
             .start()
             .await
             .unwrap();
-        let standby = standby_of(&primary, &s_dir).start().await.unwrap();
+        let standby = standby_of(&primary, &s_dir, "replica")
+            .start()
+            .await
+            .unwrap();
         assert_eq!(standby.wal.system_id(), primary.wal.system_id());
         assert_eq!(standby.wal.segment_size(), 1 << 20, "the upstream's");
         assert_eq!(role(&standby).await, NodeRole::Standby);
@@ -146,7 +98,10 @@ fn a_standby_makes_itself_from_its_upstream_and_starts_as_a_primary_once_promote
     });
     run(async {
         let primary = primary(&p_dir).start().await.unwrap();
-        let standby = standby_of(&primary, &s_dir).start().await.unwrap();
+        let standby = standby_of(&primary, &s_dir, "replica")
+            .start()
+            .await
+            .unwrap();
         assert_eq!(role(&standby).await, NodeRole::Standby, "still a standby");
         assert_eq!(standby.wal.system_id(), system_id);
         assert!(standby.wal.flushed() >= end);
@@ -176,7 +131,10 @@ fn a_standby_makes_itself_from_its_upstream_and_starts_as_a_primary_once_promote
     assert!(StandbySignal::path(&s_dir).exists());
     run(async {
         let upstream = primary(&p_dir).start().await.unwrap();
-        let node = standby_of(&upstream, &s_dir).start().await.unwrap();
+        let node = standby_of(&upstream, &s_dir, "replica")
+            .start()
+            .await
+            .unwrap();
         assert_eq!(role(&node).await, NodeRole::Primary);
         assert_eq!(node.wal.timeline(), TimelineId(2));
         let after = append(&node, "after the crash", Durability::Local).await;
@@ -235,7 +193,10 @@ fn a_copy_of_a_primary_with_a_standby_signal_is_a_standby() {
         // Started as a primary, it is refused; started as a standby, it is one.
         let e = primary(&copy).start().await.err().expect("refused");
         assert!(matches!(e, NodeError::StandbyDirectory { .. }), "{e}");
-        let node = standby_of(&upstream, &copy).start().await.unwrap();
+        let node = standby_of(&upstream, &copy, "replica")
+            .start()
+            .await
+            .unwrap();
         assert_eq!(role(&node).await, NodeRole::Standby);
         assert_eq!(
             node.wal.role(),

@@ -10,21 +10,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use supervisor_actor::{
-    AppendError, AppendRecords, Appended, Durability, Fence, GetNodeStatus, Node, NodeBuilder,
+    AppendError, AppendRecords, Durability, Fence, GetNodeStatus, Node, NodeBuilder,
 };
-
-fn primary(dir: &Path, fence: Fence) -> NodeBuilder {
-    NodeBuilder::primary(dir)
-        .listen("127.0.0.1:0".parse().unwrap())
-        .segment_size(1 << 20)
-        .io_threads(0)
-        .fence(fence)
-}
 
 /// A primary whose synchronous standby never connects: a synchronous append waits until
 /// the fence or a timeout ends the wait.
 async fn with_absent_standby(dir: &Path, fence: Fence) -> Node {
-    primary(&dir.join("data"), fence)
+    primary(&dir.join("data"))
+        .fence(fence)
         .synchronous_standby_names("never_connects")
         .unwrap()
         .start()
@@ -32,30 +25,18 @@ async fn with_absent_standby(dir: &Path, fence: Fence) -> Node {
         .unwrap()
 }
 
-async fn append(node: &Node, durability: Durability) -> Result<Appended, AppendError> {
-    tokio::time::timeout(
-        DEADLINE,
-        node.supervisor.send(AppendRecords {
-            records: vec![Bytes::from_static(b"fenced")],
-            durability: Some(durability),
-        }),
-    )
-    .await
-    .expect("the append is answered by the deadline")
-    .expect("the supervisor runs")
-}
-
 #[test]
 fn a_closed_fence_refuses_and_a_grant_lets_appends_through() {
     let dir = tempfile::tempdir().unwrap();
     run(async {
         let fence = Fence::closed();
-        let node = primary(&dir.path().join("data"), fence.clone())
+        let node = primary(&dir.path().join("data"))
+            .fence(fence.clone())
             .start()
             .await
             .unwrap();
         let before = node.wal.flushed();
-        match append(&node, Durability::Local).await {
+        match try_append(&node, "fenced", Durability::Local).await {
             Err(AppendError::NotLeader { term: None }) => {}
             other => panic!("expected NotLeader, got {other:?}"),
         }
@@ -66,14 +47,18 @@ fn a_closed_fence_refuses_and_a_grant_lets_appends_through() {
         );
 
         fence.grant(3, Instant::now() + Duration::from_secs(600));
-        let appended = append(&node, Durability::Local).await.unwrap();
+        let appended = try_append(&node, "fenced", Durability::Local)
+            .await
+            .unwrap();
         assert!(appended.end_lsn > before);
         let status = node.supervisor.send(GetNodeStatus).await.unwrap().unwrap();
         assert_eq!(status.term, Some(3));
 
         fence.revoke();
         let at_revoke = node.wal.flushed();
-        let e = append(&node, Durability::Local).await.unwrap_err();
+        let e = try_append(&node, "fenced", Durability::Local)
+            .await
+            .unwrap_err();
         assert!(
             matches!(e, AppendError::NotLeader { term: Some(3) }),
             "{e:?}"
@@ -96,7 +81,9 @@ fn an_open_fence_acknowledges_as_before_and_shows_no_term() {
             .start()
             .await
             .unwrap();
-        append(&node, Durability::Local).await.unwrap();
+        try_append(&node, "fenced", Durability::Local)
+            .await
+            .unwrap();
         let status = node.supervisor.send(GetNodeStatus).await.unwrap().unwrap();
         assert_eq!(status.term, None);
         stop(node).await;
@@ -112,7 +99,9 @@ fn a_deadline_that_passes_during_the_synchronous_wait_makes_the_append_indetermi
         let grant = Duration::from_millis(300);
         let granted = Instant::now();
         fence.grant(1, granted + grant);
-        let e = append(&node, Durability::On).await.unwrap_err();
+        let e = try_append(&node, "fenced", Durability::On)
+            .await
+            .unwrap_err();
         let AppendError::Indeterminate { end_lsn, reason } = &e else {
             panic!("expected Indeterminate, got {e:?}");
         };
@@ -165,14 +154,17 @@ fn a_revocation_during_the_synchronous_wait_answers_at_once() {
 fn a_synchronous_wait_that_times_out_is_indeterminate() {
     let dir = tempfile::tempdir().unwrap();
     run(async {
-        let node = primary(&dir.path().join("data"), Fence::open())
+        let node = primary(&dir.path().join("data"))
+            .fence(Fence::open())
             .synchronous_standby_names("never_connects")
             .unwrap()
             .synchronous_wait_timeout(Some(Duration::from_millis(100)))
             .start()
             .await
             .unwrap();
-        let e = append(&node, Durability::On).await.unwrap_err();
+        let e = try_append(&node, "fenced", Durability::On)
+            .await
+            .unwrap_err();
         assert!(matches!(e, AppendError::NotConfirmed { .. }), "{e:?}");
         assert!(e.is_indeterminate());
         assert!(e.to_string().starts_with("indeterminate"), "{e}");

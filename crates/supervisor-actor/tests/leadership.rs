@@ -6,60 +6,21 @@
 mod common;
 use common::*;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use supervisor_actor::{
-    AppendError, AppendRecords, Appended, Durability, Fence, FollowLeader, Followed, GetNodeStatus,
+    AppendError, AppendRecords, Durability, Fence, FollowLeader, Followed, GetNodeStatus,
     LocalLevel, Node, NodeBuilder, NodeRole, PromoteForTerm, SetSyncStandbys,
 };
 use supervisor_actor::{Follow, RecordEvent};
 use wal_storage::{Lsn, TimelineId, WalError};
 use walreceiver_actor::ReceiverConfig;
 
-fn conninfo(upstream: &Node) -> String {
-    format!("host=127.0.0.1 port={} user=r", upstream.listen_addr.port())
-}
-
-fn primary(dir: &Path, fence: Fence) -> NodeBuilder {
-    NodeBuilder::primary(dir)
-        .listen("127.0.0.1:0".parse().unwrap())
-        .segment_size(1 << 20)
-        .io_threads(0)
-        .fence(fence)
-}
-
-fn standby_of(upstream: &Node, dir: &Path, name: &str, fence: Fence) -> NodeBuilder {
-    NodeBuilder::standby(dir, &conninfo(upstream))
-        .unwrap()
-        .cluster_name(name)
-        .listen("127.0.0.1:0".parse().unwrap())
-        .io_threads(0)
-        .fence(fence)
-}
-
 /// A grant far beyond the tests' own deadline.
 fn lasting() -> Instant {
     Instant::now() + Duration::from_secs(3600)
-}
-
-async fn try_append(node: &Node, record: &str) -> Result<Appended, AppendError> {
-    tokio::time::timeout(
-        DEADLINE,
-        node.supervisor.send(AppendRecords {
-            records: vec![Bytes::from(record.to_string())],
-            durability: Some(Durability::Local),
-        }),
-    )
-    .await
-    .expect("the append is answered by the deadline")
-    .expect("the supervisor runs")
-}
-
-async fn append(node: &Node, record: &str) -> Lsn {
-    try_append(node, record).await.unwrap().end_lsn
 }
 
 async fn flushed_to(node: &Node, lsn: Lsn) {
@@ -80,23 +41,14 @@ async fn promote(node: &Node, term: u64) -> supervisor_actor::Promoted {
         .unwrap()
 }
 
-async fn role(node: &Node) -> NodeRole {
-    node.supervisor
-        .send(GetNodeStatus)
-        .await
-        .unwrap()
-        .unwrap()
-        .role
-}
-
 #[test]
 fn a_standby_promoted_for_a_term_records_it_in_its_history() {
     let dir = tempfile::tempdir().unwrap();
     run(async {
-        let p = start(primary(&dir.path().join("p"), Fence::open())).await;
-        let end = append(&p, "before").await;
+        let p = start(primary(&dir.path().join("p")).fence(Fence::open())).await;
+        let end = append(&p, "before", Durability::Local).await;
         let fence = Fence::closed();
-        let s = start(standby_of(&p, &dir.path().join("s"), "s", fence.clone())).await;
+        let s = start(standby_of(&p, &dir.path().join("s"), "s").fence(fence.clone())).await;
         flushed_to(&s, end).await;
         // Under failover a plain promotion is refused: it would make a primary of no term.
         let refused = s.supervisor.send(supervisor_actor::Promote).await.unwrap();
@@ -119,11 +71,11 @@ fn a_standby_promoted_for_a_term_records_it_in_its_history() {
         assert_eq!(fence.term(), Some(7));
         // Promoted, but not yet granted: the failover actor grants after the promotion.
         assert!(matches!(
-            try_append(&s, "early").await,
+            try_append(&s, "early", Durability::Local).await,
             Err(AppendError::NotLeader { term: Some(7) })
         ));
         fence.grant(7, lasting());
-        assert!(append(&s, "after").await > promoted.switch_lsn);
+        assert!(append(&s, "after", Durability::Local).await > promoted.switch_lsn);
         stop(s).await;
         stop(p).await;
     });
@@ -165,14 +117,14 @@ fn a_demoted_primary_drops_exactly_its_divergent_tail_and_streams_from_the_new_l
     run(async {
         let p_fence = Fence::closed();
         p_fence.grant(1, lasting());
-        let p = start(primary(&dir.path().join("p"), p_fence.clone())).await;
+        let p = start(primary(&dir.path().join("p")).fence(p_fence.clone())).await;
         let from = p.wal.flushed();
         let mut shared_end = Lsn::INVALID;
         for i in 0..5 {
-            shared_end = append(&p, &format!("shared {i}")).await;
+            shared_end = append(&p, format!("shared {i}"), Durability::Local).await;
         }
         let s_fence = Fence::closed();
-        let s = start(standby_of(&p, &dir.path().join("s"), "s", s_fence.clone())).await;
+        let s = start(standby_of(&p, &dir.path().join("s"), "s").fence(s_fence.clone())).await;
         flushed_to(&s, shared_end).await;
         let promoted = promote(&s, 2).await;
         s_fence.grant(2, lasting());
@@ -180,12 +132,17 @@ fn a_demoted_primary_drops_exactly_its_divergent_tail_and_streams_from_the_new_l
         // never had.
         let mut p_end = Lsn::INVALID;
         for i in 0..20 {
-            p_end = append(&p, &format!("divergent {i} {}", "x".repeat(200))).await;
+            p_end = append(
+                &p,
+                format!("divergent {i} {}", "x".repeat(200)),
+                Durability::Local,
+            )
+            .await;
         }
         assert!(p_end > promoted.switch_lsn);
         let mut s_end = Lsn::INVALID;
         for i in 0..3 {
-            s_end = append(&s, &format!("new leader {i}")).await;
+            s_end = append(&s, format!("new leader {i}"), Durability::Local).await;
         }
 
         // A reader that has given the divergent records: it must not go on inside the other
@@ -208,12 +165,12 @@ fn a_demoted_primary_drops_exactly_its_divergent_tail_and_streams_from_the_new_l
         assert_eq!(role(&p).await, NodeRole::Standby);
         assert_eq!(p_fence.term(), Some(2));
         assert!(matches!(
-            try_append(&p, "refused").await,
+            try_append(&p, "refused", Durability::Local).await,
             Err(AppendError::Standby)
         ));
 
         // It streams from the new leader: what the leader appends now arrives too.
-        let more = append(&s, "after the demotion").await;
+        let more = append(&s, "after the demotion", Durability::Local).await;
         flushed_on(&p, TimelineId(2), more.max(s_end)).await;
         assert_eq!(p.wal.history(), s.wal.history());
         let on_p = records(&p, from).await;
@@ -236,13 +193,13 @@ fn a_demoted_primary_drops_exactly_its_divergent_tail_and_streams_from_the_new_l
 fn a_standby_is_retargeted_at_the_new_leader_at_once() {
     let dir = tempfile::tempdir().unwrap();
     run(async {
-        let p = start(primary(&dir.path().join("p"), Fence::open())).await;
+        let p = start(primary(&dir.path().join("p")).fence(Fence::open())).await;
         let from = p.wal.flushed();
-        let end = append(&p, "before").await;
+        let end = append(&p, "before", Durability::Local).await;
         let a_fence = Fence::closed();
-        let a = start(standby_of(&p, &dir.path().join("a"), "a", a_fence.clone())).await;
+        let a = start(standby_of(&p, &dir.path().join("a"), "a").fence(a_fence.clone())).await;
         let b_fence = Fence::closed();
-        let b = start(standby_of(&p, &dir.path().join("b"), "b", b_fence.clone())).await;
+        let b = start(standby_of(&p, &dir.path().join("b"), "b").fence(b_fence.clone())).await;
         flushed_to(&a, end).await;
         flushed_to(&b, end).await;
         // The old upstream is gone: only the new leader can feed B from now on.
@@ -254,7 +211,7 @@ fn a_standby_is_retargeted_at_the_new_leader_at_once() {
         assert_eq!(followed.fork, Some(promoted.switch_lsn));
         assert_eq!(followed.dropped_bytes, 0);
         assert_eq!(b_fence.term(), Some(5));
-        let a_end = append(&a, "on the new leader").await;
+        let a_end = append(&a, "on the new leader", Durability::Local).await;
         flushed_on(&b, TimelineId(2), a_end).await;
         assert_eq!(records(&b, from).await, records(&a, from).await);
         assert_eq!(b.wal.history(), a.wal.history());
@@ -282,12 +239,13 @@ fn new_synchronous_standbys_release_the_appends_they_satisfy() {
     run(async {
         // A synchronous standby that never connects: appends wait.
         let p = start(
-            primary(&dir.path().join("p"), Fence::open())
+            primary(&dir.path().join("p"))
+                .fence(Fence::open())
                 .synchronous_standby_names("never_connects")
                 .unwrap(),
         )
         .await;
-        let s = start(standby_of(&p, &dir.path().join("s"), "s", Fence::closed())).await;
+        let s = start(standby_of(&p, &dir.path().join("s"), "s").fence(Fence::closed())).await;
         let waiting = p.supervisor.send(AppendRecords {
             records: vec![Bytes::from_static(b"waits for s")],
             durability: Some(Durability::On),
@@ -316,7 +274,8 @@ fn new_synchronous_standbys_release_the_appends_they_satisfy() {
 
         // With none, appends do not wait at all.
         let p2 = start(
-            primary(&dir.path().join("p2"), Fence::open())
+            primary(&dir.path().join("p2"))
+                .fence(Fence::open())
                 .synchronous_standby_names("never_connects")
                 .unwrap(),
         )
@@ -339,7 +298,9 @@ fn new_synchronous_standbys_release_the_appends_they_satisfy() {
             .unwrap()
             .unwrap();
         // The supervisor's own setting changed too: the next one does not wait either.
-        try_append(&p2, "asynchronous now").await.unwrap();
+        try_append(&p2, "asynchronous now", Durability::Local)
+            .await
+            .unwrap();
         stop(s).await;
         stop(p).await;
         stop(p2).await;
@@ -352,20 +313,20 @@ fn a_cascading_standby_with_the_divergent_tail_drops_it_and_follows_the_new_hist
     run(async {
         let p_fence = Fence::closed();
         p_fence.grant(1, lasting());
-        let p = start(primary(&dir.path().join("p"), p_fence.clone())).await;
+        let p = start(primary(&dir.path().join("p")).fence(p_fence.clone())).await;
         let from = p.wal.flushed();
-        let shared = append(&p, "shared").await;
+        let shared = append(&p, "shared", Durability::Local).await;
         let s_fence = Fence::closed();
-        let s = start(standby_of(&p, &dir.path().join("s"), "s", s_fence.clone())).await;
+        let s = start(standby_of(&p, &dir.path().join("s"), "s").fence(s_fence.clone())).await;
         // C streams from P, before and after P's demotion (a cascade of it).
-        let c = start(standby_of(&p, &dir.path().join("c"), "c", Fence::closed())).await;
+        let c = start(standby_of(&p, &dir.path().join("c"), "c").fence(Fence::closed())).await;
         flushed_to(&s, shared).await;
         flushed_to(&c, shared).await;
         let promoted = promote(&s, 2).await;
         s_fence.grant(2, lasting());
         let mut p_end = Lsn::INVALID;
         for i in 0..10 {
-            p_end = append(&p, &format!("divergent {i}")).await;
+            p_end = append(&p, format!("divergent {i}"), Durability::Local).await;
         }
         // C holds the divergent tail as well.
         flushed_to(&c, p_end).await;
@@ -378,7 +339,7 @@ fn a_cascading_standby_with_the_divergent_tail_drops_it_and_follows_the_new_hist
         assert!(!followed.demoted);
         assert_eq!(followed.fork, Some(promoted.switch_lsn));
         assert_eq!(followed.dropped_bytes, divergent);
-        let s_end = append(&s, "on the new leader").await;
+        let s_end = append(&s, "on the new leader", Durability::Local).await;
         flushed_on(&c, TimelineId(2), s_end).await;
         let on_s = records(&s, from).await;
         assert_eq!(records(&c, from).await, on_s);
@@ -395,9 +356,9 @@ fn held_walsender_sessions_end_and_resume() {
     use walsender_actor::messages::{GetReplicationStatus, HoldWalSenders, ResumeWalSenders};
     let dir = tempfile::tempdir().unwrap();
     run(async {
-        let p = start(primary(&dir.path().join("p"), Fence::open())).await;
-        let first = append(&p, "first").await;
-        let s = start(standby_of(&p, &dir.path().join("s"), "s", Fence::closed())).await;
+        let p = start(primary(&dir.path().join("p")).fence(Fence::open())).await;
+        let first = append(&p, "first", Durability::Local).await;
+        let s = start(standby_of(&p, &dir.path().join("s"), "s").fence(Fence::closed())).await;
         flushed_to(&s, first).await;
         tokio::time::timeout(DEADLINE, p.registry.send(HoldWalSenders))
             .await
@@ -405,7 +366,7 @@ fn held_walsender_sessions_end_and_resume() {
             .unwrap();
         let sessions = p.registry.send(GetReplicationStatus).await.unwrap();
         assert!(sessions.is_empty(), "{sessions:?}");
-        let second = append(&p, "second").await;
+        let second = append(&p, "second", Durability::Local).await;
         p.registry.do_send(ResumeWalSenders);
         // The standby's walreceiver reconnects and streams again.
         flushed_to(&s, second).await;
@@ -423,7 +384,7 @@ fn a_reload_keeps_the_synchronous_standbys_a_failover_actor_chose() {
     run(async {
         let fence = Fence::closed();
         fence.grant(1, lasting());
-        let p = start(primary(&dir.path().join("p"), fence)).await;
+        let p = start(primary(&dir.path().join("p")).fence(fence)).await;
         let names = walsender_actor::syncrep::parse_sync_standby_names("never_connects").unwrap();
         p.supervisor.send(SetSyncStandbys { names }).await.unwrap();
         p.supervisor

@@ -10,15 +10,8 @@ use std::path::Path;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use supervisor_actor::{AppendRecords, Durability, Follow, Node, NodeBuilder, RecordEvent};
+use supervisor_actor::{Durability, Follow, Node, NodeBuilder, RecordEvent};
 use wal_storage::Lsn;
-
-fn primary(dir: &Path) -> NodeBuilder {
-    NodeBuilder::primary(dir)
-        .listen("127.0.0.1:0".parse().unwrap())
-        .segment_size(1 << 20)
-        .io_threads(0)
-}
 
 /// A primary whose synchronous standby is `s`, with `synchronous_commit = on`.
 async fn synchronous_primary(dir: &Path) -> Node {
@@ -31,18 +24,6 @@ async fn synchronous_primary(dir: &Path) -> Node {
         .unwrap()
 }
 
-async fn append_local(node: &Node, record: &'static str) -> Lsn {
-    node.supervisor
-        .send(AppendRecords {
-            records: vec![Bytes::from(record)],
-            durability: Some(Durability::Local),
-        })
-        .await
-        .unwrap()
-        .unwrap()
-        .end_lsn
-}
-
 #[test]
 fn records_end_where_the_synchronous_standby_confirmed_also_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -51,7 +32,7 @@ fn records_end_where_the_synchronous_standby_confirmed_also_after_a_restart() {
         let p = synchronous_primary(&data).await;
         let from = p.wal.flushed();
         // Durable here (`local`), never confirmed: no standby is connected.
-        let end = append_local(&p, "unconfirmed").await;
+        let end = append(&p, "unconfirmed", Durability::Local).await;
         assert!(p.wal.flushed() >= end);
         assert!(*p.acknowledged().borrow() < end);
         assert!(
@@ -107,7 +88,7 @@ fn without_synchronous_standbys_the_local_flush_is_acknowledged() {
     run(async {
         let p = primary(&dir.path().join("p")).start().await.unwrap();
         let from = p.wal.flushed();
-        let end = append_local(&p, "local").await;
+        let end = append(&p, "local", Durability::Local).await;
         assert_eq!(payloads(&p, from).await, vec![Bytes::from("local")]);
         let mut acknowledged = p.acknowledged();
         tokio::time::timeout(DEADLINE, acknowledged.wait_for(|a| *a >= end))

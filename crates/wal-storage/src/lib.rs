@@ -45,8 +45,11 @@
 //! (`tail.rs`: [`Wal::read_cached`] serves a reader at the end from memory), publishes the
 //! new [`WalPosition`] on a watch channel and completes every ticket. Segment files are
 //! created zero-filled to full size by the background thread before they are needed, so the
-//! hot path never extends a file (and fdatasync journals no size change). `writer.rs` has the
-//! details, including what a failed batch leaves behind; `background.rs` the preallocation.
+//! hot path never extends a file (and fdatasync journals no size change); on tmpfs a segment
+//! nobody holds any more is recycled as a later one instead of being removed and made anew
+//! (its old bytes never validate at the new place: records and segment headers carry their
+//! own LSN). `writer.rs` has the details, including what a failed batch leaves behind;
+//! `background.rs` the preallocation and recycling.
 //!
 //! # Crash safety
 //!

@@ -19,7 +19,7 @@ use crossbeam_channel::Receiver;
 use tokio::sync::watch;
 use wal_types::{Lsn, SystemId, TimelineId};
 
-use crate::background::create_segment;
+use crate::background::{create_segment, RecyclePool};
 use crate::durable::write_atomic_with;
 use crate::files::{
     encode_envelope, read_control, ControlData, FlushPointer, PointerFile, FILE_VERSION,
@@ -84,9 +84,12 @@ pub struct RecoveryReport {
     pub records_end: Option<Lsn>,
     /// Why the record scan stopped, if it did at something other than never-written bytes.
     pub stop_reason: Option<String>,
-    /// Bytes beyond the end that held something and were zeroed (a torn or unconfirmed tail).
+    /// Bytes beyond the end that held something and were zeroed (a torn or unconfirmed tail;
+    /// on tmpfs, where segment files are recycled, also the old WAL of the recycled file that
+    /// holds the end).
     pub discarded_bytes: u64,
-    /// Segment files beyond the end that were removed.
+    /// Segment files beyond the end that held something and were removed (on tmpfs, also
+    /// recycled files made ready ahead of the end).
     pub removed_segments: Vec<String>,
 }
 
@@ -453,6 +456,7 @@ fn open_locked(
         ),
     };
     let (bg_tx, bg_rx) = crossbeam_channel::unbounded();
+    let recycled = RecyclePool::new(&io, &pg_wal);
     let inner = Arc::new(Inner {
         dir: dir.to_path_buf(),
         tmp,
@@ -469,6 +473,7 @@ fn open_locked(
         slots,
         bg_tx,
         tail: Default::default(),
+        recycled,
         health,
         lock,
     });

@@ -8,6 +8,11 @@
 //! locates range after range of one segment asks the kernel for its size once, and
 //! [`SegmentFiles::locate_cached`] can answer from memory alone.
 //!
+//! It also knows which segment files are still held by someone (a [`WalFileRange`] queued
+//! in a walsender, a read in progress), so that retention can tell a file it may recycle
+//! from one it may only remove: [`SegmentFiles::retire_below`] closes the door on old
+//! segments (no later [`SegmentFiles::open`] hands one out) and names those still held.
+//!
 //! PostgreSQL's rule decides the file: an LSN `x` of timeline `T` belongs to the timeline in
 //! `T`'s history that covers `x`; but the segment in which a timeline began is, on the new
 //! timeline, a copy of the old one up to the switch point, so for each segment the newest
@@ -15,9 +20,10 @@
 //! while `x` lies below their end.
 
 use std::collections::HashMap;
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 use wal_types::{Lsn, TimelineId};
@@ -73,9 +79,11 @@ impl View {
 }
 
 /// Where a range of durable WAL lies: `len` bytes of `file` at `offset`, all in one segment
-/// file, all at or below the flushed end. Durable WAL never changes in place (segments are
-/// removed, not recycled; only `walserver rejoin`, offline, cuts WAL), so the range can be
-/// sent later, straight from the file (`sendfile`), and still be the bytes asked for.
+/// file, all at or below the flushed end. Durable WAL never changes in place while a range of
+/// it is held: a segment nobody needs is removed, or recycled (on tmpfs) only if no range of
+/// it is held, and only `walserver rejoin` (offline) or a live demotion (with every sender
+/// stopped first) cuts WAL. So the range can be sent later, straight from the file
+/// (`sendfile`), and still be the bytes asked for.
 #[derive(Clone, Debug)]
 pub struct WalFileRange {
     pub file: Arc<std::fs::File>,
@@ -90,7 +98,21 @@ pub(crate) struct SegmentFiles {
     pub seg: u64,
     /// The `Wal`'s file operations (a clone sharing its counters and fail points).
     io: Io,
-    cache: Mutex<HashMap<(TimelineId, u64), Cached>>,
+    cache: Mutex<Cache>,
+}
+
+/// A segment file: its timeline and segment number.
+type SegmentKey = (TimelineId, u64);
+
+/// The open files, who else holds them, and which segments are retired.
+#[derive(Debug, Default)]
+struct Cache {
+    open: HashMap<(TimelineId, u64), Cached>,
+    /// Every file this cache handed out, by segment, while it may still be held (the cache's
+    /// own entry may have been dropped at `CACHE_LIMIT`, the holder's copy not).
+    handed: HashMap<SegmentKey, Vec<Weak<File>>>,
+    /// Segments below this number are retired: `open` no longer hands them out.
+    retired_below: u64,
 }
 
 /// An open segment file and the length it had when last looked at (0 until then).
@@ -110,7 +132,7 @@ impl SegmentFiles {
             pg_wal: pg_wal.to_path_buf(),
             seg,
             io: io.clone(),
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(Cache::default()),
         }
     }
 
@@ -118,14 +140,14 @@ impl SegmentFiles {
         self.pg_wal.join(segment_file_name(tli, segno, self.seg))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(TimelineId, u64), Cached>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
         // The map stays consistent even if a holder panicked.
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The open file, or `None` if it does not exist.
+    /// The open file, or `None` if it does not exist or is retired.
     pub(crate) fn open(&self, tli: TimelineId, segno: u64) -> Result<Option<Arc<File>>> {
-        if let Some(c) = self.lock().get(&(tli, segno)) {
+        if let Some(c) = self.lock().open.get(&(tli, segno)) {
             return Ok(Some(c.file.clone()));
         }
         let path = self.path(tli, segno);
@@ -138,20 +160,29 @@ impl SegmentFiles {
         };
         let f = Arc::new(f);
         let mut cache = self.lock();
+        if segno < cache.retired_below {
+            // Retired while it was being opened: the file may already be another segment's
+            // (recycled), so it is not handed out. It is closed after the lock is released.
+            drop(cache);
+            return Ok(None);
+        }
         // Files are closed after the lock is released: a reader on an actor's thread may be
         // waiting for it, and closing is a system call.
-        let dropped = if cache.len() >= CACHE_LIMIT {
-            std::mem::take(&mut *cache)
+        let dropped = if cache.open.len() >= CACHE_LIMIT {
+            std::mem::take(&mut cache.open)
         } else {
             HashMap::new()
         };
-        cache.insert(
+        cache.open.insert(
             (tli, segno),
             Cached {
                 file: f.clone(),
                 known_len: 0,
             },
         );
+        let held = cache.handed.entry((tli, segno)).or_default();
+        held.retain(|w| w.strong_count() > 0);
+        held.push(Arc::downgrade(&f));
         drop(cache);
         drop(dropped);
         Ok(Some(f))
@@ -161,6 +192,7 @@ impl SegmentFiles {
     pub(crate) fn evict(&self, pred: impl Fn(TimelineId, u64) -> bool) {
         let mut cache = self.lock();
         let gone: Vec<Cached> = cache
+            .open
             .extract_if(|&(t, s), _| pred(t, s))
             .map(|(_, c)| c)
             .collect();
@@ -168,10 +200,37 @@ impl SegmentFiles {
         drop(gone);
     }
 
+    /// Retires every segment below `segno` (of any timeline): forgets their cached files and
+    /// hands none of them out again, and returns those that someone still holds (a queued
+    /// [`WalFileRange`], a read in progress). Retention calls it before it touches the files:
+    /// a segment not returned is held by nobody and never will be, so its file may be reused;
+    /// one returned may only be removed (its holders keep the old bytes through their open
+    /// descriptor).
+    pub(crate) fn retire_below(&self, segno: u64) -> HashSet<SegmentKey> {
+        let mut cache = self.lock();
+        cache.retired_below = cache.retired_below.max(segno);
+        let gone: Vec<(SegmentKey, Cached)> =
+            cache.open.extract_if(|&(_, s), _| s < segno).collect();
+        let held: Vec<(SegmentKey, Vec<Weak<File>>)> =
+            cache.handed.extract_if(|&(_, s), _| s < segno).collect();
+        drop(cache);
+        let mut in_use = HashSet::new();
+        for (key, weaks) in held {
+            // The cache's own entry, forgotten above, still counts until it is dropped.
+            let ours = gone.iter().filter(|(k, _)| *k == key).count();
+            let strong: usize = weaks.iter().map(Weak::strong_count).sum();
+            if strong > ours {
+                in_use.insert(key);
+            }
+        }
+        drop(gone);
+        in_use
+    }
+
     /// The length of `file` (segment `segno` of `tli`), from the cache if it is known to be at
     /// least `needed`, else from `fstat`, which is then remembered.
     fn len_at_least(&self, tli: TimelineId, segno: u64, file: &File, needed: u64) -> Result<u64> {
-        if let Some(c) = self.lock().get(&(tli, segno)) {
+        if let Some(c) = self.lock().open.get(&(tli, segno)) {
             if c.known_len >= needed {
                 return Ok(c.known_len);
             }
@@ -180,7 +239,7 @@ impl SegmentFiles {
             let path = self.path(tli, segno);
             WalError::io(format!("reading the size of {}", path.display()), e)
         })?;
-        if let Some(c) = self.lock().get_mut(&(tli, segno)) {
+        if let Some(c) = self.lock().open.get_mut(&(tli, segno)) {
             // Only for the same open file: an evicted and reopened one starts again at 0.
             if std::ptr::eq(Arc::as_ptr(&c.file), file) {
                 c.known_len = c.known_len.max(len);
@@ -260,7 +319,7 @@ impl SegmentFiles {
         let (tli, serves_to) = *view.candidates(x, segno, self.seg).first()?;
         let (file, known_len) = {
             let cache = self.lock();
-            let c = cache.get(&(tli, segno))?;
+            let c = cache.open.get(&(tli, segno))?;
             (c.file.clone(), c.known_len)
         };
         let found = self.found(x, limit.min(serves_to), max_len, tli, file);
@@ -374,5 +433,33 @@ mod tests {
         assert_eq!(v.timeline_of(Lsn(0x250000)), TimelineId(2));
         assert_eq!(v.timeline_of(Lsn(0x24FFFF)), TimelineId(1));
         assert_eq!(v.timeline_of(Lsn(0x500000)), TimelineId(3));
+    }
+
+    /// Retiring names the segments someone still holds, and no retired segment is handed out
+    /// again, also when its file is still there.
+    #[test]
+    fn retired_segments_are_not_handed_out_and_held_ones_are_named() {
+        const SEG: u64 = 1 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let files = SegmentFiles::new(&Io::new(false), dir.path(), SEG);
+        let tli = TimelineId(1);
+        for segno in 1..=3 {
+            std::fs::write(files.path(tli, segno), b"wal").unwrap();
+        }
+        let held = files.open(tli, 1).unwrap().unwrap();
+        // Opened and let go again: only the cache holds segment 2.
+        drop(files.open(tli, 2).unwrap().unwrap());
+        let in_use = files.retire_below(3);
+        assert_eq!(in_use, HashSet::from([(tli, 1)]));
+        assert!(files.open(tli, 1).unwrap().is_none());
+        assert!(files.open(tli, 2).unwrap().is_none());
+        assert!(files.open(tli, 3).unwrap().is_some());
+        // The holder's file still reads its bytes.
+        let mut buf = [0u8; 3];
+        std::os::unix::fs::FileExt::read_exact_at(&*held, &mut buf, 0).unwrap();
+        assert_eq!(&buf, b"wal");
+        // Retiring again names nothing: what was retired is forgotten, and 3 is not retired.
+        drop(held);
+        assert!(files.retire_below(3).is_empty());
     }
 }

@@ -19,6 +19,7 @@ use crossbeam_channel::Sender;
 use tokio::sync::watch;
 use wal_types::{Lsn, SystemId, TimelineId};
 
+use crate::background::RecyclePool;
 use crate::durable::write_atomic_with;
 use crate::files::{encode_envelope, ControlData, FILE_VERSION};
 use crate::health::HealthTx;
@@ -81,7 +82,8 @@ impl TimelineState {
 /// sender in [`Inner`], so that everyone holding the state can ask without knowing the thread.
 #[derive(Debug)]
 pub(crate) enum BgRequest {
-    /// Create segment `segno` of `tli` zero-filled and hand it back open for writing.
+    /// Create segment `segno` of `tli` (zero-filled, or on tmpfs from a recycled file) and
+    /// hand it back open for writing.
     Prealloc {
         tli: TimelineId,
         segno: u64,
@@ -117,6 +119,8 @@ pub(crate) struct Inner {
     pub bg_tx: Sender<BgRequest>,
     /// The last small durable batches, for readers at the end of WAL.
     pub tail: TailCache,
+    /// Segment files retention handed over for reuse (on tmpfs only).
+    pub recycled: RecyclePool,
     /// Storage's health (`health.rs`); the writer moves it, and a restart.
     pub health: HealthTx,
     /// Held for the life of the data directory's use; the lock goes with the file. Shared

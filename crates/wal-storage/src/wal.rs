@@ -400,6 +400,12 @@ impl Wal {
         self.inner().oldest_retained()
     }
 
+    /// How many segment files were made from a recycled one since this opening (on tmpfs,
+    /// retention hands segments nobody holds to preallocation instead of removing them).
+    pub fn segments_recycled(&self) -> u64 {
+        self.inner().recycled.recycled()
+    }
+
     /// What `open` found (for the binary to log).
     pub fn recovery_report(&self) -> RecoveryReport {
         self.opened().recovery.clone()

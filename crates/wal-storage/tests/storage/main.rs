@@ -12,6 +12,7 @@ mod golden;
 mod group_commit;
 #[cfg(feature = "failpoints")]
 mod policy;
+mod recycle;
 mod slots;
 mod timelines;
 mod torn_tail;

@@ -33,7 +33,12 @@
 #
 # A figure is only comparable from a quiet machine: the script refuses to start when the
 # 1-minute load average is above 1 (wait, or pass --allow-busy, and the table says BUSY), and
-# records the load average at the start of every section. --save DIR keeps the raw per-run
+# records the load average at the start of every section. Before each section it waits (at
+# most --settle seconds, 90 by default, 0 with --quick) for the load the sections before it
+# left to fall below 1 again. PostgreSQL runs without autovacuum and is checkpointed after the
+# WAL is generated, so that no vacuum of the 1 GiB it inserted and no write-back of its
+# buffers runs under the measurements (walserver has no background work of that kind).
+# --save DIR keeps the raw per-run
 # values (results.tsv: measure, system, value, run, load average when the run started), the
 # table (table.md) and the one-client commit latency distributions of (c) as files and as a
 # plot (commit-latency-1-client.svg).
@@ -55,9 +60,11 @@ SAVE=""
 ONLY=""
 LIVE_MIB=256
 LIVE_CLIENTS=4
+SETTLE=90
 while [ $# -gt 0 ]; do
     case "$1" in
-        --quick) QUICK=1; RUNS=1; MIB=256; PGBENCH_SECS=3; FANOUT_MIB=64; LIVE_MIB=64; shift ;;
+        --quick) QUICK=1; RUNS=1; MIB=256; PGBENCH_SECS=3; FANOUT_MIB=64; LIVE_MIB=64; SETTLE=0; shift ;;
+        --settle) SETTLE="$2"; shift 2 ;;
         --runs) RUNS="$2"; shift 2 ;;
         --mib) MIB="$2"; shift 2 ;;
         --pgbench-seconds) PGBENCH_SECS="$2"; shift 2 ;;
@@ -67,7 +74,7 @@ while [ $# -gt 0 ]; do
         --allow-busy) ALLOW_BUSY=1; shift ;;
         --save) SAVE="$2"; shift 2 ;;
         --only) ONLY="$2"; shift 2 ;;
-        -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -145,7 +152,17 @@ start_run() { RUN=$1; RUN_LOAD=$(cut -d' ' -f1 /proc/loadavg); }
 # The load average at the start of each section, for the table's notes.
 SECTION_LOADS=""
 section() {
-    if wanted "$1"; then SECTION_LOADS="$SECTION_LOADS $1=$(cut -d' ' -f1 /proc/loadavg)"; log "$2"; else log "$2: left out (--only)"; fi
+    if wanted "$1"; then settle; SECTION_LOADS="$SECTION_LOADS $1=$(cut -d' ' -f1 /proc/loadavg)"; log "$2"; else log "$2: left out (--only)"; fi
+}
+# Waits, at most $SETTLE seconds, until the 1-minute load average is below 1. The kernel
+# announces no such event, so this looks every 5 seconds; it is the harness's wait, not a
+# measurement.
+settle() {
+    local waited=0
+    while [ "$waited" -lt "$SETTLE" ] && awk '{ exit !($1 >= 1) }' /proc/loadavg; do
+        sleep 5; waited=$((waited + 5))
+    done
+    if [ "$waited" -gt 0 ]; then log "waited ${waited}s for the load average to settle ($(cut -d' ' -f1 /proc/loadavg))"; fi
 }
 # Whether --only keeps section $1 (every section without it), and the runs of that section.
 wanted() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
@@ -204,6 +221,7 @@ max_wal_size = '16GB'
 checkpoint_timeout = '1h'
 shared_buffers = '256MB'
 max_connections = 64
+autovacuum = off
 EOF
 cat > "$PGP/pg_hba.conf" <<EOF
 host all all 127.0.0.1/32 trust
@@ -280,6 +298,7 @@ WS_END_LSN=$(curl -sf "http://127.0.0.1:$WS_HTTP/status" | jq -r .flush_lsn)
 WS_END=$(lsn2int "$WS_END_LSN")
 WS_BYTES=$(( WS_END - WS_START ))
 log "PostgreSQL: $(int2lsn "$PG_START") .. $PG_END_LSN ($PG_BYTES bytes); walserver: $(int2lsn "$WS_START") .. $WS_END_LSN ($WS_BYTES bytes)"
+psql_pg "CHECKPOINT"
 sync
 
 # ---------------------------------------------------------------------------------------------

@@ -66,14 +66,7 @@ impl Decoder for SslResponseCodec {
 /// Splits one typed message off `src`: its tag and its body as a zero-copy slice.
 ///
 /// Format: `Byte1 tag, Int32 len, Byte[len - 4] body`; `len` counts itself.
-///
-/// While a message is incomplete, the buffer is given room for the rest of it and
-/// `read_ahead` bytes more, so that one read can also take the messages behind it.
-fn split_frame(
-    src: &mut BytesMut,
-    max_body_len: usize,
-    read_ahead: usize,
-) -> Result<Option<(u8, Bytes)>> {
+fn split_frame(src: &mut BytesMut, max_body_len: usize) -> Result<Option<(u8, Bytes)>> {
     if src.len() < 5 {
         return Ok(None);
     }
@@ -92,7 +85,7 @@ fn split_frame(
     }
     let total = 5 + body_len;
     if src.len() < total {
-        src.reserve(total - src.len() + read_ahead);
+        src.reserve(total - src.len());
         return Ok(None);
     }
     let frame = src.split_to(total).freeze();
@@ -142,7 +135,7 @@ impl Decoder for ServerCodec {
     type Error = CodecError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<FrontendMessage>> {
-        match split_frame(src, self.max_message_len, 0)? {
+        match split_frame(src, self.max_message_len)? {
             Some((tag, body)) => FrontendMessage::decode(tag, body).map(Some),
             None => Ok(None),
         }
@@ -177,7 +170,6 @@ impl Encoder<&BackendMessage> for ServerCodec {
 #[derive(Clone, Copy, Debug)]
 pub struct ClientCodec {
     max_message_len: usize,
-    read_ahead: usize,
 }
 
 impl ClientCodec {
@@ -186,26 +178,12 @@ impl ClientCodec {
     pub fn new() -> ClientCodec {
         ClientCodec {
             max_message_len: Self::DEFAULT_MAX_MESSAGE_LEN,
-            read_ahead: 0,
         }
     }
 
     /// The largest message body (excluding tag and length) the decoder accepts.
     pub fn with_max_message_len(max_message_len: usize) -> ClientCodec {
-        ClientCodec {
-            max_message_len,
-            read_ahead: 0,
-        }
-    }
-
-    /// Room for `bytes` more than the incomplete message needs, so that a read takes the
-    /// messages queued behind it too (a stream of XLogData): fewer, larger reads. The
-    /// buffer may then hold up to that much beyond the message being decoded.
-    pub fn read_ahead(self, bytes: usize) -> ClientCodec {
-        ClientCodec {
-            read_ahead: bytes,
-            ..self
-        }
+        ClientCodec { max_message_len }
     }
 
     pub fn max_message_len(&self) -> usize {
@@ -224,7 +202,7 @@ impl Decoder for ClientCodec {
     type Error = CodecError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<BackendMessage>> {
-        match split_frame(src, self.max_message_len, self.read_ahead)? {
+        match split_frame(src, self.max_message_len)? {
             Some((tag, body)) => BackendMessage::decode(tag, body).map(Some),
             None => Ok(None),
         }
@@ -244,44 +222,5 @@ impl Encoder<&FrontendMessage> for ClientCodec {
 
     fn encode(&mut self, item: &FrontendMessage, dst: &mut BytesMut) -> Result<()> {
         item.encode(dst)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The head of a CopyData message of `body` bytes, with `have` bytes of its body.
-    fn partial(body: usize, have: usize) -> BytesMut {
-        let mut b = BytesMut::new();
-        b.put_u8(b'd');
-        b.put_i32(body as i32 + 4);
-        b.put_bytes(b'x', have);
-        b
-    }
-
-    #[test]
-    fn read_ahead_leaves_room_beyond_an_incomplete_message() {
-        let (body, have) = (128 << 10, 100);
-        let mut exact = partial(body, have);
-        assert!(ClientCodec::new().decode(&mut exact).unwrap().is_none());
-        let rest = body - have;
-        assert!(exact.capacity() - exact.len() >= rest);
-        assert!(exact.capacity() - exact.len() < rest + (64 << 10));
-        let mut ahead = partial(body, have);
-        let mut c = ClientCodec::new().read_ahead(1 << 20);
-        assert!(c.decode(&mut ahead).unwrap().is_none());
-        assert!(ahead.capacity() - ahead.len() >= rest + (1 << 20));
-        // Whole messages decode the same either way.
-        ahead.put_bytes(b'x', rest);
-        ahead.extend_from_slice(&partial(3, 3));
-        assert!(matches!(
-            c.decode(&mut ahead).unwrap(),
-            Some(BackendMessage::CopyData(d)) if d.len() == body
-        ));
-        assert!(matches!(
-            c.decode(&mut ahead).unwrap(),
-            Some(BackendMessage::CopyData(d)) if d.len() == 3
-        ));
     }
 }

@@ -13,9 +13,7 @@
 //! before it yields an XLogData, and each write's permits are released only when its ticket
 //! resolves (the bytes are durable). While the bound is reached the stream does not read the
 //! socket, TCP's window fills, and the upstream's walsender waits; the actor meanwhile still
-//! handles flush notifications, timers and `StopReceiver`. The read buffer holds at most
-//! [`READ_AHEAD`] bytes beyond the message being decoded (reads are large so that catch-up
-//! costs few system calls), so that is what may be read beyond the bound.
+//! handles flush notifications, timers and `StopReceiver`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,12 +28,6 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::codec::FramedRead;
 use wal_storage::{Wal, WalPosition};
-
-/// How much the read buffer takes beyond the message being decoded: in catch-up the
-/// upstream's XLogData (128 KiB each from PostgreSQL and walserver) queue up in the socket,
-/// and one read takes several. A guess, measured only against the default of reading each
-/// message's rest exactly (two reads per message).
-const READ_AHEAD: usize = 1 << 20;
 
 use crate::config::ReceiverConfig;
 use crate::connect::{self, Connection, Io};
@@ -117,7 +109,7 @@ impl WalReceiver {
         status.sender_host = Some(self.config.conninfo.host_or_default().to_string());
         status.sender_port = Some(self.config.conninfo.port);
         let (reader, writer) = tokio::io::split(conn.io);
-        let mut framed = FramedRead::new(reader, ClientCodec::new().read_ahead(READ_AHEAD));
+        let mut framed = FramedRead::new(reader, ClientCodec::new());
         framed.read_buffer_mut().extend_from_slice(&conn.leftover);
         ctx.add_stream(inbound(
             framed,

@@ -316,6 +316,14 @@ pub struct SyncCandidate {
     pub nofailover: bool,
 }
 
+impl SyncCandidate {
+    /// Whether it may be the synchronous standby: connected, not marked `nofailover`, and
+    /// with a priority above 0.
+    fn eligible(&self) -> bool {
+        self.connected && !self.nofailover && self.priority > 0
+    }
+}
+
 /// Where a change of synchronous standby stands.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum SyncPhase {
@@ -358,7 +366,7 @@ pub fn strict_hold() -> SyncStandbyNames {
     }
 }
 
-/// The best standby to count on: streaming, eligible, the most advanced, then the higher
+/// The best standby to count on: eligible (connected), the most advanced, then the higher
 /// priority, then the smaller name.
 pub fn best_sync_candidate<'c>(
     candidates: &'c [SyncCandidate],
@@ -366,7 +374,7 @@ pub fn best_sync_candidate<'c>(
 ) -> Option<&'c SyncCandidate> {
     candidates
         .iter()
-        .filter(|c| c.connected && !c.nofailover && c.priority > 0)
+        .filter(|c| c.eligible())
         .filter(|c| Some(c.name.as_str()) != except)
         .max_by(|a, b| {
             a.flush
@@ -391,11 +399,7 @@ pub fn plan_sync(
     if mode == SynchronousMode::Off {
         return (SyncPhase::Steady, Vec::new());
     }
-    let streaming = |name: &str| {
-        candidates
-            .iter()
-            .any(|c| c.name == name && c.connected && !c.nofailover && c.priority > 0)
-    };
+    let eligible = |name: &str| candidates.iter().any(|c| c.name == name && c.eligible());
     if let SyncPhase::Adding { to, from, target } = phase {
         let caught_up = candidates
             .iter()
@@ -407,7 +411,7 @@ pub fn plan_sync(
             }
             return (SyncPhase::Steady, actions);
         }
-        if streaming(to) {
+        if eligible(to) {
             return (phase.clone(), Vec::new());
         }
         // The standby being added is gone: start over from what is published. With nothing
@@ -431,7 +435,7 @@ pub fn plan_sync(
         return (next, actions);
     }
     match published {
-        Some(current) if streaming(current) => (SyncPhase::Steady, Vec::new()),
+        Some(current) if eligible(current) => (SyncPhase::Steady, Vec::new()),
         Some(current) => match best_sync_candidate(candidates, Some(current)) {
             Some(next) => (
                 SyncPhase::Adding {

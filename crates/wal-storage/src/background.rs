@@ -92,7 +92,7 @@ pub(crate) struct RecyclePool {
     /// Names files as they enter the pool.
     next: AtomicU64,
     /// Segments made from a recycled file since open.
-    recycled: AtomicU64,
+    reused: AtomicU64,
 }
 
 impl RecyclePool {
@@ -104,7 +104,7 @@ impl RecyclePool {
                 .is_ok_and(|d| on_tmpfs(&d)),
             files: Mutex::new(Vec::new()),
             next: AtomicU64::new(0),
-            recycled: AtomicU64::new(0),
+            reused: AtomicU64::new(0),
         }
     }
 
@@ -114,26 +114,31 @@ impl RecyclePool {
     }
 
     /// How many segments were made from a recycled file since open.
-    pub(crate) fn recycled(&self) -> u64 {
-        self.recycled.load(Ordering::Relaxed)
+    pub(crate) fn reused(&self) -> u64 {
+        self.reused.load(Ordering::Relaxed)
     }
 
     /// Moves `path` (a retired segment held by nobody) into the pool in `tmp/`, if the pool
-    /// is in use and has room. `Ok(false)` if the caller should remove it instead.
+    /// is in use and has room. `Ok(false)` if the caller should remove it instead. The lock
+    /// is held across the rename, so that two retention runs cannot both fill the last place;
+    /// only retention and preallocation take it, never an actor's thread.
     fn put(&self, io: &Io, tmp: &Path, path: &Path) -> io::Result<bool> {
-        if !self.enabled || self.lock().len() >= RECYCLE_LIMIT {
+        if !self.enabled {
+            return Ok(false);
+        }
+        let mut files = self.lock();
+        if files.len() >= RECYCLE_LIMIT {
             return Ok(false);
         }
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let to = tmp.join(format!("recycled.{n}"));
         match io.rename(path, &to) {
-            Ok(()) => {}
+            Ok(()) => files.push(to),
             // Two retention runs may list the same file; the one that finds it gone has
             // nothing left to do.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        self.lock().push(to);
         Ok(true)
     }
 
@@ -149,7 +154,7 @@ fn preallocate(inner: &Inner, tli: TimelineId, segno: u64) -> Result<File> {
     while let Some(old) = inner.recycled.take() {
         match recycle_segment(&inner.io, &old, inner.pg_wal(), tli, segno, seg) {
             Ok(f) => {
-                inner.recycled.recycled.fetch_add(1, Ordering::Relaxed);
+                inner.recycled.reused.fetch_add(1, Ordering::Relaxed);
                 return Ok(f);
             }
             Err(e) => {
@@ -182,7 +187,7 @@ fn recycle_segment(
     let len = io.path_len(old).map_err(fail("reading the size of", old))?;
     if len != seg {
         return Err(WalError::io(
-            format!("recycling a WAL segment as {name}"),
+            ctx,
             io::Error::other(format!("{} is {len} bytes, not {seg}", old.display())),
         ));
     }

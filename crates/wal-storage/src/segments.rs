@@ -107,7 +107,7 @@ type SegmentKey = (TimelineId, u64);
 /// The open files, who else holds them, and which segments are retired.
 #[derive(Debug, Default)]
 struct Cache {
-    open: HashMap<(TimelineId, u64), Cached>,
+    open: HashMap<SegmentKey, Cached>,
     /// Every file this cache handed out, by segment, while it may still be held (the cache's
     /// own entry may have been dropped at `CACHE_LIMIT`, the holder's copy not).
     handed: HashMap<SegmentKey, Vec<Weak<File>>>,

@@ -403,7 +403,7 @@ impl Wal {
     /// How many segment files were made from a recycled one since this opening (on tmpfs,
     /// retention hands segments nobody holds to preallocation instead of removing them).
     pub fn segments_recycled(&self) -> u64 {
-        self.inner().recycled.recycled()
+        self.inner().recycled.reused()
     }
 
     /// What `open` found (for the binary to log).

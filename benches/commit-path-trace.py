@@ -1,78 +1,163 @@
 #!/usr/bin/env python3
-"""Stages of one synchronous commit from a light `perf trace` (fdatasync, pwritev, writev,
-sendto, recvfrom only) of `walserver bench append --cluster 1 --writers 1`; run by
-benches/commit-path-trace.sh.
+"""Stages of one synchronous commit from a light `perf trace` of a few system calls.
 
-Threads: `bench-primary` and `bench-s1` run each node's actors (supervisor, registry,
-walsender; walreceiver), the two `wal-writer`s are the nodes' storage writer threads (the
-primary's started first, so it has the lower thread id). One commit is the sequence of
-SEQ below; a sequence interrupted by the next commit's pwritev is skipped."""
+    commit-path-trace.py TRACE                 # walserver: `bench append --cluster 1 --writers 1`
+    commit-path-trace.py --postgres TRACE BACKEND WALSENDER WALRECEIVER PGBENCH
+
+walserver (run by benches/commit-path-trace.sh; fdatasync, pwritev, writev, sendto, recvfrom):
+`bench-primary` and `bench-s1` run each node's actors (supervisor, registry, walsender;
+walreceiver), the two `wal-writer`s are the nodes' storage writer threads (the primary's
+started first, so it has the lower thread id).
+
+PostgreSQL 15 (run by benches/commit-path-pg.sh; fdatasync, pwrite64, sendto, recvfrom, from
+`perf script` of a raw_syscalls recording, which this reads too):
+pgbench sends a one-row INSERT to its backend, which writes and fdatasyncs its WAL itself and
+wakes the walsender; the standby's walreceiver writes and fdatasyncs what it receives itself
+and replies; the walsender releases the backend, which answers pgbench. The four are told
+apart by process id (every PostgreSQL process is called `postgres`).
+
+One commit is the sequence of calls below, in order; a sequence interrupted by the next
+commit's first call is skipped. A non-blocking `recvfrom` that finds nothing comes before
+the data's wake-up, not after it, so the first one after the sender's call is the one that
+reads."""
 import re, statistics, sys
 from collections import defaultdict
+
 LINE = re.compile(r"^\s*(?P<ts>\d+\.\d+)\s+\(\s*(?P<dur>[\d.]+|\?) ms\):\s+(?P<comm>[^/]+)/(?P<tid>\d+)\s+(?P<call>\w+)\(")
-ev = []
-comms = {}
-for line in open(sys.argv[1], errors="replace"):
-    m = LINE.match(line)
-    if not m:
-        continue
-    ts = float(m["ts"]) * 1000
-    dur = 0.0 if m["dur"] == "?" else float(m["dur"]) * 1000
-    tid = int(m["tid"]); comms[tid] = m["comm"].strip()
-    ev.append((ts, ts + dur, tid, m["call"]))
-ev.sort()
-ww = sorted(t for t, c in comms.items() if c.startswith("wal-writer"))
-pw, sw = ww[0], ww[1]
-prim = [t for t, c in comms.items() if c.startswith("bench-primary")][0]
-stby = [t for t, c in comms.items() if c.startswith("bench-s1")][0]
-role = {pw: "PW", sw: "SW", prim: "P", stby: "S"}
-# SEQ: the expected order of one commit's events: (thread, call, 0 = its start, 1 = its end).
-seq = [("PW", "pwritev", 0), ("PW", "fdatasync", 0), ("PW", "fdatasync", 1), ("P", "writev", 1),
-       ("S", "recvfrom", 0), ("SW", "pwritev", 0), ("SW", "fdatasync", 0), ("SW", "fdatasync", 1),
-       ("S", "sendto", 1), ("P", "recvfrom", 0)]
-names = ["primary: pwritev -> fdatasync starts", "primary fdatasync",
-         "primary: publish, wake, walsender, writev done",
-         "loopback, standby thread wakes, recvfrom",
-         "standby: parse, hand to storage, writer wakes",
-         "standby: pwritev -> fdatasync starts", "standby fdatasync",
-         "standby: publish, wake, status update, sendto done",
-         "loopback, primary thread wakes, recvfrom",
-         "primary: release, answer, bench, next append to storage"]
-mine = [(t0, t1, role[tid], call) for t0, t1, tid, call in ev if tid in role]
-stages = defaultdict(list); cycles = []
-i = 0
-marks_prev = None
-while i < len(mine):
-    e = mine[i]
-    if not (e[2] == "PW" and e[3] == "pwritev"):
-        i += 1; continue
-    marks = [e[0]]; j = i + 1; k = 1
-    while k < len(seq) and j < len(mine):
-        r, c, end = seq[k]
-        f = mine[j]
-        if f[2] == r and f[3] == c:
-            marks.append(f[1] if end else f[0]); k += 1
-            if k < len(seq) and seq[k][:2] == seq[k-1][:2]:
-                marks.append(f[1]); k += 1
-        elif f[2] == "PW" and f[3] == "pwritev":
-            break  # another commit began before this one was seen whole
-        j += 1
-    if k == len(seq):
-        if marks_prev is not None and e[0] - marks_prev[0] < 5000:
-            # The last stage runs from this commit's reply to the next commit's pwritev.
-            stages[names[-1]].append(e[0] - marks_prev[-1])
-            cycles.append(e[0] - marks_prev[0])
-        for n, a, b in zip(names, marks, marks[1:]):
-            stages[n].append(b - a)
-        marks_prev = marks
+
+# Each mode: the sequence of one commit's events (role, call, 0 = its start, 1 = its end) and
+# the names of the stages between consecutive events; the last stage runs from the last event
+# to the next commit's first.
+WALSERVER = (
+    [("PW", "pwritev", 0), ("PW", "fdatasync", 0), ("PW", "fdatasync", 1), ("P", "writev", 1),
+     ("S", "recvfrom", 0), ("SW", "pwritev", 0), ("SW", "fdatasync", 0), ("SW", "fdatasync", 1),
+     ("S", "sendto", 1), ("P", "recvfrom", 0)],
+    ["primary: pwritev -> fdatasync starts", "primary fdatasync",
+     "primary: publish, wake, walsender, writev done",
+     "loopback, standby thread wakes, recvfrom",
+     "standby: parse, hand to storage, writer wakes",
+     "standby: pwritev -> fdatasync starts", "standby fdatasync",
+     "standby: publish, wake, status update, sendto done",
+     "loopback, primary thread wakes, recvfrom",
+     "primary: release, answer, bench, next append to storage"],
+)
+POSTGRES = (
+    [("C", "sendto", 0), ("B", "recvfrom", 1), ("B", "pwrite64", 0), ("B", "fdatasync", 0),
+     ("B", "fdatasync", 1), ("WS", "sendto", 1), ("WR", "recvfrom", 0), ("WR", "pwrite64", 0),
+     ("WR", "fdatasync", 0), ("WR", "fdatasync", 1), ("WR", "sendto", 1), ("WS", "recvfrom", 0),
+     ("B", "sendto", 1)],
+    ["pgbench sends, backend wakes, recvfrom done",
+     "backend: parse, plan, insert, commit record, pwrite starts",
+     "backend: pwrite -> fdatasync starts", "backend fdatasync",
+     "backend wakes walsender, it reads WAL, sendto done",
+     "loopback, walreceiver wakes, recvfrom",
+     "walreceiver: parse, pwrite starts",
+     "standby: pwrite -> fdatasync starts", "standby fdatasync",
+     "walreceiver: reply, sendto done",
+     "loopback, walsender wakes, recvfrom",
+     "walsender releases backend, it answers, sendto done",
+     "pgbench wakes, sends the next INSERT"],
+)
+
+
+# `perf script -F comm,tid,time,event,trace` of raw_syscalls:sys_enter/sys_exit (x86-64
+# numbers), the lighter recording benches/commit-path-pg.sh makes.
+SCRIPT = re.compile(r"^\s*(?P<comm>.+?)\s+(?P<tid>\d+)\s+(?P<ts>\d+\.\d+):\s+raw_syscalls:sys_(?P<dir>enter|exit):\s+NR (?P<nr>\d+)")
+CALLS = {18: "pwrite64", 20: "writev", 44: "sendto", 45: "recvfrom", 75: "fdatasync", 296: "pwritev"}
+
+
+def read(path):
+    ev, comms, entered = [], {}, {}
+    for line in open(path, errors="replace"):
+        m = SCRIPT.match(line)
+        if m:
+            tid, nr, ts = int(m["tid"]), int(m["nr"]), float(m["ts"]) * 1e6
+            comms[tid] = m["comm"].strip()
+            if m["dir"] == "enter":
+                entered[tid] = (ts, nr)
+            elif tid in entered and entered[tid][1] == nr and nr in CALLS:
+                ev.append((entered.pop(tid)[0], ts, tid, CALLS[nr]))
+            continue
+        m = LINE.match(line)
+        if not m:
+            continue
+        ts = float(m["ts"]) * 1000
+        dur = 0.0 if m["dur"] == "?" else float(m["dur"]) * 1000
+        tid = int(m["tid"])
+        comms[tid] = m["comm"].strip()
+        ev.append((ts, ts + dur, tid, m["call"]))
+    ev.sort()
+    return ev, comms
+
+
+def stages_of(mine, seq, names):
+    """Splits role-tagged events (start, end, role, call) into the stages of whole commits."""
+    first = seq[0][:2]
+    stages = defaultdict(list)
+    cycles = []
+    i = 0
+    marks_prev = None
+    while i < len(mine):
+        e = mine[i]
+        if (e[2], e[3]) != first:
+            i += 1
+            continue
+        marks = [e[1] if seq[0][2] else e[0]]
+        j, k = i + 1, 1
+        while k < len(seq) and j < len(mine):
+            r, c, end = seq[k]
+            f = mine[j]
+            if f[2] == r and f[3] == c:
+                marks.append(f[1] if end else f[0])
+                k += 1
+                if k < len(seq) and seq[k][:2] == seq[k - 1][:2]:
+                    marks.append(f[1])
+                    k += 1
+            elif (f[2], f[3]) == first:
+                break  # another commit began before this one was seen whole
+            j += 1
+        if k == len(seq):
+            if marks_prev is not None and marks[0] - marks_prev[0] < 5000:
+                stages[names[-1]].append(marks[0] - marks_prev[-1])
+                cycles.append(marks[0] - marks_prev[0])
+            for n, a, b in zip(names, marks, marks[1:]):
+                stages[n].append(b - a)
+            marks_prev = marks
+        else:
+            marks_prev = None
+        i = j if j > i else i + 1
+    return stages, cycles
+
+
+def main(argv):
+    if argv[:1] == ["--postgres"]:
+        path, pids = argv[1], [int(p) for p in argv[2:6]]
+        ev, _ = read(path)
+        role = dict(zip(pids, ["B", "WS", "WR", "C"]))
+        seq, names = POSTGRES
     else:
-        marks_prev = None
-    i = j if j > i else i + 1
-def q(v, p): return v[min(len(v) - 1, int(p * len(v)))]
-print(f"commits seen whole: {len(stages[names[0]])}, consecutive pairs: {len(cycles)}")
-print(f"{'stage':58} {'p50 us':>7} {'p10':>7} {'p90':>7}")
-for n in names:
-    v = sorted(stages[n])
-    if v: print(f"{n:58} {statistics.median(v):7.1f} {q(v,.1):7.1f} {q(v,.9):7.1f}")
-v = sorted(cycles)
-if v: print(f"{'one commit (pwritev to next pwritev)':58} {statistics.median(v):7.1f} {q(v,.1):7.1f} {q(v,.9):7.1f}")
+        path = argv[0]
+        ev, comms = read(path)
+        ww = sorted(t for t, c in comms.items() if c.startswith("wal-writer"))
+        prim = [t for t, c in comms.items() if c.startswith("bench-primary")][0]
+        stby = [t for t, c in comms.items() if c.startswith("bench-s1")][0]
+        role = {ww[0]: "PW", ww[1]: "SW", prim: "P", stby: "S"}
+        seq, names = WALSERVER
+    mine = [(t0, t1, role[tid], call) for t0, t1, tid, call in ev if tid in role]
+    stages, cycles = stages_of(mine, seq, names)
+
+    def q(v, p):
+        return v[min(len(v) - 1, int(p * len(v)))]
+
+    print(f"commits seen whole: {len(stages[names[0]])}, consecutive pairs: {len(cycles)}")
+    print(f"{'stage':58} {'p50 us':>7} {'p10':>7} {'p90':>7}")
+    for n in names:
+        v = sorted(stages[n])
+        if v:
+            print(f"{n:58} {statistics.median(v):7.1f} {q(v, .1):7.1f} {q(v, .9):7.1f}")
+    v = sorted(cycles)
+    if v:
+        print(f"{'one commit (first call to the next commit first call)':58} {statistics.median(v):7.1f} {q(v, .1):7.1f} {q(v, .9):7.1f}")
+
+
+main(sys.argv[1:])

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # walserver and PostgreSQL 15 side by side, on this machine, in one run, with the same clients.
 #
-#   benches/compare-postgres.sh            # full: 1 GiB, 3 alternating runs per pair (~10.5 min)
+#   benches/compare-postgres.sh            # full: 1 GiB, 3 alternating runs per pair (13-19 min)
 #   benches/compare-postgres.sh --quick    # 256 MiB, 1 run, short pgbench (for development)
 #   benches/compare-postgres.sh --runs 5 --mib 2048 --pgbench-seconds 20 --fanout-mib 256 --live-mib 512
 #   benches/compare-postgres.sh --only "a f"   # only sections (a) and (f); the others' rows say -
@@ -17,7 +17,9 @@
 #       its data directory on tmpfs; and the disk's sequential write + fdatasync bandwidth;
 #   (c) synchronous commit with one synchronous standby, 1 and 16 clients: pgbench running a
 #       one-row INSERT with synchronous_commit=on vs `walserver bench append --cluster 1
-#       --durability on --size 100`; throughput and p50/p99 latency;
+#       --durability on --size 100`; throughput and p50/p99 latency; and one client again with
+#       each system's processes and threads, and its client, on one CPU (--pin-cpu N, the last
+#       by default), where no hand-off waits for an idle CPU to wake;
 #   (d) fan-out: 16 and 64 pg_receivewal processes at once (PostgreSQL with max_wal_senders =
 #       70), aggregate MB/s, and memory per walsender;
 #   (e) live appends: pg_receivewal --synchronous, or the codec client, waits at the current
@@ -61,6 +63,8 @@ ONLY=""
 LIVE_MIB=256
 LIVE_CLIENTS=4
 SETTLE=90
+# The CPU of (c)'s one-CPU rows: the last one (here, the one the disk's interrupts go to).
+PIN_CPU=$(( $(nproc) - 1 ))
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1; RUNS=1; MIB=256; PGBENCH_SECS=3; FANOUT_MIB=64; LIVE_MIB=64; SETTLE=0; shift ;;
@@ -74,7 +78,8 @@ while [ $# -gt 0 ]; do
         --allow-busy) ALLOW_BUSY=1; shift ;;
         --save) SAVE="$2"; shift 2 ;;
         --only) ONLY="$2"; shift 2 ;;
-        -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
+        --pin-cpu) PIN_CPU="$2"; shift 2 ;;
+        -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -539,37 +544,60 @@ done
 echo "INSERT INTO sc VALUES (1, repeat('x', 100));" > "$WORK/insert.sql"
 mkdir -p "$WORK/pgbench"; own_pg "$WORK/pgbench" "$WORK/insert.sql"
 
-c_pg() { # clients
-    local c=$1 j=1 out
+# c_pg and c_ws take the clients and the name their rows go under (c1, c16, c1pin); PIN, when
+# set, is a `taskset -c CPU` prefix for the client (and, for walserver, its in-process nodes).
+PIN=()
+as_pg_pinned() {
+    if [ "$(id -u)" = 0 ]; then "${PIN[@]}" runuser -u postgres -- "$@"; else "${PIN[@]}" "$@"; fi
+}
+c_pg() { # clients key
+    local c=$1 key=$2 j=1 out
     [ "$c" -gt 1 ] && j=2
     rm -f "$WORK"/pgbench/log*
-    out=$(cd "$WORK/pgbench" && as_pg "$PG_BIN/pgbench" -h 127.0.0.1 -p "$PG_PORT" -U postgres -n \
+    out=$(cd "$WORK/pgbench" && as_pg_pinned "$PG_BIN/pgbench" -h 127.0.0.1 -p "$PG_PORT" -U postgres -n \
         -c "$c" -j "$j" -T "$PGBENCH_SECS" -f "$WORK/insert.sql" -l --log-prefix="$WORK/pgbench/log" postgres 2>&1)
-    record "c${c}_tps" pg "$(awk '/^tps = / { printf "%.0f", $3 }' <<< "$out")"
+    record "${key}_tps" pg "$(awk '/^tps = / { printf "%.0f", $3 }' <<< "$out")"
     # Per-transaction log: client, tx, latency (us), script, epoch, us.
     cat "$WORK"/pgbench/log* | awk '{ print $3 }' | sort -n > "$WORK/pgbench/lat"
-    if [ "$c" = 1 ]; then cat "$WORK/pgbench/lat" >> "$WORK/c1-latency-pg.txt"; fi
+    if [ "$key" = c1 ]; then cat "$WORK/pgbench/lat" >> "$WORK/c1-latency-pg.txt"; fi
     local n; n=$(wc -l < "$WORK/pgbench/lat")
-    record "c${c}_p50_ms" pg "$(awk -v k=$(( (n + 1) / 2 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/lat")"
-    record "c${c}_p99_ms" pg "$(awk -v k=$(( (n * 99 + 99) / 100 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/lat")"
+    record "${key}_p50_ms" pg "$(awk -v k=$(( (n + 1) / 2 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/lat")"
+    record "${key}_p99_ms" pg "$(awk -v k=$(( (n * 99 + 99) / 100 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/lat")"
 }
 
-c_ws() { # clients
-    local c=$1 j
-    j=$("$WS" bench append --cluster 1 --durability on --size 100 --writers "$c" --seconds "$PGBENCH_SECS" \
+c_ws() { # clients key
+    local c=$1 key=$2 j
+    j=$("${PIN[@]}" "$WS" bench append --cluster 1 --durability on --size 100 --writers "$c" --seconds "$PGBENCH_SECS" \
         --dir "$WORK" --latency-out "$WORK/c-latency-ws.txt" --json)
-    if [ "$c" = 1 ]; then cat "$WORK/c-latency-ws.txt" >> "$WORK/c1-latency-ws.txt"; fi
-    record "c${c}_tps" ws "$(jq -r '.appends_per_s | floor' <<< "$j")"
-    record "c${c}_p50_ms" ws "$(jq -r '.latency.p50_ms' <<< "$j")"
-    record "c${c}_p99_ms" ws "$(jq -r '.latency.p99_ms' <<< "$j")"
+    if [ "$key" = c1 ]; then cat "$WORK/c-latency-ws.txt" >> "$WORK/c1-latency-ws.txt"; fi
+    record "${key}_tps" ws "$(jq -r '.appends_per_s | floor' <<< "$j")"
+    record "${key}_p50_ms" ws "$(jq -r '.latency.p50_ms' <<< "$j")"
+    record "${key}_p99_ms" ws "$(jq -r '.latency.p99_ms' <<< "$j")"
+}
+
+# Every process of PostgreSQL's primary and standby 1 (postmasters and their children; later
+# backends inherit the postmaster's mask) onto the CPUs given, as taskset's list.
+pg_affinity() { # cpu-list
+    local pm p
+    for pm in "$(head -1 "$PGP/postmaster.pid")" "$(head -1 "$SB1/postmaster.pid")"; do
+        for p in "$pm" $(pgrep -P "$pm"); do taskset -a -p -c "$1" "$p" >/dev/null; done
+    done
 }
 
 section c "(c) pgbench vs walserver bench append, ${PGBENCH_SECS}s each, $RUNS runs"
 for r in $(runs_of c); do
     start_run "$r"
     for c in 1 16; do
-        if [ $((r % 2)) = 1 ]; then c_pg "$c"; c_ws "$c"; else c_ws "$c"; c_pg "$c"; fi
+        if [ $((r % 2)) = 1 ]; then c_pg "$c" "c$c"; c_ws "$c" "c$c"; else c_ws "$c" "c$c"; c_pg "$c" "c$c"; fi
     done
+    # One client again with each system's every thread and process on one CPU (PIN_CPU), so
+    # that no hand-off of the commit waits for an idle CPU to wake: the two servers' own costs
+    # without the scheduler's placement (see benches/commit-path.md).
+    PIN=(taskset -c "$PIN_CPU")
+    pg_affinity "$PIN_CPU"
+    if [ $((r % 2)) = 1 ]; then c_pg 1 c1pin; c_ws 1 c1pin; else c_ws 1 c1pin; c_pg 1 c1pin; fi
+    pg_affinity "0-$(( $(nproc) - 1 ))"
+    PIN=()
 done
 
 # The fan-outs come last: 64 pg_receivewal raise the load average to 30 and more, and it takes
@@ -749,6 +777,9 @@ END {
     row("(c) sync commit, 1 client, commits/s", "c1_tps", "higher")
     row("(c) sync commit, 1 client, p50 ms", "c1_p50_ms", "lower")
     row("(c) sync commit, 1 client, p99 ms", "c1_p99_ms", "lower")
+    row("(c) sync commit, 1 client, all on one CPU, commits/s", "c1pin_tps", "higher")
+    row("(c) sync commit, 1 client, all on one CPU, p50 ms", "c1pin_p50_ms", "lower")
+    row("(c) sync commit, 1 client, all on one CPU, p99 ms", "c1pin_p99_ms", "lower")
     row("(c) sync commit, 16 clients, commits/s", "c16_tps", "higher")
     row("(c) sync commit, 16 clients, p50 ms", "c16_p50_ms", "lower")
     row("(c) sync commit, 16 clients, p99 ms", "c16_p99_ms", "lower")

@@ -19,8 +19,9 @@ as_pg() { if [ "$(id -u)" = 0 ]; then "${pin[@]}" runuser -u postgres -- "$@"; e
 w=$(mktemp -d /var/tmp/commit-path-pg.XXXXXX)
 chmod 755 "$w"
 [ "$(id -u)" = 0 ] && chown postgres "$w"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-sport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+sport=$(free_port)
 cleanup() {
     set +e
     for d in "$w/s" "$w/p"; do

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Stages of one synchronous commit from a light `perf trace` of a few system calls.
+"""Stages of one synchronous commit from a recording of its system calls: `perf script` of a
+raw_syscalls recording (what both scripts below make), or a `perf trace` of the calls named.
 
     commit-path-trace.py TRACE                 # walserver: `bench append --cluster 1 --writers 1`
     commit-path-trace.py --postgres TRACE BACKEND WALSENDER WALRECEIVER PGBENCH
@@ -9,8 +10,7 @@ walserver (run by benches/commit-path-trace.sh; fdatasync, pwritev, writev, send
 walreceiver), the two `wal-writer`s are the nodes' storage writer threads (the primary's
 started first, so it has the lower thread id).
 
-PostgreSQL 15 (run by benches/commit-path-pg.sh; fdatasync, pwrite64, sendto, recvfrom, from
-`perf script` of a raw_syscalls recording, which this reads too):
+PostgreSQL 15 (run by benches/commit-path-pg.sh; fdatasync, pwrite64, sendto, recvfrom):
 pgbench sends a one-row INSERT to its backend, which writes and fdatasyncs its WAL itself and
 wakes the walsender; the standby's walreceiver writes and fdatasyncs what it receives itself
 and replies; the walsender releases the backend, which answers pgbench. The four are told
@@ -61,7 +61,7 @@ POSTGRES = (
 
 
 # `perf script -F comm,tid,time,event,trace` of raw_syscalls:sys_enter/sys_exit (x86-64
-# numbers), the lighter recording benches/commit-path-pg.sh makes.
+# numbers), the recording both scripts make; LINE above is `perf trace`'s format.
 SCRIPT = re.compile(r"^\s*(?P<comm>.+?)\s+(?P<tid>\d+)\s+(?P<ts>\d+\.\d+):\s+raw_syscalls:sys_(?P<dir>enter|exit):\s+NR (?P<nr>\d+)")
 CALLS = {18: "pwrite64", 20: "writev", 44: "sendto", 45: "recvfrom", 75: "fdatasync", 296: "pwritev"}
 

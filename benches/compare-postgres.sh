@@ -121,8 +121,11 @@ BG_PIDS=()
 RES="$WORK/results.tsv"
 : > "$RES"
 
+# PIN, when set (only by (c)'s one-CPU rows), is a `taskset -c CPU` prefix for the clients
+# these start, and for walserver's in-process cluster.
+PIN=()
 as_pg() {
-    if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+    if [ "$(id -u)" = 0 ]; then "${PIN[@]}" runuser -u postgres -- "$@"; else "${PIN[@]}" "$@"; fi
 }
 own_pg() {
     if [ "$(id -u)" = 0 ]; then chown -R postgres:postgres "$@"; fi
@@ -554,17 +557,12 @@ done
 echo "INSERT INTO sc VALUES (1, repeat('x', 100));" > "$WORK/insert.sql"
 mkdir -p "$WORK/pgbench"; own_pg "$WORK/pgbench" "$WORK/insert.sql"
 
-# c_pg and c_ws take the clients and the name their rows go under (c1, c16, c1pin); PIN, when
-# set, is a `taskset -c CPU` prefix for the client (and, for walserver, its in-process nodes).
-PIN=()
-as_pg_pinned() {
-    if [ "$(id -u)" = 0 ]; then "${PIN[@]}" runuser -u postgres -- "$@"; else "${PIN[@]}" "$@"; fi
-}
+# c_pg and c_ws take the clients and the name their rows go under (c1, c16, c1pin).
 c_pg() { # clients key
     local c=$1 key=$2 j=1 out
     [ "$c" -gt 1 ] && j=2
     rm -f "$WORK"/pgbench/log*
-    out=$(cd "$WORK/pgbench" && as_pg_pinned "$PG_BIN/pgbench" -h 127.0.0.1 -p "$PG_PORT" -U postgres -n \
+    out=$(cd "$WORK/pgbench" && as_pg "$PG_BIN/pgbench" -h 127.0.0.1 -p "$PG_PORT" -U postgres -n \
         -c "$c" -j "$j" -T "$PGBENCH_SECS" -f "$WORK/insert.sql" -l --log-prefix="$WORK/pgbench/log" postgres 2>&1)
     record "${key}_tps" pg "$(awk '/^tps = / { printf "%.0f", $3 }' <<< "$out")"
     # Per-transaction log: client, tx, latency (us), script, epoch, us.

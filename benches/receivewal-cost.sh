@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# What one pg_receivewal pays to receive the same WAL from walserver and from PostgreSQL 15.
+#
+#   benches/receivewal-cost.sh                       # 1 GiB, 6 runs of each, into /dev/shm
+#   benches/receivewal-cost.sh --mib 512 --runs 2 --strace --dir /var/tmp
+#
+# A PostgreSQL 15 primary is filled with MIB MiB of WAL (INSERTs of 500-byte rows) and a
+# walserver primary (`walserver run`, release build) with as much (8 KiB records through
+# `POST /wal`), each behind one physical slot per run made before the WAL. Then, RUNS times and
+# alternating which server goes first, one plain pg_receivewal (`--no-loop`, `--endpos` one
+# byte short of the end, writing into a new directory under DIR) catches up from each. Printed
+# per catch-up: MB/s, and the client's CPU per MB (user and system, from `time`); with
+# `--strace`, the client runs under `strace -c` and its system calls per MB follow (the counts
+# are the point; strace slows the run, so its MB/s say nothing).
+#
+# pg_receivewal's work is the same whichever server feeds it when its system calls are (it
+# copies what it receives into its own buffer and writes it to the segment files); if the
+# counts match and the CPU per MB still differs, the difference is the client's machine, not
+# the server.
+#
+# Everything runs on 127.0.0.1; the directories, servers and processes are removed at exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MIB=1024 RUNS=6 STRACE=0 DIR=/dev/shm
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --mib) MIB="$2"; shift 2 ;;
+        --runs) RUNS="$2"; shift 2 ;;
+        --strace) STRACE=1; shift ;;
+        --dir) DIR="$2"; shift 2 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+PG_BIN="${WALSERVER_PG_BIN:-/usr/lib/postgresql/15/bin}"
+for tool in initdb pg_ctl psql pg_receivewal; do
+    [ -x "$PG_BIN/$tool" ] || { echo "PostgreSQL 15's $tool is missing in $PG_BIN (apt-get install postgresql-15)" >&2; exit 1; }
+done
+for tool in jq curl python3; do
+    command -v "$tool" >/dev/null || { echo "$tool is missing" >&2; exit 1; }
+done
+[ "$STRACE" = 0 ] || command -v strace >/dev/null || { echo "strace is missing (apt-get install strace)" >&2; exit 1; }
+
+cargo build --release -j2 --quiet --bin walserver
+WS="$PWD/target/release/walserver"
+
+WORK=$(mktemp -d /var/tmp/receivewal-cost.XXXXXX)
+OUT=$(mktemp -d "$DIR/receivewal-cost.XXXXXX")
+chmod 755 "$WORK" "$OUT"
+PGP="$WORK/pg"
+WS_PID=""
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+cleanup() {
+    set +e
+    [ -n "$WS_PID" ] && kill -TERM "$WS_PID" 2>/dev/null && wait "$WS_PID" 2>/dev/null
+    [ -f "$PGP/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl" -D "$PGP" -m immediate -w stop >/dev/null 2>&1
+    rm -rf "$WORK" "$OUT"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+lsn2int() { local hi=${1%/*} lo=${1#*/}; echo $(( (16#$hi << 32) + 16#$lo )); }
+int2lsn() { printf '%X/%X\n' $(( $1 >> 32 )) $(( $1 & 0xFFFFFFFF )); }
+seg_start() { echo $(( $1 / (16 << 20) * (16 << 20) )); }
+
+PG_PORT=$(free_port); WS_PORT=$(free_port); WS_HTTP=$(free_port)
+mkdir -p "$PGP"
+[ "$(id -u)" = 0 ] && chown -R postgres:postgres "$WORK" "$OUT"
+as_pg "$PG_BIN/initdb" -D "$PGP" -U postgres --auth=trust -E UTF8 --locale=C -N >/dev/null
+cat >> "$PGP/postgresql.conf" <<EOF
+port = $PG_PORT
+listen_addresses = '127.0.0.1'
+unix_socket_directories = ''
+wal_level = replica
+max_wal_senders = 10
+max_replication_slots = $(( RUNS + 10 ))
+max_wal_size = '16GB'
+checkpoint_timeout = '1h'
+shared_buffers = '256MB'
+autovacuum = off
+EOF
+printf 'host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n' > "$PGP/pg_hba.conf"
+as_pg "$PG_BIN/pg_ctl" -D "$PGP" -l "$WORK/pg.log" -w start >/dev/null
+psql_pg() { "$PG_BIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -c "$1"; }
+
+"$WS" init --data-dir "$WORK/ws" >/dev/null
+setsid "$WS" run -c "data_dir=$WORK/ws" -c "listen=127.0.0.1:$WS_PORT" -c "http_listen=127.0.0.1:$WS_HTTP" \
+    -c log_level=warn 2> "$WORK/ws.log" &
+WS_PID=$!
+for _ in $(seq 1 500); do curl -sf "http://127.0.0.1:$WS_HTTP/status" >/dev/null && break; sleep 0.02; done
+
+for i in $(seq 1 "$RUNS"); do
+    psql_pg "SELECT pg_create_physical_replication_slot('s$i', true)" >/dev/null
+    "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "host=127.0.0.1 port=$WS_PORT user=postgres replication=true" \
+        -c "CREATE_REPLICATION_SLOT s$i PHYSICAL RESERVE_WAL" >/dev/null
+done
+
+psql_pg "CREATE TABLE fill (id int, filler text)"
+PG_START=$(seg_start "$(lsn2int "$(psql_pg "SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 's1'")")")
+n=0
+while [ "$(lsn2int "$(psql_pg "SELECT pg_current_wal_lsn()")")" -lt $(( PG_START + (MIB << 20) )) ]; do
+    psql_pg "INSERT INTO fill SELECT g, repeat('y', 500) FROM generate_series($n, $n + 49999) g"
+    n=$((n + 50000))
+done
+PG_END=$(lsn2int "$(psql_pg "SELECT pg_current_wal_flush_lsn()")")
+WS_START=$(seg_start "$(lsn2int "$(curl -sf "http://127.0.0.1:$WS_HTTP/slots" | jq -r '.[] | select(.slot_name == "s1") | .restart_lsn')")")
+"$WS" bench append --http "127.0.0.1:$WS_HTTP" --durability local --size 8192 --batch 128 --writers 2 \
+    --bytes $(( PG_END - PG_START )) --json >/dev/null
+WS_END=$(lsn2int "$(curl -sf "http://127.0.0.1:$WS_HTTP/status" | jq -r .flush_lsn)")
+psql_pg "CHECKPOINT"
+sync
+echo "$(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) CPUs, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo);" \
+    "pg_receivewal into $(df --output=fstype "$OUT" | tail -1); load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "PostgreSQL: $(( PG_END - PG_START )) bytes; walserver: $(( WS_END - WS_START )) bytes"
+
+# one SYSTEM RUN: one catch-up, one line.
+one() {
+    local sys=$1 r=$2 port start end d="$OUT/$1-$2" st="$WORK/strace-$1-$2" t real user sysc mb
+    if [ "$sys" = pg ]; then port=$PG_PORT start=$PG_START end=$PG_END; else port=$WS_PORT start=$WS_START end=$WS_END; fi
+    mkdir -p "$d"
+    local pre=()
+    [ "$STRACE" = 1 ] && pre=(strace -c -o "$st")
+    local TIMEFORMAT='%R %U %S'
+    t=$( { time "${pre[@]}" "$PG_BIN/pg_receivewal" -h 127.0.0.1 -p "$port" -U postgres -D "$d" --slot "s$r" \
+        --endpos "$(int2lsn $(( end - 1 )))" -n -w >/dev/null 2>"$d.err"; } 2>&1 ) \
+        || { echo "pg_receivewal failed:" >&2; cat "$d.err" >&2; exit 1; }
+    read -r real user sysc <<< "$t"
+    mb=$(awk -v b=$(( end - start )) 'BEGIN { print b / 1e6 }')
+    awk -v s="$sys" -v r="$r" -v mb="$mb" -v t="$real" -v u="$user" -v y="$sysc" 'BEGIN {
+        printf "run %d %-10s %6.0f MB/s  client CPU %.3f ms/MB (user %.3f, system %.3f)\n",
+            r, s == "pg" ? "PostgreSQL" : "walserver", mb / t, (u + y) * 1000 / mb, u * 1000 / mb, y * 1000 / mb }'
+    if [ "$STRACE" = 1 ]; then
+        # strace -c: "% time, seconds, usecs/call, calls, [errors,] syscall", busiest first.
+        awk -v mb="$mb" '$1 ~ /^[0-9.]+$/ && NF >= 5 && $NF != "total" {
+            printf "    %-12s %8.2f per MB\n", $NF, $4 / mb }' "$st" | head -8
+    fi
+    rm -rf "$d" "$d.err"
+}
+
+for r in $(seq 1 "$RUNS"); do
+    if [ $((r % 2)) = 1 ]; then one pg "$r"; one ws "$r"; else one ws "$r"; one pg "$r"; fi
+done

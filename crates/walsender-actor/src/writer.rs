@@ -16,7 +16,7 @@
 //! waits for the socket to be writable between calls, as for any write. The header in front
 //! of a range goes with `MSG_MORE`, so that the kernel puts it in the packet with the pages
 //! instead of sending it alone, and a batch of several frames is sent with `TCP_CORK` set, so
-//! that the frames fill whole packets (see [`Cork`]).
+//! that the frames fill whole packets (see `Cork` below).
 
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd};

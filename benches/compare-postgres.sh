@@ -41,7 +41,8 @@
 # left to fall below 1 again. PostgreSQL runs without autovacuum and is checkpointed after the
 # WAL is generated, so that no vacuum of the 1 GiB it inserted and no write-back of its
 # buffers runs under the measurements (walserver has no background work of that kind).
-# --save DIR keeps the raw per-run
+# --bin PATH measures that walserver binary instead of building this tree's (for comparing
+# builds). --save DIR keeps the raw per-run
 # values (results.tsv: measure, system, value, run, load average when the run started), the
 # table (table.md) and the one-client commit latency distributions of (c) as files and as a
 # plot (commit-latency-1-client.svg).
@@ -64,6 +65,7 @@ ONLY=""
 LIVE_MIB=256
 LIVE_CLIENTS=4
 SETTLE=90
+BIN=""
 # The CPU of (c)'s one-CPU rows: the last one (here, the one the disk's interrupts go to).
 PIN_CPU=$(( $(nproc) - 1 ))
 while [ $# -gt 0 ]; do
@@ -80,6 +82,7 @@ while [ $# -gt 0 ]; do
         --save) SAVE="$2"; shift 2 ;;
         --only) ONLY="$2"; shift 2 ;;
         --pin-cpu) PIN_CPU="$2"; shift 2 ;;
+        --bin) BIN="$2"; shift 2 ;;
         -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
@@ -195,9 +198,14 @@ pss_kb() { awk '/^Pss:/ { print $2 }' "/proc/$1/smaps_rollup" 2>/dev/null || ech
 # (`setsid "$WS" run ... &`: setsid, not a process group leader here, execs walserver in the
 # same process, so $! is walserver's pid).
 
-log "building walserver (release)"
-cargo build --release -j2 --quiet --bin walserver
-WS="$PWD/target/release/walserver"
+if [ -n "$BIN" ]; then
+    WS=$(realpath "$BIN")
+    [ -x "$WS" ] || { echo "--bin $BIN is not an executable" >&2; exit 2; }
+else
+    log "building walserver (release)"
+    cargo build --release -j2 --quiet --bin walserver
+    WS="$PWD/target/release/walserver"
+fi
 
 # ---------------------------------------------------------------------------------------------
 # Machine

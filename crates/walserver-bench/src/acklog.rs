@@ -147,19 +147,34 @@ impl AckLog {
     }
 }
 
-/// Reads every complete line of the NDJSON file at `path` (a last line cut short by a crash
-/// of the writer is left out).
+/// Reads every complete line of the NDJSON file at `path`: those that end in a newline. A last
+/// line without one is left out, whether a crash of the writer cut it short or the writer is
+/// still writing it: each line goes in with one `write` call, but a reader may see the first
+/// part of that write before the rest (a write that crosses a page of the page cache becomes
+/// visible a page at a time), and the next read would then return the rest as if it were a
+/// line of its own.
 fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<Vec<T>> {
     let f = File::open(path)
         .with_context(|| format!("cannot open the acknowledgement log {}", path.display()))?;
+    let mut reader = BufReader::new(f);
     let mut out = Vec::new();
-    let mut lines = BufReader::new(f).lines().peekable();
-    while let Some(line) = lines.next() {
-        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
-        match serde_json::from_str::<T>(&line) {
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        reader
+            .read_until(b'\n', &mut line)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let Some(body) = line.strip_suffix(b"\n") else {
+            // Nothing more, or a line not (yet) whole.
+            break;
+        };
+        match serde_json::from_slice::<T>(body) {
             Ok(e) => out.push(e),
-            Err(_) if lines.peek().is_none() => break,
-            Err(e) => bail!("{}: a malformed line {line:?}: {e}", path.display()),
+            Err(e) => bail!(
+                "{}: a malformed line {:?}: {e}",
+                path.display(),
+                String::from_utf8_lossy(body)
+            ),
         }
     }
     Ok(out)
@@ -424,6 +439,36 @@ pub fn verify_node(path: &Path, http: &str, token: Option<&str>) -> anyhow::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only lines that end in a newline are read: the last one, while its writer is still at
+    /// it, is left out even where its first part already parses, and a malformed whole line
+    /// is an error.
+    #[test]
+    fn only_whole_lines_of_the_log_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("acks.jsonl");
+        let entry = |seq: u64| AckEntry {
+            seq,
+            ..AckEntry::default()
+        };
+        let mut text = Vec::new();
+        for seq in 0..3 {
+            text.extend(serde_json::to_vec(&entry(seq)).unwrap());
+            text.push(b'\n');
+        }
+        // The fourth line, seen before its newline: valid JSON already.
+        text.extend(serde_json::to_vec(&entry(3)).unwrap());
+        std::fs::write(&path, &text).unwrap();
+        let seqs: Vec<u64> = read(&path).unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [0, 1, 2]);
+        // Cut inside a line.
+        std::fs::write(&path, &text[..text.len() - 5]).unwrap();
+        assert_eq!(read(&path).unwrap().len(), 3);
+        // A whole line that does not parse is not the writer's, and is reported.
+        text.extend(b"\n{\"writer\":0,\"se\n");
+        std::fs::write(&path, &text).unwrap();
+        assert!(read(&path).is_err());
+    }
 
     fn rec(tl: u32, start: u64, data: &[u8]) -> NodeRecord {
         NodeRecord {

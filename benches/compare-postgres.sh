@@ -216,6 +216,17 @@ MACHINE_NPROC=$(nproc)
 MACHINE_DISK=$(df --output=source,fstype "$WORK" | tail -1 | awk '{ print $1 " (" $2 ")" }')
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 MACHINE_AUTOGROUP=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo "?")
+# Proactive reclaim of the page cache by DAMON, when a kdamond runs (see warm_wal).
+MACHINE_RECLAIM="no DAMON scheme"
+for k in /sys/kernel/mm/damon/admin/kdamonds/*/; do
+    [ "$(cat "${k}state" 2>/dev/null)" = on ] || continue
+    for c in "${k}"contexts/*/; do
+        for sc in "${c}"schemes/*/; do
+            [ -r "${sc}action" ] || continue
+            MACHINE_RECLAIM="DAMON $(cat "${sc}action") of pages idle for $(( $(cat "${sc}access_pattern/age/min") * $(cat "${c}monitoring_attrs/intervals/aggr_us") / 1000000 )) s"
+        done
+    done
+done
 
 # ---------------------------------------------------------------------------------------------
 # The two primaries, each holding ~MIB of WAL behind physical slots made before it was written
@@ -336,10 +347,32 @@ run_receivewal() {
     echo "$out"
 }
 
+# Every catch-up starts with the server's stored WAL in the page cache, read there first, and
+# how much of it was still cached is recorded. This VM runs DAMON's proactive reclaim
+# (a kdamond with a `pageout` scheme: page-cache pages not accessed for 60 s are written out
+# and dropped, up to 128 MiB a second; see MACHINE_RECLAIM below), so WAL left alone between
+# two runs drifts out of memory, and a run's speed depended on how long ago the same WAL was
+# last read, that is on the order of the runs. PostgreSQL's walsender and walserver's
+# sendfile both read through the page cache, so both are measured from it.
+wal_files() { # system
+    local dir start end n
+    if [ "$1" = pg ]; then dir=$PGP start=$PG_START end=$PG_END; else dir=$WSP start=$WS_START end=$WS_END; fi
+    for n in $(seq $(( start >> 24 )) $(( (end - 1) >> 24 ))); do
+        printf '%s/pg_wal/00000001%08X%08X\n' "$dir" $(( n >> 8 )) $(( n & 255 ))
+    done
+}
+warm_wal() { # system key: records KEY_cached_pct, then reads the WAL into the page cache
+    local files
+    mapfile -t files < <(wal_files "$1")
+    record "$2_cached_pct" "$1" "$(fincore -n -b "${files[@]}" | awk '{ r += $1; s += $3 } END { printf "%.0f", s ? 100 * r / s : 0 }')"
+    cat "${files[@]}" > /dev/null
+}
+
 a_one() { # system run
     local sys=$1 r=$2 port start end bytes t
     if [ "$sys" = pg ]; then port=$PG_PORT start=$PG_START end=$PG_END bytes=$PG_BYTES
     else port=$WS_PORT start=$WS_START end=$WS_END bytes=$WS_BYTES; fi
+    warm_wal "$sys" a
     t=$(run_receivewal "$port" "recv_$r" "$end" "$WORK/recv-$sys-$r" --synchronous)
     read -r real user sys_t <<< "$t"
     record a_recv_mbps "$sys" "$(awk -v b="$bytes" -v s="$real" 'BEGIN { printf "%.0f", b / s / 1e6 }')"
@@ -386,6 +419,7 @@ disk_bw() {
 b_pg() {
     local r=$1 d="$WORK/pg-standby-$1" port wj pid cpu mb
     port=$(cat "$WORK/pg-standby-$r.port")
+    warm_wal pg b_disk
     as_pg "$PG_BIN/pg_ctl" -D "$d" -l "$WORK/pg-standby-$r.log" start >/dev/null
     wj=$(timeout 900 "$WS" bench wait-lsn --port "$port" --user postgres --target "$PG_END_LSN" --interval-ms 2 --json)
     pid=$(psql_pg "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'stby_$r'")
@@ -400,6 +434,7 @@ b_ws() { # run where(disk|shm)
     local r=$1 where=$2 base=$WORK port http pid cpu0 cpu1 wj mb
     [ "$where" = shm ] && base=$SHM
     port=$(free_port); http=$(free_port)
+    warm_wal ws "b_$where"
     cpu0=$(cpu_of "$WS_PID")
     setsid "$WS" run -c "data_dir=$base/ws-standby-$r" -c "listen=127.0.0.1:$port" -c "http_listen=127.0.0.1:$http" \
         -c log_level=warn 2> "$WORK/ws-standby-$where-$r.log" &
@@ -659,6 +694,7 @@ d_one() { # system run n
         done
     ) &
     sampler=$!
+    warm_wal "$sys" "d$n"
     t0=$(date +%s.%N)
     fan_start "$sys" "$n" "$r" "$n"
     fan_wait
@@ -715,6 +751,7 @@ f_sync_start() { # system
 f_one() { # system run
     local sys=$1 r=$2 t0 t1 out j n
     f_sync_start "$sys"
+    warm_wal "$sys" f
     t0=$(date +%s.%N)
     fan_start "$sys" f "$r" "$FANOUT_MAX"
     if [ "$sys" = pg ]; then
@@ -771,7 +808,7 @@ done
 {
 echo
 echo "walserver vs PostgreSQL 15 — $MACHINE_DATE$BUSY"
-echo "machine: $MACHINE_NPROC cores ($MACHINE_CPU), disk $MACHINE_DISK, sched_autogroup_enabled $MACHINE_AUTOGROUP, load average $LOAD1 at the start, $LOAD_START once built, $LOAD_END at end"
+echo "machine: $MACHINE_NPROC cores ($MACHINE_CPU), disk $MACHINE_DISK, sched_autogroup_enabled $MACHINE_AUTOGROUP, page-cache reclaim: $MACHINE_RECLAIM, load average $LOAD1 at the start, $LOAD_START once built, $LOAD_END at end"
 echo "volume: $((PG_BYTES >> 20)) MiB (PostgreSQL) / $((WS_BYTES >> 20)) MiB (walserver) of WAL; $RUNS run(s) per pair, alternating; medians, [min..max]"
 echo
 awk -F'\t' -v fans="$FANOUT_NS" -v fmax="$FANOUT_MAX" 'BEGIN { nfan = split(fans, fan, " ") }
@@ -828,11 +865,17 @@ END {
     row(sprintf("(f) sync commit, 1 client, %d streaming, p50 ms", fmax), "f_p50_ms", "lower")
     row(sprintf("(f) sync commit, 1 client, %d streaming, p99 ms", fmax), "f_p99_ms", "lower")
     row(sprintf("(f) the %d receivers catching up, seconds", fmax), "f_fanout_seconds", "-")
+    row("(a) stored WAL in the page cache before warming it, %", "a_cached_pct", "-")
+    row("(b) the same, before the standby on the disk, %", "b_disk_cached_pct", "-")
+    row("(b) the same, before the standby on tmpfs, %", "b_shm_cached_pct", "-")
+    for (n = 1; n <= nfan; n++) row(sprintf("(d) the same, before the fan-out to %d, %%", fan[n]), "d" fan[n] "_cached_pct", "-")
+    row("(f) the same, before the fan-out, %", "f_cached_pct", "-")
 }' "$RES"
 echo
 echo "(b) standby rates are measured from the standby's first reported position to the end (start-up left out)."
 echo "(d) memory: walserver = growth of its process RSS / N; PostgreSQL = PSS of the N walsender processes / N."
 echo "(f) the commits overlap the fan-out only while it lasts (its row); PostgreSQL: max_wal_senders = $SENDERS."
+echo "Every catch-up reads from the page cache: the server's stored WAL is read there before each run (the % rows: how much was still cached)."
 echo "load average at the start of each section:$SECTION_LOADS"
 } | tee "$WORK/table.md"
 if [ -n "$SAVE" ]; then

@@ -351,9 +351,10 @@ run_receivewal() {
 # how much of it was still cached is recorded. This VM runs DAMON's proactive reclaim
 # (a kdamond with a `pageout` scheme: page-cache pages not accessed for 60 s are written out
 # and dropped, up to 128 MiB a second; see MACHINE_RECLAIM below), so WAL left alone between
-# two runs drifts out of memory, and a run's speed depended on how long ago the same WAL was
-# last read, that is on the order of the runs. PostgreSQL's walsender and walserver's
-# sendfile both read through the page cache, so both are measured from it.
+# two runs can drift out of memory, and a run's speed would then depend on how long ago the
+# same WAL was last read, that is on the order of the runs (in the run of 2026-12-02 19:06 UTC
+# 85-100 % was still cached each time, benches/README.md). PostgreSQL's walsender and
+# walserver's sendfile both read through the page cache, so both are measured from it.
 wal_files() { # system
     local dir start end n
     if [ "$1" = pg ]; then dir=$PGP start=$PG_START end=$PG_END; else dir=$WSP start=$WS_START end=$WS_END; fi

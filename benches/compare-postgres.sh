@@ -350,12 +350,12 @@ run_receivewal() {
 # Every catch-up starts with the server's stored WAL in the page cache, read there first, and
 # how much of it was still cached is recorded. This VM runs DAMON's proactive reclaim
 # (a kdamond with a `pageout` scheme: page-cache pages not accessed for 60 s are written out
-# and dropped, up to 128 MiB a second; see MACHINE_RECLAIM below), so WAL left alone between
+# and dropped, up to 128 MiB a second; see MACHINE_RECLAIM above), so WAL left alone between
 # two runs can drift out of memory, and a run's speed would then depend on how long ago the
 # same WAL was last read, that is on the order of the runs (in the run of 2026-12-02 19:06 UTC
 # 85-100 % was still cached each time, benches/README.md). PostgreSQL's walsender and
 # walserver's sendfile both read through the page cache, so both are measured from it.
-wal_files() { # system
+wal_files() { # system: the paths of its segments from START to END, on timeline 1 (nothing here promotes)
     local dir start end n
     if [ "$1" = pg ]; then dir=$PGP start=$PG_START end=$PG_END; else dir=$WSP start=$WS_START end=$WS_END; fi
     for n in $(seq $(( start >> 24 )) $(( (end - 1) >> 24 ))); do
@@ -682,6 +682,7 @@ fan_wait() {
 
 d_one() { # system run n
     local sys=$1 r=$2 n=$3 t0 t1 peak=0 base_mem=0 sampler
+    warm_wal "$sys" "d$n"
     [ "$sys" = ws ] && base_mem=$(rss_kb "$WS_PID")
     # Memory while streaming: walserver's whole process RSS (minus before); PostgreSQL's
     # walsender processes' PSS (their share of shared memory included).
@@ -695,7 +696,6 @@ d_one() { # system run n
         done
     ) &
     sampler=$!
-    warm_wal "$sys" "d$n"
     t0=$(date +%s.%N)
     fan_start "$sys" "$n" "$r" "$n"
     fan_wait

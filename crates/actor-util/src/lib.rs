@@ -6,11 +6,18 @@
 //!   status interval and `wal_receiver_timeout`).
 //! - [`Io`]: a byte stream in either direction, plain TCP or TLS, as both ends of a
 //!   replication connection hold it once the startup phase is over.
+//! - [`relayed`]: a watch published by another thread (storage's position) through one relay
+//!   task per actix thread, so that each value wakes the thread once instead of once per
+//!   subscriber.
 //!
 //! What it does not own: any protocol (that is `protocol-codec`'s), any state machine, and any
-//! decision about when to wake; the state machines say when, this crate only keeps the timer.
+//! decision about when to wake; the state machines say when, this crate only keeps the timer
+//! and passes on the wake-ups of a watch.
 
+mod relay;
 mod timer;
+
+pub use relay::relayed;
 
 pub use timer::DeadlineTimer;
 

@@ -191,7 +191,7 @@ impl Node {
     pub async fn wait_for_lsn(&self, lsn: Lsn, level: LocalLevel) {
         match level {
             LocalLevel::Flushed => {
-                let mut rx = self.wal.subscribe();
+                let mut rx = actor_util::relayed(self.wal.subscribe());
                 let _ = rx.wait_for(|p| p.flushed >= lsn).await;
             }
             LocalLevel::Applied => {

@@ -215,7 +215,7 @@ fn subscribe(
     from: Lsn,
     follow: Follow,
 ) -> impl Stream<Item = Result<RecordEvent, WalError>> {
-    let watch = wal.subscribe();
+    let watch = actor_util::relayed(wal.subscribe());
     let end = match visible.as_ref().and_then(|v| *v.borrow()) {
         Some(v) => wal.flushed().min(v),
         None => wal.flushed(),

@@ -92,7 +92,8 @@ impl Visibility {
     /// Keeps the acknowledged end current until storage or the supervisor is gone. Each turn
     /// waits for an event; none polls.
     pub(crate) fn run(&self, wal: &Wal) -> impl std::future::Future<Output = ()> + 'static {
-        let mut flushed = wal.subscribe();
+        // Through the thread's relay, shared with the walsenders or the walreceiver on it.
+        let mut flushed = actor_util::relayed(wal.subscribe());
         let mut confirmed = self.confirmed.clone();
         let mut rule = self.rule.subscribe();
         let acknowledged = self.acknowledged.clone();

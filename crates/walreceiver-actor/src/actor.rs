@@ -126,7 +126,10 @@ impl WalReceiver {
             }
         }));
         self.writer = Some(tx);
-        ctx.add_stream(WatchStream::from_changes(self.wal.subscribe()));
+        // Through the thread's relay, shared with the node's other subscribers on it.
+        ctx.add_stream(WatchStream::from_changes(actor_util::relayed(
+            self.wal.subscribe(),
+        )));
         let mut out = Vec::new();
         self.session.on_connected(Instant::now(), &mut out);
         self.apply(out, None, ctx);

@@ -118,7 +118,10 @@ impl WalSender {
             settings.session.clone(),
             est.status,
         ));
-        ctx.add_stream(WatchStream::from_changes(self.shared.wal.subscribe()));
+        // Through the thread's relay: a flush wakes this thread once for all its walsenders.
+        ctx.add_stream(WatchStream::from_changes(actor_util::relayed(
+            self.shared.wal.subscribe(),
+        )));
     }
 
     /// Carries out what the session asked for.

@@ -14,7 +14,9 @@
 //! replaced before the relay ran are skipped, as a watch skips them for any slow receiver),
 //! and sees the channel closed once the publisher's last sender is gone. The relay ends when
 //! the watch closes or its thread's last relayed receiver is dropped, whichever comes first;
-//! a later subscription starts a new one.
+//! a later subscription starts a new one. A relay also ends with its thread's runtime, so a
+//! relayed receiver belongs on the thread that took it (an actor's own stream, a task of that
+//! thread): taken to another thread, it would see the watch closed once the first stops.
 //!
 //! Outside an actix thread (a plain thread, another runtime) there is no thread's task set to
 //! run a relay on, and [`relayed`] returns the receiver it was given.

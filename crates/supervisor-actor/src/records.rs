@@ -215,7 +215,9 @@ fn subscribe(
     from: Lsn,
     follow: Follow,
 ) -> impl Stream<Item = Result<RecordEvent, WalError>> {
-    let watch = actor_util::relayed(wal.subscribe());
+    // Not through the thread's relay: the stream may be polled on another thread than the one
+    // that made it, and a relay lives only as long as its own thread's runtime.
+    let watch = wal.subscribe();
     let end = match visible.as_ref().and_then(|v| *v.borrow()) {
         Some(v) => wal.flushed().min(v),
         None => wal.flushed(),

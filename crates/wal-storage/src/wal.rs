@@ -438,6 +438,10 @@ impl Wal {
     /// the newest covers earlier ones). The writer publishes when the flushed end moves (and
     /// at timeline changes and failures), not when a batch has only been written: `written`
     /// in a published position is current, but a written end alone wakes no one.
+    ///
+    /// The writer thread wakes each waiting receiver on its own, one cross-thread wake-up
+    /// apiece: a thread with several subscribers does better to share one receiver among them
+    /// (walserver's actors take it through `actor_util::relayed`, one relay per thread).
     pub fn subscribe(&self) -> watch::Receiver<WalPosition> {
         self.inner().pos_tx.subscribe()
     }

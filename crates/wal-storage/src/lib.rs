@@ -42,8 +42,11 @@
 //! The writer takes what is queued as one batch, writes it with one `pwritev` (received
 //! buffers are written as they arrived, not copied), makes one `fdatasync` per segment file
 //! touched, stores the flush pointer when needed, keeps a copy of the batch if it is small
-//! (`tail.rs`: [`Wal::read_cached`] serves a reader at the end from memory), publishes the
-//! new [`WalPosition`] on a watch channel and completes every ticket. Segment files are
+//! (`tail.rs`: [`Wal::read_cached`] serves a reader at the end from memory), puts the new
+//! [`WalPosition`] into a watch channel, completes every ticket and then announces the
+//! position (wakes the watch's receivers): once per round of answers, failures and refusals
+//! included, so that a ticket may be waited on through the watch ([`Ticket::ride`]) and cost
+//! its thread no wake-up beyond the announcement's. Segment files are
 //! created zero-filled to full size by the background thread before they are needed, so the
 //! hot path never extends a file (and fdatasync journals no size change); on tmpfs a segment
 //! nobody holds any more is recycled as a later one instead of being removed and made anew

@@ -160,6 +160,27 @@ impl Inner {
         self.pos_tx.send_replace(pos);
     }
 
+    /// Puts the current position into the watch without waking anyone: a receiver that
+    /// looks (`borrow`) sees it, but none is told until [`Inner::announce`]. The writer
+    /// stores a batch's end this way before it completes the batch's waiters and announces
+    /// it after, so that a waiter that rides the watch (`Ticket::ride`) finds its reply
+    /// when the announcement wakes it, and a waiter woken by its ticket already sees the
+    /// new position in the watch.
+    pub(crate) fn publish_quietly(&self) {
+        let pos = self.state().position();
+        self.pos_tx.send_if_modified(|p| {
+            *p = pos;
+            false
+        });
+    }
+
+    /// Tells every receiver of the watch that its value changed, even when it did not (a
+    /// batch that failed, a request refused): after each round of replies the writer
+    /// announces once, and that is what wakes the waiters that ride the watch.
+    pub(crate) fn announce(&self) {
+        self.pos_tx.send_modify(|_| {});
+    }
+
     pub(crate) fn oldest_retained(&self) -> Lsn {
         Lsn(self.oldest_retained.load(Ordering::Acquire))
     }
@@ -194,6 +215,19 @@ impl Inner {
             st.check_invariants();
         }
         self.publish();
+    }
+
+    /// Sets the positions of the current timeline and puts them into the watch without
+    /// telling anyone ([`Inner::publish_quietly`]): the writer's batches, which announce
+    /// after their replies.
+    pub(crate) fn set_positions_quietly(&self, written: Lsn, flushed: Lsn) {
+        {
+            let mut st = self.state_mut();
+            st.written = written;
+            st.flushed = flushed;
+            st.check_invariants();
+        }
+        self.publish_quietly();
     }
 
     /// Moves the written end of the current timeline without publishing it. The writer calls

@@ -124,6 +124,37 @@ impl<T> Ticket<T> {
     }
 }
 
+impl<T> Ticket<T> {
+    /// Waits for the ticket through `pos`, a receiver of this storage's position watch
+    /// ([`Wal::subscribe`], or a relay of it such as walserver's actors take through
+    /// `actor_util::relayed`), instead of through a wake-up of its own.
+    ///
+    /// Awaited as it is, a ticket is woken by the writer thread when it is answered: one more
+    /// cross-thread wake-up (a system call, and a switch when both threads share a CPU) on
+    /// top of the one the position's announcement already costs every thread that follows
+    /// the WAL. The writer answers a round of requests before it announces the position, and
+    /// announces after every round that answered one, failures and refusals included; so a
+    /// waiter that looks at its ticket each time `pos` changes never misses its answer, and a
+    /// thread whose actors follow the position through one relay is woken once per commit
+    /// for all of them and its waiters. If `pos` closes first, the ticket is awaited as it is.
+    ///
+    /// `pos` must follow this storage (its watch survives [`Wal::restart`]); a receiver of
+    /// another watch would leave the ride waiting for announcements that never come.
+    /// One receiver may serve a series of tickets, waited on one after the other.
+    pub async fn ride(mut self, pos: &mut watch::Receiver<WalPosition>) -> Result<T> {
+        loop {
+            match self.rx.try_recv() {
+                Ok(r) => return r,
+                Err(oneshot::error::TryRecvError::Closed) => return Err(WalError::Closed),
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            if pos.changed().await.is_err() {
+                return self.await;
+            }
+        }
+    }
+}
+
 impl<T> Future for Ticket<T> {
     type Output = Result<T>;
 

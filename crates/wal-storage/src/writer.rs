@@ -3,8 +3,10 @@
 //! The writer blocks on `recv()`, then drains whatever else is queued with `try_recv()` (up to
 //! [`MAX_BATCH_REQUESTS`] requests or [`MAX_BATCH_BYTES`]), stages every write and append of
 //! the batch into one buffer, writes it with `pwrite` into the segment file or files it spans,
-//! fdatasyncs each file touched once, stores the flush pointer when needed, publishes the new
-//! position and only then completes every waiter. The flushed end it publishes is what open
+//! fdatasyncs each file touched once, stores the flush pointer when needed, puts the new position
+//! into the watch, completes every waiter and then announces the position: one wake-up per
+//! subscriber, after the answers, so that a waiter that rides the watch (`Ticket::ride`) needs
+//! no wake-up of its own. The flushed end it publishes is what open
 //! would find again after a crash: the batch's end, except after a standby's raw bytes of
 //! walserver records that end inside a record and that no stored pointer vouches for; then
 //! it is the pointer or the end of the last complete record (`write_out`), and the rest
@@ -89,6 +91,18 @@ enum Waiter {
     Append(oneshot::Sender<Result<Vec<Lsn>>>, Vec<Lsn>),
 }
 
+/// However the writer ends (a stop, a restart, a panic), the waiters of its unfinished batch
+/// are dropped first, so their tickets see the writer gone, and the position is announced
+/// after: a waiter riding the watch wakes, finds its ticket closed and does not wait for an
+/// announcement that no writer would make. (Requests still queued belong to the next writer,
+/// which announces after answering them.)
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(std::mem::take(&mut self.waiters));
+        self.inner.announce();
+    }
+}
+
 pub(crate) struct Writer {
     /// The shared state; timeline control (`timeline.rs`) works on it directly.
     pub(crate) inner: Arc<Inner>,
@@ -123,6 +137,9 @@ pub(crate) struct Writer {
     /// While the disk is full: the segment that could not be made, if that is what failed.
     /// The state stays `full` until it exists (appends that fit before it go on meanwhile).
     full_segment: Option<u64>,
+    /// A request was answered outside a batch (refused, or failed its checks) since the last
+    /// announcement of the position: the next `commit` announces even with nothing staged.
+    owed: bool,
 }
 
 /// How a batch failed: the error, the file it was met on, whether it was a sync (never
@@ -175,6 +192,7 @@ pub(crate) fn spawn(
         at_boundary: false,
         failed: None,
         full_segment: None,
+        owed: false,
         inner,
     };
     let end_seg = st.flushed.segment_number(seg);
@@ -312,7 +330,7 @@ impl Writer {
 
     fn stage_write(&mut self, start: Lsn, data: Bytes, reply: oneshot::Sender<Result<Lsn>>) {
         if let Some(e) = self.refusal() {
-            let _ = reply.send(Err(e));
+            self.answer_now(reply, e);
             return;
         }
         match self.check_write(start, &data) {
@@ -324,10 +342,15 @@ impl Writer {
                 }
                 self.waiters.push(Waiter::Write(reply));
             }
-            Err(e) => {
-                let _ = reply.send(Err(e));
-            }
+            Err(e) => self.answer_now(reply, e),
         }
+    }
+
+    /// Fails a request before it joins a batch; the next `commit` announces the position
+    /// all the same, since a waiter may be riding the watch for this answer.
+    fn answer_now<T>(&mut self, reply: oneshot::Sender<Result<T>>, e: WalError) {
+        let _ = reply.send(Err(e));
+        self.owed = true;
     }
 
     /// Checks a raw write against what is stored and staged; returns how many of its leading
@@ -396,7 +419,7 @@ impl Writer {
 
     fn stage_append(&mut self, payloads: &[Bytes], reply: oneshot::Sender<Result<Vec<Lsn>>>) {
         if let Some(e) = self.refusal() {
-            let _ = reply.send(Err(e));
+            self.answer_now(reply, e);
             return;
         }
         if !self.at_boundary {
@@ -419,7 +442,8 @@ impl Writer {
                 }
             });
             if let Err(e) = checked {
-                let _ = reply.send(Err(self.refusal().unwrap_or(e)));
+                let e = self.refusal().unwrap_or(e);
+                self.answer_now(reply, e);
                 return;
             }
             self.at_boundary = true;
@@ -436,13 +460,21 @@ impl Writer {
     }
 
     /// Makes the staged batch durable and completes its waiters.
+    ///
+    /// The batch's new position goes into the watch quietly before the waiters are completed,
+    /// and is announced after them, failed batches included: a waiter that rides the watch
+    /// instead of waking on its ticket (`Ticket::ride`) then finds its answer when the one
+    /// wake-up of its thread comes, and no waiter is left without one.
     fn commit(&mut self) {
         if self.waiters.is_empty() && self.batch.is_empty() {
+            if std::mem::take(&mut self.owed) {
+                self.inner.announce();
+            }
             return;
         }
         let result = self.flush_batch();
         let waiters = std::mem::take(&mut self.waiters);
-        let e = match result {
+        match result {
             Ok(()) => {
                 self.clear_full();
                 for w in waiters {
@@ -455,20 +487,23 @@ impl Writer {
                         }
                     }
                 }
-                return;
             }
-            Err(f) => self.apply_policy(f),
-        };
-        for w in waiters {
-            match w {
-                Waiter::Write(reply) => {
-                    let _ = reply.send(Err(e.duplicate()));
-                }
-                Waiter::Append(reply, _) => {
-                    let _ = reply.send(Err(e.duplicate()));
+            Err(f) => {
+                let e = self.apply_policy(f);
+                for w in waiters {
+                    match w {
+                        Waiter::Write(reply) => {
+                            let _ = reply.send(Err(e.duplicate()));
+                        }
+                        Waiter::Append(reply, _) => {
+                            let _ = reply.send(Err(e.duplicate()));
+                        }
+                    }
                 }
             }
         }
+        self.owed = false;
+        self.inner.announce();
     }
 
     /// Leaves the `full` state once the segment that could not be made exists (or, when no
@@ -565,7 +600,8 @@ impl Writer {
                 self.at_boundary = false;
                 self.dirty_until = self.dirty_until.max(f.reach);
                 self.batch_start = self.flushed;
-                self.inner.set_positions(self.flushed, self.published);
+                self.inner
+                    .set_positions_quietly(self.flushed, self.published);
                 Err(f)
             }
         }
@@ -679,7 +715,7 @@ impl Writer {
             let parts = self.batch.slices(0, len);
             self.inner.tail.add(self.tli, start, len, &parts);
         }
-        self.inner.set_positions(end, published);
+        self.inner.set_positions_quietly(end, published);
         Ok(())
     }
 

@@ -11,7 +11,11 @@
 //!
 //! Backpressure: the read stream takes permits from a semaphore of `max_wal_in_flight` bytes
 //! before it yields an XLogData, and each write's permits are released only when its ticket
-//! resolves (the bytes are durable). While the bound is reached the stream does not read the
+//! resolves (the bytes are durable). The tickets are waited on in the order of the writes, by
+//! one task that rides storage's position watch through the thread's relay (`Ticket::ride`):
+//! a flush then wakes this thread once, for the status update and the tickets together, and
+//! the first write that failed is the one the walreceiver ends on (a later write of the same
+//! stream fails too, as a gap, and is not the cause). While the bound is reached the stream does not read the
 //! socket, TCP's window fills, and the upstream's walsender waits; the actor meanwhile still
 //! handles flush notifications, timers and `StopReceiver`.
 
@@ -24,10 +28,10 @@ use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use protocol_codec::{BackendMessage, ClientCodec, CodecError, FrontendMessage};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::codec::FramedRead;
-use wal_storage::{Wal, WalPosition};
+use wal_storage::{TimelineId, Wal, WalPosition, WriteTicket};
 
 use crate::config::ReceiverConfig;
 use crate::connect::{self, Connection, Io};
@@ -52,9 +56,34 @@ pub struct WalReceiver {
     session: Session,
     writer: Option<mpsc::Sender<Bytes>>,
     writer_task: Option<tokio::task::JoinHandle<()>>,
+    /// Writes whose tickets the durable task waits on, in order.
+    durable: Option<mpsc::UnboundedSender<PendingWrite>>,
     in_flight: Arc<Semaphore>,
     timer: DeadlineTimer,
     stop_reason: Option<StopReason>,
+}
+
+/// A write made and not yet durable: its ticket, the permits its bytes hold, and the timeline
+/// an error names.
+struct PendingWrite {
+    ticket: WriteTicket,
+    permit: Option<OwnedSemaphorePermit>,
+    timeline: TimelineId,
+}
+
+/// Waits for each write to be durable, in the order they were made, releasing its permits;
+/// ends with the first that failed.
+async fn wait_durable(
+    mut writes: mpsc::UnboundedReceiver<PendingWrite>,
+    mut pos: watch::Receiver<WalPosition>,
+) -> Result<(), ReceiverError> {
+    while let Some(w) = writes.recv().await {
+        if let Err(e) = w.ticket.ride(&mut pos).await {
+            return Err(ReceiverError::storage(e, w.timeline));
+        }
+        drop(w.permit);
+    }
+    Ok(())
 }
 
 /// An upstream message, with the in-flight permits an XLogData holds until it is durable.
@@ -92,6 +121,7 @@ impl WalReceiver {
             session,
             writer: None,
             writer_task: None,
+            durable: None,
             timer: DeadlineTimer::default(),
             stop_reason: None,
         }
@@ -181,16 +211,27 @@ impl WalReceiver {
         let timeline = self.session.timeline();
         match self.wal.write(start, data) {
             Ok(ticket) => {
-                let durable = async move {
-                    let r = ticket.await;
-                    drop(permit);
-                    r
+                let pending = PendingWrite {
+                    ticket,
+                    permit,
+                    timeline,
                 };
-                ctx.spawn(durable.into_actor(self).map(move |r, act, ctx| {
-                    if let Err(e) = r {
-                        act.fail(ReceiverError::storage(e, timeline), ctx);
-                    }
-                }));
+                if self.durable.is_none() {
+                    // Through the thread's relay: answered by the flush's announcement, the
+                    // wake-up that also carries the position to this actor's status updates.
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    let pos = actor_util::relayed(self.wal.subscribe());
+                    ctx.spawn(wait_durable(rx, pos).into_actor(self).map(|r, act, ctx| {
+                        if let Err(e) = r {
+                            act.fail(e, ctx);
+                        }
+                    }));
+                    self.durable = Some(tx);
+                }
+                // The task ends only with this actor, or on a failure that stops it.
+                if let Some(durable) = &self.durable {
+                    let _ = durable.send(pending);
+                }
             }
             Err(e) => self.fail(ReceiverError::storage(e, timeline), ctx),
         }

@@ -60,8 +60,13 @@ impl Handler<AppendRecords> for Supervisor {
             if msg.records.is_empty() {
                 return Err(AppendError::Empty);
             }
-            // Local durability first: storage's group commit.
-            let record_ends = wal.append(msg.records)?.await?;
+            // Local durability first: storage's group commit. The answer is picked up when
+            // the flush's announcement reaches this thread's relay, which wakes the thread
+            // once for this append and the walsenders that send it.
+            let record_ends = wal
+                .append(msg.records)?
+                .ride(&mut actor_util::relayed(wal.subscribe()))
+                .await?;
             let end_lsn = *record_ends
                 .last()
                 .expect("one end per record, and there are records");

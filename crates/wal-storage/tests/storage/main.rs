@@ -13,6 +13,7 @@ mod group_commit;
 #[cfg(feature = "failpoints")]
 mod policy;
 mod recycle;
+mod ride;
 mod slots;
 mod timelines;
 mod torn_tail;

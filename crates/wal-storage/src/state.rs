@@ -208,13 +208,8 @@ impl Inner {
 
     /// Sets the positions of the current timeline and publishes them.
     pub(crate) fn set_positions(&self, written: Lsn, flushed: Lsn) {
-        {
-            let mut st = self.state_mut();
-            st.written = written;
-            st.flushed = flushed;
-            st.check_invariants();
-        }
-        self.publish();
+        self.set_positions_quietly(written, flushed);
+        self.announce();
     }
 
     /// Sets the positions of the current timeline and puts them into the watch without

@@ -9,7 +9,10 @@
 # timed by `walserver bench wait-lsn` from the first position it reports to the primary's
 # end. Printed per run: MB/s, the CPU ticks the primary spent over the catch-up and the
 # standby's whole CPU ticks (both from /proc/PID/stat), the 1-minute load average. Set PERF=1
-# to record a `perf record -g` profile of each standby in /tmp/perf.stN.data.
+# to record a `perf record -g` profile of each standby in /tmp/perf.stN.data; PERF_ARGS
+# replaces perf's target (`-p STANDBY_PID` by default): `PERF_ARGS=-a` samples the whole
+# machine, primary and standby together, which on a VM whose per-process sampling yields only
+# a few hundred samples a run is the only way to see where the catch-up's CPU goes.
 #
 # Everything is on 127.0.0.1; the directories and processes are removed at exit.
 set -euo pipefail
@@ -44,7 +47,7 @@ for r in $(seq 1 "$ROUNDS"); do
         setsid "$b" run -c "data_dir=$S/st$i" -c "listen=127.0.0.1:$sp" -c "http_listen=127.0.0.1:$sh" \
             -c log_level=warn 2> "$W/st$i.log" &
         spid=$!; PIDS+=("$spid")
-        if [ -n "${PERF:-}" ]; then perf record -F 999 -g -p "$spid" -o "/tmp/perf.st$i.data" 2>/dev/null & pp=$!; fi
+        if [ -n "${PERF:-}" ]; then perf record -F 999 -g ${PERF_ARGS:--p "$spid"} -o "/tmp/perf.st$i.data" 2>/dev/null & pp=$!; fi
         wj=$(timeout 300 "$b" bench wait-lsn --port "$sp" --user postgres --target "$END" --interval-ms 2 --json)
         if [ -n "${PERF:-}" ]; then kill -INT "$pp"; wait "$pp" 2>/dev/null || true; fi
         c1=$(ticks "$PRIMARY"); sc=$(ticks "$spid")

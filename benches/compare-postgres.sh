@@ -353,7 +353,7 @@ run_receivewal() {
 # and dropped, up to 128 MiB a second; see MACHINE_RECLAIM above), so WAL left alone between
 # two runs can drift out of memory, and a run's speed would then depend on how long ago the
 # same WAL was last read, that is on the order of the runs (in the run of 2026-12-02 19:06 UTC
-# 85-100 % was still cached each time, benches/README.md). PostgreSQL's walsender and
+# 85-100 % was still cached each time, benches/runs/README.md). PostgreSQL's walsender and
 # walserver's sendfile both read through the page cache, so both are measured from it.
 wal_files() { # system: the paths of its segments from START to END, on timeline 1 (nothing here promotes)
     local dir start end n

@@ -11,7 +11,10 @@
 # byte short of the end, writing into a new directory under DIR) catches up from each. Printed
 # per catch-up: MB/s, and the client's CPU per MB (user and system, from `time`); with
 # `--strace`, the client runs under `strace -c` and its system calls per MB follow (the counts
-# are the point; strace slows the run, so its MB/s say nothing).
+# are the point; strace slows the run, so its MB/s say nothing). `--synchronous` runs the
+# client with `--synchronous`, which fsyncs each time it has drained the socket: how often
+# that is depends on how the server's sends arrive, so there the fsync count is a server's
+# doing.
 #
 # pg_receivewal's work is the same whichever server feeds it when its system calls are (it
 # copies what it receives into its own buffer and writes it to the segment files); if the
@@ -22,14 +25,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-MIB=1024 RUNS=6 STRACE=0 DIR=/dev/shm
+MIB=1024 RUNS=6 STRACE=0 DIR=/dev/shm SYNC=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --mib) MIB="$2"; shift 2 ;;
         --runs) RUNS="$2"; shift 2 ;;
         --strace) STRACE=1; shift ;;
         --dir) DIR="$2"; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        --synchronous) SYNC=(--synchronous); shift ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -124,7 +128,7 @@ one() {
     [ "$STRACE" = 1 ] && pre=(strace -c -o "$st")
     local TIMEFORMAT='%R %U %S'
     t=$( { time "${pre[@]}" "$PG_BIN/pg_receivewal" -h 127.0.0.1 -p "$port" -U postgres -D "$d" --slot "s$r" \
-        --endpos "$(int2lsn $(( end - 1 )))" -n -w >/dev/null 2>"$d.err"; } 2>&1 ) \
+        "${SYNC[@]}" --endpos "$(int2lsn $(( end - 1 )))" -n -w >/dev/null 2>"$d.err"; } 2>&1 ) \
         || { echo "pg_receivewal failed:" >&2; cat "$d.err" >&2; exit 1; }
     read -r real user sysc <<< "$t"
     mb=$(awk -v b=$(( end - start )) 'BEGIN { print b / 1e6 }')

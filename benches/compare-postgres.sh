@@ -22,7 +22,8 @@
 #       each system's processes and threads, and its client, on one CPU (--pin-cpu N, the last
 #       by default), where no hand-off waits for an idle CPU to wake;
 #   (d) fan-out: 16 and 64 pg_receivewal processes at once (PostgreSQL with max_wal_senders =
-#       70), aggregate MB/s, and memory per walsender;
+#       70), aggregate MB/s, memory per walsender, and the CPU per MB of the server and of the
+#       receivers, after one unrecorded fan-out of each system;
 #   (e) live appends: pg_receivewal --synchronous, or the codec client, waits at the current
 #       end of WAL while a load appends LIVE_MIB more (PostgreSQL: INSERTs of wide rows from
 #       4 psql clients with synchronous_commit off; walserver: `walserver bench append --http
@@ -106,6 +107,7 @@ if awk -v l="$LOAD1" 'BEGIN { exit !(l > 1) }'; then
     fi
 fi
 FANOUT_MAX=0
+FANOUT_FIRST=${FANOUT_NS%% *}
 for n in $FANOUT_NS; do [ "$n" -gt "$FANOUT_MAX" ] && FANOUT_MAX=$n; done
 SENDERS=$(( FANOUT_MAX + 6 ))
 [ "$SENDERS" -lt 48 ] && SENDERS=48
@@ -186,6 +188,12 @@ cpu_of() {
     local tck; tck=$(getconf CLK_TCK)
     awk -v t="$tck" '{ sub(/^.*\) /, ""); print ($12 + $13) / t }' "/proc/$1/stat" 2>/dev/null || echo 0
 }
+# CPU seconds of a process and of its children it has waited for (PostgreSQL's postmaster reaps
+# every walsender that ends, so the walsenders of a finished fan-out are counted here).
+cpu_tree_of() {
+    local tck; tck=$(getconf CLK_TCK)
+    awk -v t="$tck" '{ sub(/^.*\) /, ""); print ($12 + $13 + $14 + $15) / t }' "/proc/$1/stat" 2>/dev/null || echo 0
+}
 rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 pss_kb() { awk '/^Pss:/ { print $2 }' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
 
@@ -217,6 +225,16 @@ MACHINE_DISK=$(df --output=source,fstype "$WORK" | tail -1 | awk '{ print $1 " (
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 MACHINE_AUTOGROUP=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo "?")
 # Proactive reclaim of the page cache by DAMON, when a kdamond runs (see warm_wal).
+# Free page reporting (virtio-balloon): free memory handed back to the host, which must fault
+# it in again when the guest next uses it; a page written for the first time after that costs
+# several times what a recently freed one does (4 GiB into tmpfs: 1.6-3.4 s right after
+# freeing the same amount, 8-9 s when it had been free for 15 s; 2026-12-04).
+MACHINE_REPORTING="off"
+if [ -r /sys/module/page_reporting/parameters/page_reporting_order ]; then
+    MACHINE_REPORTING="free page reporting of order $(cat /sys/module/page_reporting/parameters/page_reporting_order)"
+    [ -r /sys/module/page_reporting/parameters/min_free_ms ] \
+        && MACHINE_REPORTING="$MACHINE_REPORTING, free for $(cat /sys/module/page_reporting/parameters/min_free_ms) ms first"
+fi
 MACHINE_RECLAIM="no DAMON scheme"
 for k in /sys/kernel/mm/damon/admin/kdamonds/*/; do
     [ "$(cat "${k}state" 2>/dev/null)" = on ] || continue
@@ -243,7 +261,7 @@ listen_addresses = '127.0.0.1'
 unix_socket_directories = ''
 wal_level = replica
 max_wal_senders = $SENDERS
-max_replication_slots = $(( RUNS * (3 + 2 * FANOUT_MAX + ${FANOUT_NS// /+}) + 10 ))
+max_replication_slots = $(( RUNS * (3 + 2 * FANOUT_MAX + ${FANOUT_NS// /+}) + FANOUT_FIRST + 10 ))
 fsync = on
 synchronous_commit = on
 max_wal_size = '16GB'
@@ -281,7 +299,14 @@ for r in $(seq 0 "$RUNS"); do
         psql_pg "SELECT pg_create_physical_replication_slot('${slot}_$r', true)" >/dev/null
         repl_ws "CREATE_REPLICATION_SLOT ${slot}_$r PHYSICAL RESERVE_WAL"
     done
-    [ "$r" = 0 ] && continue
+    if [ "$r" = 0 ]; then
+        # And (d)'s warm-up: one fan-out of the first size.
+        for i in $(seq 1 "$FANOUT_FIRST"); do
+            psql_pg "SELECT pg_create_physical_replication_slot('fan_${FANOUT_FIRST}_0_$i', true)" >/dev/null
+            repl_ws "CREATE_REPLICATION_SLOT fan_${FANOUT_FIRST}_0_$i PHYSICAL RESERVE_WAL"
+        done
+        continue
+    fi
     for n in $FANOUT_NS f; do
         count=$n; [ "$n" = f ] && count=$FANOUT_MAX
         for i in $(seq 1 "$count"); do
@@ -696,21 +721,50 @@ d_one() { # system run n
         done
     ) &
     sampler=$!
+    # The server's CPU over the fan-out: walserver's process; PostgreSQL's postmaster with the
+    # walsenders it has reaped (waited for below, at most 10 s: they end with their clients).
+    local spid=$WS_PID c0 c1 k
+    [ "$sys" = pg ] && spid=$(head -1 "$PGP/postmaster.pid")
+    c0=$(cpu_tree_of "$spid")
+    local TIMEFORMAT='%U %S' ct
     t0=$(date +%s.%N)
-    fan_start "$sys" "$n" "$r" "$n"
-    fan_wait
+    # PERF_DIR=DIR records a profile of the whole machine over each fan-out (perf record -a).
+    local perf=""
+    if [ -n "${PERF_DIR:-}" ]; then
+        mkdir -p "$PERF_DIR"
+        perf record -q -a -e cpu-clock -F 1999 -o "$PERF_DIR/d$n-$sys-$r.data" 2>/dev/null &
+        perf=$!
+    fi
+    ct=$( { time { fan_start "$sys" "$n" "$r" "$n"; fan_wait; } ; } 2>&1 ) || exit 1
     t1=$(date +%s.%N)
+    if [ -n "$perf" ]; then kill -INT "$perf"; wait "$perf" || true; fi
+    if [ "$sys" = pg ]; then
+        for k in $(seq 1 200); do pgrep -f "postgres: walsender" >/dev/null || break; sleep 0.05; done
+    fi
+    c1=$(cpu_tree_of "$spid")
     kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
     peak=$(cat "$WORK/fan-peak" 2>/dev/null || echo 0); rm -f "$WORK/fan-peak"
     record "d${n}_fanout_mbps" "$sys" "$(awk -v n="$n" -v b=$((FANOUT_MIB << 20)) -v a="$t0" -v z="$t1" 'BEGIN { printf "%.0f", n * b / (z - a) / 1e6 }')"
     record "d${n}_mem_per_walsender_kib" "$sys" "$(( (peak - base_mem) / n ))"
+    local mb=$(( n * FANOUT_MIB * 1048576 / 1000000 ))
+    record "d${n}_server_cpu_ms_per_mb" "$sys" "$(awk -v a="$c0" -v b="$c1" -v m="$mb" 'BEGIN { printf "%.3f", (b - a) * 1000 / m }')"
+    record "d${n}_clients_cpu_ms_per_mb" "$sys" "$(awk -v c="$ct" -v m="$mb" 'BEGIN { split(c, x, " "); printf "%.3f", (x[1] + x[2]) * 1000 / m }')"
     rm -rf "$SHM"/fan-*
 }
 
 section d "(d) fan-out to $FANOUT_NS pg_receivewal, $FANOUT_MIB MiB each, $RUNS runs"
-for r in $(runs_of d); do
-    start_run "$r"
-    for n in $FANOUT_NS; do
+# The receivers write into tmpfs pages the kernel has to find first: the first fan-out after
+# the setup was the slowest of every run (PostgreSQL's, first in run 1: 330-400 MB/s against
+# 900-1 300 in its other runs, on 2026-12-04), since on this VM memory left free for a while
+# has been handed back to the host (MACHINE_REPORTING) and costs a host fault per page when
+# it is used again. So one unrecorded fan-out of each system comes first, and every size's
+# rounds run together, smallest first, so that a round of 16 never follows one of 64.
+if wanted d; then
+    WARMUP=1; log "(d) warm-up, not recorded"; d_one pg 0 "$FANOUT_FIRST"; d_one ws 0 "$FANOUT_FIRST"; WARMUP=0
+fi
+for n in $FANOUT_NS; do
+    for r in $(runs_of d); do
+        start_run "$r"
         if [ $((r % 2)) = 1 ]; then d_one pg "$r" "$n"; d_one ws "$r" "$n"; else d_one ws "$r" "$n"; d_one pg "$r" "$n"; fi
     done
 done
@@ -809,7 +863,7 @@ done
 {
 echo
 echo "walserver vs PostgreSQL 15 — $MACHINE_DATE$BUSY"
-echo "machine: $MACHINE_NPROC cores ($MACHINE_CPU), disk $MACHINE_DISK, sched_autogroup_enabled $MACHINE_AUTOGROUP, page-cache reclaim: $MACHINE_RECLAIM, load average $LOAD1 at the start, $LOAD_START once built, $LOAD_END at end"
+echo "machine: $MACHINE_NPROC cores ($MACHINE_CPU), disk $MACHINE_DISK, sched_autogroup_enabled $MACHINE_AUTOGROUP, page-cache reclaim: $MACHINE_RECLAIM, memory to the host: $MACHINE_REPORTING, load average $LOAD1 at the start, $LOAD_START once built, $LOAD_END at end"
 echo "volume: $((PG_BYTES >> 20)) MiB (PostgreSQL) / $((WS_BYTES >> 20)) MiB (walserver) of WAL; $RUNS run(s) per pair, alternating; medians, [min..max]"
 echo
 awk -F'\t' -v fans="$FANOUT_NS" -v fmax="$FANOUT_MAX" 'BEGIN { nfan = split(fans, fan, " ") }
@@ -856,6 +910,8 @@ END {
     for (n = 1; n <= nfan; n++) {
         row(sprintf("(d) fan-out to %d pg_receivewal, aggregate MB/s", fan[n]), "d" fan[n] "_fanout_mbps", "higher")
         row(sprintf("(d) memory per walsender at %d, KiB", fan[n]), "d" fan[n] "_mem_per_walsender_kib", "lower")
+        row(sprintf("(d) server CPU per MB sent at %d, ms", fan[n]), "d" fan[n] "_server_cpu_ms_per_mb", "lower")
+        row(sprintf("(d) CPU per MB of the %d receivers, ms", fan[n]), "d" fan[n] "_clients_cpu_ms_per_mb", "-")
     }
     row("(e) live appends into pg_receivewal --synchronous, MB/s", "e_recv_mbps", "higher")
     row("(e) pg_receivewal behind the server at the end, ms", "e_recv_lag_ms", "lower")

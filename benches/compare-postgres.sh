@@ -23,7 +23,7 @@
 #       by default), where no hand-off waits for an idle CPU to wake;
 #   (d) fan-out: 16 and 64 pg_receivewal processes at once (PostgreSQL with max_wal_senders =
 #       70), aggregate MB/s, memory per walsender, and the CPU per MB of the server and of the
-#       receivers, after one unrecorded fan-out of each system;
+#       receivers, after one unrecorded fan-out of each size of each system;
 #   (e) live appends: pg_receivewal --synchronous, or the codec client, waits at the current
 #       end of WAL while a load appends LIVE_MIB more (PostgreSQL: INSERTs of wide rows from
 #       4 psql clients with synchronous_commit off; walserver: `walserver bench append --http
@@ -107,7 +107,6 @@ if awk -v l="$LOAD1" 'BEGIN { exit !(l > 1) }'; then
     fi
 fi
 FANOUT_MAX=0
-FANOUT_FIRST=${FANOUT_NS%% *}
 for n in $FANOUT_NS; do [ "$n" -gt "$FANOUT_MAX" ] && FANOUT_MAX=$n; done
 SENDERS=$(( FANOUT_MAX + 6 ))
 [ "$SENDERS" -lt 48 ] && SENDERS=48
@@ -261,7 +260,7 @@ listen_addresses = '127.0.0.1'
 unix_socket_directories = ''
 wal_level = replica
 max_wal_senders = $SENDERS
-max_replication_slots = $(( RUNS * (3 + 2 * FANOUT_MAX + ${FANOUT_NS// /+}) + FANOUT_FIRST + 10 ))
+max_replication_slots = $(( RUNS * (3 + 2 * FANOUT_MAX + ${FANOUT_NS// /+}) + ${FANOUT_NS// /+} + 10 ))
 fsync = on
 synchronous_commit = on
 max_wal_size = '16GB'
@@ -300,10 +299,12 @@ for r in $(seq 0 "$RUNS"); do
         repl_ws "CREATE_REPLICATION_SLOT ${slot}_$r PHYSICAL RESERVE_WAL"
     done
     if [ "$r" = 0 ]; then
-        # And (d)'s warm-up: one fan-out of the first size.
-        for i in $(seq 1 "$FANOUT_FIRST"); do
-            psql_pg "SELECT pg_create_physical_replication_slot('fan_${FANOUT_FIRST}_0_$i', true)" >/dev/null
-            repl_ws "CREATE_REPLICATION_SLOT fan_${FANOUT_FIRST}_0_$i PHYSICAL RESERVE_WAL"
+        # And (d)'s warm-ups: one fan-out of each size.
+        for n in $FANOUT_NS; do
+            for i in $(seq 1 "$n"); do
+                psql_pg "SELECT pg_create_physical_replication_slot('fan_${n}_0_$i', true)" >/dev/null
+                repl_ws "CREATE_REPLICATION_SLOT fan_${n}_0_$i PHYSICAL RESERVE_WAL"
+            done
         done
         continue
     fi
@@ -757,12 +758,13 @@ section d "(d) fan-out to $FANOUT_NS pg_receivewal, $FANOUT_MIB MiB each, $RUNS 
 # the setup was the slowest of every run (PostgreSQL's, first in run 1: 330-400 MB/s against
 # 900-1 300 in its other runs, on 2026-12-04), since on this VM memory left free for a while
 # has been handed back to the host (MACHINE_REPORTING) and costs a host fault per page when
-# it is used again. So one unrecorded fan-out of each system comes first, and every size's
-# rounds run together, smallest first, so that a round of 16 never follows one of 64.
-if wanted d; then
-    WARMUP=1; log "(d) warm-up, not recorded"; d_one pg 0 "$FANOUT_FIRST"; d_one ws 0 "$FANOUT_FIRST"; WARMUP=0
-fi
+# it is used again; the first fan-out to 64, which needs four times the memory, was the
+# slowest of its size too. So each size's rounds run together, smallest first (a round of 16
+# never follows one of 64), after one unrecorded fan-out of that size of each system.
 for n in $FANOUT_NS; do
+    if wanted d; then
+        WARMUP=1; log "(d) warm-up for $n, not recorded"; d_one pg 0 "$n"; d_one ws 0 "$n"; WARMUP=0
+    fi
     for r in $(runs_of d); do
         start_run "$r"
         if [ $((r % 2)) = 1 ]; then d_one pg "$r" "$n"; d_one ws "$r" "$n"; else d_one ws "$r" "$n"; d_one pg "$r" "$n"; fi

@@ -736,7 +736,9 @@ d_one() { # system run n
         perf record -q -a -e cpu-clock -F 1999 -o "$PERF_DIR/d$n-$sys-$r.data" 2>/dev/null &
         perf=$!
     fi
-    ct=$( { time { fan_start "$sys" "$n" "$r" "$n"; fan_wait; } ; } 2>&1 ) || exit 1
+    # `time` reports into a file; the receivers' own errors still reach standard error.
+    { time { fan_start "$sys" "$n" "$r" "$n"; fan_wait; } 2>&3 ; } 3>&2 2>"$WORK/fan-time"
+    ct=$(cat "$WORK/fan-time")
     t1=$(date +%s.%N)
     if [ -n "$perf" ]; then kill -INT "$perf"; wait "$perf" || true; fi
     if [ "$sys" = pg ]; then

@@ -55,6 +55,7 @@
 # directory on the disk (/var/tmp) and one on /dev/shm, removed with every server at exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/vm-memory.sh
 
 QUICK=0
 RUNS=3
@@ -69,7 +70,6 @@ LIVE_MIB=256
 LIVE_CLIENTS=4
 SETTLE=90
 BIN=""
-KEEP_REPORTING=0
 # The CPU of (c)'s one-CPU rows: the last one (here, the one the disk's interrupts go to).
 PIN_CPU=$(( $(nproc) - 1 ))
 while [ $# -gt 0 ]; do
@@ -87,7 +87,7 @@ while [ $# -gt 0 ]; do
         --only) ONLY="$2"; shift 2 ;;
         --pin-cpu) PIN_CPU="$2"; shift 2 ;;
         --bin) BIN="$2"; shift 2 ;;
-        --keep-page-reporting) KEEP_REPORTING=1; shift ;;
+        --keep-page-reporting) VM_MEMORY_KEEP=1; shift ;;
         -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
@@ -139,9 +139,6 @@ own_pg() {
     if [ "$(id -u)" = 0 ]; then chown -R postgres:postgres "$@"; fi
 }
 
-# The page-reporting order to put back at exit, when the script held reporting off.
-REPORTING_KNOB=/sys/module/page_reporting/parameters/page_reporting_order
-REPORTING_ORDER=""
 cleanup() {
     set +e
     for p in "${BG_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
@@ -150,7 +147,7 @@ cleanup() {
         [ -f "$d/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl" -D "$d" -m immediate -w stop >/dev/null 2>&1
     done
     rm -rf "$WORK" "$SHM"
-    [ -n "$REPORTING_ORDER" ] && echo "$REPORTING_ORDER" > "$REPORTING_KNOB"
+    vm_memory_release
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -232,28 +229,13 @@ MACHINE_DISK=$(df --output=source,fstype "$WORK" | tail -1 | awk '{ print $1 " (
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 MACHINE_AUTOGROUP=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo "?")
 # Proactive reclaim of the page cache by DAMON, when a kdamond runs (see warm_wal).
-# Free page reporting (virtio-balloon): free memory handed back to the host, which must fault
-# it in again when the guest next uses it; a page written for the first time after that costs
-# several times what a recently freed one does (4 GiB into tmpfs: 1.6-3.4 s right after
-# freeing the same amount, 8-9 s when it had been free for 15 s; 2026-12-04).
-#
-# Both servers' receivers write gigabytes into new pages, so which of them gets memory the host
-# still backs decides more than the servers do (benches/README.md, "The fan-out's receivers":
-# with reporting on, 16 receivers' CPU per MB moved between 1.0 and 5.3 ms from round to round;
-# held off, with the memory touched once first, between 1.1 and 1.4, and the fan-out's ratio
-# was 0.98-1.02 in five rounds). So, where the knob is writable, the script holds reporting off
-# for the run (an order above the largest, 10, reports nothing), touches the memory the run
-# will use once (after the fill, below), and puts the order back at exit;
-# --keep-page-reporting leaves the machine as it is.
-MACHINE_REPORTING="off"
-if [ -r "$REPORTING_KNOB" ]; then
-    MACHINE_REPORTING="free page reporting of order $(cat "$REPORTING_KNOB")"
-    if [ "$KEEP_REPORTING" = 0 ] && [ -w "$REPORTING_KNOB" ] && [ "$(cat "$REPORTING_KNOB")" -le 10 ]; then
-        REPORTING_ORDER=$(cat "$REPORTING_KNOB")
-        echo 11 > "$REPORTING_KNOB"
-        MACHINE_REPORTING="$MACHINE_REPORTING, held off for this run"
-    fi
-fi
+# Free page reporting (virtio-balloon): memory the host took back costs several times more on
+# its first write, and the receivers of (a), (d) and (f) write gigabytes into new pages, so
+# which server's run met such pages decided more than the servers did (benches/README.md,
+# "The fan-out's receivers"). vm-memory.sh holds the reporting off for the run where it can,
+# and the memory is touched once after the fill, below.
+vm_memory_hold
+MACHINE_REPORTING=$VM_MEMORY_STATE
 MACHINE_RECLAIM="no DAMON scheme"
 for k in /sys/kernel/mm/damon/admin/kdamonds/*/; do
     [ "$(cat "${k}state" 2>/dev/null)" = on ] || continue
@@ -378,15 +360,7 @@ log "PostgreSQL: $(int2lsn "$PG_START") .. $PG_END_LSN ($PG_BYTES bytes); walser
 psql_pg "CHECKPOINT"
 sync
 
-# With page reporting held off, the memory the run will write into is touched once now, so
-# that no section meets memory the host has taken back: what is available, less 3 GiB of
-# room, at most 20 GiB, written into tmpfs and freed.
-if [ -n "$REPORTING_ORDER" ]; then
-    touch_mib=$(awk '/^MemAvailable:/ { m = int($2 / 1024) - 3072; if (m > 20480) m = 20480; print (m > 0 ? m : 0) }' /proc/meminfo)
-    log "touching $touch_mib MiB of memory once (page reporting held off for the run)"
-    dd if=/dev/zero of="$SHM/touch" bs=1M count="$touch_mib" status=none
-    rm -f "$SHM/touch"
-fi
+vm_memory_touch "$SHM"
 
 # ---------------------------------------------------------------------------------------------
 # (a) catch-up into pg_receivewal and into a plain codec client

@@ -21,9 +21,12 @@
 # counts match and the CPU per MB still differs, the difference is the client's machine, not
 # the server.
 #
-# Everything runs on 127.0.0.1; the directories, servers and processes are removed at exit.
+# Everything runs on 127.0.0.1; the directories, servers and processes are removed at exit. On
+# a VM that reports free memory to its host, the reporting is held off for the run and the
+# memory touched once first (benches/vm-memory.sh; VM_MEMORY_KEEP=1 leaves the machine alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/vm-memory.sh
 
 MIB=1024 RUNS=6 STRACE=0 DIR=/dev/shm SYNC=()
 while [ $# -gt 0 ]; do
@@ -33,7 +36,7 @@ while [ $# -gt 0 ]; do
         --strace) STRACE=1; shift ;;
         --dir) DIR="$2"; shift 2 ;;
         --synchronous) SYNC=(--synchronous); shift ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -52,6 +55,7 @@ WS="$PWD/target/release/walserver"
 
 WORK=$(mktemp -d /var/tmp/receivewal-cost.XXXXXX)
 OUT=$(mktemp -d "$DIR/receivewal-cost.XXXXXX")
+TOUCH=$(mktemp -d /dev/shm/receivewal-cost-touch.XXXXXX)
 chmod 755 "$WORK" "$OUT"
 PGP="$WORK/pg"
 WS_PID=""
@@ -60,10 +64,12 @@ cleanup() {
     set +e
     [ -n "$WS_PID" ] && kill -TERM "$WS_PID" 2>/dev/null && wait "$WS_PID" 2>/dev/null
     [ -f "$PGP/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl" -D "$PGP" -m immediate -w stop >/dev/null 2>&1
-    rm -rf "$WORK" "$OUT"
+    rm -rf "$WORK" "$OUT" "$TOUCH"
+    vm_memory_release
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+vm_memory_hold
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 lsn2int() { local hi=${1%/*} lo=${1#*/}; echo $(( (16#$hi << 32) + 16#$lo )); }
 int2lsn() { printf '%X/%X\n' $(( $1 >> 32 )) $(( $1 & 0xFFFFFFFF )); }
@@ -115,8 +121,9 @@ WS_START=$(seg_start "$(lsn2int "$(curl -sf "http://127.0.0.1:$WS_HTTP/slots" | 
 WS_END=$(lsn2int "$(curl -sf "http://127.0.0.1:$WS_HTTP/status" | jq -r .flush_lsn)")
 psql_pg "CHECKPOINT"
 sync
+vm_memory_touch "$TOUCH"
 echo "$(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) CPUs, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo);" \
-    "pg_receivewal into $(df --output=fstype "$OUT" | tail -1); load average $(cut -d' ' -f1-3 /proc/loadavg)"
+    "pg_receivewal into $(df --output=fstype "$OUT" | tail -1); load average $(cut -d' ' -f1-3 /proc/loadavg); memory: $VM_MEMORY_STATE"
 echo "PostgreSQL: $(( PG_END - PG_START )) bytes; walserver: $(( WS_END - WS_START )) bytes"
 
 # one SYSTEM RUN: one catch-up, one line.

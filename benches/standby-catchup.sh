@@ -14,13 +14,18 @@
 # machine, primary and standby together, which on a VM whose per-process sampling yields only
 # a few hundred samples a run is the only way to see where the catch-up's CPU goes.
 #
-# Everything is on 127.0.0.1; the directories and processes are removed at exit.
+# Everything is on 127.0.0.1; the directories and processes are removed at exit. On a VM
+# that reports free memory to its host, the reporting is held off for the run and the memory
+# touched once first (benches/vm-memory.sh; VM_MEMORY_KEEP=1 leaves the machine alone).
 set -euo pipefail
+. "$(dirname "$0")/vm-memory.sh"
 MIB=$1; ROUNDS=$2; shift 2; BINS=("$@")
 W=$(mktemp -d /var/tmp/standby-catchup.XXXXXX); S=$(mktemp -d /dev/shm/standby-catchup.XXXXXX)
 PIDS=()
-cleanup() { set +e; for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$W" "$S"; }
+cleanup() { set +e; for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$W" "$S"; vm_memory_release; }
 trap cleanup EXIT
+vm_memory_hold
+echo "memory: $VM_MEMORY_STATE"
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
 WS=${BINS[0]}; P=$(free_port); H=$(free_port)
@@ -37,6 +42,7 @@ done
 "$WS" bench append --http "127.0.0.1:$H" --durability local --size 8192 --batch 128 --writers 2 \
     --bytes $((MIB << 20)) --json >/dev/null
 END=$(curl -sf "http://127.0.0.1:$H/status" | jq -r .flush_lsn); sync
+vm_memory_touch "$S"
 i=0
 for r in $(seq 1 "$ROUNDS"); do
     for b in "${BINS[@]}"; do

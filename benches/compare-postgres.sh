@@ -45,10 +45,10 @@
 # --bin PATH measures that walserver binary instead of building this tree's (for comparing
 # builds). On a VM that reports free memory to its host (virtio-balloon free page reporting),
 # the script holds the reporting off for the run and touches the memory once before the
-# sections, and puts the setting back at exit; --keep-page-reporting leaves it alone. --save DIR keeps the raw per-run
-# values (results.tsv: measure, system, value, run, load average when the run started), the
-# table (table.md) and the one-client commit latency distributions of (c) as files and as a
-# plot (commit-latency-1-client.svg).
+# sections, and puts the setting back at exit; --keep-page-reporting leaves it alone.
+# --save DIR keeps the raw per-run values (results.tsv: measure, system, value, run, load
+# average when the run started), the table (table.md) and the one-client commit latency
+# distributions of (c) as files and as a plot (commit-latency-1-client.svg).
 #
 # PostgreSQL runs from $WALSERVER_PG_BIN or /usr/lib/postgresql/15/bin, as the postgres user
 # (runuser) when this runs as root, on 127.0.0.1 only. Everything lives in one temporary
@@ -187,16 +187,13 @@ settle() {
 wanted() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 runs_of() { if wanted "$1"; then seq 1 "$RUNS"; fi; }
 
-# CPU seconds (user + system) of a process so far, from /proc/PID/stat.
+# CPU seconds (user + system) of a process so far, from /proc/PID/stat; with a second argument
+# `children`, also those of the children it has waited for (PostgreSQL's postmaster reaps every
+# walsender that ends, so the walsenders of a finished fan-out are counted then).
 cpu_of() {
     local tck; tck=$(getconf CLK_TCK)
-    awk -v t="$tck" '{ sub(/^.*\) /, ""); print ($12 + $13) / t }' "/proc/$1/stat" 2>/dev/null || echo 0
-}
-# CPU seconds of a process and of its children it has waited for (PostgreSQL's postmaster reaps
-# every walsender that ends, so the walsenders of a finished fan-out are counted here).
-cpu_tree_of() {
-    local tck; tck=$(getconf CLK_TCK)
-    awk -v t="$tck" '{ sub(/^.*\) /, ""); print ($12 + $13 + $14 + $15) / t }' "/proc/$1/stat" 2>/dev/null || echo 0
+    awk -v t="$tck" -v c="${2:-}" '{ sub(/^.*\) /, ""); print ($12 + $13 + (c == "children" ? $14 + $15 : 0)) / t }' \
+        "/proc/$1/stat" 2>/dev/null || echo 0
 }
 rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 pss_kb() { awk '/^Pss:/ { print $2 }' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
@@ -228,7 +225,6 @@ MACHINE_NPROC=$(nproc)
 MACHINE_DISK=$(df --output=source,fstype "$WORK" | tail -1 | awk '{ print $1 " (" $2 ")" }')
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 MACHINE_AUTOGROUP=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo "?")
-# Proactive reclaim of the page cache by DAMON, when a kdamond runs (see warm_wal).
 # Free page reporting (virtio-balloon): memory the host took back costs several times more on
 # its first write, and the receivers of (a), (d) and (f) write gigabytes into new pages, so
 # which server's run met such pages decided more than the servers did (benches/README.md,
@@ -236,6 +232,7 @@ MACHINE_AUTOGROUP=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || 
 # and the memory is touched once after the fill, below.
 vm_memory_hold
 MACHINE_REPORTING=$VM_MEMORY_STATE
+# Proactive reclaim of the page cache by DAMON, when a kdamond runs (see warm_wal).
 MACHINE_RECLAIM="no DAMON scheme"
 for k in /sys/kernel/mm/damon/admin/kdamonds/*/; do
     [ "$(cat "${k}state" 2>/dev/null)" = on ] || continue
@@ -730,7 +727,7 @@ d_one() { # system run n
     # walsenders it has reaped (waited for below, at most 10 s: they end with their clients).
     local spid=$WS_PID c0 c1 k
     [ "$sys" = pg ] && spid=$(head -1 "$PGP/postmaster.pid")
-    c0=$(cpu_tree_of "$spid")
+    c0=$(cpu_of "$spid" children)
     local TIMEFORMAT='%U %S' ct
     t0=$(date +%s.%N)
     # PERF_DIR=DIR records a profile of the whole machine over each fan-out (perf record -a).
@@ -748,7 +745,7 @@ d_one() { # system run n
     if [ "$sys" = pg ]; then
         for k in $(seq 1 200); do pgrep -f "postgres: walsender" >/dev/null || break; sleep 0.05; done
     fi
-    c1=$(cpu_tree_of "$spid")
+    c1=$(cpu_of "$spid" children)
     kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
     peak=$(cat "$WORK/fan-peak" 2>/dev/null || echo 0); rm -f "$WORK/fan-peak"
     record "d${n}_fanout_mbps" "$sys" "$(awk -v n="$n" -v b=$((FANOUT_MIB << 20)) -v a="$t0" -v z="$t1" 'BEGIN { printf "%.0f", n * b / (z - a) / 1e6 }')"

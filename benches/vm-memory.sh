@@ -22,11 +22,13 @@ VM_REPORTING_ORDER=""
 vm_memory_hold() {
     VM_MEMORY_STATE="no free page reporting"
     [ -r "$VM_REPORTING_KNOB" ] || return 0
-    VM_MEMORY_STATE="free page reporting of order $(cat "$VM_REPORTING_KNOB")"
-    if [ "${VM_MEMORY_KEEP:-0}" = 1 ] || [ ! -w "$VM_REPORTING_KNOB" ] || [ "$(cat "$VM_REPORTING_KNOB")" -gt 10 ]; then
+    local order
+    order=$(cat "$VM_REPORTING_KNOB")
+    VM_MEMORY_STATE="free page reporting of order $order"
+    if [ "${VM_MEMORY_KEEP:-0}" = 1 ] || [ ! -w "$VM_REPORTING_KNOB" ] || [ "$order" -gt 10 ]; then
         return 0
     fi
-    VM_REPORTING_ORDER=$(cat "$VM_REPORTING_KNOB")
+    VM_REPORTING_ORDER=$order
     echo 11 > "$VM_REPORTING_KNOB"
     VM_MEMORY_STATE="$VM_MEMORY_STATE, held off for this run"
 }

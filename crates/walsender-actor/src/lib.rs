@@ -19,10 +19,8 @@
 //! [`session::StorageView`] (what storage keeps in memory: the durable end, the timeline
 //! history, the slot table) and returns what touches files as effects (WAL to read or locate,
 //! a [`session::StorageOp`] for a command), which the actor hands to [`storage_ops`] to run
-//! on the blocking pool; so no file I/O that can wait happens on an actor thread (the one
-//! read there is the [`writer`]'s, for a peer on this host: it asks the page cache with
-//! `RWF_NOWAIT`, which fails rather than wait, and leaves what is missing to the pool). The
-//! walreceiver is built the same way, with the same names.
+//! on the blocking pool; so no file I/O happens on an actor thread. The walreceiver is built
+//! the same way, with the same names.
 //!
 //! How a walsender stops:
 //! - normally, when the client sends Terminate or closes the socket;

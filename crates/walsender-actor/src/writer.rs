@@ -271,97 +271,26 @@ impl Staging {
 
     /// The bytes of `range` (piece `piece`) from `from` on, as many as the buffer holds; read
     /// from the file unless the buffer has them already (the socket took only part of them).
-    /// `None` when `caller` may not wait and the page cache does not have them.
-    fn stage(
-        &mut self,
-        piece: usize,
-        range: &WalFileRange,
-        from: usize,
-        caller: Caller,
-    ) -> io::Result<Option<&[u8]>> {
-        let (f, len) = match self.held {
-            Some((p, f, len)) if p == piece && f <= from && from < f + len => (f, len),
+    fn stage(&mut self, piece: usize, range: &WalFileRange, from: usize) -> io::Result<&[u8]> {
+        let (p, f, len) = match self.held {
+            Some((p, f, len)) if p == piece && f <= from && from < f + len => (p, f, len),
             _ => {
-                let want = (range.len - from).min(self.buf.len());
-                let at = range.offset + from as u64;
-                let Some(len) = read_at(&range.file, &mut self.buf[..want], at, caller)? else {
-                    return Ok(None);
-                };
+                use std::os::unix::fs::FileExt;
+                let len = (range.len - from).min(self.buf.len());
+                range
+                    .file
+                    .read_exact_at(&mut self.buf[..len], range.offset + from as u64)
+                    .map_err(|e| match e.kind() {
+                        io::ErrorKind::UnexpectedEof => short_file(),
+                        _ => e,
+                    })?;
                 self.held = Some((piece, from, len));
-                (from, len)
+                (piece, from, len)
             }
         };
-        Ok(Some(&self.buf[from - f..len]))
+        debug_assert_eq!(p, piece);
+        Ok(&self.buf[from - f..len])
     }
-}
-
-/// Reads into `buf` from `at` in `file`: all of it on the blocking pool; on the writer's task
-/// only what the page cache has, without waiting (`RWF_NOWAIT`), and `None` if that is nothing.
-fn read_at(
-    file: &std::fs::File,
-    buf: &mut [u8],
-    at: u64,
-    caller: Caller,
-) -> io::Result<Option<usize>> {
-    use std::os::unix::fs::FileExt;
-    if caller == Caller::Pool {
-        file.read_exact_at(buf, at).map_err(|e| match e.kind() {
-            io::ErrorKind::UnexpectedEof => short_file(),
-            _ => e,
-        })?;
-        return Ok(Some(buf.len()));
-    }
-    let offset = libc::off_t::try_from(at).map_err(io::Error::other)?;
-    let iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    loop {
-        // SAFETY: the iovec covers `buf`, which is borrowed mutably for the call, and the
-        // descriptor is open (owned by `file`).
-        let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, offset, libc::RWF_NOWAIT) };
-        if n > 0 {
-            return Ok(Some(n as usize));
-        }
-        if n == 0 {
-            return Err(short_file());
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            // Not in the page cache (or a file system that cannot tell): the pool reads it.
-            Some(libc::EAGAIN | libc::EOPNOTSUPP) => return Ok(None),
-            _ => return Err(e),
-        }
-    }
-}
-
-/// Where [`send_until_full`] runs, and so what it may wait for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Caller {
-    /// The writer's own task, on the actor's thread: file reads only as far as the page cache
-    /// answers at once, and at most [`TASK_BYTES`] per call, so that the thread's other
-    /// walsenders are not kept waiting.
-    Task,
-    /// The blocking pool: reads may wait for the disk.
-    Pool,
-}
-
-/// The most one call on the writer's task sends before it lets the thread's other tasks run:
-/// about a tenth of a millisecond of copying here. A guess at a fair share, not measured.
-const TASK_BYTES: usize = 512 << 10;
-
-/// Why [`send_until_full`] returned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
-    /// Everything is sent.
-    Done,
-    /// The socket is full.
-    Full,
-    /// A file range's next bytes are not in the page cache (only on the writer's task).
-    NotCached,
-    /// [`TASK_BYTES`] are sent (only on the writer's task).
-    Budget,
 }
 
 /// A segment file that ended before the range storage vouched for: corruption.
@@ -394,10 +323,7 @@ impl FileSender {
     }
 
     /// Sends `pieces` in order. One call on the blocking pool sends as much as the socket
-    /// takes, so a batch of frames costs one hand-off to the pool, not one per frame. To a
-    /// peer on this host ([`FileSend::Copy`]) the writer's own task sends first, as far as the
-    /// page cache answers without waiting, and hands off to the pool only for WAL it lacks:
-    /// a catch-up from the page cache then costs no hand-off at all.
+    /// takes, so a batch of frames costs one hand-off to the pool, not one per frame.
     async fn send(&mut self, pieces: Vec<Piece>) -> io::Result<()> {
         let pieces = Arc::new(pieces);
         let mut at = (0, 0);
@@ -414,42 +340,20 @@ impl FileSender {
             // forgets only this readiness, never a later one, so no wake-up is lost.
             let mut ready = self.fd.writable().await?;
             let socket = self.fd.get_ref().clone();
-            // More than one frame left (each is a header and its range): a catch-up batch,
-            // corked so that no frame's last partial packet leaves on its own.
-            let batch = |at: (usize, usize)| pieces.len() - at.0 > 2;
-            if let Some(s) = staging.as_mut() {
-                let (reached, stop) = {
-                    let _cork = Cork::on(&socket, batch(at));
-                    send_until_full(&socket, &pieces, at, Some(s), Caller::Task)?
-                };
-                at = reached;
-                match stop {
-                    Stop::Done => continue,
-                    Stop::Full => {
-                        ready.clear_ready();
-                        continue;
-                    }
-                    Stop::Budget => {
-                        drop(ready);
-                        tokio::task::yield_now().await;
-                        continue;
-                    }
-                    Stop::NotCached => {}
-                }
-            }
             let todo = pieces.clone();
-            let cork = batch(at);
             let (sent, back) = tokio::task::spawn_blocking(move || {
-                let _cork = Cork::on(&socket, cork);
-                let sent = send_until_full(&socket, &todo, at, staging.as_mut(), Caller::Pool);
+                // More than one frame left (each is a header and its range): a catch-up batch,
+                // corked so that no frame's last partial packet leaves on its own.
+                let _cork = Cork::on(&socket, todo.len() - at.0 > 2);
+                let sent = send_until_full(&socket, &todo, at, staging.as_mut());
                 (sent, staging)
             })
             .await
             .map_err(io::Error::other)?;
             staging = back;
-            let (reached, stop) = sent?;
+            let (reached, blocked) = sent?;
             at = reached;
-            if stop == Stop::Full {
+            if blocked {
                 ready.clear_ready();
             }
         }
@@ -545,20 +449,15 @@ impl Piece {
 /// Sends `pieces` from `at` (a piece and an offset in it) into the non-blocking `socket` until
 /// all are sent or the socket is full: memory with `sendmsg`, file ranges with `sendfile`, or,
 /// given `staging` ([`FileSend::Copy`]), read into it and sent with `sendmsg` together with
-/// the memory in front of them. Returns how far it got and why it stopped.
+/// the memory in front of them. Returns how far it got and whether the socket was full.
 fn send_until_full(
     socket: &OwnedFd,
     pieces: &[Piece],
     (mut i, mut off): (usize, usize),
     mut staging: Option<&mut Staging>,
-    caller: Caller,
-) -> io::Result<((usize, usize), Stop)> {
+) -> io::Result<((usize, usize), bool)> {
     const IOV_MAX: usize = 1024;
-    let mut sent = 0;
     while i < pieces.len() {
-        if caller == Caller::Task && sent >= TASK_BYTES {
-            return Ok(((i, off), Stop::Budget));
-        }
         let n = match (&pieces[i], staging.is_some()) {
             (Piece::File(r), false) => {
                 let mut pos =
@@ -583,13 +482,7 @@ fn send_until_full(
                     let skip = if k == 0 { off } else { 0 };
                     let bytes: &[u8] = match (p, staging.as_deref_mut()) {
                         (Piece::Mem(b), _) => &b[skip..],
-                        (Piece::File(r), Some(s)) => match s.stage(i + k, r, skip, caller)? {
-                            Some(bytes) => bytes,
-                            None => {
-                                file_next = true;
-                                break;
-                            }
-                        },
+                        (Piece::File(r), Some(s)) => s.stage(i + k, r, skip)?,
                         (Piece::File(_), None) => {
                             file_next = true;
                             break;
@@ -603,13 +496,9 @@ fn send_until_full(
                         break;
                     }
                 }
-                if iov.is_empty() {
-                    // The range that comes first is not in the page cache.
-                    return Ok(((i, off), Stop::NotCached));
-                }
-                // Bytes followed by a file range not sent with them (an XLogData header before
-                // its WAL, for `sendfile` or the pool) go with MSG_MORE: the kernel holds them
-                // for the pages added next, so the header does not go out as a packet of its own.
+                // Bytes followed by a file range for `sendfile` (an XLogData header before
+                // its WAL) are sent with MSG_MORE: the kernel holds them for the pages
+                // `sendfile` adds next, so the header does not go out as a packet of its own.
                 let flags = if file_next { libc::MSG_MORE } else { 0 };
                 // SAFETY: a zeroed msghdr is valid (no name, no control data).
                 let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -625,7 +514,7 @@ fn send_until_full(
             let e = io::Error::last_os_error();
             match e.kind() {
                 io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Ok(((i, off), Stop::Full)),
+                io::ErrorKind::WouldBlock => return Ok(((i, off), true)),
                 _ => return Err(e),
             }
         }
@@ -635,7 +524,6 @@ fn send_until_full(
             return Err(short_file());
         }
         let mut n = n as usize;
-        sent += n;
         while n > 0 {
             let left = pieces[i].len() - off;
             if n >= left {
@@ -648,7 +536,7 @@ fn send_until_full(
             }
         }
     }
-    Ok(((i, off), Stop::Done))
+    Ok(((i, off), false))
 }
 
 /// Reads a file range into memory, for a writer without a [`FileSocket`].
@@ -842,30 +730,19 @@ mod tests {
     /// meet a full socket again and again), file ranges and memory arrive in order and whole.
     #[test]
     fn file_ranges_are_sent_with_sendfile_in_order() {
-        ranges_arrive_in_order(FileSend::Sendfile, false);
+        ranges_arrive_in_order(FileSend::Sendfile);
     }
 
     /// The same, with file ranges read into the copy buffer: a range the socket took only part
     /// of goes on from the buffer, and the next one is read afresh.
     #[test]
     fn file_ranges_are_copied_in_order() {
-        ranges_arrive_in_order(FileSend::Copy, false);
+        ranges_arrive_in_order(FileSend::Copy);
     }
 
-    /// The same, from a file the page cache has dropped: the writer's task finds the WAL
-    /// missing and the pool reads it (and, having read it, puts it back in the page cache for
-    /// the task's later reads).
-    #[test]
-    fn file_ranges_out_of_the_page_cache_are_copied_in_order() {
-        ranges_arrive_in_order(FileSend::Copy, true);
-    }
-
-    fn ranges_arrive_in_order(how: FileSend, evicted: bool) {
+    fn ranges_arrive_in_order(how: FileSend) {
         rt().block_on(async {
             let (_tmp, file, content) = wal_file(4 << 20);
-            if evicted {
-                drop_from_page_cache(&file);
-            }
             let (client, mut server) = tcp_pair().await;
             let files = FileSocket::duplicate(&client, how).unwrap();
             let (tx, drain) = frame_queue_with_files(client, Some(files));
@@ -889,48 +766,6 @@ mod tests {
             assert_eq!(got.len(), expected.len());
             assert!(got == expected, "the bytes differ");
         });
-    }
-
-    /// Asks the kernel to drop `file`'s pages from the page cache (they are clean once synced).
-    fn drop_from_page_cache(file: &std::fs::File) {
-        file.sync_all().unwrap();
-        // SAFETY: the descriptor is open; the call only advises the kernel.
-        let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        assert_eq!(rc, 0);
-    }
-
-    /// On the writer's task a read takes only what the page cache has and never waits; on the
-    /// pool it reads from the disk. The file lies in this crate's directory, on the disk: on
-    /// tmpfs `RWF_NOWAIT` is refused and every read would go to the pool.
-    #[test]
-    fn reads_on_the_task_take_only_what_the_page_cache_has() {
-        use std::io::Write;
-        let mut tmp = tempfile::NamedTempFile::new_in(env!("CARGO_MANIFEST_DIR")).unwrap();
-        let content: Vec<u8> = (0..256 << 10).map(|i: usize| (i % 253) as u8).collect();
-        tmp.write_all(&content).unwrap();
-        let file = tmp.reopen().unwrap();
-        drop_from_page_cache(&file);
-        let mut buf = vec![0u8; 128 << 10];
-        assert_eq!(
-            read_at(&file, &mut buf, 4096, Caller::Task).unwrap(),
-            None,
-            "the task read WAL the page cache did not have"
-        );
-        assert_eq!(
-            read_at(&file, &mut buf, 4096, Caller::Pool).unwrap(),
-            Some(buf.len())
-        );
-        assert!(buf[..] == content[4096..4096 + buf.len()]);
-        buf.fill(0);
-        assert_eq!(
-            read_at(&file, &mut buf, 4096, Caller::Task).unwrap(),
-            Some(buf.len()),
-            "what the pool read is in the page cache now"
-        );
-        assert!(buf[..] == content[4096..4096 + buf.len()]);
-        let mut tail = vec![0u8; 8192];
-        let e = read_at(&file, &mut tail, (256 << 10) as u64, Caller::Task).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
     }
 
     /// Peers on this host get copies; others get `sendfile`.

@@ -24,7 +24,7 @@ use crate::session::{admin_shutdown, ShutdownMode};
 use crate::shared::Shared;
 use crate::startup::{greeting, ClientIdentity, Handshake, Step};
 use crate::status::{SharedStatus, WalSenderStatus};
-use crate::writer::{FileSend, FileSocket};
+use crate::writer::FileSocket;
 
 /// A byte stream in either direction: plain TCP or TLS (shared with the walreceiver).
 pub use actor_util::Io;
@@ -67,11 +67,6 @@ pub async fn handshake(
     let _ = stream.set_nodelay(true);
     // The plain socket's descriptor, owned by `io` from here on; `None` once TLS wraps it.
     let mut plain_fd = Some(stream.as_raw_fd());
-    // How WAL from files is sent on it: copied for a peer on this host, else with sendfile.
-    let file_send = match stream.local_addr() {
-        Ok(local) => FileSend::for_peer(local.ip(), peer.ip()),
-        Err(_) => FileSend::Sendfile,
-    };
     let mut io: Box<dyn Io> = Box::new(stream);
     let mut buf = BytesMut::with_capacity(1024);
     let mut machine = Handshake::new(settings.auth.clone(), peer.ip());
@@ -180,7 +175,7 @@ pub async fn handshake(
                 let file_socket = plain_fd.and_then(|fd| {
                     // SAFETY: `fd` belongs to the TcpStream inside `io`, which is alive here.
                     let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-                    FileSocket::duplicate(&fd, file_send)
+                    FileSocket::duplicate(&fd)
                         .inspect_err(
                             |e| tracing::debug!(%peer, "no sendfile for this connection: {e}"),
                         )

@@ -16,9 +16,7 @@
 //! waits for the socket to be writable between calls, as for any write. The header in front
 //! of a range goes with `MSG_MORE`, so that the kernel puts it in the packet with the pages
 //! instead of sending it alone, and a batch of several frames is sent with `TCP_CORK` set, so
-//! that the frames fill whole packets (see `Cork` below). To a peer on this host the ranges are
-//! read into one reused buffer and sent from it instead ([`FileSend::Copy`] says why), still
-//! on the blocking pool and still corked.
+//! that the frames fill whole packets (see `Cork` below).
 
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -200,171 +198,54 @@ where
     (FrameSender { tx }, drain(sink, files, rx))
 }
 
-/// How a writer with a [`FileSocket`] sends WAL that lies in segment files.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileSend {
-    /// With `sendfile`: the pages go from the page cache into the socket and this process
-    /// never touches them. For a peer on another host, whose network card reads the pages.
-    Sendfile,
-    /// Read into one reused buffer on the blocking pool and written from it with the frame's
-    /// header: for a peer on this host.
-    ///
-    /// Over loopback the receiving process copies straight out of the sender's packets: after
-    /// `sendfile` those are the page-cache pages themselves, which no CPU has read since they
-    /// were written, and the receiver pays for bringing them in. Measured with pg_receivewal on
-    /// loopback (benches/README.md): fed by `sendfile` it spent 20-30 % more CPU per MB than fed
-    /// by PostgreSQL's walsender, which reads and copies, and it ran that much slower; fed from
-    /// this buffer it costs what PostgreSQL's feeding costs. Across a network the receiver copies
-    /// from its own card's buffers however the sender built its packets, so there `sendfile`
-    /// only saves.
-    Copy,
-}
-
-impl FileSend {
-    /// `Copy` for a peer on this host (a loopback address, or the socket's own address), else
-    /// `Sendfile`.
-    pub fn for_peer(local: std::net::IpAddr, peer: std::net::IpAddr) -> FileSend {
-        let peer = peer.to_canonical();
-        if peer.is_loopback() || peer == local.to_canonical() {
-            FileSend::Copy
-        } else {
-            FileSend::Sendfile
-        }
-    }
-}
-
-/// A duplicate descriptor of a connection's plain TCP socket, for sending WAL from files
-/// without going through the connection's own writer, and how to send it.
-pub struct FileSocket {
-    fd: Arc<OwnedFd>,
-    how: FileSend,
-}
+/// A duplicate descriptor of a connection's plain TCP socket, for `sendfile`.
+pub struct FileSocket(Arc<OwnedFd>);
 
 impl FileSocket {
     /// Duplicates the descriptor of `socket`.
-    pub fn duplicate(socket: &impl std::os::fd::AsFd, how: FileSend) -> io::Result<FileSocket> {
-        Ok(FileSocket {
-            fd: Arc::new(socket.as_fd().try_clone_to_owned()?),
-            how,
-        })
+    pub fn duplicate(socket: &impl std::os::fd::AsFd) -> io::Result<FileSocket> {
+        Ok(FileSocket(Arc::new(socket.as_fd().try_clone_to_owned()?)))
     }
-}
-
-/// How much of a file range [`FileSend::Copy`] reads at a time: the most WAL one XLogData
-/// carries, so that a frame is one read and one write.
-const STAGING_BYTES: usize = 128 << 10;
-
-/// The buffer of [`FileSend::Copy`], and which bytes it holds.
-struct Staging {
-    buf: Vec<u8>,
-    /// Piece `.0` of the pieces being sent, from its byte `.1`, `.2` bytes of it.
-    held: Option<(usize, usize, usize)>,
-}
-
-impl Staging {
-    fn new() -> Staging {
-        Staging {
-            buf: vec![0; STAGING_BYTES],
-            held: None,
-        }
-    }
-
-    /// The bytes of `range` (piece `piece`) from `from` on, as many as the buffer holds; read
-    /// from the file unless the buffer has them already (the socket took only part of them).
-    fn stage(&mut self, piece: usize, range: &WalFileRange, from: usize) -> io::Result<&[u8]> {
-        let (p, f, len) = match self.held {
-            Some((p, f, len)) if p == piece && f <= from && from < f + len => (p, f, len),
-            _ => {
-                use std::os::unix::fs::FileExt;
-                let len = (range.len - from).min(self.buf.len());
-                range
-                    .file
-                    .read_exact_at(&mut self.buf[..len], range.offset + from as u64)
-                    .map_err(|e| match e.kind() {
-                        io::ErrorKind::UnexpectedEof => short_file(),
-                        _ => e,
-                    })?;
-                self.held = Some((piece, from, len));
-                (piece, from, len)
-            }
-        };
-        debug_assert_eq!(p, piece);
-        Ok(&self.buf[from - f..len])
-    }
-}
-
-/// A segment file that ended before the range storage vouched for: corruption.
-fn short_file() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::UnexpectedEof,
-        "a WAL segment file ended before the range being sent",
-    )
 }
 
 /// Sends file ranges into the socket; registered with the runtime of the writer's task.
 struct FileSender {
     fd: AsyncFd<Arc<OwnedFd>>,
-    how: FileSend,
-    /// [`FileSend::Copy`]'s buffer while catch-up lasts; dropped when a batch without file
-    /// ranges shows the walsender streams from memory again.
-    staging: Option<Staging>,
 }
 
 impl FileSender {
     fn new(s: FileSocket) -> io::Result<FileSender> {
         // SAFETY: the descriptor is owned by the Arc inside the AsyncFd, so it stays open and
         // names the same socket for as long as the AsyncFd lives.
-        let fd = unsafe { AsyncFd::register_with_interest(s.fd, Interest::WRITABLE) }?;
-        Ok(FileSender {
-            fd,
-            how: s.how,
-            staging: None,
-        })
+        let fd = unsafe { AsyncFd::register_with_interest(s.0, Interest::WRITABLE) }?;
+        Ok(FileSender { fd })
     }
 
     /// Sends `pieces` in order. One call on the blocking pool sends as much as the socket
     /// takes, so a batch of frames costs one hand-off to the pool, not one per frame.
-    async fn send(&mut self, pieces: Vec<Piece>) -> io::Result<()> {
+    async fn send(&self, pieces: Vec<Piece>) -> io::Result<()> {
         let pieces = Arc::new(pieces);
         let mut at = (0, 0);
-        let mut staging = match self.how {
-            FileSend::Copy => Some(self.staging.take().unwrap_or_else(Staging::new)),
-            FileSend::Sendfile => None,
-        };
-        if let Some(s) = staging.as_mut() {
-            // Piece numbers name pieces of the last batch.
-            s.held = None;
-        }
         while at.0 < pieces.len() {
             // The readiness is taken before the call: if the socket fills, clearing it below
             // forgets only this readiness, never a later one, so no wake-up is lost.
             let mut ready = self.fd.writable().await?;
             let socket = self.fd.get_ref().clone();
             let todo = pieces.clone();
-            let (sent, back) = tokio::task::spawn_blocking(move || {
+            let (reached, blocked) = tokio::task::spawn_blocking(move || {
                 // More than one frame left (each is a header and its range): a catch-up batch,
                 // corked so that no frame's last partial packet leaves on its own.
                 let _cork = Cork::on(&socket, todo.len() - at.0 > 2);
-                let sent = send_until_full(&socket, &todo, at, staging.as_mut());
-                (sent, staging)
+                send_until_full(&socket, &todo, at)
             })
             .await
-            .map_err(io::Error::other)?;
-            staging = back;
-            let (reached, blocked) = sent?;
+            .map_err(io::Error::other)??;
             at = reached;
             if blocked {
                 ready.clear_ready();
             }
         }
-        self.staging = staging;
         Ok(())
-    }
-
-    /// The walsender streams from memory again: the copy buffer is not needed until the next
-    /// catch-up.
-    fn release(&mut self) {
-        self.staging = None;
     }
 }
 
@@ -447,19 +328,47 @@ impl Piece {
 }
 
 /// Sends `pieces` from `at` (a piece and an offset in it) into the non-blocking `socket` until
-/// all are sent or the socket is full: memory with `sendmsg`, file ranges with `sendfile`, or,
-/// given `staging` ([`FileSend::Copy`]), read into it and sent with `sendmsg` together with
-/// the memory in front of them. Returns how far it got and whether the socket was full.
+/// all are sent or the socket is full: memory with `sendmsg`, file ranges with `sendfile`.
+/// Returns how far it got and whether the socket was full.
 fn send_until_full(
     socket: &OwnedFd,
     pieces: &[Piece],
     (mut i, mut off): (usize, usize),
-    mut staging: Option<&mut Staging>,
 ) -> io::Result<((usize, usize), bool)> {
     const IOV_MAX: usize = 1024;
     while i < pieces.len() {
-        let n = match (&pieces[i], staging.is_some()) {
-            (Piece::File(r), false) => {
+        let n = match &pieces[i] {
+            Piece::Mem(_) => {
+                let mut iov: Vec<libc::iovec> = pieces[i..]
+                    .iter()
+                    .take(IOV_MAX)
+                    .map_while(|p| match p {
+                        Piece::Mem(b) => Some(b),
+                        Piece::File(_) => None,
+                    })
+                    .enumerate()
+                    .map(|(k, b)| {
+                        let b = if k == 0 { &b[off..] } else { &b[..] };
+                        libc::iovec {
+                            iov_base: b.as_ptr() as *mut libc::c_void,
+                            iov_len: b.len(),
+                        }
+                    })
+                    .collect();
+                // Bytes followed by a file range (an XLogData header before its WAL) are sent
+                // with MSG_MORE: the kernel holds them for the pages `sendfile` adds next, so
+                // the header does not go out as a packet of its own.
+                let more = matches!(pieces.get(i + iov.len()), Some(Piece::File(_)));
+                // SAFETY: a zeroed msghdr is valid (no name, no control data).
+                let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+                msg.msg_iov = iov.as_mut_ptr();
+                msg.msg_iovlen = iov.len() as _;
+                let flags = if more { libc::MSG_MORE } else { 0 };
+                // SAFETY: every iovec points into a live `Bytes` of `pieces` for its whole
+                // length, and sendmsg only reads them.
+                unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, flags) }
+            }
+            Piece::File(r) => {
                 let mut pos =
                     libc::off_t::try_from(r.offset + off as u64).map_err(io::Error::other)?;
                 // SAFETY: both descriptors are open for the whole call (owned by the caller),
@@ -473,42 +382,6 @@ fn send_until_full(
                     )
                 }
             }
-            _ => {
-                // The memory pieces from here, up to the first file range; with `staging`,
-                // that range's next bytes too, read into the buffer.
-                let mut iov: Vec<libc::iovec> = Vec::new();
-                let mut file_next = false;
-                for (k, p) in pieces[i..].iter().enumerate().take(IOV_MAX) {
-                    let skip = if k == 0 { off } else { 0 };
-                    let bytes: &[u8] = match (p, staging.as_deref_mut()) {
-                        (Piece::Mem(b), _) => &b[skip..],
-                        (Piece::File(r), Some(s)) => s.stage(i + k, r, skip)?,
-                        (Piece::File(_), None) => {
-                            file_next = true;
-                            break;
-                        }
-                    };
-                    iov.push(libc::iovec {
-                        iov_base: bytes.as_ptr() as *mut libc::c_void,
-                        iov_len: bytes.len(),
-                    });
-                    if matches!(p, Piece::File(_)) {
-                        break;
-                    }
-                }
-                // Bytes followed by a file range for `sendfile` (an XLogData header before
-                // its WAL) are sent with MSG_MORE: the kernel holds them for the pages
-                // `sendfile` adds next, so the header does not go out as a packet of its own.
-                let flags = if file_next { libc::MSG_MORE } else { 0 };
-                // SAFETY: a zeroed msghdr is valid (no name, no control data).
-                let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-                msg.msg_iov = iov.as_mut_ptr();
-                msg.msg_iovlen = iov.len() as _;
-                // SAFETY: every iovec points into a live `Bytes` of `pieces` or into the
-                // staging buffer, which nothing touches until the call returns, for its whole
-                // length, and sendmsg only reads them.
-                unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, flags) }
-            }
         };
         if n < 0 {
             let e = io::Error::last_os_error();
@@ -521,7 +394,10 @@ fn send_until_full(
         if n == 0 {
             // A zero-length piece is never queued, so nothing was sent: for a file, it ended
             // before the range storage vouched for, which is corruption.
-            return Err(short_file());
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "a WAL segment file ended before the range being sent",
+            ));
         }
         let mut n = n as usize;
         while n > 0 {
@@ -556,7 +432,7 @@ async fn drain<W: AsyncWrite + Unpin>(
     files: Option<FileSocket>,
     mut rx: mpsc::Receiver<Command>,
 ) -> io::Result<()> {
-    let mut files = files.map(FileSender::new).transpose()?;
+    let files = files.map(FileSender::new).transpose()?;
     let mut batch: Vec<Command> = Vec::with_capacity(MAX_BATCH);
     loop {
         batch.clear();
@@ -590,23 +466,19 @@ async fn drain<W: AsyncWrite + Unpin>(
                 }
                 Command::Flush(done) => {
                     // Earlier frames of this batch are not written yet; write them first.
-                    write_out(&mut sink, files.as_mut(), &mut chunks, &mut pieces).await?;
+                    write_out(&mut sink, files.as_ref(), &mut chunks, &mut pieces).await?;
                     let _ = done.send(());
                 }
             }
         }
-        let from_files = !pieces.is_empty();
-        write_out(&mut sink, files.as_mut(), &mut chunks, &mut pieces).await?;
-        if let (Some(f), false) = (files.as_mut(), from_files) {
-            f.release();
-        }
+        write_out(&mut sink, files.as_ref(), &mut chunks, &mut pieces).await?;
     }
 }
 
 /// Writes `chunks` through `sink`, then `pieces` through `files`.
 async fn write_out<W: AsyncWrite + Unpin>(
     sink: &mut W,
-    files: Option<&mut FileSender>,
+    files: Option<&FileSender>,
     chunks: &mut Vec<Bytes>,
     pieces: &mut Vec<Piece>,
 ) -> io::Result<()> {
@@ -730,21 +602,10 @@ mod tests {
     /// meet a full socket again and again), file ranges and memory arrive in order and whole.
     #[test]
     fn file_ranges_are_sent_with_sendfile_in_order() {
-        ranges_arrive_in_order(FileSend::Sendfile);
-    }
-
-    /// The same, with file ranges read into the copy buffer: a range the socket took only part
-    /// of goes on from the buffer, and the next one is read afresh.
-    #[test]
-    fn file_ranges_are_copied_in_order() {
-        ranges_arrive_in_order(FileSend::Copy);
-    }
-
-    fn ranges_arrive_in_order(how: FileSend) {
         rt().block_on(async {
             let (_tmp, file, content) = wal_file(4 << 20);
             let (client, mut server) = tcp_pair().await;
-            let files = FileSocket::duplicate(&client, how).unwrap();
+            let files = FileSocket::duplicate(&client).unwrap();
             let (tx, drain) = frame_queue_with_files(client, Some(files));
             let writer = tokio::spawn(drain);
             let reader = tokio::spawn(async move {
@@ -766,30 +627,6 @@ mod tests {
             assert_eq!(got.len(), expected.len());
             assert!(got == expected, "the bytes differ");
         });
-    }
-
-    /// Peers on this host get copies; others get `sendfile`.
-    #[test]
-    fn only_peers_on_this_host_are_copied_to() {
-        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
-        let here = ip("10.0.0.5");
-        assert_eq!(FileSend::for_peer(here, ip("127.0.0.1")), FileSend::Copy);
-        assert_eq!(FileSend::for_peer(here, ip("127.3.2.1")), FileSend::Copy);
-        assert_eq!(FileSend::for_peer(here, ip("::1")), FileSend::Copy);
-        assert_eq!(
-            FileSend::for_peer(here, ip("::ffff:127.0.0.1")),
-            FileSend::Copy
-        );
-        assert_eq!(FileSend::for_peer(here, ip("10.0.0.5")), FileSend::Copy);
-        assert_eq!(
-            FileSend::for_peer(ip("::ffff:10.0.0.5"), here),
-            FileSend::Copy
-        );
-        assert_eq!(FileSend::for_peer(here, ip("10.0.0.6")), FileSend::Sendfile);
-        assert_eq!(
-            FileSend::for_peer(ip("::1"), ip("fe80::1")),
-            FileSend::Sendfile
-        );
     }
 
     /// Data segments the kernel has sent on `socket`.
@@ -817,8 +654,8 @@ mod tests {
         rt().block_on(async {
             let (_tmp, file, content) = wal_file(64 << 10);
             let (client, mut server) = tcp_pair().await;
-            let files = FileSocket::duplicate(&client, FileSend::Sendfile).unwrap();
-            let probe = files.fd.clone();
+            let files = FileSocket::duplicate(&client).unwrap();
+            let probe = files.0.clone();
             let (tx, drain) = frame_queue_with_files(client, Some(files));
             let writer = tokio::spawn(drain);
             let mut expected = Vec::new();
@@ -861,8 +698,8 @@ mod tests {
             let room = libc::c_int::try_from(2 * FRAMES * LEN).unwrap();
             set_int_option(&client, libc::SOL_SOCKET, libc::SO_SNDBUF, room).unwrap();
             set_int_option(&server, libc::SOL_SOCKET, libc::SO_RCVBUF, room).unwrap();
-            let files = FileSocket::duplicate(&client, FileSend::Sendfile).unwrap();
-            let probe = files.fd.clone();
+            let files = FileSocket::duplicate(&client).unwrap();
+            let probe = files.0.clone();
             let (tx, drain) = frame_queue_with_files(client, Some(files));
             let before = data_segments_sent(&probe);
             // All frames are queued before the writer's task first runs (one thread), so they
@@ -937,29 +774,27 @@ mod tests {
     }
 
     /// A file shorter than the range storage vouched for ends the writer with an error instead
-    /// of sending less than the header announced, whichever way ranges are sent.
+    /// of sending less than the header announced.
     #[test]
     fn a_short_file_is_an_error() {
-        for how in [FileSend::Sendfile, FileSend::Copy] {
-            rt().block_on(async {
-                let (_tmp, file, _) = wal_file(1000);
-                let (client, _server) = tcp_pair().await;
-                let files = FileSocket::duplicate(&client, how).unwrap();
-                let (tx, drain) = frame_queue_with_files(client, Some(files));
-                let writer = tokio::spawn(drain);
-                let range = WalFileRange {
-                    file,
-                    offset: 500,
-                    len: 1000,
-                };
-                tx.try_send(Frame::with_file(Bytes::from_static(b"h"), range))
-                    .map_err(|(e, _)| e)
-                    .unwrap();
-                drop(tx);
-                let err = writer.await.unwrap().unwrap_err();
-                assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{how:?}: {err}");
-            });
-        }
+        rt().block_on(async {
+            let (_tmp, file, _) = wal_file(1000);
+            let (client, _server) = tcp_pair().await;
+            let files = FileSocket::duplicate(&client).unwrap();
+            let (tx, drain) = frame_queue_with_files(client, Some(files));
+            let writer = tokio::spawn(drain);
+            let range = WalFileRange {
+                file,
+                offset: 500,
+                len: 1000,
+            };
+            tx.try_send(Frame::with_file(Bytes::from_static(b"h"), range))
+                .map_err(|(e, _)| e)
+                .unwrap();
+            drop(tx);
+            let err = writer.await.unwrap().unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
+        });
     }
 
     #[test]
@@ -1019,7 +854,7 @@ mod tests {
             let (_tmp, file, _) = wal_file(1 << 20);
             // The peer never reads: the sockets take a few MiB, the queue the rest.
             let (client, _server) = tcp_pair().await;
-            let files = FileSocket::duplicate(&client, FileSend::Sendfile).unwrap();
+            let files = FileSocket::duplicate(&client).unwrap();
             let (tx, drain) = frame_queue_with_files(client, Some(files));
             tokio::spawn(drain);
             let mut queued = 0;

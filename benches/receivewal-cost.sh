@@ -3,6 +3,7 @@
 #
 #   benches/receivewal-cost.sh                       # 1 GiB, 6 runs of each, into /dev/shm
 #   benches/receivewal-cost.sh --mib 512 --runs 2 --strace --dir /var/tmp
+#   benches/receivewal-cost.sh --mib 512 --runs 2 --perf /tmp/receivewal-perf
 #
 # A PostgreSQL 15 primary is filled with MIB MiB of WAL (INSERTs of 500-byte rows) and a
 # walserver primary (`walserver run`, release build) with as much (8 KiB records through
@@ -14,7 +15,9 @@
 # are the point; strace slows the run, so its MB/s say nothing). `--synchronous` runs the
 # client with `--synchronous`, which fsyncs each time it has drained the socket: how often
 # that is depends on how the server's sends arrive, so there the fsync count is a server's
-# doing.
+# doing. `--perf DIR` records each client run under `perf record` (cpu-clock, 4999 Hz) into
+# DIR/SYSTEM-RUN.data and prints its ten busiest symbols: where the client's time goes when
+# one server or the other feeds it (perf's own cost is in that run's CPU per MB).
 #
 # pg_receivewal's work is the same whichever server feeds it when its system calls are (it
 # copies what it receives into its own buffer and writes it to the segment files); if the
@@ -28,15 +31,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/vm-memory.sh
 
-MIB=1024 RUNS=6 STRACE=0 DIR=/dev/shm SYNC=()
+MIB=1024 RUNS=6 STRACE=0 DIR=/dev/shm SYNC=() PERF_OUT=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --mib) MIB="$2"; shift 2 ;;
         --runs) RUNS="$2"; shift 2 ;;
         --strace) STRACE=1; shift ;;
+        --perf) PERF_OUT="$2"; shift 2 ;;
         --dir) DIR="$2"; shift 2 ;;
         --synchronous) SYNC=(--synchronous); shift ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -49,6 +53,11 @@ for tool in jq curl python3; do
     command -v "$tool" >/dev/null || { echo "$tool is missing" >&2; exit 1; }
 done
 [ "$STRACE" = 0 ] || command -v strace >/dev/null || { echo "strace is missing (apt-get install strace)" >&2; exit 1; }
+if [ -n "$PERF_OUT" ]; then
+    [ "$STRACE" = 0 ] || { echo "--perf and --strace do not go together" >&2; exit 2; }
+    command -v perf >/dev/null || { echo "perf is missing (apt-get install linux-perf)" >&2; exit 1; }
+    mkdir -p "$PERF_OUT"
+fi
 
 cargo build --release -j2 --quiet --bin walserver
 WS="$PWD/target/release/walserver"
@@ -133,6 +142,7 @@ one() {
     mkdir -p "$d"
     local pre=()
     [ "$STRACE" = 1 ] && pre=(strace -c -o "$st")
+    [ -n "$PERF_OUT" ] && pre=(perf record -q -e cpu-clock -F 4999 -o "$PERF_OUT/$sys-$r.data" --)
     local TIMEFORMAT='%R %U %S'
     t=$( { time "${pre[@]}" "$PG_BIN/pg_receivewal" -h 127.0.0.1 -p "$port" -U postgres -D "$d" --slot "s$r" \
         "${SYNC[@]}" --endpos "$(int2lsn $(( end - 1 )))" -n -w >/dev/null 2>"$d.err"; } 2>&1 ) \
@@ -142,6 +152,10 @@ one() {
     awk -v s="$sys" -v r="$r" -v mb="$mb" -v t="$real" -v u="$user" -v y="$sysc" 'BEGIN {
         printf "run %d %-10s %6.0f MB/s  client CPU %.3f ms/MB (user %.3f, system %.3f)\n",
             r, s == "pg" ? "PostgreSQL" : "walserver", mb / t, (u + y) * 1000 / mb, u * 1000 / mb, y * 1000 / mb }'
+    if [ -n "$PERF_OUT" ]; then
+        perf report -i "$PERF_OUT/$sys-$r.data" --no-children -n --sort sym 2>/dev/null \
+            | awk '/^ *[0-9.]+%/ && n++ < 10 { printf "    %-8s %6d samples  %s\n", $1, $2, $4 }'
+    fi
     if [ "$STRACE" = 1 ]; then
         # strace -c: "% time, seconds, usecs/call, calls, [errors,] syscall", busiest first.
         awk -v mb="$mb" '$1 ~ /^[0-9.]+$/ && NF >= 5 && $NF != "total" {

@@ -4,6 +4,7 @@
 #   benches/receivewal-cost.sh                       # 1 GiB, 6 runs of each, into /dev/shm
 #   benches/receivewal-cost.sh --mib 512 --runs 2 --strace --dir /var/tmp
 #   benches/receivewal-cost.sh --mib 512 --runs 2 --perf /tmp/receivewal-perf
+#   benches/receivewal-cost.sh --mib 512 --runs 2 --dir /var/tmp --offcpu /tmp/receivewal-sched
 #
 # A PostgreSQL 15 primary is filled with MIB MiB of WAL (INSERTs of 500-byte rows) and a
 # walserver primary (`walserver run`, release build) with as much (8 KiB records through
@@ -17,7 +18,12 @@
 # that is depends on how the server's sends arrive, so there the fsync count is a server's
 # doing. `--perf DIR` records each client run under `perf record` (cpu-clock, 4999 Hz) into
 # DIR/SYSTEM-RUN.data and prints its ten busiest symbols: where the client's time goes when
-# one server or the other feeds it (perf's own cost is in that run's CPU per MB).
+# one server or the other feeds it (perf's own cost is in that run's CPU per MB). `--offcpu
+# DIR` records the whole machine's scheduler switches and wake-ups with call chains while each
+# client runs (DIR/SYSTEM-RUN.data) and prints where the client spent its time: running, and
+# off the CPU waiting for data (in pselect), for its fsyncs and other disk I/O, or preempted
+# while runnable; so whether a server keeps it waiting shows apart from its own work. perf's
+# start and the writing of its file are in that run's MB/s: read the recorded time instead.
 #
 # pg_receivewal's work is the same whichever server feeds it when its system calls are (it
 # copies what it receives into its own buffer and writes it to the segment files); if the
@@ -31,16 +37,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/vm-memory.sh
 
-MIB=1024 RUNS=6 STRACE=0 DIR=/dev/shm SYNC=() PERF_OUT=""
+MIB=1024 RUNS=6 STRACE=0 DIR=/dev/shm SYNC=() PERF_OUT="" OFFCPU_OUT=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --mib) MIB="$2"; shift 2 ;;
         --runs) RUNS="$2"; shift 2 ;;
         --strace) STRACE=1; shift ;;
         --perf) PERF_OUT="$2"; shift 2 ;;
+        --offcpu) OFFCPU_OUT="$2"; shift 2 ;;
         --dir) DIR="$2"; shift 2 ;;
         --synchronous) SYNC=(--synchronous); shift ;;
-        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -57,6 +64,11 @@ if [ -n "$PERF_OUT" ]; then
     [ "$STRACE" = 0 ] || { echo "--perf and --strace do not go together" >&2; exit 2; }
     command -v perf >/dev/null || { echo "perf is missing (apt-get install linux-perf)" >&2; exit 1; }
     mkdir -p "$PERF_OUT"
+fi
+if [ -n "$OFFCPU_OUT" ]; then
+    [ "$STRACE" = 0 ] && [ -z "$PERF_OUT" ] || { echo "--offcpu goes with neither --perf nor --strace" >&2; exit 2; }
+    command -v perf >/dev/null || { echo "perf is missing (apt-get install linux-perf)" >&2; exit 1; }
+    mkdir -p "$OFFCPU_OUT"
 fi
 
 cargo build --release -j2 --quiet --bin walserver
@@ -136,6 +148,39 @@ echo "$(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) CPUs, $(awk -F': ' '/^model nam
 echo "PostgreSQL: $(( PG_END - PG_START )) bytes; walserver: $(( WS_END - WS_START )) bytes"
 
 # one SYSTEM RUN: one catch-up, one line.
+# Where the client's time went, from a recording of the machine's scheduler switches with call
+# chains: its time on a CPU, and each stretch off one from the moment it was switched out to the
+# moment it ran again, classed by where it slept (the innermost recognisable kernel function).
+offcpu() {
+    perf script -i "$1" -F comm,tid,time,event,trace,ip,sym 2>/dev/null | awk '
+    /sched:sched_switch/ {
+        t = $3; sub(":", "", t); prev = ""; nxt = ""
+        if (first == "") first = t
+        last = t
+        for (i = 4; i <= NF; i++) {
+            if ($i ~ /^prev_pid=/) prev = substr($i, 10)
+            if ($i ~ /^next_pid=/) nxt = substr($i, 10)
+        }
+        if (nxt in out) { off[cls[nxt]] += t - out[nxt]; n[cls[nxt]]++; delete out[nxt] }
+        if ($0 ~ /next_comm=pg_receivewal /) on_at[nxt] = t
+        grab = ($0 ~ /prev_comm=pg_receivewal /)
+        if (grab) { pid = prev; at = t; c = ""; if (pid in on_at) run += t - on_at[pid] }
+        next
+    }
+    /sched:sched_wakeup/ { grab = 0; next }
+    grab && NF >= 2 && c == "" {
+        if ($2 ~ /do_select|do_poll|poll_schedule/) c = "waiting for data"
+        else if ($2 ~ /fsync|io_schedule|folio_wait|submit_bio|bit_wait|blkdev|balance_dirty/) c = "its fsyncs and disk I/O"
+        else if ($2 ~ /exit_to_user|cond_resched|preempt/) c = "preempted, runnable"
+    }
+    /^$/ { if (grab) { out[pid] = at; cls[pid] = (c == "" ? "elsewhere" : c) } grab = 0 }
+    END {
+        printf "    recorded %27.1f ms (the MB/s above counts perf starting and stopping)\n", (last - first) * 1000
+        printf "    on a CPU %27.1f ms\n", run * 1000
+        for (k in off) printf "    off: %-24s %6.1f ms, %5d times\n", k, off[k] * 1000, n[k]
+    }'
+}
+
 one() {
     local sys=$1 r=$2 port start end d="$OUT/$1-$2" st="$WORK/strace-$1-$2" t real user sysc mb
     if [ "$sys" = pg ]; then port=$PG_PORT start=$PG_START end=$PG_END; else port=$WS_PORT start=$WS_START end=$WS_END; fi
@@ -143,6 +188,8 @@ one() {
     local pre=()
     [ "$STRACE" = 1 ] && pre=(strace -c -o "$st")
     [ -n "$PERF_OUT" ] && pre=(perf record -q -e cpu-clock -F 4999 -o "$PERF_OUT/$sys-$r.data" --)
+    [ -n "$OFFCPU_OUT" ] && pre=(perf record -q -a -g -e sched:sched_switch -e sched:sched_wakeup \
+        -o "$OFFCPU_OUT/$sys-$r.data" --)
     local TIMEFORMAT='%R %U %S'
     t=$( { time "${pre[@]}" "$PG_BIN/pg_receivewal" -h 127.0.0.1 -p "$port" -U postgres -D "$d" --slot "s$r" \
         "${SYNC[@]}" --endpos "$(int2lsn $(( end - 1 )))" -n -w >/dev/null 2>"$d.err"; } 2>&1 ) \
@@ -156,6 +203,7 @@ one() {
         perf report -i "$PERF_OUT/$sys-$r.data" --no-children -n --sort sym 2>/dev/null \
             | awk '/^ *[0-9.]+%/ && n++ < 10 { printf "    %-8s %6d samples  %s\n", $1, $2, $4 }'
     fi
+    [ -z "$OFFCPU_OUT" ] || offcpu "$OFFCPU_OUT/$sys-$r.data"
     if [ "$STRACE" = 1 ]; then
         # strace -c: "% time, seconds, usecs/call, calls, [errors,] syscall", busiest first.
         awk -v mb="$mb" '$1 ~ /^[0-9.]+$/ && NF >= 5 && $NF != "total" {

@@ -36,6 +36,7 @@ use wal_storage::{TimelineId, Wal, WalPosition, WriteTicket};
 use crate::config::ReceiverConfig;
 use crate::connect::{self, Connection, Io};
 use crate::error::{ReceiverError, StopReason};
+use crate::low_water::{LowWater, LOW_WATER_GRACE};
 use crate::messages::*;
 use crate::session::{LocalWal, Output, Session};
 use crate::status::ReceiverStatus;
@@ -44,6 +45,13 @@ use crate::storage_ops;
 /// Messages queued for the writer task. Only status updates and the few commands of a
 /// conversation go there, so a full queue means the upstream stopped reading.
 const WRITE_QUEUE: usize = 64;
+
+/// How much one read of the upstream socket may take. Asking the codec for room for one
+/// message at a time costs two reads per 128 KiB XLogData (its header, then the rest) and a
+/// copy of the first; with room for many, one read takes whatever the socket holds, and only
+/// the message cut at the end of the room is copied into the next buffer. The size is a
+/// guess: a few messages' worth, small beside the in-flight bound.
+const READ_AHEAD: usize = 1 << 20;
 /// How long the writer may take to deliver the last messages (a Terminate) of a stopped
 /// walreceiver to an upstream that does not read; then the socket is dropped.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
@@ -139,12 +147,14 @@ impl WalReceiver {
         status.sender_host = Some(self.config.conninfo.host_or_default().to_string());
         status.sender_port = Some(self.config.conninfo.port);
         let (reader, writer) = tokio::io::split(conn.io);
-        let mut framed = FramedRead::new(reader, ClientCodec::new());
+        let codec = ClientCodec::new().with_read_ahead(READ_AHEAD);
+        let mut framed = FramedRead::new(reader, codec);
         framed.read_buffer_mut().extend_from_slice(&conn.leftover);
         ctx.add_stream(inbound(
             framed,
             self.in_flight.clone(),
             self.config.max_wal_in_flight(),
+            LowWater::new(conn.fd),
         ));
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
         let me = ctx.address().downgrade();
@@ -280,28 +290,60 @@ impl WalReceiver {
 }
 
 /// The read side: upstream messages, each XLogData only once its bytes fit in the in-flight
-/// bound. While it waits for permits it does not read the socket.
+/// bound. While it waits for permits it does not read the socket. Each XLogData sets the
+/// socket's low-water mark from the WAL its upstream still promises (`low_water.rs`).
 fn inbound(
     framed: FramedRead<ReadHalf<Box<dyn Io>>, ClientCodec>,
     permits: Arc<Semaphore>,
     max_in_flight: usize,
+    low_water: LowWater,
 ) -> impl Stream<Item = Result<Inbound, CodecError>> {
-    futures_util::stream::unfold((framed, permits), move |(mut framed, permits)| async move {
-        let item = match framed.next().await? {
-            Ok(BackendMessage::XLogData(x)) => {
-                // A message larger than the whole bound waits for all of it.
-                let n = x.data.len().clamp(1, max_in_flight) as u32;
-                let permit = permits.clone().acquire_many_owned(n).await.ok()?;
-                Ok(Inbound {
-                    msg: BackendMessage::XLogData(x),
-                    permit: Some(permit),
-                })
-            }
-            Ok(msg) => Ok(Inbound { msg, permit: None }),
-            Err(e) => Err(e),
-        };
-        Some((item, (framed, permits)))
-    })
+    let state = (framed, permits, low_water);
+    futures_util::stream::unfold(
+        state,
+        move |(mut framed, permits, mut low_water)| async move {
+            let item = match next_message(&mut framed, &mut low_water).await? {
+                Ok(BackendMessage::XLogData(x)) => {
+                    // What is still to come from the socket: the WAL promised past this message,
+                    // less what was read already (buffered bytes count in full, headers too, so
+                    // this never overstates it).
+                    let end = x.wal_start.0.saturating_add(x.data.len() as u64);
+                    let buffered = framed.read_buffer().len() as u64;
+                    low_water.follow(x.wal_end.0.saturating_sub(end).saturating_sub(buffered));
+                    // A message larger than the whole bound waits for all of it.
+                    let n = x.data.len().clamp(1, max_in_flight) as u32;
+                    let permit = permits.clone().acquire_many_owned(n).await.ok()?;
+                    Ok(Inbound {
+                        msg: BackendMessage::XLogData(x),
+                        permit: Some(permit),
+                    })
+                }
+                Ok(msg) => Ok(Inbound { msg, permit: None }),
+                Err(e) => Err(e),
+            };
+            Some((item, (framed, permits, low_water)))
+        },
+    )
+}
+
+/// The next upstream message. With the low-water mark raised, a message that does not come
+/// within [`LOW_WATER_GRACE`] lowers the mark, then is waited for as usual.
+async fn next_message(
+    framed: &mut FramedRead<ReadHalf<Box<dyn Io>>, ClientCodec>,
+    low_water: &mut LowWater,
+) -> Option<Result<BackendMessage, CodecError>> {
+    if !low_water.raised() {
+        return framed.next().await;
+    }
+    // Waiting for a message is cancel-safe: what was read stays in the buffer.
+    match tokio::time::timeout(LOW_WATER_GRACE, framed.next()).await {
+        Ok(next) => next,
+        Err(_) => {
+            tracing::debug!("the upstream sent less WAL than it promised; low-water mark lowered");
+            low_water.lower();
+            framed.next().await
+        }
+    }
 }
 
 /// The write side: sends what the actor queues, gathering what is queued into one flush.
@@ -469,7 +511,7 @@ mod tests {
     use std::pin::pin;
 
     use bytes::BytesMut;
-    use protocol_codec::messages::XLogData;
+    use protocol_codec::messages::{PrimaryKeepalive, XLogData};
     use tokio::io::AsyncWriteExt;
     use wal_storage::{Lsn, PgTimestamp};
 
@@ -487,7 +529,8 @@ mod tests {
         let mut stream = pin!(inbound(
             FramedRead::new(reader, ClientCodec::new()),
             permits.clone(),
-            250 << 10
+            250 << 10,
+            LowWater::new(None)
         ));
         let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = sent.clone();
@@ -535,5 +578,122 @@ mod tests {
             }
         }
         upstream_task.await.unwrap();
+    }
+
+    /// An upstream's end of a loopback connection and the read side over ours, as
+    /// `established` builds it (read-ahead, low-water mark, 32 MiB in flight).
+    async fn streaming_socket() -> (
+        tokio::net::TcpStream,
+        std::pin::Pin<Box<impl Stream<Item = Result<Inbound, CodecError>>>>,
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ours = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (upstream, _) = listener.accept().await.unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&ours);
+        let (reader, _writer) = tokio::io::split(Box::new(ours) as Box<dyn Io>);
+        let codec = ClientCodec::new().with_read_ahead(READ_AHEAD);
+        let stream = Box::pin(inbound(
+            FramedRead::new(reader, codec),
+            Arc::new(Semaphore::new(32 << 20)),
+            32 << 20,
+            LowWater::new(Some(fd)),
+        ));
+        (upstream, stream)
+    }
+
+    /// A catch-up over a real socket with the read-ahead and the low-water mark: every
+    /// message arrives, the last one too, which the upstream sends only once the reader has
+    /// drained the others (so the reader waits for it below the catch-up mark) and after
+    /// which it sends nothing more and keeps the connection open.
+    #[tokio::test]
+    async fn a_catch_up_delivers_its_last_bytes_with_the_low_water_mark() {
+        const CHUNK: usize = 128 << 10;
+        const N: u64 = 64;
+        let (mut upstream, mut stream) = streaming_socket().await;
+        let end = N * CHUNK as u64;
+        let (drained_tx, drained) = tokio::sync::oneshot::channel::<()>();
+        let upstream_task = tokio::spawn(async move {
+            let mut drained = Some(drained);
+            for i in 0..N {
+                if i == N - 1 {
+                    if let Some(d) = drained.take() {
+                        d.await.unwrap();
+                    }
+                }
+                let mut buf = BytesMut::new();
+                BackendMessage::XLogData(XLogData {
+                    wal_start: Lsn(i * CHUNK as u64),
+                    wal_end: Lsn(end),
+                    send_time: PgTimestamp(0),
+                    data: Bytes::from(vec![i as u8; CHUNK]),
+                })
+                .encode(&mut buf)
+                .unwrap();
+                upstream.write_all(&buf).await.unwrap();
+            }
+            // Nothing more, and the connection stays open until the test ends.
+            upstream
+        });
+        let mut drained_tx = Some(drained_tx);
+        let all = async {
+            for i in 0..N {
+                if i == N - 1 {
+                    if let Some(tx) = drained_tx.take() {
+                        tx.send(()).unwrap();
+                    }
+                }
+                let item = stream.next().await.unwrap().unwrap();
+                match item.msg {
+                    BackendMessage::XLogData(x) => {
+                        assert_eq!(x.wal_start, Lsn(i * CHUNK as u64));
+                        assert!(x.data.iter().all(|&b| b == i as u8));
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(30), all)
+            .await
+            .expect("the last messages were held back");
+        drop(upstream_task.await.unwrap());
+    }
+
+    /// An upstream that promises much more WAL than it then sends (a promoted cascading
+    /// standby ends its stream below the end it advertised): what it does send still arrives,
+    /// once the mark's grace has run out.
+    #[tokio::test]
+    async fn a_broken_promise_costs_the_grace_not_a_stall() {
+        let (mut upstream, mut stream) = streaming_socket().await;
+        let mut buf = BytesMut::new();
+        BackendMessage::XLogData(XLogData {
+            wal_start: Lsn(0),
+            wal_end: Lsn(64 << 20),
+            send_time: PgTimestamp(0),
+            data: Bytes::from(vec![7u8; 8192]),
+        })
+        .encode(&mut buf)
+        .unwrap();
+        upstream.write_all(&buf).await.unwrap();
+        let first = stream.next().await.unwrap().unwrap();
+        assert!(matches!(first.msg, BackendMessage::XLogData(_)));
+        // The promise is broken: one keepalive, then nothing, the connection open.
+        let mut buf = BytesMut::new();
+        BackendMessage::PrimaryKeepalive(PrimaryKeepalive {
+            wal_end: Lsn(8192),
+            send_time: PgTimestamp(0),
+            reply_requested: true,
+        })
+        .encode(&mut buf)
+        .unwrap();
+        upstream.write_all(&buf).await.unwrap();
+        let next = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+            .await
+            .expect("the keepalive was held back by the low-water mark");
+        assert!(matches!(
+            next.unwrap().unwrap().msg,
+            BackendMessage::PrimaryKeepalive(_)
+        ));
     }
 }

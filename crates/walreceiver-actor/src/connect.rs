@@ -10,6 +10,7 @@
 //! [`crate::fetch_upstream_identity`].
 
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,6 +44,9 @@ pub struct Connection {
     /// TLS is up.
     pub session: Established,
     pub peer: SocketAddr,
+    /// The TCP socket under `io` (and under its TLS, if any), open as long as `io` is: for
+    /// socket options set while streaming.
+    pub(crate) fd: Option<RawFd>,
 }
 
 impl Connection {
@@ -198,6 +202,7 @@ async fn attempt(
         .map_err(connect_err)?;
     let _ = stream.set_nodelay(true);
     let peer = stream.peer_addr().map_err(connect_err)?;
+    let fd = stream.as_raw_fd();
     let mut io: Box<dyn Io> = Box::new(stream);
     let mut handshake = ClientHandshake::new(startup_config(info, application_name), encryption);
     let mut rbuf = BytesMut::with_capacity(1024);
@@ -248,6 +253,7 @@ async fn attempt(
                     leftover: rbuf,
                     session: established,
                     peer,
+                    fd: Some(fd),
                 })
             }
         };

@@ -7,7 +7,8 @@
 //!
 //! Every length is checked before anything is buffered for it: a negative length, one
 //! smaller than the length field itself, or one over the codec's maximum is an error, so a
-//! hostile peer cannot make us reserve memory it never sends.
+//! hostile peer cannot make us reserve memory it never sends beyond the read-ahead a client
+//! chose ([`ClientCodec::with_read_ahead`], none by default).
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};

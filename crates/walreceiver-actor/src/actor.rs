@@ -613,46 +613,41 @@ mod tests {
         const N: u64 = 64;
         let (mut upstream, mut stream) = streaming_socket().await;
         let end = N * CHUNK as u64;
+        let frame = move |i: u64| {
+            let mut buf = BytesMut::new();
+            BackendMessage::XLogData(XLogData {
+                wal_start: Lsn(i * CHUNK as u64),
+                wal_end: Lsn(end),
+                send_time: PgTimestamp(0),
+                data: Bytes::from(vec![i as u8; CHUNK]),
+            })
+            .encode(&mut buf)
+            .unwrap();
+            buf
+        };
         let (drained_tx, drained) = tokio::sync::oneshot::channel::<()>();
         let upstream_task = tokio::spawn(async move {
-            let mut drained = Some(drained);
-            for i in 0..N {
-                if i == N - 1 {
-                    if let Some(d) = drained.take() {
-                        d.await.unwrap();
-                    }
-                }
-                let mut buf = BytesMut::new();
-                BackendMessage::XLogData(XLogData {
-                    wal_start: Lsn(i * CHUNK as u64),
-                    wal_end: Lsn(end),
-                    send_time: PgTimestamp(0),
-                    data: Bytes::from(vec![i as u8; CHUNK]),
-                })
-                .encode(&mut buf)
-                .unwrap();
-                upstream.write_all(&buf).await.unwrap();
+            for i in 0..N - 1 {
+                upstream.write_all(&frame(i)).await.unwrap();
             }
+            drained.await.unwrap();
+            upstream.write_all(&frame(N - 1)).await.unwrap();
             // Nothing more, and the connection stays open until the test ends.
             upstream
         });
-        let mut drained_tx = Some(drained_tx);
-        let all = async {
-            for i in 0..N {
-                if i == N - 1 {
-                    if let Some(tx) = drained_tx.take() {
-                        tx.send(()).unwrap();
-                    }
-                }
-                let item = stream.next().await.unwrap().unwrap();
-                match item.msg {
-                    BackendMessage::XLogData(x) => {
-                        assert_eq!(x.wal_start, Lsn(i * CHUNK as u64));
-                        assert!(x.data.iter().all(|&b| b == i as u8));
-                    }
-                    other => panic!("unexpected {other:?}"),
-                }
+        let received = |i: u64, item: Inbound| match item.msg {
+            BackendMessage::XLogData(x) => {
+                assert_eq!(x.wal_start, Lsn(i * CHUNK as u64));
+                assert!(x.data.iter().all(|&b| b == i as u8));
             }
+            other => panic!("unexpected {other:?}"),
+        };
+        let all = async {
+            for i in 0..N - 1 {
+                received(i, stream.next().await.unwrap().unwrap());
+            }
+            drained_tx.send(()).unwrap();
+            received(N - 1, stream.next().await.unwrap().unwrap());
         };
         tokio::time::timeout(std::time::Duration::from_secs(30), all)
             .await

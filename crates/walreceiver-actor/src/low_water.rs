@@ -19,6 +19,8 @@
 
 use std::os::fd::RawFd;
 
+use actor_util::set_int_option;
+
 /// The mark while catching up. A guess: a few XLogData messages (128 KiB each from
 /// PostgreSQL) per wake-up, well below the read-ahead, so one read takes all that is queued.
 pub(crate) const CATCH_UP_LOW_WATER: usize = 256 << 10;
@@ -43,7 +45,7 @@ impl LowWater {
     }
 
     /// The mark for `promised` bytes of WAL still to come beyond what the reader holds.
-    pub(crate) fn wanted(promised: u64) -> usize {
+    fn wanted(promised: u64) -> usize {
         if promised >= 2 * CATCH_UP_LOW_WATER as u64 {
             CATCH_UP_LOW_WATER
         } else {
@@ -59,24 +61,18 @@ impl LowWater {
         if want == self.set {
             return;
         }
-        let val = want as libc::c_int;
-        // SAFETY: `fd` is the open socket of the stream that owns this value (see `new`);
-        // `val` is a live c_int whose size is passed.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVLOWAT,
-                (&val as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
-            self.set = want;
-        } else {
-            let e = std::io::Error::last_os_error();
-            tracing::debug!(error = %e, "SO_RCVLOWAT not settable; reading without it");
-            self.fd = None;
+        // `fd` is the open socket of the stream that owns this value (see `new`).
+        match set_int_option(
+            &fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            want as libc::c_int,
+        ) {
+            Ok(()) => self.set = want,
+            Err(e) => {
+                tracing::debug!(error = %e, "SO_RCVLOWAT not settable; reading without it");
+                self.fd = None;
+            }
         }
     }
 

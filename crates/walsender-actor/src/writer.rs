@@ -22,6 +22,7 @@ use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
+use actor_util::set_int_option;
 use bytes::{Buf, Bytes};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWrite, AsyncWriteExt, Interest};
@@ -286,30 +287,6 @@ fn set_cork(socket: &OwnedFd, on: bool) -> bool {
         libc::c_int::from(on),
     )
     .is_ok()
-}
-
-/// Sets an integer socket option.
-fn set_int_option(
-    socket: &impl AsRawFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    v: libc::c_int,
-) -> io::Result<()> {
-    // SAFETY: the descriptor is open for the call, and `v` is a c_int the call only reads.
-    let r = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            level,
-            name,
-            std::ptr::from_ref(&v).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 /// Output for the file sender: bytes in memory, or a range of a segment file.

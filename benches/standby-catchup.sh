@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Catch-up of a new walserver standby on tmpfs, alternating walserver builds.
+# Catch-up of a new walserver standby on tmpfs (or the disk), alternating walserver builds.
 #
 #   benches/standby-catchup.sh MIB ROUNDS BIN [BIN...]
+#   STANDBY_DIR=/var/tmp benches/standby-catchup.sh MIB ROUNDS BIN [BIN...]
 #
 # One walserver primary (the first BIN, data directory on the disk under /var/tmp) holds MIB
 # MiB of 8 KiB records behind one physical slot per standby. Then, ROUNDS times, each BIN in
-# turn starts a new standby on /dev/shm (`walserver init --standby` through its slot) and is
+# turn starts a new standby under STANDBY_DIR (/dev/shm unless set; /var/tmp puts it on the
+# disk, fsync on) (`walserver init --standby` through its slot) and is
 # timed by `walserver bench wait-lsn` from the first position it reports to the primary's
 # end. Printed per run: MB/s, the CPU ticks the primary spent over the catch-up and the
 # standby's whole CPU ticks (both from /proc/PID/stat), the 1-minute load average. Set PERF=1
@@ -20,7 +22,7 @@
 set -euo pipefail
 . "$(dirname "$0")/vm-memory.sh"
 MIB=$1; ROUNDS=$2; shift 2; BINS=("$@")
-W=$(mktemp -d /var/tmp/standby-catchup.XXXXXX); S=$(mktemp -d /dev/shm/standby-catchup.XXXXXX)
+W=$(mktemp -d /var/tmp/standby-catchup.XXXXXX); S=$(mktemp -d "${STANDBY_DIR:-/dev/shm}/standby-catchup.XXXXXX")
 PIDS=()
 cleanup() { set +e; for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$W" "$S"; vm_memory_release; }
 trap cleanup EXIT
@@ -42,7 +44,10 @@ done
 "$WS" bench append --http "127.0.0.1:$H" --durability local --size 8192 --batch 128 --writers 2 \
     --bytes $((MIB << 20)) --json >/dev/null
 END=$(curl -sf "http://127.0.0.1:$H/status" | jq -r .flush_lsn); sync
-vm_memory_touch "$S"
+vm_memory_touch /dev/shm
+# Touching the memory pushed the primary's WAL out of the page cache; read it back, so that
+# every round (the first too) sends from the page cache.
+find "$W/primary/pg_wal" -type f -exec cat {} + > /dev/null
 i=0
 for r in $(seq 1 "$ROUNDS"); do
     for b in "${BINS[@]}"; do

@@ -185,6 +185,13 @@ impl NodeBuilder {
         self
     }
 
+    /// `wal_recycle`: whether a segment file nobody needs any more becomes a later segment
+    /// instead of being removed (default on; off suits copy-on-write file systems).
+    pub fn wal_recycle(mut self, on: bool) -> NodeBuilder {
+        self.config.storage.wal_recycle = on;
+        self
+    }
+
     /// `synchronous_standby_names` in PostgreSQL's grammar (`a`, `FIRST 2 (a, b, c)`,
     /// `ANY 1 (*)`); empty (the default) makes no standby synchronous.
     pub fn synchronous_standby_names(mut self, names: &str) -> Result<NodeBuilder, NodeError> {

@@ -33,6 +33,11 @@ pub struct StorageConfig {
     /// Make writes durable with fdatasync/fsync. Only tests and benches on throwaway directories
     /// turn this off; with it off nothing is crash-safe.
     pub fsync: bool,
+    /// `wal_recycle`: a segment file nobody needs any more becomes a later segment instead of
+    /// being removed, so that a new segment costs a rename rather than 16 MiB of zeros written
+    /// and flushed (PostgreSQL's knob of the same name, on by default there too). Off suits a
+    /// copy-on-write file system, where overwriting a file's blocks allocates new ones anyway.
+    pub wal_recycle: bool,
 }
 
 impl Default for StorageConfig {
@@ -44,6 +49,7 @@ impl Default for StorageConfig {
             max_slot_wal_keep_size: None,
             max_wal_size: 1 << 30,
             fsync: true,
+            wal_recycle: true,
         }
     }
 }

@@ -48,8 +48,9 @@
 //! included, so that a ticket may be waited on through the watch ([`Ticket::ride`]) and cost
 //! its thread no wake-up beyond the announcement's. Segment files are
 //! created zero-filled to full size by the background thread before they are needed, so the
-//! hot path never extends a file (and fdatasync journals no size change); on tmpfs a segment
-//! nobody holds any more is recycled as a later one instead of being removed and made anew
+//! hot path never extends a file (and fdatasync journals no size change); with `wal_recycle`
+//! on (the default) a segment nobody holds any more is recycled as a later one instead of
+//! being removed and made anew
 //! (its old bytes never validate at the new place: records and segment headers carry their
 //! own LSN). `writer.rs` has the details, including what a failed batch leaves behind;
 //! `background.rs` the preallocation and recycling.

@@ -85,11 +85,11 @@ pub struct RecoveryReport {
     /// Why the record scan stopped, if it did at something other than never-written bytes.
     pub stop_reason: Option<String>,
     /// Bytes beyond the end that held something and were zeroed (a torn or unconfirmed tail;
-    /// on tmpfs, where segment files are recycled, also the old WAL of the recycled file that
-    /// holds the end).
+    /// where segment files are recycled, also the old WAL of the recycled file that holds the
+    /// end).
     pub discarded_bytes: u64,
-    /// Segment files beyond the end that held something and were removed (on tmpfs, also
-    /// recycled files made ready ahead of the end).
+    /// Segment files beyond the end that held something and were removed (where segment
+    /// files are recycled, also recycled files made ready ahead of the end).
     pub removed_segments: Vec<String>,
 }
 
@@ -456,7 +456,7 @@ fn open_locked(
         ),
     };
     let (bg_tx, bg_rx) = crossbeam_channel::unbounded();
-    let recycled = RecyclePool::new(&io, &pg_wal);
+    let recycled = RecyclePool::new(cfg.wal_recycle);
     let inner = Arc::new(Inner {
         dir: dir.to_path_buf(),
         tmp,

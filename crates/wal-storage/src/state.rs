@@ -82,7 +82,7 @@ impl TimelineState {
 /// sender in [`Inner`], so that everyone holding the state can ask without knowing the thread.
 #[derive(Debug)]
 pub(crate) enum BgRequest {
-    /// Create segment `segno` of `tli` (zero-filled, or on tmpfs from a recycled file) and
+    /// Create segment `segno` of `tli` (from a recycled file, or zero-filled) and
     /// hand it back open for writing.
     Prealloc {
         tli: TimelineId,
@@ -119,7 +119,7 @@ pub(crate) struct Inner {
     pub bg_tx: Sender<BgRequest>,
     /// The last small durable batches, for readers at the end of WAL.
     pub tail: TailCache,
-    /// Segment files retention handed over for reuse (on tmpfs only).
+    /// Segment files retention handed over for reuse (`wal_recycle`).
     pub recycled: RecyclePool,
     /// Storage's health (`health.rs`); the writer moves it, and a restart.
     pub health: HealthTx,

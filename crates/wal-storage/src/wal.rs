@@ -431,8 +431,9 @@ impl Wal {
         self.inner().oldest_retained()
     }
 
-    /// How many segment files were made from a recycled one since this opening (on tmpfs,
-    /// retention hands segments nobody holds to preallocation instead of removing them).
+    /// How many segment files were made from a recycled one since this opening (with
+    /// `wal_recycle` on, retention hands segments nobody holds to preallocation instead of
+    /// removing them).
     pub fn segments_recycled(&self) -> u64 {
         self.inner().recycled.reused()
     }

@@ -30,6 +30,7 @@ pub const KEYS: &[&str] = &[
     "wal_keep_size",
     "max_slot_wal_keep_size",
     "max_wal_size",
+    "wal_recycle",
     "synchronous_standby_names",
     "synchronous_commit",
     "synchronous_wait_timeout",
@@ -91,6 +92,10 @@ pub struct Settings {
     /// Past this much retained WAL a slot's `wal_status` turns from reserved to extended.
     #[serde(default = "default_max_wal_size", deserialize_with = "units::size_mb")]
     pub max_wal_size: u64,
+    /// A segment file nobody needs any more becomes a later segment instead of being removed
+    /// (PostgreSQL's `wal_recycle`); off suits copy-on-write file systems.
+    #[serde(default = "default_wal_recycle")]
+    pub wal_recycle: bool,
     #[serde(default)]
     pub synchronous_standby_names: String,
     #[serde(default = "default_synchronous_commit")]
@@ -172,6 +177,9 @@ fn default_wal_sender_shutdown_timeout() -> Duration {
 }
 fn default_max_wal_size() -> u64 {
     wal_storage::StorageConfig::default().max_wal_size
+}
+fn default_wal_recycle() -> bool {
+    wal_storage::StorageConfig::default().wal_recycle
 }
 fn default_synchronous_commit() -> String {
     "on".into()
@@ -539,6 +547,25 @@ pub(crate) mod tests {
         assert_eq!(s.wal_receiver_status_interval, Duration::from_secs(10));
         assert_eq!(s.max_slot_wal_keep_size, None);
         assert_eq!(s.max_wal_senders, 10);
+        assert!(s.wal_recycle);
+    }
+
+    #[test]
+    fn wal_recycle_takes_postgres_booleans() {
+        for (text, want) in [
+            ("off", false),
+            ("on", true),
+            ("false", false),
+            ("true", true),
+        ] {
+            let s = load("data_dir = \"/d\"", &[], &[("wal_recycle", text)]).unwrap();
+            assert_eq!(s.wal_recycle, want, "-c wal_recycle={text}");
+            let s = load("data_dir = \"/d\"", &[("WALSERVER_WAL_RECYCLE", text)], &[]).unwrap();
+            assert_eq!(s.wal_recycle, want, "WALSERVER_WAL_RECYCLE={text}");
+        }
+        let s = load("data_dir = \"/d\"\nwal_recycle = false", &[], &[]).unwrap();
+        assert!(!s.wal_recycle);
+        assert!(load("data_dir = \"/d\"", &[], &[("wal_recycle", "sometimes")]).is_err());
     }
 
     #[test]

@@ -57,6 +57,10 @@ pub fn show_values(
         ),
         v("max_wal_size", format_size(s.max_wal_size)),
         v(
+            "wal_recycle",
+            if s.wal_recycle { "on" } else { "off" }.into(),
+        ),
+        v(
             "synchronous_standby_names",
             s.synchronous_standby_names.clone(),
         ),
@@ -182,6 +186,7 @@ pub fn node_config(s: &Settings, data_dir: &Path) -> Result<NodeConfig> {
         wal_keep_size: s.wal_keep_size,
         max_slot_wal_keep_size: s.max_slot_wal_keep_size,
         max_wal_size: s.max_wal_size,
+        wal_recycle: s.wal_recycle,
         ..StorageConfig::default()
     };
     cfg.max_wal_senders = s.max_wal_senders;
@@ -324,6 +329,7 @@ mod tests {
             file.storage.max_slot_wal_keep_size
         );
         assert_eq!(code.storage.max_wal_size, file.storage.max_wal_size);
+        assert_eq!(code.storage.wal_recycle, file.storage.wal_recycle);
         assert_eq!(code.sync, file.sync);
         assert!(code.standby.is_none() && file.standby.is_none());
 

@@ -553,8 +553,10 @@ fn every_point_recovery_passes_fails_open_until_cleared() {
 fn failed_retention_removal_is_redone_by_the_next_run() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
+    // Without recycling, so that every retired segment is removed, not renamed into the pool.
     let cfg = StorageConfig {
         wal_keep_size: 0,
+        wal_recycle: false,
         ..cfg()
     };
     let wal = Wal::init(

@@ -1,8 +1,10 @@
-//! Segment recycling on tmpfs: retention hands segments nobody holds to preallocation instead
-//! of removing them. What is checked: recycling happens; every record reads back; a recovery
-//! that scans from an older flush pointer stops at the real end, not at an old record of a
-//! recycled file; and a range held for `sendfile` keeps its bytes while its segment is retired
-//! and other segments are recycled around it.
+//! Segment recycling (`wal_recycle`, on by default): retention hands segments nobody holds to
+//! preallocation instead of removing them. What is checked, on the disk and on tmpfs (whose
+//! new segments are made differently, with `fallocate`): recycling happens; every record reads
+//! back; a recovery that scans from an older flush pointer stops at the real end, not at an
+//! old record of a recycled file; a range held for `sendfile` keeps its bytes while its
+//! segment is retired and other segments are recycled around it; and with `wal_recycle` off
+//! nothing is recycled and retired segments are removed.
 
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -12,7 +14,7 @@ use wal_storage::*;
 
 use crate::common::*;
 
-/// A data directory on tmpfs (`/dev/shm`), where recycling is on.
+/// A data directory on tmpfs (`/dev/shm`).
 fn on_tmpfs() -> tempfile::TempDir {
     let shm = Path::new("/dev/shm");
     assert!(
@@ -20,6 +22,11 @@ fn on_tmpfs() -> tempfile::TempDir {
         "/dev/shm is missing: these tests need a tmpfs there"
     );
     tempfile::tempdir_in(shm).unwrap()
+}
+
+/// A data directory on the disk the build runs on (the target directory's file system).
+fn on_disk() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
 }
 
 /// 1 MiB segments and no `wal_keep_size`: every finished segment is retired at once.
@@ -31,26 +38,90 @@ fn keep_nothing() -> StorageConfig {
 }
 
 fn init(dir: &Path) -> Wal {
+    init_with(dir, keep_nothing())
+}
+
+fn init_with(dir: &Path, cfg: StorageConfig) -> Wal {
     Wal::init(
         dir,
-        keep_nothing(),
+        cfg,
         InitOptions::primary(SystemId(7), WalFormat::Walserver),
     )
     .unwrap()
 }
 
-#[test]
-fn recycled_segments_hold_old_bytes_that_never_pass_for_wal() {
-    let tmp = on_tmpfs();
-    let wal = init(tmp.path());
-    // Twelve segments of records, one append per segment or so.
+/// Twelve segments of records, one append per segment or so: the payloads and their ends.
+fn twelve_segments(wal: &Wal) -> (Vec<Bytes>, Vec<Lsn>) {
     let payloads: Vec<Bytes> = (0..200).map(|i| payload(i, 60_000)).collect();
     let mut ends = Vec::new();
     for chunk in payloads.chunks(16) {
-        ends.extend(append(&wal, chunk));
+        ends.extend(append(wal, chunk));
     }
+    assert!(ends.last().unwrap().0 > 11 * SEG);
+    (payloads, ends)
+}
+
+#[test]
+fn recycled_segments_hold_old_bytes_that_never_pass_for_wal_on_tmpfs() {
+    old_bytes_never_pass_for_wal(on_tmpfs());
+}
+
+#[test]
+fn recycled_segments_hold_old_bytes_that_never_pass_for_wal_on_disk() {
+    old_bytes_never_pass_for_wal(on_disk());
+}
+
+#[test]
+fn a_range_held_for_sendfile_keeps_its_bytes_while_its_segment_is_retired_on_tmpfs() {
+    held_range_keeps_its_bytes(on_tmpfs());
+}
+
+#[test]
+fn a_range_held_for_sendfile_keeps_its_bytes_while_its_segment_is_retired_on_disk() {
+    held_range_keeps_its_bytes(on_disk());
+}
+
+#[test]
+fn with_wal_recycle_off_retired_segments_are_removed_not_recycled() {
+    let tmp = on_disk();
+    let wal = init_with(
+        tmp.path(),
+        StorageConfig {
+            wal_recycle: false,
+            ..keep_nothing()
+        },
+    );
+    let (_, ends) = twelve_segments(&wal);
     let end = *ends.last().unwrap();
-    assert!(end.0 > 11 * SEG);
+    assert_eq!(wal.segments_recycled(), 0);
+    // Retention runs in the background at each segment switch; run it once more here so
+    // that every retired segment is gone when the directory is listed.
+    wal.run_retention().unwrap();
+    let segments = std::fs::read_dir(tmp.path().join("pg_wal"))
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            parse_segment_file_name(&name.to_string_lossy(), SEG).is_some()
+        })
+        .count();
+    // The segment being written and the ones preallocated ahead of it; never the eleven and
+    // more that were filled and retired.
+    assert!(
+        segments <= 4,
+        "{segments} segment files are still in pg_wal"
+    );
+    // And the new segments read as zeros past the end, as made anew.
+    let cur = segment_path(tmp.path(), TimelineId(1), end);
+    let bytes = std::fs::read(&cur).unwrap();
+    assert!(bytes[end.segment_offset(SEG) as usize..]
+        .iter()
+        .all(|&b| b == 0));
+}
+
+fn old_bytes_never_pass_for_wal(tmp: tempfile::TempDir) {
+    let wal = init(tmp.path());
+    let (payloads, ends) = twelve_segments(&wal);
+    let end = *ends.last().unwrap();
     assert!(
         wal.segments_recycled() >= 4,
         "only {} segments were recycled",
@@ -113,9 +184,7 @@ fn recycled_segments_hold_old_bytes_that_never_pass_for_wal() {
     assert!(got.iter().zip(&more).all(|(r, p)| r.payload == *p));
 }
 
-#[test]
-fn a_range_held_for_sendfile_keeps_its_bytes_while_its_segment_is_retired() {
-    let tmp = on_tmpfs();
+fn held_range_keeps_its_bytes(tmp: tempfile::TempDir) {
     let wal = init(tmp.path());
     let tli = TimelineId(1);
     // A slot holds the first segment until a range of it is located.

@@ -14,13 +14,16 @@
 #   (b) catch-up into a standby (fsync on): a PostgreSQL standby from a base backup taken
 #       before the load, and a walserver standby initialised before the load, each started
 #       after the primary holds the WAL and timed until its flushed position (IDENTIFY_SYSTEM)
-#       reaches the end; with the sending side's CPU per MB; and the walserver standby with
-#       its data directory on tmpfs; and the disk's sequential write + fdatasync bandwidth;
+#       reaches the end; with the CPU per MB of the sender, of the receiving side and of both;
+#       and the walserver standby with its data directory on tmpfs; and the disk's sequential
+#       write + fdatasync bandwidth;
 #   (c) synchronous commit with one synchronous standby, 1 and 16 clients: pgbench running a
 #       one-row INSERT with synchronous_commit=on vs `walserver bench append --cluster 1
 #       --durability on --size 100`; throughput and p50/p99 latency; and one client again with
 #       each system's processes and threads, and its client, on one CPU (--pin-cpu N, the last
-#       by default), where no hand-off waits for an idle CPU to wake;
+#       by default), where no hand-off waits for an idle CPU to wake; and the disk's latency
+#       of one 8 KiB write + fdatasync, with the ceiling two of them in sequence put on one
+#       client's commits;
 #   (d) fan-out: 16 and 64 pg_receivewal processes at once (PostgreSQL with max_wal_senders =
 #       70), aggregate MB/s, memory per walsender, and the CPU per MB of the server and of the
 #       receivers, after one unrecorded fan-out of each size of each system;
@@ -444,22 +447,36 @@ disk_bw() {
     rm -f "$WORK/dd.bin"
 }
 
+# The CPU rows of (b), per MB (10^6 bytes) of the catch-up's window: the sender, the receiving
+# side, and both. On loopback the two split the kernel's TCP work between them (a sender's
+# transmit runs the receiver's TCP input unless the receiver holds its socket at that moment),
+# so the sender's row alone moves with how its receiver reads; their sum does not.
+b_cpu_rows() { # system sender-cpu receiver-cpu mb
+    record b_sender_cpu_ms_per_mb "$1" "$(awk -v c="$2" -v m="$4" 'BEGIN { printf "%.3f", c * 1000 / m }')"
+    record b_receiver_cpu_ms_per_mb "$1" "$(awk -v c="$3" -v m="$4" 'BEGIN { printf "%.3f", c * 1000 / m }')"
+    record b_both_cpu_ms_per_mb "$1" "$(awk -v a="$2" -v b="$3" -v m="$4" 'BEGIN { printf "%.3f", (a + b) * 1000 / m }')"
+}
+
 b_pg() {
-    local r=$1 d="$WORK/pg-standby-$1" port wj pid cpu mb
+    local r=$1 d="$WORK/pg-standby-$1" port wj pid cpu rpid rcpu mb
     port=$(cat "$WORK/pg-standby-$r.port")
     warm_wal pg b_disk
     as_pg "$PG_BIN/pg_ctl" -D "$d" -l "$WORK/pg-standby-$r.log" start >/dev/null
     wj=$(timeout 900 "$WS" bench wait-lsn --port "$port" --user postgres --target "$PG_END_LSN" --interval-ms 2 --json)
     pid=$(psql_pg "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'stby_$r'")
     cpu=$(cpu_of "$pid")
+    # The receiving side: the standby's walreceiver process (it reads, writes and flushes; the
+    # standby's startup process, which replays, has no counterpart in walserver's standby).
+    rpid=$(PORT=$port psql_pg "SELECT pid FROM pg_stat_wal_receiver")
+    rcpu=$(cpu_of "$rpid")
     mb=$(jq -r '.window_bytes / 1e6' <<< "$wj")
     record b_standby_mbps pg "$(jq -r '.window_mb_per_s | floor' <<< "$wj")"
-    record b_sender_cpu_ms_per_mb pg "$(awk -v c="$cpu" -v m="$mb" 'BEGIN { printf "%.3f", c * 1000 / m }')"
+    b_cpu_rows pg "$cpu" "$rcpu" "$mb"
     as_pg "$PG_BIN/pg_ctl" -D "$d" -m fast -w stop >/dev/null
 }
 
 b_ws() { # run where(disk|shm)
-    local r=$1 where=$2 base=$WORK port http pid cpu0 cpu1 wj mb
+    local r=$1 where=$2 base=$WORK port http pid cpu0 cpu1 rcpu wj mb
     [ "$where" = shm ] && base=$SHM
     port=$(free_port); http=$(free_port)
     warm_wal ws "b_$where"
@@ -470,10 +487,12 @@ b_ws() { # run where(disk|shm)
     BG_PIDS+=("$pid")
     wj=$(timeout 900 "$WS" bench wait-lsn --port "$port" --user postgres --target "$WS_END_LSN" --interval-ms 2 --json)
     cpu1=$(cpu_of "$WS_PID")
+    # The receiving side: the whole standby process, from its start.
+    rcpu=$(cpu_of "$pid")
     mb=$(jq -r '.window_bytes / 1e6' <<< "$wj")
     if [ "$where" = disk ]; then
         record b_standby_mbps ws "$(jq -r '.window_mb_per_s | floor' <<< "$wj")"
-        record b_sender_cpu_ms_per_mb ws "$(awk -v a="$cpu0" -v b="$cpu1" -v m="$mb" 'BEGIN { printf "%.3f", (b - a) * 1000 / m }')"
+        b_cpu_rows ws "$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { print b - a }')" "$rcpu" "$mb"
     else
         record b_tmpfs_mbps ws "$(jq -r '.window_mb_per_s | floor' <<< "$wj")"
     fi
@@ -663,9 +682,38 @@ pg_affinity() { # cpu-list
     done
 }
 
+# The floor under a synchronous commit on this disk: one 8 KiB write and its fdatasync, 2 000
+# times in sequence over a file already allocated (as both servers overwrite pre-zeroed WAL
+# segments), its median recorded. Both servers flush the commit's WAL on the primary and then
+# on the standby, in that order (a standby is sent only WAL the primary has flushed), so no
+# server doing so on this disk completes one client's commits faster than 1 / (2 × that).
+flush_floor() {
+    local p50
+    p50=$(python3 - "$WORK/flush.bin" <<'PY'
+import os, statistics, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+block, n = bytes(8192), 2000
+os.pwrite(fd, bytes(n * 8192), 0)
+os.fsync(fd)
+lat = []
+for i in range(n):
+    t = time.perf_counter()
+    os.pwrite(fd, block, i * 8192)
+    os.fdatasync(fd)
+    lat.append(time.perf_counter() - t)
+os.close(fd)
+os.unlink(sys.argv[1])
+print(f"{statistics.median(lat) * 1000:.3f}")
+PY
+)
+    record c_flush_p50_ms disk "$p50"
+    record c_flush_ceiling_tps disk "$(awk -v f="$p50" 'BEGIN { printf "%.0f", 1000 / (2 * f) }')"
+}
+
 section c "(c) pgbench vs walserver bench append, ${PGBENCH_SECS}s each, $RUNS runs"
 for r in $(runs_of c); do
     start_run "$r"
+    flush_floor
     for c in 1 16; do
         if [ $((r % 2)) = 1 ]; then c_pg "$c" "c$c"; c_ws "$c" "c$c"; else c_ws "$c" "c$c"; c_pg "$c" "c$c"; fi
     done
@@ -900,9 +948,13 @@ END {
     row("(a) catch-up into a plain codec client, MB/s", "a_codec_mbps", "higher")
     row("(b) catch-up into a standby, fsync on, MB/s", "b_standby_mbps", "higher")
     row("(b) sender CPU per MB sent, ms", "b_sender_cpu_ms_per_mb", "lower")
+    row("(b) receiver CPU per MB (walreceiver / standby), ms", "b_receiver_cpu_ms_per_mb", "lower")
+    row("(b) sender and receiver together per MB, ms", "b_both_cpu_ms_per_mb", "lower")
     row("(b) walserver standby on tmpfs, MB/s", "b_tmpfs_mbps", "higher")
     printf "| %-56s | %-22s | %-22s | %-6s | %s |\n", "(b) disk: 16 MiB write+fdatasync, new file, MB/s", cell("disk_new_mbps" SUBSEP "disk"), "", "", ""
     printf "| %-56s | %-22s | %-22s | %-6s | %s |\n", "(b) disk: 16 MiB write+fdatasync, overwrite, MB/s", cell("disk_overwrite_mbps" SUBSEP "disk"), "", "", ""
+    printf "| %-56s | %-22s | %-22s | %-6s | %s |\n", "(c) disk: 8 KiB write+fdatasync, p50 ms", cell("c_flush_p50_ms" SUBSEP "disk"), "", "", ""
+    printf "| %-56s | %-22s | %-22s | %-6s | %s |\n", "(c) ceiling at 1 client: 1 / two such flushes, commits/s", cell("c_flush_ceiling_tps" SUBSEP "disk"), "", "", ""
     row("(c) sync commit, 1 client, commits/s", "c1_tps", "higher")
     row("(c) sync commit, 1 client, p50 ms", "c1_p50_ms", "lower")
     row("(c) sync commit, 1 client, p99 ms", "c1_p99_ms", "lower")

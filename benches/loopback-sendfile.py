@@ -2,7 +2,7 @@
 """What a receiver on loopback pays per MB when its sender uses sendfile, and when it copies.
 
     benches/loopback-sendfile.py                      # 512 MiB, 3 rounds
-    benches/loopback-sendfile.py --mib 1024 --rounds 5 --dir /var/tmp
+    benches/loopback-sendfile.py --mib 1024 --rounds 5 --dir /var/tmp --congestion cubic
 
 No walserver and no PostgreSQL: a file of MIB MiB of random bytes is written under DIR (the
 disk, /var/tmp, by default) and synced, and then, each round, one sender process streams it
@@ -16,6 +16,9 @@ over a TCP connection on 127.0.0.1 to one receiver process in 128 KiB frames, ea
 - copy: pread() into a buffer behind the header and one send() of both, as PostgreSQL's
   walsender does.
 
+`--congestion NAME` gives the connection that TCP congestion control instead of the system's
+(walserver's walsender gives its loopback connections CUBIC, which does not pace; on a host
+whose default is BBR, pacing's timers would otherwise be most of the sender's cost).
 `--hot-mib N` sends the file's first N MiB over and over instead (the same total), so that
 the pages stay in the CPU's caches throughout. The receiver reads into a 256 KiB buffer and
 drops what it reads. Printed per transfer: MB/s, and the CPU each side spent per MB (user and
@@ -87,9 +90,12 @@ def send(way, sock, fd, total, region):
     return total + frames * len(HEADER)
 
 
-def transfer(way, path, total, region):
+def transfer(way, path, total, region, congestion):
     """One transfer; returns (MB/s, sender ms/MB, receiver ms/MB)."""
     listener = socket.socket()
+    if congestion:
+        # Accepted connections take the listener's congestion control from their first packet.
+        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion.encode())
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     port = listener.getsockname()[1]
@@ -125,6 +131,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--hot-mib", type=int, default=0)
+    ap.add_argument("--congestion", default="", help="the sender's TCP congestion control (cubic, as walserver's loopback listener)")
     args = ap.parse_args()
     total = args.mib << 20
     region = (args.hot_mib << 20) if args.hot_mib else total
@@ -144,7 +151,7 @@ def main():
             # Each round starts with the way the previous round ended with.
             order = ways[r % 3 :] + ways[: r % 3]
             for w in order:
-                rate, s, rc = transfer(w, path, total, region)
+                rate, s, rc = transfer(w, path, total, region, args.congestion)
                 results[w].append((rate, s, rc))
                 print(f"round {r + 1} {w:9s} {rate:6.0f} MB/s  sender {s:.3f} ms/MB  receiver {rc:.3f} ms/MB",
                       flush=True)

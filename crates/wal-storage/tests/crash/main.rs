@@ -10,7 +10,12 @@
 //! storage, cut anywhere (inside record and segment headers too). In that mode the child also
 //! prints every flushed position storage publishes (what a walreceiver reports upstream and
 //! cascading walsenders send up to), and the parent checks that the recovered end is at or
-//! beyond each of them: the flushed end never moves back, even across a kill -9.
+//! beyond each of them: the flushed end never moves back, even across a kill -9. A fourth
+//! mode writes walserver records as the first does, with retention on: a slot the parent
+//! moves to what it has checked keeps the rest, and every segment below it is recycled as a
+//! later one (`wal_recycle`), so the child writes over old segments' bytes and is killed
+//! while doing so; the parent checks every acknowledged record it has not checked yet, and
+//! that no old record ever turns up again as new.
 //!
 //! It is a test target of its own because it forks: a child holds copies of the parent's file
 //! descriptors, among them other tests' data directory locks, until it execs, which would make
@@ -71,6 +76,17 @@ fn crash_cfg() -> StorageConfig {
     cfg()
 }
 
+/// The recycling mode's configuration: nothing kept beyond what the slot holds.
+fn recycling_cfg() -> StorageConfig {
+    StorageConfig {
+        wal_keep_size: 0,
+        ..cfg()
+    }
+}
+
+/// The slot through which the parent keeps the WAL it has not checked yet, in recycling mode.
+const CHECKED_SLOT: &str = "checked";
+
 /// The child's side. A no-op unless re-executed by the parent with `WAL_CRASH_CHILD` set.
 #[test]
 fn child_entry_point() {
@@ -82,8 +98,14 @@ fn child_entry_point() {
         .expect("WAL_CRASH_SEED")
         .parse()
         .unwrap();
-    let wal = Wal::open(&dir, crash_cfg()).expect("child opens the WAL");
-    if mode == "records" {
+    let cfg = if mode == "recycling" {
+        recycling_cfg()
+    } else {
+        crash_cfg()
+    };
+    let wal = Wal::open(&dir, cfg).expect("child opens the WAL");
+    if mode == "records" || mode == "recycling" {
+        let recycling = mode == "recycling";
         let threads: Vec<_> = (0..4u64)
             .map(|t| {
                 let wal = wal.clone();
@@ -107,6 +129,10 @@ fn child_entry_point() {
                         let mut out = std::io::stdout().lock();
                         for (id, end) in ids.iter().zip(ends) {
                             writeln!(out, "A {id} {}", end.0).unwrap();
+                        }
+                        if recycling {
+                            // How many segments this child made from recycled files so far.
+                            writeln!(out, "C {}", wal.segments_recycled()).unwrap();
                         }
                         out.flush().unwrap();
                     }
@@ -230,7 +256,8 @@ fn run_child(dir: &Path, mode: &str, seed: u64, rng: &mut Rng, iteration: usize)
                 Ok(_)
                     if line.starts_with("A ")
                         || line.starts_with("R ")
-                        || line.starts_with("F ") =>
+                        || line.starts_with("F ")
+                        || line.starts_with("C ") =>
                 {
                     acks.push(line.trim_end().to_string());
                     let _ = tx.send(());
@@ -358,6 +385,71 @@ fn verify_records(dir: &Path, checked: &mut Checked, acked: &HashMap<u64, Lsn>) 
     wal.flushed()
 }
 
+/// What the parent has checked of the recycling mode's WAL: its end (a record boundary, where
+/// the slot is) and every record found so far, by id.
+#[derive(Default)]
+struct CheckedRecycling {
+    end: Lsn,
+    records: HashMap<u64, Lsn>,
+    /// Kills after which recovery found a recycled segment ahead of the end: a preallocated
+    /// segment holding old bytes, which recovery removes.
+    saw_recycled: usize,
+    /// Segments the children made from recycled files, as they reported.
+    recycled: u64,
+}
+
+/// Checks the recycling mode after a kill: the recovered end has not moved back; the records
+/// beyond what was checked are whole, each seen for the first time (an old record of a
+/// recycled segment would repeat an id); every acknowledged record is there at its end; and
+/// nothing is left beyond the end in its segment. Then moves the slot to the new end, so that
+/// the next child may recycle everything below it.
+fn verify_recycling(dir: &Path, checked: &mut CheckedRecycling, acked: &HashMap<u64, Lsn>) {
+    let wal = Wal::open(dir, recycling_cfg()).unwrap();
+    let end = wal.flushed();
+    assert!(
+        end >= checked.end,
+        "the recovered end moved back from {} to {end}",
+        checked.end
+    );
+    assert!(
+        wal.oldest_retained() <= checked.end,
+        "WAL the slot holds was removed"
+    );
+    if !wal.recovery_report().removed_segments.is_empty() {
+        checked.saw_recycled += 1;
+    }
+    let mut reader = wal.record_reader(TimelineId(1), checked.end).unwrap();
+    while let Some(r) = reader.next_record().unwrap() {
+        let id = record_payload_ok(&r.payload)
+            .unwrap_or_else(|| panic!("damaged record at {}", r.start));
+        assert!(
+            checked.records.insert(id, r.end).is_none(),
+            "record {id} twice: an old record of a recycled segment read as new at {}",
+            r.start
+        );
+    }
+    assert_eq!(reader.position(), end, "records end at the flushed end");
+    for (id, at) in acked {
+        assert_eq!(
+            checked.records.get(id),
+            Some(at),
+            "acknowledged record {id} ending at {at} lost"
+        );
+    }
+    let path = segment_path(dir, TimelineId(1), end);
+    if let Ok(bytes) = std::fs::read(&path) {
+        assert!(
+            bytes[end.segment_offset(SEG) as usize..]
+                .iter()
+                .all(|&b| b == 0),
+            "old bytes are left beyond the end at {end}"
+        );
+    }
+    wal.advance_slot(CHECKED_SLOT, end, TimelineId(1)).unwrap();
+    drop(wal); // A clean stop persists the slot.
+    checked.end = end;
+}
+
 fn verify_raw(dir: &Path, checked: &mut Checked, acked_end: Lsn) -> Lsn {
     let (wal, new) = checked.reopen(dir);
     let end = wal.flushed();
@@ -462,4 +554,71 @@ fn kill_minus_nine_loses_nothing_acknowledged() {
         );
     }
     println!("kill -9 test took {:?}", started.elapsed());
+}
+
+/// The recycling mode: walserver records written over recycled segments on the disk, killed
+/// at random moments (see the module's comment).
+#[test]
+fn kill_minus_nine_over_recycled_segments_loses_nothing_acknowledged() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    println!("kill -9 recycling test seed {seed}");
+    let mut rng = Rng(seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("recycling");
+    let wal = Wal::init(
+        &dir,
+        recycling_cfg(),
+        InitOptions::primary(SystemId(1), WalFormat::Walserver),
+    )
+    .unwrap();
+    wal.create_slot(CHECKED_SLOT, false, true).unwrap();
+    let mut checked = CheckedRecycling {
+        end: wal.flushed(),
+        ..Default::default()
+    };
+    drop(wal);
+    let mut acked: HashMap<u64, Lsn> = HashMap::new();
+    let mut kills_with_acks = 0;
+    for i in 0..KILLS_PER_MODE {
+        let child_seed = (i as u64 + 1) * 1000 + (seed % 1000);
+        let lines = run_child(&dir, "recycling", child_seed, &mut rng, i);
+        if !lines.is_empty() {
+            kills_with_acks += 1;
+        }
+        let mut recycled = 0;
+        for line in lines {
+            let f: Vec<&str> = line.split(' ').collect();
+            if f[0] == "C" {
+                recycled = f[1].parse().unwrap();
+            } else {
+                acked.insert(f[1].parse().unwrap(), Lsn(f[2].parse().unwrap()));
+            }
+        }
+        checked.recycled += recycled;
+        verify_recycling(&dir, &mut checked, &acked);
+        // Records below the slot were checked; only the newer ones need checking again.
+        acked.retain(|_, end| *end > checked.end);
+    }
+    assert!(
+        kills_with_acks >= KILLS_PER_MODE / 2,
+        "too few kills saw acknowledged writes"
+    );
+    // The children wrote over recycled segments, and were killed with one ahead of the end.
+    assert!(
+        checked.recycled >= 3 && checked.saw_recycled >= 1,
+        "too little recycling to tell: {} segments made from recycled files, {} kills with one ahead of the end",
+        checked.recycled,
+        checked.saw_recycled
+    );
+    println!(
+        "recycling: {KILLS_PER_MODE} kills ({kills_with_acks} after acknowledgements, {} with a recycled segment ahead), {} segments made from recycled files, {} records, WAL end {}",
+        checked.saw_recycled,
+        checked.recycled,
+        checked.records.len(),
+        checked.end
+    );
 }

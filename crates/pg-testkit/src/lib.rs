@@ -139,12 +139,22 @@ fn run(mut cmd: Command, what: &str) -> Output {
 
 /// A free loopback TCP port: bind port 0 and let the kernel pick. The port is released
 /// before the server binds it, so another process could take it in between; on this
-/// machine's loopback that race is rare enough for tests.
+/// machine's loopback that race is rare enough for tests. A released port may also be the
+/// kernel's next pick, so ports already given out by this process are never given again.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind a loopback port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    for _ in 0..64 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("bind a loopback port");
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+    panic!("64 probes for a free loopback port found only ports already given out")
 }
 
 /// A temporary directory for a cluster, owned by `postgres` when we are root.

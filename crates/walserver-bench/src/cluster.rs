@@ -297,11 +297,26 @@ impl Drop for Cluster {
 }
 
 /// A free loopback port (bound and released; another process could take it in between,
-/// which on loopback is rare enough for a bench).
+/// which on loopback is rare enough for a bench), never one this process was given before.
+///
+/// A port is free again once its probe socket closes, so the kernel may pick it for the next
+/// probe: the failover demo once gave two of its nodes the same listen port, and the second
+/// could not start. Ports handed out are remembered, and a probe that lands on one of them is
+/// tried again (a bounded number of times; the kernel picks among thousands).
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    for _ in 0..64 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        // A list of port numbers, consistent between statements.
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("64 probes for a free loopback port found only ports already given out")
 }
 
 /// The executable that runs `walserver run` for a node run as a child process.

@@ -225,7 +225,13 @@ fi
 MACHINE_DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
 MACHINE_CPU=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
 MACHINE_NPROC=$(nproc)
-MACHINE_DISK=$(df --output=source,fstype "$WORK" | tail -1 | awk '{ print $1 " (" $2 ")" }')
+# With its mount's `discard` named when it is on: blocks freed by the receivers' deleted output
+# are then trimmed, and a later run's writes may land where the host must allocate again.
+MACHINE_DISK=$(df --output=source,fstype,target "$WORK" | tail -1 | awk '{ print $1 " (" $2 ")"; print $3 }' | {
+    read -r disk; read -r mnt
+    if findmnt -n -o OPTIONS --target "$mnt" 2>/dev/null | tr ',' '\n' | grep -qx discard; then disk="$disk, mounted with discard"; fi
+    echo "$disk"
+})
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 MACHINE_AUTOGROUP=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo "?")
 # Free page reporting (virtio-balloon): memory the host took back costs several times more on

@@ -81,8 +81,8 @@ impl View {
 /// Where a range of durable WAL lies: `len` bytes of `file` at `offset`, all in one segment
 /// file, all at or below the flushed end. Durable WAL never changes in place while a range of
 /// it is held: a segment nobody needs is removed, or recycled (`wal_recycle`) only if no
-/// range of it is held, and only `walserver rejoin` (offline) or a live demotion (with every sender
-/// stopped first) cuts WAL. So the range can be sent later, straight from the file
+/// range of it is held, and only `walserver rejoin` (offline) or a live demotion (with every
+/// sender stopped first) cuts WAL. So the range can be sent later, straight from the file
 /// (`sendfile`), and still be the bytes asked for.
 #[derive(Clone, Debug)]
 pub struct WalFileRange {

@@ -360,13 +360,29 @@ fn verify_records(dir: &Path, checked: &mut Checked, acked: &HashMap<u64, Lsn>) 
     let (wal, new) = checked.reopen(dir);
     // The records beyond what was checked; the checked end is the end of a record, because
     // recovery ends walserver WAL at a record boundary.
-    let mut reader = wal.record_reader(TimelineId(1), checked.end()).unwrap();
+    check_new_records(&wal, checked.end(), &mut checked.records, acked);
+    checked.extend(new);
+    wal.flushed()
+}
+
+/// Reads the records from `from` (a record boundary) to the flushed end: each is whole and
+/// seen for the first time (in recycling mode an old record of a recycled segment read as new
+/// would repeat an id), and goes into `records`; then every acknowledged record must be there
+/// at its end.
+fn check_new_records(
+    wal: &Wal,
+    from: Lsn,
+    records: &mut HashMap<u64, Lsn>,
+    acked: &HashMap<u64, Lsn>,
+) {
+    let mut reader = wal.record_reader(TimelineId(1), from).unwrap();
     while let Some(r) = reader.next_record().unwrap() {
         let id = record_payload_ok(&r.payload)
             .unwrap_or_else(|| panic!("damaged record at {}", r.start));
         assert!(
-            checked.records.insert(id, r.end).is_none(),
-            "record {id} twice"
+            records.insert(id, r.end).is_none(),
+            "record {id} twice, the second at {}",
+            r.start
         );
     }
     assert_eq!(
@@ -376,13 +392,24 @@ fn verify_records(dir: &Path, checked: &mut Checked, acked: &HashMap<u64, Lsn>) 
     );
     for (id, end) in acked {
         assert_eq!(
-            checked.records.get(id),
+            records.get(id),
             Some(end),
             "acknowledged record {id} ending at {end} lost"
         );
     }
-    checked.extend(new);
-    wal.flushed()
+}
+
+/// Nothing is left beyond `end` in its segment file, if there is one.
+fn assert_nothing_beyond(dir: &Path, end: Lsn) {
+    let path = segment_path(dir, TimelineId(1), end);
+    if let Ok(bytes) = std::fs::read(&path) {
+        assert!(
+            bytes[end.segment_offset(SEG) as usize..]
+                .iter()
+                .all(|&b| b == 0),
+            "old bytes are left beyond the end at {end}"
+        );
+    }
 }
 
 /// What the parent has checked of the recycling mode's WAL: its end (a record boundary, where
@@ -418,33 +445,8 @@ fn verify_recycling(dir: &Path, checked: &mut CheckedRecycling, acked: &HashMap<
     if !wal.recovery_report().removed_segments.is_empty() {
         checked.saw_recycled += 1;
     }
-    let mut reader = wal.record_reader(TimelineId(1), checked.end).unwrap();
-    while let Some(r) = reader.next_record().unwrap() {
-        let id = record_payload_ok(&r.payload)
-            .unwrap_or_else(|| panic!("damaged record at {}", r.start));
-        assert!(
-            checked.records.insert(id, r.end).is_none(),
-            "record {id} twice: an old record of a recycled segment read as new at {}",
-            r.start
-        );
-    }
-    assert_eq!(reader.position(), end, "records end at the flushed end");
-    for (id, at) in acked {
-        assert_eq!(
-            checked.records.get(id),
-            Some(at),
-            "acknowledged record {id} ending at {at} lost"
-        );
-    }
-    let path = segment_path(dir, TimelineId(1), end);
-    if let Ok(bytes) = std::fs::read(&path) {
-        assert!(
-            bytes[end.segment_offset(SEG) as usize..]
-                .iter()
-                .all(|&b| b == 0),
-            "old bytes are left beyond the end at {end}"
-        );
-    }
+    check_new_records(&wal, checked.end, &mut checked.records, acked);
+    assert_nothing_beyond(dir, end);
     wal.advance_slot(CHECKED_SLOT, end, TimelineId(1)).unwrap();
     drop(wal); // A clean stop persists the slot.
     checked.end = end;
@@ -463,12 +465,7 @@ fn verify_raw(dir: &Path, checked: &mut Checked, acked_end: Lsn) -> Lsn {
         assert_eq!(byte, stream_byte(x), "byte at {} of {end}", Lsn(x));
     }
     // Nothing beyond the end is left in the file either.
-    let path = segment_path(dir, TimelineId(1), end);
-    if let Ok(bytes) = std::fs::read(&path) {
-        assert!(bytes[end.segment_offset(SEG) as usize..]
-            .iter()
-            .all(|&b| b == 0));
-    }
+    assert_nothing_beyond(dir, end);
     checked.extend(new);
     end
 }
@@ -494,13 +491,19 @@ fn verify_standby(dir: &Path, checked: &mut Checked, reported: Lsn) -> Lsn {
     end
 }
 
-#[test]
-fn kill_minus_nine_loses_nothing_acknowledged() {
-    let seed = std::time::SystemTime::now()
+/// A seed for the parent's choices, from the clock; odd, as the generator needs. Printed by
+/// each test, so that a failure can be replayed.
+fn test_seed() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos() as u64
-        | 1;
+        | 1
+}
+
+#[test]
+fn kill_minus_nine_loses_nothing_acknowledged() {
+    let seed = test_seed();
     println!("kill -9 test seed {seed}");
     let mut rng = Rng(seed);
     let tmp = tempfile::tempdir().unwrap();
@@ -560,11 +563,7 @@ fn kill_minus_nine_loses_nothing_acknowledged() {
 /// at random moments (see the module's comment).
 #[test]
 fn kill_minus_nine_over_recycled_segments_loses_nothing_acknowledged() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        | 1;
+    let seed = test_seed();
     println!("kill -9 recycling test seed {seed}");
     let mut rng = Rng(seed);
     let tmp = tempfile::tempdir().unwrap();

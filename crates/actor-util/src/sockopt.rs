@@ -1,4 +1,4 @@
-//! Integer socket options, for the few a connection actor sets on its socket while it runs.
+//! Socket options, for the few a connection actor sets on its socket while it runs.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -10,14 +10,26 @@ pub fn set_int_option(
     name: libc::c_int,
     v: libc::c_int,
 ) -> io::Result<()> {
-    // SAFETY: the descriptor is open for the call, and `v` is a c_int the call only reads.
+    set_option(socket, level, name, &v.to_ne_bytes())
+}
+
+/// Sets a socket option to `value`, passed as bytes (`setsockopt`), as a string-valued
+/// option such as `TCP_CONGESTION` takes it.
+pub fn set_option(
+    socket: &impl AsRawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &[u8],
+) -> io::Result<()> {
+    // SAFETY: the descriptor is open for the call, and `value` is a live slice whose length is
+    // passed; the call only reads it.
     let r = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),
             level,
             name,
-            std::ptr::from_ref(&v).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            value.as_ptr().cast(),
+            value.len() as libc::socklen_t,
         )
     };
     if r == 0 {

@@ -195,19 +195,9 @@ fn keep_system_choice_off_host(stream: &TcpStream, peer: SocketAddr, system: Opt
     }
 }
 
+/// Whether the socket `fd` (open, owned by the caller) took congestion control `name`.
 fn set_congestion_control(fd: std::os::fd::RawFd, name: &[u8]) -> bool {
-    // SAFETY: `fd` is an open socket its caller owns for the length of this call; `name` is a
-    // live byte string whose length is passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_ptr().cast(),
-            name.len() as libc::socklen_t,
-        )
-    };
-    rc == 0
+    actor_util::set_option(&fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name).is_ok()
 }
 
 /// The socket's congestion control's name, `None` if it cannot be read.

@@ -11,6 +11,7 @@
 #       and plain, writing to the same disk), through a physical slot made with RESERVE_WAL
 #       before the WAL was generated; and into a plain protocol-codec client that discards it;
 #       after one unrecorded warm-up pass of each system (the first pass after the load is slow);
+#       with the sender's CPU per MB into each of the three (the same clients for both servers);
 #   (b) catch-up into a standby (fsync on): a PostgreSQL standby from a base backup taken
 #       before the load, and a walserver standby initialised before the load, each started
 #       after the primary holds the WAL and timed until its flushed position (IDENTIFY_SYSTEM)
@@ -405,23 +406,51 @@ warm_wal() { # system key: records KEY_cached_pct, then reads the WAL into the p
     cat "${files[@]}" > /dev/null
 }
 
+# The sending side's CPU so far, in seconds: walserver's whole process; PostgreSQL's
+# postmaster with the children it has reaped, so a walsender counts once it has ended (each
+# of (a)'s clients has its own, which ends with it; no other child of the postmaster ends
+# during (a)).
+sender_cpu() { # system
+    if [ "$1" = pg ]; then cpu_of "$(head -1 "$PGP/postmaster.pid")" children; else cpu_of "$WS_PID"; fi
+}
+# Waits (at most 10 s) until PostgreSQL has no walsender left, so that the last one's CPU is
+# in its postmaster's count; a no-op for walserver.
+senders_reaped() { # system
+    local k
+    [ "$1" = pg ] || return 0
+    for k in $(seq 1 200); do pgrep -f "postgres: walsender" >/dev/null || return 0; sleep 0.05; done
+}
+# Records KEY for SYSTEM: the sender's CPU between C0 and now, per MB of BYTES.
+record_sender_cpu() { # key system c0 bytes
+    local c1
+    senders_reaped "$2"
+    c1=$(sender_cpu "$2")
+    record "$1" "$2" "$(awk -v a="$3" -v b="$c1" -v n="$4" 'BEGIN { printf "%.3f", (b - a) * 1000 / (n / 1e6) }')"
+}
+
 a_one() { # system run
-    local sys=$1 r=$2 port start end bytes t
+    local sys=$1 r=$2 port start end bytes t c0
     if [ "$sys" = pg ]; then port=$PG_PORT start=$PG_START end=$PG_END bytes=$PG_BYTES
     else port=$WS_PORT start=$WS_START end=$WS_END bytes=$WS_BYTES; fi
     warm_wal "$sys" a
+    c0=$(sender_cpu "$sys")
     t=$(run_receivewal "$port" "recv_$r" "$end" "$WORK/recv-$sys-$r" --synchronous)
     read -r real user sys_t <<< "$t"
     record a_recv_mbps "$sys" "$(awk -v b="$bytes" -v s="$real" 'BEGIN { printf "%.0f", b / s / 1e6 }')"
     record a_recv_client_cpu "$sys" "$(awk -v u="$user" -v s="$sys_t" -v r="$real" 'BEGIN { printf "%.2f", (u + s) / r }')"
+    record_sender_cpu a_recv_sender_cpu_ms_per_mb "$sys" "$c0" "$bytes"
     rm -rf "$WORK/recv-$sys-$r"
+    c0=$(sender_cpu "$sys")
     t=$(run_receivewal "$port" "plain_$r" "$end" "$WORK/recv-$sys-$r")
     read -r real user sys_t <<< "$t"
     record a_plain_mbps "$sys" "$(awk -v b="$bytes" -v s="$real" 'BEGIN { printf "%.0f", b / s / 1e6 }')"
+    record_sender_cpu a_plain_sender_cpu_ms_per_mb "$sys" "$c0" "$bytes"
     rm -rf "$WORK/recv-$sys-$r"
     local j
+    c0=$(sender_cpu "$sys")
     j=$(timeout 600 "$WS" bench catchup --port "$port" --user postgres --start "$(int2lsn "$start")" --end "$(int2lsn "$end")" --json)
     record a_codec_mbps "$sys" "$(jq -r '.mb_per_s | floor' <<< "$j")"
+    record_sender_cpu a_codec_sender_cpu_ms_per_mb "$sys" "$c0" "$bytes"
 }
 
 section a "(a) catch-up into pg_receivewal --synchronous, $RUNS runs"
@@ -952,6 +981,9 @@ END {
     row("(a) pg_receivewal CPU, cores busy", "a_recv_client_cpu", "-")
     row("(a) catch-up into plain pg_receivewal, MB/s", "a_plain_mbps", "higher")
     row("(a) catch-up into a plain codec client, MB/s", "a_codec_mbps", "higher")
+    row("(a) sender CPU per MB, pg_receivewal --synchronous, ms", "a_recv_sender_cpu_ms_per_mb", "lower")
+    row("(a) sender CPU per MB, plain pg_receivewal, ms", "a_plain_sender_cpu_ms_per_mb", "lower")
+    row("(a) sender CPU per MB, codec client, ms", "a_codec_sender_cpu_ms_per_mb", "lower")
     row("(b) catch-up into a standby, fsync on, MB/s", "b_standby_mbps", "higher")
     row("(b) sender CPU per MB sent, ms", "b_sender_cpu_ms_per_mb", "lower")
     row("(b) receiver CPU per MB (walreceiver / standby), ms", "b_receiver_cpu_ms_per_mb", "lower")
@@ -992,6 +1024,8 @@ END {
     row("(f) the same, before the fan-out, %", "f_cached_pct", "-")
 }' "$RES"
 echo
+echo "(a) sender CPU: walserver's process; PostgreSQL's walsender (its postmaster's reaped children), in clock ticks"
+echo "    of /proc (10 ms: about 0.01 ms per MB of (a)'s catch-up)."
 echo "(b) standby rates are measured from the standby's first reported position to the end (start-up left out)."
 echo "(d) memory: walserver = growth of its process RSS / N; PostgreSQL = PSS of the N walsender processes / N."
 echo "(f) the commits overlap the fan-out only while it lasts (its row); PostgreSQL: max_wal_senders = $SENDERS."

@@ -235,6 +235,14 @@ MACHINE_DISK=$(df --output=source,fstype,target "$WORK" | tail -1 | awk '{ print
 })
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 MACHINE_AUTOGROUP=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo "?")
+# How an idle CPU waits: a VM guest's haltpoll cpuidle driver polls up to guest_halt_poll_ns
+# before it halts the vCPU (the kernel's default is 200 us; a host may set 0). A halted vCPU
+# takes tens of microseconds to wake, and a synchronous commit wakes an idle CPU several times
+# (benches/commit-path.md), so (c) and (f) depend on it.
+MACHINE_IDLE=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo "no cpuidle driver")
+if [ -r /sys/module/haltpoll/parameters/guest_halt_poll_ns ]; then
+    MACHINE_IDLE="$MACHINE_IDLE, guest_halt_poll_ns $(cat /sys/module/haltpoll/parameters/guest_halt_poll_ns)"
+fi
 # Free page reporting (virtio-balloon): memory the host took back costs several times more on
 # its first write, and the receivers of (a), (d) and (f) write gigabytes into new pages, so
 # which server's run met such pages decided more than the servers did (benches/README.md,
@@ -951,7 +959,7 @@ done
 {
 echo
 echo "walserver vs PostgreSQL 15 — $MACHINE_DATE$BUSY"
-echo "machine: $MACHINE_NPROC cores ($MACHINE_CPU), disk $MACHINE_DISK, sched_autogroup_enabled $MACHINE_AUTOGROUP, page-cache reclaim: $MACHINE_RECLAIM, memory to the host: $MACHINE_REPORTING, load average $LOAD1 at the start, $LOAD_START once built, $LOAD_END at end"
+echo "machine: $MACHINE_NPROC cores ($MACHINE_CPU), disk $MACHINE_DISK, sched_autogroup_enabled $MACHINE_AUTOGROUP, cpuidle $MACHINE_IDLE, page-cache reclaim: $MACHINE_RECLAIM, memory to the host: $MACHINE_REPORTING, load average $LOAD1 at the start, $LOAD_START once built, $LOAD_END at end"
 echo "volume: $((PG_BYTES >> 20)) MiB (PostgreSQL) / $((WS_BYTES >> 20)) MiB (walserver) of WAL; $RUNS run(s) per pair, alternating; medians, [min..max]"
 echo
 awk -F'\t' -v fans="$FANOUT_NS" -v fmax="$FANOUT_MAX" 'BEGIN { nfan = split(fans, fan, " ") }

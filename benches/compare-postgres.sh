@@ -421,12 +421,20 @@ warm_wal() { # system key: records KEY_cached_pct, then reads the WAL into the p
 sender_cpu() { # system
     if [ "$1" = pg ]; then cpu_of "$(head -1 "$PGP/postmaster.pid")" children; else cpu_of "$WS_PID"; fi
 }
-# Waits (at most 10 s) until PostgreSQL has no walsender left, so that the last one's CPU is
-# in its postmaster's count; a no-op for walserver.
+# Waits (at most 10 s) until PostgreSQL has no walsender left and its postmaster has reaped
+# every child that ended (a zombie's CPU is not yet in its parent's count, and a zombie no
+# longer shows its "postgres: walsender" title), so that the walsenders' CPU is in the
+# postmaster's; a no-op for walserver.
 senders_reaped() { # system
-    local k
+    local k pm
     [ "$1" = pg ] || return 0
-    for k in $(seq 1 200); do pgrep -f "postgres: walsender" >/dev/null || return 0; sleep 0.05; done
+    pm=$(head -1 "$PGP/postmaster.pid")
+    for k in $(seq 1 200); do
+        if ! pgrep -f "postgres: walsender" >/dev/null && ! ps -o stat= --ppid "$pm" | grep -q '^Z'; then
+            return 0
+        fi
+        sleep 0.05
+    done
 }
 # Records KEY for SYSTEM: the sender's CPU between C0 and now, per MB of BYTES.
 record_sender_cpu() { # key system c0 bytes
@@ -816,7 +824,7 @@ d_one() { # system run n
     sampler=$!
     # The server's CPU over the fan-out: walserver's process; PostgreSQL's postmaster with the
     # walsenders it has reaped (waited for below, at most 10 s: they end with their clients).
-    local spid=$WS_PID c0 c1 k
+    local spid=$WS_PID c0 c1
     [ "$sys" = pg ] && spid=$(head -1 "$PGP/postmaster.pid")
     c0=$(cpu_of "$spid" children)
     local TIMEFORMAT='%U %S' ct
@@ -833,9 +841,7 @@ d_one() { # system run n
     ct=$(cat "$WORK/fan-time")
     t1=$(date +%s.%N)
     if [ -n "$perf" ]; then kill -INT "$perf"; wait "$perf" || true; fi
-    if [ "$sys" = pg ]; then
-        for k in $(seq 1 200); do pgrep -f "postgres: walsender" >/dev/null || break; sleep 0.05; done
-    fi
+    senders_reaped "$sys"
     c1=$(cpu_of "$spid" children)
     kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
     peak=$(cat "$WORK/fan-peak" 2>/dev/null || echo 0); rm -f "$WORK/fan-peak"

@@ -822,11 +822,10 @@ d_one() { # system run n
         done
     ) &
     sampler=$!
-    # The server's CPU over the fan-out: walserver's process; PostgreSQL's postmaster with the
-    # walsenders it has reaped (waited for below, at most 10 s: they end with their clients).
-    local spid=$WS_PID c0 c1
-    [ "$sys" = pg ] && spid=$(head -1 "$PGP/postmaster.pid")
-    c0=$(cpu_of "$spid" children)
+    # The server's CPU over the fan-out (sender_cpu; PostgreSQL's walsenders are waited for
+    # below, at most 10 s: they end with their clients).
+    local c0 c1
+    c0=$(sender_cpu "$sys")
     local TIMEFORMAT='%U %S' ct
     t0=$(date +%s.%N)
     # PERF_DIR=DIR records a profile of the whole machine over each fan-out (perf record -a).
@@ -842,7 +841,7 @@ d_one() { # system run n
     t1=$(date +%s.%N)
     if [ -n "$perf" ]; then kill -INT "$perf"; wait "$perf" || true; fi
     senders_reaped "$sys"
-    c1=$(cpu_of "$spid" children)
+    c1=$(sender_cpu "$sys")
     kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
     peak=$(cat "$WORK/fan-peak" 2>/dev/null || echo 0); rm -f "$WORK/fan-peak"
     record "d${n}_fanout_mbps" "$sys" "$(awk -v n="$n" -v b=$((FANOUT_MIB << 20)) -v a="$t0" -v z="$t1" 'BEGIN { printf "%.0f", n * b / (z - a) / 1e6 }')"

@@ -51,8 +51,8 @@
 //! hot path never extends a file (and fdatasync journals no size change); with `wal_recycle`
 //! on (the default) a segment nobody holds any more is recycled as a later one instead of
 //! being removed and made anew (its old bytes never validate at the new place: records and
-//! segment headers carry their own LSN). `writer.rs` has the details, including what a failed batch leaves behind;
-//! `background.rs` the preallocation and recycling.
+//! segment headers carry their own LSN). `writer.rs` has the details, including what a
+//! failed batch leaves behind; `background.rs` the preallocation and recycling.
 //!
 //! # Crash safety
 //!

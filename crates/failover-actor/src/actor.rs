@@ -2,6 +2,7 @@
 //! node's supervisor. Its cycle: one lease (renewed every ttl/3), one watch on the cluster's
 //! prefix, and a reconciliation after every change it sees, one at a time.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use actix::fut::LocalBoxActorFuture;
@@ -62,9 +63,30 @@ pub struct FailoverActor {
     /// Why the key just won was campaigned for (the history's reason).
     won_reason: Option<&'static str>,
     pub(crate) leadership: tokio::sync::watch::Sender<Leadership>,
-    pub(crate) slots: crate::slots::SlotState,
+    pub(crate) slots: SlotState,
     /// The member slots this node holds, as last known.
     pub(crate) held_slots: tokio::sync::watch::Sender<Option<Vec<String>>>,
+}
+
+/// How soon a new leader looks again for a synchronous standby while it holds appends for
+/// want of one (a guess: a standby connects and reports within a few milliseconds here).
+pub(crate) const SYNC_RECHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// What the actor knows of member slots.
+#[derive(Default)]
+pub(crate) struct SlotState {
+    /// Since when each member slot's member has had no key (by slot name).
+    pub(crate) absent_since: HashMap<String, Instant>,
+    /// A round of `manage_slots` runs; `again`: another after it.
+    pub(crate) busy: bool,
+    pub(crate) again: bool,
+    /// The next look at a departed member's slot, when its grace ends.
+    pub(crate) timer: Option<SpawnHandle>,
+    /// The last round's slot operation failed: the next one comes after
+    /// [`SLOT_RETRY`](crate::slots::SLOT_RETRY).
+    pub(crate) failed: bool,
+    /// Slot operations have been failing since the last success (logged once per run).
+    pub(crate) failing: bool,
 }
 
 /// How long a failed start (lease, first read, watch) waits before the next attempt, and the
@@ -89,7 +111,7 @@ impl FailoverActor {
                 "ttl must be at least 1 s (etcd's leases count whole seconds)".into(),
             ));
         }
-        crate::slots::check_slot_name(&config).map_err(FailoverError::Refused)?;
+        crate::slot_names::check_slot_name(&config).map_err(FailoverError::Refused)?;
         // A guess that leaves room for the whole exchange: etcd's calls must end well inside
         // one renewal interval, or a slow answer would eat the fence's margin.
         let timeout = machine::renewal_interval(config.ttl).max(Duration::from_millis(300));
@@ -127,7 +149,7 @@ impl FailoverActor {
             stopping: false,
             won_reason: None,
             leadership: tokio::sync::watch::Sender::new(Leadership::default()),
-            slots: crate::slots::SlotState::default(),
+            slots: SlotState::default(),
             held_slots: tokio::sync::watch::Sender::new(None),
         }))
     }
@@ -342,7 +364,7 @@ impl FailoverActor {
                 }
                 let mut next = machine::renewal_interval(ttl).saturating_sub(sent_at.elapsed());
                 if std::mem::take(&mut self.sync_recheck) {
-                    next = next.min(crate::sync::SYNC_RECHECK);
+                    next = next.min(SYNC_RECHECK);
                 }
                 self.schedule_renewal(ctx, next);
             }
@@ -695,7 +717,7 @@ impl FailoverActor {
         upstream.application_name = self.config.node_name.clone();
         if self.config.use_slots {
             // Its slot on the leader keeps the WAL this member has not received yet.
-            upstream.session.slot_name = crate::slots::member_slot_name(self.me());
+            upstream.session.slot_name = crate::slot_names::member_slot_name(self.me());
         }
         self.fence.observe_term(term);
         let supervisor = self.node.supervisor.clone();
@@ -868,7 +890,7 @@ async fn ensure_slots(supervisor: &Addr<supervisor_actor::Supervisor>, names: Ve
     }
     let asked = supervisor_actor::EnsureMemberSlots {
         names,
-        prefix: crate::slots::MEMBER_SLOT_PREFIX.to_string(),
+        prefix: crate::slot_names::MEMBER_SLOT_PREFIX.to_string(),
     };
     match supervisor.send(asked).await {
         Ok(Ok(slots)) => {

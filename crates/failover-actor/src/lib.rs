@@ -83,6 +83,7 @@ pub mod keys;
 pub mod machine;
 mod messages;
 mod peers;
+mod slot_names;
 mod slots;
 mod store;
 mod sync;
@@ -98,5 +99,6 @@ pub use messages::{
     Failover, GetClusterView, GetHistory, GetLocalHealth, Leadership, Pause, Resume, StopFailover,
     SubscribeLeadership, Switchover, SwitchoverReport,
 };
-pub use slots::{member_slot_name, slot_member, SubscribeMemberSlots, MEMBER_SLOT_PREFIX};
+pub use slot_names::{member_slot_name, slot_member, MEMBER_SLOT_PREFIX};
+pub use slots::SubscribeMemberSlots;
 pub use view::{ClusterView, LeaderView, LocalHealth, MemberInfo, TermRecord};

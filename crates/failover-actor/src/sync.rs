@@ -13,10 +13,6 @@ use crate::error::FailoverError;
 use crate::machine::{self, SyncCandidate, SyncPhase};
 use crate::store;
 
-/// How soon a new leader looks again for a synchronous standby while it holds appends for
-/// want of one (a guess: a standby connects and reports within a few milliseconds here).
-pub(crate) const SYNC_RECHECK: std::time::Duration = std::time::Duration::from_millis(50);
-
 impl FailoverActor {
     /// The leader's synchronous standby, managed on each confirmed renewal.
     pub(crate) fn manage_sync(&mut self, ctx: &mut Context<Self>) {

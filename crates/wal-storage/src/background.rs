@@ -29,9 +29,9 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use crossbeam_channel::Receiver;
@@ -82,74 +82,6 @@ fn zero_fill(io: &Io, f: &File, len: u64) -> io::Result<()> {
     io.write_zeros(f, 0, len, FP_PREALLOC)
 }
 
-/// How many retired segment files the pool keeps for reuse. A guess: retention frees about
-/// one segment per segment switch and preallocation takes one, so two cover a switch that
-/// runs ahead of the other; more would hold disk space (or tmpfs memory) that nothing uses.
-const RECYCLE_LIMIT: usize = 2;
-
-/// Segment files retention handed over for reuse, waiting in `tmp/` under names of their
-/// own (see the module's comment); always empty with `wal_recycle` off. Files left in `tmp/`
-/// by a crash are removed at the next open, like every leftover there.
-#[derive(Debug)]
-pub(crate) struct RecyclePool {
-    enabled: bool,
-    files: Mutex<Vec<PathBuf>>,
-    /// Names files as they enter the pool.
-    next: AtomicU64,
-    /// Segments made from a recycled file since open.
-    reused: AtomicU64,
-}
-
-impl RecyclePool {
-    /// A pool for the segment files of `pg_wal`; `enabled` is `wal_recycle`.
-    pub(crate) fn new(enabled: bool) -> RecyclePool {
-        RecyclePool {
-            enabled,
-            files: Mutex::new(Vec::new()),
-            next: AtomicU64::new(0),
-            reused: AtomicU64::new(0),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<PathBuf>> {
-        // A list of paths, consistent between statements.
-        self.files.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// How many segments were made from a recycled file since open.
-    pub(crate) fn reused(&self) -> u64 {
-        self.reused.load(Ordering::Relaxed)
-    }
-
-    /// Moves `path` (a retired segment held by nobody) into the pool in `tmp/`, if the pool
-    /// is in use and has room. `Ok(false)` if the caller should remove it instead. The lock
-    /// is held across the rename, so that two retention runs cannot both fill the last place;
-    /// only retention and preallocation take it, never an actor's thread.
-    fn put(&self, io: &Io, tmp: &Path, path: &Path) -> io::Result<bool> {
-        if !self.enabled {
-            return Ok(false);
-        }
-        let mut files = self.lock();
-        if files.len() >= RECYCLE_LIMIT {
-            return Ok(false);
-        }
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let to = tmp.join(format!("recycled.{n}"));
-        match io.rename(path, &to) {
-            Ok(()) => files.push(to),
-            // Two retention runs may list the same file; the one that finds it gone has
-            // nothing left to do.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        Ok(true)
-    }
-
-    fn take(&self) -> Option<PathBuf> {
-        self.lock().pop()
-    }
-}
-
 /// Makes segment `segno` of `tli`: from a recycled file if the pool has one, else a new
 /// zero-filled one ([`create_segment`]).
 fn preallocate(inner: &Inner, tli: TimelineId, segno: u64) -> Result<File> {
@@ -157,7 +89,7 @@ fn preallocate(inner: &Inner, tli: TimelineId, segno: u64) -> Result<File> {
     while let Some(old) = inner.recycled.take() {
         match recycle_segment(&inner.io, &old, inner.pg_wal(), tli, segno, seg) {
             Ok(f) => {
-                inner.recycled.reused.fetch_add(1, Ordering::Relaxed);
+                inner.recycled.count_reuse();
                 return Ok(f);
             }
             Err(e) => {

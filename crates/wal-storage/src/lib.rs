@@ -177,6 +177,7 @@ mod metrics;
 mod naming;
 mod reader;
 mod recovery;
+mod recycle;
 mod scan;
 mod segments;
 mod slots;

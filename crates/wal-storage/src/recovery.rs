@@ -19,7 +19,7 @@ use crossbeam_channel::Receiver;
 use tokio::sync::watch;
 use wal_types::{Lsn, SystemId, TimelineId};
 
-use crate::background::{create_segment, RecyclePool};
+use crate::background::create_segment;
 use crate::durable::write_atomic_with;
 use crate::files::{
     encode_envelope, read_control, ControlData, FlushPointer, PointerFile, FILE_VERSION,
@@ -29,6 +29,7 @@ use crate::health::StorageHealth;
 use crate::history::{check_history_for, format_history, parse_history};
 use crate::io::{Io, FP_FSYNC, FP_WRITE};
 use crate::naming::{history_file_name, parse_segment_file_name, segment_file_name};
+use crate::recycle::RecyclePool;
 use crate::scan::{find_scan_start, FileSource};
 use crate::segments::{SegmentFiles, View};
 use crate::slots::SlotTable;

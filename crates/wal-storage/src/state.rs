@@ -19,12 +19,12 @@ use crossbeam_channel::Sender;
 use tokio::sync::watch;
 use wal_types::{Lsn, SystemId, TimelineId};
 
-use crate::background::RecyclePool;
 use crate::durable::write_atomic_with;
 use crate::files::{encode_envelope, ControlData, FILE_VERSION};
 use crate::health::HealthTx;
 use crate::io::Io;
 use crate::naming::segment_file_name;
+use crate::recycle::RecyclePool;
 use crate::segments::{SegmentFiles, View, WalFileRange};
 use crate::slots::{SlotPaths, SlotTable};
 use crate::tail::TailCache;

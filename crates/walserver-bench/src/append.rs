@@ -4,13 +4,12 @@
 //! (`follow`).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use hdrhistogram::Histogram;
 use serde::Serialize;
 use supervisor_actor::{AppendRecords, Durability, Node};
 
@@ -20,6 +19,7 @@ use walserver_node::records::join_records;
 use crate::acklog::AckLog;
 use crate::cluster::{Cluster, ClusterOptions};
 use crate::follow::{Endpoints, HttpWriter};
+use crate::load::{Budget, Stats};
 use crate::report::{self, Percentiles, Sample};
 use crate::sys;
 
@@ -104,68 +104,6 @@ pub struct AppendArgs {
     /// Write latency and replication lag over time to this SVG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-}
-
-/// What the writers have done so far.
-pub(crate) struct Stats {
-    total: Histogram<u64>,
-    interval: Histogram<u64>,
-    appends: u64,
-    records: u64,
-    bytes: u64,
-    errors: u64,
-    first_error: Option<String>,
-}
-
-impl Stats {
-    fn new() -> Stats {
-        Stats {
-            total: report::latency_histogram(),
-            interval: report::latency_histogram(),
-            appends: 0,
-            records: 0,
-            bytes: 0,
-            errors: 0,
-            first_error: None,
-        }
-    }
-
-    pub(crate) fn ok(&mut self, latency: Duration, records: usize, bytes: usize) {
-        report::record(&mut self.total, latency);
-        report::record(&mut self.interval, latency);
-        self.appends += 1;
-        self.records += records as u64;
-        self.bytes += bytes as u64;
-    }
-
-    pub(crate) fn err(&mut self, e: String) {
-        self.errors += 1;
-        self.first_error.get_or_insert(e);
-    }
-}
-
-/// When the writers stop: after a time or a byte budget.
-pub(crate) struct Budget {
-    deadline: Option<Instant>,
-    bytes: Option<u64>,
-    issued: AtomicU64,
-    pub(crate) stop: AtomicBool,
-}
-
-impl Budget {
-    /// Claims `n` bytes; false once the budget is spent or the time is up.
-    pub(crate) fn take(&self, n: u64) -> bool {
-        if self.stop.load(Ordering::Relaxed) {
-            return false;
-        }
-        if self.deadline.is_some_and(|d| Instant::now() >= d) {
-            return false;
-        }
-        match self.bytes {
-            Some(limit) => self.issued.fetch_add(n, Ordering::Relaxed) < limit,
-            None => true,
-        }
-    }
 }
 
 #[derive(Serialize)]
@@ -505,12 +443,10 @@ pub fn measure(args: &AppendArgs) -> anyhow::Result<AppendReport> {
     let stats = Arc::new(Mutex::new(Stats::new()));
     let (fsync0, sfsync0) = target.fsyncs();
     let started = Instant::now();
-    let budget = Arc::new(Budget {
-        deadline: (seconds > 0.0).then(|| started + Duration::from_secs_f64(seconds)),
-        bytes: byte_limit,
-        issued: AtomicU64::new(0),
-        stop: AtomicBool::new(false),
-    });
+    let budget = Arc::new(Budget::new(
+        (seconds > 0.0).then(|| started + Duration::from_secs_f64(seconds)),
+        byte_limit,
+    ));
     let handles = match &target {
         Target::Cluster(c) => spawn_cluster_writers(args, c, durability, &stats, &budget)?,
         Target::Http { token, .. } => spawn_http_writers(
@@ -822,17 +758,5 @@ mod tests {
             ["10.0.0.1:8433", "10.0.0.2:8433", "10.0.0.3:8433"]
         );
         assert!(Cli::try_parse_from(["bench", "--ack-log", "x"]).is_err());
-    }
-
-    #[test]
-    fn a_byte_budget_stops_the_writers() {
-        let b = Budget {
-            deadline: None,
-            bytes: Some(250),
-            issued: AtomicU64::new(0),
-            stop: AtomicBool::new(false),
-        };
-        let taken = (0..10).filter(|_| b.take(100)).count();
-        assert_eq!(taken, 3);
     }
 }

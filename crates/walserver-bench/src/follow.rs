@@ -22,7 +22,7 @@ use walserver_node::admin::base_url;
 use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
 
 use crate::acklog::{self, AckEntry, AckLog, IndeterminateEntry};
-use crate::append::{Budget, Stats};
+use crate::load::{Budget, Stats};
 
 /// How long connecting to an endpoint may take before the append counts as never sent: a
 /// guess, far above a connect on a live network and short enough that a host cut off is

@@ -40,6 +40,7 @@ pub mod cluster;
 pub mod failover_table;
 mod follow;
 pub mod latency;
+mod load;
 pub mod reliability;
 pub mod report;
 pub mod soak;

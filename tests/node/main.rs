@@ -474,6 +474,21 @@ fn bad_input_costs_only_its_connection() {
         let _ = c.try_recv();
         assert!(c.closed(), "{what}: connection not closed");
     }
+    // A StartupMessage of protocol 4.0: refused for its version with PostgreSQL 15's text and
+    // SQLSTATE (0A000), then closed.
+    let mut c = PgConn::raw(node.addr());
+    let params = b"user\0u\0replication\0true\0\0";
+    let mut v4 = ((8 + params.len()) as i32).to_be_bytes().to_vec();
+    v4.extend((4i32 << 16).to_be_bytes());
+    v4.extend(params);
+    c.send_raw(&v4);
+    let m = c.recv();
+    assert_eq!(sqlstate(&m), "0A000", "{m:?}");
+    assert_eq!(
+        message(&m),
+        "unsupported frontend protocol 4.0: server supports 3.0 to 3.0"
+    );
+    assert!(c.closed());
     // After authentication: a bad length, and an unknown message type mid-copy.
     let mut c = PgConn::connect(node.addr(), "u", None).unwrap();
     c.send_raw(&[b'Q', 0xff, 0xff, 0xff, 0xff]);

@@ -23,6 +23,11 @@ pub enum CodecError {
     #[error("invalid startup packet: {reason}")]
     InvalidStartupPacket { reason: String },
 
+    /// A StartupMessage asking for a protocol major version other than 3. PostgreSQL 15 checks
+    /// the version before the packet's layout and answers 0A000 with this text.
+    #[error("unsupported frontend protocol {major}.{minor}: server supports 3.0 to 3.0")]
+    UnsupportedProtocol { major: u16, minor: u16 },
+
     /// A typed message whose length field is negative or smaller than the 4 bytes of itself.
     #[error("invalid message length {len} for message type {:?}", char::from(*.tag))]
     InvalidLength { tag: u8, len: i32 },
@@ -54,6 +59,7 @@ impl CodecError {
     pub fn sqlstate(&self) -> SqlState {
         match self {
             CodecError::Io(_) => SqlState::CONNECTION_FAILURE,
+            CodecError::UnsupportedProtocol { .. } => SqlState::FEATURE_NOT_SUPPORTED,
             _ => SqlState::PROTOCOL_VIOLATION,
         }
     }

@@ -117,9 +117,10 @@ impl Handshake {
         match packet {
             StartupPacket::SslRequest => {
                 if self.ssl_requested || self.tls {
-                    // PostgreSQL: "unsupported frontend protocol 1234.5679" for a second one.
+                    // PostgreSQL: "unsupported frontend protocol 1234.5679", 0A000, for a
+                    // second one.
                     return Step::Fatal(ErrorFields::fatal(
-                        SqlState::PROTOCOL_VIOLATION,
+                        SqlState::FEATURE_NOT_SUPPORTED,
                         "unsupported frontend protocol 1234.5679: server supports 3.0 to 3.0",
                     ));
                 }
@@ -631,9 +632,10 @@ mod tests {
             hs.on_packet(StartupPacket::SslRequest),
             Step::SslAnswer(b'N')
         );
+        // A second SSLRequest is refused as PostgreSQL 15 refuses it: 0A000.
         assert_eq!(
             fatal_code(&hs.on_packet(StartupPacket::SslRequest)),
-            "08P01"
+            "0A000"
         );
         let tls = Arc::new(AuthSettings {
             tls_available: true,

@@ -126,17 +126,15 @@ impl StartupPacket {
     /// What a PostgreSQL 15 server says to this StartupMessage's protocol request:
     /// `Ok(None)` to go on, `Ok(Some(msg))` to send a NegotiateProtocolVersion first (minor
     /// version above 0, or `_pq_.` options) and go on, or an error for a major version other
-    /// than 3 (`unsupported frontend protocol 2.0: server supports 3.0 to 3.0`, 08P01).
+    /// than 3 ([`CodecError::UnsupportedProtocol`]; [`StartupPacket::decode`] already refuses those).
     pub fn protocol_negotiation(&self) -> Result<Option<crate::messages::BackendMessage>> {
         let StartupPacket::Startup { protocol, .. } = self else {
             return Ok(None);
         };
         if protocol.0 != 3 {
-            return Err(CodecError::InvalidStartupPacket {
-                reason: format!(
-                    "unsupported frontend protocol {}.{}: server supports 3.0 to 3.0",
-                    protocol.0, protocol.1
-                ),
+            return Err(CodecError::UnsupportedProtocol {
+                major: protocol.0,
+                minor: protocol.1,
             });
         }
         let unrecognized = self.unknown_protocol_options();
@@ -199,6 +197,14 @@ impl StartupPacket {
             }
             _ => {
                 let protocol = ((code as u32 >> 16) as u16, code as u16);
+                // PostgreSQL refuses another major version before it reads the parameters,
+                // so a packet of a later protocol is refused for its version, not its layout.
+                if protocol.0 != 3 {
+                    return Err(CodecError::UnsupportedProtocol {
+                        major: protocol.0,
+                        minor: protocol.1,
+                    });
+                }
                 let mut params = Vec::new();
                 loop {
                     if body.remaining() == 0 {

@@ -103,6 +103,38 @@ fn startup_protocol_negotiation() {
     assert!(v2.protocol_negotiation().is_err());
 }
 
+/// Another major version is refused for its version before its layout is read, with the text
+/// and SQLSTATE a real PostgreSQL 15 sent to these same packets (0A000, not 08P01).
+#[test]
+fn startup_refuses_other_major_versions_as_postgresql_does() {
+    let check = |bytes: &[u8], want: &str| {
+        let mut src = BytesMut::from(bytes);
+        let err = StartupCodec.decode(&mut src).unwrap_err();
+        assert!(
+            matches!(err, CodecError::UnsupportedProtocol { .. }),
+            "{err:?}"
+        );
+        assert_eq!(err.to_string(), want);
+        assert_eq!(err.sqlstate(), SqlState::FEATURE_NOT_SUPPORTED);
+    };
+    // Protocol 4.0 with well-formed parameters.
+    let mut v4 = Vec::new();
+    let params = b"user\0postgres\0replication\0true\0\0";
+    v4.extend(((8 + params.len()) as i32).to_be_bytes());
+    v4.extend((4i32 << 16).to_be_bytes());
+    v4.extend(params);
+    check(
+        &v4,
+        "unsupported frontend protocol 4.0: server supports 3.0 to 3.0",
+    );
+    // Eight bytes whose code is no request and no version 3: refused for the version, though
+    // it has no terminator either.
+    check(
+        &hex("00000008 00bc614e"),
+        "unsupported frontend protocol 188.24910: server supports 3.0 to 3.0",
+    );
+}
+
 #[test]
 fn startup_rejects_bad_lengths_before_buffering() {
     let check = |bytes: &[u8]| {

@@ -169,6 +169,11 @@ pub enum CommandError {
     /// 42602 (or 42622 when too long), from [`validate_slot_name`].
     #[error("{message}")]
     InvalidSlotName { code: SqlState, message: String },
+    /// An option of `CREATE_REPLICATION_SLOT (...)` that no kind of slot has. PostgreSQL's
+    /// grammar takes any name there and its walsender refuses it afterwards with an internal
+    /// error (XX000), which is what a PostgreSQL 15 primary answers.
+    #[error("unrecognized option: {name}")]
+    UnrecognizedOption { name: String },
 }
 
 impl CommandError {
@@ -176,6 +181,7 @@ impl CommandError {
         match self {
             CommandError::Syntax { .. } => SqlState::SYNTAX_ERROR,
             CommandError::InvalidSlotName { code, .. } => *code,
+            CommandError::UnrecognizedOption { .. } => SqlState::INTERNAL_ERROR,
         }
     }
 
@@ -192,6 +198,9 @@ impl CommandError {
                 } else {
                     e
                 }
+            }
+            CommandError::UnrecognizedOption { .. } => {
+                ErrorFields::error(SqlState::INTERNAL_ERROR, self.to_string())
             }
         }
     }
@@ -562,11 +571,17 @@ impl Parser<'_> {
                 };
                 self.next()?;
                 let value = self.option_value()?;
-                if name != "reserve_wal" {
-                    return Err(CommandError::Syntax {
-                        position,
-                        message: format!("unrecognized option: {name}"),
-                    });
+                // As PostgreSQL 15: the logical slots' options are "conflicting" on a
+                // physical slot, a name no slot has is unrecognized.
+                match name.as_str() {
+                    "reserve_wal" => {}
+                    "snapshot" | "two_phase" => {
+                        return Err(CommandError::Syntax {
+                            position,
+                            message: "conflicting or redundant options".into(),
+                        })
+                    }
+                    _ => return Err(CommandError::UnrecognizedOption { name }),
                 }
                 if reserve_wal.is_some() {
                     return Err(CommandError::Syntax {
@@ -604,11 +619,10 @@ impl Parser<'_> {
                         reserve_wal = Some(true);
                         continue;
                     }
-                    "reserve_wal" => "conflicting or redundant options".to_string(),
-                    "export_snapshot" | "noexport_snapshot" | "use_snapshot" => {
-                        "unrecognized option: snapshot".to_string()
-                    }
-                    "two_phase" => "unrecognized option: two_phase".to_string(),
+                    // The logical slots' keywords, as PostgreSQL 15 answers them on a
+                    // physical slot.
+                    "reserve_wal" | "export_snapshot" | "noexport_snapshot" | "use_snapshot"
+                    | "two_phase" => "conflicting or redundant options".to_string(),
                     _ => format!("syntax error at or near \"{text}\""),
                 };
                 return Err(CommandError::Syntax { position, message });
@@ -928,10 +942,21 @@ mod tests {
             26,
             "syntax error at end of input",
         );
+        // What a PostgreSQL 15 primary answers to an option no slot has: XX000, no position.
+        let e = parse_command("CREATE_REPLICATION_SLOT s PHYSICAL (FOO)").unwrap_err();
+        assert_eq!(e, CommandError::UnrecognizedOption { name: "foo".into() });
+        assert_eq!(e.to_string(), "unrecognized option: foo");
+        assert_eq!(e.to_error_fields().code(), Some(SqlState::INTERNAL_ERROR));
+        // And to a logical slot's option on a physical one: 42601 "conflicting".
         check_err(
-            "CREATE_REPLICATION_SLOT s PHYSICAL (FOO)",
+            "CREATE_REPLICATION_SLOT s PHYSICAL (TWO_PHASE)",
             37,
-            "unrecognized option: foo",
+            "conflicting or redundant options",
+        );
+        check_err(
+            "CREATE_REPLICATION_SLOT s PHYSICAL (SNAPSHOT 'export')",
+            37,
+            "conflicting or redundant options",
         );
         check_err(
             "CREATE_REPLICATION_SLOT s PHYSICAL (RESERVE_WAL maybe)",
@@ -951,7 +976,12 @@ mod tests {
         check_err(
             "CREATE_REPLICATION_SLOT s PHYSICAL EXPORT_SNAPSHOT",
             36,
-            "unrecognized option: snapshot",
+            "conflicting or redundant options",
+        );
+        check_err(
+            "CREATE_REPLICATION_SLOT s PHYSICAL TWO_PHASE",
+            36,
+            "conflicting or redundant options",
         );
         check_err(
             "DROP_REPLICATION_SLOT \"\"",

@@ -390,3 +390,63 @@ fn tls_sslmodes_and_scram_channel_binding() {
         None
     )));
 }
+
+/// The errors a replication command's text alone provokes: walserver's parser against what a
+/// real PostgreSQL 15 answers to the same text. The SQLSTATE must match everywhere; the
+/// message too, except for plain syntax errors, where PostgreSQL says only "syntax error" and
+/// walserver says where ("at or near ...", with the position).
+#[test]
+fn command_errors_match_postgresql_15() {
+    let pg = cluster();
+    let mut c = login(&pg, "repl", Some("secret")).expect("SCRAM login");
+    let same_text = [
+        "CREATE_REPLICATION_SLOT e1 PHYSICAL (FOO)",
+        "CREATE_REPLICATION_SLOT e1 PHYSICAL (TWO_PHASE)",
+        "CREATE_REPLICATION_SLOT e1 PHYSICAL (SNAPSHOT 'export')",
+        "CREATE_REPLICATION_SLOT e1 PHYSICAL (RESERVE_WAL, RESERVE_WAL)",
+        "CREATE_REPLICATION_SLOT e1 PHYSICAL (RESERVE_WAL maybe)",
+        "CREATE_REPLICATION_SLOT e1 PHYSICAL EXPORT_SNAPSHOT",
+        "CREATE_REPLICATION_SLOT e1 PHYSICAL NOEXPORT_SNAPSHOT",
+        "CREATE_REPLICATION_SLOT e1 PHYSICAL USE_SNAPSHOT",
+        "CREATE_REPLICATION_SLOT e1 PHYSICAL TWO_PHASE",
+        "CREATE_REPLICATION_SLOT e1 PHYSICAL RESERVE_WAL RESERVE_WAL",
+        "TIMELINE_HISTORY 0",
+        "START_REPLICATION 0/0 TIMELINE 0",
+    ];
+    let syntax_only = [
+        "IDENTIFY_SYSTEM extra",
+        "SHOW",
+        "TIMELINE_HISTORY abc",
+        "TIMELINE_HISTORY -1",
+        "START_REPLICATION zz",
+        "CREATE_REPLICATION_SLOT e1 PHYSICAL ()",
+        "DROP_REPLICATION_SLOT e1 NOW",
+    ];
+    let cases = same_text
+        .iter()
+        .map(|q| (q, true))
+        .chain(syntax_only.iter().map(|q| (q, false)));
+    for (q, compare_text) in cases {
+        let msgs = c.query(q);
+        let theirs = msgs
+            .iter()
+            .find_map(|m| match m {
+                BackendMessage::ErrorResponse(f) => Some(f.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{q}: PostgreSQL took it: {msgs:?}"));
+        let ours = protocol_codec::command::parse_command(q)
+            .expect_err(q)
+            .to_error_fields();
+        assert_eq!(
+            ours.code(),
+            theirs.code(),
+            "{q}: {ours:?} against {theirs:?}"
+        );
+        if compare_text {
+            assert_eq!(ours.message(), theirs.message(), "{q}");
+        } else {
+            assert_eq!(theirs.message(), Some("syntax error"), "{q}");
+        }
+    }
+}

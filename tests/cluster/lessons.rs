@@ -220,7 +220,10 @@ fn the_admin_api_answers_during_the_drain_and_stops_after_it() {
             // that it asks again once it has sent everything.
             BackendMessage::PrimaryKeepalive(k) if k.reply_requested => c.reply(at, at, false),
             BackendMessage::PrimaryKeepalive(_) => {}
-            other => panic!("unexpected {other:?} after {:?}", t.elapsed()),
+            other => panic!(
+                "unexpected {other:?} after {:?}: at {at}, start {start}, end {end}",
+                t.elapsed()
+            ),
         }
     }
     let during = node.http_get("/status");

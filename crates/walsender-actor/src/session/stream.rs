@@ -421,7 +421,12 @@ impl<S: StorageView> Session<S> {
                 self.stopping = Some(deadline);
                 lock(&self.status).state = WalSenderState::Stopping;
                 out.push(Output::StatusChanged);
-                self.pump(room, out);
+                // Everything durable when the shutdown began is sent, including WAL whose
+                // notification has not reached this walsender yet (the position watch and
+                // this message race on the actor's thread): so the durable end comes from
+                // storage itself, not from the last notification.
+                let pos = self.storage.position();
+                self.on_wal_position(pos, room, out);
                 self.check_drained(out);
             }
             _ => self.fatal(admin_shutdown(), out),

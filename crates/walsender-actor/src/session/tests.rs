@@ -446,6 +446,30 @@ fn fast_shutdown_drains_and_waits_for_confirmation() {
     assert!(matches!(out.last(), Some(Output::Close)));
 }
 
+/// WAL made durable just before the shutdown, whose notification the walsender has not had
+/// yet (the position watch and the shutdown race on the actor's thread), is still sent: the
+/// drain takes the durable end from storage, not from the last notification.
+#[test]
+fn fast_shutdown_sends_wal_flushed_before_it_was_announced() {
+    let mut f = fixture();
+    let start = f.wal.flushed();
+    let out = f.query(&format!("START_REPLICATION {start}"));
+    assert!(wal_bytes(&f.serve_reads(out)).is_empty());
+    // Durable, but no on_wal_position for it.
+    let end = f.append(3, 100);
+    let deadline = f.t0 + Duration::from_secs(10);
+    let mut out = Vec::new();
+    f.session
+        .shutdown(ShutdownMode::Fast { deadline }, usize::MAX, &mut out);
+    let out = f.serve_reads(out);
+    assert!(
+        !msgs(&out).contains(&&BackendMessage::CommandComplete("COPY 0".into())),
+        "the copy ended before the WAL was sent: {out:?}"
+    );
+    let sent: usize = wal_bytes(&out).iter().map(|(_, n)| n).sum();
+    assert_eq!(start + sent as u64, end, "{out:?}");
+}
+
 #[test]
 fn fast_shutdown_gives_up_at_the_deadline() {
     let mut f = fixture();

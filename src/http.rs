@@ -157,7 +157,6 @@ fn node_routes(cfg: &mut web::ServiceConfig, state: web::Data<State>) {
         .route("/metrics", web::get().to(metrics))
         .service(
             web::resource("/wal")
-                .app_data(web::PayloadConfig::new(MAX_BODY))
                 .route(web::post().to(append))
                 .route(web::get().to(read_wal)),
         );
@@ -184,6 +183,7 @@ pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
             .configure(|cfg| crate::failover::routes(cfg, failover))
             .route("/promote", web::post().to(promote))
             .route("/reload", web::post().to(reload))
+            .default_service(web::to(no_such_endpoint))
     })
     .workers(1)
     // A graceful stop waits for requests in flight; a `GET /wal?follow=true` reader never
@@ -213,6 +213,44 @@ fn error(status: StatusCode, text: impl std::fmt::Display) -> HttpResponse {
     HttpResponse::build(status).json(serde_json::json!({ "error": text.to_string() }))
 }
 
+/// What the stand-alone API answers to a method and path it has no endpoint for: a 404 in
+/// JSON like every other error, naming what was asked.
+async fn no_such_endpoint(req: HttpRequest) -> HttpResponse {
+    error(
+        StatusCode::NOT_FOUND,
+        format!("no endpoint {} {}", req.method(), req.path()),
+    )
+}
+
+/// A request body of at most [`MAX_BODY`] bytes, or the error answer: 413 as soon as the
+/// declared length is over (nothing is read), or once the bytes read pass it. Read here rather
+/// than through actix-web's `Bytes` extractor, whose refusal is plain text: every error of this
+/// API is JSON.
+async fn read_body(req: &HttpRequest, payload: web::Payload) -> Result<Bytes, HttpResponse> {
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body over the limit of {MAX_BODY} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(too_large());
+    }
+    match payload.to_bytes_limited(MAX_BODY).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(e)) => Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the request body: {e}"),
+        )),
+        Err(_) => Err(too_large()),
+    }
+}
+
 /// The request's query string as `T`, or why it is not one. Every query struct denies
 /// unknown fields, so a misspelt parameter is refused with its name instead of silently
 /// taking the default.
@@ -237,10 +275,14 @@ struct AppendQuery {
     durability: Option<String>,
 }
 
-async fn append(state: web::Data<State>, req: HttpRequest, body: Bytes) -> HttpResponse {
+async fn append(state: web::Data<State>, req: HttpRequest, payload: web::Payload) -> HttpResponse {
     let query: AppendQuery = match query(&req) {
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let body = match read_body(&req, payload).await {
+        Ok(b) => b,
+        Err(answer) => return answer,
     };
     let durability = match query.durability.as_deref().map(str::parse::<Durability>) {
         None => None,

@@ -411,3 +411,67 @@ fn admin_api_refuses_unknown_query_parameters() {
         );
     }
 }
+
+/// Every error of the stand-alone admin API is a JSON object with an `error` text, those
+/// actix-web would answer in plain text or with an empty body too: a body declared over the
+/// limit is refused with 413 before it is read (and appends nothing), and a method and path
+/// with no endpoint is a 404 naming them.
+#[test]
+fn admin_api_errors_are_json_everywhere() {
+    let node = TestNode::primary("");
+    let before = node.wal().flushed();
+    // Only the head: a body of this length is never sent, so the answer must come first.
+    let mut tcp = std::net::TcpStream::connect(node.http_addr).expect("connect");
+    tcp.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    std::io::Write::write_all(
+        &mut tcp,
+        b"POST /wal HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 100000000\r\n\r\n",
+    )
+    .expect("send the head");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") || !answer.ends_with(b"}") {
+        let n = std::io::Read::read(&mut tcp, &mut buf).expect("read the answer");
+        assert!(
+            n > 0,
+            "closed before a whole answer: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&answer).to_string();
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "{text}"
+    );
+    let body = &text[text.find("\r\n\r\n").expect("head") + 4..];
+    let json: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert!(json["error"].as_str().unwrap().contains("limit"), "{json}");
+    assert_eq!(node.wal().flushed(), before, "nothing was appended");
+
+    for (method, path) in [("GET", "/nosuch"), ("DELETE", "/status")] {
+        let mut resp = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", node.http_addr))
+            .body(())
+            .map(|r| {
+                ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .build()
+                    .new_agent()
+                    .run(r)
+            })
+            .expect("a request")
+            .expect("an answer");
+        assert_eq!(resp.status().as_u16(), 404, "{method} {path}");
+        let text = resp.body_mut().read_to_string().expect("answer");
+        let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(
+            json["error"].as_str(),
+            Some(format!("no endpoint {method} {path}").as_str()),
+            "{json}"
+        );
+    }
+}

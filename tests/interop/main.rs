@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -526,4 +527,117 @@ fn libpq_over_tls_verify_full() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// What a server answers, in the streaming sub-protocol, to what `act` does right after
+/// START_REPLICATION at its current end: every message but WAL and keepalives (an error as its
+/// severity, SQLSTATE and text), up to ReadyForQuery, or `closed` when the server closes.
+fn copy_answer(addr: SocketAddr, user: &str, act: &dyn Fn(&mut PgConn)) -> Vec<String> {
+    use protocol_codec::BackendMessage;
+    let mut c = PgConn::connect(addr, user, None).expect("connect");
+    let start = c.client.identify_system().expect("IDENTIFY_SYSTEM").xlogpos;
+    c.start_replication(start);
+    act(&mut c);
+    let mut out = Vec::new();
+    loop {
+        match c.try_recv() {
+            Ok(BackendMessage::XLogData(_) | BackendMessage::PrimaryKeepalive(_)) => {}
+            Ok(BackendMessage::ErrorResponse(f)) => out.push(format!(
+                "{} {} {}",
+                f.get(b'S').unwrap_or("?"),
+                f.get(b'C').unwrap_or("?"),
+                f.get(b'M').unwrap_or("?")
+            )),
+            Ok(m @ BackendMessage::ReadyForQuery(_)) => {
+                out.push(format!("{m:?}"));
+                return out;
+            }
+            Ok(m) => out.push(format!("{m:?}")),
+            Err(_) => {
+                assert!(c.closed(), "neither a message nor the close: {out:?}");
+                out.push("closed".into());
+                return out;
+            }
+        }
+    }
+}
+
+/// The streaming sub-protocol, walserver against a real PostgreSQL 15: the same client actions
+/// right after START_REPLICATION get the same answers (CopyDone at once, after a status update
+/// or after hot-standby feedback; a query, a CopyFail, or a Terminate in the middle of the
+/// copy), and a status update asking for a reply gets a keepalive from both.
+#[test]
+fn the_streaming_sub_protocol_answers_as_postgresql_15_does() {
+    use protocol_codec::messages::{HotStandbyFeedback, PrimaryKeepalive, StandbyStatusUpdate};
+    use protocol_codec::{BackendMessage, FrontendMessage};
+    use wal_types::PgTimestamp;
+
+    let pg = pg_testkit::PgCluster::init_primary(&pg_testkit::PgOptions::default());
+    let node = TestNode::primary("");
+    let status = |reply_requested| {
+        FrontendMessage::StandbyStatusUpdate(StandbyStatusUpdate {
+            write: Lsn::INVALID,
+            flush: Lsn::INVALID,
+            apply: Lsn::INVALID,
+            send_time: PgTimestamp::now(),
+            reply_requested,
+        })
+    };
+    let feedback = FrontendMessage::HotStandbyFeedback(HotStandbyFeedback {
+        send_time: PgTimestamp::now(),
+        xmin: 0,
+        xmin_epoch: 0,
+        catalog_xmin: 0,
+        catalog_xmin_epoch: 0,
+    });
+    type Act = Box<dyn Fn(&mut PgConn)>;
+    let cases: Vec<(&str, Act)> = vec![
+        ("CopyDone", Box::new(|c| c.send(FrontendMessage::CopyDone))),
+        (
+            "a status update, then CopyDone",
+            Box::new(move |c| {
+                c.send(status(false));
+                c.send(FrontendMessage::CopyDone);
+            }),
+        ),
+        (
+            "hot-standby feedback, then CopyDone",
+            Box::new(move |c| {
+                c.send(feedback.clone());
+                c.send(FrontendMessage::CopyDone);
+            }),
+        ),
+        (
+            "a status update asking for a reply: a keepalive, then CopyDone",
+            Box::new(move |c| {
+                c.send(status(true));
+                loop {
+                    match c.recv() {
+                        BackendMessage::PrimaryKeepalive(PrimaryKeepalive { .. }) => break,
+                        BackendMessage::XLogData(_) => {}
+                        other => panic!("before the keepalive: {other:?}"),
+                    }
+                }
+                c.send(FrontendMessage::CopyDone);
+            }),
+        ),
+        (
+            "a query during the copy",
+            Box::new(|c| c.send(FrontendMessage::Query("IDENTIFY_SYSTEM".into()))),
+        ),
+        (
+            "CopyFail",
+            Box::new(|c| c.send(FrontendMessage::CopyFail("giving up".into()))),
+        ),
+        (
+            "Terminate",
+            Box::new(|c| c.send(FrontendMessage::Terminate)),
+        ),
+    ];
+    for (what, act) in &cases {
+        let theirs = copy_answer(pg.addr(), "postgres", act.as_ref());
+        let ours = copy_answer(node.addr(), "u", act.as_ref());
+        eprintln!("{what}: {theirs:?}");
+        assert_eq!(ours, theirs, "{what}: walserver against PostgreSQL 15");
+    }
 }

@@ -641,3 +641,62 @@ fn the_streaming_sub_protocol_answers_as_postgresql_15_does() {
         assert_eq!(ours, theirs, "{what}: walserver against PostgreSQL 15");
     }
 }
+
+/// The startup phase's refusals, walserver against a real PostgreSQL 15: the same bytes get
+/// the same FATAL (severity, SQLSTATE and text), then the close. A StartupMessage of protocol
+/// 4.0; eight bytes of a code that is no request and no version 3; a second SSLRequest after
+/// the first was answered `N`. (A packet of an impossible length differs on purpose:
+/// PostgreSQL closes without a word, walserver says why first.)
+#[test]
+fn the_startup_phase_refuses_as_postgresql_15_does() {
+    use protocol_codec::BackendMessage;
+
+    let pg = pg_testkit::PgCluster::init_primary(&pg_testkit::PgOptions::default());
+    let node = TestNode::primary("");
+    let params = b"user\0postgres\0replication\0true\0\0";
+    let mut v4 = ((8 + params.len()) as i32).to_be_bytes().to_vec();
+    v4.extend((4i32 << 16).to_be_bytes());
+    v4.extend(params);
+    let ssl_request = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+    let cases: [(&str, Vec<Vec<u8>>); 3] = [
+        ("a StartupMessage of protocol 4.0", vec![v4]),
+        (
+            "eight bytes of no known code",
+            vec![vec![0, 0, 0, 8, 0x00, 0xbc, 0x61, 0x4e]],
+        ),
+        (
+            "a second SSLRequest",
+            vec![ssl_request.to_vec(), ssl_request.to_vec()],
+        ),
+    ];
+    let answer = |addr: SocketAddr, sends: &[Vec<u8>]| -> (String, bool) {
+        let mut c = PgConn::raw(addr);
+        for (i, bytes) in sends.iter().enumerate() {
+            c.send_raw(bytes);
+            if i + 1 < sends.len() {
+                // An SSLRequest's answer is one byte, outside the message framing.
+                let mut b = [0u8; 1];
+                std::io::Read::read_exact(&mut c.stream, &mut b).expect("the SSL answer");
+                assert_eq!(b[0], b'N', "no TLS on either server");
+            }
+        }
+        let m = c.recv();
+        let BackendMessage::ErrorResponse(f) = &m else {
+            panic!("not an error: {m:?}")
+        };
+        let text = format!(
+            "{} {} {}",
+            f.get(b'S').unwrap_or("?"),
+            f.get(b'C').unwrap_or("?"),
+            f.get(b'M').unwrap_or("?")
+        );
+        (text, c.closed())
+    };
+    for (what, sends) in &cases {
+        let theirs = answer(pg.addr(), sends);
+        let ours = answer(node.addr(), sends);
+        eprintln!("{what}: {theirs:?}");
+        assert!(theirs.1, "{what}: PostgreSQL closed the connection");
+        assert_eq!(ours, theirs, "{what}: walserver against PostgreSQL 15");
+    }
+}

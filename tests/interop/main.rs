@@ -529,6 +529,16 @@ fn libpq_over_tls_verify_full() {
     );
 }
 
+/// An ErrorResponse as the side-by-side tests compare it: severity, SQLSTATE and text.
+fn error_line(f: &protocol_codec::ErrorFields) -> String {
+    format!(
+        "{} {} {}",
+        f.get(b'S').unwrap_or("?"),
+        f.get(b'C').unwrap_or("?"),
+        f.get(b'M').unwrap_or("?")
+    )
+}
+
 /// What a server answers, in the streaming sub-protocol, to what `act` does right after
 /// START_REPLICATION at its current end: every message but WAL and keepalives (an error as its
 /// severity, SQLSTATE and text), up to ReadyForQuery, or `closed` when the server closes.
@@ -542,12 +552,7 @@ fn copy_answer(addr: SocketAddr, user: &str, act: &dyn Fn(&mut PgConn)) -> Vec<S
     loop {
         match c.try_recv() {
             Ok(BackendMessage::XLogData(_) | BackendMessage::PrimaryKeepalive(_)) => {}
-            Ok(BackendMessage::ErrorResponse(f)) => out.push(format!(
-                "{} {} {}",
-                f.get(b'S').unwrap_or("?"),
-                f.get(b'C').unwrap_or("?"),
-                f.get(b'M').unwrap_or("?")
-            )),
+            Ok(BackendMessage::ErrorResponse(f)) => out.push(error_line(&f)),
             Ok(m @ BackendMessage::ReadyForQuery(_)) => {
                 out.push(format!("{m:?}"));
                 return out;
@@ -649,15 +654,23 @@ fn the_streaming_sub_protocol_answers_as_postgresql_15_does() {
 /// PostgreSQL closes without a word, walserver says why first.)
 #[test]
 fn the_startup_phase_refuses_as_postgresql_15_does() {
-    use protocol_codec::BackendMessage;
+    use protocol_codec::{BackendMessage, StartupPacket};
 
     let pg = pg_testkit::PgCluster::init_primary(&pg_testkit::PgOptions::default());
     let node = TestNode::primary("");
-    let params = b"user\0postgres\0replication\0true\0\0";
-    let mut v4 = ((8 + params.len()) as i32).to_be_bytes().to_vec();
-    v4.extend((4i32 << 16).to_be_bytes());
-    v4.extend(params);
-    let ssl_request = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+    let encode = |p: StartupPacket| {
+        let mut b = bytes::BytesMut::new();
+        p.encode(&mut b).expect("encodes");
+        b.to_vec()
+    };
+    let v4 = encode(StartupPacket::Startup {
+        protocol: (4, 0),
+        params: vec![
+            ("user".into(), "postgres".into()),
+            ("replication".into(), "true".into()),
+        ],
+    });
+    let ssl_request = encode(StartupPacket::SslRequest);
     let cases: [(&str, Vec<Vec<u8>>); 3] = [
         ("a StartupMessage of protocol 4.0", vec![v4]),
         (
@@ -666,7 +679,7 @@ fn the_startup_phase_refuses_as_postgresql_15_does() {
         ),
         (
             "a second SSLRequest",
-            vec![ssl_request.to_vec(), ssl_request.to_vec()],
+            vec![ssl_request.clone(), ssl_request],
         ),
     ];
     let answer = |addr: SocketAddr, sends: &[Vec<u8>]| -> (String, bool) {
@@ -684,13 +697,7 @@ fn the_startup_phase_refuses_as_postgresql_15_does() {
         let BackendMessage::ErrorResponse(f) = &m else {
             panic!("not an error: {m:?}")
         };
-        let text = format!(
-            "{} {} {}",
-            f.get(b'S').unwrap_or("?"),
-            f.get(b'C').unwrap_or("?"),
-            f.get(b'M').unwrap_or("?")
-        );
-        (text, c.closed())
+        (error_line(f), c.closed())
     };
     for (what, sends) in &cases {
         let theirs = answer(pg.addr(), sends);

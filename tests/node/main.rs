@@ -477,11 +477,13 @@ fn bad_input_costs_only_its_connection() {
     // A StartupMessage of protocol 4.0: refused for its version with PostgreSQL 15's text and
     // SQLSTATE (0A000), then closed.
     let mut c = PgConn::raw(node.addr());
-    let params = b"user\0u\0replication\0true\0\0";
-    let mut v4 = ((8 + params.len()) as i32).to_be_bytes().to_vec();
-    v4.extend((4i32 << 16).to_be_bytes());
-    v4.extend(params);
-    c.send_raw(&v4);
+    c.send_startup(StartupPacket::Startup {
+        protocol: (4, 0),
+        params: vec![
+            ("user".into(), "u".into()),
+            ("replication".into(), "true".into()),
+        ],
+    });
     let m = c.recv();
     assert_eq!(sqlstate(&m), "0A000", "{m:?}");
     assert_eq!(

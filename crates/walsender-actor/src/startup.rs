@@ -12,7 +12,7 @@ use protocol_codec::messages::{
     parse_password, parse_sasl_initial_response, parse_sasl_response, ReplicationMode,
 };
 use protocol_codec::{
-    AuthRequest, BackendMessage, ErrorFields, FrontendMessage, SqlState, StartupPacket,
+    AuthRequest, BackendMessage, CodecError, ErrorFields, FrontendMessage, SqlState, StartupPacket,
 };
 
 use crate::hba::{AuthMethod, EncryptionWords, HbaDecision, HbaRules};
@@ -117,12 +117,13 @@ impl Handshake {
         match packet {
             StartupPacket::SslRequest => {
                 if self.ssl_requested || self.tls {
-                    // PostgreSQL: "unsupported frontend protocol 1234.5679", 0A000, for a
-                    // second one.
-                    return Step::Fatal(ErrorFields::fatal(
-                        SqlState::FEATURE_NOT_SUPPORTED,
-                        "unsupported frontend protocol 1234.5679: server supports 3.0 to 3.0",
-                    ));
+                    // PostgreSQL reads a second one as a StartupMessage of protocol
+                    // 1234.5679 (the request's code) and refuses that version.
+                    let e = CodecError::UnsupportedProtocol {
+                        major: 1234,
+                        minor: 5679,
+                    };
+                    return Step::Fatal(ErrorFields::fatal(e.sqlstate(), e.to_string()));
                 }
                 self.ssl_requested = true;
                 Step::SslAnswer(if self.settings.tls_available {

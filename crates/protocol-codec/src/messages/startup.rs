@@ -54,6 +54,15 @@ pub enum ReplicationMode {
     Off,
 }
 
+/// The protocol request a PostgreSQL 15 server goes on with: major version 3 (any minor, which
+/// it negotiates down); any other is [`CodecError::UnsupportedProtocol`].
+fn require_version_3((major, minor): (u16, u16)) -> Result<()> {
+    if major != 3 {
+        return Err(CodecError::UnsupportedProtocol { major, minor });
+    }
+    Ok(())
+}
+
 impl StartupPacket {
     /// A 3.0 StartupMessage with these parameters.
     pub fn startup<K: Into<String>, V: Into<String>>(
@@ -126,17 +135,13 @@ impl StartupPacket {
     /// What a PostgreSQL 15 server says to this StartupMessage's protocol request:
     /// `Ok(None)` to go on, `Ok(Some(msg))` to send a NegotiateProtocolVersion first (minor
     /// version above 0, or `_pq_.` options) and go on, or an error for a major version other
-    /// than 3 ([`CodecError::UnsupportedProtocol`]; [`StartupPacket::decode`] already refuses those).
+    /// than 3 ([`CodecError::UnsupportedProtocol`]; [`StartupPacket::decode`] already refuses
+    /// those).
     pub fn protocol_negotiation(&self) -> Result<Option<crate::messages::BackendMessage>> {
         let StartupPacket::Startup { protocol, .. } = self else {
             return Ok(None);
         };
-        if protocol.0 != 3 {
-            return Err(CodecError::UnsupportedProtocol {
-                major: protocol.0,
-                minor: protocol.1,
-            });
-        }
+        require_version_3(*protocol)?;
         let unrecognized = self.unknown_protocol_options();
         if protocol.1 == 0 && unrecognized.is_empty() {
             return Ok(None);
@@ -199,12 +204,7 @@ impl StartupPacket {
                 let protocol = ((code as u32 >> 16) as u16, code as u16);
                 // PostgreSQL refuses another major version before it reads the parameters,
                 // so a packet of a later protocol is refused for its version, not its layout.
-                if protocol.0 != 3 {
-                    return Err(CodecError::UnsupportedProtocol {
-                        major: protocol.0,
-                        minor: protocol.1,
-                    });
-                }
+                require_version_3(protocol)?;
                 let mut params = Vec::new();
                 loop {
                     if body.remaining() == 0 {

@@ -117,12 +117,17 @@ fn startup_refuses_other_major_versions_as_postgresql_does() {
         assert_eq!(err.to_string(), want);
         assert_eq!(err.sqlstate(), SqlState::FEATURE_NOT_SUPPORTED);
     };
-    // Protocol 4.0 with well-formed parameters.
-    let mut v4 = Vec::new();
-    let params = b"user\0postgres\0replication\0true\0\0";
-    v4.extend(((8 + params.len()) as i32).to_be_bytes());
-    v4.extend((4i32 << 16).to_be_bytes());
-    v4.extend(params);
+    // Protocol 4.0 with well-formed parameters (the encoder writes any version).
+    let mut v4 = BytesMut::new();
+    StartupCodec
+        .encode(
+            StartupPacket::Startup {
+                protocol: (4, 0),
+                params: vec![("user".into(), "postgres".into())],
+            },
+            &mut v4,
+        )
+        .unwrap();
     check(
         &v4,
         "unsupported frontend protocol 4.0: server supports 3.0 to 3.0",

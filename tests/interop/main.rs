@@ -548,16 +548,28 @@ fn copy_answer(addr: SocketAddr, user: &str, act: &dyn Fn(&mut PgConn)) -> Vec<S
     let start = c.client.identify_system().expect("IDENTIFY_SYSTEM").xlogpos;
     c.start_replication(start);
     act(&mut c);
+    answers(&mut c, &|m| match m {
+        BackendMessage::XLogData(_) | BackendMessage::PrimaryKeepalive(_) => None,
+        BackendMessage::ErrorResponse(f) => Some(error_line(f)),
+        m => Some(format!("{m:?}")),
+    })
+}
+
+/// What a server sends until ReadyForQuery (included) or its close (`closed`), each message
+/// as `name` names it, those it names `None` left out.
+fn answers(
+    c: &mut PgConn,
+    name: &dyn Fn(&protocol_codec::BackendMessage) -> Option<String>,
+) -> Vec<String> {
     let mut out = Vec::new();
     loop {
         match c.try_recv() {
-            Ok(BackendMessage::XLogData(_) | BackendMessage::PrimaryKeepalive(_)) => {}
-            Ok(BackendMessage::ErrorResponse(f)) => out.push(error_line(&f)),
-            Ok(m @ BackendMessage::ReadyForQuery(_)) => {
-                out.push(format!("{m:?}"));
-                return out;
+            Ok(m) => {
+                out.extend(name(&m));
+                if matches!(m, protocol_codec::BackendMessage::ReadyForQuery(_)) {
+                    return out;
+                }
             }
-            Ok(m) => out.push(format!("{m:?}")),
             Err(_) => {
                 assert!(c.closed(), "neither a message nor the close: {out:?}");
                 out.push("closed".into());
@@ -706,4 +718,348 @@ fn the_startup_phase_refuses_as_postgresql_15_does() {
         assert!(theirs.1, "{what}: PostgreSQL closed the connection");
         assert_eq!(ours, theirs, "{what}: walserver against PostgreSQL 15");
     }
+}
+
+/// How a server ends an authentication that asked for SCRAM: every message after the
+/// client's last step (see [`auth_end`]).
+fn auth_answer(addr: SocketAddr, user: &str, act: &dyn Fn(&mut PgConn)) -> Vec<String> {
+    use protocol_codec::{AuthRequest, BackendMessage};
+    let mut c = auth_start(addr, user);
+    match c.recv() {
+        BackendMessage::Authentication(AuthRequest::Sasl { .. }) => {}
+        other => panic!("not a SASL request: {other:?}"),
+    }
+    act(&mut c);
+    auth_end(&mut c)
+}
+
+/// A replication connection's StartupMessage for `user`, sent.
+fn auth_start(addr: SocketAddr, user: &str) -> PgConn {
+    let mut c = PgConn::raw(addr);
+    c.send_startup(protocol_codec::StartupPacket::startup([
+        ("user", user),
+        ("replication", "true"),
+    ]));
+    c
+}
+
+/// The rest of an authentication as the side-by-side tests compare it: an error as its
+/// severity, SQLSTATE, text and detail; SASL and authentication messages by name; up to
+/// ReadyForQuery, or `closed` when the server closes.
+fn auth_end(c: &mut PgConn) -> Vec<String> {
+    use protocol_codec::{AuthRequest, BackendMessage};
+    answers(c, &|m| match m {
+        BackendMessage::ErrorResponse(f) => Some(format!(
+            "{} (detail: {})",
+            error_line(f),
+            f.get(b'D').unwrap_or("-")
+        )),
+        BackendMessage::Authentication(AuthRequest::SaslFinal(_)) => Some("SASLFinal".into()),
+        BackendMessage::Authentication(AuthRequest::SaslContinue(_)) => Some("SASLContinue".into()),
+        BackendMessage::ParameterStatus { .. } | BackendMessage::BackendKeyData { .. } => None,
+        m => Some(format!("{m:?}")),
+    })
+}
+
+/// The SCRAM exchange up to the client's final message: client-first with `mechanism` and
+/// `first`, then the server's first message handed to `last` for the final message.
+fn scram_exchange(c: &mut PgConn, mechanism: &str, first: &[u8], last: &dyn Fn(&[u8]) -> Vec<u8>) {
+    use protocol_codec::{AuthRequest, BackendMessage, FrontendMessage};
+    c.send(FrontendMessage::SaslInitialResponse {
+        mechanism: mechanism.into(),
+        data: Some(bytes::Bytes::copy_from_slice(first)),
+    });
+    let server_first = match c.recv() {
+        BackendMessage::Authentication(AuthRequest::SaslContinue(b)) => b,
+        other => panic!("not SASLContinue: {other:?}"),
+    };
+    c.send(FrontendMessage::SaslResponse(bytes::Bytes::from(last(
+        &server_first,
+    ))));
+}
+
+/// Authentication's failures, walserver against a real PostgreSQL 15, both asking for
+/// SCRAM-SHA-256 of the same role and password: the same client steps get the same end.
+#[test]
+fn authentication_fails_as_postgresql_15_does() {
+    use protocol_codec::auth::{ScramClient, SCRAM_SHA_256};
+    use protocol_codec::FrontendMessage;
+
+    let pg = pg_testkit::PgCluster::init_primary(
+        &pg_testkit::PgOptions::default().hba("host replication all 127.0.0.1/32 scram-sha-256"),
+    );
+    pg.create_replication_role("repl", "secret", "scram-sha-256");
+    let verifier = make_scram_verifier("secret");
+    let node = TestNode::primary(&format!(
+        "[users]\nrepl = \"{verifier}\"\n[[hba]]\naddress = \"127.0.0.1/32\"\nuser = \"all\"\nmethod = \"scram-sha-256\"\n"
+    ));
+    let full = |password: &'static str| {
+        move |c: &mut PgConn| {
+            let client = std::cell::RefCell::new(ScramClient::new(password, false));
+            let first = client.borrow().client_first().to_vec();
+            scram_exchange(c, SCRAM_SHA_256, &first, &|server_first| {
+                client
+                    .borrow_mut()
+                    .handle_server_first(server_first)
+                    .expect("server-first")
+                    .to_vec()
+            });
+        }
+    };
+    // A client-final message with the server's nonce and the given binding and proof.
+    let tampered = |binding: &'static str, nonce_suffix: &'static str| {
+        move |c: &mut PgConn| {
+            scram_exchange(
+                c,
+                SCRAM_SHA_256,
+                b"n,,n=,r=abcdefghijklmnop",
+                &|server_first| {
+                    let text = String::from_utf8_lossy(server_first).to_string();
+                    let nonce = text
+                        .split(',')
+                        .find_map(|a| a.strip_prefix("r="))
+                        .expect("a nonce")
+                        .to_string();
+                    format!("c={binding},r={nonce}{nonce_suffix},p=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=")
+                    .into_bytes()
+                },
+            );
+        }
+    };
+    type Act = Box<dyn Fn(&mut PgConn)>;
+    // A SASLInitialResponse with this mechanism and data, and nothing after it.
+    let initial = |mechanism: &'static str, data: &'static [u8]| -> Act {
+        Box::new(move |c| {
+            c.send(FrontendMessage::SaslInitialResponse {
+                mechanism: mechanism.into(),
+                data: Some(bytes::Bytes::from_static(data)),
+            })
+        })
+    };
+    let cases: Vec<(&str, &str, Act)> = vec![
+        ("the right password", "repl", Box::new(full("secret"))),
+        ("a wrong password", "repl", Box::new(full("wrong"))),
+        (
+            "a role that does not exist",
+            "nobody",
+            Box::new(full("secret")),
+        ),
+        (
+            "a mechanism not offered",
+            "repl",
+            initial("SCRAM-SHA-1", b"n,,n=,r=abcdefghijklmnop"),
+        ),
+        (
+            "a client-first message that is not SCRAM",
+            "repl",
+            initial(SCRAM_SHA_256, b"garbage"),
+        ),
+        (
+            "channel binding data without the PLUS mechanism",
+            "repl",
+            initial(
+                SCRAM_SHA_256,
+                b"p=tls-server-end-point,,n=,r=abcdefghijklmnop",
+            ),
+        ),
+        (
+            "no initial response data, then client-first in a SASL response",
+            "repl",
+            Box::new(|c| {
+                use protocol_codec::{AuthRequest, BackendMessage};
+                c.send(FrontendMessage::SaslInitialResponse {
+                    mechanism: SCRAM_SHA_256.into(),
+                    data: None,
+                });
+                match c.recv() {
+                    BackendMessage::Authentication(AuthRequest::SaslContinue(b)) => {
+                        assert!(b.is_empty(), "an empty challenge: {b:?}")
+                    }
+                    other => panic!("not SASLContinue: {other:?}"),
+                }
+                let mut client = ScramClient::new("secret", false);
+                c.send(FrontendMessage::SaslResponse(
+                    bytes::Bytes::copy_from_slice(client.client_first()),
+                ));
+                let server_first = match c.recv() {
+                    BackendMessage::Authentication(AuthRequest::SaslContinue(b)) => b,
+                    other => panic!("not SASLContinue: {other:?}"),
+                };
+                let last = client
+                    .handle_server_first(&server_first)
+                    .expect("server-first");
+                c.send(FrontendMessage::SaslResponse(
+                    bytes::Bytes::copy_from_slice(last),
+                ));
+            }),
+        ),
+        (
+            "an empty SASL response",
+            "repl",
+            initial(SCRAM_SHA_256, b""),
+        ),
+        ("a wrong proof", "repl", Box::new(tampered("biws", ""))),
+        (
+            "a nonce that is not the server's",
+            "repl",
+            Box::new(tampered("biws", "x")),
+        ),
+        (
+            "a binding that is not the header's",
+            "repl",
+            Box::new(tampered("eSws", "")),
+        ),
+        (
+            "a client-first message with no nonce attribute",
+            "repl",
+            initial(SCRAM_SHA_256, b"n,,n=,x=1"),
+        ),
+        (
+            "an unknown message type instead of the first SASL response",
+            "repl",
+            Box::new(|c| c.send_raw(b"z\0\0\0\x04")),
+        ),
+        (
+            "a query instead of the first SASL response",
+            "repl",
+            Box::new(|c| c.send(FrontendMessage::Query("IDENTIFY_SYSTEM".into()))),
+        ),
+        (
+            "Terminate instead of the first SASL response",
+            "repl",
+            Box::new(|c| c.send(FrontendMessage::Terminate)),
+        ),
+        (
+            "a query instead of the final SASL response",
+            "repl",
+            Box::new(move |c| {
+                initial(SCRAM_SHA_256, b"n,,n=,r=abcdefghijklmnop")(c);
+                let _ = c.recv();
+                c.send(FrontendMessage::Query("IDENTIFY_SYSTEM".into()));
+            }),
+        ),
+    ];
+    side_by_side(
+        &cases,
+        &|addr, user, act| auth_answer(addr, user, act.as_ref()),
+        pg.addr(),
+        node.addr(),
+    );
+}
+
+/// Password authentication's failures (md5, and cleartext `password`), walserver against a
+/// real PostgreSQL 15 with the same roles and passwords: the same client steps get the same
+/// end.
+#[test]
+fn password_authentication_fails_as_postgresql_15_does() {
+    use protocol_codec::auth::{make_md5_verifier, md5_response};
+    use protocol_codec::{AuthRequest, BackendMessage, FrontendMessage};
+
+    let pg = pg_testkit::PgCluster::init_primary(
+        &pg_testkit::PgOptions::default()
+            .hba("host replication md 127.0.0.1/32 md5")
+            .hba("host replication clear 127.0.0.1/32 password"),
+    );
+    pg.create_replication_role("md", "secret", "md5");
+    pg.create_replication_role("clear", "secret", "scram-sha-256");
+    let node = TestNode::primary(&format!(
+        "[users]\nmd = \"{}\"\nclear = \"{}\"\n\
+         [[hba]]\naddress = \"127.0.0.1/32\"\nuser = \"md\"\nmethod = \"md5\"\n\
+         [[hba]]\naddress = \"127.0.0.1/32\"\nuser = \"clear\"\nmethod = \"password\"\n",
+        make_md5_verifier("md", "secret"),
+        make_scram_verifier("secret"),
+    ));
+    // What the client sends once asked for a password (given the md5 salt, none for a
+    // cleartext request): a PasswordMessage, or another message's bytes.
+    type Act = Box<dyn Fn(&str, Option<[u8; 4]>) -> Vec<u8>>;
+    let password = |text: &'static str| -> Act {
+        Box::new(move |user, salt| {
+            let text = match salt {
+                Some(salt) => md5_response(user, text, salt),
+                None => text.to_string(),
+            };
+            frame(FrontendMessage::password(&text))
+        })
+    };
+    let cases: Vec<(&str, &str, Act)> = vec![
+        ("md5, the right password", "md", password("secret")),
+        ("md5, a wrong password", "md", password("wrong")),
+        ("cleartext, the right password", "clear", password("secret")),
+        ("cleartext, a wrong password", "clear", password("wrong")),
+        (
+            "md5, an empty password",
+            "md",
+            Box::new(|_, _| frame(FrontendMessage::password(""))),
+        ),
+        (
+            "cleartext, an empty password",
+            "clear",
+            Box::new(|_, _| frame(FrontendMessage::password(""))),
+        ),
+        (
+            "a password packet with bytes after its string",
+            "clear",
+            Box::new(|_, _| {
+                frame(FrontendMessage::PasswordMessage(bytes::Bytes::from_static(
+                    b"secret\0x",
+                )))
+            }),
+        ),
+        (
+            "a query instead of the password",
+            "md",
+            Box::new(|_, _| frame(FrontendMessage::Query("IDENTIFY_SYSTEM".into()))),
+        ),
+        (
+            "Terminate instead of the password",
+            "clear",
+            Box::new(|_, _| frame(FrontendMessage::Terminate)),
+        ),
+    ];
+    let answer = |addr: SocketAddr, user: &str, act: &Act| {
+        let mut c = auth_start(addr, user);
+        let salt = match c.recv() {
+            BackendMessage::Authentication(AuthRequest::Md5Password { salt }) => Some(salt),
+            BackendMessage::Authentication(AuthRequest::CleartextPassword) => None,
+            other => panic!("not a password request: {other:?}"),
+        };
+        c.send_raw(&act(user, salt));
+        auth_end(&mut c)
+    };
+    side_by_side(
+        &cases,
+        &|addr, user, act| answer(addr, user, act),
+        pg.addr(),
+        node.addr(),
+    );
+}
+
+/// Runs each case against PostgreSQL and walserver (`answer` gives what a server ends it
+/// with) and fails naming every case where the two differ, after printing all of them.
+fn side_by_side<A>(
+    cases: &[(&str, &str, A)],
+    answer: &dyn Fn(SocketAddr, &str, &A) -> Vec<String>,
+    pg: SocketAddr,
+    ws: SocketAddr,
+) {
+    let mut differ = Vec::new();
+    for (what, user, act) in cases {
+        let theirs = answer(pg, user, act);
+        let ours = answer(ws, user, act);
+        eprintln!("{what}:\n  pg: {theirs:?}\n  ws: {ours:?}");
+        if ours != theirs {
+            differ.push(*what);
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "walserver differs from PostgreSQL 15 on: {differ:?}"
+    );
+}
+
+/// A frontend message's bytes on the wire.
+fn frame(m: protocol_codec::FrontendMessage) -> Vec<u8> {
+    let mut b = bytes::BytesMut::new();
+    m.encode(&mut b).expect("encodes");
+    b.to_vec()
 }

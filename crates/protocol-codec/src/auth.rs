@@ -56,9 +56,19 @@ pub enum AuthError {
     /// report [`AuthError::PasswordFailed`] so they do not reveal which roles exist.
     #[error("role \"{user}\" does not exist")]
     UnknownRole { user: String },
-    /// The client's SASL message does not follow the protocol (08P01).
-    #[error("malformed SCRAM message: {detail}")]
-    MalformedScram { detail: String },
+    /// The client's SASL message does not follow the protocol (08P01): PostgreSQL's text
+    /// ("malformed SCRAM message", mostly) and, where it gives one, its detail.
+    #[error("{message}{}", detail.as_ref().map(|d| format!(": {d}")).unwrap_or_default())]
+    ScramProtocol {
+        message: &'static str,
+        detail: Option<String>,
+    },
+    /// A PasswordMessage that is not one string filling the message (08P01).
+    #[error("invalid password packet size")]
+    InvalidPasswordPacket,
+    /// An empty password, refused before it is checked, as PostgreSQL refuses it (28P01).
+    #[error("empty password returned by client")]
+    EmptyPassword,
     /// The client picked a mechanism we did not offer (08P01).
     #[error("client selected an invalid SASL authentication mechanism")]
     InvalidMechanism,
@@ -85,7 +95,9 @@ impl AuthError {
         match self {
             AuthError::PasswordFailed { .. } => SqlState::INVALID_PASSWORD,
             AuthError::UnknownRole { .. } => SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
-            AuthError::MalformedScram { .. }
+            AuthError::EmptyPassword => SqlState::INVALID_PASSWORD,
+            AuthError::ScramProtocol { .. }
+            | AuthError::InvalidPasswordPacket
             | AuthError::InvalidMechanism
             | AuthError::Codec(_) => SqlState::PROTOCOL_VIOLATION,
             AuthError::InvalidVerifier { .. } | AuthError::ServerScram(_) => {
@@ -106,9 +118,12 @@ impl AuthError {
                     format!("password authentication failed for user \"{user}\""),
                 )
             }
-            AuthError::MalformedScram { detail } => {
-                ErrorFields::fatal(SqlState::PROTOCOL_VIOLATION, "malformed SCRAM message")
-                    .detail(detail.clone())
+            AuthError::ScramProtocol { message, detail } => {
+                let fields = ErrorFields::fatal(SqlState::PROTOCOL_VIOLATION, *message);
+                match detail {
+                    Some(d) => fields.detail(d.clone()),
+                    None => fields,
+                }
             }
             other => ErrorFields::fatal(other.sqlstate(), other.to_string()),
         }
@@ -305,16 +320,39 @@ pub fn verify_cleartext(stored: &str, user: &str, password: &str) -> Result<(), 
 enum ScramState {
     AwaitingClientFirst,
     AwaitingClientFinal {
-        client_first_bare: String,
+        client_first_bare: Vec<u8>,
         server_first: String,
         nonce: String,
+        /// What client-final's `c=` must be: base64 of the gs2 header, `biws` for `n,,` and
+        /// `eSws` for `y,,` (no channel binding is ever in use).
         channel_binding: String,
     },
     Done,
 }
 
+/// What the server answers a SASL message with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScramReply {
+    /// AuthenticationSASLContinue with these bytes: server-first-message, or nothing when the
+    /// SASLInitialResponse carried no data (the client then sends client-first-message in a
+    /// SASLResponse).
+    Continue(Vec<u8>),
+    /// AuthenticationSASLFinal with server-final-message, then AuthenticationOk.
+    Final(Vec<u8>),
+}
+
+impl ScramReply {
+    /// The SASL data to send.
+    pub fn into_bytes(self) -> Vec<u8> {
+        match self {
+            ScramReply::Continue(b) | ScramReply::Final(b) => b,
+        }
+    }
+}
+
 /// The server side of a SCRAM-SHA-256 exchange, as a plain state machine: feed it the
-/// client's messages, send back what it returns.
+/// client's messages, send back what it returns. Messages are parsed the way PostgreSQL 15
+/// parses them, byte by byte, and refused with its SQLSTATEs, texts and details.
 pub struct ScramServer {
     user: String,
     verifier: ScramVerifier,
@@ -353,17 +391,32 @@ impl ScramServer {
         }
     }
 
-    /// Handles the SASLInitialResponse's mechanism and data; returns the server-first-message
-    /// to send in SASLContinue.
+    /// Handles the SASLInitialResponse's mechanism and data. Without data (length -1) the
+    /// answer is an empty challenge, as in PostgreSQL, and client-first-message comes in the
+    /// next SASLResponse.
     pub fn handle_initial_response(
         &mut self,
         mechanism: &str,
         data: Option<&[u8]>,
-    ) -> Result<Vec<u8>, AuthError> {
+    ) -> Result<ScramReply, AuthError> {
         if mechanism != SCRAM_SHA_256 {
             return Err(AuthError::InvalidMechanism);
         }
-        self.handle_client_first(data.unwrap_or_default())
+        match data {
+            None => Ok(ScramReply::Continue(Vec::new())),
+            Some(data) => self.handle_client_first(data).map(ScramReply::Continue),
+        }
+    }
+
+    /// Handles a SASLResponse: client-first-message if the initial response had no data,
+    /// client-final-message otherwise.
+    pub fn handle_response(&mut self, msg: &[u8]) -> Result<ScramReply, AuthError> {
+        match self.state {
+            ScramState::AwaitingClientFirst => {
+                self.handle_client_first(msg).map(ScramReply::Continue)
+            }
+            _ => self.handle_client_final(msg).map(ScramReply::Final),
+        }
     }
 
     /// Handles client-first-message; returns server-first-message.
@@ -372,37 +425,29 @@ impl ScramServer {
             return Err(malformed("unexpected client-first-message"));
         }
         self.state = ScramState::Done;
-        let msg = std::str::from_utf8(msg).map_err(|_| malformed("message is not UTF-8"))?;
-        let (gs2_header, bare) = split_gs2_header(msg)?;
-        let client_nonce = parse_client_first_bare(bare)?;
-
+        check_input(msg)?;
+        let first = read_client_first(msg)?;
         let mut raw = [0u8; SCRAM_RAW_NONCE_LEN];
         rand::fill(&mut raw);
-        self.respond_to_client_first(gs2_header, bare, client_nonce, &B64.encode(raw))
+        Ok(self.respond_to_client_first(first, &B64.encode(raw)))
     }
 
     /// The rest of client-first handling, with the server's part of the nonce given (tests
     /// replay a captured exchange with it).
-    fn respond_to_client_first(
-        &mut self,
-        gs2_header: &str,
-        bare: &str,
-        client_nonce: &str,
-        server_nonce: &str,
-    ) -> Result<Vec<u8>, AuthError> {
-        let nonce = format!("{client_nonce}{server_nonce}");
+    fn respond_to_client_first(&mut self, first: ClientFirst<'_>, server_nonce: &str) -> Vec<u8> {
+        let nonce = format!("{}{server_nonce}", first.nonce);
         let server_first = format!(
             "r={nonce},s={},i={}",
             B64.encode(&self.verifier.salt),
             self.verifier.iterations
         );
         self.state = ScramState::AwaitingClientFinal {
-            client_first_bare: bare.to_string(),
+            client_first_bare: first.bare.to_vec(),
             server_first: server_first.clone(),
             nonce,
-            channel_binding: B64.encode(gs2_header),
+            channel_binding: B64.encode(first.gs2_header),
         };
-        Ok(server_first.into_bytes())
+        server_first.into_bytes()
     }
 
     /// Handles client-final-message; returns server-final-message (to send in SASLFinal,
@@ -417,36 +462,51 @@ impl ScramServer {
         else {
             return Err(malformed("unexpected client-final-message"));
         };
-        let msg = std::str::from_utf8(msg).map_err(|_| malformed("message is not UTF-8"))?;
-        let (without_proof, proof) = msg
-            .rsplit_once(",p=")
-            .ok_or_else(|| malformed("Could not find proof in client-final-message."))?;
-        let mut attrs = without_proof.split(',');
-        let cbind = attrs
-            .next()
-            .and_then(|a| a.strip_prefix("c="))
-            .ok_or_else(|| malformed("Expected attribute \"c\" in client-final-message."))?;
-        let client_nonce = attrs
-            .next()
-            .and_then(|a| a.strip_prefix("r="))
-            .ok_or_else(|| malformed("Expected attribute \"r\" in client-final-message."))?;
-        // Any further attributes are extensions, which PostgreSQL ignores.
-        if cbind != channel_binding {
-            return Err(malformed(
-                "SCRAM channel binding check failed: unexpected channel-binding attribute in client-final-message.",
-            ));
+        check_input(msg)?;
+        let mut c = Cursor { msg, at: 0 };
+        let cbind = c.attr_value(b'c')?;
+        if cbind != channel_binding.as_bytes() {
+            return Err(AuthError::ScramProtocol {
+                message: "unexpected SCRAM channel-binding attribute in client-final-message",
+                detail: None,
+            });
         }
-        if client_nonce != nonce {
-            return Err(malformed("Nonce does not match."));
-        }
+        let final_nonce = c.attr_value(b'r')?;
+        // Extensions may come before the proof; they are ignored.
+        let (without_proof, proof) = loop {
+            let start = c.at;
+            if let (b'p', value) = c.any_attr()? {
+                // The message without its proof ends before the comma ahead of `p=`.
+                break (&msg[..start.saturating_sub(1)], value);
+            }
+        };
         let proof: [u8; 32] = B64
             .decode(proof)
             .ok()
             .and_then(|p| p.try_into().ok())
             .ok_or_else(|| malformed("Malformed proof in client-final-message."))?;
+        if !c.at_end() {
+            return Err(malformed(
+                "Garbage found at the end of client-final-message.",
+            ));
+        }
+        if final_nonce != nonce.as_bytes() {
+            return Err(AuthError::ScramProtocol {
+                message: "invalid SCRAM response",
+                detail: Some("Nonce does not match.".into()),
+            });
+        }
 
-        let auth_message = format!("{client_first_bare},{server_first},{without_proof}");
-        let client_signature = hmac(&self.verifier.stored_key, &[auth_message.as_bytes()]);
+        let client_signature = hmac(
+            &self.verifier.stored_key,
+            &[
+                &client_first_bare,
+                b",",
+                server_first.as_bytes(),
+                b",",
+                without_proof,
+            ],
+        );
         let mut client_key = proof;
         for (k, s) in client_key.iter_mut().zip(client_signature) {
             *k ^= s;
@@ -464,63 +524,194 @@ impl ScramServer {
         if !proof_ok {
             return Err(failed(&self.user, "Password does not match for user."));
         }
-        let server_signature = hmac(&self.verifier.server_key, &[auth_message.as_bytes()]);
+        let server_signature = hmac(
+            &self.verifier.server_key,
+            &[
+                &client_first_bare,
+                b",",
+                server_first.as_bytes(),
+                b",",
+                without_proof,
+            ],
+        );
         Ok(format!("v={}", B64.encode(server_signature)).into_bytes())
     }
 }
 
-fn malformed(detail: &str) -> AuthError {
-    AuthError::MalformedScram {
-        detail: detail.to_string(),
+fn malformed(detail: impl Into<String>) -> AuthError {
+    AuthError::ScramProtocol {
+        message: "malformed SCRAM message",
+        detail: Some(detail.into()),
     }
 }
 
-/// Splits client-first-message into its gs2 header (`n,,` or `y,,`) and the bare message.
-fn split_gs2_header(msg: &str) -> Result<(&str, &str), AuthError> {
-    let after_flag = match msg.as_bytes().first() {
-        Some(b'n') | Some(b'y') => &msg[1..],
-        Some(b'p') => {
+/// PostgreSQL's checks of every SASL message before it is parsed: not empty, and no NUL
+/// inside (it reads the message as a C string).
+fn check_input(msg: &[u8]) -> Result<(), AuthError> {
+    if msg.is_empty() {
+        return Err(malformed("The message is empty."));
+    }
+    if msg.contains(&0) {
+        return Err(malformed("Message length does not match input length."));
+    }
+    Ok(())
+}
+
+/// A byte as PostgreSQL names it in a SCRAM error's detail: `'x'` when printable, `0x..`
+/// otherwise (the end of the message is `0x00`).
+fn sanitize_char(c: u8) -> String {
+    if (0x21..=0x7e).contains(&c) {
+        format!("'{}'", c as char)
+    } else {
+        format!("0x{c:02x}")
+    }
+}
+
+/// A position in a SCRAM message (`attr=value` pairs separated by commas), read the way
+/// PostgreSQL reads it: the byte past the end reads as 0, its C string's terminator.
+struct Cursor<'a> {
+    msg: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn peek(&self) -> u8 {
+        self.msg.get(self.at).copied().unwrap_or(0)
+    }
+
+    fn at_end(&self) -> bool {
+        self.at >= self.msg.len()
+    }
+
+    /// The value up to the next comma (consumed) or the end.
+    fn value(&mut self) -> &'a [u8] {
+        let rest = &self.msg[self.at.min(self.msg.len())..];
+        let len = rest.iter().position(|&b| b == b',').unwrap_or(rest.len());
+        self.at += len;
+        if !self.at_end() {
+            self.at += 1;
+        }
+        &rest[..len]
+    }
+
+    /// `attr=value` for this `attr`.
+    fn attr_value(&mut self, attr: u8) -> Result<&'a [u8], AuthError> {
+        if self.peek() != attr {
+            return Err(malformed(format!(
+                "Expected attribute \"{}\" but found \"{}\".",
+                attr as char,
+                sanitize_char(self.peek())
+            )));
+        }
+        self.at += 1;
+        self.expect_equals(attr)?;
+        Ok(self.value())
+    }
+
+    /// Any `attr=value`, the attribute a letter.
+    fn any_attr(&mut self) -> Result<(u8, &'a [u8]), AuthError> {
+        let attr = self.peek();
+        if attr == 0 {
+            return Err(malformed("Attribute expected, but found end of string."));
+        }
+        if !attr.is_ascii_alphabetic() {
+            return Err(malformed(format!(
+                "Attribute expected, but found invalid character \"{}\".",
+                sanitize_char(attr)
+            )));
+        }
+        self.at += 1;
+        self.expect_equals(attr)?;
+        Ok((attr, self.value()))
+    }
+
+    fn expect_equals(&mut self, attr: u8) -> Result<(), AuthError> {
+        if self.peek() != b'=' {
+            return Err(malformed(format!(
+                "Expected character \"=\" for attribute \"{}\".",
+                attr as char
+            )));
+        }
+        self.at += 1;
+        Ok(())
+    }
+}
+
+/// The parts of client-first-message the exchange keeps.
+struct ClientFirst<'a> {
+    /// `n,,` or `y,,`.
+    gs2_header: &'a [u8],
+    /// client-first-message-bare, part of the signed auth message.
+    bare: &'a [u8],
+    /// The client's nonce: printable ASCII without commas.
+    nonce: &'a str,
+}
+
+/// Reads client-first-message: gs2 header `n,,` or `y,,` (a `p=` header needs -PLUS, never
+/// offered; an authorization identity and mandatory extensions are not supported), then
+/// `n=<user>,r=<nonce>[,ext...]`. The user name is ignored, as in PostgreSQL: the startup
+/// packet's user is the one authenticated.
+fn read_client_first(msg: &[u8]) -> Result<ClientFirst<'_>, AuthError> {
+    let mut c = Cursor { msg, at: 0 };
+    match c.peek() {
+        b'n' | b'y' => {
+            c.at += 1;
+            if c.peek() != b',' {
+                return Err(malformed(format!(
+                    "Comma expected, but found character \"{}\".",
+                    sanitize_char(c.peek())
+                )));
+            }
+            c.at += 1;
+        }
+        b'p' => {
             return Err(malformed(
                 "The client selected SCRAM-SHA-256 without channel binding, but the SCRAM message includes channel binding data.",
             ))
         }
-        _ => return Err(malformed("Unexpected channel-binding flag in client-first-message.")),
-    };
-    let after_flag = after_flag
-        .strip_prefix(',')
-        .ok_or_else(|| malformed("Comma expected after channel-binding flag."))?;
-    if after_flag.starts_with("a=") {
+        other => {
+            return Err(malformed(format!(
+                "Unexpected channel-binding flag \"{}\".",
+                sanitize_char(other)
+            )))
+        }
+    }
+    if c.peek() == b'a' {
         return Err(AuthError::Unsupported(
             "client uses authorization identity, but it is not supported".into(),
         ));
     }
-    let bare = after_flag
-        .strip_prefix(',')
-        .ok_or_else(|| malformed("Unexpected attribute in client-first-message."))?;
-    Ok((&msg[..msg.len() - bare.len()], bare))
-}
-
-/// Reads `n=<user>,r=<nonce>[,ext...]` and returns the nonce. The user name is ignored, as in
-/// PostgreSQL: the startup packet's user is the one authenticated.
-fn parse_client_first_bare(bare: &str) -> Result<&str, AuthError> {
-    if bare.starts_with("m=") {
+    if c.peek() != b',' {
+        return Err(malformed(format!(
+            "Unexpected attribute \"{}\" in client-first-message.",
+            sanitize_char(c.peek())
+        )));
+    }
+    c.at += 1;
+    let (gs2_header, bare) = msg.split_at(c.at);
+    if c.peek() == b'm' {
         return Err(AuthError::Unsupported(
             "client requires an unsupported SCRAM extension".into(),
         ));
     }
-    let mut attrs = bare.split(',');
-    attrs
-        .next()
-        .and_then(|a| a.strip_prefix("n="))
-        .ok_or_else(|| malformed("Expected attribute \"n\" in client-first-message."))?;
-    let nonce = attrs
-        .next()
-        .and_then(|a| a.strip_prefix("r="))
-        .ok_or_else(|| malformed("Expected attribute \"r\" in client-first-message."))?;
-    if nonce.is_empty() || !nonce.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-        return Err(malformed("Invalid nonce in client-first-message."));
+    c.attr_value(b'n')?;
+    let nonce = c.attr_value(b'r')?;
+    // PostgreSQL accepts an empty nonce; only its characters are checked.
+    let nonce = std::str::from_utf8(nonce)
+        .ok()
+        .filter(|n| n.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b','))
+        .ok_or(AuthError::ScramProtocol {
+            message: "non-printable characters in SCRAM nonce",
+            detail: None,
+        })?;
+    while !c.at_end() {
+        c.any_attr()?;
     }
-    Ok(nonce)
+    Ok(ClientFirst {
+        gs2_header,
+        bare,
+        nonce,
+    })
 }
 
 /// The PLUS variant, with channel binding, which PostgreSQL offers on TLS connections.
@@ -743,12 +934,8 @@ mod tests {
             B64.encode(v.server_key)
         );
         let mut server = ScramServer::new(&verifier, "repl").unwrap();
-        let client_first = "n,,n=,r=aJrSDlXMMIN2YDqnuyuprRm7";
-        let (gs2, bare) = split_gs2_header(client_first).unwrap();
-        let cnonce = parse_client_first_bare(bare).unwrap();
-        let server_first = server
-            .respond_to_client_first(gs2, bare, cnonce, "+UpG7of43TlfxAqtIA3tLXSC")
-            .unwrap();
+        let client_first = read_client_first(b"n,,n=,r=aJrSDlXMMIN2YDqnuyuprRm7").unwrap();
+        let server_first = server.respond_to_client_first(client_first, "+UpG7of43TlfxAqtIA3tLXSC");
         assert_eq!(
             server_first,
             b"r=aJrSDlXMMIN2YDqnuyuprRm7+UpG7of43TlfxAqtIA3tLXSC,s=ccQyN3BRWkaqmqvrvw/ttw==,i=4096"
@@ -770,35 +957,87 @@ mod tests {
         (server, nonce)
     }
 
+    /// An error's text as the client sees it: SQLSTATE, message and detail.
+    fn seen(e: &AuthError) -> String {
+        let f = e.to_error_fields("u");
+        format!(
+            "{} {}: {}",
+            f.get(b'C').unwrap_or("?"),
+            f.message().unwrap_or("?"),
+            f.get(b'D').unwrap_or("-")
+        )
+    }
+
     #[test]
     fn client_first_checks() {
-        let bad = |msg: &str| {
+        let bad = |msg: &[u8]| {
             let mut server = ScramServer::new(&make_scram_verifier("pw"), "u").unwrap();
-            server.handle_client_first(msg.as_bytes()).unwrap_err()
+            seen(&server.handle_client_first(msg).unwrap_err())
         };
-        assert!(matches!(
-            bad("p=tls-server-end-point,,n=,r=abc"),
-            AuthError::MalformedScram { .. }
-        ));
-        assert!(matches!(
-            bad("n,a=admin,n=,r=abc"),
-            AuthError::Unsupported(_)
-        ));
-        assert!(matches!(
-            bad("n,,m=ext,n=,r=abc"),
-            AuthError::Unsupported(_)
-        ));
-        assert!(matches!(
-            bad("x,,n=,r=abc"),
-            AuthError::MalformedScram { .. }
-        ));
-        assert!(matches!(bad("n,,n=,r="), AuthError::MalformedScram { .. }));
-        assert!(matches!(bad("n,,r=abc"), AuthError::MalformedScram { .. }));
-        assert!(matches!(bad("n,,"), AuthError::MalformedScram { .. }));
-        assert!(matches!(bad(""), AuthError::MalformedScram { .. }));
-        // A user name in the message is accepted and ignored; extensions are ignored.
+        // PostgreSQL 15's texts, from its auth-scram.c.
+        let malformed = |d: &str| format!("08P01 malformed SCRAM message: {d}");
+        assert_eq!(
+            bad(b"p=tls-server-end-point,,n=,r=abc"),
+            malformed("The client selected SCRAM-SHA-256 without channel binding, but the SCRAM message includes channel binding data.")
+        );
+        assert_eq!(
+            bad(b"n,a=admin,n=,r=abc"),
+            "0A000 client uses authorization identity, but it is not supported: -"
+        );
+        assert_eq!(
+            bad(b"n,,m=ext,n=,r=abc"),
+            "0A000 client requires an unsupported SCRAM extension: -"
+        );
+        assert_eq!(
+            bad(b"garbage"),
+            malformed("Unexpected channel-binding flag \"'g'\".")
+        );
+        assert_eq!(
+            bad(b"\x01,,n=,r=a"),
+            malformed("Unexpected channel-binding flag \"0x01\".")
+        );
+        assert_eq!(
+            bad(b"nx,n=,r=abc"),
+            malformed("Comma expected, but found character \"'x'\".")
+        );
+        assert_eq!(
+            bad(b"n"),
+            malformed("Comma expected, but found character \"0x00\".")
+        );
+        assert_eq!(
+            bad(b"n,x,n=,r=abc"),
+            malformed("Unexpected attribute \"'x'\" in client-first-message.")
+        );
+        assert_eq!(
+            bad(b"n,,r=abc"),
+            malformed("Expected attribute \"n\" but found \"'r'\".")
+        );
+        assert_eq!(
+            bad(b"n,,n=,r"),
+            malformed("Expected character \"=\" for attribute \"r\".")
+        );
+        assert_eq!(
+            bad(b"n,,"),
+            malformed("Expected attribute \"n\" but found \"0x00\".")
+        );
+        assert_eq!(
+            bad(b"n,,n=,r=ab\xffc"),
+            "08P01 non-printable characters in SCRAM nonce: -"
+        );
+        assert_eq!(
+            bad(b"n,,n=,r=abc,1=x"),
+            malformed("Attribute expected, but found invalid character \"'1'\".")
+        );
+        assert_eq!(bad(b""), malformed("The message is empty."));
+        assert_eq!(
+            bad(b"n,,n=\0,r=abc"),
+            malformed("Message length does not match input length.")
+        );
+        // A user name in the message is accepted and ignored; extensions are ignored; an
+        // empty client nonce is accepted, as PostgreSQL accepts it.
         server_after_first("n,,n=someone,r=abc,x=ext");
         server_after_first("y,,n=,r=abc");
+        server_after_first("n,,n=,r=");
         let mut server = ScramServer::new(&make_scram_verifier("pw"), "u").unwrap();
         assert!(matches!(
             server.handle_initial_response("SCRAM-SHA-256-PLUS", Some(b"n,,n=,r=a")),
@@ -807,28 +1046,88 @@ mod tests {
     }
 
     #[test]
-    fn client_final_checks() {
-        let proof = B64.encode([0u8; 32]);
-        let check = |first: &str, fin: &dyn Fn(&str) -> String| {
-            let (mut server, nonce) = server_after_first(first);
-            server
-                .handle_client_final(fin(&nonce).as_bytes())
-                .unwrap_err()
+    fn an_initial_response_without_data_gets_an_empty_challenge() {
+        let mut server = ScramServer::new(&make_scram_verifier("pw"), "u").unwrap();
+        let mut client = ScramClient::new("pw", false);
+        assert_eq!(
+            server.handle_initial_response(SCRAM_SHA_256, None).unwrap(),
+            ScramReply::Continue(Vec::new())
+        );
+        let ScramReply::Continue(first) = server.handle_response(client.client_first()).unwrap()
+        else {
+            panic!("server-first-message expected")
         };
-        // Channel binding must echo the gs2 header: biws for n,, and eSws for y,,.
-        let e = check("n,,n=,r=abc", &|n| format!("c=eSws,r={n},p={proof}"));
-        assert!(matches!(e, AuthError::MalformedScram { .. }), "{e:?}");
-        let e = check("y,,n=,r=abc", &|n| format!("c=biws,r={n},p={proof}"));
-        assert!(matches!(e, AuthError::MalformedScram { .. }), "{e:?}");
-        let e = check("n,,n=,r=abc", &|_| format!("c=biws,r=abcdef,p={proof}"));
-        assert!(matches!(e, AuthError::MalformedScram { .. }), "{e:?}");
-        let e = check("n,,n=,r=abc", &|n| format!("c=biws,r={n},p=short"));
-        assert!(matches!(e, AuthError::MalformedScram { .. }), "{e:?}");
-        let e = check("n,,n=,r=abc", &|n| format!("c=biws,r={n}"));
-        assert!(matches!(e, AuthError::MalformedScram { .. }), "{e:?}");
-        // A well-formed message with a wrong proof is a failed password.
-        let e = check("n,,n=,r=abc", &|n| format!("c=biws,r={n},p={proof}"));
-        assert!(matches!(e, AuthError::PasswordFailed { .. }), "{e:?}");
+        let fin = client.handle_server_first(&first).unwrap().to_vec();
+        let ScramReply::Final(last) = server.handle_response(&fin).unwrap() else {
+            panic!("server-final-message expected")
+        };
+        client.handle_server_final(&last).unwrap();
+    }
+
+    #[test]
+    fn client_final_checks() {
+        // Each final message is a template: NONCE is the exchange's nonce, PROOF a
+        // well-formed proof that is wrong.
+        let proof = B64.encode([0u8; 32]);
+        let check = |first: &str, fin: &str| {
+            let (mut server, nonce) = server_after_first(first);
+            let fin = fin.replace("NONCE", &nonce).replace("PROOF", &proof);
+            seen(&server.handle_client_final(fin.as_bytes()).unwrap_err())
+        };
+        // PostgreSQL 15's texts, from its auth-scram.c.
+        let malformed = |d: &str| format!("08P01 malformed SCRAM message: {d}");
+        let unexpected_binding =
+            "08P01 unexpected SCRAM channel-binding attribute in client-final-message: -";
+        let failed = "28P01 password authentication failed for user \"u\": -";
+        let cases = [
+            // Channel binding must echo the gs2 header: biws for n,, and eSws for y,,.
+            (
+                "n,,n=,r=abc",
+                "c=eSws,r=NONCE,p=PROOF",
+                unexpected_binding.to_string(),
+            ),
+            (
+                "y,,n=,r=abc",
+                "c=biws,r=NONCE,p=PROOF",
+                unexpected_binding.to_string(),
+            ),
+            (
+                "n,,n=,r=abc",
+                "c=biws,r=abcdef,p=PROOF",
+                "08P01 invalid SCRAM response: Nonce does not match.".to_string(),
+            ),
+            (
+                "n,,n=,r=abc",
+                "c=biws,r=NONCE,p=short",
+                malformed("Malformed proof in client-final-message."),
+            ),
+            (
+                "n,,n=,r=abc",
+                "c=biws,r=NONCE",
+                malformed("Attribute expected, but found end of string."),
+            ),
+            (
+                "n,,n=,r=abc",
+                "c=biws,r=NONCE,p=PROOF,x",
+                malformed("Garbage found at the end of client-final-message."),
+            ),
+            (
+                "n,,n=,r=abc",
+                "r=NONCE,p=PROOF",
+                malformed("Expected attribute \"c\" but found \"'r'\"."),
+            ),
+            // A well-formed message with a wrong proof is a failed password; extensions
+            // before the proof are ignored.
+            ("n,,n=,r=abc", "c=biws,r=NONCE,p=PROOF", failed.to_string()),
+            (
+                "n,,n=,r=abc",
+                "c=biws,r=NONCE,x=y,p=PROOF",
+                failed.to_string(),
+            ),
+        ];
+        for (first, fin, expected) in cases {
+            assert_eq!(check(first, fin), expected, "{first} / {fin}");
+        }
         // Messages out of order.
         let mut server = ScramServer::new(&make_scram_verifier("pw"), "u").unwrap();
         assert!(server.handle_client_final(b"c=biws,r=a,p=b").is_err());
@@ -923,7 +1222,8 @@ mod tests {
         };
         let first = server
             .handle_initial_response(&mechanism, data.as_deref())
-            .unwrap();
+            .unwrap()
+            .into_bytes();
         let Some(FrontendMessage::SaslResponse(fin)) =
             c.step(&AuthRequest::SaslContinue(first.into())).unwrap()
         else {

@@ -285,7 +285,8 @@ fn scram_against_our_server() {
         assert_eq!(mechanism, SCRAM_SHA_256);
         let first = server
             .handle_initial_response(&mechanism, data.as_deref())
-            .unwrap();
+            .unwrap()
+            .into_bytes();
         let FrontendMessage::PasswordMessage(body) = sent(
             h.on_message(BackendMessage::Authentication(AuthRequest::SaslContinue(
                 Bytes::from(first),

@@ -122,7 +122,8 @@ fn serve_one(
     let gs2 = String::from_utf8(data.as_ref().unwrap()[..3].to_vec()).unwrap();
     let server_first = scram
         .handle_initial_response(&mechanism, data.as_deref())
-        .unwrap();
+        .unwrap()
+        .into_bytes();
     peer.send(&[BackendMessage::Authentication(AuthRequest::SaslContinue(
         server_first.into(),
     ))]);

@@ -89,6 +89,7 @@ pub async fn handshake(
         let step = match item {
             Ok(Some(Item::Packet(p))) => machine.on_packet(p),
             Ok(Some(Item::Message(m))) => machine.on_message(m),
+            Ok(Some(Item::Unexpected(tag))) => machine.on_unexpected_message(tag),
             // The client left.
             Ok(None) => return Err(Ended::Closed),
             Err(e) => {
@@ -196,7 +197,14 @@ pub async fn handshake(
 enum Item {
     Packet(StartupPacket),
     Message(FrontendMessage),
+    /// The type byte of a message that is not a PasswordMessage, where only one belongs;
+    /// refused at once, as PostgreSQL refuses it, without reading the rest.
+    Unexpected(u8),
 }
+
+/// The largest password or SASL message read during authentication (the body's length):
+/// PostgreSQL's `PG_MAX_AUTH_TOKEN_LENGTH`. Kept small because the client is not known yet.
+const MAX_AUTH_MESSAGE_LEN: usize = 65535;
 
 /// Reads until one item decodes. Cancel-safe: bytes read stay in `buf`.
 async fn read_item(
@@ -207,7 +215,12 @@ async fn read_item(
     loop {
         let item = match phase {
             Phase::Startup => StartupCodec.decode(buf)?.map(Item::Packet),
-            Phase::Messages => ServerCodec::new().decode(buf)?.map(Item::Message),
+            Phase::Messages => match buf.first() {
+                Some(&tag) if tag != FrontendMessage::PASSWORD => Some(Item::Unexpected(tag)),
+                _ => ServerCodec::with_max_message_len(MAX_AUTH_MESSAGE_LEN)
+                    .decode(buf)?
+                    .map(Item::Message),
+            },
         };
         if item.is_some() {
             return Ok(item);

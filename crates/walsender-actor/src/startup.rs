@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use protocol_codec::auth::{self, AuthError, ScramServer};
+use protocol_codec::auth::{self, AuthError, ScramReply, ScramServer};
 use protocol_codec::messages::{
     parse_password, parse_sasl_initial_response, parse_sasl_response, ReplicationMode,
 };
@@ -282,20 +282,12 @@ impl Handshake {
         Step::Send(out)
     }
 
-    /// A message from the client during authentication ('p' messages, or Terminate).
+    /// A message from the client during authentication: a PasswordMessage (a password or a
+    /// SASL message, by the state), anything else is refused as PostgreSQL refuses it.
     pub fn on_message(&mut self, msg: FrontendMessage) -> Step {
         let body = match msg {
             FrontendMessage::PasswordMessage(b) => b,
-            FrontendMessage::Terminate => return Step::Close,
-            other => {
-                return Step::Fatal(ErrorFields::fatal(
-                    SqlState::PROTOCOL_VIOLATION,
-                    format!(
-                        "expected password response, got message type {}",
-                        message_name(&other)
-                    ),
-                ))
-            }
+            other => return self.on_unexpected_message(other.tag()),
         };
         match std::mem::replace(&mut self.state, State::Done) {
             State::AwaitPassword {
@@ -308,32 +300,54 @@ impl Handshake {
                     Ok(x) => x,
                     Err(e) => return self.auth_failed(AuthError::Codec(e)),
                 };
-                match server.handle_initial_response(&mechanism, data.as_deref()) {
-                    Ok(first) => {
-                        self.state = State::AwaitSaslResponse(server);
-                        Step::Send(vec![BackendMessage::Authentication(
-                            AuthRequest::SaslContinue(Bytes::from(first)),
-                        )])
-                    }
-                    Err(e) => self.auth_failed(e),
-                }
+                let reply = server.handle_initial_response(&mechanism, data.as_deref());
+                self.on_scram_reply(server, reply)
             }
             State::AwaitSaslResponse(mut server) => {
                 let data = match parse_sasl_response(&body) {
                     Ok(d) => d,
                     Err(e) => return self.auth_failed(AuthError::Codec(e)),
                 };
-                match server.handle_client_final(&data) {
-                    Ok(last) => self.succeed(vec![BackendMessage::Authentication(
-                        AuthRequest::SaslFinal(Bytes::from(last)),
-                    )]),
-                    Err(e) => self.auth_failed(e),
-                }
+                let reply = server.handle_response(&data);
+                self.on_scram_reply(server, reply)
             }
             State::Startup | State::Done => Step::Fatal(ErrorFields::fatal(
                 SqlState::PROTOCOL_VIOLATION,
                 "unexpected password message",
             )),
+        }
+    }
+
+    /// A message of type `tag` where a password or SASL message belongs (a Terminate
+    /// included): PostgreSQL's FATAL naming the type's byte in decimal.
+    pub fn on_unexpected_message(&mut self, tag: u8) -> Step {
+        let expected = match self.state {
+            State::AwaitSaslInitial(_) | State::AwaitSaslResponse(_) => "SASL",
+            _ => "password",
+        };
+        self.state = State::Done;
+        Step::Fatal(ErrorFields::fatal(
+            SqlState::PROTOCOL_VIOLATION,
+            format!("expected {expected} response, got message type {tag}"),
+        ))
+    }
+
+    fn on_scram_reply(
+        &mut self,
+        server: Box<ScramServer>,
+        reply: Result<ScramReply, AuthError>,
+    ) -> Step {
+        match reply {
+            Ok(ScramReply::Continue(data)) => {
+                self.state = State::AwaitSaslResponse(server);
+                Step::Send(vec![BackendMessage::Authentication(
+                    AuthRequest::SaslContinue(Bytes::from(data)),
+                )])
+            }
+            Ok(ScramReply::Final(data)) => self.succeed(vec![BackendMessage::Authentication(
+                AuthRequest::SaslFinal(Bytes::from(data)),
+            )]),
+            Err(e) => self.auth_failed(e),
         }
     }
 
@@ -347,14 +361,11 @@ impl Handshake {
         let user = self.user().unwrap_or_default().to_string();
         let password = match parse_password(body) {
             Ok(p) => p,
-            Err(e) => return self.auth_failed(AuthError::Codec(e)),
+            Err(_) => return self.auth_failed(AuthError::InvalidPasswordPacket),
         };
         if password.is_empty() {
             // PostgreSQL refuses an empty password outright.
-            return self.auth_failed(AuthError::PasswordFailed {
-                user,
-                reason: "empty password".into(),
-            });
+            return self.auth_failed(AuthError::EmptyPassword);
         }
         let result = match (&stored, method) {
             (None, _) => Err(AuthError::PasswordFailed {
@@ -386,18 +397,6 @@ impl Handshake {
         let user = self.user().unwrap_or_default().to_string();
         tracing::info!(%user, peer = %self.peer, "authentication failed: {e}");
         Step::Fatal(e.to_error_fields(&user))
-    }
-}
-
-fn message_name(m: &FrontendMessage) -> &'static str {
-    match m {
-        FrontendMessage::Query(_) => "Query",
-        FrontendMessage::CopyData(_)
-        | FrontendMessage::StandbyStatusUpdate(_)
-        | FrontendMessage::HotStandbyFeedback(_) => "CopyData",
-        FrontendMessage::CopyDone => "CopyDone",
-        FrontendMessage::CopyFail(_) => "CopyFail",
-        _ => "other",
     }
 }
 
@@ -719,5 +718,55 @@ mod tests {
             b"\xff\xff",
         )));
         assert!(matches!(step, Step::Fatal(_)), "{step:?}");
+    }
+
+    #[test]
+    fn other_messages_during_authentication_are_refused_by_their_type() {
+        let text = |step: &Step| match step {
+            Step::Fatal(f) => format!("{} {}", fatal_code(step), f.message().unwrap_or("")),
+            other => panic!("expected FATAL, got {other:?}"),
+        };
+        let scram = settings(
+            AuthMethod::ScramSha256,
+            &[("repl", make_scram_verifier("secret"))],
+        );
+        let mut hs = Handshake::new(scram, localhost());
+        hs.on_packet(startup("repl", "true"));
+        assert_eq!(
+            text(&hs.on_message(FrontendMessage::Terminate)),
+            "08P01 expected SASL response, got message type 88"
+        );
+        let md5 = settings(
+            AuthMethod::Md5,
+            &[("repl", make_md5_verifier("repl", "pw"))],
+        );
+        let mut hs = Handshake::new(md5.clone(), localhost());
+        hs.on_packet(startup("repl", "true"));
+        assert_eq!(
+            text(&hs.on_message(FrontendMessage::Query("SHOW x".into()))),
+            "08P01 expected password response, got message type 81"
+        );
+        let mut hs = Handshake::new(md5.clone(), localhost());
+        hs.on_packet(startup("repl", "true"));
+        assert_eq!(
+            text(&hs.on_unexpected_message(b'z')),
+            "08P01 expected password response, got message type 122"
+        );
+        let mut hs = Handshake::new(md5.clone(), localhost());
+        hs.on_packet(startup("repl", "true"));
+        assert_eq!(
+            text(&hs.on_message(FrontendMessage::password(""))),
+            "28P01 empty password returned by client"
+        );
+        let mut hs = Handshake::new(md5, localhost());
+        hs.on_packet(startup("repl", "true"));
+        assert_eq!(
+            text(
+                &hs.on_message(FrontendMessage::PasswordMessage(Bytes::from_static(
+                    b"pw\0x"
+                )))
+            ),
+            "08P01 invalid password packet size"
+        );
     }
 }

@@ -107,6 +107,22 @@ impl FrontendMessage {
         FrontendMessage::PasswordMessage(b.freeze())
     }
 
+    /// The message's type byte on the wire.
+    pub fn tag(&self) -> u8 {
+        match self {
+            FrontendMessage::Query(_) => Self::QUERY,
+            FrontendMessage::PasswordMessage(_)
+            | FrontendMessage::SaslInitialResponse { .. }
+            | FrontendMessage::SaslResponse(_) => Self::PASSWORD,
+            FrontendMessage::StandbyStatusUpdate(_)
+            | FrontendMessage::HotStandbyFeedback(_)
+            | FrontendMessage::CopyData(_) => Self::COPY_DATA,
+            FrontendMessage::CopyDone => Self::COPY_DONE,
+            FrontendMessage::CopyFail(_) => Self::COPY_FAIL,
+            FrontendMessage::Terminate => Self::TERMINATE,
+        }
+    }
+
     /// Decodes the body of a message with tag `tag`. `body` is a slice of the read buffer;
     /// CopyData payloads are sliced from it, not copied.
     pub fn decode(tag: u8, body: Bytes) -> Result<FrontendMessage> {

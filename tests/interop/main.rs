@@ -1063,3 +1063,105 @@ fn frame(m: protocol_codec::FrontendMessage) -> Vec<u8> {
     m.encode(&mut b).expect("encodes");
     b.to_vec()
 }
+
+/// The timeouts, walserver against a real PostgreSQL 15, both with `authentication_timeout`
+/// and `wal_sender_timeout` at one second: what a client that falls silent receives, and that
+/// neither server ends the connection before its timeout. A client silent before its startup
+/// packet is closed without a word by both. A client silent while streaming gets one
+/// keepalive asking for a reply (at half the timeout), then the close, from both. A client
+/// silent in the middle of authentication differs on purpose: PostgreSQL closes without a
+/// word (its FATAL goes to its log only), walserver sends that FATAL first, so that the
+/// client can say why.
+#[test]
+fn timeouts_end_connections_as_postgresql_15_does() {
+    use protocol_codec::{AuthRequest, BackendMessage};
+    use std::time::{Duration, Instant};
+
+    let timeout = Duration::from_secs(1);
+    let pg = pg_testkit::PgCluster::init_primary(
+        &pg_testkit::PgOptions::default()
+            .conf("authentication_timeout = '1s'")
+            .conf("wal_sender_timeout = '1s'")
+            .hba("host replication repl 127.0.0.1/32 scram-sha-256"),
+    );
+    pg.create_replication_role("repl", "secret", "scram-sha-256");
+    let node = TestNode::primary(&format!(
+        "authentication_timeout = \"1s\"\nwal_sender_timeout = \"1s\"\n\
+         [users]\nrepl = \"{}\"\n\
+         [[hba]]\naddress = \"127.0.0.1/32\"\nuser = \"repl\"\nmethod = \"scram-sha-256\"\n\
+         [[hba]]\naddress = \"127.0.0.1/32\"\nuser = \"all\"\nmethod = \"trust\"\n",
+        make_scram_verifier("secret")
+    ));
+    // Everything a silent client receives until the close (WAL aside), and how long after
+    // its last step the close came.
+    let until_closed = |c: &mut PgConn| -> (Vec<String>, Duration) {
+        let since = Instant::now();
+        let out = answers(c, &|m| match m {
+            BackendMessage::XLogData(_) => None,
+            BackendMessage::PrimaryKeepalive(k) => {
+                Some(format!("keepalive, reply requested: {}", k.reply_requested))
+            }
+            BackendMessage::ErrorResponse(f) => Some(error_line(f)),
+            m => Some(format!("{m:?}")),
+        });
+        (out, since.elapsed())
+    };
+
+    let before_startup = |addr| until_closed(&mut PgConn::raw(addr));
+    let mid_authentication = |addr| {
+        let mut c = auth_start(addr, "repl");
+        match c.recv() {
+            BackendMessage::Authentication(AuthRequest::Sasl { .. }) => {}
+            other => panic!("not a SASL request: {other:?}"),
+        }
+        until_closed(&mut c)
+    };
+    let streaming = |addr, user| {
+        let mut c = PgConn::connect(addr, user, None).expect("connect");
+        let start = c.client.identify_system().expect("IDENTIFY_SYSTEM").xlogpos;
+        c.start_replication(start);
+        until_closed(&mut c)
+    };
+
+    let mut took = Vec::new();
+    let theirs = before_startup(pg.addr());
+    let ours = before_startup(node.addr());
+    eprintln!("silent before the startup packet: {theirs:?} {ours:?}");
+    assert_eq!(theirs.0, ["closed"]);
+    assert_eq!(ours.0, theirs.0);
+    took.extend([("before the startup packet", theirs.1, ours.1)]);
+
+    let theirs = mid_authentication(pg.addr());
+    let ours = mid_authentication(node.addr());
+    eprintln!("silent in authentication: {theirs:?} {ours:?}");
+    assert_eq!(theirs.0, ["closed"]);
+    assert_eq!(
+        ours.0,
+        [
+            "FATAL 57014 canceling authentication due to timeout",
+            "closed"
+        ]
+    );
+    took.extend([("in authentication", theirs.1, ours.1)]);
+
+    let theirs = streaming(pg.addr(), "postgres");
+    let ours = streaming(node.addr(), "u");
+    eprintln!("silent while streaming: {theirs:?} {ours:?}");
+    assert_eq!(theirs.0, ["keepalive, reply requested: true", "closed"]);
+    assert_eq!(ours.0, theirs.0);
+    took.extend([("while streaming", theirs.1, ours.1)]);
+
+    // A timeout may end a connection late on a busy machine, never early. Each measurement
+    // starts once the client's last step is done, a little after the server's clock started,
+    // hence the margin.
+    for (what, pg_took, ws_took) in took {
+        assert!(
+            pg_took >= timeout.mul_f32(0.8),
+            "PostgreSQL, silent {what}: closed after {pg_took:?}"
+        );
+        assert!(
+            ws_took >= timeout.mul_f32(0.8),
+            "walserver, silent {what}: closed after {ws_took:?}"
+        );
+    }
+}

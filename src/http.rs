@@ -613,6 +613,8 @@ struct SlotRow {
     slot_type: &'static str,
     temporary: bool,
     active: bool,
+    /// The process id of the walsender streaming from the slot (its BackendKeyData's).
+    active_pid: Option<u32>,
     restart_lsn: Option<Lsn>,
     restart_tli: Option<TimelineId>,
     wal_status: Option<&'static str>,
@@ -627,6 +629,7 @@ impl From<SlotInfo> for SlotRow {
             slot_type: "physical",
             temporary: s.temporary,
             active: s.active,
+            active_pid: s.active_pid,
             restart_lsn: s.restart_lsn,
             restart_tli: s.restart_tli,
             wal_status: s.wal_status.map(|w| w.as_str()),

@@ -1165,3 +1165,89 @@ fn timeouts_end_connections_as_postgresql_15_does() {
         );
     }
 }
+
+/// A replication slot in use, walserver against a real PostgreSQL 15: while one connection
+/// streams from slot `s`, another gets the same answers to streaming from it, dropping it,
+/// creating it again and reading it; then `DROP_REPLICATION_SLOT s WAIT` waits until the
+/// first connection ends its copy and drops the slot. The holder's process id in the texts is
+/// written `PID <holder>`: each server names its own, the one its BackendKeyData gave.
+#[test]
+fn a_slot_in_use_is_refused_as_postgresql_15_does() {
+    use protocol_codec::BackendMessage;
+
+    let pg = pg_testkit::PgCluster::init_primary(&pg_testkit::PgOptions::default());
+    let node = TestNode::primary("");
+    let run = |addr: SocketAddr, user: &str| -> Vec<String> {
+        let mut holder = PgConn::connect(addr, user, None).expect("connect");
+        let pid = holder
+            .client
+            .session()
+            .backend_key
+            .expect("BackendKeyData")
+            .0;
+        let start = holder
+            .client
+            .identify_system()
+            .expect("IDENTIFY_SYSTEM")
+            .xlogpos;
+        holder.query("CREATE_REPLICATION_SLOT s PHYSICAL RESERVE_WAL");
+        holder.send(protocol_codec::FrontendMessage::Query(format!(
+            "START_REPLICATION SLOT s PHYSICAL {start}"
+        )));
+        match holder.recv() {
+            BackendMessage::CopyBothResponse => {}
+            other => panic!("not CopyBothResponse: {other:?}"),
+        }
+        let name = |m: &BackendMessage| match m {
+            BackendMessage::ErrorResponse(f) => {
+                Some(error_line(f).replace(&format!("PID {pid}"), "PID <holder>"))
+            }
+            BackendMessage::RowDescription(_) | BackendMessage::DataRow(_) => None,
+            m => Some(format!("{m:?}")),
+        };
+        let mut other = PgConn::connect(addr, user, None).expect("connect");
+        let mut out = Vec::new();
+        for q in [
+            format!("START_REPLICATION SLOT s PHYSICAL {start}"),
+            "DROP_REPLICATION_SLOT s".to_string(),
+            "CREATE_REPLICATION_SLOT s PHYSICAL".to_string(),
+            "READ_REPLICATION_SLOT s".to_string(),
+        ] {
+            other.send(protocol_codec::FrontendMessage::Query(q.clone()));
+            let q = q.replace(&start.to_string(), "<start>");
+            out.push(format!("{q}: {:?}", answers(&mut other, &name)));
+        }
+        other.send(protocol_codec::FrontendMessage::Query(
+            "DROP_REPLICATION_SLOT s WAIT".into(),
+        ));
+        holder.send(protocol_codec::FrontendMessage::CopyDone);
+        out.push(format!(
+            "holder's CopyDone: {:?}",
+            answers(&mut holder, &|m| match m {
+                BackendMessage::XLogData(_) | BackendMessage::PrimaryKeepalive(_) => None,
+                m => name(m),
+            })
+        ));
+        out.push(format!(
+            "DROP_REPLICATION_SLOT s WAIT: {:?}",
+            answers(&mut other, &name)
+        ));
+        other.send(protocol_codec::FrontendMessage::Query(
+            "READ_REPLICATION_SLOT s".into(),
+        ));
+        out.push(format!(
+            "READ_REPLICATION_SLOT s after: {:?}",
+            answers(&mut other, &|m| match m {
+                BackendMessage::DataRow(r) => Some(format!("{r:?}")),
+                m => name(m),
+            })
+        ));
+        out
+    };
+    let theirs = run(pg.addr(), "postgres");
+    let ours = run(node.addr(), "u");
+    for (t, o) in theirs.iter().zip(&ours) {
+        eprintln!("pg: {t}\nws: {o}");
+    }
+    assert_eq!(ours, theirs);
+}

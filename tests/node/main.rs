@@ -631,6 +631,9 @@ fn status_slots_and_metrics() {
     let slots = node.http_get("/slots");
     assert_eq!(slots[0]["slot_name"], "s1");
     assert_eq!(slots[0]["active"], true);
+    // The holder's process id, as its BackendKeyData gave it (pg_replication_slots.active_pid).
+    let pid = c.client.session().backend_key.expect("BackendKeyData").0;
+    assert_eq!(slots[0]["active_pid"], pid);
     assert_eq!(slots[0]["restart_lsn"], serde_json::json!(end.to_string()));
     assert_eq!(slots[0]["wal_status"], "reserved");
     let mut metrics = String::new();

@@ -129,8 +129,8 @@ pub enum WalError {
     #[error("replication slot \"{name}\" does not exist")]
     SlotNotFound { name: String },
 
-    #[error("replication slot \"{name}\" is active")]
-    SlotInUse { name: String },
+    #[error("replication slot \"{name}\" is active for PID {pid}")]
+    SlotInUse { name: String, pid: u32 },
 
     #[error(
         "replication slot \"{name}\" was invalidated: its WAL exceeded max_slot_wal_keep_size"

@@ -62,6 +62,9 @@ pub struct SlotInfo {
     pub restart_lsn: Option<Lsn>,
     pub restart_tli: Option<TimelineId>,
     pub active: bool,
+    /// The process id of the connection streaming from the slot (its walsender's, as its
+    /// BackendKeyData gave it), as `pg_replication_slots.active_pid`.
+    pub active_pid: Option<u32>,
     /// `None` (NULL in PostgreSQL) if the slot never reserved WAL.
     pub wal_status: Option<WalStatus>,
     pub safe_wal_size: Option<i64>,
@@ -163,7 +166,8 @@ pub(crate) struct Slot {
     pub restart_lsn: Option<Lsn>,
     pub restart_tli: Option<TimelineId>,
     pub invalidated: bool,
-    pub active: bool,
+    /// Who holds the slot (a walsender's process id), if anyone does.
+    pub active_pid: Option<u32>,
     /// The restart LSN last written to disk; persisting again is due when the restart LSN moves
     /// to another segment.
     pub persisted_lsn: Option<Lsn>,
@@ -204,7 +208,7 @@ impl SlotTable {
                     restart_lsn: f.restart_lsn,
                     restart_tli: f.restart_tli,
                     invalidated: f.invalidated,
-                    active: false,
+                    active_pid: None,
                     persisted_lsn: f.restart_lsn,
                     dirty: false,
                 },
@@ -262,7 +266,7 @@ impl SlotTable {
                 restart_lsn: restart.map(|r| r.0),
                 restart_tli: restart.map(|r| r.1),
                 invalidated: false,
-                active: false,
+                active_pid: None,
                 persisted_lsn: None,
                 dirty: true,
             },
@@ -283,9 +287,10 @@ impl SlotTable {
     /// Removes a slot that is not in use, and its file durably.
     pub(crate) fn drop_slot(&mut self, paths: SlotPaths<'_>, name: &str) -> Result<()> {
         let slot = self.get_mut(name)?;
-        if slot.active {
+        if let Some(pid) = slot.active_pid {
             return Err(WalError::SlotInUse {
                 name: name.to_string(),
+                pid,
             });
         }
         if !slot.temporary {
@@ -295,15 +300,16 @@ impl SlotTable {
         Ok(())
     }
 
-    /// Marks a slot in use; `SlotInUse` if it already is.
-    pub(crate) fn acquire(&mut self, name: &str) -> Result<()> {
+    /// Marks a slot in use by `pid`; `SlotInUse` if it already is.
+    pub(crate) fn acquire(&mut self, name: &str, pid: u32) -> Result<()> {
         let slot = self.get_mut(name)?;
-        if slot.active {
+        if let Some(pid) = slot.active_pid {
             return Err(WalError::SlotInUse {
                 name: name.to_string(),
+                pid,
             });
         }
-        slot.active = true;
+        slot.active_pid = Some(pid);
         Ok(())
     }
 
@@ -311,7 +317,7 @@ impl SlotTable {
     pub(crate) fn release(&mut self, name: &str) {
         let temporary = match self.slots.get_mut(name) {
             Some(s) => {
-                s.active = false;
+                s.active_pid = None;
                 s.temporary
             }
             None => false,
@@ -363,7 +369,8 @@ impl SlotTable {
                     (true, _) => (Some(WalStatus::Lost), None),
                     (false, None) => (None, None),
                     (false, Some(r)) => {
-                        let (st, safe) = wal_status(r, written, min, oldest_seg, s.active, cfg);
+                        let (st, safe) =
+                            wal_status(r, written, min, oldest_seg, s.active_pid.is_some(), cfg);
                         (Some(st), safe)
                     }
                 };
@@ -372,7 +379,8 @@ impl SlotTable {
                     temporary: s.temporary,
                     restart_lsn: if s.invalidated { None } else { s.restart_lsn },
                     restart_tli: s.restart_tli,
-                    active: s.active,
+                    active: s.active_pid.is_some(),
+                    active_pid: s.active_pid,
                     wal_status,
                     safe_wal_size,
                 }

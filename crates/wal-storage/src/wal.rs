@@ -712,9 +712,11 @@ impl Wal {
             .infos(written, oldest_seg, &self.shared.cfg)
     }
 
-    /// Marks a slot in use until the guard is dropped; `SlotInUse` if it already is.
-    pub fn acquire_slot(&self, name: &str) -> Result<SlotGuard> {
-        self.inner().slots().acquire(name)?;
+    /// Marks a slot in use by `pid` (the holder's process id, reported as the slot's
+    /// `active_pid` and in `SlotInUse`) until the guard is dropped; `SlotInUse` if it already
+    /// is.
+    pub fn acquire_slot(&self, name: &str, pid: u32) -> Result<SlotGuard> {
+        self.inner().slots().acquire(name, pid)?;
         Ok(SlotGuard {
             wal: self.clone(),
             name: name.to_string(),

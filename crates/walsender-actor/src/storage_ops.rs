@@ -42,8 +42,8 @@ impl StorageView for Wal {
         Wal::slot(self, name)
     }
 
-    fn acquire_slot(&self, name: &str) -> Result<SlotGuard, WalError> {
-        Wal::acquire_slot(self, name)
+    fn acquire_slot(&self, name: &str, pid: u32) -> Result<SlotGuard, WalError> {
+        Wal::acquire_slot(self, name, pid)
     }
 
     fn advance_slot(
@@ -305,7 +305,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let wal = wal(&dir);
         wal.create_slot("s", false, false).unwrap();
-        let guard = wal.acquire_slot("s").unwrap();
+        let guard = wal.acquire_slot("s", 1).unwrap();
         let op = StorageOp::DropSlot {
             name: "s".into(),
             wait: true,

@@ -131,17 +131,20 @@ fn a_slot_in_use_stays_in_use_across_a_restart() {
     let tmp = tempfile::tempdir().unwrap();
     let wal = init_primary(tmp.path(), WalFormat::Walserver);
     wal.create_slot("s", false, true).unwrap();
-    let guard = wal.acquire_slot("s").unwrap();
+    let guard = wal.acquire_slot("s", 7).unwrap();
     wal.failpoints().set(FP_FSYNC, libc::EIO);
     let _ = wal.append(vec![payload(1, 10)]).unwrap().wait();
     wal.failpoints().clear_all();
     wal.restart().unwrap().expect("storage had failed");
     assert!(matches!(
-        wal.acquire_slot("s"),
+        wal.acquire_slot("s", 7),
         Err(WalError::SlotInUse { .. })
     ));
     drop(guard);
-    assert!(wal.acquire_slot("s").is_ok(), "released in the new opening");
+    assert!(
+        wal.acquire_slot("s", 7).is_ok(),
+        "released in the new opening"
+    );
 }
 
 /// Appends records of three quarters of a segment until one is refused; returns the end of

@@ -59,18 +59,22 @@ fn slot_lifecycle_and_persistence() {
     ));
     wal.create_slot("temp", true, true).unwrap();
 
-    let guard = wal.acquire_slot("standby_1").unwrap();
-    assert!(wal.slot("standby_1").unwrap().active);
-    assert!(matches!(
-        wal.acquire_slot("standby_1"),
-        Err(WalError::SlotInUse { .. })
-    ));
-    assert!(matches!(
-        wal.drop_slot("standby_1"),
-        Err(WalError::SlotInUse { .. })
-    ));
+    let guard = wal.acquire_slot("standby_1", 7).unwrap();
+    let held = wal.slot("standby_1").unwrap();
+    assert_eq!((held.active, held.active_pid), (true, Some(7)));
+    // Both refusals name the holder, as PostgreSQL's "is active for PID" does.
+    let in_use = |r: Result<(), WalError>| match r {
+        Err(e @ WalError::SlotInUse { pid: 7, .. }) => e.to_string(),
+        other => panic!("not SlotInUse by 7: {other:?}"),
+    };
+    assert_eq!(
+        in_use(wal.acquire_slot("standby_1", 8).map(drop)),
+        "replication slot \"standby_1\" is active for PID 7"
+    );
+    in_use(wal.drop_slot("standby_1"));
     drop(guard);
-    assert!(!wal.slot("standby_1").unwrap().active);
+    let released = wal.slot("standby_1").unwrap();
+    assert_eq!((released.active, released.active_pid), (false, None));
 
     fill_segments(&wal, 2);
     wal.advance_slot("standby_1", Lsn(2 * SEG + 100), TimelineId(1))
@@ -81,7 +85,7 @@ fn slot_lifecycle_and_persistence() {
     );
 
     // A temporary slot goes when released.
-    let t = wal.acquire_slot("temp").unwrap();
+    let t = wal.acquire_slot("temp", 7).unwrap();
     drop(t);
     assert!(matches!(
         wal.slot("temp"),

@@ -27,8 +27,9 @@ pub trait StorageView {
     fn history(&self) -> Vec<HistoryEntry>;
     /// A slot as `READ_REPLICATION_SLOT` shows it.
     fn slot(&self, name: &str) -> Result<SlotInfo, WalError>;
-    /// Holds a slot for a stream until the guard is dropped; `SlotInUse` if it already is.
-    fn acquire_slot(&self, name: &str) -> Result<SlotGuard, WalError>;
+    /// Holds a slot for the stream of walsender `pid` until the guard is dropped; `SlotInUse`
+    /// (naming the holder) if it already is.
+    fn acquire_slot(&self, name: &str, pid: u32) -> Result<SlotGuard, WalError>;
     /// Moves a slot's restart point on the standby's flush feedback (storage persists it
     /// later, off this thread).
     fn advance_slot(

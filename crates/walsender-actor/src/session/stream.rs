@@ -56,17 +56,8 @@ impl<S: StorageView> Session<S> {
         out: &mut Vec<Output>,
     ) {
         let slot = match &slot_name {
-            Some(name) => match self.storage.acquire_slot(name) {
+            Some(name) => match self.storage.acquire_slot(name, self.pid) {
                 Ok(g) => Some(g),
-                Err(WalError::SlotInUse { name }) => {
-                    return self.error(
-                        ErrorFields::error(
-                            SqlState::OBJECT_IN_USE,
-                            format!("replication slot \"{name}\" is active"),
-                        ),
-                        out,
-                    )
-                }
                 Err(e) => return self.error(wal_error_fields(&e), out),
             },
             None => None,

@@ -1251,3 +1251,49 @@ fn a_slot_in_use_is_refused_as_postgresql_15_does() {
     }
     assert_eq!(ours, theirs);
 }
+
+/// Streaming from WAL that is gone, walserver against a real PostgreSQL 15: both removed the
+/// first segments (a checkpoint after a few segment switches on PostgreSQL, retention with
+/// `wal_keep_size = 0` on walserver), and START_REPLICATION from their first WAL position gets
+/// the same answer from both. Segment file names are written `<segment>`: the two servers'
+/// segment sizes differ.
+#[test]
+fn streaming_from_removed_wal_is_refused_as_postgresql_15_does() {
+    use protocol_codec::{BackendMessage, FrontendMessage};
+
+    let pg = pg_testkit::PgCluster::init_primary(
+        &pg_testkit::PgOptions::default().conf("wal_keep_size = 0"),
+    );
+    pg.psql("CREATE TABLE t (x int)");
+    for _ in 0..3 {
+        pg.psql("INSERT INTO t VALUES (1)");
+        pg.psql("SELECT pg_switch_wal()");
+    }
+    pg.psql("CHECKPOINT");
+    let seg = 1 << 20;
+    let node = TestNode::primary_with_segments(seg, "wal_keep_size = 0\n");
+    let first = node.wal().flushed();
+    for i in 0..4 {
+        node.append(4, (seg / 4) as usize, i);
+    }
+    node.wal().run_retention().expect("retention");
+    let answer = |addr: SocketAddr, user: &str, start: Lsn| {
+        let mut c = PgConn::connect(addr, user, None).expect("connect");
+        c.send(FrontendMessage::Query(format!("START_REPLICATION {start}")));
+        answers(&mut c, &|m| match m {
+            BackendMessage::XLogData(_) | BackendMessage::PrimaryKeepalive(_) => None,
+            BackendMessage::ErrorResponse(f) => {
+                let line = error_line(f);
+                Some(match line.find("segment ") {
+                    Some(i) => format!("{}segment <segment>{}", &line[..i], &line[i + 32..]),
+                    None => line,
+                })
+            }
+            m => Some(format!("{m:?}")),
+        })
+    };
+    let theirs = answer(pg.addr(), "postgres", Lsn(0x100_0000));
+    let ours = answer(node.addr(), "u", first);
+    eprintln!("pg: {theirs:?}\nws: {ours:?}");
+    assert_eq!(ours, theirs);
+}

@@ -1297,3 +1297,85 @@ fn streaming_from_removed_wal_is_refused_as_postgresql_15_does() {
     eprintln!("pg: {theirs:?}\nws: {ours:?}");
     assert_eq!(ours, theirs);
 }
+
+/// SCRAM channel binding over TLS, walserver against a real PostgreSQL 15 with the same
+/// certificate, role and password: a client that binds gets SCRAM-SHA-256-PLUS from both; one
+/// bound to another certificate (what a man in the middle would present) is refused by both
+/// with the same FATAL; one that does not bind gets SCRAM-SHA-256 from both; and psql with
+/// `channel_binding=require` connects to both.
+#[test]
+fn scram_channel_binding_works_as_with_postgresql_15() {
+    use protocol_codec::auth::ChannelBindingMode;
+    use protocol_codec::tls::SslMode;
+    use repl_client::{ConnectOptions, ReplClient, TlsOptions};
+
+    let bin = PgBin::require();
+    let pki = pg_testkit::TestPki::new(&["localhost", "127.0.0.1"]);
+    let certs = tempfile::tempdir().unwrap();
+    let files = pki.write_to(certs.path());
+    let pg = pg_testkit::PgCluster::init_primary(
+        &pg_testkit::PgOptions::default()
+            .tls(&pki)
+            .hba("hostssl replication repl 127.0.0.1/32 scram-sha-256"),
+    );
+    pg.create_replication_role("repl", "secret", "scram-sha-256");
+    let node = TestNode::primary(&format!(
+        "ssl_cert_file = {:?}\nssl_key_file = {:?}\n[users]\nrepl = \"{}\"\n\
+         [[hba]]\ntype = \"hostssl\"\naddress = \"127.0.0.1/32\"\nuser = \"all\"\nmethod = \"scram-sha-256\"\n",
+        files.cert.display().to_string(),
+        files.key.display().to_string(),
+        make_scram_verifier("secret")
+    ));
+    // The mechanism a TLS login used, or the server's FATAL.
+    let login = |addr: SocketAddr, binding: Option<ChannelBindingMode>| -> String {
+        let mut tls = TlsOptions::new(SslMode::VerifyFull, Some(&files.root), "localhost")
+            .expect("TLS options");
+        tls.channel_binding = binding;
+        let options = ConnectOptions::new("repl", Some("secret"), "binding")
+            .read_timeout(DEADLINE)
+            .tls(tls);
+        match ReplClient::connect_with(addr, &options) {
+            Ok(c) => format!("authenticated with {:?}", c.session().mechanism),
+            Err(e) => match e.server_error() {
+                Some(f) => error_line(f),
+                None => format!("failed without the server's error: {e}"),
+            },
+        }
+    };
+    let cases = [
+        ("bound to the certificate presented", None),
+        (
+            "bound to another certificate",
+            Some(ChannelBindingMode::TlsServerEndPoint(vec![0; 32])),
+        ),
+        ("not binding", Some(ChannelBindingMode::TlsWithoutBinding)),
+    ];
+    for (what, binding) in cases {
+        let theirs = login(pg.addr(), binding.clone());
+        let ours = login(node.addr(), binding);
+        eprintln!("{what}:\n  pg: {theirs}\n  ws: {ours}");
+        assert_eq!(ours, theirs, "{what}");
+    }
+    assert_eq!(
+        login(node.addr(), None),
+        "authenticated with Some(\"SCRAM-SHA-256-PLUS\")"
+    );
+    // libpq insisting on channel binding.
+    for (who, port) in [("PostgreSQL", pg.port()), ("walserver", node.addr().port())] {
+        let out = Command::new(bin.tool("psql"))
+            .arg(format!(
+                "host=localhost port={port} user=repl replication=true sslmode=verify-full \
+                 sslrootcert={} channel_binding=require",
+                files.root.display()
+            ))
+            .args(["-X", "-A", "-t", "-c", "IDENTIFY_SYSTEM"])
+            .env("PGPASSWORD", "secret")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{who}: psql with channel_binding=require: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

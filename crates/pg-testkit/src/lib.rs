@@ -203,6 +203,15 @@ impl PgOptions {
         self
     }
 
+    /// `ssl = on` with `pki`'s certificate and key (written into the data directory).
+    pub fn tls(self, pki: &TestPki) -> PgOptions {
+        self.file("server.crt", pki.cert_pem.as_bytes())
+            .file("server.key", pki.key_pem.as_bytes())
+            .conf("ssl = on")
+            .conf("ssl_cert_file = 'server.crt'")
+            .conf("ssl_key_file = 'server.key'")
+    }
+
     pub fn primary_conninfo(mut self, conninfo: impl Into<String>) -> PgOptions {
         self.primary_conninfo = Some(conninfo.into());
         self

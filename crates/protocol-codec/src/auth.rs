@@ -11,11 +11,11 @@
 //!
 //! SCRAM exchange (RFC 5802 / 7677 with PostgreSQL's habits):
 //! ```text
-//! S: R 10  "SCRAM-SHA-256\0\0"
-//! C: p     "SCRAM-SHA-256\0", Int32 n, client-first  = gs2-header "n=,r=" cnonce
-//!                                                    gs2-header: "n,," or "y,," ("p=..." needs -PLUS, never offered)
+//! S: R 10  "SCRAM-SHA-256\0\0"  (over TLS with binding data: "SCRAM-SHA-256-PLUS\0SCRAM-SHA-256\0\0")
+//! C: p     mechanism "\0", Int32 n, client-first  = gs2-header "n=,r=" cnonce
+//!                                                gs2-header: "n,," or "y,,"; "p=tls-server-end-point,," for -PLUS
 //! S: R 11  server-first  = "r=" cnonce snonce ",s=" base64(salt) ",i=" iterations
-//! C: p     client-final  = "c=" base64(gs2-header) ",r=" cnonce snonce ",p=" base64(ClientProof)
+//! C: p     client-final  = "c=" base64(gs2-header [binding data]) ",r=" cnonce snonce ",p=" base64(ClientProof)
 //! S: R 12  server-final  = "v=" base64(ServerSignature)
 //! S: R 0
 //! ```
@@ -33,8 +33,9 @@ use subtle::ConstantTimeEq;
 
 use crate::messages::{AuthRequest, ErrorFields, FrontendMessage, SqlState};
 
-/// The one SASL mechanism walserver offers. SCRAM-SHA-256-PLUS (channel binding) is not
-/// offered, so clients send gs2 header `n,,` or `y,,`.
+/// The SASL mechanism without channel binding, always offered. Over TLS a server that knows
+/// its certificate's tls-server-end-point data also offers [`SCRAM_SHA_256_PLUS`]
+/// ([`ScramServer::with_channel_binding`]).
 pub const SCRAM_SHA_256: &str = "SCRAM-SHA-256";
 
 /// PostgreSQL's default SCRAM iteration count.
@@ -56,11 +57,13 @@ pub enum AuthError {
     /// report [`AuthError::PasswordFailed`] so they do not reveal which roles exist.
     #[error("role \"{user}\" does not exist")]
     UnknownRole { user: String },
-    /// The client's SASL message does not follow the protocol (08P01): PostgreSQL's text
-    /// ("malformed SCRAM message", mostly) and, where it gives one, its detail.
+    /// The client's SASL message breaks the protocol (08P01: "malformed SCRAM message",
+    /// mostly) or its channel binding does not hold (28000): PostgreSQL's SQLSTATE, text and,
+    /// where it gives one, detail.
     #[error("{message}{}", detail.as_ref().map(|d| format!(": {d}")).unwrap_or_default())]
-    ScramProtocol {
-        message: &'static str,
+    Scram {
+        code: SqlState,
+        message: String,
         detail: Option<String>,
     },
     /// A PasswordMessage that is not one string filling the message (08P01).
@@ -96,8 +99,8 @@ impl AuthError {
             AuthError::PasswordFailed { .. } => SqlState::INVALID_PASSWORD,
             AuthError::UnknownRole { .. } => SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
             AuthError::EmptyPassword => SqlState::INVALID_PASSWORD,
-            AuthError::ScramProtocol { .. }
-            | AuthError::InvalidPasswordPacket
+            AuthError::Scram { code, .. } => *code,
+            AuthError::InvalidPasswordPacket
             | AuthError::InvalidMechanism
             | AuthError::Codec(_) => SqlState::PROTOCOL_VIOLATION,
             AuthError::InvalidVerifier { .. } | AuthError::ServerScram(_) => {
@@ -118,8 +121,12 @@ impl AuthError {
                     format!("password authentication failed for user \"{user}\""),
                 )
             }
-            AuthError::ScramProtocol { message, detail } => {
-                let fields = ErrorFields::fatal(SqlState::PROTOCOL_VIOLATION, *message);
+            AuthError::Scram {
+                code,
+                message,
+                detail,
+            } => {
+                let fields = ErrorFields::fatal(*code, message.clone());
                 match detail {
                     Some(d) => fields.detail(d.clone()),
                     None => fields,
@@ -323,8 +330,8 @@ enum ScramState {
         client_first_bare: Vec<u8>,
         server_first: String,
         nonce: String,
-        /// What client-final's `c=` must be: base64 of the gs2 header, `biws` for `n,,` and
-        /// `eSws` for `y,,` (no channel binding is ever in use).
+        /// What client-final's `c=` must be: base64 of the gs2 header (`biws` for `n,,`,
+        /// `eSws` for `y,,`), followed for SCRAM-SHA-256-PLUS by the binding data.
         channel_binding: String,
     },
     Done,
@@ -358,6 +365,11 @@ pub struct ScramServer {
     verifier: ScramVerifier,
     /// The exchange runs against a mock verifier and must fail at the proof.
     mock: bool,
+    /// The tls-server-end-point data of this TLS connection's certificate, when the server
+    /// offers SCRAM-SHA-256-PLUS on it.
+    binding_data: Option<Vec<u8>>,
+    /// The client chose SCRAM-SHA-256-PLUS.
+    binding_in_use: bool,
     state: ScramState,
 }
 
@@ -368,8 +380,20 @@ impl ScramServer {
             user: user.to_string(),
             verifier: ScramVerifier::parse(verifier)?,
             mock: false,
+            binding_data: None,
+            binding_in_use: false,
             state: ScramState::AwaitingClientFirst,
         })
+    }
+
+    /// Offers SCRAM-SHA-256-PLUS too, bound to `end_point`: the tls-server-end-point data of
+    /// the certificate this TLS connection presented ([`crate::tls::tls_server_end_point`]),
+    /// as PostgreSQL offers it on every TLS connection. A client that can bind must then bind
+    /// (`y` in its gs2 header is refused), so a man in the middle who terminates TLS with
+    /// another certificate cannot complete the exchange.
+    pub fn with_channel_binding(mut self, end_point: Vec<u8>) -> ScramServer {
+        self.binding_data = Some(end_point);
+        self
     }
 
     /// An exchange for a role that does not exist or has no SCRAM secret: it looks like a
@@ -380,14 +404,27 @@ impl ScramServer {
             user: user.to_string(),
             verifier: ScramVerifier::mock(user),
             mock: true,
+            binding_data: None,
+            binding_in_use: false,
             state: ScramState::AwaitingClientFirst,
         }
     }
 
-    /// The AuthenticationSASL request that starts the exchange.
+    /// The AuthenticationSASL request that starts an exchange without channel binding.
     pub fn request() -> AuthRequest {
         AuthRequest::Sasl {
             mechanisms: vec![SCRAM_SHA_256.to_string()],
+        }
+    }
+
+    /// The AuthenticationSASL request that starts this exchange: SCRAM-SHA-256-PLUS first
+    /// when it is offered, then SCRAM-SHA-256, in PostgreSQL's order.
+    pub fn offer(&self) -> AuthRequest {
+        match self.binding_data {
+            Some(_) => AuthRequest::Sasl {
+                mechanisms: vec![SCRAM_SHA_256_PLUS.to_string(), SCRAM_SHA_256.to_string()],
+            },
+            None => ScramServer::request(),
         }
     }
 
@@ -399,9 +436,11 @@ impl ScramServer {
         mechanism: &str,
         data: Option<&[u8]>,
     ) -> Result<ScramReply, AuthError> {
-        if mechanism != SCRAM_SHA_256 {
-            return Err(AuthError::InvalidMechanism);
-        }
+        self.binding_in_use = match mechanism {
+            SCRAM_SHA_256 => false,
+            SCRAM_SHA_256_PLUS if self.binding_data.is_some() => true,
+            _ => return Err(AuthError::InvalidMechanism),
+        };
         match data {
             None => Ok(ScramReply::Continue(Vec::new())),
             Some(data) => self.handle_client_first(data).map(ScramReply::Continue),
@@ -426,7 +465,7 @@ impl ScramServer {
         }
         self.state = ScramState::Done;
         check_input(msg)?;
-        let first = read_client_first(msg)?;
+        let first = read_client_first(msg, self.binding_in_use, self.binding_data.is_some())?;
         let mut raw = [0u8; SCRAM_RAW_NONCE_LEN];
         rand::fill(&mut raw);
         Ok(self.respond_to_client_first(first, &B64.encode(raw)))
@@ -441,11 +480,15 @@ impl ScramServer {
             B64.encode(&self.verifier.salt),
             self.verifier.iterations
         );
+        let mut cbind_input = first.gs2_header.to_vec();
+        if self.binding_in_use {
+            cbind_input.extend_from_slice(self.binding_data.as_deref().unwrap_or_default());
+        }
         self.state = ScramState::AwaitingClientFinal {
             client_first_bare: first.bare.to_vec(),
             server_first: server_first.clone(),
             nonce,
-            channel_binding: B64.encode(first.gs2_header),
+            channel_binding: B64.encode(cbind_input),
         };
         server_first.into_bytes()
     }
@@ -466,9 +509,19 @@ impl ScramServer {
         let mut c = Cursor { msg, at: 0 };
         let cbind = c.attr_value(b'c')?;
         if cbind != channel_binding.as_bytes() {
-            return Err(AuthError::ScramProtocol {
-                message: "unexpected SCRAM channel-binding attribute in client-final-message",
-                detail: None,
+            return Err(if self.binding_in_use {
+                // The client bound to another certificate than the one this server presented.
+                scram_error(
+                    SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                    "SCRAM channel binding check failed",
+                    None,
+                )
+            } else {
+                scram_error(
+                    SqlState::PROTOCOL_VIOLATION,
+                    "unexpected SCRAM channel-binding attribute in client-final-message",
+                    None,
+                )
             });
         }
         let final_nonce = c.attr_value(b'r')?;
@@ -491,10 +544,11 @@ impl ScramServer {
             ));
         }
         if final_nonce != nonce.as_bytes() {
-            return Err(AuthError::ScramProtocol {
-                message: "invalid SCRAM response",
-                detail: Some("Nonce does not match.".into()),
-            });
+            return Err(scram_error(
+                SqlState::PROTOCOL_VIOLATION,
+                "invalid SCRAM response",
+                Some("Nonce does not match."),
+            ));
         }
 
         let client_signature = hmac(
@@ -539,9 +593,18 @@ impl ScramServer {
 }
 
 fn malformed(detail: impl Into<String>) -> AuthError {
-    AuthError::ScramProtocol {
-        message: "malformed SCRAM message",
+    AuthError::Scram {
+        code: SqlState::PROTOCOL_VIOLATION,
+        message: "malformed SCRAM message".into(),
         detail: Some(detail.into()),
+    }
+}
+
+fn scram_error(code: SqlState, message: impl Into<String>, detail: Option<&str>) -> AuthError {
+    AuthError::Scram {
+        code,
+        message: message.into(),
+        detail: detail.map(str::to_string),
     }
 }
 
@@ -565,6 +628,21 @@ fn sanitize_char(c: u8) -> String {
     } else {
         format!("0x{c:02x}")
     }
+}
+
+/// Bytes as PostgreSQL quotes them in a SCRAM error: at most 30, each not printable ASCII
+/// written `?`.
+fn sanitize_str(b: &[u8]) -> String {
+    b.iter()
+        .take(30)
+        .map(|&c| {
+            if (0x21..=0x7e).contains(&c) {
+                c as char
+            } else {
+                '?'
+            }
+        })
+        .collect()
 }
 
 /// A position in a SCRAM message (`attr=value` pairs separated by commas), read the way
@@ -647,14 +725,33 @@ struct ClientFirst<'a> {
     nonce: &'a str,
 }
 
-/// Reads client-first-message: gs2 header `n,,` or `y,,` (a `p=` header needs -PLUS, never
-/// offered; an authorization identity and mandatory extensions are not supported), then
-/// `n=<user>,r=<nonce>[,ext...]`. The user name is ignored, as in PostgreSQL: the startup
-/// packet's user is the one authenticated.
-fn read_client_first(msg: &[u8]) -> Result<ClientFirst<'_>, AuthError> {
+/// Reads client-first-message: the gs2 header (`n,,` or `y,,`, or `p=tls-server-end-point,,`
+/// when the client chose SCRAM-SHA-256-PLUS; an authorization identity and mandatory
+/// extensions are not supported), then `n=<user>,r=<nonce>[,ext...]`. The user name is
+/// ignored, as in PostgreSQL: the startup packet's user is the one authenticated.
+/// `binding_in_use`: the client chose -PLUS; `binding_offered`: the server offered it.
+fn read_client_first(
+    msg: &[u8],
+    binding_in_use: bool,
+    binding_offered: bool,
+) -> Result<ClientFirst<'_>, AuthError> {
     let mut c = Cursor { msg, at: 0 };
     match c.peek() {
-        b'n' | b'y' => {
+        flag @ (b'n' | b'y') => {
+            if binding_in_use {
+                return Err(malformed(
+                    "The client selected SCRAM-SHA-256-PLUS, but the SCRAM message does not include channel binding data.",
+                ));
+            }
+            if flag == b'y' && binding_offered {
+                // "I could bind, but you do not offer it": this server did offer it, so
+                // someone in between removed it from the offer.
+                return Err(scram_error(
+                    SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                    "SCRAM channel binding negotiation error",
+                    Some("The client supports SCRAM channel binding but thinks the server does not.  However, this server does support channel binding."),
+                ));
+            }
             c.at += 1;
             if c.peek() != b',' {
                 return Err(malformed(format!(
@@ -665,9 +762,22 @@ fn read_client_first(msg: &[u8]) -> Result<ClientFirst<'_>, AuthError> {
             c.at += 1;
         }
         b'p' => {
-            return Err(malformed(
-                "The client selected SCRAM-SHA-256 without channel binding, but the SCRAM message includes channel binding data.",
-            ))
+            if !binding_in_use {
+                return Err(malformed(
+                    "The client selected SCRAM-SHA-256 without channel binding, but the SCRAM message includes channel binding data.",
+                ));
+            }
+            let kind = c.attr_value(b'p')?;
+            if kind != b"tls-server-end-point" {
+                return Err(scram_error(
+                    SqlState::PROTOCOL_VIOLATION,
+                    format!(
+                        "unsupported SCRAM channel-binding type \"{}\"",
+                        sanitize_str(kind)
+                    ),
+                    None,
+                ));
+            }
         }
         other => {
             return Err(malformed(format!(
@@ -700,9 +810,12 @@ fn read_client_first(msg: &[u8]) -> Result<ClientFirst<'_>, AuthError> {
     let nonce = std::str::from_utf8(nonce)
         .ok()
         .filter(|n| n.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b','))
-        .ok_or(AuthError::ScramProtocol {
-            message: "non-printable characters in SCRAM nonce",
-            detail: None,
+        .ok_or_else(|| {
+            scram_error(
+                SqlState::PROTOCOL_VIOLATION,
+                "non-printable characters in SCRAM nonce",
+                None,
+            )
         })?;
     while !c.at_end() {
         c.any_attr()?;
@@ -934,7 +1047,8 @@ mod tests {
             B64.encode(v.server_key)
         );
         let mut server = ScramServer::new(&verifier, "repl").unwrap();
-        let client_first = read_client_first(b"n,,n=,r=aJrSDlXMMIN2YDqnuyuprRm7").unwrap();
+        let client_first =
+            read_client_first(b"n,,n=,r=aJrSDlXMMIN2YDqnuyuprRm7", false, false).unwrap();
         let server_first = server.respond_to_client_first(client_first, "+UpG7of43TlfxAqtIA3tLXSC");
         assert_eq!(
             server_first,
@@ -1133,6 +1247,84 @@ mod tests {
         assert!(server.handle_client_final(b"c=biws,r=a,p=b").is_err());
         let (mut server, _) = server_after_first("n,,n=,r=abc");
         assert!(server.handle_client_first(b"n,,n=,r=abc").is_err());
+    }
+
+    #[test]
+    fn channel_binding_over_tls() {
+        let end_point = vec![7u8; 32];
+        let server = || {
+            ScramServer::new(&make_scram_verifier("pw"), "u")
+                .unwrap()
+                .with_channel_binding(end_point.clone())
+        };
+        assert_eq!(
+            server().offer(),
+            AuthRequest::Sasl {
+                mechanisms: vec![SCRAM_SHA_256_PLUS.into(), SCRAM_SHA_256.into()]
+            }
+        );
+        // A client bound to the same certificate authenticates, and checks the server.
+        let bound = |client_end_point: Vec<u8>| {
+            let mut s = server();
+            let mut client = ScramClient::with_channel_binding("pw", client_end_point);
+            let first = s
+                .handle_initial_response(SCRAM_SHA_256_PLUS, Some(client.client_first()))
+                .unwrap()
+                .into_bytes();
+            let fin = client.handle_server_first(&first).unwrap().to_vec();
+            s.handle_client_final(&fin)
+                .and_then(|last| client.handle_server_final(&last))
+        };
+        bound(end_point.clone()).unwrap();
+        // Bound to another certificate (a proxy's): refused, as PostgreSQL refuses it.
+        assert_eq!(
+            seen(&bound(vec![8u8; 32]).unwrap_err()),
+            "28000 SCRAM channel binding check failed: -"
+        );
+        // A client that chose not to bind may still use the plain mechanism.
+        let mut s = server();
+        let mut client = ScramClient::new("pw", false);
+        let first = s
+            .handle_initial_response(SCRAM_SHA_256, Some(client.client_first()))
+            .unwrap()
+            .into_bytes();
+        let fin = client.handle_server_first(&first).unwrap().to_vec();
+        s.handle_client_final(&fin).unwrap();
+
+        // PostgreSQL 15's refusals, from its auth-scram.c.
+        let first_err = |mechanism: &str, msg: &[u8]| {
+            seen(
+                &server()
+                    .handle_initial_response(mechanism, Some(msg))
+                    .unwrap_err(),
+            )
+        };
+        assert_eq!(
+            first_err(SCRAM_SHA_256_PLUS, b"n,,n=,r=abc"),
+            "08P01 malformed SCRAM message: The client selected SCRAM-SHA-256-PLUS, but the SCRAM message does not include channel binding data."
+        );
+        assert_eq!(
+            first_err(SCRAM_SHA_256, b"y,,n=,r=abc"),
+            "28000 SCRAM channel binding negotiation error: The client supports SCRAM channel binding but thinks the server does not.  However, this server does support channel binding."
+        );
+        assert_eq!(
+            first_err(SCRAM_SHA_256_PLUS, b"p=tls-unique,,n=,r=abc"),
+            "08P01 unsupported SCRAM channel-binding type \"tls-unique\": -"
+        );
+        assert_eq!(
+            first_err(SCRAM_SHA_256, b"p=tls-server-end-point,,n=,r=abc"),
+            "08P01 malformed SCRAM message: The client selected SCRAM-SHA-256 without channel binding, but the SCRAM message includes channel binding data."
+        );
+        // Without binding data the PLUS mechanism is not offered, and `y` is fine.
+        let mut plain = ScramServer::new(&make_scram_verifier("pw"), "u").unwrap();
+        assert!(matches!(
+            plain.handle_initial_response(
+                SCRAM_SHA_256_PLUS,
+                Some(b"p=tls-server-end-point,,n=,r=a")
+            ),
+            Err(AuthError::InvalidMechanism)
+        ));
+        server_after_first("y,,n=,r=abc");
     }
 
     #[test]

@@ -194,16 +194,43 @@ pub fn server_name(host: &str) -> Result<ServerName<'static>> {
 /// other or unreadable algorithm falls back to SHA-256 (PostgreSQL refuses to bind to
 /// Ed25519 and RSASSA-PSS certificates at all, so the fallback is never accepted for them).
 pub fn tls_server_end_point(cert_der: &[u8]) -> Vec<u8> {
+    bindable_end_point(cert_der).unwrap_or_else(|| {
+        use sha2::{Digest, Sha256};
+        Sha256::digest(cert_der).to_vec()
+    })
+}
+
+/// The tls-server-end-point data of a certificate signed with an algorithm whose hash
+/// PostgreSQL and libpq can name (RSA or ECDSA with MD5, SHA-1, SHA-256, SHA-384 or SHA-512):
+/// `None` for others (Ed25519, RSASSA-PSS), where libpq could not compute the same data, so a
+/// server must not offer SCRAM-SHA-256-PLUS with such a certificate.
+pub fn bindable_end_point(cert_der: &[u8]) -> Option<Vec<u8>> {
     use sha2::{Digest, Sha256, Sha384, Sha512};
-    const SHA384_RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0c];
-    const SHA512_RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0d];
-    const SHA384_ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x03];
-    const SHA512_ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x04];
-    match signature_algorithm_oid(cert_der) {
-        Some(SHA384_RSA | SHA384_ECDSA) => Sha384::digest(cert_der).to_vec(),
-        Some(SHA512_RSA | SHA512_ECDSA) => Sha512::digest(cert_der).to_vec(),
-        _ => Sha256::digest(cert_der).to_vec(),
+    const RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01];
+    const ECDSA_SHA1: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x01];
+    const ECDSA_SHA2: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03];
+    let oid = signature_algorithm_oid(cert_der)?;
+    let (family, last) = oid.split_at(oid.len().checked_sub(1)?);
+    match (family, last[0]) {
+        // md5WithRSAEncryption (4), sha1WithRSAEncryption (5), sha256WithRSAEncryption (11):
+        // RFC 5929 binds MD5 and SHA-1 signatures with SHA-256.
+        (RSA, 4 | 5 | 11) => Some(Sha256::digest(cert_der).to_vec()),
+        (RSA, 12) => Some(Sha384::digest(cert_der).to_vec()),
+        (RSA, 13) => Some(Sha512::digest(cert_der).to_vec()),
+        _ if oid == ECDSA_SHA1 => Some(Sha256::digest(cert_der).to_vec()),
+        (ECDSA_SHA2, 2) => Some(Sha256::digest(cert_der).to_vec()),
+        (ECDSA_SHA2, 3) => Some(Sha384::digest(cert_der).to_vec()),
+        (ECDSA_SHA2, 4) => Some(Sha512::digest(cert_der).to_vec()),
+        _ => None,
     }
+}
+
+/// The channel binding data of the server certificate in a PEM file (its first, the leaf),
+/// for [`crate::auth::ScramServer::with_channel_binding`]: `None` when its signature algorithm
+/// cannot be bound ([`bindable_end_point`]). Reads the file (blocking file I/O).
+pub fn server_end_point(cert_pem_path: &Path) -> Result<Option<Vec<u8>>> {
+    let certs = load_certs(cert_pem_path)?;
+    Ok(certs.first().and_then(|leaf| bindable_end_point(leaf)))
 }
 
 /// The OID of a certificate's outer signatureAlgorithm:
@@ -530,6 +557,10 @@ mod tests {
             sha2::Sha256::digest(b"\x30\x84").to_vec()
         );
         assert_eq!(signature_algorithm_oid(&[0x30, 0x85, 1, 1, 1, 1, 1]), None);
+        // A server binds only what libpq can compute too: not Ed25519, not garbage.
+        assert_eq!(bindable_end_point(&p384), Some(tls_server_end_point(&p384)));
+        assert_eq!(bindable_end_point(&cert(&rcgen::PKCS_ED25519)), None);
+        assert_eq!(bindable_end_point(b"\x30\x84"), None);
     }
 
     #[test]

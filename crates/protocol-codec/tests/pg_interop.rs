@@ -313,11 +313,7 @@ fn tls_sslmodes_and_scram_channel_binding() {
     let pki = TestPki::new(&["localhost"]);
     let pg = PgCluster::init_primary(
         &PgOptions::default()
-            .file("server.crt", pki.cert_pem.as_bytes())
-            .file("server.key", pki.key_pem.as_bytes())
-            .conf("ssl = on")
-            .conf("ssl_cert_file = 'server.crt'")
-            .conf("ssl_key_file = 'server.key'")
+            .tls(&pki)
             .hba("hostssl replication all 127.0.0.1/32 scram-sha-256"),
     );
     pg.create_replication_role("repl", "secret", "scram-sha-256");

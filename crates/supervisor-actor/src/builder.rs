@@ -259,6 +259,15 @@ impl NodeBuilder {
         self
     }
 
+    /// Offers SCRAM-SHA-256-PLUS on TLS connections, bound to `end_point`: the
+    /// tls-server-end-point data of the certificate given to [`NodeBuilder::tls`]
+    /// (`protocol_codec::tls::server_end_point` reads it from the same PEM file). Default:
+    /// SCRAM-SHA-256 only. Data of another certificate makes every -PLUS exchange fail.
+    pub fn tls_channel_binding(mut self, end_point: Vec<u8>) -> NodeBuilder {
+        self.config.tls_channel_binding = Some(end_point);
+        self
+    }
+
     /// The access rules (the file's `[[hba]]`; default: loopback trusted, all else refused).
     pub fn hba(mut self, rules: HbaRules) -> NodeBuilder {
         Arc::make_mut(&mut self.config.walsender.auth).hba = rules;
@@ -403,6 +412,7 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         mut walsender,
         wal_sender_shutdown_timeout,
         tls,
+        tls_channel_binding,
         io_threads,
         standby,
         restart_policy,
@@ -466,7 +476,10 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
     let shared = Shared::new(
         wal.clone(),
         walsender,
-        tls.map(tokio_rustls::TlsAcceptor::from),
+        tls.map(|config| walsender_actor::ServerTls {
+            acceptor: tokio_rustls::TlsAcceptor::from(config),
+            channel_binding: tls_channel_binding,
+        }),
         registry.clone(),
     );
     let arbiters: Vec<Arbiter> = (0..io_threads).map(|_| Arbiter::new()).collect();

@@ -39,6 +39,10 @@ pub struct NodeConfig {
     pub wal_sender_shutdown_timeout: Duration,
     /// TLS for the replication port, if configured.
     pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// The tls-server-end-point data of `tls`'s certificate
+    /// (`protocol_codec::tls::server_end_point`): with it SCRAM-SHA-256-PLUS is offered on TLS
+    /// connections, as PostgreSQL offers it; without it only SCRAM-SHA-256.
+    pub tls_channel_binding: Option<Vec<u8>>,
     /// Threads that host walsenders and the walreceiver; 0 keeps them on the caller's arbiter.
     pub io_threads: usize,
     /// `Some` makes the node a standby that streams from this upstream.
@@ -68,6 +72,7 @@ impl NodeConfig {
             // enough that a dead one does not hold a switchover for long.
             wal_sender_shutdown_timeout: Duration::from_secs(10),
             tls: None,
+            tls_channel_binding: None,
             io_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             standby: None,
             restart_policy: RestartPolicy::default(),

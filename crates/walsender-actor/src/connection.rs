@@ -21,7 +21,7 @@ use tokio_util::codec::Decoder;
 
 use crate::messages::RegisterWalSender;
 use crate::session::{admin_shutdown, ShutdownMode};
-use crate::shared::Shared;
+use crate::shared::{ServerTls, Shared};
 use crate::startup::{greeting, ClientIdentity, Handshake, Step};
 use crate::status::{SharedStatus, WalSenderStatus};
 use crate::writer::FileSocket;
@@ -107,7 +107,11 @@ pub async fn handshake(
                         )
                         .await;
                     }
-                    let Some(acceptor) = shared.tls.clone() else {
+                    let Some(ServerTls {
+                        acceptor,
+                        channel_binding,
+                    }) = shared.tls.clone()
+                    else {
                         return Err(Ended::Closed);
                     };
                     write(&mut io, &[answer]).await?;
@@ -123,7 +127,7 @@ pub async fn handshake(
                             return Err(Ended::Closed);
                         }
                     };
-                    machine.tls_started();
+                    machine.tls_started(channel_binding);
                     plain_fd = None;
                 } else {
                     write(&mut io, &[answer]).await?;

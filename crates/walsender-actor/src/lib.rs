@@ -56,7 +56,7 @@ pub mod writer;
 pub use actor::WalSender;
 pub use listener::Listener;
 pub use registry::WalSenderRegistry;
-pub use shared::{Shared, StartupMetrics, WalSenderSettings};
+pub use shared::{ServerTls, Shared, StartupMetrics, WalSenderSettings};
 
 /// The `server_version` walserver reports; a protocol fact, kept in `protocol-codec` and
 /// re-exported here for existing users.

@@ -42,11 +42,30 @@ impl Default for WalSenderSettings {
     }
 }
 
+/// TLS on the replication port: the acceptor, and the tls-server-end-point data of the
+/// certificate it presents (`protocol_codec::tls::server_end_point`), with which
+/// SCRAM-SHA-256-PLUS is offered on TLS connections. Without that data only SCRAM-SHA-256 is.
+#[derive(Clone)]
+pub struct ServerTls {
+    pub acceptor: TlsAcceptor,
+    pub channel_binding: Option<Vec<u8>>,
+}
+
+impl ServerTls {
+    /// TLS without channel binding.
+    pub fn new(acceptor: TlsAcceptor) -> ServerTls {
+        ServerTls {
+            acceptor,
+            channel_binding: None,
+        }
+    }
+}
+
 /// Shared by the listener and every walsender of one node.
 pub struct Shared {
     pub wal: Wal,
     settings: RwLock<Arc<WalSenderSettings>>,
-    pub tls: Option<TlsAcceptor>,
+    pub tls: Option<ServerTls>,
     pub registry: Addr<WalSenderRegistry>,
     pub metrics: StartupMetrics,
 }
@@ -96,7 +115,7 @@ impl Shared {
     pub fn new(
         wal: Wal,
         settings: WalSenderSettings,
-        tls: Option<TlsAcceptor>,
+        tls: Option<ServerTls>,
         registry: Addr<WalSenderRegistry>,
     ) -> Arc<Shared> {
         Arc::new(Shared {

@@ -72,6 +72,9 @@ pub struct Handshake {
     peer: IpAddr,
     tls: bool,
     ssl_requested: bool,
+    /// The tls-server-end-point data of the certificate TLS presented, when SCRAM-SHA-256-PLUS
+    /// is offered on this connection.
+    channel_binding: Option<Vec<u8>>,
     state: State,
     identity: Option<ClientIdentity>,
     /// A NegotiateProtocolVersion to send before the authentication request.
@@ -85,6 +88,7 @@ impl Handshake {
             peer,
             tls: false,
             ssl_requested: false,
+            channel_binding: None,
             state: State::Startup,
             identity: None,
             negotiation: None,
@@ -102,9 +106,11 @@ impl Handshake {
         self.identity.as_ref().map(|i| i.user.as_str())
     }
 
-    /// Tells the machine that TLS is now up (after answering 'S').
-    pub fn tls_started(&mut self) {
+    /// Tells the machine that TLS is now up (after answering 'S'), with the tls-server-end-point
+    /// data of the certificate it presented if SCRAM-SHA-256-PLUS is to be offered.
+    pub fn tls_started(&mut self, channel_binding: Option<Vec<u8>>) {
         self.tls = true;
+        self.channel_binding = channel_binding;
     }
 
     pub fn on_packet(&mut self, packet: StartupPacket) -> Step {
@@ -244,7 +250,7 @@ impl Handshake {
             AuthMethod::ScramSha256 | AuthMethod::Md5
                 if is_scram || method == AuthMethod::ScramSha256 =>
             {
-                let server = match stored.as_deref().filter(|_| is_scram) {
+                let mut server = match stored.as_deref().filter(|_| is_scram) {
                     Some(v) => match ScramServer::new(v, user) {
                         Ok(s) => s,
                         Err(e) => return self.auth_failed(e),
@@ -253,7 +259,10 @@ impl Handshake {
                     // fails at the proof, so a client cannot learn which roles exist.
                     None => ScramServer::for_unknown_user(user),
                 };
-                out.push(BackendMessage::Authentication(ScramServer::request()));
+                if let Some(end_point) = self.channel_binding.clone() {
+                    server = server.with_channel_binding(end_point);
+                }
+                out.push(BackendMessage::Authentication(server.offer()));
                 self.state = State::AwaitSaslInitial(Box::new(server));
             }
             AuthMethod::Md5 => {
@@ -646,7 +655,7 @@ mod tests {
             hs.on_packet(StartupPacket::SslRequest),
             Step::SslAnswer(b'S')
         );
-        hs.tls_started();
+        hs.tls_started(None);
         let Step::Authenticated(_, id) = hs.on_packet(startup("u", "true")) else {
             panic!()
         };

@@ -176,9 +176,12 @@ fn stored_facts(data_dir: &Path) -> Result<(u64, wal_storage::WalFormat)> {
 pub fn node_config(s: &Settings, data_dir: &Path) -> Result<NodeConfig> {
     let listen = resolve_addr(&s.listen, "listen")?;
     let (segment_size, wal_format) = stored_facts(data_dir)?;
-    let tls = match (&s.ssl_cert_file, &s.ssl_key_file) {
-        (Some(c), Some(k)) => Some(protocol_codec::tls::server_config(c, k).map_err(Error::Tls)?),
-        _ => None,
+    let (tls, tls_channel_binding) = match (&s.ssl_cert_file, &s.ssl_key_file) {
+        (Some(c), Some(k)) => (
+            Some(protocol_codec::tls::server_config(c, k).map_err(Error::Tls)?),
+            protocol_codec::tls::server_end_point(c).map_err(Error::Tls)?,
+        ),
+        _ => (None, None),
     };
     let mut cfg = NodeConfig::new(data_dir, listen);
     cfg.storage = StorageConfig {
@@ -193,6 +196,7 @@ pub fn node_config(s: &Settings, data_dir: &Path) -> Result<NodeConfig> {
     cfg.walsender = walsender_settings(s, segment_size, wal_format, tls.is_some())?;
     cfg.wal_sender_shutdown_timeout = s.wal_sender_shutdown_timeout;
     cfg.tls = tls;
+    cfg.tls_channel_binding = tls_channel_binding;
     cfg.standby = receiver_config(s, data_dir)?;
     cfg.standby_signal = Some(data_dir.join(STANDBY_SIGNAL));
     cfg.sync = sync_settings(s)?;

@@ -98,7 +98,11 @@ impl Primary {
         let mut auth = AuthSettings::default();
         let acceptor = tls.map(|(cert, key)| {
             let config = protocol_codec::tls::server_config(cert, key).expect("TLS configuration");
-            tokio_rustls::TlsAcceptor::from(config)
+            walsender_actor::ServerTls {
+                acceptor: tokio_rustls::TlsAcceptor::from(config),
+                channel_binding: protocol_codec::tls::server_end_point(cert)
+                    .expect("the certificate"),
+            }
         });
         auth.tls_available = acceptor.is_some();
         if let Access::Scram { user, password } = access {

@@ -27,7 +27,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 use md5::{Digest as _, Md5};
-use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+use postgres_protocol::authentication::sasl::{ChannelBinding as SaslBinding, ScramSha256};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
@@ -81,6 +81,10 @@ pub enum AuthError {
     /// Client side: the server asked for something we cannot do.
     #[error("{0}")]
     Unsupported(String),
+    /// Client side, `channel_binding=require`: the server did not authenticate with a bound
+    /// SCRAM exchange (libpq's texts).
+    #[error("{0}")]
+    ChannelBindingRequired(&'static str),
     /// Client side: the server asked for a password and none was configured.
     #[error("the server requested password-based authentication, but no password was provided")]
     NoPassword,
@@ -107,6 +111,7 @@ impl AuthError {
                 SqlState::INTERNAL_ERROR
             }
             AuthError::Unsupported(_) => SqlState::FEATURE_NOT_SUPPORTED,
+            AuthError::ChannelBindingRequired(_) => SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
             AuthError::NoPassword => SqlState::INVALID_PASSWORD,
         }
     }
@@ -841,9 +846,9 @@ impl ScramClient {
     /// header is `y,,` ("I could bind, but you did not offer it"), otherwise `n,,`.
     pub fn new(password: &str, tls: bool) -> ScramClient {
         let binding = if tls {
-            ChannelBinding::unrequested()
+            SaslBinding::unrequested()
         } else {
-            ChannelBinding::unsupported()
+            SaslBinding::unsupported()
         };
         ScramClient {
             inner: ScramSha256::new(password.as_bytes(), binding),
@@ -856,7 +861,7 @@ impl ScramClient {
         ScramClient {
             inner: ScramSha256::new(
                 password.as_bytes(),
-                ChannelBinding::tls_server_end_point(server_end_point),
+                SaslBinding::tls_server_end_point(server_end_point),
             ),
         }
     }
@@ -902,13 +907,40 @@ pub enum ChannelBindingMode {
     TlsServerEndPoint(Vec<u8>),
 }
 
+/// libpq's `channel_binding`: whether SCRAM binds to the server's certificate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ChannelBinding {
+    /// Never bind (gs2 header `n,,`).
+    Disable,
+    /// Bind when the connection is TLS and the server offers SCRAM-SHA-256-PLUS (the default).
+    #[default]
+    Prefer,
+    /// Authenticate only with a bound SCRAM exchange: any other request, and an
+    /// AuthenticationOk before one, ends the attempt, so that a server that does not hold
+    /// the certificate's key (a man in the middle) cannot pass for the real one.
+    Require,
+}
+
+impl ChannelBinding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChannelBinding::Disable => "disable",
+            ChannelBinding::Prefer => "prefer",
+            ChannelBinding::Require => "require",
+        }
+    }
+}
+
 /// The client's side of authentication: give it each [`AuthRequest`] the server sends, send
 /// what it returns.
 pub struct ClientAuthenticator {
     user: String,
     password: Option<String>,
     binding: ChannelBindingMode,
+    policy: ChannelBinding,
     scram: Option<ScramClient>,
+    /// The SCRAM exchange in progress is SCRAM-SHA-256-PLUS.
+    scram_bound: bool,
     scram_verified: bool,
 }
 
@@ -922,8 +954,35 @@ impl ClientAuthenticator {
             user: user.to_string(),
             password: password.map(str::to_string),
             binding,
+            policy: ChannelBinding::Prefer,
             scram: None,
+            scram_bound: false,
             scram_verified: false,
+        }
+    }
+
+    /// Binds, or insists on binding, as libpq's `channel_binding` says (default `prefer`).
+    pub fn channel_binding(mut self, policy: ChannelBinding) -> ClientAuthenticator {
+        self.policy = policy;
+        self
+    }
+
+    /// libpq's refusal under `channel_binding=require` of a request that cannot bind.
+    fn require_binding(&self, req: &AuthRequest) -> Result<(), AuthError> {
+        if self.policy != ChannelBinding::Require {
+            return Ok(());
+        }
+        match req {
+            AuthRequest::Sasl { .. } | AuthRequest::SaslContinue(_) | AuthRequest::SaslFinal(_) => {
+                Ok(())
+            }
+            AuthRequest::Ok if self.scram_bound && self.scram_verified => Ok(()),
+            AuthRequest::Ok => Err(AuthError::ChannelBindingRequired(
+                "channel binding required, but server authenticated client without channel binding",
+            )),
+            _ => Err(AuthError::ChannelBindingRequired(
+                "channel binding required but not supported by server's authentication request",
+            )),
         }
     }
 
@@ -935,6 +994,7 @@ impl ClientAuthenticator {
     /// `AuthRequest::Ok` authentication is complete. A server that ends a SCRAM exchange
     /// with AuthenticationOk before proving it knows the password is refused.
     pub fn step(&mut self, req: &AuthRequest) -> Result<Option<FrontendMessage>, AuthError> {
+        self.require_binding(req)?;
         match req {
             AuthRequest::Ok => {
                 if self.scram.is_some() && !self.scram_verified {
@@ -952,7 +1012,12 @@ impl ClientAuthenticator {
             AuthRequest::Sasl { mechanisms } => {
                 let offers = |m: &str| mechanisms.iter().any(|o| o == m);
                 let password = self.password()?;
-                let (mechanism, client) = match &self.binding {
+                let binding = match self.policy {
+                    // As libpq with channel_binding=disable: SCRAM-SHA-256 with `n,,`.
+                    ChannelBinding::Disable => &ChannelBindingMode::NoTls,
+                    _ => &self.binding,
+                };
+                let (mechanism, client) = match binding {
                     ChannelBindingMode::TlsServerEndPoint(hash) if offers(SCRAM_SHA_256_PLUS) => (
                         SCRAM_SHA_256_PLUS,
                         ScramClient::with_channel_binding(password, hash.clone()),
@@ -973,6 +1038,12 @@ impl ClientAuthenticator {
                     // TLS to a server that cannot bind: "y,,".
                     _ => (SCRAM_SHA_256, ScramClient::new(password, true)),
                 };
+                if self.policy == ChannelBinding::Require && mechanism != SCRAM_SHA_256_PLUS {
+                    return Err(AuthError::ChannelBindingRequired(
+                        "channel binding is required, but server did not offer an authentication method that supports channel binding",
+                    ));
+                }
+                self.scram_bound = mechanism == SCRAM_SHA_256_PLUS;
                 let data = bytes::Bytes::copy_from_slice(client.client_first());
                 self.scram = Some(client);
                 Ok(Some(FrontendMessage::SaslInitialResponse {
@@ -1387,6 +1458,79 @@ mod tests {
             let e = verify_cleartext(&stored, "repl", "secreT").unwrap_err();
             assert_eq!(e.sqlstate(), SqlState::INVALID_PASSWORD);
         }
+    }
+
+    #[test]
+    fn the_clients_channel_binding_policy() {
+        let end_point = vec![5u8; 32];
+        let tls = || ChannelBindingMode::TlsServerEndPoint(end_point.clone());
+        let client =
+            |policy| ClientAuthenticator::new("repl", Some("pw"), tls()).channel_binding(policy);
+        // A whole exchange against a server offering -PLUS; the mechanism the client chose.
+        let run = |mut c: ClientAuthenticator| -> Result<String, AuthError> {
+            let mut server = ScramServer::new(&make_scram_verifier("pw"), "repl")
+                .unwrap()
+                .with_channel_binding(end_point.clone());
+            let Some(FrontendMessage::SaslInitialResponse { mechanism, data }) =
+                c.step(&server.offer())?
+            else {
+                panic!("no SASLInitialResponse")
+            };
+            let first = server
+                .handle_initial_response(&mechanism, data.as_deref())?
+                .into_bytes();
+            let Some(FrontendMessage::SaslResponse(fin)) =
+                c.step(&AuthRequest::SaslContinue(first.into()))?
+            else {
+                panic!("no SASLResponse")
+            };
+            let last = server.handle_client_final(&fin)?;
+            c.step(&AuthRequest::SaslFinal(last.into()))?;
+            c.step(&AuthRequest::Ok)?;
+            Ok(mechanism)
+        };
+        assert_eq!(
+            run(client(ChannelBinding::Prefer)).unwrap(),
+            SCRAM_SHA_256_PLUS
+        );
+        assert_eq!(
+            run(client(ChannelBinding::Require)).unwrap(),
+            SCRAM_SHA_256_PLUS
+        );
+        assert_eq!(run(client(ChannelBinding::Disable)).unwrap(), SCRAM_SHA_256);
+
+        // require: libpq's refusals of whatever cannot bind.
+        let refused = |c: &mut ClientAuthenticator, req: &AuthRequest| match c.step(req) {
+            Err(AuthError::ChannelBindingRequired(text)) => text,
+            other => panic!("not refused: {other:?}"),
+        };
+        let mut c = client(ChannelBinding::Require);
+        assert_eq!(
+            refused(&mut c, &AuthRequest::Ok),
+            "channel binding required, but server authenticated client without channel binding"
+        );
+        for req in [
+            AuthRequest::CleartextPassword,
+            AuthRequest::Md5Password { salt: [1; 4] },
+        ] {
+            assert_eq!(
+                refused(&mut c, &req),
+                "channel binding required but not supported by server's authentication request"
+            );
+        }
+        assert_eq!(
+            refused(&mut c, &ScramServer::request()),
+            "channel binding is required, but server did not offer an authentication method that supports channel binding"
+        );
+        let mut no_hash = ClientAuthenticator::new("repl", Some("pw"), ChannelBindingMode::NoTls)
+            .channel_binding(ChannelBinding::Require);
+        let both = AuthRequest::Sasl {
+            mechanisms: vec![SCRAM_SHA_256_PLUS.into(), SCRAM_SHA_256.into()],
+        };
+        assert!(matches!(
+            no_hash.step(&both),
+            Err(AuthError::ChannelBindingRequired(_))
+        ));
     }
 
     #[test]

@@ -27,7 +27,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::auth::{AuthError, ChannelBindingMode, ClientAuthenticator};
+use crate::auth::{AuthError, ChannelBinding, ChannelBindingMode, ClientAuthenticator};
 use crate::error::CodecError;
 use crate::messages::{AuthRequest, BackendMessage, ErrorFields, FrontendMessage, StartupPacket};
 use crate::tls::SslMode;
@@ -87,6 +87,8 @@ pub struct StartupConfig {
     /// Decides what a server's `'N'` means: the end of the attempt when it requires TLS,
     /// plaintext otherwise.
     pub sslmode: SslMode,
+    /// Whether SCRAM binds to the server's certificate (libpq's `channel_binding`).
+    pub channel_binding: ChannelBinding,
 }
 
 impl StartupConfig {
@@ -101,6 +103,7 @@ impl StartupConfig {
                 ("application_name".to_string(), application_name.to_string()),
             ],
             sslmode: SslMode::Disable,
+            channel_binding: ChannelBinding::Prefer,
         }
     }
 
@@ -292,11 +295,10 @@ impl ClientHandshake {
             .collect::<Vec<_>>();
         let mut out = BytesMut::new();
         StartupPacket::startup(params).encode(&mut out)?;
-        self.auth = Some(ClientAuthenticator::new(
-            &c.user,
-            c.password.as_deref(),
-            binding,
-        ));
+        self.auth = Some(
+            ClientAuthenticator::new(&c.user, c.password.as_deref(), binding)
+                .channel_binding(c.channel_binding),
+        );
         self.phase = Phase::Authenticating;
         Ok(Step::ReadMessage { send: out.freeze() })
     }

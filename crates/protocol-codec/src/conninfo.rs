@@ -9,8 +9,7 @@
 //! inside or outside quotes; spaces around `=` are allowed. The URI form (`postgresql://` or
 //! `postgres://`) percent-decodes every part. A later setting of a key wins.
 //!
-//! Keys walserver uses become typed fields. The other keys libpq knows (`channel_binding`,
-//! `gssencmode`, `target_session_attrs`, ...) are kept in [`ConnInfo::other`] rather than
+//! Keys walserver uses become typed fields. The other keys libpq knows (`gssencmode`, `target_session_attrs`, ...) are kept in [`ConnInfo::other`] rather than
 //! refused, because a `primary_conninfo` copied from a PostgreSQL standby often carries some;
 //! the caller should warn that they are ignored ([`ConnInfo::ignored_options`]). A key libpq
 //! does not know is an error, as it is in libpq. A host list (`host=a,b`) is refused:
@@ -19,6 +18,7 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use crate::auth::ChannelBinding;
 use crate::tls::SslMode;
 
 /// PostgreSQL's default port.
@@ -39,6 +39,9 @@ pub struct ConnInfo {
     pub sslrootcert: Option<PathBuf>,
     pub sslcert: Option<PathBuf>,
     pub sslkey: Option<PathBuf>,
+    /// Whether SCRAM binds to the server's certificate: `disable`, `prefer` (the default) or
+    /// `require`.
+    pub channel_binding: ChannelBinding,
     /// Seconds; libpq treats 0 (or absent) as "wait forever" and 1 as 2.
     pub connect_timeout: Option<u32>,
     /// Command-line options for the server (`-c name=value ...`).
@@ -60,6 +63,7 @@ impl Default for ConnInfo {
             sslrootcert: None,
             sslcert: None,
             sslkey: None,
+            channel_binding: ChannelBinding::Prefer,
             connect_timeout: None,
             options: None,
             other: Vec::new(),
@@ -82,6 +86,8 @@ pub enum ConnInfoError {
     InvalidInteger { key: String, value: String },
     #[error("invalid sslmode value: \"{0}\"")]
     InvalidSslMode(String),
+    #[error("invalid channel_binding value: \"{0}\"")]
+    InvalidChannelBinding(String),
     #[error("multiple hosts are not supported: \"{0}\"")]
     MultipleHosts(String),
     #[error("invalid URI query parameter: \"{0}\"")]
@@ -104,7 +110,6 @@ pub enum ConnInfoError {
 const OTHER_LIBPQ_KEYS: &[&str] = &[
     "service",
     "passfile",
-    "channel_binding",
     "hostaddr",
     "client_encoding",
     "fallback_application_name",
@@ -179,6 +184,14 @@ impl ConnInfo {
             "sslrootcert" => self.sslrootcert = path(value),
             "sslcert" => self.sslcert = path(value),
             "sslkey" => self.sslkey = path(value),
+            "channel_binding" => {
+                self.channel_binding = match value.as_str() {
+                    "disable" => ChannelBinding::Disable,
+                    "prefer" => ChannelBinding::Prefer,
+                    "require" => ChannelBinding::Require,
+                    _ => return Err(ConnInfoError::InvalidChannelBinding(value)),
+                }
+            }
             "connect_timeout" => {
                 self.connect_timeout = if value.trim().is_empty() {
                     None
@@ -314,6 +327,12 @@ impl ConnInfo {
         add("sslrootcert", path(&self.sslrootcert));
         add("sslcert", path(&self.sslcert));
         add("sslkey", path(&self.sslkey));
+        if self.channel_binding != ChannelBinding::Prefer {
+            add(
+                "channel_binding",
+                Some(self.channel_binding.as_str().to_string()),
+            );
+        }
         add(
             "connect_timeout",
             self.connect_timeout.map(|t| t.to_string()),
@@ -514,11 +533,13 @@ mod tests {
                 ..ConnInfo::default()
             },
         );
-        let info = ConnInfo::parse("host=h channel_binding=prefer gssencmode=disable").unwrap();
-        assert_eq!(
-            info.ignored_options().collect::<Vec<_>>(),
-            ["channel_binding", "gssencmode"]
-        );
+        let info = ConnInfo::parse("host=h channel_binding=require gssencmode=disable").unwrap();
+        assert_eq!(info.ignored_options().collect::<Vec<_>>(), ["gssencmode"]);
+        assert_eq!(info.channel_binding, ChannelBinding::Require);
+        assert!(info
+            .to_string_without_password()
+            .contains("channel_binding=require"));
+        assert_eq!(ConnInfo::default().channel_binding, ChannelBinding::Prefer);
         assert_eq!(ConnInfo::default().host_or_default(), "localhost");
         assert_eq!(ConnInfo::default().sslmode, SslMode::Prefer);
     }
@@ -588,6 +609,10 @@ mod tests {
             "invalid integer value \"soon\" for connection option \"connect_timeout\"",
         );
         check_err("sslmode=sometimes", "invalid sslmode value: \"sometimes\"");
+        check_err(
+            "channel_binding=always",
+            "invalid channel_binding value: \"always\"",
+        );
         check_err("host=a,b", "multiple hosts are not supported: \"a,b\"");
         check_err(
             "postgresql://h/?foo=1",

@@ -175,6 +175,7 @@ fn startup_config(info: &ConnInfo, application_name: &str) -> StartupConfig {
         password: info.password.clone(),
         params: Vec::new(),
         sslmode: info.sslmode,
+        channel_binding: info.channel_binding,
     }
     .param("database", database)
     .param("replication", "true")
@@ -234,11 +235,17 @@ async fn attempt(
                     .map_err(|e| ReceiverError::Tls {
                         message: e.to_string(),
                     })?;
+                // SCRAM binds to the certificate the server presented (SCRAM-SHA-256-PLUS when
+                // it is offered), as libpq does: a man in the middle who terminates TLS with
+                // another certificate cannot complete the exchange.
+                let binding = match stream.get_ref().1.peer_certificates() {
+                    Some([leaf, ..]) => {
+                        ChannelBindingMode::TlsServerEndPoint(tls::tls_server_end_point(leaf))
+                    }
+                    _ => ChannelBindingMode::TlsWithoutBinding,
+                };
                 io = Box::new(stream);
-                // Without the server certificate's hash at hand, SCRAM over TLS uses `n,,`
-                // when the server offers -PLUS (PostgreSQL refuses `y,,` then as a possible
-                // downgrade) and `y,,` otherwise.
-                handshake.tls_started(ChannelBindingMode::TlsWithoutBinding)
+                handshake.tls_started(binding)
             }
             Step::ReadMessage { send } => {
                 if !send.is_empty() {

@@ -85,3 +85,52 @@ async fn require_refuses_a_plaintext_upstream_and_prefer_accepts_it() {
     );
     r.streaming().await;
 }
+
+/// `channel_binding=require`, as libpq takes it in `primary_conninfo`: the walreceiver streams
+/// from a primary that authenticates it with SCRAM bound to the certificate it presented
+/// (SCRAM-SHA-256-PLUS), and refuses one that lets it in without such an exchange.
+#[actix_rt::test]
+async fn channel_binding_require_streams_only_after_a_bound_scram_exchange() {
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (cert, key) = certificate(dirs.0.path());
+    let tail = format!(
+        "sslmode=verify-full sslrootcert={} channel_binding=require password=pw",
+        cert.display()
+    );
+
+    let trusting = Primary::start_tls(
+        primary_wal(&dirs.0.path().join("trusting")),
+        Access::Trust,
+        Some((&cert, &key)),
+    );
+    let standby = standby_wal(dirs.1.path(), SYSTEM);
+    let mut r = Receiving::start(
+        receiver_config(conninfo(&trusting, "localhost", &tail)),
+        &standby,
+    );
+    match &r.stopped().await.reason {
+        StopReason::Failed(ReceiverError::Authentication { message }) => assert_eq!(
+            message,
+            "channel binding required, but server authenticated client without channel binding"
+        ),
+        other => panic!("{other}"),
+    }
+
+    let binding = Primary::start_tls(
+        primary_wal(&dirs.0.path().join("binding")),
+        Access::Scram {
+            user: "repl",
+            password: "pw",
+        },
+        Some((&cert, &key)),
+    );
+    append(&binding.wal, 50, 4000).await;
+    let mut r = Receiving::start(
+        receiver_config(conninfo(&binding, "localhost", &tail)),
+        &standby,
+    );
+    r.streaming().await;
+    let end = binding.wal.flushed();
+    r.wait_flushed(&standby, TimelineId(1), end).await;
+    assert_same_wal(&binding.wal, &standby, TimelineId(1), Lsn(SEGMENT), end);
+}

@@ -14,7 +14,9 @@
 //! authenticating, and those refused) is counted in [`Shared`]'s [`StartupMetrics`].
 //!
 //! The protocol logic is in plain state machines the actors wrap: [`startup::Handshake`] (SSL
-//! negotiation and authentication) and [`session::Session`] (commands and streaming). They do
+//! negotiation and authentication; over TLS it offers SCRAM-SHA-256-PLUS when [`ServerTls`]
+//! carries the certificate's channel binding data) and [`session::Session`] (commands and
+//! streaming). They do
 //! no I/O, so their tests need no sockets. The session sees storage only through a
 //! [`session::StorageView`] (what storage keeps in memory: the durable end, the timeline
 //! history, the slot table) and returns what touches files as effects (WAL to read or locate,

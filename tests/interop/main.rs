@@ -1379,3 +1379,40 @@ fn scram_channel_binding_works_as_with_postgresql_15() {
         );
     }
 }
+
+/// `max_wal_senders` reached, walserver against a real PostgreSQL 15, both at one: while one
+/// connection is open, the next is refused with the same FATAL by both; once the first has
+/// gone, a new one is let in by both.
+#[test]
+fn max_wal_senders_refuses_as_postgresql_15_does() {
+    let pg = pg_testkit::PgCluster::init_primary(
+        &pg_testkit::PgOptions::default().conf("max_wal_senders = 1"),
+    );
+    let node = TestNode::primary("max_wal_senders = 1\n");
+    let run = |addr: SocketAddr, user: &str| -> Vec<String> {
+        let first = PgConn::connect(addr, user, None).expect("the first connection");
+        let refused = match PgConn::connect(addr, user, None) {
+            Ok(_) => "let in".to_string(),
+            Err(m) => match m {
+                protocol_codec::BackendMessage::ErrorResponse(f) => error_line(&f),
+                other => format!("{other:?}"),
+            },
+        };
+        first.client.close();
+        // The first connection's slot is free once its server side has seen the close;
+        // a new attempt is let in from then on (the deadline bounds the wait).
+        let mut again = String::new();
+        wait_until("a connection to be let in after the first one left", || {
+            again = match PgConn::connect(addr, user, None) {
+                Ok(_) => "let in".to_string(),
+                Err(_) => "refused".to_string(),
+            };
+            again == "let in"
+        });
+        vec![refused, again]
+    };
+    let theirs = run(pg.addr(), "postgres");
+    let ours = run(node.addr(), "u");
+    eprintln!("pg: {theirs:?}\nws: {ours:?}");
+    assert_eq!(ours, theirs);
+}

@@ -334,3 +334,40 @@ fn the_parser_refuses_what_prometheus_would() {
         assert!(std::panic::catch_unwind(|| parse(bad)).is_err(), "{bad}");
     }
 }
+
+/// Connections in the startup phase are bounded: with `MAX_AUTHENTICATING` connected and
+/// silent (each counted from its accept, as the metric shows), the next gets FATAL 53300
+/// "sorry, too many clients already" and is closed at once, as PostgreSQL refuses clients past
+/// its limit; once one of the silent ones leaves, a new connection is let in and
+/// authenticated.
+#[test]
+fn connections_past_the_startup_phase_limit_are_refused_until_one_leaves() {
+    use walsender_actor::MAX_AUTHENTICATING;
+    let node = TestNode::primary("");
+    let authenticating =
+        |node: &TestNode| scrape(node).get(r#"walserver_connections{state="authenticating"}"#);
+    let mut silent: Vec<std::net::TcpStream> = (0..MAX_AUTHENTICATING)
+        .map(|_| std::net::TcpStream::connect(node.addr()).expect("connect"))
+        .collect();
+    wait_until("every silent connection to be counted", || {
+        authenticating(&node) == MAX_AUTHENTICATING as f64
+    });
+
+    let mut refused = PgConn::raw(node.addr());
+    let m = refused.recv();
+    assert_eq!(sqlstate(&m), "53300", "{m:?}");
+    assert_eq!(message(&m), "sorry, too many clients already");
+    assert!(refused.closed());
+    assert_eq!(authenticating(&node), MAX_AUTHENTICATING as f64);
+
+    drop(silent.pop());
+    wait_until("the one that left to be uncounted", || {
+        authenticating(&node) == (MAX_AUTHENTICATING - 1) as f64
+    });
+    let mut c = PgConn::connect(node.addr(), "u", None).expect("let in once one has left");
+    c.query("IDENTIFY_SYSTEM");
+    drop(silent);
+    wait_until("the silent ones to be uncounted", || {
+        authenticating(&node) == 0.0
+    });
+}

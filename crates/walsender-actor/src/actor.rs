@@ -33,7 +33,7 @@ use wal_storage::{Lsn, Wal, WalError, WalPosition};
 use crate::connection::{self, Established};
 use crate::messages::*;
 use crate::session::{Output, Session, ShutdownMode, WalData, MAX_SEND_SIZE};
-use crate::shared::Shared;
+use crate::shared::{Authenticating, Shared};
 use crate::storage_ops;
 use crate::writer::{frame_queue_with_files, Frame, FrameSender, QueueError};
 
@@ -60,6 +60,8 @@ pub struct WalSender {
     writer_task: Option<tokio::task::JoinHandle<()>>,
     /// The writer can send WAL straight from segment files (plain TCP, not TLS).
     sendfile: bool,
+    /// Counts the connection as in the startup phase until the handshake ends.
+    authenticating: Option<Authenticating>,
 }
 
 impl WalSender {
@@ -69,6 +71,18 @@ impl WalSender {
         stream: Option<TcpStream>,
         peer: SocketAddr,
         shared: Arc<Shared>,
+    ) -> WalSender {
+        let counted = stream.as_ref().map(|_| Authenticating::start(&shared));
+        WalSender::accepted(pid, stream, peer, shared, counted)
+    }
+
+    /// [`WalSender::new`] for a connection the listener counted when it accepted it.
+    pub(crate) fn accepted(
+        pid: u32,
+        stream: Option<TcpStream>,
+        peer: SocketAddr,
+        shared: Arc<Shared>,
+        authenticating: Option<Authenticating>,
     ) -> WalSender {
         WalSender {
             pid,
@@ -86,6 +100,7 @@ impl WalSender {
             closing: false,
             writer_task: None,
             sendfile: false,
+            authenticating,
         }
     }
 
@@ -383,6 +398,7 @@ impl Actor for WalSender {
         let hs = connection::handshake(stream, self.peer, self.pid, self.shared.clone(), rx);
         ctx.spawn(hs.into_actor(self).map(|res, act, ctx| {
             act.handshake_shutdown = None;
+            act.authenticating = None;
             match res {
                 Ok(est) => act.established(est, ctx),
                 Err(_) => ctx.stop(),

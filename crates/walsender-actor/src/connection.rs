@@ -62,7 +62,6 @@ pub async fn handshake(
     mut shutdown: watch::Receiver<Option<ShutdownMode>>,
 ) -> Result<Established, Ended> {
     let settings = shared.settings();
-    let _authenticating = shared.metrics.start_authenticating();
     let deadline = tokio::time::Instant::now() + settings.authentication_timeout;
     let _ = stream.set_nodelay(true);
     // The plain socket's descriptor, owned by `io` from here on; `None` once TLS wraps it.

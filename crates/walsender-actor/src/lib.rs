@@ -56,7 +56,7 @@ pub mod syncrep;
 pub mod writer;
 
 pub use actor::WalSender;
-pub use listener::Listener;
+pub use listener::{Listener, MAX_AUTHENTICATING};
 pub use registry::WalSenderRegistry;
 pub use shared::{ServerTls, Shared, StartupMetrics, WalSenderSettings};
 

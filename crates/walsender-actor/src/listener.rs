@@ -9,7 +9,7 @@ use actix::prelude::*;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::messages::*;
-use crate::shared::Shared;
+use crate::shared::{Authenticating, Shared};
 use crate::WalSender;
 
 pub struct Listener {
@@ -21,6 +21,32 @@ pub struct Listener {
     /// The system's congestion control, if the listener was given an unpaced one
     /// ([`unpace_listener`]).
     system_congestion: Option<Vec<u8>>,
+    /// Connections refused since the last one let in ([`MAX_AUTHENTICATING`]).
+    refused: u64,
+}
+
+/// The most connections in the startup phase at once (TLS, the startup packet,
+/// authentication); the one past it gets FATAL 53300 "sorry, too many clients already" and
+/// is closed at once, as PostgreSQL answers when it has as many processes as it allows. A
+/// connection that says nothing holds its descriptor until `authentication_timeout`, so
+/// without a bound anyone who can reach the port could take every file descriptor the
+/// process may open, and storage could not open its next segment. Authenticated connections
+/// are bounded by `max_wal_senders`. The number is a guess: far above what standbys starting
+/// at once need, far below the usual limit of 1 024 descriptors.
+pub const MAX_AUTHENTICATING: u64 = 256;
+
+/// The FATAL a connection past [`MAX_AUTHENTICATING`] gets, as bytes, sent before anything
+/// is read (the startup packet included), as PostgreSQL's postmaster does when it cannot
+/// start a backend.
+fn too_many_clients() -> Vec<u8> {
+    let mut b = bytes::BytesMut::new();
+    let fatal = protocol_codec::BackendMessage::ErrorResponse(protocol_codec::ErrorFields::fatal(
+        protocol_codec::SqlState::TOO_MANY_CONNECTIONS,
+        "sorry, too many clients already",
+    ));
+    // An ErrorResponse of a constant text always encodes.
+    let _ = fatal.encode(&mut b);
+    b.to_vec()
 }
 
 #[derive(Message)]
@@ -80,6 +106,7 @@ impl Listener {
                 next_arbiter: 0,
                 next_pid: 1,
                 system_congestion,
+                refused: 0,
             }
         }))
     }
@@ -105,6 +132,29 @@ impl Handler<Accepted> for Listener {
                 return;
             }
         };
+        let authenticating = self.shared.metrics.authenticating();
+        if authenticating >= MAX_AUTHENTICATING {
+            if self.refused == 0 {
+                tracing::warn!(
+                    "refusing replication connections: {authenticating} are in the startup phase, the most allowed at once"
+                );
+            }
+            self.refused += 1;
+            // A new socket's send buffer is empty, so the message goes out whole or not at
+            // all; either way the connection closes when `stream` drops.
+            let _ = stream.try_write(&too_many_clients());
+            return;
+        }
+        if self.refused > 0 {
+            tracing::info!(
+                "accepting replication connections again, after refusing {}",
+                self.refused
+            );
+            self.refused = 0;
+        }
+        // Counted here, not when the walsender starts on its arbiter, so that a burst of
+        // connections cannot all pass the check above before any of them is counted.
+        let counted = Authenticating::start(&self.shared);
         keep_system_choice_off_host(&stream, peer, self.system_congestion.as_deref());
         let pid = self.next_pid;
         self.next_pid = self.next_pid.wrapping_add(1).max(1);
@@ -112,7 +162,7 @@ impl Handler<Accepted> for Listener {
         // The walsender announces itself to the registry from its own context, so its later
         // messages (registration, close) can never overtake that announcement.
         if self.arbiters.is_empty() {
-            WalSender::new(pid, Some(stream), peer, shared).start();
+            WalSender::accepted(pid, Some(stream), peer, shared, Some(counted)).start();
         } else {
             let arbiter = &self.arbiters[self.next_arbiter % self.arbiters.len()];
             self.next_arbiter += 1;
@@ -126,7 +176,7 @@ impl Handler<Accepted> for Listener {
                 }
             };
             WalSender::start_in_arbiter(arbiter, move |_| match TcpStream::from_std(std_stream) {
-                Ok(stream) => WalSender::new(pid, Some(stream), peer, shared),
+                Ok(stream) => WalSender::accepted(pid, Some(stream), peer, shared, Some(counted)),
                 Err(e) => {
                     // Out of resources: the walsender stops at once and the socket closes.
                     tracing::warn!(%peer, "cannot register a connection with its arbiter: {e}");

@@ -94,20 +94,29 @@ impl StartupMetrics {
     pub(crate) fn authentication_failed(&self) {
         self.authentication_failures.fetch_add(1, Ordering::Relaxed);
     }
+}
 
-    /// Counts a connection as authenticating until the guard is dropped.
-    pub(crate) fn start_authenticating(&self) -> AuthenticatingGuard<'_> {
-        self.authenticating.fetch_add(1, Ordering::Relaxed);
-        AuthenticatingGuard(self)
+/// One connection in the startup phase, counted from its accept; dropping it, however the
+/// phase ends (or if the walsender never starts), uncounts it.
+pub struct Authenticating(Arc<Shared>);
+
+impl Authenticating {
+    /// Counts a connection of `shared`'s node as in the startup phase.
+    pub(crate) fn start(shared: &Arc<Shared>) -> Authenticating {
+        shared
+            .metrics
+            .authenticating
+            .fetch_add(1, Ordering::Relaxed);
+        Authenticating(shared.clone())
     }
 }
 
-/// One connection in the startup phase; dropping it, however the phase ends, uncounts it.
-pub(crate) struct AuthenticatingGuard<'a>(&'a StartupMetrics);
-
-impl Drop for AuthenticatingGuard<'_> {
+impl Drop for Authenticating {
     fn drop(&mut self) {
-        self.0.authenticating.fetch_sub(1, Ordering::Relaxed);
+        self.0
+            .metrics
+            .authenticating
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -746,10 +746,15 @@ fn drop_replication_slot_wait_waits_for_the_release() {
 #[test]
 fn every_connection_is_registered_whatever_the_order_of_its_events() {
     let node = TestNode::primary("max_wal_senders = 100");
-    // Connections that close at once, before their walsender has done anything.
+    // Connections that close at once, before their walsender has done anything. Each counts
+    // as in the startup phase from its accept until its walsender has seen the close, and
+    // more than 256 of those at once would refuse the next connection: so all must be seen.
     for _ in 0..300 {
         drop(std::net::TcpStream::connect(node.addr()).unwrap());
     }
+    wait_until("the closed connections to leave the startup phase", || {
+        metrics::scrape(&node).get(r#"walserver_connections{state="authenticating"}"#) == 0.0
+    });
     // Walsenders that authenticate at once (trust) and stay.
     let conns: Vec<PgConn> = (0..40)
         .map(|_| PgConn::connect(node.addr(), "u", None).unwrap())

@@ -25,13 +25,13 @@ const ALLOWED_LABELS: &[&str] = &[
 ];
 
 /// A parsed scrape: each sample by its name and labels (`name{a="x",b="y"}` as written).
-struct Scrape {
+pub(crate) struct Scrape {
     samples: BTreeMap<String, f64>,
     text: String,
 }
 
 impl Scrape {
-    fn get(&self, key: &str) -> f64 {
+    pub(crate) fn get(&self, key: &str) -> f64 {
         *self
             .samples
             .get(key)
@@ -39,7 +39,7 @@ impl Scrape {
     }
 }
 
-fn scrape(node: &TestNode) -> Scrape {
+pub(crate) fn scrape(node: &TestNode) -> Scrape {
     let mut response = String::new();
     let mut sock = std::net::TcpStream::connect(node.http_addr).unwrap();
     write!(sock, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();

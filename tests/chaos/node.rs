@@ -119,6 +119,7 @@ impl ChildNode {
             .append(true)
             .open(log_path)
             .with_context(|| format!("open {}", log_path.display()))?;
+        fault_harness::node::wait_for_dir_lock(&self.data_dir, DEADLINE)?;
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_walserver"));
         cmd.arg("run")
             .arg("-c")

@@ -65,7 +65,7 @@ impl TestNode {
             env: Some(Default::default()),
         })
         .expect("config");
-        wait_for_dir_lock(&data);
+        fault_harness::node::wait_for_dir_lock(&data, DEADLINE).expect("the data directory's lock");
         let start = walserver_node::start_node(&settings, &data, |cfg| cfg.io_threads = 2)
             .expect("node config");
         let (tx, rx) = mpsc::channel();
@@ -153,28 +153,6 @@ impl Drop for TestNode {
     fn drop(&mut self) {
         self.halt();
     }
-}
-
-/// Waits until no process holds the lock of the data directory `data` (if it has one). A
-/// sibling test that starts a program (psql, walserver, pg_receivewal) gives the forked child,
-/// until its exec, a copy of every descriptor this process has open, the lock that `init`
-/// (or a node just stopped) took included; a node started in that window finds its directory
-/// Locked. A blocking lock returns as soon as that copy is closed; the deadline only guards
-/// against a real holder.
-fn wait_for_dir_lock(data: &Path) {
-    let Ok(f) = std::fs::OpenOptions::new()
-        .write(true)
-        .open(data.join("walserver.lock"))
-    else {
-        return;
-    };
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f.lock().and_then(|()| f.unlock()));
-    });
-    rx.recv_timeout(DEADLINE)
-        .expect("the data directory's lock is held by another process")
-        .expect("lock and unlock the data directory's lock file");
 }
 
 /// A blocking client of the replication protocol on a real socket: repl-client's

@@ -45,6 +45,35 @@ pub enum AdminAt {
 }
 
 /// A walserver node run as a child process inside a host's namespace.
+/// Waits, up to `deadline`, until no process holds the lock of the data directory `data` (if
+/// it has one yet). A test that starts a program (psql, walserver, pg_receivewal) gives the
+/// forked child, until its exec, a copy of every descriptor the test process has open: the
+/// lock that `init` took in the test process (or that a node just stopped held) included. A
+/// node started in that window finds its directory Locked and exits. A blocking lock returns as
+/// soon as that copy is closed; the deadline only guards against a real holder.
+pub fn wait_for_dir_lock(data: &Path, deadline: Duration) -> Result<()> {
+    let Ok(f) = std::fs::OpenOptions::new()
+        .write(true)
+        .open(data.join("walserver.lock"))
+    else {
+        return Ok(());
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f.lock().and_then(|()| f.unlock()));
+    });
+    match rx.recv_timeout(deadline) {
+        Ok(r) => r.map_err(|source| Error::Io {
+            what: format!("lock {}", data.join("walserver.lock").display()),
+            source,
+        }),
+        Err(_) => Err(Error::Timeout(format!(
+            "another process holds the lock of {}",
+            data.display()
+        ))),
+    }
+}
+
 pub struct WalNode {
     pub name: String,
     pub host: Host,
@@ -215,6 +244,7 @@ impl WalNode {
         if self.process.is_some() {
             return Err(Error::Invalid(format!("{} is already running", self.name)));
         }
+        wait_for_dir_lock(&self.data_dir(), START_DEADLINE)?;
         let mut cmd = self.host.command(&self.bin);
         cmd.arg("run").arg("--config").arg(self.config_path());
         // Plain text without colours (the output is a pipe), one line per event.

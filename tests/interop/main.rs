@@ -683,7 +683,11 @@ fn the_startup_phase_refuses_as_postgresql_15_does() {
         ],
     });
     let ssl_request = encode(StartupPacket::SslRequest);
-    let cases: [(&str, Vec<Vec<u8>>); 3] = [
+    let maybe = encode(StartupPacket::startup([
+        ("user", "postgres"),
+        ("replication", "maybe"),
+    ]));
+    let cases: [(&str, Vec<Vec<u8>>); 4] = [
         ("a StartupMessage of protocol 4.0", vec![v4]),
         (
             "eight bytes of no known code",
@@ -693,6 +697,7 @@ fn the_startup_phase_refuses_as_postgresql_15_does() {
             "a second SSLRequest",
             vec![ssl_request.clone(), ssl_request],
         ),
+        ("replication=maybe", vec![maybe]),
     ];
     let answer = |addr: SocketAddr, sends: &[Vec<u8>]| -> (String, bool) {
         let mut c = PgConn::raw(addr);

@@ -23,6 +23,11 @@ pub enum CodecError {
     #[error("invalid startup packet: {reason}")]
     InvalidStartupPacket { reason: String },
 
+    /// A StartupMessage whose `replication` is neither a boolean nor `database` (22023, with
+    /// PostgreSQL's hint [`CodecError::REPLICATION_VALUES`]).
+    #[error("invalid value for parameter \"replication\": \"{value}\"")]
+    InvalidReplicationValue { value: String },
+
     /// A StartupMessage asking for a protocol major version other than 3. PostgreSQL 15 checks
     /// the version before the packet's layout and answers 0A000 with this text.
     #[error("unsupported frontend protocol {major}.{minor}: server supports 3.0 to 3.0")]
@@ -60,9 +65,14 @@ impl CodecError {
         match self {
             CodecError::Io(_) => SqlState::CONNECTION_FAILURE,
             CodecError::UnsupportedProtocol { .. } => SqlState::FEATURE_NOT_SUPPORTED,
+            CodecError::InvalidReplicationValue { .. } => SqlState::INVALID_PARAMETER_VALUE,
             _ => SqlState::PROTOCOL_VIOLATION,
         }
     }
+
+    /// The hint PostgreSQL gives with [`CodecError::InvalidReplicationValue`].
+    pub const REPLICATION_VALUES: &'static str =
+        "Valid values are: \"false\", 0, \"true\", 1, \"database\".";
 
     pub(crate) fn malformed(what: &'static str, reason: impl Into<String>) -> CodecError {
         CodecError::Malformed {

@@ -185,10 +185,10 @@ impl Handshake {
                 )
             }
             Err(e) => {
-                return Step::Fatal(ErrorFields::fatal(
-                    SqlState::INVALID_PARAMETER_VALUE,
-                    e.to_string(),
-                ))
+                return Step::Fatal(
+                    ErrorFields::fatal(SqlState::INVALID_PARAMETER_VALUE, e.to_string())
+                        .hint(CodecError::REPLICATION_VALUES),
+                )
             }
         }
         let enc = EncryptionWords(self.tls);
@@ -777,5 +777,28 @@ mod tests {
             ),
             "08P01 invalid password packet size"
         );
+    }
+
+    #[test]
+    fn a_replication_value_that_is_no_boolean_gets_postgresqls_fatal_and_hint() {
+        let mut hs = Handshake::new(settings(AuthMethod::Trust, &[]), localhost());
+        let Step::Fatal(f) = hs.on_packet(startup("u", "maybe")) else {
+            panic!("not refused")
+        };
+        assert_eq!(fatal_code(&Step::Fatal(f.clone())), "22023");
+        assert_eq!(
+            f.message(),
+            Some("invalid value for parameter \"replication\": \"maybe\"")
+        );
+        assert_eq!(
+            f.get(b'H'),
+            Some("Valid values are: \"false\", 0, \"true\", 1, \"database\".")
+        );
+        // PostgreSQL's booleans are taken in any case and by prefix.
+        let mut hs = Handshake::new(settings(AuthMethod::Trust, &[]), localhost());
+        assert!(matches!(
+            hs.on_packet(startup("u", "T")),
+            Step::Authenticated(..)
+        ));
     }
 }

@@ -63,6 +63,25 @@ fn require_version_3((major, minor): (u16, u16)) -> Result<()> {
     Ok(())
 }
 
+/// A boolean as PostgreSQL's `parse_bool` reads one: any case, `true`, `yes`, `false`, `no`
+/// or a prefix of one of them (`t`, `ye`, `f`, ...), `on`, `off` or `of`, `1`, `0`.
+fn parse_pg_bool(v: &str) -> Option<bool> {
+    let lower = v.to_ascii_lowercase();
+    let prefix_of = |word: &str| !lower.is_empty() && word.starts_with(lower.as_str());
+    match lower.as_bytes().first()? {
+        b't' if prefix_of("true") => Some(true),
+        b'f' if prefix_of("false") => Some(false),
+        b'y' if prefix_of("yes") => Some(true),
+        b'n' if prefix_of("no") => Some(false),
+        // A lone `o` is neither.
+        b'o' if lower == "on" => Some(true),
+        b'o' if lower.len() >= 2 && prefix_of("off") => Some(false),
+        b'1' if lower.len() == 1 => Some(true),
+        b'0' if lower.len() == 1 => Some(false),
+        _ => None,
+    }
+}
+
 impl StartupPacket {
     /// A 3.0 StartupMessage with these parameters.
     pub fn startup<K: Into<String>, V: Into<String>>(
@@ -109,12 +128,15 @@ impl StartupPacket {
         let Some(v) = self.param("replication") else {
             return Ok(ReplicationMode::Off);
         };
-        match v.to_ascii_lowercase().as_str() {
-            "true" | "on" | "yes" | "1" => Ok(ReplicationMode::Physical),
-            "database" => Ok(ReplicationMode::Logical),
-            "false" | "off" | "no" | "0" => Ok(ReplicationMode::Off),
-            _ => Err(CodecError::InvalidStartupPacket {
-                reason: format!("invalid value for parameter \"replication\": \"{v}\""),
+        // As PostgreSQL reads it: exactly `database`, or a boolean as its `parse_bool` takes one.
+        if v == "database" {
+            return Ok(ReplicationMode::Logical);
+        }
+        match parse_pg_bool(v) {
+            Some(true) => Ok(ReplicationMode::Physical),
+            Some(false) => Ok(ReplicationMode::Off),
+            None => Err(CodecError::InvalidReplicationValue {
+                value: v.to_string(),
             }),
         }
     }

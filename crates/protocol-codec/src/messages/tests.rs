@@ -70,16 +70,29 @@ fn startup_replication_parameter() {
         let p = StartupPacket::startup([("user", "u"), ("replication", value)]);
         assert_eq!(p.replication().ok(), expected, "replication={value}");
     };
-    for v in ["true", "on", "yes", "1", "TRUE", "On"] {
+    // PostgreSQL's parse_bool: any case, and prefixes of true, yes, false, no, off.
+    for v in [
+        "true", "on", "yes", "1", "TRUE", "On", "t", "tru", "y", "YE",
+    ] {
         check(v, Some(ReplicationMode::Physical));
     }
     check("database", Some(ReplicationMode::Logical));
-    for v in ["false", "off", "no", "0"] {
+    for v in ["false", "off", "no", "0", "f", "FA", "n", "of"] {
         check(v, Some(ReplicationMode::Off));
     }
-    for v in ["", "2", "maybe", "physical"] {
+    // Not booleans: a lone o, more than a word, 01, and database in another case.
+    for v in [
+        "", "2", "maybe", "physical", "o", "onn", "truex", "01", "Database",
+    ] {
         check(v, None);
     }
+    let bad = StartupPacket::startup([("user", "u"), ("replication", "maybe")]);
+    let e = bad.replication().unwrap_err();
+    assert_eq!(e.sqlstate(), crate::SqlState::INVALID_PARAMETER_VALUE);
+    assert_eq!(
+        e.to_string(),
+        "invalid value for parameter \"replication\": \"maybe\""
+    );
     let none = StartupPacket::startup([("user", "u")]);
     assert_eq!(none.replication().unwrap(), ReplicationMode::Off);
 }

@@ -556,16 +556,14 @@ impl ScramServer {
             ));
         }
 
-        let client_signature = hmac(
-            &self.verifier.stored_key,
-            &[
-                &client_first_bare,
-                b",",
-                server_first.as_bytes(),
-                b",",
-                without_proof,
-            ],
-        );
+        let auth_message: [&[u8]; 5] = [
+            &client_first_bare,
+            b",",
+            server_first.as_bytes(),
+            b",",
+            without_proof,
+        ];
+        let client_signature = hmac(&self.verifier.stored_key, &auth_message);
         let mut client_key = proof;
         for (k, s) in client_key.iter_mut().zip(client_signature) {
             *k ^= s;
@@ -583,26 +581,17 @@ impl ScramServer {
         if !proof_ok {
             return Err(failed(&self.user, "Password does not match for user."));
         }
-        let server_signature = hmac(
-            &self.verifier.server_key,
-            &[
-                &client_first_bare,
-                b",",
-                server_first.as_bytes(),
-                b",",
-                without_proof,
-            ],
-        );
+        let server_signature = hmac(&self.verifier.server_key, &auth_message);
         Ok(format!("v={}", B64.encode(server_signature)).into_bytes())
     }
 }
 
 fn malformed(detail: impl Into<String>) -> AuthError {
-    AuthError::Scram {
-        code: SqlState::PROTOCOL_VIOLATION,
-        message: "malformed SCRAM message".into(),
-        detail: Some(detail.into()),
-    }
+    scram_error(
+        SqlState::PROTOCOL_VIOLATION,
+        "malformed SCRAM message",
+        Some(&detail.into()),
+    )
 }
 
 fn scram_error(code: SqlState, message: impl Into<String>, detail: Option<&str>) -> AuthError {
@@ -625,10 +614,15 @@ fn check_input(msg: &[u8]) -> Result<(), AuthError> {
     Ok(())
 }
 
+/// Printable ASCII as SCRAM and PostgreSQL's error texts take it: 0x21 to 0x7e.
+fn printable(c: u8) -> bool {
+    (0x21..=0x7e).contains(&c)
+}
+
 /// A byte as PostgreSQL names it in a SCRAM error's detail: `'x'` when printable, `0x..`
 /// otherwise (the end of the message is `0x00`).
 fn sanitize_char(c: u8) -> String {
-    if (0x21..=0x7e).contains(&c) {
+    if printable(c) {
         format!("'{}'", c as char)
     } else {
         format!("0x{c:02x}")
@@ -640,13 +634,7 @@ fn sanitize_char(c: u8) -> String {
 fn sanitize_str(b: &[u8]) -> String {
     b.iter()
         .take(30)
-        .map(|&c| {
-            if (0x21..=0x7e).contains(&c) {
-                c as char
-            } else {
-                '?'
-            }
-        })
+        .map(|&c| if printable(c) { c as char } else { '?' })
         .collect()
 }
 
@@ -722,7 +710,7 @@ impl<'a> Cursor<'a> {
 
 /// The parts of client-first-message the exchange keeps.
 struct ClientFirst<'a> {
-    /// `n,,` or `y,,`.
+    /// `n,,`, `y,,` or `p=tls-server-end-point,,`.
     gs2_header: &'a [u8],
     /// client-first-message-bare, part of the signed auth message.
     bare: &'a [u8],
@@ -814,7 +802,7 @@ fn read_client_first(
     // PostgreSQL accepts an empty nonce; only its characters are checked.
     let nonce = std::str::from_utf8(nonce)
         .ok()
-        .filter(|n| n.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b','))
+        .filter(|n| n.bytes().all(|b| printable(b) && b != b','))
         .ok_or_else(|| {
             scram_error(
                 SqlState::PROTOCOL_VIOLATION,

@@ -9,11 +9,12 @@
 //! inside or outside quotes; spaces around `=` are allowed. The URI form (`postgresql://` or
 //! `postgres://`) percent-decodes every part. A later setting of a key wins.
 //!
-//! Keys walserver uses become typed fields. The other keys libpq knows (`gssencmode`, `target_session_attrs`, ...) are kept in [`ConnInfo::other`] rather than
-//! refused, because a `primary_conninfo` copied from a PostgreSQL standby often carries some;
-//! the caller should warn that they are ignored ([`ConnInfo::ignored_options`]). A key libpq
-//! does not know is an error, as it is in libpq. A host list (`host=a,b`) is refused:
-//! walserver connects to one upstream.
+//! Keys walserver uses become typed fields. The other keys libpq knows (`gssencmode`,
+//! `target_session_attrs`, ...) are kept in [`ConnInfo::other`] rather than refused, because
+//! a `primary_conninfo` copied from a PostgreSQL standby often carries some; the caller should
+//! warn that they are ignored ([`ConnInfo::ignored_options`]). A key libpq does not know is an
+//! error, as it is in libpq. A host list (`host=a,b`) is refused: walserver connects to one
+//! upstream.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -184,14 +185,7 @@ impl ConnInfo {
             "sslrootcert" => self.sslrootcert = path(value),
             "sslcert" => self.sslcert = path(value),
             "sslkey" => self.sslkey = path(value),
-            "channel_binding" => {
-                self.channel_binding = match value.as_str() {
-                    "disable" => ChannelBinding::Disable,
-                    "prefer" => ChannelBinding::Prefer,
-                    "require" => ChannelBinding::Require,
-                    _ => return Err(ConnInfoError::InvalidChannelBinding(value)),
-                }
-            }
+            "channel_binding" => self.channel_binding = value.parse()?,
             "connect_timeout" => {
                 self.connect_timeout = if value.trim().is_empty() {
                     None
@@ -370,6 +364,19 @@ impl FromStr for SslMode {
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
             other => return Err(ConnInfoError::InvalidSslMode(other.to_string())),
+        })
+    }
+}
+
+/// channel_binding as libpq spells it; the error is the connection string's.
+impl FromStr for ChannelBinding {
+    type Err = ConnInfoError;
+    fn from_str(s: &str) -> Result<ChannelBinding, ConnInfoError> {
+        Ok(match s {
+            "disable" => ChannelBinding::Disable,
+            "prefer" => ChannelBinding::Prefer,
+            "require" => ChannelBinding::Require,
+            other => return Err(ConnInfoError::InvalidChannelBinding(other.to_string())),
         })
     }
 }

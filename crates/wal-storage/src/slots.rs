@@ -189,6 +189,17 @@ pub(crate) struct SlotTable {
     pub slots: BTreeMap<String, Slot>,
 }
 
+/// `SlotInUse`, naming the holder, if `slot` (named `name`) is held.
+fn not_in_use(slot: &Slot, name: &str) -> Result<()> {
+    match slot.active_pid {
+        Some(pid) => Err(WalError::SlotInUse {
+            name: name.to_string(),
+            pid,
+        }),
+        None => Ok(()),
+    }
+}
+
 impl SlotTable {
     pub(crate) fn load(io: &Io, dir: &Path) -> Result<SlotTable> {
         let mut table = SlotTable::default();
@@ -287,12 +298,7 @@ impl SlotTable {
     /// Removes a slot that is not in use, and its file durably.
     pub(crate) fn drop_slot(&mut self, paths: SlotPaths<'_>, name: &str) -> Result<()> {
         let slot = self.get_mut(name)?;
-        if let Some(pid) = slot.active_pid {
-            return Err(WalError::SlotInUse {
-                name: name.to_string(),
-                pid,
-            });
-        }
+        not_in_use(slot, name)?;
         if !slot.temporary {
             remove_with(paths.io, &paths.dir.join(name))?;
         }
@@ -303,12 +309,7 @@ impl SlotTable {
     /// Marks a slot in use by `pid`; `SlotInUse` if it already is.
     pub(crate) fn acquire(&mut self, name: &str, pid: u32) -> Result<()> {
         let slot = self.get_mut(name)?;
-        if let Some(pid) = slot.active_pid {
-            return Err(WalError::SlotInUse {
-                name: name.to_string(),
-                pid,
-            });
-        }
+        not_in_use(slot, name)?;
         slot.active_pid = Some(pid);
         Ok(())
     }

@@ -51,16 +51,6 @@ pub struct ServerTls {
     pub channel_binding: Option<Vec<u8>>,
 }
 
-impl ServerTls {
-    /// TLS without channel binding.
-    pub fn new(acceptor: TlsAcceptor) -> ServerTls {
-        ServerTls {
-            acceptor,
-            channel_binding: None,
-        }
-    }
-}
-
 /// Shared by the listener and every walsender of one node.
 pub struct Shared {
     pub wal: Wal,

@@ -186,7 +186,7 @@ impl Handshake {
             }
             Err(e) => {
                 return Step::Fatal(
-                    ErrorFields::fatal(SqlState::INVALID_PARAMETER_VALUE, e.to_string())
+                    ErrorFields::fatal(e.sqlstate(), e.to_string())
                         .hint(CodecError::REPLICATION_VALUES),
                 )
             }

@@ -221,7 +221,11 @@ fn a_full_disk_refuses_appends_with_507_and_they_resume_when_space_returns() {
 #[test]
 fn a_standby_with_a_full_disk_resumes_receiving_within_about_a_second_of_space_returning() {
     let primary = TestNode::primary(KEEP);
-    let standby = TestNode::standby_of(primary.addr(), "s1", "");
+    // The standby keeps its WAL too. Otherwise retention may recycle a segment it has passed
+    // into the next one before that is asked for (it runs at each segment switch, and under
+    // load after the writer has moved on), and a recycled file needs no space: the disk would
+    // never be found full.
+    let standby = TestNode::standby_of(primary.addr(), "s1", KEEP);
     standby.wait_flushed(TimelineId(1), primary.wal().flushed());
     standby.wal().failpoints().set(FP_PREALLOC, libc::ENOSPC);
     // Three segments of WAL: the standby cannot make the segments beyond its next one.

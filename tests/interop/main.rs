@@ -1421,3 +1421,167 @@ fn max_wal_senders_refuses_as_postgresql_15_does() {
     eprintln!("pg: {theirs:?}\nws: {ours:?}");
     assert_eq!(ours, theirs);
 }
+
+/// The configuration parameters a client sets when it connects (the startup packet's
+/// `options`, as `PGOPTIONS` or `options=` in a conninfo passes them, and the other startup
+/// parameters), walserver against a real PostgreSQL 15: the same packets get the same answer,
+/// the FATAL after AuthenticationOk for a parameter that is unknown, one a client may not set,
+/// a malformed `options` or a bad `wal_sender_timeout`, and otherwise the same SHOW answers
+/// (the client's `wal_sender_timeout` in PostgreSQL's form, its `application_name`, a custom
+/// parameter). Then a client that set `wal_sender_timeout=1s` on a node whose own is a minute
+/// is ended for its silence by its own timeout.
+#[test]
+fn client_parameters_are_read_as_postgresql_15_reads_them() {
+    use protocol_codec::{BackendMessage, StartupPacket};
+    use std::time::{Duration, Instant};
+
+    let pg = pg_testkit::PgCluster::init_primary(&pg_testkit::PgOptions::default());
+    let node = TestNode::primary("wal_sender_timeout = \"1min\"");
+    let name = |m: &BackendMessage| match m {
+        BackendMessage::ParameterStatus { .. } | BackendMessage::BackendKeyData { .. } => None,
+        BackendMessage::RowDescription(_) | BackendMessage::CommandComplete(_) => None,
+        BackendMessage::DataRow(r) => Some(format!("{r:?}")),
+        BackendMessage::ErrorResponse(f) => Some(format!(
+            "{} HINT {} DETAIL {}",
+            error_line(f),
+            f.get(b'H').unwrap_or("-"),
+            f.get(b'D').unwrap_or("-")
+        )),
+        m => Some(format!("{m:?}")),
+    };
+    let answer = |addr: SocketAddr, user: &str, params: &Vec<(&str, &str)>| -> Vec<String> {
+        let mut c = PgConn::raw(addr);
+        let mut all = vec![("user", user), ("replication", "true")];
+        all.extend(params.iter().cloned());
+        c.send_startup(StartupPacket::startup(all));
+        let mut out = answers(&mut c, &name);
+        if out.last().map(String::as_str) == Some("closed") {
+            return out;
+        }
+        for q in [
+            "SHOW wal_sender_timeout",
+            "SHOW application_name",
+            "SHOW my.setting",
+        ] {
+            c.send(protocol_codec::FrontendMessage::Query(q.into()));
+            out.push(q.to_string());
+            out.extend(answers(&mut c, &name));
+        }
+        out
+    };
+    let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        (
+            "options setting wal_sender_timeout, application_name and a custom parameter",
+            vec![(
+                "options",
+                "-c wal_sender_timeout=1500 --application-name=from\\ options -cmy.setting=on",
+            )],
+        ),
+        (
+            "application_name in the packet after one in options",
+            vec![
+                (
+                    "options",
+                    "-c application_name=opt -c my.setting=1 -c my.setting=2",
+                ),
+                ("application_name", "param"),
+            ],
+        ),
+        (
+            "wal_sender_timeout as a startup parameter, in hours",
+            vec![("wal_sender_timeout", "2h"), ("my.setting", "x")],
+        ),
+        (
+            "parameters walserver has no use for",
+            vec![
+                (
+                    "options",
+                    "-c statement_timeout=0 -c DateStyle=ISO -c work_mem=1MB",
+                ),
+                ("TimeZone", "UTC"),
+                ("extra_float_digits", "3"),
+                ("my.setting", "1"),
+            ],
+        ),
+        ("an unknown parameter", vec![("options", "-c nosuch=1")]),
+        ("an unknown startup parameter", vec![("nosuch", "1")]),
+        (
+            "a parameter read at server start",
+            vec![("options", "-c shared_buffers=1MB")],
+        ),
+        (
+            "a parameter of the configuration file",
+            vec![("options", "-c wal_keep_size=1")],
+        ),
+        ("a parameter fixed at build", vec![("server_version", "1")]),
+        ("an unknown switch", vec![("options", "-x")]),
+        (
+            "a word that is no switch",
+            vec![("options", "-c wal_sender_timeout=3s extra")],
+        ),
+        (
+            "a switch without a value",
+            vec![("options", "-c wal_sender_timeout")],
+        ),
+        ("a bad custom name", vec![("options", "-c my..setting=1")]),
+        (
+            "a wal_sender_timeout that is no number",
+            vec![("options", "-c wal_sender_timeout=abc")],
+        ),
+        (
+            "a wal_sender_timeout of an unknown unit",
+            vec![("options", "-c wal_sender_timeout=5x")],
+        ),
+        (
+            "a negative wal_sender_timeout",
+            vec![("options", "-c wal_sender_timeout=-5")],
+        ),
+        (
+            "a wal_sender_timeout beyond an integer",
+            vec![("options", "-c wal_sender_timeout=9999999999")],
+        ),
+    ];
+    let mut differ = Vec::new();
+    for (what, params) in &cases {
+        let theirs = answer(pg.addr(), "postgres", params);
+        let ours = answer(node.addr(), "u", params);
+        eprintln!("{what}:\n  pg: {theirs:?}\n  ws: {ours:?}");
+        assert!(
+            theirs.iter().any(|m| m.starts_with("Authentication")),
+            "{what}: PostgreSQL authenticated the client first"
+        );
+        if ours != theirs {
+            differ.push(*what);
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "walserver differs from PostgreSQL 15 on: {differ:?}"
+    );
+
+    // The client's timeout is the one that holds: silent while streaming, it gets a keepalive
+    // asking for a reply, then the close, a second or so later rather than a minute.
+    let mut c = PgConn::raw(node.addr());
+    c.send_startup(StartupPacket::startup([
+        ("user", "u"),
+        ("replication", "true"),
+        ("options", "-c wal_sender_timeout=1s"),
+    ]));
+    c.until_ready();
+    let start = c.client.identify_system().expect("IDENTIFY_SYSTEM").xlogpos;
+    c.start_replication(start);
+    let since = Instant::now();
+    let out = answers(&mut c, &|m| match m {
+        BackendMessage::XLogData(_) => None,
+        BackendMessage::PrimaryKeepalive(k) => {
+            Some(format!("keepalive, reply requested: {}", k.reply_requested))
+        }
+        m => Some(format!("{m:?}")),
+    });
+    let took = since.elapsed();
+    assert_eq!(out, ["keepalive, reply requested: true", "closed"]);
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_secs(20),
+        "closed after {took:?}"
+    );
+}

@@ -16,6 +16,9 @@
 //!   up to ReadyForQuery) as a sans-I/O state machine, with libpq's `sslmode` attempts.
 //! - [`tls`]: rustls configurations for both sides, with libpq's `sslmode` meanings.
 //! - [`conninfo`]: libpq connection strings (`key=value` and `postgresql://` URIs).
+//! - [`client_settings`]: the configuration parameters a client sets in its startup packet
+//!   (`options` and the other parameters), read and refused as PostgreSQL 15 does, against
+//!   its table of parameters ([`pg15_parameters`]).
 //!
 //! What it does not own: sockets, timers, actors, or any decision about what to answer. There
 //! is no network I/O here; callers drive the codecs and [`client::ClientHandshake`] over
@@ -66,11 +69,13 @@
 
 pub mod auth;
 pub mod client;
+pub mod client_settings;
 pub mod codec;
 pub mod command;
 pub mod conninfo;
 mod error;
 pub mod messages;
+pub mod pg15_parameters;
 pub mod results;
 #[cfg(test)]
 mod test_util;

@@ -128,11 +128,14 @@ impl WalSender {
         }));
         self.frames = Some(frames);
         let settings = self.shared.settings();
-        self.session = Some(Session::new(
-            self.shared.wal.clone(),
-            settings.session.clone(),
-            est.status,
-        ));
+        self.session = Some(
+            Session::new(
+                self.shared.wal.clone(),
+                settings.session.clone(),
+                est.status,
+            )
+            .with_client_settings(est.identity.settings),
+        );
         // Through the thread's relay: a flush wakes this thread once for all its walsenders.
         ctx.add_stream(WatchStream::from_changes(actor_util::relayed(
             self.shared.wal.subscribe(),

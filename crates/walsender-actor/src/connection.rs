@@ -143,6 +143,10 @@ pub async fn handshake(
                 return fail(&mut io, f).await;
             }
             Step::Close => return Err(Ended::Closed),
+            Step::Refused(msgs, f) => {
+                send(&mut io, &msgs).await?;
+                return fail(&mut io, f).await;
+            }
             Step::Authenticated(msgs, identity) => {
                 send(&mut io, &msgs).await?;
                 let status =

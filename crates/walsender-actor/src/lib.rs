@@ -15,8 +15,9 @@
 //!
 //! The protocol logic is in plain state machines the actors wrap: [`startup::Handshake`] (SSL
 //! negotiation and authentication; over TLS it offers SCRAM-SHA-256-PLUS when [`ServerTls`]
-//! carries the certificate's channel binding data) and [`session::Session`] (commands and
-//! streaming). They do
+//! carries the certificate's channel binding data; the parameters the client sets when it
+//! connects are read by `protocol_codec::client_settings` as PostgreSQL 15 reads them) and
+//! [`session::Session`] (commands and streaming). They do
 //! no I/O, so their tests need no sockets. The session sees storage only through a
 //! [`session::StorageView`] (what storage keeps in memory: the durable end, the timeline
 //! history, the slot table) and returns what touches files as effects (WAL to read or locate,
@@ -26,7 +27,8 @@
 //!
 //! How a walsender stops:
 //! - normally, when the client sends Terminate or closes the socket;
-//! - on error: a FATAL (protocol violation, failed authentication, `max_wal_senders` reached)
+//! - on error: a FATAL (protocol violation, failed authentication, a parameter the client may
+//!   not set, `max_wal_senders` reached)
 //!   is sent and the connection closed; an ERROR in a command (or inside COPY) is sent with
 //!   ReadyForQuery and the connection stays;
 //! - on `wal_sender_timeout`, after a keepalive at half of it went unanswered;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use protocol_codec::auth::{self, AuthError, ScramReply, ScramServer};
+use protocol_codec::client_settings::ClientSettings;
 use protocol_codec::messages::{
     parse_password, parse_sasl_initial_response, parse_sasl_response, ReplicationMode,
 };
@@ -34,6 +35,8 @@ pub struct ClientIdentity {
     pub application_name: String,
     pub client_encoding: Option<String>,
     pub tls: bool,
+    /// The configuration parameters the client set in its startup packet.
+    pub settings: ClientSettings,
 }
 
 /// What the driver must do next.
@@ -49,6 +52,10 @@ pub enum Step {
     Authenticated(Vec<BackendMessage>, ClientIdentity),
     /// Send this FATAL and close.
     Fatal(ErrorFields),
+    /// Authentication succeeded but the client's parameters are refused: send these messages
+    /// (the end of the exchange, including AuthenticationOk), then the FATAL, and close, as
+    /// PostgreSQL reads a client's parameters only once it has authenticated it.
+    Refused(Vec<BackendMessage>, ErrorFields),
     /// Close without a word (a CancelRequest, which walserver does not act on).
     Close,
 }
@@ -77,6 +84,8 @@ pub struct Handshake {
     channel_binding: Option<Vec<u8>>,
     state: State,
     identity: Option<ClientIdentity>,
+    /// Why the client's parameters are refused, told once it has authenticated.
+    settings_refused: Option<ErrorFields>,
     /// A NegotiateProtocolVersion to send before the authentication request.
     negotiation: Option<BackendMessage>,
 }
@@ -91,6 +100,7 @@ impl Handshake {
             channel_binding: None,
             state: State::Startup,
             identity: None,
+            settings_refused: None,
             negotiation: None,
         }
     }
@@ -160,11 +170,22 @@ impl Handshake {
                 "no PostgreSQL user name specified in startup packet",
             ));
         };
+        // Read now, refused (if at all) after authentication, as PostgreSQL does.
+        let settings = match &startup {
+            StartupPacket::Startup { params, .. } => ClientSettings::from_startup(params),
+            _ => Ok(ClientSettings::default()),
+        };
+        let (settings, refusal) = match settings {
+            Ok(s) => (s, None),
+            Err(e) => (ClientSettings::default(), Some(e)),
+        };
+        self.settings_refused = refusal;
         let identity = ClientIdentity {
             user: user.to_string(),
-            application_name: startup.application_name().unwrap_or("").to_string(),
-            client_encoding: startup.param("client_encoding").map(str::to_string),
+            application_name: settings.get("application_name").unwrap_or("").to_string(),
+            client_encoding: settings.get("client_encoding").map(str::to_string),
             tls: self.tls,
+            settings,
         };
         self.identity = Some(identity);
         match startup.replication() {
@@ -398,6 +419,10 @@ impl Handshake {
             .clone()
             .expect("identity is set before authentication");
         identity.tls = self.tls;
+        if let Some(refusal) = self.settings_refused.take() {
+            tracing::info!(user = %identity.user, peer = %self.peer, "connection refused: {}", refusal.message().unwrap_or_default());
+            return Step::Refused(out, refusal);
+        }
         Step::Authenticated(out, identity)
     }
 
@@ -522,6 +547,52 @@ mod tests {
             Step::Fatal(f) => f.get(ErrorFields::CODE).unwrap_or(""),
             other => panic!("expected FATAL, got {other:?}"),
         }
+    }
+
+    /// A client's parameters are refused only once it has authenticated, as PostgreSQL
+    /// refuses them: a wrong password is told first, and a right one gets AuthenticationOk
+    /// before the FATAL.
+    #[test]
+    fn client_parameters_are_refused_after_authentication() {
+        let with_options = |options: &str| {
+            StartupPacket::startup([
+                ("user", "repl"),
+                ("replication", "true"),
+                ("options", options),
+            ])
+        };
+        let mut hs = Handshake::new(settings(AuthMethod::Trust, &[]), localhost());
+        let Step::Refused(msgs, f) = hs.on_packet(with_options("-c nosuch=1")) else {
+            panic!("not refused")
+        };
+        assert_eq!(msgs, vec![BackendMessage::Authentication(AuthRequest::Ok)]);
+        assert_eq!(
+            f.code().map(|c| c.as_str().to_string()),
+            Some("42704".into())
+        );
+
+        let s = settings(AuthMethod::Password, &[("repl", make_scram_verifier("pw"))]);
+        let mut hs = Handshake::new(s, localhost());
+        assert!(matches!(
+            hs.on_packet(with_options("-c nosuch=1")),
+            Step::Send(_)
+        ));
+        let wrong = hs.on_message(FrontendMessage::PasswordMessage(Bytes::from_static(
+            b"bad\0",
+        )));
+        assert_eq!(fatal_code(&wrong), "28P01");
+
+        let mut hs = Handshake::new(settings(AuthMethod::Trust, &[]), localhost());
+        let Step::Authenticated(_, id) = hs.on_packet(with_options(
+            "-c wal_sender_timeout=2s -c application_name=a",
+        )) else {
+            panic!("refused")
+        };
+        assert_eq!(
+            id.settings.wal_sender_timeout,
+            Some(std::time::Duration::from_secs(2))
+        );
+        assert_eq!(id.application_name, "a");
     }
 
     #[test]

@@ -157,25 +157,8 @@ mod tests {
     }
 }
 
-/// A duration as PostgreSQL's SHOW prints a time setting: the largest unit that divides it
-/// evenly (`1min`, `10s`, `250ms`), and `0` for zero.
-pub fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms == 0 {
-        return "0".to_string();
-    }
-    for (unit, size) in [
-        ("d", 86_400_000u128),
-        ("h", 3_600_000),
-        ("min", 60_000),
-        ("s", 1000),
-    ] {
-        if ms.is_multiple_of(size) {
-            return format!("{}{unit}", ms / size);
-        }
-    }
-    format!("{ms}ms")
-}
+/// A duration as PostgreSQL's SHOW prints one kept in milliseconds: `1min`, `10s`, `1500ms`, `0`.
+pub use protocol_codec::client_settings::format_ms as format_duration;
 
 /// A size as PostgreSQL's SHOW prints a memory setting: `16MB`, `1GB`, `8kB`, `0`.
 pub fn format_size(bytes: u64) -> String {

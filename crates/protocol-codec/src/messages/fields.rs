@@ -24,6 +24,7 @@ impl SqlState {
     pub const TOO_MANY_CONNECTIONS: SqlState = SqlState(*b"53300");
     pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState(*b"55000");
     pub const OBJECT_IN_USE: SqlState = SqlState(*b"55006");
+    pub const CANT_CHANGE_RUNTIME_PARAM: SqlState = SqlState(*b"55P02");
     pub const QUERY_CANCELED: SqlState = SqlState(*b"57014");
     pub const ADMIN_SHUTDOWN: SqlState = SqlState(*b"57P01");
     pub const UNDEFINED_FILE: SqlState = SqlState(*b"58P01");

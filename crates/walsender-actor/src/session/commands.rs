@@ -9,7 +9,6 @@ use std::time::Instant;
 use protocol_codec::command::{parse_command, validate_slot_name, ReplicationCommand};
 use protocol_codec::{results, ErrorFields, SqlState};
 
-use super::show;
 use super::{Mode, Output, Session, StorageDone, StorageOp, StorageView};
 
 impl<S: StorageView> Session<S> {
@@ -49,7 +48,7 @@ impl<S: StorageView> Session<S> {
                 );
                 self.ready(out);
             }
-            ReplicationCommand::Show { name } => match show::answer(&self.config.show, &name) {
+            ReplicationCommand::Show { name } => match self.show(&name) {
                 Ok(msgs) => {
                     out.extend(msgs.into_iter().map(Output::Msg));
                     self.ready(out);

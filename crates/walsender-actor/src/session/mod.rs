@@ -25,6 +25,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use protocol_codec::client_settings::ClientSettings;
 use protocol_codec::messages::{unexpected_copy_data, TransactionStatus, XLogData};
 use protocol_codec::{BackendMessage, ErrorFields, FrontendMessage, SqlState};
 use wal_storage::{Lsn, PgTimestamp, SlotGuard, TimelineId, WalFileRange, WalPosition};
@@ -164,6 +165,8 @@ enum Mode {
 pub struct Session<S: StorageView> {
     storage: S,
     config: Arc<SessionConfig>,
+    /// What the client set when it connected; its values outlive a reload of `config`.
+    client: ClientSettings,
     mode: Mode,
     /// The newest flushed position and timeline the session has been told of.
     position: WalPosition,
@@ -186,6 +189,7 @@ impl<S: StorageView> Session<S> {
             pid,
             storage,
             config,
+            client: ClientSettings::default(),
             mode: Mode::Idle,
             position,
             status,
@@ -203,6 +207,24 @@ impl<S: StorageView> Session<S> {
 
     pub fn set_config(&mut self, config: Arc<SessionConfig>) {
         self.config = config;
+    }
+
+    /// The parameters the client set when it connected.
+    pub fn with_client_settings(mut self, client: ClientSettings) -> Session<S> {
+        self.client = client;
+        self
+    }
+
+    /// The connection's `wal_sender_timeout`: the client's, else the node's.
+    fn wal_sender_timeout(&self) -> Duration {
+        self.client
+            .wal_sender_timeout
+            .unwrap_or(self.config.wal_sender_timeout)
+    }
+
+    /// The answer to `SHOW name`: what the client set, else what the node shows.
+    fn show(&self, name: &str) -> Result<Vec<BackendMessage>, ErrorFields> {
+        show::answer_for(&self.client, &self.config.show, name)
     }
 
     pub fn is_closed(&self) -> bool {

@@ -3,10 +3,30 @@
 //! The values are the node's: facts of its storage that PostgreSQL 15's clients ask for
 //! ([`base_show_values`]), with the configured ones laid over them ([`merge_show_values`]).
 //! The supervisor builds the list once per configuration; the session only looks names up in
-//! it ([`answer`]), case-insensitively as PostgreSQL does.
+//! it ([`answer`]), case-insensitively as PostgreSQL does, after the parameters the client set
+//! when it connected ([`answer_for`]).
 
+use protocol_codec::client_settings::{format_ms, ClientSettings};
 use protocol_codec::{results, BackendMessage, ErrorFields, SqlState};
 use wal_storage::WalFormat;
+
+/// The answer to `SHOW name` on a connection whose client set `client`: the client's value if
+/// it set one (`wal_sender_timeout` in PostgreSQL's form), else the node's from `values`.
+pub(super) fn answer_for(
+    client: &ClientSettings,
+    values: &[(String, String)],
+    name: &str,
+) -> Result<Vec<BackendMessage>, ErrorFields> {
+    if name.eq_ignore_ascii_case("wal_sender_timeout") {
+        if let Some(t) = client.wal_sender_timeout {
+            return Ok(results::show("wal_sender_timeout", &format_ms(t)));
+        }
+    }
+    match client.get(name) {
+        Some(value) => Ok(results::show(name, value)),
+        None => answer(values, name),
+    }
+}
 
 /// The SHOW values every walserver node answers, from facts of its storage: what PostgreSQL
 /// 15's clients ask for (pg_receivewal: `wal_segment_size`, `data_directory_mode`) and what
@@ -20,6 +40,7 @@ pub fn base_show_values(segment_size: u64, wal_format: WalFormat) -> Vec<(String
     [
         ("wal_segment_size", size.as_str()),
         ("data_directory_mode", "0700"),
+        ("application_name", ""),
         ("server_version", protocol_codec::SERVER_VERSION),
         ("server_version_num", "150000"),
         ("server_encoding", "UTF8"),

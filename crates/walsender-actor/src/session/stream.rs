@@ -357,7 +357,7 @@ impl<S: StorageView> Session<S> {
 
     /// When the next timer should fire, if any.
     pub fn next_deadline(&self) -> Option<Instant> {
-        let timeout = self.config.wal_sender_timeout;
+        let timeout = self.wal_sender_timeout();
         let streaming = match &self.mode {
             Mode::Streaming(s) if !timeout.is_zero() => Some(if s.waiting_for_ping {
                 s.last_reply + timeout
@@ -383,7 +383,7 @@ impl<S: StorageView> Session<S> {
                 return self.fatal(admin_shutdown(), out);
             }
         }
-        let timeout = self.config.wal_sender_timeout;
+        let timeout = self.wal_sender_timeout();
         let Mode::Streaming(stream) = &mut self.mode else {
             return;
         };

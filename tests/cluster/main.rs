@@ -12,6 +12,7 @@ mod cli;
 #[path = "../common/mod.rs"]
 mod common;
 mod failover;
+mod hosts;
 mod lessons;
 mod logs;
 mod records;

@@ -240,3 +240,40 @@ fn a_standby_relaying_postgresql_refuses_promotion_and_appends() {
     w.wait_flushed(TL1, flush_lsn(&pg));
     assert_eq!(w.status().role, supervisor_actor::NodeRole::Standby);
 }
+
+/// A walserver standby given a host list of a PostgreSQL 15 primary and its PostgreSQL
+/// standby settles where `target_session_attrs` says, from what the real servers report
+/// (`in_hot_standby`): `read-write` passes over the PostgreSQL standby listed first and
+/// streams from the primary; `standby` passes over the primary listed first and streams from
+/// the PostgreSQL standby.
+#[test]
+fn a_host_list_of_postgresql_servers_settles_where_target_session_attrs_says() {
+    let pg = pg_primary();
+    let pg_standby = PgCluster::init_standby_from(&pg, None, &PgOptions::default());
+    assert_eq!(pg_standby.psql("SELECT pg_is_in_recovery()"), "t");
+    write_load(&pg, 0, 1_000);
+    let target = flush_lsn(&pg);
+    for (attrs, first, second, expected) in [
+        ("read-write", &pg_standby, &pg, pg.port()),
+        ("standby", &pg, &pg_standby, pg_standby.port()),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let conninfo = format!(
+            "host=127.0.0.1,127.0.0.1 port={},{} user=postgres application_name=w_{} target_session_attrs={attrs}",
+            first.port(),
+            second.port(),
+            attrs.replace('-', "_"),
+        );
+        walserver_node::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
+            .expect("init_standby from a host list");
+        let w = TestNode::start_in(dir, "wal_keep_size = \"1GB\"\n");
+        let info = w.wait_receiver(&format!("{attrs}: streaming"), |_| true);
+        assert_eq!(
+            info.status.as_ref().and_then(|s| s.sender_port),
+            Some(expected),
+            "{attrs}: the server it settled on"
+        );
+        wait_replayed(&pg_standby, target);
+        w.wait_flushed(TL1, target);
+    }
+}

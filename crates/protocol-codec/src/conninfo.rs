@@ -13,8 +13,12 @@
 //! `target_session_attrs`, ...) are kept in [`ConnInfo::other`] rather than refused, because
 //! a `primary_conninfo` copied from a PostgreSQL standby often carries some; the caller should
 //! warn that they are ignored ([`ConnInfo::ignored_options`]). A key libpq does not know is an
-//! error, as it is in libpq. A host list (`host=a,b`) is refused: walserver connects to one
-//! upstream.
+//! error, as it is in libpq.
+//!
+//! A host list (`host=a,b port=5432,5433`, or `postgresql://a:5432,b:5433/`) names upstreams
+//! to try in order, as libpq tries them ([`ConnInfo::targets`]): one port for all hosts or one
+//! per host, an empty entry meaning the default; `target_session_attrs` says which server to
+//! settle on ([`TargetSessionAttrs`]).
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -28,10 +32,12 @@ pub const DEFAULT_PORT: u16 = 5432;
 /// A parsed connection string.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnInfo {
-    /// Host name or IP address; `None` means libpq's default, which for walserver (no Unix
-    /// sockets) is `localhost`: see [`ConnInfo::host_or_default`].
+    /// Host names or IP addresses, comma-separated, as given; `None` means libpq's default,
+    /// which for walserver (no Unix sockets) is `localhost`. See [`ConnInfo::targets`].
     pub host: Option<String>,
-    pub port: u16,
+    /// Ports: none (5432 for every host), one for every host, or one per host; 5432 where an
+    /// entry was empty.
+    pub port: Vec<u16>,
     pub user: Option<String>,
     pub password: Option<String>,
     pub dbname: Option<String>,
@@ -47,6 +53,8 @@ pub struct ConnInfo {
     pub connect_timeout: Option<u32>,
     /// Command-line options for the server (`-c name=value ...`).
     pub options: Option<String>,
+    /// Which of the hosts to settle on.
+    pub target_session_attrs: TargetSessionAttrs,
     /// Other keys libpq knows but walserver does not use, in the order given.
     pub other: Vec<(String, String)>,
 }
@@ -55,7 +63,7 @@ impl Default for ConnInfo {
     fn default() -> ConnInfo {
         ConnInfo {
             host: None,
-            port: DEFAULT_PORT,
+            port: Vec::new(),
             user: None,
             password: None,
             dbname: None,
@@ -67,8 +75,97 @@ impl Default for ConnInfo {
             channel_binding: ChannelBinding::Prefer,
             connect_timeout: None,
             options: None,
+            target_session_attrs: TargetSessionAttrs::Any,
             other: Vec::new(),
         }
+    }
+}
+
+/// One upstream of a connection string: a host and its port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// libpq's `target_session_attrs`: which server of a host list a connection settles on. The
+/// hosts are tried in order and the first that suits is kept; `prefer-standby` takes the
+/// first standby, else the first server that answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TargetSessionAttrs {
+    /// The first server that accepts the connection (the default).
+    #[default]
+    Any,
+    /// A server that accepts writes: not in hot standby, `default_transaction_read_only` off.
+    ReadWrite,
+    /// A server in hot standby or read-only by default.
+    ReadOnly,
+    /// A server not in hot standby.
+    Primary,
+    /// A server in hot standby.
+    Standby,
+    /// A standby if any host is one, else any server.
+    PreferStandby,
+}
+
+impl TargetSessionAttrs {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TargetSessionAttrs::Any => "any",
+            TargetSessionAttrs::ReadWrite => "read-write",
+            TargetSessionAttrs::ReadOnly => "read-only",
+            TargetSessionAttrs::Primary => "primary",
+            TargetSessionAttrs::Standby => "standby",
+            TargetSessionAttrs::PreferStandby => "prefer-standby",
+        }
+    }
+
+    /// Whether a server that reported `in_hot_standby` and `default_transaction_read_only`
+    /// (ParameterStatus; absent counts as `off`) suits; if not, libpq's words for why. With
+    /// `prefer-standby`, `standby_pass` is the first pass over the hosts, which takes only
+    /// standbys.
+    pub fn check(
+        &self,
+        in_hot_standby: Option<&str>,
+        default_read_only: Option<&str>,
+        standby_pass: bool,
+    ) -> Result<(), &'static str> {
+        let on = |v: Option<&str>| v == Some("on");
+        let standby = on(in_hot_standby);
+        let read_only = standby || on(default_read_only);
+        match self {
+            TargetSessionAttrs::Any => Ok(()),
+            TargetSessionAttrs::ReadWrite if read_only => Err("session is read-only"),
+            TargetSessionAttrs::ReadOnly if !read_only => Err("session is not read-only"),
+            TargetSessionAttrs::Primary if standby => Err("server is in hot standby mode"),
+            TargetSessionAttrs::Standby if !standby => Err("server is not in hot standby mode"),
+            TargetSessionAttrs::PreferStandby if standby_pass && !standby => {
+                Err("server is not in hot standby mode")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl FromStr for TargetSessionAttrs {
+    type Err = ConnInfoError;
+
+    fn from_str(s: &str) -> Result<Self, ConnInfoError> {
+        Ok(match s {
+            "any" => TargetSessionAttrs::Any,
+            "read-write" => TargetSessionAttrs::ReadWrite,
+            "read-only" => TargetSessionAttrs::ReadOnly,
+            "primary" => TargetSessionAttrs::Primary,
+            "standby" => TargetSessionAttrs::Standby,
+            "prefer-standby" => TargetSessionAttrs::PreferStandby,
+            other => return Err(ConnInfoError::InvalidTargetSessionAttrs(other.to_string())),
+        })
     }
 }
 
@@ -89,8 +186,10 @@ pub enum ConnInfoError {
     InvalidSslMode(String),
     #[error("invalid channel_binding value: \"{0}\"")]
     InvalidChannelBinding(String),
-    #[error("multiple hosts are not supported: \"{0}\"")]
-    MultipleHosts(String),
+    #[error("could not match {ports} port numbers to {hosts} hosts")]
+    PortsDoNotMatchHosts { ports: usize, hosts: usize },
+    #[error("invalid target_session_attrs value: \"{0}\"")]
+    InvalidTargetSessionAttrs(String),
     #[error("invalid URI query parameter: \"{0}\"")]
     InvalidUriParameter(String),
     #[error("missing key/value separator \"=\" in URI query parameter: \"{0}\"")]
@@ -132,7 +231,6 @@ const OTHER_LIBPQ_KEYS: &[&str] = &[
     "krbsrvname",
     "gsslib",
     "gssdelegation",
-    "target_session_attrs",
     "require_auth",
     "sslcertmode",
     "load_balance_hosts",
@@ -153,12 +251,48 @@ impl ConnInfo {
                 info.set(&k, v)?;
             }
         }
+        info.targets()?;
         Ok(info)
     }
 
-    /// The host to connect to: the given one, or `localhost`.
-    pub fn host_or_default(&self) -> &str {
-        self.host.as_deref().unwrap_or("localhost")
+    /// The upstreams to try, in order: each host with its port, `localhost` for a host left
+    /// empty and 5432 for a port left empty; an error when there are several ports and not one
+    /// per host, as libpq refuses that.
+    pub fn targets(&self) -> Result<Vec<Target>, ConnInfoError> {
+        let hosts: Vec<&str> = match self.host.as_deref() {
+            None | Some("") => vec![""],
+            Some(h) => h.split(',').collect(),
+        };
+        let port = |i: usize| match self.port.len() {
+            0 => Ok(DEFAULT_PORT),
+            1 => Ok(self.port[0]),
+            n if n == hosts.len() => Ok(self.port[i]),
+            n => Err(ConnInfoError::PortsDoNotMatchHosts {
+                ports: n,
+                hosts: hosts.len(),
+            }),
+        };
+        hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                Ok(Target {
+                    host: if h.is_empty() { "localhost" } else { h }.to_string(),
+                    port: port(i)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The first upstream to try (the only one of a connection string without a host list).
+    pub fn first_target(&self) -> Target {
+        self.targets()
+            .ok()
+            .and_then(|t| t.into_iter().next())
+            .unwrap_or(Target {
+                host: "localhost".into(),
+                port: DEFAULT_PORT,
+            })
     }
 
     /// The libpq keys given that walserver ignores, for a warning.
@@ -170,13 +304,15 @@ impl ConnInfo {
         let path = |v: String| (!v.is_empty()).then(|| PathBuf::from(v));
         let text = |v: String| (!v.is_empty()).then_some(v);
         match key {
-            "host" => {
-                if value.contains(',') {
-                    return Err(ConnInfoError::MultipleHosts(value));
+            "host" => self.host = text(value),
+            "port" => {
+                self.port = if value.is_empty() {
+                    Vec::new()
+                } else {
+                    value.split(',').map(parse_port).collect::<Result<_, _>>()?
                 }
-                self.host = text(value);
             }
-            "port" => self.port = parse_port(&value)?,
+            "target_session_attrs" => self.target_session_attrs = value.parse()?,
             "user" => self.user = text(value),
             "password" => self.password = Some(value),
             "dbname" => self.dbname = text(value),
@@ -246,35 +382,19 @@ impl ConnInfo {
             }
             None => authority,
         };
-        let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
-            let close = v6
-                .find(']')
-                .ok_or_else(|| ConnInfoError::UnterminatedIpv6(uri.to_string()))?;
-            let after = &v6[close + 1..];
-            let port = match after.strip_prefix(':') {
-                Some(p) => Some(p),
-                None if after.is_empty() => None,
-                None => {
-                    let ch = after.chars().next().unwrap_or(' ');
-                    return Err(ConnInfoError::UnexpectedUriCharacter {
-                        ch,
-                        position: uri.len() - rest.len() + 1 + close + 2,
-                        uri: uri.to_string(),
-                    });
-                }
-            };
-            (v6[..close].to_string(), port)
-        } else {
-            match hostport.split_once(':') {
-                Some((h, p)) => (percent_decode(h)?, Some(p)),
-                None => (percent_decode(hostport)?, None),
-            }
-        };
-        if !host.is_empty() {
-            self.set("host", host)?;
+        // A host list, `h1:p1,h2:p2`, becomes `host=h1,h2 port=p1,p2` as in libpq.
+        let mut hosts = Vec::new();
+        let mut ports = Vec::new();
+        for element in hostport.split(',') {
+            let (host, port) = uri_host(uri, element)?;
+            hosts.push(host);
+            ports.push(port.map(percent_decode).transpose()?.unwrap_or_default());
         }
-        if let Some(p) = port.filter(|p| !p.is_empty()) {
-            self.set("port", percent_decode(p)?)?;
+        if hosts.iter().any(|h| !h.is_empty()) {
+            self.set("host", hosts.join(","))?;
+        }
+        if ports.iter().any(|p| !p.is_empty()) {
+            self.set("port", ports.join(","))?;
         }
         if let Some(db) = path.filter(|p| !p.is_empty()) {
             self.set("dbname", percent_decode(db)?)?;
@@ -313,7 +433,8 @@ impl ConnInfo {
         };
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
         add("host", self.host.clone());
-        add("port", Some(self.port.to_string()));
+        let ports: Vec<String> = self.port.iter().map(u16::to_string).collect();
+        add("port", (!ports.is_empty()).then(|| ports.join(",")));
         add("user", self.user.clone());
         add("dbname", self.dbname.clone());
         add("application_name", self.application_name.clone());
@@ -332,6 +453,12 @@ impl ConnInfo {
             self.connect_timeout.map(|t| t.to_string()),
         );
         add("options", self.options.clone());
+        if self.target_session_attrs != TargetSessionAttrs::Any {
+            add(
+                "target_session_attrs",
+                Some(self.target_session_attrs.as_str().to_string()),
+            );
+        }
         let mut out: Vec<String> = parts
             .into_iter()
             .map(|(k, v)| format!("{k}={}", quote_value(&v)))
@@ -398,12 +525,38 @@ fn quote_value(v: &str) -> String {
     q
 }
 
+/// One `host[:port]` of a URI's host list, `element` a slice of `uri`: the host
+/// percent-decoded (an IPv6 address in brackets taken as it is) and the port's text.
+fn uri_host<'a>(uri: &str, element: &'a str) -> Result<(String, Option<&'a str>), ConnInfoError> {
+    let Some(v6) = element.strip_prefix('[') else {
+        return Ok(match element.split_once(':') {
+            Some((h, p)) => (percent_decode(h)?, Some(p)),
+            None => (percent_decode(element)?, None),
+        });
+    };
+    let close = v6
+        .find(']')
+        .ok_or_else(|| ConnInfoError::UnterminatedIpv6(uri.to_string()))?;
+    let after = &v6[close + 1..];
+    let port = match after.strip_prefix(':') {
+        Some(p) => Some(p),
+        None if after.is_empty() => None,
+        None => {
+            // libpq counts positions from 1.
+            let at = element.as_ptr() as usize - uri.as_ptr() as usize;
+            return Err(ConnInfoError::UnexpectedUriCharacter {
+                ch: after.chars().next().unwrap_or(' '),
+                position: at + close + 3,
+                uri: uri.to_string(),
+            });
+        }
+    };
+    Ok((v6[..close].to_string(), port.filter(|p| !p.is_empty())))
+}
+
 fn parse_port(value: &str) -> Result<u16, ConnInfoError> {
     if value.is_empty() {
         return Ok(DEFAULT_PORT);
-    }
-    if value.contains(',') {
-        return Err(ConnInfoError::MultipleHosts(value.to_string()));
     }
     value
         .trim()
@@ -505,7 +658,7 @@ mod tests {
             "host=127.0.0.1 port=5433 user=repl password=secret application_name=s1 sslmode=verify-full sslrootcert=/r.crt connect_timeout=10",
             ConnInfo {
                 host: Some("127.0.0.1".into()),
-                port: 5433,
+                port: vec![5433],
                 user: Some("repl".into()),
                 password: Some("secret".into()),
                 application_name: Some("s1".into()),
@@ -536,7 +689,7 @@ mod tests {
         check(
             "port=1 port=2",
             ConnInfo {
-                port: 2,
+                port: vec![2],
                 ..ConnInfo::default()
             },
         );
@@ -547,8 +700,80 @@ mod tests {
             .to_string_without_password()
             .contains("channel_binding=require"));
         assert_eq!(ConnInfo::default().channel_binding, ChannelBinding::Prefer);
-        assert_eq!(ConnInfo::default().host_or_default(), "localhost");
+        assert_eq!(
+            ConnInfo::default().targets(),
+            Ok(vec![Target {
+                host: "localhost".into(),
+                port: 5432
+            }])
+        );
         assert_eq!(ConnInfo::default().sslmode, SslMode::Prefer);
+    }
+
+    fn targets(s: &str) -> Vec<String> {
+        ConnInfo::parse(s)
+            .expect("parses")
+            .targets()
+            .expect("targets")
+            .iter()
+            .map(Target::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn host_lists_are_tried_as_libpq_tries_them() {
+        assert_eq!(targets("host=a,b"), ["a:5432", "b:5432"]);
+        assert_eq!(targets("host=a,b port=5433"), ["a:5433", "b:5433"]);
+        assert_eq!(
+            targets("host=a,,c port=1,,3"),
+            ["a:1", "localhost:5432", "c:3"]
+        );
+        assert_eq!(targets("port=7"), ["localhost:7"]);
+        assert_eq!(
+            targets("postgresql://a:1,[::1]:2,c/db"),
+            ["a:1", "::1:2", "c:5432"]
+        );
+        assert_eq!(targets("postgresql://a,b/?port=9"), ["a:9", "b:9"]);
+        let info = ConnInfo::parse("host=a,b port=1,2 target_session_attrs=read-write").unwrap();
+        assert_eq!(info.target_session_attrs, TargetSessionAttrs::ReadWrite);
+        assert_eq!(info.ignored_options().count(), 0);
+        let shown = info.to_string_without_password();
+        assert_eq!(
+            shown,
+            "host=a,b port=1,2 sslmode=prefer target_session_attrs=read-write"
+        );
+        assert_eq!(ConnInfo::parse(&shown).unwrap(), info);
+    }
+
+    #[test]
+    fn target_session_attrs_decide_as_libpq_does() {
+        use TargetSessionAttrs::*;
+        let primary = (Some("off"), Some("off"));
+        let read_only_primary = (Some("off"), Some("on"));
+        let standby = (Some("on"), Some("off"));
+        let silent = (None, None);
+        let ok = |t: TargetSessionAttrs, (h, r): (Option<&str>, Option<&str>), first: bool| {
+            t.check(h, r, first).is_ok()
+        };
+        for (t, on_primary, on_read_only, on_standby) in [
+            (Any, true, true, true),
+            (ReadWrite, true, false, false),
+            (ReadOnly, false, true, true),
+            (Primary, true, true, false),
+            (Standby, false, false, true),
+        ] {
+            assert_eq!(ok(t, primary, false), on_primary, "{t:?}");
+            assert_eq!(ok(t, read_only_primary, false), on_read_only, "{t:?}");
+            assert_eq!(ok(t, standby, false), on_standby, "{t:?}");
+            assert_eq!(ok(t, silent, false), on_primary, "{t:?}");
+        }
+        assert!(!ok(PreferStandby, primary, true));
+        assert!(ok(PreferStandby, primary, false));
+        assert!(ok(PreferStandby, standby, true));
+        assert_eq!(
+            ReadWrite.check(Some("on"), None, false),
+            Err("session is read-only")
+        );
     }
 
     #[test]
@@ -557,7 +782,7 @@ mod tests {
             "postgresql://repl:se%40cret@db.example:5433/mydb?sslmode=require&application_name=a%20b",
             ConnInfo {
                 host: Some("db.example".into()),
-                port: 5433,
+                port: vec![5433],
                 user: Some("repl".into()),
                 password: Some("se@cret".into()),
                 dbname: Some("mydb".into()),
@@ -570,7 +795,7 @@ mod tests {
             "postgres://[::1]:6000",
             ConnInfo {
                 host: Some("::1".into()),
-                port: 6000,
+                port: vec![6000],
                 ..ConnInfo::default()
             },
         );
@@ -620,7 +845,14 @@ mod tests {
             "channel_binding=always",
             "invalid channel_binding value: \"always\"",
         );
-        check_err("host=a,b", "multiple hosts are not supported: \"a,b\"");
+        check_err(
+            "host=a,b port=1,2,3",
+            "could not match 3 port numbers to 2 hosts",
+        );
+        check_err(
+            "target_session_attrs=leader",
+            "invalid target_session_attrs value: \"leader\"",
+        );
         check_err(
             "postgresql://h/?foo=1",
             "invalid URI query parameter: \"foo\"",

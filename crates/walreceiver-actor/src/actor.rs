@@ -144,8 +144,8 @@ impl WalReceiver {
             "walreceiver connected"
         );
         let status = self.session.status_mut();
-        status.sender_host = Some(self.config.conninfo.host_or_default().to_string());
-        status.sender_port = Some(self.config.conninfo.port);
+        status.sender_host = Some(conn.target.host.clone());
+        status.sender_port = Some(conn.target.port);
         let (reader, writer) = tokio::io::split(conn.io);
         let codec = ClientCodec::new().with_read_ahead(READ_AHEAD);
         let mut framed = FramedRead::new(reader, codec);

@@ -20,7 +20,7 @@ use protocol_codec::client::{
     self, AttemptFailure, ClientHandshake, Encryption, Established, StartupConfig, StartupError,
     Step,
 };
-use protocol_codec::conninfo::ConnInfo;
+use protocol_codec::conninfo::{ConnInfo, Target, TargetSessionAttrs};
 use protocol_codec::tls::{self, SslMode};
 use protocol_codec::{BackendMessage, ClientCodec, FrontendMessage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -44,6 +44,8 @@ pub struct Connection {
     /// TLS is up.
     pub session: Established,
     pub peer: SocketAddr,
+    /// The host and port of the connection string this connection reached.
+    pub target: Target,
     /// The TCP socket under `io` (and under its TLS, if any), open as long as `io` is: for
     /// socket options set while streaming.
     pub(crate) fd: Option<RawFd>,
@@ -97,36 +99,80 @@ pub fn setup_timeout(info: &ConnInfo, fallback: Option<Duration>) -> Option<Dura
     }
 }
 
-/// Connects to the upstream `info` names, within `timeout` if given.
+/// Connects to the upstream `info` names, as libpq does: each host of its list in order
+/// (`timeout`, if given, for each), settling on the first that suits its
+/// `target_session_attrs`; with `prefer-standby`, a second pass takes any server if no host
+/// was a standby. A host that cannot be reached (the TCP connection fails or times out) or
+/// does not suit leaves the next one to try; any other failure ends the attempt at once, as
+/// libpq does not try further hosts once a server has answered.
 pub async fn connect(
     info: &ConnInfo,
     application_name: &str,
     timeout: Option<Duration>,
 ) -> Result<Connection, ReceiverError> {
-    match timeout {
-        None => connect_inner(info, application_name).await,
-        Some(t) => match tokio::time::timeout(t, connect_inner(info, application_name)).await {
-            Ok(r) => r,
-            Err(_) => Err(ReceiverError::Connect {
-                addr: address(info),
-                message: format!("timeout expired after {} ms", t.as_millis()),
+    let targets = info.targets()?;
+    let tls_config = tls_config(info).await?;
+    let attrs = info.target_session_attrs;
+    let passes = if attrs == TargetSessionAttrs::PreferStandby {
+        2
+    } else {
+        1
+    };
+    let mut failures = Vec::new();
+    for pass in 0..passes {
+        for target in &targets {
+            let attempt = connect_to(info, target, application_name, tls_config.as_ref());
+            let result = match timeout {
+                None => attempt.await,
+                Some(t) => tokio::time::timeout(t, attempt).await.unwrap_or_else(|_| {
+                    Err(ReceiverError::Connect {
+                        addr: target.to_string(),
+                        message: format!("timeout expired after {} ms", t.as_millis()),
+                    })
+                }),
+            };
+            let why = match result {
+                Ok(conn) => match attrs.check(
+                    conn.param("in_hot_standby"),
+                    conn.param("default_transaction_read_only"),
+                    passes == 2 && pass == 0,
+                ) {
+                    Ok(()) => return Ok(conn),
+                    Err(why) => {
+                        conn.close().await;
+                        why.to_string()
+                    }
+                },
+                Err(ReceiverError::Connect { message, .. }) => message,
+                Err(e) => return Err(e),
+            };
+            if targets.len() > 1 {
+                tracing::info!(upstream = %target, "not connecting to this host: {why}");
+            }
+            failures.push(format!("{target}: {why}"));
+        }
+    }
+    Err(match &targets[..] {
+        [one] => ReceiverError::Connect {
+            addr: one.to_string(),
+            message: failures.pop().map_or_else(String::new, |f| {
+                f.strip_prefix(&format!("{one}: "))
+                    .unwrap_or(&f)
+                    .to_string()
             }),
         },
-    }
+        _ => ReceiverError::Connect {
+            addr: format!("any of {} hosts", targets.len()),
+            message: failures.join("; "),
+        },
+    })
 }
 
-fn address(info: &ConnInfo) -> String {
-    format!("{}:{}", info.host_or_default(), info.port)
-}
-
-async fn connect_inner(
-    info: &ConnInfo,
-    application_name: &str,
-) -> Result<Connection, ReceiverError> {
+/// The TLS configuration `info` asks for; reading its root certificate is file I/O, so it
+/// happens on the blocking pool, not the actor's thread.
+async fn tls_config(info: &ConnInfo) -> Result<Option<Arc<ClientConfig>>, ReceiverError> {
     let mode = info.sslmode;
-    let tls_config = match info.sslrootcert.clone() {
-        // Reading the root certificate is file I/O: on the blocking pool, not the actor's
-        // thread.
+    Ok(match info.sslrootcert.clone() {
         Some(root) if mode != SslMode::Disable => {
             tokio::task::spawn_blocking(move || tls::client_config(mode, Some(&root)))
                 .await
@@ -136,10 +182,21 @@ async fn connect_inner(
         }
         // Without a root certificate nothing is read.
         root => tls::client_config(mode, root.as_deref())?,
-    };
+    })
+}
+
+/// Connects to one host, with the attempts its `sslmode` makes (`prefer` tries TLS, then
+/// without).
+async fn connect_to(
+    info: &ConnInfo,
+    target: &Target,
+    application_name: &str,
+    tls_config: Option<&Arc<ClientConfig>>,
+) -> Result<Connection, ReceiverError> {
+    let mode = info.sslmode;
     let mut encryption = client::first_attempt(mode);
     loop {
-        let err = match attempt(info, application_name, encryption, tls_config.as_ref()).await {
+        let err = match attempt(info, target, application_name, encryption, tls_config).await {
             Ok(conn) => return Ok(conn),
             Err(e) => e,
         };
@@ -152,6 +209,7 @@ async fn connect_inner(
             Some(next) => {
                 if failure == AttemptFailure::Tls {
                     tracing::info!(
+                        upstream = %target,
                         "TLS with the upstream failed ({err}); trying without TLS (sslmode={mode})"
                     );
                 }
@@ -189,16 +247,17 @@ fn startup_config(info: &ConnInfo, application_name: &str) -> StartupConfig {
 /// One connection attempt: the socket and TLS I/O around [`ClientHandshake`].
 async fn attempt(
     info: &ConnInfo,
+    target: &Target,
     application_name: &str,
     encryption: Encryption,
     tls: Option<&Arc<ClientConfig>>,
 ) -> Result<Connection, ReceiverError> {
-    let host = info.host_or_default();
+    let host = target.host.as_str();
     let connect_err = |e: std::io::Error| ReceiverError::Connect {
-        addr: address(info),
+        addr: target.to_string(),
         message: e.to_string(),
     };
-    let stream = TcpStream::connect((host, info.port))
+    let stream = TcpStream::connect((host, target.port))
         .await
         .map_err(connect_err)?;
     let _ = stream.set_nodelay(true);
@@ -260,6 +319,7 @@ async fn attempt(
                     leftover: rbuf,
                     session: established,
                     peer,
+                    target: target.clone(),
                     fd: Some(fd),
                 })
             }

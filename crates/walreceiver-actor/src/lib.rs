@@ -2,8 +2,9 @@
 //!
 //! A standby runs one [`WalReceiver`] while it streams. It connects to the upstream named by
 //! `primary_conninfo` (a walserver primary or standby, or a real PostgreSQL 15 server) with
-//! libpq's rules: TLS by `sslmode`, a replication startup packet, trust, cleartext, md5 or
-//! SCRAM-SHA-256. It checks that the upstream has this node's system identifier, fetches the
+//! libpq's rules: each host of a host list in order, settling on the first that suits
+//! `target_session_attrs`; TLS by `sslmode`; a replication startup packet; trust, cleartext,
+//! md5 or SCRAM-SHA-256. It checks that the upstream has this node's system identifier, fetches the
 //! history files it lacks, and streams from its durable end on its own timeline. Every
 //! XLogData is written at its LSN, byte for byte, through a [`wal_storage::Wal`]; storage
 //! makes it durable with group commit and says so on its watch channel, which is what makes

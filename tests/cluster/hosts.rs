@@ -1,0 +1,121 @@
+//! A standby whose `primary_conninfo` names several hosts, as libpq takes them: the hosts are
+//! tried in order, a host that refuses the connection is passed over, and
+//! `target_session_attrs` decides which server to settle on (a primary for `read-write`, a
+//! standby for `standby`, the first that answers for `any`, a standby if there is one for
+//! `prefer-standby`).
+
+use std::net::SocketAddr;
+
+use crate::common::*;
+use crate::{KEEP, TL1};
+
+/// A port on 127.0.0.1 where nothing listens: one the kernel gave a listener just closed.
+fn refusing_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("address").port()
+}
+
+/// A standby of the first host of `hosts` that suits `attrs`.
+fn standby_of_any(hosts: &[SocketAddr], attrs: &str, name: &str) -> TestNode {
+    let ports: Vec<String> = hosts.iter().map(|a| a.port().to_string()).collect();
+    let list: Vec<&str> = hosts.iter().map(|_| "127.0.0.1").collect();
+    let conninfo = format!(
+        "host={} port={} user=walserver sslmode=disable application_name={name} target_session_attrs={attrs}",
+        list.join(","),
+        ports.join(",")
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    walserver_node::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
+        .expect("init_standby");
+    TestNode::start_in(dir, KEEP)
+}
+
+#[test]
+fn a_host_list_is_tried_in_order_and_target_session_attrs_choose_the_server() {
+    let primary = TestNode::primary(KEEP);
+    let middle = TestNode::standby_of(primary.addr(), "middle", KEEP);
+    let end = primary.append(3, 100, 1);
+    middle.wait_flushed(TL1, end);
+    let dead = SocketAddr::from(([127, 0, 0, 1], refusing_port()));
+
+    for (attrs, hosts, expected, who) in [
+        (
+            "read-write",
+            vec![dead, middle.addr(), primary.addr()],
+            primary.addr(),
+            "the primary",
+        ),
+        (
+            "primary",
+            vec![middle.addr(), primary.addr()],
+            primary.addr(),
+            "the primary",
+        ),
+        (
+            "standby",
+            vec![dead, primary.addr(), middle.addr()],
+            middle.addr(),
+            "the standby",
+        ),
+        (
+            "read-only",
+            vec![primary.addr(), middle.addr()],
+            middle.addr(),
+            "the standby",
+        ),
+        (
+            "any",
+            vec![dead, middle.addr(), primary.addr()],
+            middle.addr(),
+            "the first that answers",
+        ),
+        (
+            "prefer-standby",
+            vec![primary.addr(), middle.addr()],
+            middle.addr(),
+            "the standby",
+        ),
+        (
+            "prefer-standby",
+            vec![dead, primary.addr()],
+            primary.addr(),
+            "no standby: the primary",
+        ),
+    ] {
+        let name = format!("s_{}", attrs.replace('-', "_"));
+        let standby = standby_of_any(&hosts, attrs, &name);
+        let info = standby.wait_receiver(&format!("{attrs}: streaming from {who}"), |_| true);
+        let status = info.status.expect("a status while streaming");
+        assert_eq!(
+            (status.sender_host.as_deref(), status.sender_port),
+            (Some("127.0.0.1"), Some(expected.port())),
+            "{attrs} over {hosts:?}: should stream from {who} ({expected})"
+        );
+        standby.wait_flushed(TL1, end);
+    }
+}
+
+#[test]
+fn a_host_list_where_no_server_suits_is_refused_naming_every_host() {
+    let primary = TestNode::primary(KEEP);
+    let dead = SocketAddr::from(([127, 0, 0, 1], refusing_port()));
+    let conninfo = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=walserver sslmode=disable target_session_attrs=standby",
+        dead.port(),
+        primary.addr().port()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = walserver_node::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
+        .expect_err("no host is a standby");
+    // What the CLI prints: the error and its causes.
+    let text = format!("{:#}", anyhow::Error::from(e));
+    for want in [
+        format!("127.0.0.1:{}: ", dead.port()),
+        format!(
+            "127.0.0.1:{}: server is not in hot standby mode",
+            primary.addr().port()
+        ),
+    ] {
+        assert!(text.contains(&want), "{want:?} in {text}");
+    }
+}

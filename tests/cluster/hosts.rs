@@ -2,7 +2,7 @@
 //! tried in order, a host that refuses the connection is passed over, and
 //! `target_session_attrs` decides which server to settle on (a primary for `read-write`, a
 //! standby for `standby`, the first that answers for `any`, a standby if there is one for
-//! `prefer-standby`).
+//! `prefer-standby`). And the replication connection's TCP keepalives, on both of its ends.
 
 use std::net::SocketAddr;
 
@@ -118,4 +118,52 @@ fn a_host_list_where_no_server_suits_is_refused_naming_every_host() {
     ] {
         assert!(text.contains(&want), "{want:?} in {text}");
     }
+}
+
+/// The timer column (`tr`) of the IPv4 TCP socket from `local` to `remote` port on
+/// 127.0.0.1, from `/proc/net/tcp`: 2 while the keepalive timer runs on an idle connection,
+/// 0 when no timer does, 1 while data waits for acknowledgement.
+fn tcp_timer(local: u16, remote: u16) -> Option<u8> {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let port = |a: &str| u16::from_str_radix(a.rsplit(':').next()?, 16).ok();
+        if port(f.get(1)?)? != local || port(f.get(2)?)? != remote {
+            return None;
+        }
+        u8::from_str_radix(f.get(5)?.split(':').next()?, 16).ok()
+    })
+}
+
+#[test]
+fn replication_connections_carry_tcp_keepalives_on_both_ends() {
+    let primary = TestNode::primary(KEEP);
+    let standby = TestNode::standby_of(primary.addr(), "ka", KEEP);
+    let end = primary.append(1, 100, 1);
+    standby.wait_flushed(TL1, end);
+    let p = primary.addr().port();
+    // The standby's socket has keepalives as libpq's default says, and the primary's end
+    // of it has them as PostgreSQL's postmaster gives every connection. Wait out any data in
+    // flight: the keepalive timer shows only on an idle connection.
+    let receiver_port = || {
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+        table.lines().skip(1).find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let port = |a: &str| u16::from_str_radix(a.rsplit(':').next()?, 16).ok();
+            (port(f.get(2)?)? == p && f.get(3) == Some(&"01")).then(|| port(f[1]))?
+        })
+    };
+    wait_until("both ends of the stream idle, under keepalive", || {
+        receiver_port().is_some_and(|r| tcp_timer(r, p) == Some(2) && tcp_timer(p, r) == Some(2))
+    });
+
+    // A client that does not ask for keepalives has none on its end, while the server's end
+    // of its connection has them: the check tells the two apart.
+    let c = PgConn::connect(primary.addr(), "u", None).expect("connect");
+    let mine = c.stream.local_addr().expect("address").port();
+    wait_until(
+        "the server's end of a plain client's connection under keepalive",
+        || tcp_timer(p, mine) == Some(2),
+    );
+    assert_eq!(tcp_timer(mine, p), Some(0), "the plain client's own end");
 }

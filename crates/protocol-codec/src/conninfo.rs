@@ -55,6 +55,8 @@ pub struct ConnInfo {
     pub options: Option<String>,
     /// Which of the hosts to settle on.
     pub target_session_attrs: TargetSessionAttrs,
+    /// TCP keepalives on the connection.
+    pub keepalives: Keepalives,
     /// Other keys libpq knows but walserver does not use, in the order given.
     pub other: Vec<(String, String)>,
 }
@@ -76,7 +78,33 @@ impl Default for ConnInfo {
             connect_timeout: None,
             options: None,
             target_session_attrs: TargetSessionAttrs::Any,
+            keepalives: Keepalives::default(),
             other: Vec::new(),
+        }
+    }
+}
+
+/// libpq's TCP keepalive settings: on unless `keepalives=0`, the system's timing unless
+/// `keepalives_idle`, `keepalives_interval` (seconds) or `keepalives_count` say otherwise, and
+/// `tcp_user_timeout` (milliseconds; how long sent data may go unacknowledged before the
+/// connection is dropped), which applies with keepalives on, as in libpq.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keepalives {
+    pub on: bool,
+    pub idle: Option<u32>,
+    pub interval: Option<u32>,
+    pub count: Option<u32>,
+    pub tcp_user_timeout: Option<u32>,
+}
+
+impl Default for Keepalives {
+    fn default() -> Keepalives {
+        Keepalives {
+            on: true,
+            idle: None,
+            interval: None,
+            count: None,
+            tcp_user_timeout: None,
         }
     }
 }
@@ -213,11 +241,6 @@ const OTHER_LIBPQ_KEYS: &[&str] = &[
     "hostaddr",
     "client_encoding",
     "fallback_application_name",
-    "keepalives",
-    "keepalives_idle",
-    "keepalives_interval",
-    "keepalives_count",
-    "tcp_user_timeout",
     "replication",
     "gssencmode",
     "sslcompression",
@@ -322,21 +345,12 @@ impl ConnInfo {
             "sslcert" => self.sslcert = path(value),
             "sslkey" => self.sslkey = path(value),
             "channel_binding" => self.channel_binding = value.parse()?,
-            "connect_timeout" => {
-                self.connect_timeout = if value.trim().is_empty() {
-                    None
-                } else {
-                    Some(
-                        value
-                            .trim()
-                            .parse()
-                            .map_err(|_| ConnInfoError::InvalidInteger {
-                                key: key.to_string(),
-                                value: value.clone(),
-                            })?,
-                    )
-                }
-            }
+            "connect_timeout" => self.connect_timeout = integer(key, &value)?,
+            "keepalives" => self.keepalives.on = integer(key, &value)? != Some(0),
+            "keepalives_idle" => self.keepalives.idle = integer(key, &value)?,
+            "keepalives_interval" => self.keepalives.interval = integer(key, &value)?,
+            "keepalives_count" => self.keepalives.count = integer(key, &value)?,
+            "tcp_user_timeout" => self.keepalives.tcp_user_timeout = integer(key, &value)?,
             "options" => self.options = text(value),
             k if OTHER_LIBPQ_KEYS.contains(&k) => {
                 self.other.retain(|(o, _)| o != k);
@@ -453,6 +467,15 @@ impl ConnInfo {
             self.connect_timeout.map(|t| t.to_string()),
         );
         add("options", self.options.clone());
+        let k = &self.keepalives;
+        if !k.on {
+            add("keepalives", Some("0".into()));
+        }
+        let number = |n: Option<u32>| n.map(|n| n.to_string());
+        add("keepalives_idle", number(k.idle));
+        add("keepalives_interval", number(k.interval));
+        add("keepalives_count", number(k.count));
+        add("tcp_user_timeout", number(k.tcp_user_timeout));
         if self.target_session_attrs != TargetSessionAttrs::Any {
             add(
                 "target_session_attrs",
@@ -552,6 +575,20 @@ fn uri_host<'a>(uri: &str, element: &'a str) -> Result<(String, Option<&'a str>)
         }
     };
     Ok((v6[..close].to_string(), port.filter(|p| !p.is_empty())))
+}
+
+/// An integer setting as libpq reads one (white space around it allowed); empty means unset.
+fn integer(key: &str, value: &str) -> Result<Option<u32>, ConnInfoError> {
+    let t = value.trim();
+    if t.is_empty() {
+        return Ok(None);
+    }
+    t.parse()
+        .map(Some)
+        .map_err(|_| ConnInfoError::InvalidInteger {
+            key: key.to_string(),
+            value: value.to_string(),
+        })
 }
 
 fn parse_port(value: &str) -> Result<u16, ConnInfoError> {
@@ -721,6 +758,42 @@ mod tests {
     }
 
     #[test]
+    fn keepalives_are_read_as_libpq_reads_them() {
+        assert_eq!(ConnInfo::default().keepalives, Keepalives::default());
+        assert!(ConnInfo::default().keepalives.on);
+        let info = ConnInfo::parse(
+            "keepalives=1 keepalives_idle=' 5 ' keepalives_interval=2 keepalives_count=3 tcp_user_timeout=9000",
+        )
+        .unwrap();
+        assert_eq!(
+            info.keepalives,
+            Keepalives {
+                on: true,
+                idle: Some(5),
+                interval: Some(2),
+                count: Some(3),
+                tcp_user_timeout: Some(9000)
+            }
+        );
+        assert_eq!(info.ignored_options().count(), 0);
+        assert_eq!(
+            ConnInfo::parse(&info.to_string_without_password()).unwrap(),
+            info
+        );
+        let off = ConnInfo::parse("keepalives=0").unwrap();
+        assert!(!off.keepalives.on);
+        assert_eq!(
+            ConnInfo::parse(&off.to_string_without_password()).unwrap(),
+            off
+        );
+        assert!(ConnInfo::parse("keepalives=2").unwrap().keepalives.on);
+        check_err(
+            "keepalives_idle=abc",
+            "invalid integer value \"abc\" for connection option \"keepalives_idle\"",
+        );
+    }
+
+    #[test]
     fn host_lists_are_tried_as_libpq_tries_them() {
         assert_eq!(targets("host=a,b"), ["a:5432", "b:5432"]);
         assert_eq!(targets("host=a,b port=5433"), ["a:5433", "b:5433"]);
@@ -882,13 +955,13 @@ mod tests {
 
     #[test]
     fn display_hides_the_password_and_parses_back() {
-        let s = "host=h port=5433 user='we ird' password=topsecret application_name='x\\'y' sslmode=disable keepalives=1";
+        let s = "host=h port=5433 user='we ird' password=topsecret application_name='x\\'y' sslmode=disable keepalives=0";
         let info = ConnInfo::parse(s).unwrap();
         let shown = info.to_string_without_password();
         assert!(!shown.contains("topsecret"), "{shown}");
         assert_eq!(
             shown,
-            "host=h port=5433 user='we ird' application_name='x\\'y' sslmode=disable keepalives=1"
+            "host=h port=5433 user='we ird' application_name='x\\'y' sslmode=disable keepalives=0"
         );
         let mut expected = info.clone();
         expected.password = None;

@@ -14,13 +14,14 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
+use actor_util::set_int_option;
 use bytes::BytesMut;
 use protocol_codec::auth::ChannelBindingMode;
 use protocol_codec::client::{
     self, AttemptFailure, ClientHandshake, Encryption, Established, StartupConfig, StartupError,
     Step,
 };
-use protocol_codec::conninfo::{ConnInfo, Target, TargetSessionAttrs};
+use protocol_codec::conninfo::{ConnInfo, Keepalives, Target, TargetSessionAttrs};
 use protocol_codec::tls::{self, SslMode};
 use protocol_codec::{BackendMessage, ClientCodec, FrontendMessage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -261,6 +262,10 @@ async fn attempt(
         .await
         .map_err(connect_err)?;
     let _ = stream.set_nodelay(true);
+    set_keepalives(&stream, &info.keepalives).map_err(|e| ReceiverError::Connect {
+        addr: target.to_string(),
+        message: e,
+    })?;
     let peer = stream.peer_addr().map_err(connect_err)?;
     let fd = stream.as_raw_fd();
     let mut io: Box<dyn Io> = Box::new(stream);
@@ -328,6 +333,39 @@ async fn attempt(
     }
 }
 
+/// Sets the connection's TCP keepalives as libpq does: `SO_KEEPALIVE` unless `keepalives=0`,
+/// then each timing the connection string gives. A standby then learns that an upstream's
+/// host has gone (powered off, cut off) from the kernel, where a socket would otherwise wait
+/// on a connection no one will ever answer until `wal_receiver_timeout`. A value the kernel
+/// refuses fails the connection with libpq's words.
+pub(crate) fn set_keepalives(socket: &impl AsRawFd, k: &Keepalives) -> Result<(), String> {
+    if !k.on {
+        return Ok(());
+    }
+    let set = |level, name, what: &str, v: u32| {
+        let v = libc::c_int::try_from(v)
+            .map_err(|_| format!("setsockopt({what}) failed: value out of range"))?;
+        set_int_option(socket, level, name, v)
+            .map_err(|e| format!("setsockopt({what}) failed: {e}"))
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, "SO_KEEPALIVE", 1)?;
+    for (v, name, what) in [
+        (k.idle, libc::TCP_KEEPIDLE, "TCP_KEEPIDLE"),
+        (k.interval, libc::TCP_KEEPINTVL, "TCP_KEEPINTVL"),
+        (k.count, libc::TCP_KEEPCNT, "TCP_KEEPCNT"),
+        (
+            k.tcp_user_timeout,
+            libc::TCP_USER_TIMEOUT,
+            "TCP_USER_TIMEOUT",
+        ),
+    ] {
+        if let Some(v) = v {
+            set(libc::IPPROTO_TCP, name, what, v)?;
+        }
+    }
+    Ok(())
+}
+
 fn startup_error(e: StartupError) -> ReceiverError {
     match e {
         StartupError::Server(fields) => ReceiverError::upstream(&fields),
@@ -370,5 +408,65 @@ async fn read_message(
                 detail: String::new(),
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(socket: &impl AsRawFd, level: libc::c_int, name: libc::c_int) -> libc::c_int {
+        let mut v: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: the descriptor is open, and `v` and `len` are live and sized for the call.
+        let r = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                level,
+                name,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "getsockopt: {}", std::io::Error::last_os_error());
+        v
+    }
+
+    fn socket() -> std::net::TcpStream {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn keepalives_reach_the_socket_as_the_connection_string_says() {
+        let info = ConnInfo::parse(
+            "keepalives_idle=7 keepalives_interval=3 keepalives_count=4 tcp_user_timeout=9000",
+        )
+        .unwrap();
+        let s = socket();
+        set_keepalives(&s, &info.keepalives).unwrap();
+        assert_eq!(get(&s, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+        assert_eq!(get(&s, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 7);
+        assert_eq!(get(&s, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL), 3);
+        assert_eq!(get(&s, libc::IPPROTO_TCP, libc::TCP_KEEPCNT), 4);
+        assert_eq!(get(&s, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT), 9000);
+
+        // On by default, with the system's timing; off with keepalives=0.
+        let s = socket();
+        let idle = get(&s, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE);
+        set_keepalives(&s, &ConnInfo::default().keepalives).unwrap();
+        assert_eq!(get(&s, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+        assert_eq!(get(&s, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), idle);
+        let s = socket();
+        set_keepalives(&s, &ConnInfo::parse("keepalives=0").unwrap().keepalives).unwrap();
+        assert_eq!(get(&s, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 0);
+
+        // A value the kernel refuses fails the connection, naming the option.
+        let e = set_keepalives(
+            &socket(),
+            &ConnInfo::parse("keepalives_idle=0").unwrap().keepalives,
+        )
+        .unwrap_err();
+        assert!(e.starts_with("setsockopt(TCP_KEEPIDLE) failed: "), "{e}");
     }
 }

@@ -156,6 +156,13 @@ impl Handler<Accepted> for Listener {
         // connections cannot all pass the check above before any of them is counted.
         let counted = Authenticating::start(&self.shared);
         keep_system_choice_off_host(&stream, peer, self.system_congestion.as_deref());
+        // As PostgreSQL's postmaster does for every TCP connection: the kernel's keepalives
+        // (at the system's timing) find a peer whose host has gone, which would otherwise
+        // hold a walsender, and a max_wal_senders slot, while it waits for a command.
+        if let Err(e) = actor_util::set_int_option(&stream, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)
+        {
+            tracing::debug!(%peer, "could not turn TCP keepalives on: {e}");
+        }
         let pid = self.next_pid;
         self.next_pid = self.next_pid.wrapping_add(1).max(1);
         let shared = self.shared.clone();

@@ -120,19 +120,41 @@ fn a_host_list_where_no_server_suits_is_refused_naming_every_host() {
     }
 }
 
-/// The timer column (`tr`) of the IPv4 TCP socket from `local` to `remote` port on
-/// 127.0.0.1, from `/proc/net/tcp`: 2 while the keepalive timer runs on an idle connection,
-/// 0 when no timer does, 1 while data waits for acknowledgement.
-fn tcp_timer(local: u16, remote: u16) -> Option<u8> {
+/// One IPv4 TCP socket of `/proc/net/tcp`: its local and remote ports, its state (1:
+/// established) and its timer (`tr`: 2 while the keepalive timer runs on an idle connection,
+/// 0 when no timer does, 1 while data waits for acknowledgement).
+struct Socket {
+    local: u16,
+    remote: u16,
+    state: u8,
+    timer: u8,
+}
+
+fn tcp_sockets() -> Vec<Socket> {
     let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
-    table.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let port = |a: &str| u16::from_str_radix(a.rsplit(':').next()?, 16).ok();
-        if port(f.get(1)?)? != local || port(f.get(2)?)? != remote {
-            return None;
-        }
-        u8::from_str_radix(f.get(5)?.split(':').next()?, 16).ok()
-    })
+    let port = |a: &str| u16::from_str_radix(a.rsplit(':').next()?, 16).ok();
+    let hex = |a: &str| u8::from_str_radix(a.split(':').next()?, 16).ok();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            Some(Socket {
+                local: port(f.get(1)?)?,
+                remote: port(f.get(2)?)?,
+                state: hex(f.get(3)?)?,
+                timer: hex(f.get(5)?)?,
+            })
+        })
+        .collect()
+}
+
+/// The timer of the socket from port `local` to port `remote`.
+fn tcp_timer(local: u16, remote: u16) -> Option<u8> {
+    tcp_sockets()
+        .into_iter()
+        .find(|s| s.local == local && s.remote == remote)
+        .map(|s| s.timer)
 }
 
 #[test]
@@ -146,12 +168,10 @@ fn replication_connections_carry_tcp_keepalives_on_both_ends() {
     // of it has them as PostgreSQL's postmaster gives every connection. Wait out any data in
     // flight: the keepalive timer shows only on an idle connection.
     let receiver_port = || {
-        let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
-        table.lines().skip(1).find_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let port = |a: &str| u16::from_str_radix(a.rsplit(':').next()?, 16).ok();
-            (port(f.get(2)?)? == p && f.get(3) == Some(&"01")).then(|| port(f[1]))?
-        })
+        tcp_sockets()
+            .into_iter()
+            .find(|s| s.remote == p && s.state == 1)
+            .map(|s| s.local)
     };
     wait_until("both ends of the stream idle, under keepalive", || {
         receiver_port().is_some_and(|r| tcp_timer(r, p) == Some(2) && tcp_timer(p, r) == Some(2))

@@ -9,7 +9,7 @@
 //! - [`relayed`]: a watch published by another thread (storage's position) through one relay
 //!   task per actix thread, so that each value wakes the thread once instead of once per
 //!   subscriber.
-//! - [`set_int_option`] and [`set_option`]: socket options (the walsender's `TCP_CORK`, the
+//! - [`set_int_option`], [`set_option`] and [`get_int_option`]: socket options (the walsender's `TCP_CORK`, the
 //!   walreceiver's `SO_RCVLOWAT`, the walsender listener's `TCP_CONGESTION`).
 //!
 //! What it does not own: any protocol (that is `protocol-codec`'s), any state machine, and any
@@ -22,7 +22,7 @@ mod timer;
 
 pub use relay::relayed;
 
-pub use sockopt::{set_int_option, set_option};
+pub use sockopt::{get_int_option, set_int_option, set_option};
 
 pub use timer::DeadlineTimer;
 

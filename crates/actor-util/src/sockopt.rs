@@ -13,6 +13,32 @@ pub fn set_int_option(
     set_option(socket, level, name, &v.to_ne_bytes())
 }
 
+/// Reads an integer socket option (`getsockopt` into a `c_int`).
+pub fn get_int_option(
+    socket: &impl AsRawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the descriptor is open for the call; `v` and `len` are live and sized for the
+    // kernel to write.
+    let r = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            std::ptr::from_mut(&mut v).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(v)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Sets a socket option to `value`, passed as bytes (`setsockopt`), as a string-valued
 /// option such as `TCP_CONGESTION` takes it.
 pub fn set_option(

@@ -416,20 +416,7 @@ mod tests {
     use super::*;
 
     fn get(socket: &impl AsRawFd, level: libc::c_int, name: libc::c_int) -> libc::c_int {
-        let mut v: libc::c_int = -1;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: the descriptor is open, and `v` and `len` are live and sized for the call.
-        let r = unsafe {
-            libc::getsockopt(
-                socket.as_raw_fd(),
-                level,
-                name,
-                (&mut v as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(r, 0, "getsockopt: {}", std::io::Error::last_os_error());
-        v
+        actor_util::get_int_option(socket, level, name).expect("getsockopt")
     }
 
     fn socket() -> std::net::TcpStream {

@@ -710,20 +710,7 @@ mod tests {
     }
 
     fn int_option(socket: &impl AsRawFd, level: libc::c_int, name: libc::c_int) -> libc::c_int {
-        let mut v: libc::c_int = -1;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: `v` and `len` are valid for the call to write.
-        let rc = unsafe {
-            libc::getsockopt(
-                socket.as_raw_fd(),
-                level,
-                name,
-                std::ptr::from_mut(&mut v).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
-        v
+        actor_util::get_int_option(socket, level, name).expect("getsockopt")
     }
 
     /// The length of frame `i` of the test above: its header and 8 KiB.

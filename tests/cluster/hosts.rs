@@ -187,3 +187,44 @@ fn replication_connections_carry_tcp_keepalives_on_both_ends() {
     );
     assert_eq!(tcp_timer(mine, p), Some(0), "the plain client's own end");
 }
+
+/// The node's `tcp_keepalives_*` and `tcp_user_timeout` reach every accepted connection's
+/// socket (SHOW reads them back from it, as PostgreSQL's SHOW does), and a client's own
+/// `-c tcp_keepalives_idle=...` wins for its connection.
+#[test]
+fn the_nodes_keepalive_timing_reaches_its_connections_and_a_client_may_set_its_own() {
+    let node = TestNode::primary(
+        "tcp_keepalives_idle = \"30s\"\ntcp_keepalives_interval = 5\n\
+         tcp_keepalives_count = 4\ntcp_user_timeout = \"20s\"\n",
+    );
+    let show = |c: &mut PgConn, name: &str| -> String {
+        let out = c.query(&format!("SHOW {name}"));
+        match &out[1] {
+            protocol_codec::BackendMessage::DataRow(r) => {
+                String::from_utf8_lossy(r[0].as_deref().unwrap_or_default()).into_owned()
+            }
+            other => panic!("SHOW {name}: {other:?}"),
+        }
+    };
+    let mut plain = PgConn::connect(node.addr(), "u", None).expect("connect");
+    let got: Vec<String> = [
+        "tcp_keepalives_idle",
+        "tcp_keepalives_interval",
+        "tcp_keepalives_count",
+        "tcp_user_timeout",
+    ]
+    .iter()
+    .map(|n| show(&mut plain, n))
+    .collect();
+    assert_eq!(got, ["30", "5", "4", "20000"]);
+
+    let mut own = PgConn::raw(node.addr());
+    own.send_startup(protocol_codec::StartupPacket::startup([
+        ("user", "u"),
+        ("replication", "true"),
+        ("options", "-c tcp_keepalives_idle=7"),
+    ]));
+    own.until_ready();
+    assert_eq!(show(&mut own, "tcp_keepalives_idle"), "7");
+    assert_eq!(show(&mut own, "tcp_keepalives_count"), "4");
+}

@@ -1462,6 +1462,10 @@ fn client_parameters_are_read_as_postgresql_15_reads_them() {
             "SHOW wal_sender_timeout",
             "SHOW application_name",
             "SHOW my.setting",
+            "SHOW tcp_keepalives_idle",
+            "SHOW tcp_keepalives_interval",
+            "SHOW tcp_keepalives_count",
+            "SHOW tcp_user_timeout",
         ] {
             c.send(protocol_codec::FrontendMessage::Query(q.into()));
             out.push(q.to_string());
@@ -1502,6 +1506,21 @@ fn client_parameters_are_read_as_postgresql_15_reads_them() {
                 ("extra_float_digits", "3"),
                 ("my.setting", "1"),
             ],
+        ),
+        (
+            "the connection's keepalive timing",
+            vec![(
+                "options",
+                "-c tcp_keepalives_idle=1500ms -c tcp_keepalives_interval=1min -c tcp_keepalives_count=3 -c tcp_user_timeout=2s",
+            )],
+        ),
+        (
+            "a keepalive count with a unit",
+            vec![("options", "-c tcp_keepalives_count=3s")],
+        ),
+        (
+            "a negative keepalive idle time",
+            vec![("tcp_keepalives_idle", "-3")],
         ),
         ("an unknown parameter", vec![("options", "-c nosuch=1")]),
         ("an unknown startup parameter", vec![("nosuch", "1")]),

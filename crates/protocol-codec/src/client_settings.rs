@@ -7,10 +7,12 @@
 //! A name PostgreSQL 15 does not know, a parameter a client may not set (one fixed at build,
 //! at server start or in the configuration file), a malformed `options` string and a bad value
 //! of a parameter walserver uses are refused with PostgreSQL's FATAL, its SQLSTATE and its
-//! words, after authentication, as PostgreSQL refuses them. walserver uses two:
+//! words, after authentication, as PostgreSQL refuses them. walserver uses these:
 //! `wal_sender_timeout`, which replaces the node's for this connection (and outlives a reload,
 //! as a client's value does in PostgreSQL), and `application_name`, which names the standby
-//! when the startup packet has no `application_name` of its own. Every other known parameter
+//! when the startup packet has no `application_name` of its own; and the TCP keepalive timing
+//! (`tcp_keepalives_idle`, `tcp_keepalives_interval`, `tcp_keepalives_count`,
+//! `tcp_user_timeout`), which the server sets on the connection's socket. Every other known parameter
 //! is accepted and kept for `SHOW`, its value unchecked: walserver has no such setting.
 //! Custom names (`ext.name`) are kept as PostgreSQL keeps placeholders. `options` holding
 //! another of the server's switches (`-B 128`, `-S 4096`, ...) is refused as a bad argument,
@@ -28,6 +30,19 @@ pub struct ClientSettings {
     values: Vec<(String, String)>,
     /// The connection's `wal_sender_timeout`, if the client set one.
     pub wal_sender_timeout: Option<Duration>,
+    /// The TCP keepalive timing the client set for its connection.
+    pub tcp_keepalives: TcpKeepalives,
+}
+
+/// PostgreSQL's `tcp_keepalives_idle` and `tcp_keepalives_interval` (seconds),
+/// `tcp_keepalives_count` and `tcp_user_timeout` (milliseconds) for one connection: `None`
+/// (or 0) leaves the system's value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpKeepalives {
+    pub idle: Option<u32>,
+    pub interval: Option<u32>,
+    pub count: Option<u32>,
+    pub user_timeout: Option<u32>,
 }
 
 impl ClientSettings {
@@ -91,8 +106,24 @@ impl ClientSettings {
             Some(Context::Sighup) => return Err(cannot_change(name, " now")),
             Some(Context::Backend | Context::Session) => {}
         }
-        if name.eq_ignore_ascii_case("wal_sender_timeout") {
-            self.wal_sender_timeout = Some(parse_ms(name, value, 0, i32::MAX as i64)?);
+        let max = i32::MAX as i64;
+        let lower = name.to_ascii_lowercase();
+        match lower.as_str() {
+            "wal_sender_timeout" => self.wal_sender_timeout = Some(parse_ms(name, value, 0, max)?),
+            "tcp_keepalives_idle" => {
+                self.tcp_keepalives.idle = Some(parse_int(name, value, Unit::S, 0, max)? as u32)
+            }
+            "tcp_keepalives_interval" => {
+                self.tcp_keepalives.interval = Some(parse_int(name, value, Unit::S, 0, max)? as u32)
+            }
+            "tcp_keepalives_count" => {
+                self.tcp_keepalives.count = Some(parse_int(name, value, Unit::None, 0, max)? as u32)
+            }
+            "tcp_user_timeout" => {
+                self.tcp_keepalives.user_timeout =
+                    Some(parse_int(name, value, Unit::Ms, 0, max)? as u32)
+            }
+            _ => {}
         }
         self.values.push((name.to_string(), value.to_string()));
         Ok(())
@@ -179,21 +210,57 @@ fn bad_argument(word: &str) -> ErrorFields {
     .hint("Try \"postgres --help\" for more information.")
 }
 
-/// PostgreSQL's units of a parameter kept in milliseconds, and their size in milliseconds.
-const MS_UNITS: [(&str, f64); 6] = [
-    ("us", 0.001),
-    ("ms", 1.0),
-    ("s", 1000.0),
-    ("min", 60_000.0),
-    ("h", 3_600_000.0),
-    ("d", 86_400_000.0),
-];
+/// The unit an integer parameter is kept in, which decides the units its value may carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// A plain number (`tcp_keepalives_count`): no unit may follow it.
+    None,
+    /// Milliseconds (`wal_sender_timeout`, `tcp_user_timeout`).
+    Ms,
+    /// Seconds (`tcp_keepalives_idle`, `tcp_keepalives_interval`).
+    S,
+}
 
-/// Reads an integer parameter kept in milliseconds as PostgreSQL's `parse_int` does: a
-/// decimal, octal (`010`) or hexadecimal (`0x10`) integer, or a decimal fraction or exponent,
-/// then an optional unit after optional white space, rounded half to even; then checked
+impl Unit {
+    /// The time units a value may carry, and their size in this unit.
+    fn size(self, unit: &str) -> Option<f64> {
+        let ms = match unit {
+            "us" => 0.001,
+            "ms" => 1.0,
+            "s" => 1000.0,
+            "min" => 60_000.0,
+            "h" => 3_600_000.0,
+            "d" => 86_400_000.0,
+            _ => return None,
+        };
+        match self {
+            Unit::None => None,
+            Unit::Ms => Some(ms),
+            Unit::S => Some(ms / 1000.0),
+        }
+    }
+
+    /// How PostgreSQL writes the unit after a value out of range.
+    fn suffix(self) -> &'static str {
+        match self {
+            Unit::None => "",
+            Unit::Ms => " ms",
+            Unit::S => " s",
+        }
+    }
+}
+
+/// Reads an integer parameter kept in `unit` as PostgreSQL's `parse_int` does: a decimal,
+/// octal (`010`) or hexadecimal (`0x10`) integer, or a decimal fraction or exponent, then (for
+/// a time) an optional unit after optional white space, rounded half to even; then checked
 /// against `min..=max`. Errors are PostgreSQL's, SQLSTATE 22023.
-pub fn parse_ms(name: &str, value: &str, min: i64, max: i64) -> Result<Duration, ErrorFields> {
+pub fn parse_int(
+    name: &str,
+    value: &str,
+    unit: Unit,
+    min: i64,
+    max: i64,
+) -> Result<i64, ErrorFields> {
     let invalid = |hint: Option<&str>| {
         let e = ErrorFields::fatal(
             SqlState::INVALID_PARAMETER_VALUE,
@@ -206,10 +273,11 @@ pub fn parse_ms(name: &str, value: &str, min: i64, max: i64) -> Result<Duration,
     };
     let (number, rest) = leading_number(value).ok_or_else(|| invalid(None))?;
     let rest = rest.trim_start_matches(|c: char| c.is_ascii_whitespace());
-    let mut ms = match rest.trim_end_matches(|c: char| c.is_ascii_whitespace()) {
+    let mut n = match rest.trim_end_matches(|c: char| c.is_ascii_whitespace()) {
         "" => number,
-        unit => match MS_UNITS.iter().find(|(u, _)| *u == unit) {
-            Some((_, size)) => number * size,
+        _ if unit == Unit::None => return Err(invalid(None)),
+        text => match unit.size(text) {
+            Some(size) => number * size,
             None => {
                 return Err(invalid(Some(
                     "Valid units for this parameter are \"us\", \"ms\", \"s\", \"min\", \"h\", and \"d\".",
@@ -217,18 +285,26 @@ pub fn parse_ms(name: &str, value: &str, min: i64, max: i64) -> Result<Duration,
             }
         },
     };
-    ms = round_half_even(ms);
-    if !(ms >= i32::MIN as f64 && ms <= i32::MAX as f64) {
+    n = round_half_even(n);
+    if !(n >= i32::MIN as f64 && n <= i32::MAX as f64) {
         return Err(invalid(Some("Value exceeds integer range.")));
     }
-    let ms = ms as i64;
-    if ms < min || ms > max {
+    let n = n as i64;
+    if n < min || n > max {
         return Err(ErrorFields::fatal(
             SqlState::INVALID_PARAMETER_VALUE,
-            format!("{ms} ms is outside the valid range for parameter \"{name}\" ({min} .. {max})"),
+            format!(
+                "{n}{} is outside the valid range for parameter \"{name}\" ({min} .. {max})",
+                unit.suffix()
+            ),
         ));
     }
-    Ok(Duration::from_millis(ms as u64))
+    Ok(n)
+}
+
+/// [`parse_int`] for a parameter kept in milliseconds, as a duration.
+pub fn parse_ms(name: &str, value: &str, min: i64, max: i64) -> Result<Duration, ErrorFields> {
+    parse_int(name, value, Unit::Ms, min, max).map(|ms| Duration::from_millis(ms as u64))
 }
 
 /// The number at the start of `text` (after white space), and what follows it: C's `strtol`
@@ -484,6 +560,32 @@ mod tests {
         assert_eq!(
             timeout("-5"),
             Err("-5 ms is outside the valid range for parameter \"wal_sender_timeout\" (0 .. 2147483647)".into())
+        );
+    }
+
+    #[test]
+    fn keepalive_parameters_are_read_in_their_units() {
+        let s = ClientSettings::from_startup(&params(&[(
+            "options",
+            "-c tcp_keepalives_idle=1500ms -c tcp_keepalives_interval=1min -c tcp_keepalives_count=3 -c tcp_user_timeout=2s",
+        )]))
+        .unwrap();
+        assert_eq!(
+            s.tcp_keepalives,
+            TcpKeepalives {
+                idle: Some(2),
+                interval: Some(60),
+                count: Some(3),
+                user_timeout: Some(2000)
+            }
+        );
+        assert_eq!(
+            refusal(&[("options", "-c tcp_keepalives_count=3s")]).1,
+            "invalid value for parameter \"tcp_keepalives_count\": \"3s\""
+        );
+        assert_eq!(
+            refusal(&[("options", "-c tcp_keepalives_idle=-3")]).1,
+            "-3 s is outside the valid range for parameter \"tcp_keepalives_idle\" (0 .. 2147483647)"
         );
     }
 

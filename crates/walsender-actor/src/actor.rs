@@ -134,7 +134,8 @@ impl WalSender {
                 settings.session.clone(),
                 est.status,
             )
-            .with_client_settings(est.identity.settings),
+            .with_client_settings(est.identity.settings)
+            .with_socket_values(est.socket_show),
         );
         // Through the thread's relay: a flush wakes this thread once for all its walsenders.
         ctx.add_stream(WatchStream::from_changes(actor_util::relayed(

@@ -10,6 +10,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use bytes::BytesMut;
+use protocol_codec::client_settings::TcpKeepalives;
 use protocol_codec::{
     BackendMessage, CodecError, ErrorFields, FrontendMessage, ServerCodec, SqlState, StartupCodec,
     StartupPacket,
@@ -39,6 +40,9 @@ pub struct Established {
     pub leftover: BytesMut,
     pub identity: ClientIdentity,
     pub status: SharedStatus,
+    /// What SHOW answers for the socket's keepalive parameters: the socket's own values, as
+    /// PostgreSQL's show hooks read them.
+    pub socket_show: Vec<(String, String)>,
 }
 
 /// How a startup phase ended without a walsender.
@@ -64,8 +68,10 @@ pub async fn handshake(
     let settings = shared.settings();
     let deadline = tokio::time::Instant::now() + settings.authentication_timeout;
     let _ = stream.set_nodelay(true);
-    // The plain socket's descriptor, owned by `io` from here on; `None` once TLS wraps it.
-    let mut plain_fd = Some(stream.as_raw_fd());
+    // The socket's descriptor, owned by `io` from here on (under TLS too), and the plain
+    // socket's, `None` once TLS wraps it.
+    let tcp_fd = stream.as_raw_fd();
+    let mut plain_fd = Some(tcp_fd);
     let mut io: Box<dyn Io> = Box::new(stream);
     let mut buf = BytesMut::with_capacity(1024);
     let mut machine = Handshake::new(settings.auth.clone(), peer.ip());
@@ -149,6 +155,12 @@ pub async fn handshake(
             }
             Step::Authenticated(msgs, identity) => {
                 send(&mut io, &msgs).await?;
+                // SAFETY: `tcp_fd` belongs to the TcpStream inside `io`, which is alive here.
+                let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(tcp_fd) };
+                if let Err(e) = set_tcp_keepalives(&socket, &identity.settings.tcp_keepalives) {
+                    tracing::debug!(%peer, "could not set the client's keepalive timing: {e}");
+                }
+                let socket_show = tcp_keepalive_show(&socket);
                 let status =
                     WalSenderStatus::new(pid, &identity.user, &identity.application_name, peer)
                         .shared();
@@ -195,6 +207,7 @@ pub async fn handshake(
                     leftover: buf,
                     identity,
                     status,
+                    socket_show,
                 });
             }
         }
@@ -270,4 +283,38 @@ fn rand_key(pid: u32) -> i32 {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     (nanos ^ pid.rotate_left(16)) as i32
+}
+
+/// Sets the keepalive timing `k` gives on a TCP socket; a value left unset, or 0, keeps the
+/// socket's (the system's, or the node's set at accept), as PostgreSQL's 0 means.
+pub fn set_tcp_keepalives(socket: &impl AsRawFd, k: &TcpKeepalives) -> std::io::Result<()> {
+    for (v, name) in [
+        (k.idle, libc::TCP_KEEPIDLE),
+        (k.interval, libc::TCP_KEEPINTVL),
+        (k.count, libc::TCP_KEEPCNT),
+        (k.user_timeout, libc::TCP_USER_TIMEOUT),
+    ] {
+        if let Some(v) = v.filter(|v| *v > 0) {
+            let v = libc::c_int::try_from(v).unwrap_or(libc::c_int::MAX);
+            actor_util::set_int_option(socket, libc::IPPROTO_TCP, name, v)?;
+        }
+    }
+    Ok(())
+}
+
+/// SHOW's values of the keepalive parameters: what the socket has, as plain numbers (seconds,
+/// a count, milliseconds), as PostgreSQL shows them; 0 where the socket cannot say.
+fn tcp_keepalive_show(socket: &impl AsRawFd) -> Vec<(String, String)> {
+    [
+        ("tcp_keepalives_idle", libc::TCP_KEEPIDLE),
+        ("tcp_keepalives_interval", libc::TCP_KEEPINTVL),
+        ("tcp_keepalives_count", libc::TCP_KEEPCNT),
+        ("tcp_user_timeout", libc::TCP_USER_TIMEOUT),
+    ]
+    .into_iter()
+    .map(|(n, opt)| {
+        let v = actor_util::get_int_option(socket, libc::IPPROTO_TCP, opt).unwrap_or(0);
+        (n.to_string(), v.to_string())
+    })
+    .collect()
 }

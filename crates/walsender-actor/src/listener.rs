@@ -8,6 +8,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::connection::set_tcp_keepalives;
 use crate::messages::*;
 use crate::shared::{Authenticating, Shared};
 use crate::WalSender;
@@ -162,6 +163,9 @@ impl Handler<Accepted> for Listener {
         if let Err(e) = actor_util::set_int_option(&stream, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)
         {
             tracing::debug!(%peer, "could not turn TCP keepalives on: {e}");
+        }
+        if let Err(e) = set_tcp_keepalives(&stream, &self.shared.settings().tcp_keepalives) {
+            tracing::warn!(%peer, "could not set the keepalive timing of tcp_keepalives_*: {e}");
         }
         let pid = self.next_pid;
         self.next_pid = self.next_pid.wrapping_add(1).max(1);

@@ -6,6 +6,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use actix::Addr;
+use protocol_codec::client_settings::TcpKeepalives;
 use tokio_rustls::TlsAcceptor;
 use wal_storage::Wal;
 
@@ -27,6 +28,9 @@ pub struct WalSenderSettings {
     pub server_version: String,
     /// Whether the node is a standby (`in_hot_standby` in the greeting).
     pub in_hot_standby: bool,
+    /// The TCP keepalive timing of accepted connections (PostgreSQL's `tcp_keepalives_*` and
+    /// `tcp_user_timeout`); unset keeps the system's. A client may set its own.
+    pub tcp_keepalives: TcpKeepalives,
 }
 
 impl Default for WalSenderSettings {
@@ -38,6 +42,7 @@ impl Default for WalSenderSettings {
             close_grace: Duration::from_secs(10),
             server_version: crate::SERVER_VERSION.to_string(),
             in_hot_standby: false,
+            tcp_keepalives: TcpKeepalives::default(),
         }
     }
 }

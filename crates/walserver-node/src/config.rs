@@ -27,6 +27,10 @@ pub const KEYS: &[&str] = &[
     "authentication_timeout",
     "wal_sender_timeout",
     "wal_sender_shutdown_timeout",
+    "tcp_keepalives_idle",
+    "tcp_keepalives_interval",
+    "tcp_keepalives_count",
+    "tcp_user_timeout",
     "wal_keep_size",
     "max_slot_wal_keep_size",
     "max_wal_size",
@@ -83,6 +87,18 @@ pub struct Settings {
         deserialize_with = "units::duration_ms"
     )]
     pub wal_sender_shutdown_timeout: Duration,
+    /// The TCP keepalive timing of accepted replication connections, as PostgreSQL's: how long
+    /// a connection is idle before the first probe and between probes (bare numbers are
+    /// seconds), how many unanswered probes drop it, and how long sent data may go
+    /// unacknowledged (bare numbers are milliseconds). 0, the default, keeps the system's.
+    #[serde(default, deserialize_with = "units::duration_s")]
+    pub tcp_keepalives_idle: Duration,
+    #[serde(default, deserialize_with = "units::duration_s")]
+    pub tcp_keepalives_interval: Duration,
+    #[serde(default)]
+    pub tcp_keepalives_count: u32,
+    #[serde(default, deserialize_with = "units::duration_ms")]
+    pub tcp_user_timeout: Duration,
     /// WAL kept for standbys without slots. Bare numbers are megabytes.
     #[serde(default, deserialize_with = "units::size_mb")]
     pub wal_keep_size: u64,

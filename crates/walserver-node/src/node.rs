@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use protocol_codec::client_settings::TcpKeepalives;
 use supervisor_actor::{
     Durability, Node, NodeBuilder, NodeConfig, Reconfigure, RestartPolicy, SyncSettings,
 };
@@ -106,7 +107,20 @@ pub fn walsender_settings(
         close_grace: Duration::from_secs(10),
         server_version: SERVER_VERSION.to_string(),
         in_hot_standby: false,
+        tcp_keepalives: TcpKeepalives {
+            idle: seconds(s.tcp_keepalives_idle),
+            interval: seconds(s.tcp_keepalives_interval),
+            count: Some(s.tcp_keepalives_count).filter(|c| *c > 0),
+            user_timeout: u32::try_from(s.tcp_user_timeout.as_millis())
+                .ok()
+                .filter(|ms| *ms > 0),
+        },
     })
+}
+
+/// A keepalive time in whole seconds, as the socket takes it (at least one); `None` for 0.
+fn seconds(d: Duration) -> Option<u32> {
+    (!d.is_zero()).then(|| u32::try_from(d.as_secs().max(1)).unwrap_or(u32::MAX))
 }
 
 /// The walreceiver's configuration for a standby (the control data's role and

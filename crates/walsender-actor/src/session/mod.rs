@@ -167,6 +167,8 @@ pub struct Session<S: StorageView> {
     config: Arc<SessionConfig>,
     /// What the client set when it connected; its values outlive a reload of `config`.
     client: ClientSettings,
+    /// What SHOW answers for parameters that are facts of the connection's socket.
+    socket_values: Vec<(String, String)>,
     mode: Mode,
     /// The newest flushed position and timeline the session has been told of.
     position: WalPosition,
@@ -190,6 +192,7 @@ impl<S: StorageView> Session<S> {
             storage,
             config,
             client: ClientSettings::default(),
+            socket_values: Vec::new(),
             mode: Mode::Idle,
             position,
             status,
@@ -215,6 +218,13 @@ impl<S: StorageView> Session<S> {
         self
     }
 
+    /// What SHOW answers for the socket's parameters (its keepalive timing), read from it
+    /// when the connection was established.
+    pub fn with_socket_values(mut self, values: Vec<(String, String)>) -> Session<S> {
+        self.socket_values = values;
+        self
+    }
+
     /// The connection's `wal_sender_timeout`: the client's, else the node's.
     fn wal_sender_timeout(&self) -> Duration {
         self.client
@@ -224,7 +234,7 @@ impl<S: StorageView> Session<S> {
 
     /// The answer to `SHOW name`: what the client set, else what the node shows.
     fn show(&self, name: &str) -> Result<Vec<BackendMessage>, ErrorFields> {
-        show::answer_for(&self.client, &self.config.show, name)
+        show::answer_for(&self.client, &self.socket_values, &self.config.show, name)
     }
 
     pub fn is_closed(&self) -> bool {

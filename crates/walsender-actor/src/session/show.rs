@@ -10,13 +10,19 @@ use protocol_codec::client_settings::{format_ms, ClientSettings};
 use protocol_codec::{results, BackendMessage, ErrorFields, SqlState};
 use wal_storage::WalFormat;
 
-/// The answer to `SHOW name` on a connection whose client set `client`: the client's value if
-/// it set one (`wal_sender_timeout` in PostgreSQL's form), else the node's from `values`.
+/// The answer to `SHOW name` on a connection whose client set `client` and whose socket has
+/// `socket` (its keepalive timing, which PostgreSQL shows as the socket has it, whoever set
+/// it): the socket's value, else the client's value if it set one (`wal_sender_timeout` in
+/// PostgreSQL's form), else the node's from `values`.
 pub(super) fn answer_for(
     client: &ClientSettings,
+    socket: &[(String, String)],
     values: &[(String, String)],
     name: &str,
 ) -> Result<Vec<BackendMessage>, ErrorFields> {
+    if let Some((canonical, value)) = socket.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+        return Ok(results::show(canonical, value));
+    }
     if name.eq_ignore_ascii_case("wal_sender_timeout") {
         if let Some(t) = client.wal_sender_timeout {
             return Ok(results::show("wal_sender_timeout", &format_ms(t)));

@@ -277,3 +277,55 @@ fn a_host_list_of_postgresql_servers_settles_where_target_session_attrs_says() {
         w.wait_flushed(TL1, target);
     }
 }
+
+/// A walserver standby of a real PostgreSQL 15 primary that asks for a SCRAM password, whose
+/// `primary_conninfo` has no password but a `passfile` (as `pg_basebackup -R` writes one): it
+/// finds the password there, matching the file's `replication` database entry as a PostgreSQL
+/// standby does, and streams. The same file readable by others is ignored, as libpq ignores
+/// it, and the standby cannot be made.
+#[test]
+fn a_standby_finds_its_password_in_a_password_file() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let pg = PgCluster::init_primary(
+        &PgOptions::default()
+            .conf("wal_keep_size = '1GB'")
+            .hba("host replication repl 127.0.0.1/32 scram-sha-256"),
+    );
+    pg.create_replication_role("repl", "s3cr:t", "scram-sha-256");
+    pg.psql("CREATE TABLE t (id int, filler text)");
+    let files = tempfile::tempdir().unwrap();
+    let passfile = files.path().join("pgpass");
+    std::fs::write(
+        &passfile,
+        format!(
+            "# the entry for the standby\n127.0.0.1:{}:postgres:repl:wrong\n*:{}:replication:repl:s3cr\\:t\n",
+            pg.port(),
+            pg.port()
+        ),
+    )
+    .unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=repl passfile={} application_name=w_passfile",
+        pg.port(),
+        passfile.display()
+    );
+
+    std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let refused =
+        walserver_node::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
+            .expect_err("a password file others may read is ignored");
+    let text = format!("{:#}", anyhow::Error::from(refused));
+    eprintln!("with the file readable by others: {text}");
+    assert!(text.contains("password"), "{text}");
+
+    std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    walserver_node::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
+        .expect("init_standby with the password from the file");
+    let w = TestNode::start_in(dir, "wal_keep_size = \"1GB\"\n");
+    w.wait_receiver("streaming with the password from the file", |_| true);
+    write_load(&pg, 0, 100);
+    w.wait_flushed(TL1, flush_lsn(&pg));
+}

@@ -57,6 +57,9 @@ pub struct ConnInfo {
     pub target_session_attrs: TargetSessionAttrs,
     /// TCP keepalives on the connection.
     pub keepalives: Keepalives,
+    /// The password file to read when no password is given; `None` means libpq's default
+    /// (`PGPASSFILE`, else `~/.pgpass`). See [`crate::passfile`].
+    pub passfile: Option<PathBuf>,
     /// Other keys libpq knows but walserver does not use, in the order given.
     pub other: Vec<(String, String)>,
 }
@@ -79,6 +82,7 @@ impl Default for ConnInfo {
             options: None,
             target_session_attrs: TargetSessionAttrs::Any,
             keepalives: Keepalives::default(),
+            passfile: None,
             other: Vec::new(),
         }
     }
@@ -237,7 +241,6 @@ pub enum ConnInfoError {
 /// libpq's keywords that walserver keeps without using (PostgreSQL 15 to 17).
 const OTHER_LIBPQ_KEYS: &[&str] = &[
     "service",
-    "passfile",
     "hostaddr",
     "client_encoding",
     "fallback_application_name",
@@ -344,6 +347,7 @@ impl ConnInfo {
             "sslrootcert" => self.sslrootcert = path(value),
             "sslcert" => self.sslcert = path(value),
             "sslkey" => self.sslkey = path(value),
+            "passfile" => self.passfile = path(value),
             "channel_binding" => self.channel_binding = value.parse()?,
             "connect_timeout" => self.connect_timeout = integer(key, &value)?,
             "keepalives" => self.keepalives.on = integer(key, &value)? != Some(0),
@@ -456,6 +460,7 @@ impl ConnInfo {
         add("sslrootcert", path(&self.sslrootcert));
         add("sslcert", path(&self.sslcert));
         add("sslkey", path(&self.sslkey));
+        add("passfile", path(&self.passfile));
         if self.channel_binding != ChannelBinding::Prefer {
             add(
                 "channel_binding",
@@ -755,6 +760,17 @@ mod tests {
             .iter()
             .map(Target::to_string)
             .collect()
+    }
+
+    #[test]
+    fn passfile_is_kept_and_printed() {
+        let info = ConnInfo::parse("host=h passfile=/home/x/.pgpass").unwrap();
+        assert_eq!(info.passfile, Some("/home/x/.pgpass".into()));
+        assert_eq!(info.ignored_options().count(), 0);
+        assert_eq!(
+            ConnInfo::parse(&info.to_string_without_password()).unwrap(),
+            info
+        );
     }
 
     #[test]

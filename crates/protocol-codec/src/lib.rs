@@ -15,7 +15,8 @@
 //! - [`client`]: the client's startup phase (SSL negotiation, startup packet, authentication,
 //!   up to ReadyForQuery) as a sans-I/O state machine, with libpq's `sslmode` attempts.
 //! - [`tls`]: rustls configurations for both sides, with libpq's `sslmode` meanings.
-//! - [`conninfo`]: libpq connection strings (`key=value` and `postgresql://` URIs).
+//! - [`conninfo`]: libpq connection strings (`key=value` and `postgresql://` URIs), and
+//!   [`passfile`]: libpq's password file, where one without a password finds it.
 //! - [`client_settings`]: the configuration parameters a client sets in its startup packet
 //!   (`options` and the other parameters), read and refused as PostgreSQL 15 does, against
 //!   its table of parameters ([`pg15_parameters`]).
@@ -75,6 +76,7 @@ pub mod command;
 pub mod conninfo;
 mod error;
 pub mod messages;
+pub mod passfile;
 pub mod pg15_parameters;
 pub mod results;
 #[cfg(test)]

@@ -11,6 +11,7 @@
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +23,7 @@ use protocol_codec::client::{
     Step,
 };
 use protocol_codec::conninfo::{ConnInfo, Keepalives, Target, TargetSessionAttrs};
+use protocol_codec::passfile;
 use protocol_codec::tls::{self, SslMode};
 use protocol_codec::{BackendMessage, ClientCodec, FrontendMessage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -194,10 +196,14 @@ async fn connect_to(
     application_name: &str,
     tls_config: Option<&Arc<ClientConfig>>,
 ) -> Result<Connection, ReceiverError> {
+    let mut startup = startup_config(info, application_name);
+    if startup.password.is_none() {
+        startup.password = password_from_file(info, target, &startup).await;
+    }
     let mode = info.sslmode;
     let mut encryption = client::first_attempt(mode);
     loop {
-        let err = match attempt(info, target, application_name, encryption, tls_config).await {
+        let err = match attempt(info, target, &startup, encryption, tls_config).await {
             Ok(conn) => return Ok(conn),
             Err(e) => e,
         };
@@ -219,6 +225,44 @@ async fn connect_to(
             None => return Err(err),
         }
     }
+}
+
+/// The password for `target` from libpq's password file (the conninfo's `passfile`, else
+/// `PGPASSFILE`, else `~/.pgpass`), read on the blocking pool. As libpq: a file that does not
+/// exist gives nothing; one its group or others may read is ignored with a warning; the
+/// database a physical replication connection matches is its `dbname`, `replication` unless
+/// given.
+async fn password_from_file(
+    info: &ConnInfo,
+    target: &Target,
+    startup: &StartupConfig,
+) -> Option<String> {
+    let path = info
+        .passfile
+        .clone()
+        .or_else(|| std::env::var_os("PGPASSFILE").map(PathBuf::from))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pgpass")))?;
+    let (host, port) = (target.host.clone(), target.port);
+    let database = info.dbname.clone().unwrap_or_else(|| "replication".into());
+    let user = startup.user.clone();
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(&path).ok().filter(|m| m.is_file())?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            tracing::warn!(
+                "password file \"{}\" has group or world access; permissions should be u=rw (0600) or less",
+                path.display()
+            );
+            return None;
+        }
+        let contents = std::fs::read_to_string(&path)
+            .inspect_err(|e| tracing::warn!("could not read password file \"{}\": {e}", path.display()))
+            .ok()?;
+        passfile::find_password(&contents, &host, port, &database, &user)
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// What the walreceiver sends in its startup packet, as libpq's walreceiver does.
@@ -249,7 +293,7 @@ fn startup_config(info: &ConnInfo, application_name: &str) -> StartupConfig {
 async fn attempt(
     info: &ConnInfo,
     target: &Target,
-    application_name: &str,
+    startup: &StartupConfig,
     encryption: Encryption,
     tls: Option<&Arc<ClientConfig>>,
 ) -> Result<Connection, ReceiverError> {
@@ -269,7 +313,7 @@ async fn attempt(
     let peer = stream.peer_addr().map_err(connect_err)?;
     let fd = stream.as_raw_fd();
     let mut io: Box<dyn Io> = Box::new(stream);
-    let mut handshake = ClientHandshake::new(startup_config(info, application_name), encryption);
+    let mut handshake = ClientHandshake::new(startup.clone(), encryption);
     let mut rbuf = BytesMut::with_capacity(1024);
     let mut step = handshake.start().map_err(startup_error)?;
     loop {

@@ -9,10 +9,15 @@ use std::net::SocketAddr;
 use crate::common::*;
 use crate::{KEEP, TL1};
 
-/// A port on 127.0.0.1 where nothing listens: one the kernel gave a listener just closed.
-fn refusing_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("address").port()
+/// A port on 127.0.0.1 that refuses connections for as long as the returned socket lives: the
+/// socket holds the port bound without listening, so no other test can take it meanwhile.
+fn refusing_port() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind");
+    let addr = socket.local_addr().expect("address");
+    (socket, addr)
 }
 
 /// A standby of the first host of `hosts` that suits `attrs`.
@@ -36,7 +41,7 @@ fn a_host_list_is_tried_in_order_and_target_session_attrs_choose_the_server() {
     let middle = TestNode::standby_of(primary.addr(), "middle", KEEP);
     let end = primary.append(3, 100, 1);
     middle.wait_flushed(TL1, end);
-    let dead = SocketAddr::from(([127, 0, 0, 1], refusing_port()));
+    let (_held, dead) = refusing_port();
 
     for (attrs, hosts, expected, who) in [
         (
@@ -98,7 +103,7 @@ fn a_host_list_is_tried_in_order_and_target_session_attrs_choose_the_server() {
 #[test]
 fn a_host_list_where_no_server_suits_is_refused_naming_every_host() {
     let primary = TestNode::primary(KEEP);
-    let dead = SocketAddr::from(([127, 0, 0, 1], refusing_port()));
+    let (_held, dead) = refusing_port();
     let conninfo = format!(
         "host=127.0.0.1,127.0.0.1 port={},{} user=walserver sslmode=disable target_session_attrs=standby",
         dead.port(),

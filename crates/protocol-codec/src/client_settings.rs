@@ -7,13 +7,14 @@
 //! A name PostgreSQL 15 does not know, a parameter a client may not set (one fixed at build,
 //! at server start or in the configuration file), a malformed `options` string and a bad value
 //! of a parameter walserver uses are refused with PostgreSQL's FATAL, its SQLSTATE and its
-//! words, after authentication, as PostgreSQL refuses them. walserver uses these:
+//! words, after authentication, as PostgreSQL refuses them. walserver uses three kinds:
 //! `wal_sender_timeout`, which replaces the node's for this connection (and outlives a reload,
-//! as a client's value does in PostgreSQL), and `application_name`, which names the standby
-//! when the startup packet has no `application_name` of its own; and the TCP keepalive timing
+//! as a client's value does in PostgreSQL); `application_name`, which names the standby when
+//! the startup packet has no `application_name` of its own; and the TCP keepalive timing
 //! (`tcp_keepalives_idle`, `tcp_keepalives_interval`, `tcp_keepalives_count`,
-//! `tcp_user_timeout`), which the server sets on the connection's socket. Every other known parameter
-//! is accepted and kept for `SHOW`, its value unchecked: walserver has no such setting.
+//! `tcp_user_timeout`), which the server sets on the connection's socket. Every other known
+//! parameter is accepted and kept for `SHOW`, its value unchecked: walserver has no such
+//! setting.
 //! Custom names (`ext.name`) are kept as PostgreSQL keeps placeholders. `options` holding
 //! another of the server's switches (`-B 128`, `-S 4096`, ...) is refused as a bad argument,
 //! where PostgreSQL would set the parameter the switch stands for.

@@ -2,7 +2,7 @@
 //! tried in order, a host that refuses the connection is passed over, and
 //! `target_session_attrs` decides which server to settle on (a primary for `read-write`, a
 //! standby for `standby`, the first that answers for `any`, a standby if there is one for
-//! `prefer-standby`). And the replication connection's TCP keepalives, on both of its ends.
+//! `prefer-standby`), and a standby given both members follows the one promoted. And the replication connection's TCP keepalives, on both of its ends.
 
 use std::net::SocketAddr;
 
@@ -232,4 +232,34 @@ fn the_nodes_keepalive_timing_reaches_its_connections_and_a_client_may_set_its_o
     own.until_ready();
     assert_eq!(show(&mut own, "tcp_keepalives_idle"), "7");
     assert_eq!(show(&mut own, "tcp_keepalives_count"), "4");
+}
+
+/// The case host lists are for: standby C lists both members, the primary A first, with
+/// `target_session_attrs=read-write`. A stops and B, A's other standby, is promoted: C tries A
+/// (gone), passes over nothing else, settles on B as the new primary, follows it onto timeline
+/// 2 and receives what B writes there, with no configuration changed.
+#[test]
+fn a_standby_given_both_members_follows_the_promoted_one() {
+    let a = TestNode::primary(KEEP);
+    let b = TestNode::standby_of(a.addr(), "b", KEEP);
+    let c = standby_of_any(&[a.addr(), b.addr()], "read-write", "c");
+    let first = a.append(3, 100, 1);
+    b.wait_flushed(TL1, first);
+    let info = c.wait_receiver("C streaming from A", |_| true);
+    assert_eq!(
+        info.status.and_then(|s| s.sender_port),
+        Some(a.addr().port())
+    );
+    c.wait_flushed(TL1, first);
+
+    a.shutdown(false);
+    drop(a);
+    b.promote().expect("promote B");
+    let after = b.append(3, 100, 2);
+    let info = c.wait_receiver("C streaming from B, the new primary", |r| {
+        r.status.as_ref().and_then(|s| s.sender_port) == Some(b.addr().port())
+    });
+    assert!(info.status.is_some());
+    c.wait_flushed(crate::TL2, after);
+    assert_eq!(c.wal().timeline(), crate::TL2);
 }

@@ -2,7 +2,8 @@
 //! tried in order, a host that refuses the connection is passed over, and
 //! `target_session_attrs` decides which server to settle on (a primary for `read-write`, a
 //! standby for `standby`, the first that answers for `any`, a standby if there is one for
-//! `prefer-standby`), and a standby given both members follows the one promoted. And the replication connection's TCP keepalives, on both of its ends.
+//! `prefer-standby`), and a standby given both members follows the one promoted. And the
+//! replication connection's TCP keepalives, on both of its ends, and their timing.
 
 use std::net::SocketAddr;
 

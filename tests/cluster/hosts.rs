@@ -264,3 +264,31 @@ fn a_standby_given_both_members_follows_the_promoted_one() {
     c.wait_flushed(crate::TL2, after);
     assert_eq!(c.wal().timeline(), crate::TL2);
 }
+
+/// `hostaddr` is connected to as given, the host's name not used to connect (it is for TLS and
+/// the password file): a standby whose `host` is another loopback address, where nothing
+/// listens, and whose `hostaddr` is the primary's streams from the primary, as one given only
+/// `hostaddr` does. (Both addresses are loopback, so nothing leaves the machine either way.)
+#[test]
+fn hostaddr_is_connected_to_instead_of_the_host() {
+    let primary = TestNode::primary(KEEP);
+    let end = primary.append(2, 100, 1);
+    for (name, addressing) in [
+        (
+            "by_addr_and_name",
+            "host=nowhere.invalid hostaddr=127.0.0.1",
+        ),
+        ("by_addr", "hostaddr=127.0.0.1"),
+    ] {
+        let conninfo = format!(
+            "{addressing} port={} user=walserver sslmode=disable application_name={name}",
+            primary.addr().port()
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        walserver_node::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
+            .expect("init_standby through hostaddr");
+        let standby = TestNode::start_in(dir, KEEP);
+        standby.wait_receiver(&format!("{addressing}: streaming"), |_| true);
+        standby.wait_flushed(TL1, end);
+    }
+}

@@ -17,9 +17,11 @@
 //!
 //! A host list (`host=a,b port=5432,5433`, or `postgresql://a:5432,b:5433/`) names upstreams
 //! to try in order, as libpq tries them ([`ConnInfo::targets`]): one port for all hosts or one
-//! per host, an empty entry meaning the default; `target_session_attrs` says which server to
-//! settle on ([`TargetSessionAttrs`]).
+//! per host, an empty entry meaning the default; `hostaddr` gives numeric addresses to connect
+//! to instead of looking the hosts up; `target_session_attrs` says which server to settle on
+//! ([`TargetSessionAttrs`]).
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -35,6 +37,9 @@ pub struct ConnInfo {
     /// Host names or IP addresses, comma-separated, as given; `None` means libpq's default,
     /// which for walserver (no Unix sockets) is `localhost`. See [`ConnInfo::targets`].
     pub host: Option<String>,
+    /// Numeric addresses to connect to instead of looking the hosts up, comma-separated, one
+    /// per host (an empty entry looks its host up); with no `host`, they are the hosts.
+    pub hostaddr: Option<String>,
     /// Ports: none (5432 for every host), one for every host, or one per host; 5432 where an
     /// entry was empty.
     pub port: Vec<u16>,
@@ -68,6 +73,7 @@ impl Default for ConnInfo {
     fn default() -> ConnInfo {
         ConnInfo {
             host: None,
+            hostaddr: None,
             port: Vec::new(),
             user: None,
             password: None,
@@ -116,13 +122,22 @@ impl Default for Keepalives {
 /// One upstream of a connection string: a host and its port.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
+    /// The host's name: what TLS verifies and the password file matches (the `hostaddr`
+    /// entry when no `host` entry names it, `localhost` when neither is given).
     pub host: String,
     pub port: u16,
+    /// The address to connect to (`hostaddr`), instead of looking `host` up.
+    pub addr: Option<IpAddr>,
 }
 
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.host, self.port)
+        match self.addr {
+            Some(a) if a.to_string() != self.host => {
+                write!(f, "{} ({a}):{}", self.host, self.port)
+            }
+            _ => write!(f, "{}:{}", self.host, self.port),
+        }
     }
 }
 
@@ -218,6 +233,10 @@ pub enum ConnInfoError {
     InvalidSslMode(String),
     #[error("invalid channel_binding value: \"{0}\"")]
     InvalidChannelBinding(String),
+    #[error("could not match {hosts} host names to {addrs} hostaddr values")]
+    HostsDoNotMatchHostaddrs { hosts: usize, addrs: usize },
+    #[error("could not parse network address \"{0}\": not a numeric IP address")]
+    InvalidHostAddr(String),
     #[error("could not match {ports} port numbers to {hosts} hosts")]
     PortsDoNotMatchHosts { ports: usize, hosts: usize },
     #[error("invalid target_session_attrs value: \"{0}\"")]
@@ -241,7 +260,6 @@ pub enum ConnInfoError {
 /// libpq's keywords that walserver keeps without using (PostgreSQL 15 to 17).
 const OTHER_LIBPQ_KEYS: &[&str] = &[
     "service",
-    "hostaddr",
     "client_encoding",
     "fallback_application_name",
     "replication",
@@ -285,40 +303,56 @@ impl ConnInfo {
     /// empty and 5432 for a port left empty; an error when there are several ports and not one
     /// per host, as libpq refuses that.
     pub fn targets(&self) -> Result<Vec<Target>, ConnInfoError> {
-        let hosts: Vec<&str> = match self.host.as_deref() {
-            None | Some("") => vec![""],
-            Some(h) => h.split(',').collect(),
+        let list = |v: &Option<String>| -> Option<Vec<String>> {
+            v.as_deref()
+                .filter(|t| !t.is_empty())
+                .map(|t| t.split(',').map(str::to_string).collect())
+        };
+        let names = list(&self.host);
+        let addrs = list(&self.hostaddr);
+        let count = match (&names, &addrs) {
+            (Some(n), Some(a)) if n.len() != a.len() => {
+                return Err(ConnInfoError::HostsDoNotMatchHostaddrs {
+                    hosts: n.len(),
+                    addrs: a.len(),
+                })
+            }
+            (_, Some(a)) => a.len(),
+            (Some(n), None) => n.len(),
+            (None, None) => 1,
         };
         let port = |i: usize| match self.port.len() {
             0 => Ok(DEFAULT_PORT),
             1 => Ok(self.port[0]),
-            n if n == hosts.len() => Ok(self.port[i]),
+            n if n == count => Ok(self.port[i]),
             n => Err(ConnInfoError::PortsDoNotMatchHosts {
                 ports: n,
-                hosts: hosts.len(),
+                hosts: count,
             }),
         };
-        hosts
-            .iter()
-            .enumerate()
-            .map(|(i, h)| {
+        (0..count)
+            .map(|i| {
+                let name = names.as_ref().map_or("", |n| n[i].as_str());
+                let addr = addrs.as_ref().map_or("", |a| a[i].as_str());
+                let ip = if addr.is_empty() {
+                    None
+                } else {
+                    Some(
+                        addr.parse::<IpAddr>()
+                            .map_err(|_| ConnInfoError::InvalidHostAddr(addr.to_string()))?,
+                    )
+                };
+                let host = [name, addr]
+                    .into_iter()
+                    .find(|h| !h.is_empty())
+                    .unwrap_or("localhost");
                 Ok(Target {
-                    host: if h.is_empty() { "localhost" } else { h }.to_string(),
+                    host: host.to_string(),
                     port: port(i)?,
+                    addr: ip,
                 })
             })
             .collect()
-    }
-
-    /// The first upstream to try (the only one of a connection string without a host list).
-    pub fn first_target(&self) -> Target {
-        self.targets()
-            .ok()
-            .and_then(|t| t.into_iter().next())
-            .unwrap_or(Target {
-                host: "localhost".into(),
-                port: DEFAULT_PORT,
-            })
     }
 
     /// The libpq keys given that walserver ignores, for a warning.
@@ -331,6 +365,7 @@ impl ConnInfo {
         let text = |v: String| (!v.is_empty()).then_some(v);
         match key {
             "host" => self.host = text(value),
+            "hostaddr" => self.hostaddr = text(value),
             "port" => {
                 self.port = if value.is_empty() {
                     Vec::new()
@@ -451,6 +486,7 @@ impl ConnInfo {
         };
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
         add("host", self.host.clone());
+        add("hostaddr", self.hostaddr.clone());
         let ports: Vec<String> = self.port.iter().map(u16::to_string).collect();
         add("port", (!ports.is_empty()).then(|| ports.join(",")));
         add("user", self.user.clone());
@@ -746,7 +782,8 @@ mod tests {
             ConnInfo::default().targets(),
             Ok(vec![Target {
                 host: "localhost".into(),
-                port: 5432
+                port: 5432,
+                addr: None
             }])
         );
         assert_eq!(ConnInfo::default().sslmode, SslMode::Prefer);
@@ -823,6 +860,20 @@ mod tests {
             ["a:1", "::1:2", "c:5432"]
         );
         assert_eq!(targets("postgresql://a,b/?port=9"), ["a:9", "b:9"]);
+        assert_eq!(
+            targets("host=db1,db2 hostaddr=10.0.0.5, port=6000"),
+            ["db1 (10.0.0.5):6000", "db2:6000"]
+        );
+        assert_eq!(
+            targets("hostaddr=127.0.0.1,::1 port=1,2"),
+            ["127.0.0.1:1", "::1:2"]
+        );
+        let t = ConnInfo::parse("host=db1 hostaddr=10.0.0.5")
+            .unwrap()
+            .targets()
+            .unwrap();
+        assert_eq!(t[0].host, "db1");
+        assert_eq!(t[0].addr, Some("10.0.0.5".parse().unwrap()));
         let info = ConnInfo::parse("host=a,b port=1,2 target_session_attrs=read-write").unwrap();
         assert_eq!(info.target_session_attrs, TargetSessionAttrs::ReadWrite);
         assert_eq!(info.ignored_options().count(), 0);
@@ -937,6 +988,14 @@ mod tests {
         check_err(
             "host=a,b port=1,2,3",
             "could not match 3 port numbers to 2 hosts",
+        );
+        check_err(
+            "host=a,b hostaddr=127.0.0.1",
+            "could not match 2 host names to 1 hostaddr values",
+        );
+        check_err(
+            "hostaddr=db.example",
+            "could not parse network address \"db.example\": not a numeric IP address",
         );
         check_err(
             "target_session_attrs=leader",

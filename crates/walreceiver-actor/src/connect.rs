@@ -302,9 +302,13 @@ async fn attempt(
         addr: target.to_string(),
         message: e.to_string(),
     };
-    let stream = TcpStream::connect((host, target.port))
-        .await
-        .map_err(connect_err)?;
+    // `hostaddr` is connected to as it is; the host's name is then for TLS and the password
+    // file only, as in libpq.
+    let stream = match target.addr {
+        Some(ip) => TcpStream::connect(SocketAddr::new(ip, target.port)).await,
+        None => TcpStream::connect((host, target.port)).await,
+    }
+    .map_err(connect_err)?;
     let _ = stream.set_nodelay(true);
     set_keepalives(&stream, &info.keepalives).map_err(|e| ReceiverError::Connect {
         addr: target.to_string(),

@@ -9,8 +9,9 @@
 //! - [`relayed`]: a watch published by another thread (storage's position) through one relay
 //!   task per actix thread, so that each value wakes the thread once instead of once per
 //!   subscriber.
-//! - [`set_int_option`], [`set_option`] and [`get_int_option`]: socket options (the walsender's `TCP_CORK`, the
-//!   walreceiver's `SO_RCVLOWAT`, the walsender listener's `TCP_CONGESTION`).
+//! - [`set_int_option`], [`set_option`] and [`get_int_option`]: socket options (the
+//!   walsender's `TCP_CORK`, the walreceiver's `SO_RCVLOWAT`, the walsender listener's
+//!   `TCP_CONGESTION`, both ends' keepalives).
 //!
 //! What it does not own: any protocol (that is `protocol-codec`'s), any state machine, and any
 //! decision about when to wake; the state machines say when, this crate only keeps the timer

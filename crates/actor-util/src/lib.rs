@@ -11,7 +11,8 @@
 //!   subscriber.
 //! - [`set_int_option`], [`set_option`] and [`get_int_option`]: socket options (the
 //!   walsender's `TCP_CORK`, the walreceiver's `SO_RCVLOWAT`, the walsender listener's
-//!   `TCP_CONGESTION`, both ends' keepalives).
+//!   `TCP_CONGESTION`, both ends' keepalives: [`set_keepalive_timing`] over
+//!   [`KEEPALIVE_TIMING`]).
 //!
 //! What it does not own: any protocol (that is `protocol-codec`'s), any state machine, and any
 //! decision about when to wake; the state machines say when, this crate only keeps the timer
@@ -23,7 +24,9 @@ mod timer;
 
 pub use relay::relayed;
 
-pub use sockopt::{get_int_option, set_int_option, set_option};
+pub use sockopt::{
+    get_int_option, set_int_option, set_keepalive_timing, set_option, KEEPALIVE_TIMING,
+};
 
 pub use timer::DeadlineTimer;
 

@@ -13,6 +13,37 @@ pub fn set_int_option(
     set_option(socket, level, name, &v.to_ne_bytes())
 }
 
+/// The TCP options of keepalive timing, in the order both ends keep them (idle time and
+/// interval in seconds, a count of probes, the user timeout in milliseconds), with their names
+/// for messages.
+pub const KEEPALIVE_TIMING: [(libc::c_int, &str); 4] = [
+    (libc::TCP_KEEPIDLE, "TCP_KEEPIDLE"),
+    (libc::TCP_KEEPINTVL, "TCP_KEEPINTVL"),
+    (libc::TCP_KEEPCNT, "TCP_KEEPCNT"),
+    (libc::TCP_USER_TIMEOUT, "TCP_USER_TIMEOUT"),
+];
+
+/// Sets each keepalive timing `values` gives (in [`KEEPALIVE_TIMING`]'s order; `None` leaves
+/// the socket's). A failure names the option it met; a value beyond a `c_int` is refused as out
+/// of range without a call (the kernel would refuse it too).
+pub fn set_keepalive_timing(
+    socket: &impl AsRawFd,
+    values: [Option<u32>; 4],
+) -> Result<(), (&'static str, io::Error)> {
+    for ((name, what), value) in KEEPALIVE_TIMING.into_iter().zip(values) {
+        if let Some(v) = value {
+            let v = libc::c_int::try_from(v).map_err(|_| {
+                (
+                    what,
+                    io::Error::new(io::ErrorKind::InvalidInput, "value out of range"),
+                )
+            })?;
+            set_int_option(socket, libc::IPPROTO_TCP, name, v).map_err(|e| (what, e))?;
+        }
+    }
+    Ok(())
+}
+
 /// Reads an integer socket option (`getsockopt` into a `c_int`).
 pub fn get_int_option(
     socket: &impl AsRawFd,

@@ -46,6 +46,14 @@ pub struct TcpKeepalives {
     pub user_timeout: Option<u32>,
 }
 
+impl TcpKeepalives {
+    /// The four in the order `TCP_KEEPIDLE`, `TCP_KEEPINTVL`, `TCP_KEEPCNT`,
+    /// `TCP_USER_TIMEOUT`, the socket options that carry them.
+    pub fn values(&self) -> [Option<u32>; 4] {
+        [self.idle, self.interval, self.count, self.user_timeout]
+    }
+}
+
 impl ClientSettings {
     /// Reads the parameters of a startup packet (`params`, in their order).
     pub fn from_startup(params: &[(String, String)]) -> Result<ClientSettings, ErrorFields> {

@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::auth::ChannelBinding;
+use crate::client_settings::TcpKeepalives;
 use crate::tls::SslMode;
 
 /// PostgreSQL's default port.
@@ -97,24 +98,19 @@ impl Default for ConnInfo {
 /// libpq's TCP keepalive settings: on unless `keepalives=0`, the system's timing unless
 /// `keepalives_idle`, `keepalives_interval` (seconds) or `keepalives_count` say otherwise, and
 /// `tcp_user_timeout` (milliseconds; how long sent data may go unacknowledged before the
-/// connection is dropped), which applies with keepalives on, as in libpq.
+/// connection is dropped), which applies with keepalives on, as in libpq. The timing is the
+/// same four a server's `tcp_keepalives_*` and `tcp_user_timeout` set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Keepalives {
     pub on: bool,
-    pub idle: Option<u32>,
-    pub interval: Option<u32>,
-    pub count: Option<u32>,
-    pub tcp_user_timeout: Option<u32>,
+    pub timing: TcpKeepalives,
 }
 
 impl Default for Keepalives {
     fn default() -> Keepalives {
         Keepalives {
             on: true,
-            idle: None,
-            interval: None,
-            count: None,
-            tcp_user_timeout: None,
+            timing: TcpKeepalives::default(),
         }
     }
 }
@@ -386,10 +382,10 @@ impl ConnInfo {
             "channel_binding" => self.channel_binding = value.parse()?,
             "connect_timeout" => self.connect_timeout = integer(key, &value)?,
             "keepalives" => self.keepalives.on = integer(key, &value)? != Some(0),
-            "keepalives_idle" => self.keepalives.idle = integer(key, &value)?,
-            "keepalives_interval" => self.keepalives.interval = integer(key, &value)?,
-            "keepalives_count" => self.keepalives.count = integer(key, &value)?,
-            "tcp_user_timeout" => self.keepalives.tcp_user_timeout = integer(key, &value)?,
+            "keepalives_idle" => self.keepalives.timing.idle = integer(key, &value)?,
+            "keepalives_interval" => self.keepalives.timing.interval = integer(key, &value)?,
+            "keepalives_count" => self.keepalives.timing.count = integer(key, &value)?,
+            "tcp_user_timeout" => self.keepalives.timing.user_timeout = integer(key, &value)?,
             "options" => self.options = text(value),
             k if OTHER_LIBPQ_KEYS.contains(&k) => {
                 self.other.retain(|(o, _)| o != k);
@@ -508,15 +504,19 @@ impl ConnInfo {
             self.connect_timeout.map(|t| t.to_string()),
         );
         add("options", self.options.clone());
-        let k = &self.keepalives;
-        if !k.on {
+        if !self.keepalives.on {
             add("keepalives", Some("0".into()));
         }
-        let number = |n: Option<u32>| n.map(|n| n.to_string());
-        add("keepalives_idle", number(k.idle));
-        add("keepalives_interval", number(k.interval));
-        add("keepalives_count", number(k.count));
-        add("tcp_user_timeout", number(k.tcp_user_timeout));
+        let timing = self.keepalives.timing.values();
+        let keys = [
+            "keepalives_idle",
+            "keepalives_interval",
+            "keepalives_count",
+            "tcp_user_timeout",
+        ];
+        for (key, value) in keys.into_iter().zip(timing) {
+            add(key, value.map(|n| n.to_string()));
+        }
         if self.target_session_attrs != TargetSessionAttrs::Any {
             add(
                 "target_session_attrs",
@@ -822,10 +822,12 @@ mod tests {
             info.keepalives,
             Keepalives {
                 on: true,
-                idle: Some(5),
-                interval: Some(2),
-                count: Some(3),
-                tcp_user_timeout: Some(9000)
+                timing: TcpKeepalives {
+                    idle: Some(5),
+                    interval: Some(2),
+                    count: Some(3),
+                    user_timeout: Some(9000)
+                }
             }
         );
         assert_eq!(info.ignored_options().count(), 0);

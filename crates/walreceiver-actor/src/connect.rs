@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actor_util::set_int_option;
+use actor_util::{set_int_option, set_keepalive_timing};
 use bytes::BytesMut;
 use protocol_codec::auth::ChannelBindingMode;
 use protocol_codec::client::{
@@ -390,28 +390,10 @@ pub(crate) fn set_keepalives(socket: &impl AsRawFd, k: &Keepalives) -> Result<()
     if !k.on {
         return Ok(());
     }
-    let set = |level, name, what: &str, v: u32| {
-        let v = libc::c_int::try_from(v)
-            .map_err(|_| format!("setsockopt({what}) failed: value out of range"))?;
-        set_int_option(socket, level, name, v)
-            .map_err(|e| format!("setsockopt({what}) failed: {e}"))
-    };
-    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, "SO_KEEPALIVE", 1)?;
-    for (v, name, what) in [
-        (k.idle, libc::TCP_KEEPIDLE, "TCP_KEEPIDLE"),
-        (k.interval, libc::TCP_KEEPINTVL, "TCP_KEEPINTVL"),
-        (k.count, libc::TCP_KEEPCNT, "TCP_KEEPCNT"),
-        (
-            k.tcp_user_timeout,
-            libc::TCP_USER_TIMEOUT,
-            "TCP_USER_TIMEOUT",
-        ),
-    ] {
-        if let Some(v) = v {
-            set(libc::IPPROTO_TCP, name, what, v)?;
-        }
-    }
-    Ok(())
+    let failed = |what: &str, e: std::io::Error| format!("setsockopt({what}) failed: {e}");
+    set_int_option(socket, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)
+        .map_err(|e| failed("SO_KEEPALIVE", e))?;
+    set_keepalive_timing(socket, k.timing.values()).map_err(|(what, e)| failed(what, e))
 }
 
 fn startup_error(e: StartupError) -> ReceiverError {

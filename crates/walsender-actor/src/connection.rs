@@ -288,33 +288,25 @@ fn rand_key(pid: u32) -> i32 {
 /// Sets the keepalive timing `k` gives on a TCP socket; a value left unset, or 0, keeps the
 /// socket's (the system's, or the node's set at accept), as PostgreSQL's 0 means.
 pub fn set_tcp_keepalives(socket: &impl AsRawFd, k: &TcpKeepalives) -> std::io::Result<()> {
-    for (v, name) in [
-        (k.idle, libc::TCP_KEEPIDLE),
-        (k.interval, libc::TCP_KEEPINTVL),
-        (k.count, libc::TCP_KEEPCNT),
-        (k.user_timeout, libc::TCP_USER_TIMEOUT),
-    ] {
-        if let Some(v) = v.filter(|v| *v > 0) {
-            let v = libc::c_int::try_from(v).unwrap_or(libc::c_int::MAX);
-            actor_util::set_int_option(socket, libc::IPPROTO_TCP, name, v)?;
-        }
-    }
-    Ok(())
+    let values = k.values().map(|v| v.filter(|v| *v > 0));
+    actor_util::set_keepalive_timing(socket, values).map_err(|(_, e)| e)
 }
 
 /// SHOW's values of the keepalive parameters: what the socket has, as plain numbers (seconds,
 /// a count, milliseconds), as PostgreSQL shows them; 0 where the socket cannot say.
 fn tcp_keepalive_show(socket: &impl AsRawFd) -> Vec<(String, String)> {
-    [
-        ("tcp_keepalives_idle", libc::TCP_KEEPIDLE),
-        ("tcp_keepalives_interval", libc::TCP_KEEPINTVL),
-        ("tcp_keepalives_count", libc::TCP_KEEPCNT),
-        ("tcp_user_timeout", libc::TCP_USER_TIMEOUT),
-    ]
-    .into_iter()
-    .map(|(n, opt)| {
-        let v = actor_util::get_int_option(socket, libc::IPPROTO_TCP, opt).unwrap_or(0);
-        (n.to_string(), v.to_string())
-    })
-    .collect()
+    let names = [
+        "tcp_keepalives_idle",
+        "tcp_keepalives_interval",
+        "tcp_keepalives_count",
+        "tcp_user_timeout",
+    ];
+    names
+        .into_iter()
+        .zip(actor_util::KEEPALIVE_TIMING)
+        .map(|(n, (opt, _))| {
+            let v = actor_util::get_int_option(socket, libc::IPPROTO_TCP, opt).unwrap_or(0);
+            (n.to_string(), v.to_string())
+        })
+        .collect()
 }

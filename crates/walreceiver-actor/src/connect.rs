@@ -152,21 +152,22 @@ pub async fn connect(
             if targets.len() > 1 {
                 tracing::info!(upstream = %target, "not connecting to this host: {why}");
             }
-            failures.push(format!("{target}: {why}"));
+            failures.push((target, why));
         }
     }
-    Err(match &targets[..] {
-        [one] => ReceiverError::Connect {
+    // One host: the last reason it gave (prefer-standby's second pass over it, if any).
+    Err(match (&targets[..], &failures[..]) {
+        ([one], [.., (_, why)]) => ReceiverError::Connect {
             addr: one.to_string(),
-            message: failures.pop().map_or_else(String::new, |f| {
-                f.strip_prefix(&format!("{one}: "))
-                    .unwrap_or(&f)
-                    .to_string()
-            }),
+            message: why.clone(),
         },
         _ => ReceiverError::Connect {
             addr: format!("any of {} hosts", targets.len()),
-            message: failures.join("; "),
+            message: failures
+                .iter()
+                .map(|(target, why)| format!("{target}: {why}"))
+                .collect::<Vec<_>>()
+                .join("; "),
         },
     })
 }

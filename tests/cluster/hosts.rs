@@ -30,10 +30,7 @@ fn standby_of_any(hosts: &[SocketAddr], attrs: &str, name: &str) -> TestNode {
         list.join(","),
         ports.join(",")
     );
-    let dir = tempfile::tempdir().expect("tempdir");
-    walserver_node::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
-        .expect("init_standby");
-    TestNode::start_in(dir, KEEP)
+    TestNode::standby_from(&conninfo, KEEP)
 }
 
 #[test]
@@ -284,10 +281,7 @@ fn hostaddr_is_connected_to_instead_of_the_host() {
             "{addressing} port={} user=walserver sslmode=disable application_name={name}",
             primary.addr().port()
         );
-        let dir = tempfile::tempdir().expect("tempdir");
-        walserver_node::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
-            .expect("init_standby through hostaddr");
-        let standby = TestNode::start_in(dir, KEEP);
+        let standby = TestNode::standby_from(&conninfo, KEEP);
         standby.wait_receiver(&format!("{addressing}: streaming"), |_| true);
         standby.wait_flushed(TL1, end);
     }

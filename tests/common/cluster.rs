@@ -35,14 +35,15 @@ impl TestNode {
     /// A new standby of the node listening on `upstream`, made with `init_standby` (which
     /// writes `standby.signal`) and started with `extra` TOML lines.
     pub fn standby_of(upstream: SocketAddr, name: &str, extra: &str) -> TestNode {
+        TestNode::standby_from(&conninfo_at(upstream, name), extra)
+    }
+
+    /// A new standby whose `primary_conninfo` is `conninfo`, made with `init_standby` and
+    /// started with `extra` TOML lines.
+    pub fn standby_from(conninfo: &str, extra: &str) -> TestNode {
         let dir = tempfile::tempdir().expect("tempdir");
-        walserver_node::init::init_standby(
-            &dir.path().join("data"),
-            &conninfo_at(upstream, name),
-            None,
-            None,
-        )
-        .expect("init_standby");
+        walserver_node::init::init_standby(&dir.path().join("data"), conninfo, None, None)
+            .unwrap_or_else(|e| panic!("init_standby from {conninfo:?}: {e:#}"));
         TestNode::start_in(dir, extra)
     }
 

@@ -29,14 +29,11 @@ fn pg_primary() -> PgCluster {
 
 /// A walserver standby of `pg`, made as `walserver init --standby` makes one.
 fn walserver_standby_of(pg: &PgCluster) -> TestNode {
-    let dir = tempfile::tempdir().unwrap();
     let conninfo = format!(
         "{} application_name=walserver connect_timeout=10",
         pg.conninfo("postgres", None)
     );
-    walserver_node::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
-        .expect("init_standby from PostgreSQL");
-    let node = TestNode::start_in(dir, "wal_keep_size = \"1GB\"\n");
+    let node = TestNode::standby_from(&conninfo, "wal_keep_size = \"1GB\"\n");
     assert_eq!(node.wal().format(), WalFormat::Postgres);
     node
 }
@@ -257,16 +254,13 @@ fn a_host_list_of_postgresql_servers_settles_where_target_session_attrs_says() {
         ("read-write", &pg_standby, &pg, pg.port()),
         ("standby", &pg, &pg_standby, pg_standby.port()),
     ] {
-        let dir = tempfile::tempdir().unwrap();
         let conninfo = format!(
             "host=127.0.0.1,127.0.0.1 port={},{} user=postgres application_name=w_{} target_session_attrs={attrs}",
             first.port(),
             second.port(),
             attrs.replace('-', "_"),
         );
-        walserver_node::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
-            .expect("init_standby from a host list");
-        let w = TestNode::start_in(dir, "wal_keep_size = \"1GB\"\n");
+        let w = TestNode::standby_from(&conninfo, "wal_keep_size = \"1GB\"\n");
         let info = w.wait_receiver(&format!("{attrs}: streaming"), |_| true);
         assert_eq!(
             info.status.as_ref().and_then(|s| s.sender_port),
@@ -321,10 +315,7 @@ fn a_standby_finds_its_password_in_a_password_file() {
     assert!(text.contains("password"), "{text}");
 
     std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    walserver_node::init::init_standby(&dir.path().join("data"), &conninfo, None, None)
-        .expect("init_standby with the password from the file");
-    let w = TestNode::start_in(dir, "wal_keep_size = \"1GB\"\n");
+    let w = TestNode::standby_from(&conninfo, "wal_keep_size = \"1GB\"\n");
     w.wait_receiver("streaming with the password from the file", |_| true);
     write_load(&pg, 0, 100);
     w.wait_flushed(TL1, flush_lsn(&pg));

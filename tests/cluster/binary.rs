@@ -2,7 +2,8 @@
 //! changes `primary_conninfo` reconnects without a restart, and one that changes
 //! `synchronous_standby_names` changes sync states and releases the appends it satisfies;
 //! SIGTERM is a fast shutdown that exits 0, and a second SIGTERM (or SIGQUIT) during it is
-//! immediate.
+//! immediate. A `primary_conninfo` without user or password takes them from the
+//! environment, as libpq does.
 
 use std::io::BufRead;
 use std::net::SocketAddr;
@@ -33,7 +34,14 @@ impl Walserver {
     /// Runs `config` and waits until it accepts replication connections and serves its
     /// admin API, whose addresses its log tells.
     pub(super) fn run(config: &Path) -> Walserver {
-        let mut w = Walserver::spawn(config, &[("NO_COLOR", "1"), ("RUST_LOG", "info")]);
+        Walserver::run_with(config, &[])
+    }
+
+    /// [`Walserver::run`] with `env` added to its environment.
+    pub(super) fn run_with(config: &Path, env: &[(&str, &str)]) -> Walserver {
+        let mut all = vec![("NO_COLOR", "1"), ("RUST_LOG", "info")];
+        all.extend_from_slice(env);
+        let mut w = Walserver::spawn(config, &all);
         let line = w.wait_line("accepting replication connections");
         w.listen = field(&line, "listen_addr").parse().expect("listen_addr");
         let line = w.wait_line("admin API listening");
@@ -169,6 +177,55 @@ fn wait_streaming_from(w: &Walserver, port: u16) -> u64 {
         },
     );
     pid
+}
+
+/// A standby whose `primary_conninfo` names neither a user nor a password, run with `PGUSER`
+/// and `PGPASSWORD` set as libpq reads them, streams from a primary that asks for a SCRAM
+/// password; with a wrong `PGPASSWORD` it is refused and its status says so.
+#[test]
+fn the_user_and_password_come_from_the_environment_when_the_conninfo_has_none() {
+    let verifier = protocol_codec::auth::make_scram_verifier("s3cret");
+    let primary = TestNode::primary(&format!(
+        "{KEEP}[users]\nrepl = \"{verifier}\"\n[[hba]]\naddress = \"127.0.0.1/32\"\nuser = \"all\"\nmethod = \"scram-sha-256\"\n"
+    ));
+    let port = primary.addr().port();
+    let end = primary.append(4, 1000, 7);
+    for (password, streams) in [("wrong", false), ("s3cret", true)] {
+        let dir = tempfile::tempdir().unwrap();
+        walserver_node::init::init_standby(
+            &dir.path().join("data"),
+            &format!("host=127.0.0.1 port={port} user=repl password=s3cret sslmode=disable"),
+            None,
+            None,
+        )
+        .expect("init_standby");
+        let config = write_config(
+            dir.path(),
+            &format!(
+                "primary_conninfo = \"host=127.0.0.1 port={port} sslmode=disable application_name=env\"\n"
+            ),
+        );
+        let w = Walserver::run_with(&config, &[("PGUSER", "repl"), ("PGPASSWORD", password)]);
+        if streams {
+            wait_streaming_from(&w, port);
+            wait_until("the standby to flush the primary's WAL", || {
+                w.status()["flush_lsn"] == serde_json::json!(end.to_string())
+            });
+        } else {
+            let mut error = String::new();
+            wait_until("the wrong password to be refused", || {
+                error = w.status()["wal_receiver"]["last_error"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string();
+                !error.is_empty()
+            });
+            assert!(
+                error.contains("password authentication failed for user \"repl\""),
+                "{error}"
+            );
+        }
+    }
 }
 
 #[test]

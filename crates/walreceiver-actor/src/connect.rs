@@ -266,17 +266,25 @@ async fn password_from_file(
     .flatten()
 }
 
-/// What the walreceiver sends in its startup packet, as libpq's walreceiver does.
+/// What the walreceiver sends in its startup packet, as libpq's walreceiver does. As in libpq,
+/// the environment fills in what the conninfo leaves out: the user from `PGUSER` (else the
+/// login name, `USER`), the password from `PGPASSWORD` when the conninfo has no `password`
+/// at all. An empty password, from either, counts as none, so that the password file is read.
 fn startup_config(info: &ConnInfo, application_name: &str) -> StartupConfig {
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let user = info
         .user
         .clone()
-        .or_else(|| std::env::var("USER").ok())
+        .or_else(|| env("PGUSER"))
+        .or_else(|| env("USER"))
         .unwrap_or_else(|| "postgres".to_string());
     let database = info.dbname.as_deref().unwrap_or("replication");
     let mut config = StartupConfig {
         user,
-        password: info.password.clone(),
+        password: match &info.password {
+            Some(p) => Some(p.clone()).filter(|p| !p.is_empty()),
+            None => env("PGPASSWORD"),
+        },
         params: Vec::new(),
         sslmode: info.sslmode,
         channel_binding: info.channel_binding,

@@ -1428,7 +1428,7 @@ fn max_wal_senders_refuses_as_postgresql_15_does() {
 /// the FATAL after AuthenticationOk for a parameter that is unknown, one a client may not set,
 /// a malformed `options` or a bad `wal_sender_timeout`, and otherwise the same SHOW answers
 /// (the client's `wal_sender_timeout` in PostgreSQL's form, its `application_name`, a custom
-/// parameter). Then a client that set `wal_sender_timeout=1s` on a node whose own is a minute
+/// parameter, the primary's role). Then a client that set `wal_sender_timeout=1s` on a node whose own is a minute
 /// is ended for its silence by its own timeout.
 #[test]
 fn client_parameters_are_read_as_postgresql_15_reads_them() {
@@ -1466,6 +1466,9 @@ fn client_parameters_are_read_as_postgresql_15_reads_them() {
             "SHOW tcp_keepalives_interval",
             "SHOW tcp_keepalives_count",
             "SHOW tcp_user_timeout",
+            "SHOW in_hot_standby",
+            "SHOW transaction_read_only",
+            "SHOW default_transaction_read_only",
         ] {
             c.send(protocol_codec::FrontendMessage::Query(q.into()));
             out.push(q.to_string());

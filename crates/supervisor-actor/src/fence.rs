@@ -154,6 +154,29 @@ impl Fence {
         }
     }
 
+    /// Resolves at the fence's next change: a grant, a renewal, a revocation, a new term, or the
+    /// deadline of the grant it holds now passing. Never resolves on an open fence that stays
+    /// open. One call waits for one change; a caller that follows the fence calls it again.
+    pub async fn changed(&self) {
+        let mut rx = self.inner.subscribe();
+        rx.borrow_and_update();
+        match self.view(Instant::now()) {
+            FenceView::Leader { until, .. } => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until.into()) => {}
+                    _ = rx.changed() => {}
+                }
+            }
+            FenceView::Open | FenceView::Closed { .. } => {
+                // The sender lives in `self`, so this cannot end in an error while the caller
+                // holds the fence; were it to, there would be nothing left to follow.
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+
     /// What the fence says at `now`; a grant whose deadline has passed reads as closed.
     pub fn view(&self, now: Instant) -> FenceView {
         match self.state() {
@@ -194,6 +217,35 @@ impl Default for Fence {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[tokio::test]
+    async fn changed_wakes_on_a_grant_a_revocation_and_an_expiry() {
+        let waiter = |f: &Fence| {
+            let f = f.clone();
+            tokio::spawn(async move { f.changed().await })
+        };
+        let f = Fence::closed();
+        let w = waiter(&f);
+        tokio::task::yield_now().await;
+        assert!(!w.is_finished());
+        let until = Instant::now() + Duration::from_millis(200);
+        f.grant(1, until);
+        w.await.unwrap();
+        // Held: the next change is the deadline, with nobody touching the fence.
+        f.changed().await;
+        assert!(Instant::now() >= until);
+        assert!(!f.may_acknowledge(Instant::now()));
+        // A revocation of a long grant wakes a waiter at once.
+        f.grant(2, Instant::now() + Duration::from_secs(600));
+        let w = waiter(&f);
+        tokio::task::yield_now().await;
+        assert!(!w.is_finished());
+        f.revoke();
+        tokio::time::timeout(Duration::from_secs(10), w)
+            .await
+            .expect("a revocation wakes the waiter")
+            .unwrap();
+    }
 
     #[test]
     fn an_open_fence_always_acknowledges() {

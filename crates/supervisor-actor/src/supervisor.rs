@@ -237,6 +237,40 @@ impl Supervisor {
     }
 
     /// Makes readers' visibility follow the role and the synchronous settings.
+    /// Tells the walsenders the node's role as clients see it: a standby (`in_hot_standby`),
+    /// or a primary that acknowledges no writes now because its failover fence is closed
+    /// (`default_transaction_read_only`), so that a client looking for a writable server
+    /// (`target_session_attrs=read-write`) does not settle on a primary that has lost, or not
+    /// yet won, the cluster's leadership. Called whenever the role or the fence changes.
+    fn publish_role(&self) {
+        let settings = self.shared.settings();
+        let in_hot_standby = self.role == NodeRole::Standby;
+        let read_only =
+            self.role == NodeRole::Primary && !self.fence.may_acknowledge(Instant::now());
+        if settings.in_hot_standby == in_hot_standby && settings.read_only == read_only {
+            return;
+        }
+        let mut settings = (*settings).clone();
+        settings.in_hot_standby = in_hot_standby;
+        settings.read_only = read_only;
+        self.shared.replace_settings(settings);
+        self.registry.do_send(SettingsChanged);
+    }
+
+    /// Follows the fence for [`Supervisor::publish_role`]: one wait per change, each an event
+    /// (a grant, a renewal, a revocation, or a grant's deadline), never a poll.
+    fn follow_fence(&self, ctx: &mut Context<Self>) {
+        let fence = self.fence.clone();
+        ctx.spawn(
+            async move { fence.changed().await }
+                .into_actor(self)
+                .map(|(), act, ctx| {
+                    act.publish_role();
+                    act.follow_fence(ctx);
+                }),
+        );
+    }
+
     fn update_visibility(&self) {
         self.visibility
             .set_rule(rule_of(self.role == NodeRole::Primary, &self.sync));
@@ -376,6 +410,8 @@ impl Actor for Supervisor {
         self.registry
             .do_send(SetSyncStandbyNames(self.sync.standby_names.clone()));
         self.watch_storage(ctx);
+        self.publish_role();
+        self.follow_fence(ctx);
         if let Some(wal) = &self.wal {
             ctx.spawn(actix::fut::wrap_future(self.visibility.run(wal)));
         }
@@ -778,10 +814,7 @@ impl Supervisor {
             act.role = NodeRole::Primary;
             act.receiver = None;
             act.update_visibility();
-            let mut settings = (*act.shared.settings()).clone();
-            settings.in_hot_standby = false;
-            act.shared.replace_settings(settings);
-            act.registry.do_send(SettingsChanged);
+            act.publish_role();
             tracing::info!(timeline = %promoted.timeline, switch = %promoted.switch_lsn, "promoted to primary");
             Ok(promoted)
         }))
@@ -793,7 +826,10 @@ impl Handler<Reconfigure> for Supervisor {
 
     fn handle(&mut self, msg: Reconfigure, ctx: &mut Context<Self>) {
         let mut walsender = msg.walsender;
-        walsender.in_hot_standby = self.role == NodeRole::Standby;
+        // The role is the supervisor's, not the configuration's.
+        let now = self.shared.settings();
+        walsender.in_hot_standby = now.in_hot_standby;
+        walsender.read_only = now.read_only;
         if self.shared.tls.is_none() && walsender.auth.tls_available {
             let mut auth = (*walsender.auth).clone();
             auth.tls_available = false;

@@ -1,14 +1,19 @@
 //! The fence over real nodes on loopback: a closed fence refuses appends before anything is
 //! written, a grant lets them through, and a grant whose deadline passes while an append waits
-//! for a synchronous standby turns the answer into an indeterminate outcome.
+//! for a synchronous standby turns the answer into an indeterminate outcome. A client sees a
+//! primary whose fence is closed as read-only, so that a standby looking for a writable server
+//! passes it by.
 
 mod common;
 use common::*;
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use protocol_codec::BackendMessage;
+use repl_client::ReplClient;
 use supervisor_actor::{
     AppendError, AppendRecords, Durability, Fence, GetNodeStatus, Node, NodeBuilder,
 };
@@ -169,5 +174,148 @@ fn a_synchronous_wait_that_times_out_is_indeterminate() {
         assert!(e.is_indeterminate());
         assert!(e.to_string().starts_with("indeterminate"), "{e}");
         stop(node).await;
+    });
+}
+
+/// The value of `SHOW name` on `client`.
+fn show(client: &mut ReplClient, name: &str) -> String {
+    let msgs = client.simple_query(&format!("SHOW {name}")).unwrap();
+    let row = msgs.iter().find_map(|m| match m {
+        BackendMessage::DataRow(row) => row.first().cloned().flatten(),
+        _ => None,
+    });
+    String::from_utf8(row.unwrap_or_else(|| panic!("no row in {msgs:?}")).to_vec()).unwrap()
+}
+
+/// A new connection's view of the node at `addr`: its greeting's
+/// `default_transaction_read_only` and `in_hot_standby`, and its SHOW of
+/// `transaction_read_only`. Run off the node's thread, since the client blocks.
+async fn seen_by_a_new_client(addr: SocketAddr) -> [String; 3] {
+    tokio::task::spawn_blocking(move || {
+        let mut c = ReplClient::connect(addr, "r", None, "looks").unwrap();
+        let greeting = |name: &str| {
+            c.param(name)
+                .unwrap_or_else(|| panic!("{name}"))
+                .to_string()
+        };
+        let seen = [
+            greeting("default_transaction_read_only"),
+            greeting("in_hot_standby"),
+            show(&mut c, "transaction_read_only"),
+        ];
+        c.close();
+        seen
+    })
+    .await
+    .unwrap()
+}
+
+/// Connects anew until a new client's greeting says `default_transaction_read_only = want`:
+/// a change of the fence reaches the walsenders through the supervisor, a moment after it is
+/// made. Each turn is a connection's round trip; the whole is bounded by the deadline.
+async fn read_only_to_new_clients(addr: SocketAddr, want: &str, after: &str) {
+    let deadline = Instant::now() + DEADLINE;
+    while seen_by_a_new_client(addr).await[0] != want {
+        assert!(
+            Instant::now() < deadline,
+            "read-only never {want} after {after}"
+        );
+    }
+}
+
+#[test]
+fn a_primary_whose_fence_is_closed_shows_itself_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let fence = Fence::closed();
+        let node = primary(&dir.path().join("data"))
+            .fence(fence.clone())
+            .start()
+            .await
+            .unwrap();
+        let addr = node.listen_addr;
+        assert_eq!(seen_by_a_new_client(addr).await, ["on", "off", "on"]);
+
+        // A connection opened while the fence is closed sees the grant: SHOW answers with
+        // the role of the moment it is asked. The grant reaches the walsender through the
+        // supervisor, so its SHOW is asked again until then (each a round trip, by the
+        // deadline).
+        let open = tokio::task::spawn_blocking(move || {
+            ReplClient::connect(addr, "r", None, "stays").unwrap()
+        })
+        .await
+        .unwrap();
+        fence.grant(1, Instant::now() + Duration::from_secs(600));
+        let open = tokio::task::spawn_blocking(move || {
+            let mut c = open;
+            let deadline = Instant::now() + DEADLINE;
+            while show(&mut c, "default_transaction_read_only") != "off" {
+                assert!(Instant::now() < deadline, "SHOW never saw the grant");
+            }
+            assert_eq!(show(&mut c, "transaction_read_only"), "off");
+            c
+        })
+        .await
+        .unwrap();
+        assert_eq!(seen_by_a_new_client(addr).await, ["off", "off", "off"]);
+
+        // Revoked, and read-only again for every new client.
+        fence.revoke();
+        read_only_to_new_clients(addr, "on", "a revocation").await;
+        // A grant that runs out with no one revoking it closes the fence all the same.
+        fence.grant(2, Instant::now() + Duration::from_millis(300));
+        read_only_to_new_clients(addr, "off", "a short grant").await;
+        fence.changed().await;
+        read_only_to_new_clients(addr, "on", "the grant's end").await;
+        open.close();
+        stop(node).await;
+    });
+}
+
+#[test]
+fn a_standby_looking_for_a_writable_server_passes_a_fenced_primary_by() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let fenced = primary(&dir.path().join("fenced"))
+            .fence(Fence::closed())
+            .start()
+            .await
+            .unwrap();
+        let open = primary(&dir.path().join("open")).start().await.unwrap();
+        let end = append(&open, "for the standby", Durability::Local).await;
+        let conninfo = format!(
+            "host=127.0.0.1,127.0.0.1 port={},{} user=r target_session_attrs=read-write",
+            fenced.listen_addr.port(),
+            open.listen_addr.port()
+        );
+        let standby = standby_from(&conninfo, &dir.path().join("standby"), "s")
+            .start()
+            .await
+            .unwrap();
+        let mut pos = standby.wal.subscribe();
+        tokio::time::timeout(DEADLINE, pos.wait_for(|p| p.flushed >= end))
+            .await
+            .expect("the standby streams from the open primary by the deadline")
+            .unwrap();
+        assert_eq!(standby.wal.system_id(), open.wal.system_id());
+        let status = standby
+            .supervisor
+            .send(GetNodeStatus)
+            .await
+            .unwrap()
+            .unwrap();
+        let receiver = status
+            .wal_receiver
+            .expect("a walreceiver")
+            .status
+            .expect("its status");
+        assert_eq!(
+            receiver.sender_port,
+            Some(open.listen_addr.port()),
+            "{receiver:?}"
+        );
+        stop(standby).await;
+        stop(open).await;
+        stop(fenced).await;
     });
 }

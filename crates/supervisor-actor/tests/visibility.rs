@@ -10,7 +10,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use supervisor_actor::{Durability, Follow, Node, NodeBuilder, RecordEvent};
+use supervisor_actor::{Durability, Follow, Node, RecordEvent};
 use wal_storage::Lsn;
 
 /// A primary whose synchronous standby is `s`, with `synchronous_commit = on`.
@@ -53,11 +53,7 @@ fn records_end_where_the_synchronous_standby_confirmed_also_after_a_restart() {
         let mut follower = Box::pin(p.records(from, Follow::Forever));
 
         let conninfo = format!("host=127.0.0.1 port={} user=r", p.listen_addr.port());
-        let s = NodeBuilder::standby(dir.path().join("s"), &conninfo)
-            .unwrap()
-            .cluster_name("s")
-            .listen("127.0.0.1:0".parse().unwrap())
-            .io_threads(0)
+        let s = standby_from(&conninfo, &dir.path().join("s"), "s")
             .start()
             .await
             .unwrap();

@@ -128,15 +128,15 @@ impl WalSender {
         }));
         self.frames = Some(frames);
         let settings = self.shared.settings();
-        self.session = Some(
-            Session::new(
-                self.shared.wal.clone(),
-                settings.session.clone(),
-                est.status,
-            )
-            .with_client_settings(est.identity.settings)
-            .with_socket_values(est.socket_show),
-        );
+        let mut session = Session::new(
+            self.shared.wal.clone(),
+            settings.session.clone(),
+            est.status,
+        )
+        .with_client_settings(est.identity.settings)
+        .with_socket_values(est.socket_show);
+        session.set_role(settings.in_hot_standby, settings.read_only);
+        self.session = Some(session);
         // Through the thread's relay: a flush wakes this thread once for all its walsenders.
         ctx.add_stream(WatchStream::from_changes(actor_util::relayed(
             self.shared.wal.subscribe(),
@@ -504,6 +504,7 @@ impl Handler<SettingsChanged> for WalSender {
         let settings = self.shared.settings();
         if let Some(s) = self.session.as_mut() {
             s.set_config(settings.session.clone());
+            s.set_role(settings.in_hot_standby, settings.read_only);
         }
         self.arm_timer(ctx);
     }

@@ -186,6 +186,7 @@ pub async fn handshake(
                     &identity,
                     &settings.server_version,
                     settings.in_hot_standby,
+                    settings.read_only,
                     pid as i32,
                     key,
                 );

@@ -28,6 +28,12 @@ pub struct WalSenderSettings {
     pub server_version: String,
     /// Whether the node is a standby (`in_hot_standby` in the greeting).
     pub in_hot_standby: bool,
+    /// Whether the node is a primary that acknowledges no writes now, because the failover
+    /// fence that lets it acknowledge is closed (not yet, or no longer, the cluster's leader).
+    /// The greeting then says `default_transaction_read_only = on`, so that a client asking for
+    /// a writable server (libpq's `target_session_attrs=read-write`) passes it by, as it
+    /// passes a standby by.
+    pub read_only: bool,
     /// The TCP keepalive timing of accepted connections (PostgreSQL's `tcp_keepalives_*` and
     /// `tcp_user_timeout`); unset keeps the system's. A client may set its own.
     pub tcp_keepalives: TcpKeepalives,
@@ -42,6 +48,7 @@ impl Default for WalSenderSettings {
             close_grace: Duration::from_secs(10),
             server_version: crate::SERVER_VERSION.to_string(),
             in_hot_standby: false,
+            read_only: false,
             tcp_keepalives: TcpKeepalives::default(),
         }
     }

@@ -435,11 +435,14 @@ impl Handshake {
 }
 
 /// The ParameterStatus set PostgreSQL 15 sends after AuthenticationOk on a replication
-/// connection, in its order, then BackendKeyData and ReadyForQuery.
+/// connection, in its order, then BackendKeyData and ReadyForQuery. `in_hot_standby` and
+/// `read_only` are the node's role now (`WalSenderSettings`); a client that set
+/// `default_transaction_read_only` itself is told its own value, as PostgreSQL tells it.
 pub fn greeting(
     identity: &ClientIdentity,
     server_version: &str,
     in_hot_standby: bool,
+    read_only: bool,
     pid: i32,
     key: i32,
 ) -> Vec<BackendMessage> {
@@ -454,8 +457,14 @@ pub fn greeting(
             identity.client_encoding.as_deref().unwrap_or("UTF8"),
         ),
         p("DateStyle", "ISO, MDY"),
-        p("default_transaction_read_only", "off"),
-        p("in_hot_standby", if in_hot_standby { "on" } else { "off" }),
+        p(
+            "default_transaction_read_only",
+            identity
+                .settings
+                .get("default_transaction_read_only")
+                .unwrap_or(on_off(read_only)),
+        ),
+        p("in_hot_standby", on_off(in_hot_standby)),
         p("integer_datetimes", "on"),
         p("IntervalStyle", "postgres"),
         p("is_superuser", "on"),
@@ -467,6 +476,15 @@ pub fn greeting(
         BackendMessage::BackendKeyData { pid, key },
         BackendMessage::ReadyForQuery(protocol_codec::messages::TransactionStatus::Idle),
     ]
+}
+
+/// A boolean setting as PostgreSQL shows it.
+pub(crate) fn on_off(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
 }
 
 #[cfg(test)]

@@ -106,7 +106,9 @@ pub fn walsender_settings(
         authentication_timeout: s.authentication_timeout,
         close_grace: Duration::from_secs(10),
         server_version: SERVER_VERSION.to_string(),
+        // The role is the supervisor's: it sets both when it starts the node.
         in_hot_standby: false,
+        read_only: false,
         tcp_keepalives: TcpKeepalives {
             idle: seconds(s.tcp_keepalives_idle),
             interval: seconds(s.tcp_keepalives_interval),

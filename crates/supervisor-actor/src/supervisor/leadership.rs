@@ -16,9 +16,7 @@ use actix::prelude::*;
 use wal_storage::{Role, Wal, WalError, WalFormat};
 use walreceiver_actor::messages::StopReceiver;
 use walreceiver_actor::{ReceiverConfig, UpstreamIdentity};
-use walsender_actor::messages::{
-    HoldWalSenders, ResumeWalSenders, SetSyncStandbyNames, SettingsChanged,
-};
+use walsender_actor::messages::{HoldWalSenders, ResumeWalSenders, SetSyncStandbyNames};
 
 use super::{NodeRole, Receiver, Supervisor};
 use crate::datadir::StandbySignal;
@@ -255,10 +253,7 @@ impl Supervisor {
             self.role = NodeRole::Standby;
             self.receiver = Some(Receiver::new(upstream));
             self.update_visibility();
-            let mut settings = (*self.shared.settings()).clone();
-            settings.in_hot_standby = true;
-            self.shared.replace_settings(settings);
-            self.registry.do_send(SettingsChanged);
+            self.publish_role();
         } else if let Some(r) = self.receiver.as_mut() {
             r.config = upstream;
             // A new upstream deserves a fresh start: no backoff carried over.

@@ -68,7 +68,12 @@ pub fn conninfo(upstream: &Node) -> String {
 
 /// A standby of `upstream` named `name` (its `application_name` there), on loopback.
 pub fn standby_of(upstream: &Node, dir: &Path, name: &str) -> NodeBuilder {
-    NodeBuilder::standby(dir, &conninfo(upstream))
+    standby_from(&conninfo(upstream), dir, name)
+}
+
+/// A standby that connects as `conninfo` says, named `name`, on loopback.
+pub fn standby_from(conninfo: &str, dir: &Path, name: &str) -> NodeBuilder {
+    NodeBuilder::standby(dir, conninfo)
         .unwrap()
         .cluster_name(name)
         .listen("127.0.0.1:0".parse().unwrap())

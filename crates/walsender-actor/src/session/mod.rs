@@ -40,7 +40,7 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
-pub use show::{base_show_values, merge_show_values};
+pub use show::{base_show_values, merge_show_values, role_values};
 pub use storage::{wal_error_fields, StorageDone, StorageOp, StorageView, WalData};
 
 /// PostgreSQL's `MAX_SEND_SIZE`: the most WAL one XLogData carries (16 × XLOG_BLCKSZ).
@@ -169,6 +169,8 @@ pub struct Session<S: StorageView> {
     client: ClientSettings,
     /// What SHOW answers for parameters that are facts of the connection's socket.
     socket_values: Vec<(String, String)>,
+    /// What SHOW answers for the parameters that follow the node's role ([`role_values`]).
+    role_values: Vec<(String, String)>,
     mode: Mode,
     /// The newest flushed position and timeline the session has been told of.
     position: WalPosition,
@@ -193,6 +195,7 @@ impl<S: StorageView> Session<S> {
             config,
             client: ClientSettings::default(),
             socket_values: Vec::new(),
+            role_values: role_values(false, false),
             mode: Mode::Idle,
             position,
             status,
@@ -210,6 +213,13 @@ impl<S: StorageView> Session<S> {
 
     pub fn set_config(&mut self, config: Arc<SessionConfig>) {
         self.config = config;
+    }
+
+    /// The node's role now, for SHOW: a standby (`in_hot_standby`), or a primary that takes no
+    /// writes (`read_only`, its failover fence closed). Set when the session starts and again
+    /// whenever the role changes, so SHOW tells the role of the moment it is asked.
+    pub fn set_role(&mut self, in_hot_standby: bool, read_only: bool) {
+        self.role_values = role_values(in_hot_standby, read_only);
     }
 
     /// The parameters the client set when it connected.
@@ -234,7 +244,13 @@ impl<S: StorageView> Session<S> {
 
     /// The answer to `SHOW name`: what the client set, else what the node shows.
     fn show(&self, name: &str) -> Result<Vec<BackendMessage>, ErrorFields> {
-        show::answer_for(&self.client, &self.socket_values, &self.config.show, name)
+        show::answer_for(
+            &self.client,
+            &self.socket_values,
+            &self.role_values,
+            &self.config.show,
+            name,
+        )
     }
 
     pub fn is_closed(&self) -> bool {

@@ -13,10 +13,12 @@ use wal_storage::WalFormat;
 /// The answer to `SHOW name` on a connection whose client set `client` and whose socket has
 /// `socket` (its keepalive timing, which PostgreSQL shows as the socket has it, whoever set
 /// it): the socket's value, else the client's value if it set one (`wal_sender_timeout` in
-/// PostgreSQL's form), else the node's from `values`.
+/// PostgreSQL's form), else the node's role now (`role`, from [`role_values`]), else the
+/// node's configured value from `values`.
 pub(super) fn answer_for(
     client: &ClientSettings,
     socket: &[(String, String)],
+    role: &[(String, String)],
     values: &[(String, String)],
     name: &str,
 ) -> Result<Vec<BackendMessage>, ErrorFields> {
@@ -30,8 +32,30 @@ pub(super) fn answer_for(
     }
     match client.get(name) {
         Some(value) => Ok(results::show(name, value)),
-        None => answer(values, name),
+        None => match role.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+            Some((canonical, value)) => Ok(results::show(canonical, value)),
+            None => answer(values, name),
+        },
     }
+}
+
+/// What SHOW answers for the parameters that follow the node's role, as PostgreSQL 15 answers
+/// them: a standby is `in_hot_standby` and its transactions are read-only; a primary whose
+/// failover fence is closed (`read_only`) is not a standby, but takes no writes, so its
+/// default (and so every) transaction is read-only; any other primary is neither.
+pub fn role_values(in_hot_standby: bool, read_only: bool) -> Vec<(String, String)> {
+    let on_off = |b: bool| if b { "on" } else { "off" }.to_string();
+    vec![
+        ("in_hot_standby".to_string(), on_off(in_hot_standby)),
+        (
+            "default_transaction_read_only".to_string(),
+            on_off(read_only),
+        ),
+        (
+            "transaction_read_only".to_string(),
+            on_off(in_hot_standby || read_only),
+        ),
+    ]
 }
 
 /// The SHOW values every walserver node answers, from facts of its storage: what PostgreSQL
@@ -133,6 +157,30 @@ mod tests {
             &("wal_segment_size".to_string(), "99MB".to_string())
         );
         assert!(v.contains(&("extra".to_string(), "x".to_string())));
+    }
+
+    #[test]
+    fn the_role_answers_as_postgresql_15_answers_on_a_primary_and_a_standby() {
+        let get = |role: &[(String, String)], name: &str| {
+            let msgs = answer_for(&ClientSettings::default(), &[], role, &values(), name).unwrap();
+            let BackendMessage::DataRow(row) = &msgs[1] else {
+                panic!("{msgs:?}")
+            };
+            String::from_utf8(row[0].clone().unwrap().to_vec()).unwrap()
+        };
+        let names = [
+            "in_hot_standby",
+            "default_transaction_read_only",
+            "transaction_read_only",
+        ];
+        let primary = role_values(false, false);
+        assert_eq!(names.map(|n| get(&primary, n)), ["off", "off", "off"]);
+        let standby = role_values(true, false);
+        assert_eq!(names.map(|n| get(&standby, n)), ["on", "off", "on"]);
+        let fenced = role_values(false, true);
+        assert_eq!(names.map(|n| get(&fenced, n)), ["off", "on", "on"]);
+        // Any case, as every SHOW.
+        assert_eq!(get(&fenced, "Transaction_Read_Only"), "on");
     }
 
     #[test]

@@ -276,7 +276,8 @@ fn a_host_list_of_postgresql_servers_settles_where_target_session_attrs_says() {
 /// `primary_conninfo` has no password but a `passfile` (as `pg_basebackup -R` writes one): it
 /// finds the password there, matching the file's `replication` database entry as a PostgreSQL
 /// standby does, and streams. The same file readable by others is ignored, as libpq ignores
-/// it, and the standby cannot be made.
+/// it, and the standby cannot be made; a wrong password in it is refused with libpq's note
+/// that it came from the file.
 #[test]
 fn a_standby_finds_its_password_in_a_password_file() {
     use std::os::unix::fs::PermissionsExt;
@@ -313,6 +314,30 @@ fn a_standby_finds_its_password_in_a_password_file() {
     let text = format!("{:#}", anyhow::Error::from(refused));
     eprintln!("with the file readable by others: {text}");
     assert!(text.contains("password"), "{text}");
+
+    let wrong = files.path().join("wrong");
+    std::fs::write(&wrong, format!("*:{}:*:repl:nope\n", pg.port())).unwrap();
+    std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let refused = walserver_node::init::init_standby(
+        &dir.path().join("data"),
+        &conninfo.replace(
+            &passfile.display().to_string(),
+            &wrong.display().to_string(),
+        ),
+        None,
+        None,
+    )
+    .expect_err("a wrong password is refused");
+    let text = format!("{:#}", anyhow::Error::from(refused));
+    eprintln!("with a wrong password in the file: {text}");
+    assert!(text.contains("28P01"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "password retrieved from file \"{}\"",
+            wrong.display()
+        )),
+        "{text}"
+    );
 
     std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o600)).unwrap();
     let w = TestNode::standby_from(&conninfo, "wal_keep_size = \"1GB\"\n");

@@ -198,15 +198,19 @@ async fn connect_to(
     tls_config: Option<&Arc<ClientConfig>>,
 ) -> Result<Connection, ReceiverError> {
     let mut startup = startup_config(info, application_name);
+    let mut password_file = None;
     if startup.password.is_none() {
-        startup.password = password_from_file(info, target, &startup).await;
+        if let Some((password, file)) = password_from_file(info, target, &startup).await {
+            startup.password = Some(password);
+            password_file = Some(file);
+        }
     }
     let mode = info.sslmode;
     let mut encryption = client::first_attempt(mode);
     loop {
         let err = match attempt(info, target, &startup, encryption, tls_config).await {
             Ok(conn) => return Ok(conn),
-            Err(e) => e,
+            Err(e) => from_password_file(e, password_file.as_deref()),
         };
         let failure = match &err {
             ReceiverError::Upstream { .. } => AttemptFailure::ServerError,
@@ -228,16 +232,41 @@ async fn connect_to(
     }
 }
 
+/// A refused password that came from the password file says so, as libpq's message does, so
+/// that the operator looks there rather than at the conninfo.
+fn from_password_file(e: ReceiverError, file: Option<&std::path::Path>) -> ReceiverError {
+    match (e, file) {
+        (
+            ReceiverError::Upstream {
+                severity,
+                sqlstate,
+                message,
+                detail,
+            },
+            Some(file),
+        ) if sqlstate == "28P01" => ReceiverError::Upstream {
+            severity,
+            message: format!(
+                "{message}; password retrieved from file \"{}\"",
+                file.display()
+            ),
+            sqlstate,
+            detail,
+        },
+        (e, _) => e,
+    }
+}
+
 /// The password for `target` from libpq's password file (the conninfo's `passfile`, else
 /// `PGPASSFILE`, else `~/.pgpass`), read on the blocking pool. As libpq: a file that does not
 /// exist gives nothing; one its group or others may read is ignored with a warning; the
 /// database a physical replication connection matches is its `dbname`, `replication` unless
-/// given.
+/// given. Returns the password and the file it came from.
 async fn password_from_file(
     info: &ConnInfo,
     target: &Target,
     startup: &StartupConfig,
-) -> Option<String> {
+) -> Option<(String, PathBuf)> {
     let path = info
         .passfile
         .clone()
@@ -259,7 +288,7 @@ async fn password_from_file(
         let contents = std::fs::read_to_string(&path)
             .inspect_err(|e| tracing::warn!("could not read password file \"{}\": {e}", path.display()))
             .ok()?;
-        passfile::find_password(&contents, &host, port, &database, &user)
+        passfile::find_password(&contents, &host, port, &database, &user).map(|p| (p, path))
     })
     .await
     .ok()

@@ -193,7 +193,9 @@ fn replication_connections_carry_tcp_keepalives_on_both_ends() {
 
 /// The node's `tcp_keepalives_*` and `tcp_user_timeout` reach every accepted connection's
 /// socket (SHOW reads them back from it, as PostgreSQL's SHOW does), and a client's own
-/// `-c tcp_keepalives_idle=...` wins for its connection.
+/// `-c tcp_keepalives_idle=...` wins for its connection. A reload reaches the open
+/// connections too, except the values their clients set; a value the reload leaves out (or
+/// sets to 0) goes back to the system's, as in PostgreSQL.
 #[test]
 fn the_nodes_keepalive_timing_reaches_its_connections_and_a_client_may_set_its_own() {
     let node = TestNode::primary(
@@ -209,17 +211,20 @@ fn the_nodes_keepalive_timing_reaches_its_connections_and_a_client_may_set_its_o
             other => panic!("SHOW {name}: {other:?}"),
         }
     };
+    // The four as SHOW gives them: idle, interval, count, user timeout.
+    let timing = |c: &mut PgConn| -> Vec<String> {
+        [
+            "tcp_keepalives_idle",
+            "tcp_keepalives_interval",
+            "tcp_keepalives_count",
+            "tcp_user_timeout",
+        ]
+        .iter()
+        .map(|n| show(c, n))
+        .collect()
+    };
     let mut plain = PgConn::connect(node.addr(), "u", None).expect("connect");
-    let got: Vec<String> = [
-        "tcp_keepalives_idle",
-        "tcp_keepalives_interval",
-        "tcp_keepalives_count",
-        "tcp_user_timeout",
-    ]
-    .iter()
-    .map(|n| show(&mut plain, n))
-    .collect();
-    assert_eq!(got, ["30", "5", "4", "20000"]);
+    assert_eq!(timing(&mut plain), ["30", "5", "4", "20000"]);
 
     let mut own = PgConn::raw(node.addr());
     own.send_startup(protocol_codec::StartupPacket::startup([
@@ -230,6 +235,29 @@ fn the_nodes_keepalive_timing_reaches_its_connections_and_a_client_may_set_its_o
     own.until_ready();
     assert_eq!(show(&mut own, "tcp_keepalives_idle"), "7");
     assert_eq!(show(&mut own, "tcp_keepalives_count"), "4");
+
+    node.reload_with("tcp_keepalives_idle = \"45s\"\ntcp_keepalives_count = 6\n");
+    wait_until("the reload to reach the open connection", || {
+        show(&mut plain, "tcp_keepalives_idle") == "45"
+    });
+    let system = |name: &str| {
+        std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}"))
+            .expect("the system's keepalive setting")
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        timing(&mut plain),
+        [
+            "45".into(),
+            system("tcp_keepalive_intvl"),
+            "6".into(),
+            "0".into()
+        ]
+    );
+    // The client's own idle time stays; the rest follows the node.
+    assert_eq!(show(&mut own, "tcp_keepalives_idle"), "7");
+    assert_eq!(show(&mut own, "tcp_keepalives_count"), "6");
 }
 
 /// The case host lists are for: standby C lists both members, the primary A first, with

@@ -30,7 +30,7 @@ use tokio_stream::wrappers::WatchStream;
 use tokio_util::codec::FramedRead;
 use wal_storage::{Lsn, Wal, WalError, WalPosition};
 
-use crate::connection::{self, Established};
+use crate::connection::{self, Established, KeepaliveTiming};
 use crate::messages::*;
 use crate::session::{Output, Session, ShutdownMode, WalData, MAX_SEND_SIZE};
 use crate::shared::{Authenticating, Shared};
@@ -62,6 +62,8 @@ pub struct WalSender {
     sendfile: bool,
     /// Counts the connection as in the startup phase until the handshake ends.
     authenticating: Option<Authenticating>,
+    /// The socket's keepalive timing, which a reload of the node's may change.
+    keepalive: Option<KeepaliveTiming>,
 }
 
 impl WalSender {
@@ -101,6 +103,7 @@ impl WalSender {
             writer_task: None,
             sendfile: false,
             authenticating,
+            keepalive: None,
         }
     }
 
@@ -128,6 +131,7 @@ impl WalSender {
         }));
         self.frames = Some(frames);
         let settings = self.shared.settings();
+        self.keepalive = est.keepalive;
         let mut session = Session::new(
             self.shared.wal.clone(),
             settings.session.clone(),
@@ -505,6 +509,13 @@ impl Handler<SettingsChanged> for WalSender {
         if let Some(s) = self.session.as_mut() {
             s.set_config(settings.session.clone());
             s.set_role(settings.in_hot_standby, settings.read_only);
+            if let Some(values) = self
+                .keepalive
+                .as_mut()
+                .and_then(|k| k.reload(&settings.tcp_keepalives))
+            {
+                s.set_socket_values(values);
+            }
         }
         self.arm_timer(ctx);
     }

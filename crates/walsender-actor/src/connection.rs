@@ -6,7 +6,7 @@
 //! stops halfway through SCRAM, costs nothing once either comes.
 
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -43,6 +43,65 @@ pub struct Established {
     /// What SHOW answers for the socket's keepalive parameters: the socket's own values, as
     /// PostgreSQL's show hooks read them.
     pub socket_show: Vec<(String, String)>,
+    /// The socket's keepalive timing, kept so that a reload reaches it; `None` if its
+    /// descriptor could not be duplicated (a reload then reaches new connections only).
+    pub keepalive: Option<KeepaliveTiming>,
+}
+
+/// The keepalive timing of one connection's socket after its startup phase, so that a reload
+/// of the node's `tcp_keepalives_*` and `tcp_user_timeout` reaches it, as PostgreSQL applies a
+/// reload to its open connections, except for the values their clients set themselves.
+pub struct KeepaliveTiming {
+    /// A duplicate of the TCP socket's descriptor: the socket itself is inside the
+    /// connection's I/O, perhaps under TLS.
+    socket: OwnedFd,
+    /// The socket's values when it was accepted (the system's), in
+    /// [`actor_util::KEEPALIVE_TIMING`]'s order: what an unset or 0 value means, as PostgreSQL
+    /// restores the socket's own default for 0; `None` where the socket could not say.
+    defaults: [Option<u32>; 4],
+    /// What the client set (`-c tcp_keepalives_idle=...`): a reload leaves these.
+    client: TcpKeepalives,
+    /// The node's timing last applied.
+    node: TcpKeepalives,
+}
+
+impl KeepaliveTiming {
+    /// The value each option should have: the client's, else the node's, else the socket's
+    /// default (0 also meaning the default, from either); `None` leaves the option alone.
+    fn effective(&self) -> [Option<u32>; 4] {
+        let (client, node) = (self.client.values(), self.node.values());
+        std::array::from_fn(|i| match client[i] {
+            Some(v) if v > 0 => Some(v),
+            Some(_) => self.defaults[i],
+            None => node[i].filter(|v| *v > 0).or(self.defaults[i]),
+        })
+    }
+
+    fn apply(&self) -> Vec<(String, String)> {
+        if let Err((what, e)) = actor_util::set_keepalive_timing(&self.socket, self.effective()) {
+            tracing::debug!("could not set the connection's {what}: {e}");
+        }
+        tcp_keepalive_show(&self.socket)
+    }
+
+    /// Applies the node's timing after a reload, if it changed; returns what SHOW answers for
+    /// the socket's values then.
+    pub fn reload(&mut self, node: &TcpKeepalives) -> Option<Vec<(String, String)>> {
+        if self.node == *node {
+            return None;
+        }
+        self.node = *node;
+        Some(self.apply())
+    }
+}
+
+/// The socket's own keepalive timing (the system's, on a socket just accepted).
+fn keepalive_defaults(socket: &impl AsRawFd) -> [Option<u32>; 4] {
+    actor_util::KEEPALIVE_TIMING.map(|(opt, _)| {
+        actor_util::get_int_option(socket, libc::IPPROTO_TCP, opt)
+            .ok()
+            .and_then(|v| u32::try_from(v).ok())
+    })
 }
 
 /// How a startup phase ended without a walsender.
@@ -72,6 +131,12 @@ pub async fn handshake(
     // socket's, `None` once TLS wraps it.
     let tcp_fd = stream.as_raw_fd();
     let mut plain_fd = Some(tcp_fd);
+    // The node's keepalive timing from the start (the listener turned keepalives on), over
+    // the socket's own values, which a reload to 0 restores.
+    let keepalive_defaults = keepalive_defaults(&stream);
+    if let Err(e) = set_tcp_keepalives(&stream, &settings.tcp_keepalives) {
+        tracing::warn!(%peer, "could not set the keepalive timing of tcp_keepalives_*: {e}");
+    }
     let mut io: Box<dyn Io> = Box::new(stream);
     let mut buf = BytesMut::with_capacity(1024);
     let mut machine = Handshake::new(settings.auth.clone(), peer.ip());
@@ -157,10 +222,29 @@ pub async fn handshake(
                 send(&mut io, &msgs).await?;
                 // SAFETY: `tcp_fd` belongs to the TcpStream inside `io`, which is alive here.
                 let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(tcp_fd) };
-                if let Err(e) = set_tcp_keepalives(&socket, &identity.settings.tcp_keepalives) {
-                    tracing::debug!(%peer, "could not set the client's keepalive timing: {e}");
-                }
-                let socket_show = tcp_keepalive_show(&socket);
+                let keepalive = socket
+                    .try_clone_to_owned()
+                    .inspect_err(|e| {
+                        tracing::debug!(%peer, "a reload will not reach this connection's keepalives: {e}")
+                    })
+                    .ok()
+                    .map(|socket| KeepaliveTiming {
+                        socket,
+                        defaults: keepalive_defaults,
+                        client: identity.settings.tcp_keepalives,
+                        node: settings.tcp_keepalives,
+                    });
+                let socket_show = match &keepalive {
+                    Some(k) => k.apply(),
+                    None => {
+                        if let Err(e) =
+                            set_tcp_keepalives(&socket, &identity.settings.tcp_keepalives)
+                        {
+                            tracing::debug!(%peer, "could not set the client's keepalive timing: {e}");
+                        }
+                        tcp_keepalive_show(&socket)
+                    }
+                };
                 let status =
                     WalSenderStatus::new(pid, &identity.user, &identity.application_name, peer)
                         .shared();
@@ -209,6 +293,7 @@ pub async fn handshake(
                     identity,
                     status,
                     socket_show,
+                    keepalive,
                 });
             }
         }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::connection::set_tcp_keepalives;
 use crate::messages::*;
 use crate::shared::{Authenticating, Shared};
 use crate::WalSender;
@@ -164,9 +163,8 @@ impl Handler<Accepted> for Listener {
         {
             tracing::debug!(%peer, "could not turn TCP keepalives on: {e}");
         }
-        if let Err(e) = set_tcp_keepalives(&stream, &self.shared.settings().tcp_keepalives) {
-            tracing::warn!(%peer, "could not set the keepalive timing of tcp_keepalives_*: {e}");
-        }
+        // Their timing (tcp_keepalives_*) is the handshake's to set: it keeps the socket's own
+        // values for a later reload.
         let pid = self.next_pid;
         self.next_pid = self.next_pid.wrapping_add(1).max(1);
         let shared = self.shared.clone();

@@ -231,8 +231,13 @@ impl<S: StorageView> Session<S> {
     /// What SHOW answers for the socket's parameters (its keepalive timing), read from it
     /// when the connection was established.
     pub fn with_socket_values(mut self, values: Vec<(String, String)>) -> Session<S> {
-        self.socket_values = values;
+        self.set_socket_values(values);
         self
+    }
+
+    /// Replaces what SHOW answers for the socket's parameters, after a reload changed them.
+    pub fn set_socket_values(&mut self, values: Vec<(String, String)>) {
+        self.socket_values = values;
     }
 
     /// The connection's `wal_sender_timeout`: the client's, else the node's.

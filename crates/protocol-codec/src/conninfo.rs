@@ -217,6 +217,9 @@ impl FromStr for TargetSessionAttrs {
 pub enum ConnInfoError {
     #[error("invalid connection option \"{0}\"")]
     InvalidOption(String),
+    /// A default from the environment that does not read: the variable, and why.
+    #[error("{1} (from the environment variable {0})")]
+    Environment(String, Box<ConnInfoError>),
     #[error("missing \"=\" after \"{0}\" in connection info string")]
     MissingEquals(String),
     #[error("unterminated quoted string in connection info string")]
@@ -254,6 +257,27 @@ pub enum ConnInfoError {
 }
 
 /// libpq's keywords that walserver keeps without using (PostgreSQL 15 to 17).
+/// The options walserver uses that libpq defaults from the environment, with their variables
+/// (libpq's `PQconninfoOptions`). `dbname` (`PGDATABASE`) is left out: a physical replication
+/// connection's database is `replication` whatever the environment says.
+pub const ENV_DEFAULTS: [(&str, &str); 15] = [
+    ("host", "PGHOST"),
+    ("hostaddr", "PGHOSTADDR"),
+    ("port", "PGPORT"),
+    ("user", "PGUSER"),
+    ("password", "PGPASSWORD"),
+    ("passfile", "PGPASSFILE"),
+    ("application_name", "PGAPPNAME"),
+    ("options", "PGOPTIONS"),
+    ("connect_timeout", "PGCONNECT_TIMEOUT"),
+    ("sslmode", "PGSSLMODE"),
+    ("sslrootcert", "PGSSLROOTCERT"),
+    ("sslcert", "PGSSLCERT"),
+    ("sslkey", "PGSSLKEY"),
+    ("channel_binding", "PGCHANNELBINDING"),
+    ("target_session_attrs", "PGTARGETSESSIONATTRS"),
+];
+
 const OTHER_LIBPQ_KEYS: &[&str] = &[
     "service",
     "client_encoding",
@@ -280,7 +304,25 @@ const OTHER_LIBPQ_KEYS: &[&str] = &[
 impl ConnInfo {
     /// Parses either form.
     pub fn parse(s: &str) -> Result<ConnInfo, ConnInfoError> {
+        ConnInfo::parse_with_env(s, |_| None)
+    }
+
+    /// [`ConnInfo::parse`] with libpq's defaults from the environment: each option the string
+    /// leaves out takes the value of its variable in `env` ([`ENV_DEFAULTS`]: `PGHOST`,
+    /// `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGSSLMODE`, ...), read as the string's values are; an
+    /// option the string gives, even empty, is the string's. `env` is `std::env::var` for a
+    /// server; this crate reads no environment itself.
+    pub fn parse_with_env(
+        s: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<ConnInfo, ConnInfoError> {
         let mut info = ConnInfo::default();
+        for (key, var) in ENV_DEFAULTS {
+            if let Some(value) = env(var) {
+                info.set(key, value)
+                    .map_err(|e| ConnInfoError::Environment(var.to_string(), Box::new(e)))?;
+            }
+        }
         if let Some(rest) = s
             .strip_prefix("postgresql://")
             .or_else(|| s.strip_prefix("postgres://"))
@@ -797,6 +839,59 @@ mod tests {
             .iter()
             .map(Target::to_string)
             .collect()
+    }
+
+    #[test]
+    fn the_environment_fills_in_what_the_string_leaves_out_as_in_libpq() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let vars = env(&[
+            ("PGHOST", "envhost"),
+            ("PGPORT", "5433"),
+            ("PGUSER", "repl"),
+            ("PGPASSWORD", "s3cret"),
+            ("PGSSLMODE", "disable"),
+            ("PGAPPNAME", "from_env"),
+            ("PGTARGETSESSIONATTRS", "read-write"),
+            ("PGDATABASE", "ignored"),
+        ]);
+        let info = ConnInfo::parse_with_env("host=a,b user=me", &vars).unwrap();
+        assert_eq!(info.host.as_deref(), Some("a,b"));
+        assert_eq!(info.port, vec![5433]);
+        assert_eq!(info.user.as_deref(), Some("me"));
+        assert_eq!(info.password.as_deref(), Some("s3cret"));
+        assert_eq!(info.sslmode, SslMode::Disable);
+        assert_eq!(info.application_name.as_deref(), Some("from_env"));
+        assert_eq!(info.target_session_attrs, TargetSessionAttrs::ReadWrite);
+        assert_eq!(
+            info.dbname, None,
+            "a physical connection's database is not PGDATABASE"
+        );
+        // A URI without a host keeps the environment's; one with a port replaces it.
+        let info = ConnInfo::parse_with_env("postgresql://:6000", &vars).unwrap();
+        assert_eq!(
+            (info.host.as_deref(), info.port.clone()),
+            (Some("envhost"), vec![6000])
+        );
+        // An option the string gives empty is the string's: no password at all.
+        let info = ConnInfo::parse_with_env("password=''", &vars).unwrap();
+        assert_eq!(info.password.as_deref(), Some(""));
+        // A bad value names its variable.
+        let e = ConnInfo::parse_with_env("host=a", env(&[("PGSSLMODE", "sometimes")])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid sslmode value: \"sometimes\" (from the environment variable PGSSLMODE)"
+        );
+        // Without an environment, parse is parse_with_env of nothing.
+        assert_eq!(
+            ConnInfo::parse("host=a").unwrap(),
+            ConnInfo::parse_with_env("host=a", |_| None).unwrap()
+        );
     }
 
     #[test]

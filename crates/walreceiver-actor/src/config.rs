@@ -43,13 +43,16 @@ impl ReceiverConfig {
         }
     }
 
-    /// [`ReceiverConfig::new`] from a `primary_conninfo` string (key=value or URI).
+    /// [`ReceiverConfig::new`] from a `primary_conninfo` string (key=value or URI), with what
+    /// it leaves out taken from this process's environment as libpq takes it (`PGHOST`,
+    /// `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGSSLMODE`, ...: [`protocol_codec::conninfo::ENV_DEFAULTS`]),
+    /// as PostgreSQL's walreceiver, through libpq, does.
     pub fn parse(
         primary_conninfo: &str,
         cluster_name: Option<&str>,
     ) -> Result<ReceiverConfig, ReceiverError> {
         Ok(ReceiverConfig::new(
-            ConnInfo::parse(primary_conninfo)?,
+            ConnInfo::parse_with_env(primary_conninfo, |var| std::env::var(var).ok())?,
             cluster_name,
         ))
     }

@@ -295,25 +295,19 @@ async fn password_from_file(
     .flatten()
 }
 
-/// What the walreceiver sends in its startup packet, as libpq's walreceiver does. As in libpq,
-/// the environment fills in what the conninfo leaves out: the user from `PGUSER` (else the
-/// login name, `USER`), the password from `PGPASSWORD` when the conninfo has no `password`
-/// at all. An empty password, from either, counts as none, so that the password file is read.
+/// What the walreceiver sends in its startup packet, as libpq's walreceiver does. The user is
+/// the conninfo's (which `PGUSER` may have given, [`ConnInfo::parse_with_env`]), else the login
+/// name (`USER`); an empty password counts as none, so that the password file is read.
 fn startup_config(info: &ConnInfo, application_name: &str) -> StartupConfig {
-    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let user = info
         .user
         .clone()
-        .or_else(|| env("PGUSER"))
-        .or_else(|| env("USER"))
+        .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
         .unwrap_or_else(|| "postgres".to_string());
     let database = info.dbname.as_deref().unwrap_or("replication");
     let mut config = StartupConfig {
         user,
-        password: match &info.password {
-            Some(p) => Some(p.clone()).filter(|p| !p.is_empty()),
-            None => env("PGPASSWORD"),
-        },
+        password: info.password.clone().filter(|p| !p.is_empty()),
         params: Vec::new(),
         sslmode: info.sslmode,
         channel_binding: info.channel_binding,

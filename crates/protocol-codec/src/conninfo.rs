@@ -860,7 +860,7 @@ mod tests {
             ("PGTARGETSESSIONATTRS", "read-write"),
             ("PGDATABASE", "ignored"),
         ]);
-        let info = ConnInfo::parse_with_env("host=a,b user=me", &vars).unwrap();
+        let info = ConnInfo::parse_with_env("host=a,b user=me", vars).unwrap();
         assert_eq!(info.host.as_deref(), Some("a,b"));
         assert_eq!(info.port, vec![5433]);
         assert_eq!(info.user.as_deref(), Some("me"));
@@ -873,13 +873,13 @@ mod tests {
             "a physical connection's database is not PGDATABASE"
         );
         // A URI without a host keeps the environment's; one with a port replaces it.
-        let info = ConnInfo::parse_with_env("postgresql://:6000", &vars).unwrap();
+        let info = ConnInfo::parse_with_env("postgresql://:6000", vars).unwrap();
         assert_eq!(
             (info.host.as_deref(), info.port.clone()),
             (Some("envhost"), vec![6000])
         );
         // An option the string gives empty is the string's: no password at all.
-        let info = ConnInfo::parse_with_env("password=''", &vars).unwrap();
+        let info = ConnInfo::parse_with_env("password=''", vars).unwrap();
         assert_eq!(info.password.as_deref(), Some(""));
         // A bad value names its variable.
         let e = ConnInfo::parse_with_env("host=a", env(&[("PGSSLMODE", "sometimes")])).unwrap_err();

@@ -275,9 +275,9 @@ fn a_host_list_of_postgresql_servers_settles_where_target_session_attrs_says() {
 /// A walserver standby of a real PostgreSQL 15 primary that asks for a SCRAM password, whose
 /// `primary_conninfo` has no password but a `passfile` (as `pg_basebackup -R` writes one): it
 /// finds the password there, matching the file's `replication` database entry as a PostgreSQL
-/// standby does, and streams. The same file readable by others is ignored, as libpq ignores
-/// it, and the standby cannot be made; a wrong password in it is refused with libpq's note
-/// that it came from the file.
+/// standby does whatever its `dbname`, and streams. The same file readable by others is
+/// ignored, as libpq ignores it, and the standby cannot be made; a wrong password in it is
+/// refused with libpq's note that it came from the file.
 #[test]
 fn a_standby_finds_its_password_in_a_password_file() {
     use std::os::unix::fs::PermissionsExt;
@@ -300,8 +300,11 @@ fn a_standby_finds_its_password_in_a_password_file() {
         ),
     )
     .unwrap();
+    // With a dbname, as a hand-written primary_conninfo may have: a physical replication
+    // connection still matches the file's `replication` entry, not the `postgres` one above
+    // it, as PostgreSQL's walreceiver matches it.
     let conninfo = format!(
-        "host=127.0.0.1 port={} user=repl passfile={} application_name=w_passfile",
+        "host=127.0.0.1 port={} user=repl dbname=postgres passfile={} application_name=w_passfile",
         pg.port(),
         passfile.display()
     );

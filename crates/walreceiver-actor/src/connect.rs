@@ -260,8 +260,8 @@ fn from_password_file(e: ReceiverError, file: Option<&std::path::Path>) -> Recei
 /// The password for `target` from libpq's password file (the conninfo's `passfile`, else
 /// `PGPASSFILE`, else `~/.pgpass`), read on the blocking pool. As libpq: a file that does not
 /// exist gives nothing; one its group or others may read is ignored with a warning; the
-/// database a physical replication connection matches is its `dbname`, `replication` unless
-/// given. Returns the password and the file it came from.
+/// database a physical replication connection matches is [`REPLICATION_DATABASE`], whatever
+/// the conninfo's `dbname`. Returns the password and the file it came from.
 async fn password_from_file(
     info: &ConnInfo,
     target: &Target,
@@ -273,7 +273,7 @@ async fn password_from_file(
         .or_else(|| std::env::var_os("PGPASSFILE").map(PathBuf::from))
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pgpass")))?;
     let (host, port) = (target.host.clone(), target.port);
-    let database = info.dbname.clone().unwrap_or_else(|| "replication".into());
+    let database = REPLICATION_DATABASE.to_string();
     let user = startup.user.clone();
     tokio::task::spawn_blocking(move || {
         use std::os::unix::fs::PermissionsExt;
@@ -295,6 +295,12 @@ async fn password_from_file(
     .flatten()
 }
 
+/// The database of a physical replication connection, whatever the conninfo's `dbname` says:
+/// PostgreSQL's walreceiver passes `dbname=replication` after the conninfo, so that it wins,
+/// since the server ignores the database in replication mode and the password file is
+/// matched against this name.
+const REPLICATION_DATABASE: &str = "replication";
+
 /// What the walreceiver sends in its startup packet, as libpq's walreceiver does. The user is
 /// the conninfo's (which `PGUSER` may have given, [`ConnInfo::parse_with_env`]), else the login
 /// name (`USER`); an empty password counts as none, so that the password file is read.
@@ -304,7 +310,6 @@ fn startup_config(info: &ConnInfo, application_name: &str) -> StartupConfig {
         .clone()
         .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
         .unwrap_or_else(|| "postgres".to_string());
-    let database = info.dbname.as_deref().unwrap_or("replication");
     let mut config = StartupConfig {
         user,
         password: info.password.clone().filter(|p| !p.is_empty()),
@@ -312,7 +317,7 @@ fn startup_config(info: &ConnInfo, application_name: &str) -> StartupConfig {
         sslmode: info.sslmode,
         channel_binding: info.channel_binding,
     }
-    .param("database", database)
+    .param("database", REPLICATION_DATABASE)
     .param("replication", "true")
     .param("application_name", application_name);
     if let Some(o) = &info.options {

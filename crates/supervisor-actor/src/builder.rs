@@ -460,7 +460,7 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
     walsender.in_hot_standby = standby.is_some();
     // A primary under failover starts with its fence closed, so it is read-only to clients
     // from its first connection (the supervisor keeps this true from then on).
-    walsender.read_only = standby.is_none() && !fence.may_acknowledge(std::time::Instant::now());
+    walsender.read_only = crate::supervisor::read_only_to_clients(standby.is_none(), &fence);
     // Every node answers the SHOWs its storage decides, whatever else was configured.
     let base = walsender_actor::session::base_show_values(wal.segment_size(), wal.format());
     let mut session = (*walsender.session).clone();

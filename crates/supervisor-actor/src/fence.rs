@@ -128,50 +128,42 @@ impl Fence {
     /// its deadline passed (a renewal moves the deadline on). Never resolves on an open fence
     /// that stays open.
     pub async fn wait_closed(&self) {
-        let mut rx = self.inner.subscribe();
         // Each turn waits for an event (a change of the fence or its deadline), so the loop
-        // does not spin.
+        // does not spin; the next change is armed before the fence is read, so none is missed.
         loop {
-            let until = match self.view(Instant::now()) {
-                FenceView::Closed { .. } => return,
-                FenceView::Leader { until, .. } => Some(until),
-                FenceView::Open => None,
-            };
-            rx.borrow_and_update();
+            let next = self.next_change();
+            if let FenceView::Closed { .. } = self.view(Instant::now()) {
+                return;
+            }
+            next.await;
+        }
+    }
+
+    /// The fence's next change after this call: a grant, a renewal, a revocation, a new term,
+    /// or the deadline of the grant held now passing. The watch is subscribed and the deadline
+    /// read when this is called, not when the future is first polled, so a caller that reads
+    /// the fence right after calling it misses no change made in between. Never resolves on an
+    /// open fence that stays open; one future is one change, a follower asks again.
+    pub fn next_change(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.inner.subscribe();
+        let until = match self.view(Instant::now()) {
+            FenceView::Leader { until, .. } => Some(until),
+            FenceView::Open | FenceView::Closed { .. } => None,
+        };
+        async move {
             match until {
                 Some(until) => {
                     tokio::select! {
                         _ = tokio::time::sleep_until(until.into()) => {}
-                        changed = rx.changed() => if changed.is_err() { return },
+                        _ = rx.changed() => {}
                     }
                 }
                 None => {
+                    // The sender lives in every clone of the fence; were they all gone, there
+                    // would be nothing left to follow.
                     if rx.changed().await.is_err() {
-                        return;
+                        std::future::pending::<()>().await;
                     }
-                }
-            }
-        }
-    }
-
-    /// Resolves at the fence's next change: a grant, a renewal, a revocation, a new term, or the
-    /// deadline of the grant it holds now passing. Never resolves on an open fence that stays
-    /// open. One call waits for one change; a caller that follows the fence calls it again.
-    pub async fn changed(&self) {
-        let mut rx = self.inner.subscribe();
-        rx.borrow_and_update();
-        match self.view(Instant::now()) {
-            FenceView::Leader { until, .. } => {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(until.into()) => {}
-                    _ = rx.changed() => {}
-                }
-            }
-            FenceView::Open | FenceView::Closed { .. } => {
-                // The sender lives in `self`, so this cannot end in an error while the caller
-                // holds the fence; were it to, there would be nothing left to follow.
-                if rx.changed().await.is_err() {
-                    std::future::pending::<()>().await;
                 }
             }
         }
@@ -219,11 +211,8 @@ mod tests {
     use std::time::Duration;
 
     #[tokio::test]
-    async fn changed_wakes_on_a_grant_a_revocation_and_an_expiry() {
-        let waiter = |f: &Fence| {
-            let f = f.clone();
-            tokio::spawn(async move { f.changed().await })
-        };
+    async fn next_change_wakes_on_a_grant_a_revocation_and_an_expiry() {
+        let waiter = |f: &Fence| tokio::spawn(f.next_change());
         let f = Fence::closed();
         let w = waiter(&f);
         tokio::task::yield_now().await;
@@ -232,7 +221,7 @@ mod tests {
         f.grant(1, until);
         w.await.unwrap();
         // Held: the next change is the deadline, with nobody touching the fence.
-        f.changed().await;
+        f.next_change().await;
         assert!(Instant::now() >= until);
         assert!(!f.may_acknowledge(Instant::now()));
         // A revocation of a long grant wakes a waiter at once.
@@ -245,6 +234,22 @@ mod tests {
             .await
             .expect("a revocation wakes the waiter")
             .unwrap();
+        // A change made after the call but before the first poll counts: a follower that
+        // asks, then reads the fence, misses nothing.
+        let next = f.next_change();
+        f.grant(3, Instant::now() + Duration::from_secs(600));
+        tokio::time::timeout(Duration::from_secs(10), next)
+            .await
+            .expect("a change before the first poll wakes it");
+        // So does a deadline that passes before the first poll (waited for here as the
+        // deadline it is).
+        let until = Instant::now() + Duration::from_millis(50);
+        f.grant(4, until);
+        let next = f.next_change();
+        tokio::time::sleep_until(until.into()).await;
+        tokio::time::timeout(Duration::from_secs(10), next)
+            .await
+            .expect("a deadline passed before the first poll wakes it");
     }
 
     #[test]

@@ -190,6 +190,12 @@ pub struct Supervisor {
     pub(crate) append_metrics: Arc<AppendMetrics>,
 }
 
+/// Whether clients see the node as read-only though it is not a standby: a primary whose
+/// failover fence is closed acknowledges no writes.
+pub(crate) fn read_only_to_clients(primary: bool, fence: &Fence) -> bool {
+    primary && !fence.may_acknowledge(Instant::now())
+}
+
 impl Supervisor {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
@@ -236,7 +242,6 @@ impl Supervisor {
         }
     }
 
-    /// Makes readers' visibility follow the role and the synchronous settings.
     /// Tells the walsenders the node's role as clients see it: a standby (`in_hot_standby`),
     /// or a primary that acknowledges no writes now because its failover fence is closed
     /// (`default_transaction_read_only`), so that a client looking for a writable server
@@ -245,8 +250,7 @@ impl Supervisor {
     fn publish_role(&self) {
         let settings = self.shared.settings();
         let in_hot_standby = self.role == NodeRole::Standby;
-        let read_only =
-            self.role == NodeRole::Primary && !self.fence.may_acknowledge(Instant::now());
+        let read_only = read_only_to_clients(self.role == NodeRole::Primary, &self.fence);
         if settings.in_hot_standby == in_hot_standby && settings.read_only == read_only {
             return;
         }
@@ -257,17 +261,15 @@ impl Supervisor {
         self.registry.do_send(SettingsChanged);
     }
 
-    /// Follows the fence for [`Supervisor::publish_role`]: one wait per change, each an event
-    /// (a grant, a renewal, a revocation, or a grant's deadline), never a poll.
-    fn follow_fence(&self, ctx: &mut Context<Self>) {
-        let fence = self.fence.clone();
+    /// Publishes the role and follows the fence for the next: one wait per change, each an
+    /// event (a grant, a renewal, a revocation, or a grant's deadline), never a poll. The wait
+    /// is armed before the role is read, so a change in between is not missed.
+    fn publish_role_and_follow_fence(&self, ctx: &mut Context<Self>) {
+        let next = self.fence.next_change();
+        self.publish_role();
         ctx.spawn(
-            async move { fence.changed().await }
-                .into_actor(self)
-                .map(|(), act, ctx| {
-                    act.publish_role();
-                    act.follow_fence(ctx);
-                }),
+            next.into_actor(self)
+                .map(|(), act, ctx| act.publish_role_and_follow_fence(ctx)),
         );
     }
 
@@ -410,8 +412,7 @@ impl Actor for Supervisor {
         self.registry
             .do_send(SetSyncStandbyNames(self.sync.standby_names.clone()));
         self.watch_storage(ctx);
-        self.publish_role();
-        self.follow_fence(ctx);
+        self.publish_role_and_follow_fence(ctx);
         if let Some(wal) = &self.wal {
             ctx.spawn(actix::fut::wrap_future(self.visibility.run(wal)));
         }

@@ -265,7 +265,7 @@ fn a_primary_whose_fence_is_closed_shows_itself_read_only() {
         // A grant that runs out with no one revoking it closes the fence all the same.
         fence.grant(2, Instant::now() + Duration::from_millis(300));
         read_only_to_new_clients(addr, "off", "a short grant").await;
-        fence.changed().await;
+        fence.next_change().await;
         read_only_to_new_clients(addr, "on", "the grant's end").await;
         open.close();
         stop(node).await;

@@ -131,7 +131,7 @@ impl WalSender {
         }));
         self.frames = Some(frames);
         let settings = self.shared.settings();
-        self.keepalive = est.keepalive;
+        self.keepalive = Some(est.keepalive);
         let mut session = Session::new(
             self.shared.wal.clone(),
             settings.session.clone(),

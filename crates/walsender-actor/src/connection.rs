@@ -43,18 +43,18 @@ pub struct Established {
     /// What SHOW answers for the socket's keepalive parameters: the socket's own values, as
     /// PostgreSQL's show hooks read them.
     pub socket_show: Vec<(String, String)>,
-    /// The socket's keepalive timing, kept so that a reload reaches it; `None` if its
-    /// descriptor could not be duplicated (a reload then reaches new connections only).
-    pub keepalive: Option<KeepaliveTiming>,
+    /// The socket's keepalive timing, kept so that a reload reaches it.
+    pub keepalive: KeepaliveTiming,
 }
 
-/// The keepalive timing of one connection's socket after its startup phase, so that a reload
-/// of the node's `tcp_keepalives_*` and `tcp_user_timeout` reaches it, as PostgreSQL applies a
-/// reload to its open connections, except for the values their clients set themselves.
+/// The keepalive timing of one connection's socket, so that a reload of the node's
+/// `tcp_keepalives_*` and `tcp_user_timeout` reaches it, as PostgreSQL applies a reload to its
+/// open connections, except for the values their clients set themselves.
 pub struct KeepaliveTiming {
-    /// A duplicate of the TCP socket's descriptor: the socket itself is inside the
-    /// connection's I/O, perhaps under TLS.
-    socket: OwnedFd,
+    /// A duplicate of the TCP socket's descriptor (the socket itself is inside the
+    /// connection's I/O, perhaps under TLS); `None` until the startup phase ends, or if it could
+    /// not be duplicated, when a reload reaches new connections only.
+    socket: Option<OwnedFd>,
     /// The socket's values when it was accepted (the system's), in
     /// [`actor_util::KEEPALIVE_TIMING`]'s order: what an unset or 0 value means, as PostgreSQL
     /// restores the socket's own default for 0; `None` where the socket could not say.
@@ -66,6 +66,16 @@ pub struct KeepaliveTiming {
 }
 
 impl KeepaliveTiming {
+    /// The timing of a socket just accepted: its own values, and the node's `node`.
+    fn accepted(socket: &impl AsRawFd, node: TcpKeepalives) -> KeepaliveTiming {
+        KeepaliveTiming {
+            socket: None,
+            defaults: keepalive_values(socket),
+            client: TcpKeepalives::default(),
+            node,
+        }
+    }
+
     /// The value each option should have: the client's, else the node's, else the socket's
     /// default (0 also meaning the default, from either); `None` leaves the option alone.
     fn effective(&self) -> [Option<u32>; 4] {
@@ -77,11 +87,9 @@ impl KeepaliveTiming {
         })
     }
 
-    fn apply(&self) -> Vec<(String, String)> {
-        if let Err((what, e)) = actor_util::set_keepalive_timing(&self.socket, self.effective()) {
-            tracing::debug!("could not set the connection's {what}: {e}");
-        }
-        tcp_keepalive_show(&self.socket)
+    /// Sets the effective timing on `socket`; a failure names the option the kernel refused.
+    fn set_on(&self, socket: &impl AsRawFd) -> Result<(), (&'static str, std::io::Error)> {
+        actor_util::set_keepalive_timing(socket, self.effective())
     }
 
     /// Applies the node's timing after a reload, if it changed; returns what SHOW answers for
@@ -91,12 +99,17 @@ impl KeepaliveTiming {
             return None;
         }
         self.node = *node;
-        Some(self.apply())
+        let socket = self.socket.as_ref()?;
+        if let Err((what, e)) = self.set_on(socket) {
+            tracing::warn!("could not set {what} of the reloaded tcp_keepalives_*: {e}");
+        }
+        Some(tcp_keepalive_show(socket))
     }
 }
 
-/// The socket's own keepalive timing (the system's, on a socket just accepted).
-fn keepalive_defaults(socket: &impl AsRawFd) -> [Option<u32>; 4] {
+/// The socket's keepalive timing as it stands, in [`actor_util::KEEPALIVE_TIMING`]'s order;
+/// `None` where the socket cannot say.
+fn keepalive_values(socket: &impl AsRawFd) -> [Option<u32>; 4] {
     actor_util::KEEPALIVE_TIMING.map(|(opt, _)| {
         actor_util::get_int_option(socket, libc::IPPROTO_TCP, opt)
             .ok()
@@ -133,9 +146,9 @@ pub async fn handshake(
     let mut plain_fd = Some(tcp_fd);
     // The node's keepalive timing from the start (the listener turned keepalives on), over
     // the socket's own values, which a reload to 0 restores.
-    let keepalive_defaults = keepalive_defaults(&stream);
-    if let Err(e) = set_tcp_keepalives(&stream, &settings.tcp_keepalives) {
-        tracing::warn!(%peer, "could not set the keepalive timing of tcp_keepalives_*: {e}");
+    let mut keepalive = KeepaliveTiming::accepted(&stream, settings.tcp_keepalives);
+    if let Err((what, e)) = keepalive.set_on(&stream) {
+        tracing::warn!(%peer, "could not set {what} of tcp_keepalives_*: {e}");
     }
     let mut io: Box<dyn Io> = Box::new(stream);
     let mut buf = BytesMut::with_capacity(1024);
@@ -222,29 +235,17 @@ pub async fn handshake(
                 send(&mut io, &msgs).await?;
                 // SAFETY: `tcp_fd` belongs to the TcpStream inside `io`, which is alive here.
                 let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(tcp_fd) };
-                let keepalive = socket
+                keepalive.client = identity.settings.tcp_keepalives;
+                if let Err((what, e)) = keepalive.set_on(&socket) {
+                    tracing::debug!(%peer, "could not set the client's {what}: {e}");
+                }
+                let socket_show = tcp_keepalive_show(&socket);
+                keepalive.socket = socket
                     .try_clone_to_owned()
                     .inspect_err(|e| {
                         tracing::debug!(%peer, "a reload will not reach this connection's keepalives: {e}")
                     })
-                    .ok()
-                    .map(|socket| KeepaliveTiming {
-                        socket,
-                        defaults: keepalive_defaults,
-                        client: identity.settings.tcp_keepalives,
-                        node: settings.tcp_keepalives,
-                    });
-                let socket_show = match &keepalive {
-                    Some(k) => k.apply(),
-                    None => {
-                        if let Err(e) =
-                            set_tcp_keepalives(&socket, &identity.settings.tcp_keepalives)
-                        {
-                            tracing::debug!(%peer, "could not set the client's keepalive timing: {e}");
-                        }
-                        tcp_keepalive_show(&socket)
-                    }
-                };
+                    .ok();
                 let status =
                     WalSenderStatus::new(pid, &identity.user, &identity.application_name, peer)
                         .shared();
@@ -371,13 +372,6 @@ fn rand_key(pid: u32) -> i32 {
     (nanos ^ pid.rotate_left(16)) as i32
 }
 
-/// Sets the keepalive timing `k` gives on a TCP socket; a value left unset, or 0, keeps the
-/// socket's (the system's, or the node's set at accept), as PostgreSQL's 0 means.
-pub fn set_tcp_keepalives(socket: &impl AsRawFd, k: &TcpKeepalives) -> std::io::Result<()> {
-    let values = k.values().map(|v| v.filter(|v| *v > 0));
-    actor_util::set_keepalive_timing(socket, values).map_err(|(_, e)| e)
-}
-
 /// SHOW's values of the keepalive parameters: what the socket has, as plain numbers (seconds,
 /// a count, milliseconds), as PostgreSQL shows them; 0 where the socket cannot say.
 fn tcp_keepalive_show(socket: &impl AsRawFd) -> Vec<(String, String)> {
@@ -389,10 +383,7 @@ fn tcp_keepalive_show(socket: &impl AsRawFd) -> Vec<(String, String)> {
     ];
     names
         .into_iter()
-        .zip(actor_util::KEEPALIVE_TIMING)
-        .map(|(n, (opt, _))| {
-            let v = actor_util::get_int_option(socket, libc::IPPROTO_TCP, opt).unwrap_or(0);
-            (n.to_string(), v.to_string())
-        })
+        .zip(keepalive_values(socket))
+        .map(|(n, v)| (n.to_string(), v.unwrap_or(0).to_string()))
         .collect()
 }

@@ -10,6 +10,8 @@ use protocol_codec::client_settings::{format_ms, ClientSettings};
 use protocol_codec::{results, BackendMessage, ErrorFields, SqlState};
 use wal_storage::WalFormat;
 
+use crate::startup::on_off;
+
 /// The answer to `SHOW name` on a connection whose client set `client` and whose socket has
 /// `socket` (its keepalive timing, which PostgreSQL shows as the socket has it, whoever set
 /// it): the socket's value, else the client's value if it set one (`wal_sender_timeout` in
@@ -22,7 +24,7 @@ pub(super) fn answer_for(
     values: &[(String, String)],
     name: &str,
 ) -> Result<Vec<BackendMessage>, ErrorFields> {
-    if let Some((canonical, value)) = socket.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+    if let Some((canonical, value)) = find(socket, name) {
         return Ok(results::show(canonical, value));
     }
     if name.eq_ignore_ascii_case("wal_sender_timeout") {
@@ -30,13 +32,19 @@ pub(super) fn answer_for(
             return Ok(results::show("wal_sender_timeout", &format_ms(t)));
         }
     }
-    match client.get(name) {
-        Some(value) => Ok(results::show(name, value)),
-        None => match role.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
-            Some((canonical, value)) => Ok(results::show(canonical, value)),
-            None => answer(values, name),
-        },
+    if let Some(value) = client.get(name) {
+        return Ok(results::show(name, value));
     }
+    match find(role, name) {
+        Some((canonical, value)) => Ok(results::show(canonical, value)),
+        None => answer(values, name),
+    }
+}
+
+/// The entry of `values` named `name`, compared as PostgreSQL compares parameter names
+/// (case-insensitively).
+fn find<'a>(values: &'a [(String, String)], name: &str) -> Option<&'a (String, String)> {
+    values.iter().find(|(n, _)| n.eq_ignore_ascii_case(name))
 }
 
 /// What SHOW answers for the parameters that follow the node's role, as PostgreSQL 15 answers
@@ -44,18 +52,14 @@ pub(super) fn answer_for(
 /// failover fence is closed (`read_only`) is not a standby, but takes no writes, so its
 /// default (and so every) transaction is read-only; any other primary is neither.
 pub fn role_values(in_hot_standby: bool, read_only: bool) -> Vec<(String, String)> {
-    let on_off = |b: bool| if b { "on" } else { "off" }.to_string();
-    vec![
-        ("in_hot_standby".to_string(), on_off(in_hot_standby)),
-        (
-            "default_transaction_read_only".to_string(),
-            on_off(read_only),
-        ),
-        (
-            "transaction_read_only".to_string(),
-            on_off(in_hot_standby || read_only),
-        ),
+    [
+        ("in_hot_standby", in_hot_standby),
+        ("default_transaction_read_only", read_only),
+        ("transaction_read_only", in_hot_standby || read_only),
     ]
+    .into_iter()
+    .map(|(name, on)| (name.to_string(), on_off(on).to_string()))
+    .collect()
 }
 
 /// The SHOW values every walserver node answers, from facts of its storage: what PostgreSQL
@@ -105,7 +109,7 @@ pub fn merge_show_values(
 
 /// The answer to `SHOW name`: the value's result set, or 42704 for a name not in `values`.
 pub fn answer(values: &[(String, String)], name: &str) -> Result<Vec<BackendMessage>, ErrorFields> {
-    match values.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+    match find(values, name) {
         Some((canonical, value)) => Ok(results::show(canonical, value)),
         None => Err(ErrorFields::error(
             SqlState::UNDEFINED_OBJECT,

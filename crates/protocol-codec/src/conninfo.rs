@@ -158,6 +158,16 @@ pub enum TargetSessionAttrs {
 }
 
 impl TargetSessionAttrs {
+    /// Every value, so that the names are spelled once ([`TargetSessionAttrs::as_str`]).
+    const ALL: [TargetSessionAttrs; 6] = [
+        TargetSessionAttrs::Any,
+        TargetSessionAttrs::ReadWrite,
+        TargetSessionAttrs::ReadOnly,
+        TargetSessionAttrs::Primary,
+        TargetSessionAttrs::Standby,
+        TargetSessionAttrs::PreferStandby,
+    ];
+
     pub fn as_str(&self) -> &'static str {
         match self {
             TargetSessionAttrs::Any => "any",
@@ -200,15 +210,10 @@ impl FromStr for TargetSessionAttrs {
     type Err = ConnInfoError;
 
     fn from_str(s: &str) -> Result<Self, ConnInfoError> {
-        Ok(match s {
-            "any" => TargetSessionAttrs::Any,
-            "read-write" => TargetSessionAttrs::ReadWrite,
-            "read-only" => TargetSessionAttrs::ReadOnly,
-            "primary" => TargetSessionAttrs::Primary,
-            "standby" => TargetSessionAttrs::Standby,
-            "prefer-standby" => TargetSessionAttrs::PreferStandby,
-            other => return Err(ConnInfoError::InvalidTargetSessionAttrs(other.to_string())),
-        })
+        TargetSessionAttrs::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| ConnInfoError::InvalidTargetSessionAttrs(s.to_string()))
     }
 }
 
@@ -1010,6 +1015,16 @@ mod tests {
         assert_eq!(
             ReadWrite.check(Some("on"), None, false),
             Err("session is read-only")
+        );
+        // Every value reads back from its name, exactly as libpq spells it.
+        for t in TargetSessionAttrs::ALL {
+            assert_eq!(t.as_str().parse::<TargetSessionAttrs>(), Ok(t));
+        }
+        assert_eq!(
+            "Read-Write".parse::<TargetSessionAttrs>(),
+            Err(ConnInfoError::InvalidTargetSessionAttrs(
+                "Read-Write".into()
+            ))
         );
     }
 

@@ -273,7 +273,6 @@ async fn password_from_file(
         .or_else(|| std::env::var_os("PGPASSFILE").map(PathBuf::from))
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pgpass")))?;
     let (host, port) = (target.host.clone(), target.port);
-    let database = REPLICATION_DATABASE.to_string();
     let user = startup.user.clone();
     tokio::task::spawn_blocking(move || {
         use std::os::unix::fs::PermissionsExt;
@@ -288,7 +287,8 @@ async fn password_from_file(
         let contents = std::fs::read_to_string(&path)
             .inspect_err(|e| tracing::warn!("could not read password file \"{}\": {e}", path.display()))
             .ok()?;
-        passfile::find_password(&contents, &host, port, &database, &user).map(|p| (p, path))
+        passfile::find_password(&contents, &host, port, REPLICATION_DATABASE, &user)
+            .map(|p| (p, path))
     })
     .await
     .ok()

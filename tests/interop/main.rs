@@ -1249,12 +1249,7 @@ fn a_slot_in_use_is_refused_as_postgresql_15_does() {
         ));
         out
     };
-    let theirs = run(pg.addr(), "postgres");
-    let ours = run(node.addr(), "u");
-    for (t, o) in theirs.iter().zip(&ours) {
-        eprintln!("pg: {t}\nws: {o}");
-    }
-    assert_eq!(ours, theirs);
+    assert_same_answers(&run, pg.addr(), node.addr());
 }
 
 /// Streaming from WAL that is gone, walserver against a real PostgreSQL 15: both removed the
@@ -1422,6 +1417,145 @@ fn max_wal_senders_refuses_as_postgresql_15_does() {
     assert_eq!(ours, theirs);
 }
 
+/// Replication commands PostgreSQL 15 cannot parse, or whose names no slot or parameter has,
+/// walserver against a real PostgreSQL 15: the same SQLSTATE and words, and no position (its
+/// replication command parser sends none, unlike its SQL parser), the session going on.
+#[test]
+fn bad_replication_commands_are_answered_as_postgresql_15_answers_them() {
+    use protocol_codec::BackendMessage;
+
+    let pg = pg_testkit::PgCluster::init_primary(&pg_testkit::PgOptions::default());
+    let node = TestNode::primary("");
+    let commands = [
+        "IDENTIFY_SYSTEM x",
+        "SHOW",
+        "SHOW a!",
+        "SHOW \"é\" x",
+        "SHOW \"\"",
+        "SHOW \"wal_segment_size",
+        "TIMELINE_HISTORY 0",
+        "TIMELINE_HISTORY x",
+        "TIMELINE_HISTORY 1 2",
+        "START_REPLICATION",
+        "START_REPLICATION SLOT 0/0",
+        "START_REPLICATION 0/0 TIMELINE",
+        "START_REPLICATION 0/0; x",
+        "START_REPLICATION SLOT \"\" 0/0",
+        "CREATE_REPLICATION_SLOT s",
+        "CREATE_REPLICATION_SLOT \"\" PHYSICAL",
+        "CREATE_REPLICATION_SLOT s PHYSICAL ()",
+        "CREATE_REPLICATION_SLOT s PHYSICAL (TWO_PHASE)",
+        "CREATE_REPLICATION_SLOT s PHYSICAL (RESERVE_WAL maybe)",
+        "CREATE_REPLICATION_SLOT s PHYSICAL (RESERVE_WAL, RESERVE_WAL)",
+        "CREATE_REPLICATION_SLOT s PHYSICAL TWO_PHASE",
+        "DROP_REPLICATION_SLOT \"\"",
+        "DROP_REPLICATION_SLOT \"s",
+        "DROP_REPLICATION_SLOT 's",
+        "DROP_REPLICATION_SLOT s NOW",
+    ];
+    let run = |addr: SocketAddr, user: &str| -> Vec<String> {
+        let mut c = PgConn::connect(addr, user, None).expect("connect");
+        let mut out = Vec::new();
+        for q in commands {
+            c.send(protocol_codec::FrontendMessage::Query(q.into()));
+            out.push(q.to_string());
+            out.extend(answers(&mut c, &|m| match m {
+                BackendMessage::ErrorResponse(f) => Some(format!(
+                    "{} POSITION {}",
+                    error_line(f),
+                    f.get(b'P').unwrap_or("-")
+                )),
+                BackendMessage::ReadyForQuery(_) => Some("ReadyForQuery".into()),
+                _ => None,
+            }));
+        }
+        out
+    };
+    assert_same_answers(&run, pg.addr(), node.addr());
+}
+
+/// `run` against PostgreSQL (as `postgres`) and walserver (as `u`): the same lines from both,
+/// printed side by side.
+fn assert_same_answers(
+    run: &dyn Fn(SocketAddr, &str) -> Vec<String>,
+    pg: SocketAddr,
+    node: SocketAddr,
+) {
+    let theirs = run(pg, "postgres");
+    let ours = run(node, "u");
+    for (t, o) in theirs.iter().zip(&ours) {
+        eprintln!("pg: {t}\nws: {o}");
+    }
+    assert_eq!(ours, theirs);
+}
+
+/// A message as the startup-parameter tests compare it: a row, an error with its hint and
+/// detail, anything else by its name; the messages whose contents differ between the servers
+/// (key data, row descriptions, command tags) left out.
+fn answer_line(m: &protocol_codec::BackendMessage) -> Option<String> {
+    use protocol_codec::BackendMessage;
+    match m {
+        BackendMessage::BackendKeyData { .. }
+        | BackendMessage::RowDescription(_)
+        | BackendMessage::CommandComplete(_) => None,
+        BackendMessage::DataRow(r) => Some(format!("{r:?}")),
+        BackendMessage::ErrorResponse(f) => Some(format!(
+            "{} HINT {} DETAIL {}",
+            error_line(f),
+            f.get(b'H').unwrap_or("-"),
+            f.get(b'D').unwrap_or("-")
+        )),
+        m => Some(format!("{m:?}")),
+    }
+}
+
+/// The names to `SHOW` after a startup packet with these parameters.
+type ShowsFor = dyn Fn(&[(&str, &str)]) -> Vec<String>;
+
+/// Each case's startup packet (`user`, `replication=true`, then the case's parameters) sent to
+/// PostgreSQL (as `postgres`) and to walserver (as `u`), then, if the server took it, `SHOW`
+/// of each name `shown` gives for the case; every message `name` names compared. Returns the
+/// cases whose answers differ.
+fn startup_cases_differ<'a>(
+    pg: SocketAddr,
+    node: SocketAddr,
+    cases: &[(&'a str, Vec<(&str, &str)>)],
+    shown: &ShowsFor,
+    name: &dyn Fn(&protocol_codec::BackendMessage) -> Option<String>,
+) -> Vec<&'a str> {
+    let answer = |addr: SocketAddr, user: &str, params: &[(&str, &str)]| -> Vec<String> {
+        let mut c = PgConn::raw(addr);
+        let mut all = vec![("user", user), ("replication", "true")];
+        all.extend(params.iter().cloned());
+        c.send_startup(protocol_codec::StartupPacket::startup(all));
+        let mut out = answers(&mut c, name);
+        if out.last().map(String::as_str) == Some("closed") {
+            return out;
+        }
+        for n in shown(params) {
+            let q = format!("SHOW {n}");
+            c.send(protocol_codec::FrontendMessage::Query(q.clone()));
+            out.push(q);
+            out.extend(answers(&mut c, name));
+        }
+        out
+    };
+    let mut differ = Vec::new();
+    for (what, params) in cases {
+        let theirs = answer(pg, "postgres", params);
+        let ours = answer(node, "u", params);
+        eprintln!("{what}:\n  pg: {theirs:?}\n  ws: {ours:?}");
+        assert!(
+            theirs.iter().any(|m| m.starts_with("Authentication")),
+            "{what}: PostgreSQL authenticated the client first"
+        );
+        if ours != theirs {
+            differ.push(*what);
+        }
+    }
+    differ
+}
+
 /// The configuration parameters a client sets when it connects (the startup packet's
 /// `options`, as `PGOPTIONS` or `options=` in a conninfo passes them, and the other startup
 /// parameters), walserver against a real PostgreSQL 15: the same packets get the same answer,
@@ -1438,43 +1572,24 @@ fn client_parameters_are_read_as_postgresql_15_reads_them() {
     let pg = pg_testkit::PgCluster::init_primary(&pg_testkit::PgOptions::default());
     let node = TestNode::primary("wal_sender_timeout = \"1min\"");
     let name = |m: &BackendMessage| match m {
-        BackendMessage::ParameterStatus { .. } | BackendMessage::BackendKeyData { .. } => None,
-        BackendMessage::RowDescription(_) | BackendMessage::CommandComplete(_) => None,
-        BackendMessage::DataRow(r) => Some(format!("{r:?}")),
-        BackendMessage::ErrorResponse(f) => Some(format!(
-            "{} HINT {} DETAIL {}",
-            error_line(f),
-            f.get(b'H').unwrap_or("-"),
-            f.get(b'D').unwrap_or("-")
-        )),
-        m => Some(format!("{m:?}")),
+        BackendMessage::ParameterStatus { .. } => None,
+        m => answer_line(m),
     };
-    let answer = |addr: SocketAddr, user: &str, params: &Vec<(&str, &str)>| -> Vec<String> {
-        let mut c = PgConn::raw(addr);
-        let mut all = vec![("user", user), ("replication", "true")];
-        all.extend(params.iter().cloned());
-        c.send_startup(StartupPacket::startup(all));
-        let mut out = answers(&mut c, &name);
-        if out.last().map(String::as_str) == Some("closed") {
-            return out;
-        }
-        for q in [
-            "SHOW wal_sender_timeout",
-            "SHOW application_name",
-            "SHOW my.setting",
-            "SHOW tcp_keepalives_idle",
-            "SHOW tcp_keepalives_interval",
-            "SHOW tcp_keepalives_count",
-            "SHOW tcp_user_timeout",
-            "SHOW in_hot_standby",
-            "SHOW transaction_read_only",
-            "SHOW default_transaction_read_only",
-        ] {
-            c.send(protocol_codec::FrontendMessage::Query(q.into()));
-            out.push(q.to_string());
-            out.extend(answers(&mut c, &name));
-        }
-        out
+    let shown = |_: &[(&str, &str)]| {
+        [
+            "wal_sender_timeout",
+            "application_name",
+            "my.setting",
+            "tcp_keepalives_idle",
+            "tcp_keepalives_interval",
+            "tcp_keepalives_count",
+            "tcp_user_timeout",
+            "in_hot_standby",
+            "transaction_read_only",
+            "default_transaction_read_only",
+        ]
+        .map(String::from)
+        .to_vec()
     };
     let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
         (
@@ -1563,19 +1678,7 @@ fn client_parameters_are_read_as_postgresql_15_reads_them() {
             vec![("options", "-c wal_sender_timeout=9999999999")],
         ),
     ];
-    let mut differ = Vec::new();
-    for (what, params) in &cases {
-        let theirs = answer(pg.addr(), "postgres", params);
-        let ours = answer(node.addr(), "u", params);
-        eprintln!("{what}:\n  pg: {theirs:?}\n  ws: {ours:?}");
-        assert!(
-            theirs.iter().any(|m| m.starts_with("Authentication")),
-            "{what}: PostgreSQL authenticated the client first"
-        );
-        if ours != theirs {
-            differ.push(*what);
-        }
-    }
+    let differ = startup_cases_differ(pg.addr(), node.addr(), &cases, &shown, &name);
     assert!(
         differ.is_empty(),
         "walserver differs from PostgreSQL 15 on: {differ:?}"
@@ -1605,5 +1708,115 @@ fn client_parameters_are_read_as_postgresql_15_reads_them() {
     assert!(
         took >= Duration::from_millis(800) && took < Duration::from_secs(20),
         "closed after {took:?}"
+    );
+}
+
+/// The values a client sets when it connects, read and reported back as PostgreSQL 15 reads and
+/// reports them: the ParameterStatus of the greeting (a walsender for physical replication has
+/// the encoding `SQL_ASCII`; a client's `client_encoding`, `DateStyle`, `IntervalStyle`,
+/// `TimeZone`, `standard_conforming_strings`, `default_transaction_read_only` and
+/// `application_name` in PostgreSQL's form), SHOW of what the client set (booleans as on/off,
+/// sizes and times in their largest whole unit, floating-point values as C's `%g`, enum
+/// aliases), and the FATAL for a value PostgreSQL refuses, walserver against a real PostgreSQL
+/// 15 with the same packets.
+#[test]
+fn client_values_are_reported_as_postgresql_15_reports_them() {
+    use protocol_codec::BackendMessage;
+
+    let pg = pg_testkit::PgCluster::init_primary(
+        &pg_testkit::PgOptions::default().conf("timezone = 'Etc/UTC'"),
+    );
+    let node = TestNode::primary("");
+    let name = |m: &BackendMessage| match m {
+        // Not the same for both: the server's version and the user's name.
+        BackendMessage::ParameterStatus { name, .. }
+            if name == "server_version" || name == "session_authorization" =>
+        {
+            None
+        }
+        BackendMessage::ParameterStatus { name, value } => Some(format!("{name}={value}")),
+        // PostgreSQL's LOG lines, which `client_min_messages=debug` lets through to the client.
+        BackendMessage::NoticeResponse(_) => None,
+        m => answer_line(m),
+    };
+    // SHOW of what the greeting reports, then of every parameter the case sets.
+    let shown = |params: &[(&str, &str)]| {
+        let mut shown: Vec<String> = [
+            "client_encoding",
+            "server_encoding",
+            "DateStyle",
+            "TimeZone",
+            "IntervalStyle",
+            "standard_conforming_strings",
+            "application_name",
+        ]
+        .map(String::from)
+        .to_vec();
+        for (n, v) in params {
+            if *n == "options" {
+                // The words after each `-c`: `name=value`.
+                shown.extend(
+                    v.split_whitespace()
+                        .filter_map(|w| w.split_once('=').map(|(n, _)| n.to_string())),
+                );
+            } else {
+                shown.push(n.to_string());
+            }
+        }
+        shown
+    };
+    let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        ("nothing set", vec![]),
+        ("an encoding's alias", vec![("client_encoding", "latin1")]),
+        ("an encoding's other spelling", vec![("client_encoding", "utf-8")]),
+        ("UNICODE, kept for old drivers", vec![("client_encoding", "UNICODE")]),
+        ("no such encoding", vec![("client_encoding", "foo")]),
+        ("libpq's auto, which only libpq reads", vec![("client_encoding", "auto")]),
+        ("a date style", vec![("DateStyle", "sql, dmy")]),
+        ("German, which sets its order", vec![("DateStyle", "German")]),
+        (
+            "a date style over the one before it",
+            vec![("options", "-c DateStyle=German"), ("DateStyle", "ymd")],
+        ),
+        ("conflicting date styles", vec![("DateStyle", "iso,sql")]),
+        ("an unknown date style", vec![("DateStyle", "bogus")]),
+        ("a date style without commas", vec![("DateStyle", "ISO MDY")]),
+        ("a time zone", vec![("TimeZone", "Europe/Berlin")]),
+        ("an interval style in capitals", vec![("IntervalStyle", "ISO_8601")]),
+        ("an unknown interval style", vec![("IntervalStyle", "x")]),
+        (
+            "booleans and application_name",
+            vec![
+                ("standard_conforming_strings", "of"),
+                ("default_transaction_read_only", "TRUE"),
+                ("application_name", "é x"),
+            ],
+        ),
+        ("not a boolean", vec![("enable_seqscan", "maybe")]),
+        (
+            "sizes, times and numbers",
+            vec![(
+                "options",
+                "-c work_mem=4096 -c temp_buffers=100 -c statement_timeout=60000 -c vacuum_cost_delay=1.5ms -c seq_page_cost=1.23456789 -c extra_float_digits=0x3 -c cursor_tuple_fraction=1e-5",
+            )],
+        ),
+        (
+            "enum aliases",
+            vec![(
+                "options",
+                "-c synchronous_commit=TRUE -c wal_compression=on -c client_min_messages=debug",
+            )],
+        ),
+        ("an integer out of range", vec![("extra_float_digits", "9")]),
+        ("a size below its least", vec![("temp_buffers", "1kB")]),
+        ("a size in a unit not spelt so", vec![("work_mem", "5KB")]),
+        ("a time out of range", vec![("vacuum_cost_delay", "200")]),
+        ("a negative cost", vec![("seq_page_cost", "-1")]),
+        ("a number beyond a double", vec![("statement_timeout", "1e400")]),
+    ];
+    let differ = startup_cases_differ(pg.addr(), node.addr(), &cases, &shown, &name);
+    assert!(
+        differ.is_empty(),
+        "walserver differs from PostgreSQL 15 on: {differ:?}"
     );
 }

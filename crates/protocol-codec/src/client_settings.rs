@@ -6,21 +6,23 @@
 //!
 //! A name PostgreSQL 15 does not know, a parameter a client may not set (one fixed at build,
 //! at server start or in the configuration file), a malformed `options` string and a bad value
-//! of a parameter walserver uses are refused with PostgreSQL's FATAL, its SQLSTATE and its
-//! words, after authentication, as PostgreSQL refuses them. walserver uses three kinds:
+//! of a parameter are refused with PostgreSQL's FATAL, its SQLSTATE and its words, after
+//! authentication, as PostgreSQL refuses them. Each value is read by its parameter's kind
+//! and kept in the form SHOW gives it ([`crate::parameter_values`]). walserver uses three kinds:
 //! `wal_sender_timeout`, which replaces the node's for this connection (and outlives a reload,
 //! as a client's value does in PostgreSQL); `application_name`, which names the standby when
 //! the startup packet has no `application_name` of its own; and the TCP keepalive timing
 //! (`tcp_keepalives_idle`, `tcp_keepalives_interval`, `tcp_keepalives_count`,
 //! `tcp_user_timeout`), which the server sets on the connection's socket. Every other known
-//! parameter is accepted and kept for `SHOW`, its value unchecked: walserver has no such
-//! setting.
+//! parameter is kept for `SHOW` and the greeting: walserver has no such setting.
 //! Custom names (`ext.name`) are kept as PostgreSQL keeps placeholders. `options` holding
 //! another of the server's switches (`-B 128`, `-S 4096`, ...) is refused as a bad argument,
 //! where PostgreSQL would set the parameter the switch stands for.
 
 use std::time::Duration;
 
+use crate::parameter_values::canonical;
+pub use crate::parameter_values::{format_ms, parse_int, parse_ms, Unit};
 use crate::pg15_parameters::{self, Context};
 use crate::{ErrorFields, SqlState};
 
@@ -90,7 +92,8 @@ impl ClientSettings {
     }
 
     fn set(&mut self, name: &str, value: &str) -> Result<(), ErrorFields> {
-        match pg15_parameters::context(name) {
+        let known = pg15_parameters::context(name);
+        match known {
             None if name.contains('.') => {
                 if !valid_custom_name(name) {
                     return Err(ErrorFields::fatal(
@@ -134,7 +137,12 @@ impl ClientSettings {
             }
             _ => {}
         }
-        self.values.push((name.to_string(), value.to_string()));
+        // A custom parameter's value is kept as given, as PostgreSQL keeps a placeholder's.
+        let value = match known {
+            Some(_) => canonical(name, value, self.get("DateStyle").unwrap_or("ISO, MDY"))?,
+            None => value.to_string(),
+        };
+        self.values.push((name.to_string(), value));
         Ok(())
     }
 }
@@ -219,207 +227,6 @@ fn bad_argument(word: &str) -> ErrorFields {
     .hint("Try \"postgres --help\" for more information.")
 }
 
-/// The unit an integer parameter is kept in, which decides the units its value may carry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unit {
-    /// A plain number (`tcp_keepalives_count`): no unit may follow it.
-    None,
-    /// Milliseconds (`wal_sender_timeout`, `tcp_user_timeout`).
-    Ms,
-    /// Seconds (`tcp_keepalives_idle`, `tcp_keepalives_interval`).
-    S,
-}
-
-impl Unit {
-    /// The time units a value may carry, and their size in this unit.
-    fn size(self, unit: &str) -> Option<f64> {
-        let ms = match unit {
-            "us" => 0.001,
-            "ms" => 1.0,
-            "s" => 1000.0,
-            "min" => 60_000.0,
-            "h" => 3_600_000.0,
-            "d" => 86_400_000.0,
-            _ => return None,
-        };
-        match self {
-            Unit::None => None,
-            Unit::Ms => Some(ms),
-            Unit::S => Some(ms / 1000.0),
-        }
-    }
-
-    /// How PostgreSQL writes the unit after a value out of range.
-    fn suffix(self) -> &'static str {
-        match self {
-            Unit::None => "",
-            Unit::Ms => " ms",
-            Unit::S => " s",
-        }
-    }
-}
-
-/// Reads an integer parameter kept in `unit` as PostgreSQL's `parse_int` does: a decimal,
-/// octal (`010`) or hexadecimal (`0x10`) integer, or a decimal fraction or exponent, then (for
-/// a time) an optional unit after optional white space, rounded half to even; then checked
-/// against `min..=max`. Errors are PostgreSQL's, SQLSTATE 22023.
-pub fn parse_int(
-    name: &str,
-    value: &str,
-    unit: Unit,
-    min: i64,
-    max: i64,
-) -> Result<i64, ErrorFields> {
-    let invalid = |hint: Option<&str>| {
-        let e = ErrorFields::fatal(
-            SqlState::INVALID_PARAMETER_VALUE,
-            format!("invalid value for parameter \"{name}\": \"{value}\""),
-        );
-        match hint {
-            Some(h) => e.hint(h),
-            None => e,
-        }
-    };
-    let (number, rest) = leading_number(value).ok_or_else(|| invalid(None))?;
-    let rest = rest.trim_start_matches(|c: char| c.is_ascii_whitespace());
-    let mut n = match rest.trim_end_matches(|c: char| c.is_ascii_whitespace()) {
-        "" => number,
-        _ if unit == Unit::None => return Err(invalid(None)),
-        text => match unit.size(text) {
-            Some(size) => number * size,
-            None => {
-                return Err(invalid(Some(
-                    "Valid units for this parameter are \"us\", \"ms\", \"s\", \"min\", \"h\", and \"d\".",
-                )))
-            }
-        },
-    };
-    n = round_half_even(n);
-    if !(n >= i32::MIN as f64 && n <= i32::MAX as f64) {
-        return Err(invalid(Some("Value exceeds integer range.")));
-    }
-    let n = n as i64;
-    if n < min || n > max {
-        return Err(ErrorFields::fatal(
-            SqlState::INVALID_PARAMETER_VALUE,
-            format!(
-                "{n}{} is outside the valid range for parameter \"{name}\" ({min} .. {max})",
-                unit.suffix()
-            ),
-        ));
-    }
-    Ok(n)
-}
-
-/// [`parse_int`] for a parameter kept in milliseconds, as a duration.
-pub fn parse_ms(name: &str, value: &str, min: i64, max: i64) -> Result<Duration, ErrorFields> {
-    parse_int(name, value, Unit::Ms, min, max).map(|ms| Duration::from_millis(ms as u64))
-}
-
-/// The number at the start of `text` (after white space), and what follows it: C's `strtol`
-/// with base 0, or `strtod` when the integer is followed by `.`, `e` or `E`.
-fn leading_number(text: &str) -> Option<(f64, &str)> {
-    let t = text.trim_start_matches(|c: char| c.is_ascii_whitespace());
-    let (negative, unsigned) = match t.as_bytes().first() {
-        Some(b'-') => (true, &t[1..]),
-        Some(b'+') => (false, &t[1..]),
-        _ => (false, t),
-    };
-    let sign = if negative { -1.0 } else { 1.0 };
-    let digits_end = |s: &str, radix: u32| s.find(|c: char| !c.is_digit(radix)).unwrap_or(s.len());
-    let hex = unsigned
-        .strip_prefix("0x")
-        .or_else(|| unsigned.strip_prefix("0X"))
-        .filter(|h| digits_end(h, 16) > 0);
-    let (int, rest) = if let Some(h) = hex {
-        let end = digits_end(h, 16);
-        (integer(&h[..end], 16), &h[end..])
-    } else {
-        let end = digits_end(unsigned, 10);
-        let radix = if end > 1 && unsigned.starts_with('0') {
-            8
-        } else {
-            10
-        };
-        let end = digits_end(unsigned, radix);
-        if end == 0 && !unsigned.starts_with('.') {
-            return None;
-        }
-        let int = if end == 0 {
-            0.0
-        } else {
-            integer(&unsigned[..end], radix)
-        };
-        (int, &unsigned[end..])
-    };
-    if hex.is_none() && rest.starts_with(['.', 'e', 'E']) {
-        return leading_float(unsigned).map(|(f, r)| (sign * f, r));
-    }
-    Some((sign * int, rest))
-}
-
-/// The value of `digits` in `radix`; past what a `u128` holds, infinity (which no range
-/// admits, as C's `strtol` reports an overflow).
-fn integer(digits: &str, radix: u32) -> f64 {
-    u128::from_str_radix(digits, radix).map_or(f64::INFINITY, |n| n as f64)
-}
-
-/// C's `strtod` for decimal text: digits, an optional fraction, an optional exponent.
-fn leading_float(s: &str) -> Option<(f64, &str)> {
-    let b = s.as_bytes();
-    let mut i = b.iter().take_while(|c| c.is_ascii_digit()).count();
-    let mut mantissa = i;
-    if b.get(i) == Some(&b'.') {
-        let frac = b[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
-        mantissa += frac;
-        i += 1 + frac;
-    }
-    if mantissa == 0 {
-        return None;
-    }
-    if matches!(b.get(i), Some(b'e' | b'E')) {
-        let mut j = i + 1;
-        if matches!(b.get(j), Some(b'+' | b'-')) {
-            j += 1;
-        }
-        let exp = b[j..].iter().take_while(|c| c.is_ascii_digit()).count();
-        if exp > 0 {
-            i = j + exp;
-        }
-    }
-    s[..i].parse().ok().map(|f| (f, &s[i..]))
-}
-
-/// C's `rint` in the default rounding mode: to the nearest integer, a half to the even one.
-fn round_half_even(x: f64) -> f64 {
-    let r = x.round();
-    if (x - x.trunc()).abs() == 0.5 && r % 2.0 != 0.0 {
-        r - x.signum()
-    } else {
-        r
-    }
-}
-
-/// A duration as PostgreSQL's SHOW prints a parameter kept in milliseconds: in the largest unit
-/// that divides it (`1d`, `2h`, `1min`, `90s`, `1500ms`), `0` for zero.
-pub fn format_ms(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms == 0 {
-        return "0".to_string();
-    }
-    for (unit, size) in [
-        ("d", 86_400_000u128),
-        ("h", 3_600_000),
-        ("min", 60_000),
-        ("s", 1000),
-    ] {
-        if ms.is_multiple_of(size) {
-            return format!("{}{unit}", ms / size);
-        }
-    }
-    format!("{ms}ms")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,12 +243,6 @@ mod tests {
             e.code().map(|c| c.as_str().to_string()).unwrap_or_default(),
             e.message().unwrap_or_default().to_string(),
         )
-    }
-
-    fn timeout(value: &str) -> Result<u64, String> {
-        parse_ms("wal_sender_timeout", value, 0, i32::MAX as i64)
-            .map(|d| d.as_millis() as u64)
-            .map_err(|e| e.message().unwrap_or_default().to_string())
     }
 
     #[test]
@@ -536,43 +337,6 @@ mod tests {
     }
 
     #[test]
-    fn milliseconds_are_read_as_postgresql_reads_them() {
-        for (text, ms) in [
-            ("5s", 5000),
-            ("1500", 1500),
-            ("1.5s", 1500),
-            ("1e3", 1000),
-            ("0x10", 16),
-            ("010", 8),
-            ("+7", 7),
-            ("0.5", 0),
-            ("2.5ms", 2),
-            ("3.5", 4),
-            ("1d", 86_400_000),
-            ("2 min ", 120_000),
-            ("0", 0),
-        ] {
-            assert_eq!(timeout(text), Ok(ms), "{text}");
-        }
-        assert_eq!(
-            timeout("abc"),
-            Err("invalid value for parameter \"wal_sender_timeout\": \"abc\"".into())
-        );
-        assert_eq!(
-            timeout(""),
-            Err("invalid value for parameter \"wal_sender_timeout\": \"\"".into())
-        );
-        let e = parse_ms("wal_sender_timeout", "5x", 0, 10).unwrap_err();
-        assert!(e.get(b'H').unwrap().starts_with("Valid units"), "{e:?}");
-        let e = parse_ms("wal_sender_timeout", "9999999999", 0, 10).unwrap_err();
-        assert_eq!(e.get(b'H'), Some("Value exceeds integer range."));
-        assert_eq!(
-            timeout("-5"),
-            Err("-5 ms is outside the valid range for parameter \"wal_sender_timeout\" (0 .. 2147483647)".into())
-        );
-    }
-
-    #[test]
     fn keepalive_parameters_are_read_in_their_units() {
         let s = ClientSettings::from_startup(&params(&[(
             "options",
@@ -596,20 +360,5 @@ mod tests {
             refusal(&[("options", "-c tcp_keepalives_idle=-3")]).1,
             "-3 s is outside the valid range for parameter \"tcp_keepalives_idle\" (0 .. 2147483647)"
         );
-    }
-
-    #[test]
-    fn shows_milliseconds_as_postgresql_does() {
-        for (ms, text) in [
-            (0, "0"),
-            (9, "9ms"),
-            (1500, "1500ms"),
-            (90_000, "90s"),
-            (120_000, "2min"),
-            (3_600_000, "1h"),
-            (86_400_000, "1d"),
-        ] {
-            assert_eq!(format_ms(Duration::from_millis(ms)), text);
-        }
     }
 }

@@ -19,7 +19,8 @@
 //!   [`passfile`]: libpq's password file, where one without a password finds it.
 //! - [`client_settings`]: the configuration parameters a client sets in its startup packet
 //!   (`options` and the other parameters), read and refused as PostgreSQL 15 does, against
-//!   its table of parameters ([`pg15_parameters`]).
+//!   its table of parameters ([`pg15_parameters`]); each value read by its kind and written in
+//!   PostgreSQL's form by [`parameter_values`].
 //!
 //! What it does not own: sockets, timers, actors, or any decision about what to answer. There
 //! is no network I/O here; callers drive the codecs and [`client::ClientHandshake`] over
@@ -76,6 +77,7 @@ pub mod command;
 pub mod conninfo;
 mod error;
 pub mod messages;
+pub mod parameter_values;
 pub mod passfile;
 pub mod pg15_parameters;
 pub mod results;

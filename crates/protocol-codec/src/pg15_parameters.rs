@@ -1,7 +1,10 @@
 //! The names of PostgreSQL 15's configuration parameters and when a client may set one, from
 //! `pg_settings` of PostgreSQL 15.18 (`SELECT lower(name), context`), with the four it hides
 //! there (`is_superuser`, `role`, `seed`, `session_authorization`). A client's startup packet
-//! may name any of them; see [`crate::client_settings`] for what walserver does with each.
+//! may name any of them; see [`crate::client_settings`] for what walserver does with each. The
+//! kind of value of each a client may set is in [`KINDS`], read by [`crate::parameter_values`].
+
+use crate::parameter_values::{Kind, Unit};
 
 /// When PostgreSQL lets a client set a parameter, which decides how a startup packet that sets
 /// it is answered.
@@ -391,6 +394,210 @@ pub fn context(name: &str) -> Option<Context> {
         .map(|i| PARAMETERS[i].1)
 }
 
+/// The kind of value of every parameter a client may set (context `user`, `superuser`,
+/// `backend` or `superuser-backend`), from `pg_settings` of PostgreSQL 15.18 (`vartype`,
+/// `unit`, `min_val`, `max_val`, `enumvals`), lower-case and sorted. The aliases of an enum are
+/// the names PostgreSQL accepts and `pg_settings` does not list (`synchronous_commit = true`
+/// is `on`), found by setting each on a real server and reading it back.
+#[rustfmt::skip]
+pub const KINDS: &[(&str, Kind)] = &[
+    ("allow_in_place_tablespaces", Kind::Bool),
+    ("allow_system_table_mods", Kind::Bool),
+    ("application_name", Kind::Text),
+    ("array_nulls", Kind::Bool),
+    ("backend_flush_after", Kind::Int { unit: Unit::Blocks, min: 0, max: 256 }),
+    ("backslash_quote", Kind::Enum { values: &["safe_encoding", "on", "off"], aliases: &[("true", "on"), ("yes", "on"), ("1", "on"), ("false", "off"), ("no", "off"), ("0", "off")] }),
+    ("backtrace_functions", Kind::Text),
+    ("bytea_output", Kind::Enum { values: &["escape", "hex"], aliases: &[] }),
+    ("check_function_bodies", Kind::Bool),
+    ("client_connection_check_interval", Kind::Int { unit: Unit::Ms, min: 0, max: 2147483647 }),
+    ("client_encoding", Kind::Text),
+    ("client_min_messages", Kind::Enum { values: &["debug5", "debug4", "debug3", "debug2", "debug1", "log", "notice", "warning", "error"], aliases: &[("info", "info"), ("debug", "debug2")] }),
+    ("commit_delay", Kind::Int { unit: Unit::None, min: 0, max: 100000 }),
+    ("commit_siblings", Kind::Int { unit: Unit::None, min: 0, max: 1000 }),
+    ("compute_query_id", Kind::Enum { values: &["auto", "regress", "on", "off"], aliases: &[("true", "on"), ("yes", "on"), ("1", "on"), ("false", "off"), ("no", "off"), ("0", "off")] }),
+    ("constraint_exclusion", Kind::Enum { values: &["partition", "on", "off"], aliases: &[("true", "on"), ("yes", "on"), ("1", "on"), ("false", "off"), ("no", "off"), ("0", "off")] }),
+    ("cpu_index_tuple_cost", Kind::Real { unit: Unit::None, min: 0.0, max: f64::MAX }),
+    ("cpu_operator_cost", Kind::Real { unit: Unit::None, min: 0.0, max: f64::MAX }),
+    ("cpu_tuple_cost", Kind::Real { unit: Unit::None, min: 0.0, max: f64::MAX }),
+    ("cursor_tuple_fraction", Kind::Real { unit: Unit::None, min: 0.0, max: 1.0 }),
+    ("datestyle", Kind::Text),
+    ("deadlock_timeout", Kind::Int { unit: Unit::Ms, min: 1, max: 2147483647 }),
+    ("debug_discard_caches", Kind::Int { unit: Unit::None, min: 0, max: 0 }),
+    ("debug_pretty_print", Kind::Bool),
+    ("debug_print_parse", Kind::Bool),
+    ("debug_print_plan", Kind::Bool),
+    ("debug_print_rewritten", Kind::Bool),
+    ("default_statistics_target", Kind::Int { unit: Unit::None, min: 1, max: 10000 }),
+    ("default_table_access_method", Kind::Text),
+    ("default_tablespace", Kind::Text),
+    ("default_text_search_config", Kind::Text),
+    ("default_toast_compression", Kind::Enum { values: &["pglz", "lz4"], aliases: &[] }),
+    ("default_transaction_deferrable", Kind::Bool),
+    ("default_transaction_isolation", Kind::Enum { values: &["serializable", "repeatable read", "read committed", "read uncommitted"], aliases: &[] }),
+    ("default_transaction_read_only", Kind::Bool),
+    ("dynamic_library_path", Kind::Text),
+    ("effective_cache_size", Kind::Int { unit: Unit::Blocks, min: 1, max: 2147483647 }),
+    ("effective_io_concurrency", Kind::Int { unit: Unit::None, min: 0, max: 1000 }),
+    ("enable_async_append", Kind::Bool),
+    ("enable_bitmapscan", Kind::Bool),
+    ("enable_gathermerge", Kind::Bool),
+    ("enable_hashagg", Kind::Bool),
+    ("enable_hashjoin", Kind::Bool),
+    ("enable_incremental_sort", Kind::Bool),
+    ("enable_indexonlyscan", Kind::Bool),
+    ("enable_indexscan", Kind::Bool),
+    ("enable_material", Kind::Bool),
+    ("enable_memoize", Kind::Bool),
+    ("enable_mergejoin", Kind::Bool),
+    ("enable_nestloop", Kind::Bool),
+    ("enable_parallel_append", Kind::Bool),
+    ("enable_parallel_hash", Kind::Bool),
+    ("enable_partition_pruning", Kind::Bool),
+    ("enable_partitionwise_aggregate", Kind::Bool),
+    ("enable_partitionwise_join", Kind::Bool),
+    ("enable_seqscan", Kind::Bool),
+    ("enable_sort", Kind::Bool),
+    ("enable_tidscan", Kind::Bool),
+    ("escape_string_warning", Kind::Bool),
+    ("exit_on_error", Kind::Bool),
+    ("extension_destdir", Kind::Text),
+    ("extra_float_digits", Kind::Int { unit: Unit::None, min: -15, max: 3 }),
+    ("force_parallel_mode", Kind::Enum { values: &["off", "on", "regress"], aliases: &[("true", "on"), ("yes", "on"), ("1", "on"), ("false", "off"), ("no", "off"), ("0", "off")] }),
+    ("from_collapse_limit", Kind::Int { unit: Unit::None, min: 1, max: 2147483647 }),
+    ("geqo", Kind::Bool),
+    ("geqo_effort", Kind::Int { unit: Unit::None, min: 1, max: 10 }),
+    ("geqo_generations", Kind::Int { unit: Unit::None, min: 0, max: 2147483647 }),
+    ("geqo_pool_size", Kind::Int { unit: Unit::None, min: 0, max: 2147483647 }),
+    ("geqo_seed", Kind::Real { unit: Unit::None, min: 0.0, max: 1.0 }),
+    ("geqo_selection_bias", Kind::Real { unit: Unit::None, min: 1.5, max: 2.0 }),
+    ("geqo_threshold", Kind::Int { unit: Unit::None, min: 2, max: 2147483647 }),
+    ("gin_fuzzy_search_limit", Kind::Int { unit: Unit::None, min: 0, max: 2147483647 }),
+    ("gin_pending_list_limit", Kind::Int { unit: Unit::Kb, min: 64, max: 2147483647 }),
+    ("hash_mem_multiplier", Kind::Real { unit: Unit::None, min: 1.0, max: 1000.0 }),
+    ("idle_in_transaction_session_timeout", Kind::Int { unit: Unit::Ms, min: 0, max: 2147483647 }),
+    ("idle_session_timeout", Kind::Int { unit: Unit::Ms, min: 0, max: 2147483647 }),
+    ("ignore_checksum_failure", Kind::Bool),
+    ("ignore_system_indexes", Kind::Bool),
+    ("intervalstyle", Kind::Enum { values: &["postgres", "postgres_verbose", "sql_standard", "iso_8601"], aliases: &[] }),
+    ("jit", Kind::Bool),
+    ("jit_above_cost", Kind::Real { unit: Unit::None, min: -1.0, max: f64::MAX }),
+    ("jit_debugging_support", Kind::Bool),
+    ("jit_dump_bitcode", Kind::Bool),
+    ("jit_expressions", Kind::Bool),
+    ("jit_inline_above_cost", Kind::Real { unit: Unit::None, min: -1.0, max: f64::MAX }),
+    ("jit_optimize_above_cost", Kind::Real { unit: Unit::None, min: -1.0, max: f64::MAX }),
+    ("jit_profiling_support", Kind::Bool),
+    ("jit_tuple_deforming", Kind::Bool),
+    ("join_collapse_limit", Kind::Int { unit: Unit::None, min: 1, max: 2147483647 }),
+    ("lc_messages", Kind::Text),
+    ("lc_monetary", Kind::Text),
+    ("lc_numeric", Kind::Text),
+    ("lc_time", Kind::Text),
+    ("lo_compat_privileges", Kind::Bool),
+    ("local_preload_libraries", Kind::Text),
+    ("lock_timeout", Kind::Int { unit: Unit::Ms, min: 0, max: 2147483647 }),
+    ("log_connections", Kind::Bool),
+    ("log_disconnections", Kind::Bool),
+    ("log_duration", Kind::Bool),
+    ("log_error_verbosity", Kind::Enum { values: &["terse", "default", "verbose"], aliases: &[] }),
+    ("log_executor_stats", Kind::Bool),
+    ("log_lock_waits", Kind::Bool),
+    ("log_min_duration_sample", Kind::Int { unit: Unit::Ms, min: -1, max: 2147483647 }),
+    ("log_min_duration_statement", Kind::Int { unit: Unit::Ms, min: -1, max: 2147483647 }),
+    ("log_min_error_statement", Kind::Enum { values: &["debug5", "debug4", "debug3", "debug2", "debug1", "info", "notice", "warning", "error", "log", "fatal", "panic"], aliases: &[("debug", "debug2")] }),
+    ("log_min_messages", Kind::Enum { values: &["debug5", "debug4", "debug3", "debug2", "debug1", "info", "notice", "warning", "error", "log", "fatal", "panic"], aliases: &[("debug", "debug2")] }),
+    ("log_parameter_max_length", Kind::Int { unit: Unit::B, min: -1, max: 1073741823 }),
+    ("log_parameter_max_length_on_error", Kind::Int { unit: Unit::B, min: -1, max: 1073741823 }),
+    ("log_parser_stats", Kind::Bool),
+    ("log_planner_stats", Kind::Bool),
+    ("log_replication_commands", Kind::Bool),
+    ("log_statement", Kind::Enum { values: &["none", "ddl", "mod", "all"], aliases: &[] }),
+    ("log_statement_sample_rate", Kind::Real { unit: Unit::None, min: 0.0, max: 1.0 }),
+    ("log_statement_stats", Kind::Bool),
+    ("log_temp_files", Kind::Int { unit: Unit::Kb, min: -1, max: 2147483647 }),
+    ("log_transaction_sample_rate", Kind::Real { unit: Unit::None, min: 0.0, max: 1.0 }),
+    ("logical_decoding_work_mem", Kind::Int { unit: Unit::Kb, min: 64, max: 2147483647 }),
+    ("maintenance_io_concurrency", Kind::Int { unit: Unit::None, min: 0, max: 1000 }),
+    ("maintenance_work_mem", Kind::Int { unit: Unit::Kb, min: 1024, max: 2147483647 }),
+    ("max_parallel_maintenance_workers", Kind::Int { unit: Unit::None, min: 0, max: 1024 }),
+    ("max_parallel_workers", Kind::Int { unit: Unit::None, min: 0, max: 1024 }),
+    ("max_parallel_workers_per_gather", Kind::Int { unit: Unit::None, min: 0, max: 1024 }),
+    ("max_stack_depth", Kind::Int { unit: Unit::Kb, min: 100, max: 2147483647 }),
+    ("min_parallel_index_scan_size", Kind::Int { unit: Unit::Blocks, min: 0, max: 715827882 }),
+    ("min_parallel_table_scan_size", Kind::Int { unit: Unit::Blocks, min: 0, max: 715827882 }),
+    ("parallel_leader_participation", Kind::Bool),
+    ("parallel_setup_cost", Kind::Real { unit: Unit::None, min: 0.0, max: f64::MAX }),
+    ("parallel_tuple_cost", Kind::Real { unit: Unit::None, min: 0.0, max: f64::MAX }),
+    ("password_encryption", Kind::Enum { values: &["md5", "scram-sha-256"], aliases: &[] }),
+    ("plan_cache_mode", Kind::Enum { values: &["auto", "force_generic_plan", "force_custom_plan"], aliases: &[] }),
+    ("post_auth_delay", Kind::Int { unit: Unit::S, min: 0, max: 2147 }),
+    ("quote_all_identifiers", Kind::Bool),
+    ("random_page_cost", Kind::Real { unit: Unit::None, min: 0.0, max: f64::MAX }),
+    ("recursive_worktable_factor", Kind::Real { unit: Unit::None, min: 0.001, max: 1e06 }),
+    ("restrict_nonsystem_relation_kind", Kind::Text),
+    ("row_security", Kind::Bool),
+    ("search_path", Kind::Text),
+    ("seq_page_cost", Kind::Real { unit: Unit::None, min: 0.0, max: f64::MAX }),
+    ("session_preload_libraries", Kind::Text),
+    ("session_replication_role", Kind::Enum { values: &["origin", "replica", "local"], aliases: &[] }),
+    ("standard_conforming_strings", Kind::Bool),
+    ("statement_timeout", Kind::Int { unit: Unit::Ms, min: 0, max: 2147483647 }),
+    ("stats_fetch_consistency", Kind::Enum { values: &["none", "cache", "snapshot"], aliases: &[] }),
+    ("synchronize_seqscans", Kind::Bool),
+    ("synchronous_commit", Kind::Enum { values: &["local", "remote_write", "remote_apply", "on", "off"], aliases: &[("true", "on"), ("yes", "on"), ("1", "on"), ("false", "off"), ("no", "off"), ("0", "off")] }),
+    ("tcp_keepalives_count", Kind::Int { unit: Unit::None, min: 0, max: 2147483647 }),
+    ("tcp_keepalives_idle", Kind::Int { unit: Unit::S, min: 0, max: 2147483647 }),
+    ("tcp_keepalives_interval", Kind::Int { unit: Unit::S, min: 0, max: 2147483647 }),
+    ("tcp_user_timeout", Kind::Int { unit: Unit::Ms, min: 0, max: 2147483647 }),
+    ("temp_buffers", Kind::Int { unit: Unit::Blocks, min: 100, max: 1073741823 }),
+    ("temp_file_limit", Kind::Int { unit: Unit::Kb, min: -1, max: 2147483647 }),
+    ("temp_tablespaces", Kind::Text),
+    ("timezone", Kind::Text),
+    ("timezone_abbreviations", Kind::Text),
+    ("trace_notify", Kind::Bool),
+    ("trace_sort", Kind::Bool),
+    ("track_activities", Kind::Bool),
+    ("track_counts", Kind::Bool),
+    ("track_functions", Kind::Enum { values: &["none", "pl", "all"], aliases: &[] }),
+    ("track_io_timing", Kind::Bool),
+    ("track_wal_io_timing", Kind::Bool),
+    ("transaction_deferrable", Kind::Bool),
+    ("transaction_isolation", Kind::Enum { values: &["serializable", "repeatable read", "read committed", "read uncommitted"], aliases: &[] }),
+    ("transaction_read_only", Kind::Bool),
+    ("transform_null_equals", Kind::Bool),
+    ("update_process_title", Kind::Bool),
+    ("vacuum_cost_delay", Kind::Real { unit: Unit::Ms, min: 0.0, max: 100.0 }),
+    ("vacuum_cost_limit", Kind::Int { unit: Unit::None, min: 1, max: 10000 }),
+    ("vacuum_cost_page_dirty", Kind::Int { unit: Unit::None, min: 0, max: 10000 }),
+    ("vacuum_cost_page_hit", Kind::Int { unit: Unit::None, min: 0, max: 10000 }),
+    ("vacuum_cost_page_miss", Kind::Int { unit: Unit::None, min: 0, max: 10000 }),
+    ("vacuum_failsafe_age", Kind::Int { unit: Unit::None, min: 0, max: 2100000000 }),
+    ("vacuum_freeze_min_age", Kind::Int { unit: Unit::None, min: 0, max: 1000000000 }),
+    ("vacuum_freeze_table_age", Kind::Int { unit: Unit::None, min: 0, max: 2000000000 }),
+    ("vacuum_multixact_failsafe_age", Kind::Int { unit: Unit::None, min: 0, max: 2100000000 }),
+    ("vacuum_multixact_freeze_min_age", Kind::Int { unit: Unit::None, min: 0, max: 1000000000 }),
+    ("vacuum_multixact_freeze_table_age", Kind::Int { unit: Unit::None, min: 0, max: 2000000000 }),
+    ("wal_compression", Kind::Enum { values: &["pglz", "lz4", "zstd", "on", "off"], aliases: &[("on", "pglz"), ("true", "pglz"), ("yes", "pglz"), ("1", "pglz"), ("false", "off"), ("no", "off"), ("0", "off")] }),
+    ("wal_consistency_checking", Kind::Text),
+    ("wal_init_zero", Kind::Bool),
+    ("wal_recycle", Kind::Bool),
+    ("wal_sender_timeout", Kind::Int { unit: Unit::Ms, min: 0, max: 2147483647 }),
+    ("wal_skip_threshold", Kind::Int { unit: Unit::Kb, min: 0, max: 2147483647 }),
+    ("work_mem", Kind::Int { unit: Unit::Kb, min: 64, max: 2147483647 }),
+    ("xmlbinary", Kind::Enum { values: &["base64", "hex"], aliases: &[] }),
+    ("xmloption", Kind::Enum { values: &["content", "document"], aliases: &[] }),
+    ("zero_damaged_pages", Kind::Bool),
+];
+
+/// The kind of value of parameter `name` (any case); [`Kind::Text`] for one not in [`KINDS`].
+pub fn kind(name: &str) -> Kind {
+    let lower = name.to_ascii_lowercase();
+    KINDS
+        .binary_search_by(|(n, _)| (*n).cmp(lower.as_str()))
+        .map_or(Kind::Text, |i| KINDS[i].1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,6 +608,21 @@ mod tests {
             assert!(w[0].0 < w[1].0, "{} before {}", w[0].0, w[1].0);
         }
         assert!(PARAMETERS.iter().all(|(n, _)| *n == n.to_ascii_lowercase()));
+    }
+
+    #[test]
+    fn kinds_are_sorted_and_of_parameters_a_client_may_set() {
+        for w in KINDS.windows(2) {
+            assert!(w[0].0 < w[1].0, "{} before {}", w[0].0, w[1].0);
+        }
+        for (name, _) in KINDS {
+            assert!(
+                matches!(context(name), Some(Context::Session | Context::Backend)),
+                "{name}"
+            );
+        }
+        assert_eq!(kind("TimeZone"), Kind::Text);
+        assert_eq!(kind("Enable_SeqScan"), Kind::Bool);
     }
 
     #[test]

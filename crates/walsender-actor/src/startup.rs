@@ -33,7 +33,6 @@ pub struct AuthSettings {
 pub struct ClientIdentity {
     pub user: String,
     pub application_name: String,
-    pub client_encoding: Option<String>,
     pub tls: bool,
     /// The configuration parameters the client set in its startup packet.
     pub settings: ClientSettings,
@@ -183,7 +182,6 @@ impl Handshake {
         let identity = ClientIdentity {
             user: user.to_string(),
             application_name: settings.get("application_name").unwrap_or("").to_string(),
-            client_encoding: settings.get("client_encoding").map(str::to_string),
             tls: self.tls,
             settings,
         };
@@ -436,8 +434,10 @@ impl Handshake {
 
 /// The ParameterStatus set PostgreSQL 15 sends after AuthenticationOk on a replication
 /// connection, in its order, then BackendKeyData and ReadyForQuery. `in_hot_standby` and
-/// `read_only` are the node's role now (`WalSenderSettings`); a client that set
-/// `default_transaction_read_only` itself is told its own value, as PostgreSQL tells it.
+/// `read_only` are the node's role now (`WalSenderSettings`). A parameter the client set
+/// itself is reported as it set it, in PostgreSQL's form (`ClientSettings` keeps it so), as
+/// PostgreSQL reports it; the others have the values of a PostgreSQL 15 walsender for physical
+/// replication, which is connected to no database and so has the encoding `SQL_ASCII`.
 pub fn greeting(
     identity: &ClientIdentity,
     server_version: &str,
@@ -450,29 +450,22 @@ pub fn greeting(
         name: name.to_string(),
         value: value.to_string(),
     };
+    let client =
+        |name: &str, default: &'static str| p(name, identity.settings.get(name).unwrap_or(default));
     vec![
         p("application_name", &identity.application_name),
-        p(
-            "client_encoding",
-            identity.client_encoding.as_deref().unwrap_or("UTF8"),
-        ),
-        p("DateStyle", "ISO, MDY"),
-        p(
-            "default_transaction_read_only",
-            identity
-                .settings
-                .get("default_transaction_read_only")
-                .unwrap_or(on_off(read_only)),
-        ),
+        client("client_encoding", "SQL_ASCII"),
+        client("DateStyle", "ISO, MDY"),
+        client("default_transaction_read_only", on_off(read_only)),
         p("in_hot_standby", on_off(in_hot_standby)),
         p("integer_datetimes", "on"),
-        p("IntervalStyle", "postgres"),
+        client("IntervalStyle", "postgres"),
         p("is_superuser", "on"),
-        p("server_encoding", "UTF8"),
+        p("server_encoding", "SQL_ASCII"),
         p("server_version", server_version),
         p("session_authorization", &identity.user),
-        p("standard_conforming_strings", "on"),
-        p("TimeZone", "Etc/UTC"),
+        client("standard_conforming_strings", "on"),
+        client("TimeZone", "Etc/UTC"),
         BackendMessage::BackendKeyData { pid, key },
         BackendMessage::ReadyForQuery(protocol_codec::messages::TransactionStatus::Idle),
     ]

@@ -6,7 +6,7 @@
 //! it ([`answer`]), case-insensitively as PostgreSQL does, after the parameters the client set
 //! when it connected ([`answer_for`]).
 
-use protocol_codec::client_settings::{format_ms, ClientSettings};
+use protocol_codec::client_settings::ClientSettings;
 use protocol_codec::{results, BackendMessage, ErrorFields, SqlState};
 use wal_storage::WalFormat;
 
@@ -14,8 +14,8 @@ use crate::startup::on_off;
 
 /// The answer to `SHOW name` on a connection whose client set `client` and whose socket has
 /// `socket` (its keepalive timing, which PostgreSQL shows as the socket has it, whoever set
-/// it): the socket's value, else the client's value if it set one (`wal_sender_timeout` in
-/// PostgreSQL's form), else the node's role now (`role`, from [`role_values`]), else the
+/// it): the socket's value, else the client's value if it set one (in PostgreSQL's form, as
+/// `ClientSettings` keeps it), else the node's role now (`role`, from [`role_values`]), else the
 /// node's configured value from `values`.
 pub(super) fn answer_for(
     client: &ClientSettings,
@@ -26,11 +26,6 @@ pub(super) fn answer_for(
 ) -> Result<Vec<BackendMessage>, ErrorFields> {
     if let Some((canonical, value)) = find(socket, name) {
         return Ok(results::show(canonical, value));
-    }
-    if name.eq_ignore_ascii_case("wal_sender_timeout") {
-        if let Some(t) = client.wal_sender_timeout {
-            return Ok(results::show("wal_sender_timeout", &format_ms(t)));
-        }
     }
     if let Some(value) = client.get(name) {
         return Ok(results::show(name, value));
@@ -77,11 +72,13 @@ pub fn base_show_values(segment_size: u64, wal_format: WalFormat) -> Vec<(String
         ("application_name", ""),
         ("server_version", protocol_codec::SERVER_VERSION),
         ("server_version_num", "150000"),
-        ("server_encoding", "UTF8"),
-        ("client_encoding", "UTF8"),
+        ("server_encoding", "SQL_ASCII"),
+        ("client_encoding", "SQL_ASCII"),
         ("integer_datetimes", "on"),
         ("TimeZone", "Etc/UTC"),
         ("DateStyle", "ISO, MDY"),
+        ("IntervalStyle", "postgres"),
+        ("standard_conforming_strings", "on"),
         ("block_size", "8192"),
         ("wal_block_size", "8192"),
         ("wal_level", "replica"),

@@ -651,6 +651,10 @@ impl Parser<'_> {
             None
         };
         if self.is_keyword("LOGICAL")? {
+            // PostgreSQL's grammar has logical replication only from a slot.
+            if slot_name.is_none() {
+                return Err(self.unexpected());
+            }
             return Ok(ReplicationCommand::NotSupported {
                 what: "START_REPLICATION ... LOGICAL".into(),
             });
@@ -683,11 +687,12 @@ impl Parser<'_> {
     }
 }
 
-/// PostgreSQL's boolean words for options.
+/// PostgreSQL's `defGetBoolean`, which reads a command's option: `true`, `on`, `1`, `false`,
+/// `off`, `0` in any case; not a configuration parameter's `yes`, `no` or prefixes.
 fn parse_bool(v: &str) -> Option<bool> {
     match v.to_ascii_lowercase().as_str() {
-        "true" | "on" | "yes" | "1" => Some(true),
-        "false" | "off" | "no" | "0" => Some(false),
+        "true" | "on" | "1" => Some(true),
+        "false" | "off" | "0" => Some(false),
         _ => None,
     }
 }
@@ -970,6 +975,12 @@ mod tests {
         );
         check_err("DROP_REPLICATION_SLOT s NOW", 25, "syntax error");
         check_err("SHOW a!", 7, "syntax error");
+        check_err("START_REPLICATION LOGICAL 0/0", 19, "syntax error");
+        check_err(
+            "CREATE_REPLICATION_SLOT s PHYSICAL (RESERVE_WAL yes)",
+            37,
+            "reserve_wal requires a Boolean value",
+        );
         // Positions count characters, not bytes.
         check_err("SHOW \"é\" x", 10, "syntax error");
         let e = parse_command("SHOW").unwrap_err();

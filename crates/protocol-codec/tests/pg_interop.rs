@@ -416,6 +416,8 @@ fn command_errors_match_postgresql_15() {
         "DROP_REPLICATION_SLOT e1 NOW",
         "DROP_REPLICATION_SLOT \"e1",
         "DROP_REPLICATION_SLOT 'e1",
+        "START_REPLICATION LOGICAL 0/0",
+        "CREATE_REPLICATION_SLOT e1 PHYSICAL (RESERVE_WAL yes)",
     ];
     for q in cases {
         let msgs = c.query(q);

@@ -1474,6 +1474,67 @@ fn bad_replication_commands_are_answered_as_postgresql_15_answers_them() {
     assert_same_answers(&run, pg.addr(), node.addr());
 }
 
+/// Messages of the protocol beside the simple query, walserver against a real PostgreSQL 15:
+/// the extended query protocol is refused with an ERROR and everything up to the client's Sync
+/// skipped (a query in between included), a function call is refused, a Flush or Sync alone is
+/// harmless, and an unknown message type ends the connection with PostgreSQL's words.
+#[test]
+fn messages_beside_simple_queries_are_answered_as_postgresql_15_answers_them() {
+    use bytes::Bytes;
+    use protocol_codec::{BackendMessage, FrontendMessage};
+
+    let pg = pg_testkit::PgCluster::init_primary(&pg_testkit::PgOptions::default());
+    let node = TestNode::primary("");
+    let extended = |tag: u8, body: &'static [u8]| FrontendMessage::ExtendedQuery {
+        tag,
+        body: Bytes::from_static(body),
+    };
+    let steps: Vec<(&str, Vec<FrontendMessage>)> = vec![
+        (
+            "Parse, Bind, Execute, a query, Sync",
+            vec![
+                extended(b'P', b"\0IDENTIFY_SYSTEM\0\0\0"),
+                extended(b'B', b"\0\0\0\0\0\0\0\0"),
+                extended(b'E', b"\0\0\0\0\0"),
+                FrontendMessage::Query("IDENTIFY_SYSTEM".into()),
+                FrontendMessage::Sync,
+            ],
+        ),
+        (
+            "a function call",
+            vec![FrontendMessage::FunctionCall(Bytes::from_static(
+                b"\0\0\0\x01\0\0\0\0\0\0",
+            ))],
+        ),
+        (
+            "Flush, then a query",
+            vec![
+                FrontendMessage::Flush,
+                FrontendMessage::Query("SHOW data_directory_mode".into()),
+            ],
+        ),
+        ("Sync alone", vec![FrontendMessage::Sync]),
+        ("an unknown type", vec![extended(b'z', b"")]),
+    ];
+    let run = |addr: SocketAddr, user: &str| -> Vec<String> {
+        let mut c = PgConn::connect(addr, user, None).expect("connect");
+        let mut out = Vec::new();
+        for (what, messages) in &steps {
+            out.push(what.to_string());
+            for m in messages {
+                c.send(m.clone());
+            }
+            out.extend(answers(&mut c, &|m| match m {
+                BackendMessage::ErrorResponse(f) => Some(error_line(f)),
+                BackendMessage::RowDescription(_) => None,
+                m => Some(format!("{m:?}")),
+            }));
+        }
+        out
+    };
+    assert_same_answers(&run, pg.addr(), node.addr());
+}
+
 /// `run` against PostgreSQL (as `postgres`) and walserver (as `u`): the same lines from both,
 /// printed side by side.
 fn assert_same_answers(

@@ -165,6 +165,18 @@ fn frontend_message() -> impl Strategy<Value = FrontendMessage> {
         Just(FrontendMessage::CopyDone),
         text().prop_map(FrontendMessage::CopyFail),
         Just(FrontendMessage::Terminate),
+        (
+            prop::sample::select(FrontendMessage::EXTENDED_QUERY.to_vec()),
+            prop::collection::vec(any::<u8>(), 0..64)
+        )
+            .prop_map(|(tag, body)| FrontendMessage::ExtendedQuery {
+                tag,
+                body: body.into()
+            }),
+        Just(FrontendMessage::Sync),
+        Just(FrontendMessage::Flush),
+        prop::collection::vec(any::<u8>(), 0..64)
+            .prop_map(|b| FrontendMessage::FunctionCall(b.into())),
     ]
 }
 

@@ -440,6 +440,10 @@ impl StreamHandler<Result<FrontendMessage, CodecError>> for WalSender {
                     {
                         format!("invalid standby message type \"{}\"", char::from(tag))
                     }
+                    // And between commands (postgres.c's PostgresMain), the number alone.
+                    CodecError::UnknownMessageType { tag, .. } => {
+                        format!("invalid frontend message type {tag}")
+                    }
                     _ => e.to_string(),
                 };
                 let fatal = ErrorFields::fatal(e.sqlstate(), text);

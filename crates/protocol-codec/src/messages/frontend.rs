@@ -19,6 +19,11 @@ use crate::wire::{put_cstr, write_frame, Body};
 /// 'c' CopyDone           (empty)
 /// 'f' CopyFail           String reason
 /// 'X' Terminate          (empty)
+/// 'P' 'B' 'D' 'E' 'C'    Parse, Bind, Describe, Execute, Close: the extended query protocol,
+///                        which a replication connection refuses; kept whole, unread
+/// 'S' Sync               (empty)
+/// 'H' Flush              (empty)
+/// 'F' FunctionCall       kept whole, unread (refused too)
 /// ```
 /// A server cannot tell the three `'p'` layouts apart without knowing where authentication
 /// stands, so it decodes every `'p'` as [`FrontendMessage::PasswordMessage`] and interprets
@@ -45,6 +50,14 @@ pub enum FrontendMessage {
     CopyDone,
     CopyFail(String),
     Terminate,
+    /// A message of the extended query protocol (`tag` is one of [`Self::EXTENDED_QUERY`]).
+    ExtendedQuery {
+        tag: u8,
+        body: Bytes,
+    },
+    Sync,
+    Flush,
+    FunctionCall(Bytes),
 }
 
 /// The standby's report of how far it has written, flushed and applied WAL.
@@ -98,6 +111,11 @@ impl FrontendMessage {
     pub const COPY_DONE: u8 = b'c';
     pub const COPY_FAIL: u8 = b'f';
     pub const TERMINATE: u8 = b'X';
+    /// Parse, Bind, Describe, Execute and Close.
+    pub const EXTENDED_QUERY: [u8; 5] = [b'P', b'B', b'D', b'E', b'C'];
+    pub const SYNC: u8 = b'S';
+    pub const FLUSH: u8 = b'H';
+    pub const FUNCTION_CALL: u8 = b'F';
 
     /// A cleartext password message (also used for md5: pass the `md5...` hash).
     pub fn password(password: &str) -> FrontendMessage {
@@ -120,6 +138,10 @@ impl FrontendMessage {
             FrontendMessage::CopyDone => Self::COPY_DONE,
             FrontendMessage::CopyFail(_) => Self::COPY_FAIL,
             FrontendMessage::Terminate => Self::TERMINATE,
+            FrontendMessage::ExtendedQuery { tag, .. } => *tag,
+            FrontendMessage::Sync => Self::SYNC,
+            FrontendMessage::Flush => Self::FLUSH,
+            FrontendMessage::FunctionCall(_) => Self::FUNCTION_CALL,
         }
     }
 
@@ -149,6 +171,18 @@ impl FrontendMessage {
                 Body::new(body, "Terminate").finish()?;
                 Ok(FrontendMessage::Terminate)
             }
+            tag if Self::EXTENDED_QUERY.contains(&tag) => {
+                Ok(FrontendMessage::ExtendedQuery { tag, body })
+            }
+            Self::SYNC => {
+                Body::new(body, "Sync").finish()?;
+                Ok(FrontendMessage::Sync)
+            }
+            Self::FLUSH => {
+                Body::new(body, "Flush").finish()?;
+                Ok(FrontendMessage::Flush)
+            }
+            Self::FUNCTION_CALL => Ok(FrontendMessage::FunctionCall(body)),
             tag => Err(CodecError::UnknownMessageType {
                 tag,
                 direction: "frontend",
@@ -211,6 +245,16 @@ impl FrontendMessage {
                 put_cstr(d, reason.as_bytes(), "CopyFail")
             }),
             FrontendMessage::Terminate => write_frame(dst, Self::TERMINATE, |_| Ok(())),
+            FrontendMessage::ExtendedQuery { tag, body } => write_frame(dst, *tag, |d| {
+                d.put_slice(body);
+                Ok(())
+            }),
+            FrontendMessage::Sync => write_frame(dst, Self::SYNC, |_| Ok(())),
+            FrontendMessage::Flush => write_frame(dst, Self::FLUSH, |_| Ok(())),
+            FrontendMessage::FunctionCall(body) => write_frame(dst, Self::FUNCTION_CALL, |d| {
+                d.put_slice(body);
+                Ok(())
+            }),
         }
     }
 }

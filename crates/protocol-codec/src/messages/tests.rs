@@ -457,6 +457,26 @@ fn frontend_messages() {
         FrontendMessage::Terminate,
     );
     check_frontend(
+        FrontendMessage::Sync,
+        &hex("53 00000004"),
+        FrontendMessage::Sync,
+    );
+    check_frontend(
+        FrontendMessage::Flush,
+        &hex("48 00000004"),
+        FrontendMessage::Flush,
+    );
+    // Parse of "SELECT 1" (unnamed statement, no parameter types): kept whole, unread.
+    let parse = FrontendMessage::ExtendedQuery {
+        tag: b'P',
+        body: Bytes::from_static(b"\0SELECT 1\0\0\0"),
+    };
+    check_frontend(
+        parse.clone(),
+        &hex("50 00000010 00 53454c4543542031 00 0000"),
+        parse,
+    );
+    check_frontend(
         FrontendMessage::CopyFail("no".into()),
         &hex("66 00000007 6e6f00"),
         FrontendMessage::CopyFail("no".into()),
@@ -624,10 +644,10 @@ fn partial_input_waits() {
 
 #[test]
 fn unknown_message_types() {
-    let mut src = BytesMut::from(&hex("50 00000004")[..]);
+    let mut src = BytesMut::from(&hex("7a 00000004")[..]);
     assert!(matches!(
         ServerCodec::new().decode(&mut src),
-        Err(CodecError::UnknownMessageType { tag: b'P', .. })
+        Err(CodecError::UnknownMessageType { tag: b'z', .. })
     ));
     let mut src = BytesMut::from(&hex("41 00000004")[..]);
     assert!(matches!(

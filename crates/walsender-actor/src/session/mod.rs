@@ -172,6 +172,9 @@ pub struct Session<S: StorageView> {
     /// What SHOW answers for the parameters that follow the node's role ([`role_values`]).
     role_values: Vec<(String, String)>,
     mode: Mode,
+    /// After a refused message of the extended query protocol, every message up to the
+    /// client's Sync is ignored, as PostgreSQL ignores them.
+    skipping_till_sync: bool,
     /// The newest flushed position and timeline the session has been told of.
     position: WalPosition,
     status: SharedStatus,
@@ -197,6 +200,7 @@ impl<S: StorageView> Session<S> {
             socket_values: Vec::new(),
             role_values: role_values(false, false),
             mode: Mode::Idle,
+            skipping_till_sync: false,
             position,
             status,
             lags: StandbyLags::default(),
@@ -305,8 +309,39 @@ impl<S: StorageView> Session<S> {
                     ),
                 }
             }
+            // PostgreSQL skips everything, Terminate and queries included, until the Sync
+            // that ends the extended-protocol exchange it refused.
+            Mode::Idle | Mode::Busy if self.skipping_till_sync => {
+                if matches!(msg, FrontendMessage::Sync) {
+                    self.skipping_till_sync = false;
+                    self.ready(out);
+                }
+            }
             Mode::Idle | Mode::Busy => match msg {
                 FrontendMessage::Query(q) => self.on_query(&q, now, out),
+                // A replication connection speaks the simple query protocol only. PostgreSQL
+                // refuses the first extended-protocol message with an ERROR, without a
+                // ReadyForQuery, and skips the rest up to the Sync.
+                FrontendMessage::ExtendedQuery { .. } => {
+                    self.error_without_ready(
+                        ErrorFields::error(
+                            SqlState::PROTOCOL_VIOLATION,
+                            "extended query protocol not supported in a replication connection",
+                        ),
+                        out,
+                    );
+                    self.skipping_till_sync = true;
+                }
+                FrontendMessage::FunctionCall(_) => self.error(
+                    ErrorFields::error(
+                        SqlState::PROTOCOL_VIOLATION,
+                        "fastpath function calls not supported in a replication connection",
+                    ),
+                    out,
+                ),
+                FrontendMessage::Sync => self.ready(out),
+                // Nothing is held back to flush: every answer is written as it is made.
+                FrontendMessage::Flush => {}
                 FrontendMessage::Terminate => self.close(out),
                 // PostgreSQL ignores copy messages outside COPY: a client may still be sending
                 // them after a COPY that failed.
@@ -336,13 +371,18 @@ impl<S: StorageView> Session<S> {
 
     /// An ERROR: the command (or the copy) ends, the connection stays.
     fn error(&mut self, fields: ErrorFields, out: &mut Vec<Output>) {
+        self.error_without_ready(fields, out);
+        self.ready(out);
+    }
+
+    /// [`Self::error`] without the ReadyForQuery that follows it.
+    fn error_without_ready(&mut self, fields: ErrorFields, out: &mut Vec<Output>) {
         self.end_stream_quietly();
         self.mode = Mode::Idle;
         // PostgreSQL's error cleanup drops the session's temporary slots.
         self.drop_temporary_slots();
         out.push(Output::Msg(BackendMessage::ErrorResponse(fields)));
         out.push(Output::StatusChanged);
-        self.ready(out);
     }
 
     /// A FATAL: the connection ends.
@@ -397,5 +437,9 @@ fn tag_of(m: &FrontendMessage) -> char {
         FrontendMessage::CopyDone => 'c',
         FrontendMessage::CopyFail(_) => 'f',
         FrontendMessage::Terminate => 'X',
+        FrontendMessage::ExtendedQuery { tag, .. } => char::from(*tag),
+        FrontendMessage::Sync => 'S',
+        FrontendMessage::Flush => 'H',
+        FrontendMessage::FunctionCall(_) => 'F',
     }
 }

@@ -574,3 +574,38 @@ fn unknown_copy_data_is_fatal() {
     assert_eq!(error_code(&out).as_deref(), Some("08P01"));
     assert!(matches!(out.last(), Some(Output::Close)));
 }
+
+#[test]
+fn extended_query_messages_are_refused_and_skipped_until_sync() {
+    let mut f = fixture();
+    let mut send = |m: FrontendMessage| {
+        let mut out = Vec::new();
+        f.session.on_message(m, f.t0, &mut out);
+        out
+    };
+    let parse = FrontendMessage::ExtendedQuery {
+        tag: b'P',
+        body: bytes::Bytes::from_static(b"\0IDENTIFY_SYSTEM\0\0\0"),
+    };
+    // The ERROR, without a ReadyForQuery: the client's Sync is still to come.
+    let out = send(parse.clone());
+    assert_eq!(error_code(&out).as_deref(), Some("08P01"));
+    assert!(!msgs(&out).into_iter().any(is_ready));
+    // Everything up to the Sync is skipped, a query and a Terminate included.
+    for m in [
+        parse,
+        FrontendMessage::Query("IDENTIFY_SYSTEM".into()),
+        FrontendMessage::Terminate,
+    ] {
+        assert!(send(m).is_empty());
+    }
+    let out = send(FrontendMessage::Sync);
+    assert_eq!(msgs(&out).len(), 1);
+    assert!(is_ready(msgs(&out)[0]));
+    // And the session answers again.
+    let out = send(FrontendMessage::FunctionCall(bytes::Bytes::new()));
+    assert_eq!(error_code(&out).as_deref(), Some("08P01"));
+    assert!(msgs(&out).into_iter().any(is_ready));
+    assert!(send(FrontendMessage::Flush).is_empty());
+    assert!(!f.session.is_closed());
+}

@@ -30,7 +30,8 @@
 //! - on error: a FATAL (protocol violation, failed authentication, a parameter the client may
 //!   not set, `max_wal_senders` reached)
 //!   is sent and the connection closed; an ERROR in a command (or inside COPY) is sent with
-//!   ReadyForQuery and the connection stays;
+//!   ReadyForQuery and the connection stays, as after a message of the extended query protocol
+//!   (refused as PostgreSQL refuses it, the messages after it skipped up to the client's Sync);
 //! - on `wal_sender_timeout`, after a keepalive at half of it went unanswered;
 //! - at shutdown ([`messages::Shutdown`]): immediate ends every connection with FATAL 57P01;
 //!   fast does that for connections not streaming, and lets streaming ones send all flushed

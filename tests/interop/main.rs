@@ -1810,6 +1810,7 @@ fn client_values_are_reported_as_postgresql_15_reports_them() {
             "IntervalStyle",
             "standard_conforming_strings",
             "application_name",
+            "is_superuser",
         ]
         .map(String::from)
         .to_vec();

@@ -137,6 +137,7 @@ impl WalSender {
             settings.session.clone(),
             est.status,
         )
+        .with_user(&est.identity.user)
         .with_client_settings(est.identity.settings)
         .with_socket_values(est.socket_show);
         session.set_role(settings.in_hot_standby, settings.read_only);

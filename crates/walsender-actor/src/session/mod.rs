@@ -169,6 +169,9 @@ pub struct Session<S: StorageView> {
     client: ClientSettings,
     /// What SHOW answers for parameters that are facts of the connection's socket.
     socket_values: Vec<(String, String)>,
+    /// What SHOW answers for the parameters that are facts of who connected
+    /// (`session_authorization`).
+    user_values: Vec<(String, String)>,
     /// What SHOW answers for the parameters that follow the node's role ([`role_values`]).
     role_values: Vec<(String, String)>,
     mode: Mode,
@@ -198,6 +201,7 @@ impl<S: StorageView> Session<S> {
             config,
             client: ClientSettings::default(),
             socket_values: Vec::new(),
+            user_values: Vec::new(),
             role_values: role_values(false, false),
             mode: Mode::Idle,
             skipping_till_sync: false,
@@ -232,6 +236,13 @@ impl<S: StorageView> Session<S> {
         self
     }
 
+    /// The user the client authenticated as, which SHOW `session_authorization` answers, as
+    /// the greeting reported it.
+    pub fn with_user(mut self, user: &str) -> Session<S> {
+        self.user_values = vec![("session_authorization".to_string(), user.to_string())];
+        self
+    }
+
     /// What SHOW answers for the socket's parameters (its keepalive timing), read from it
     /// when the connection was established.
     pub fn with_socket_values(mut self, values: Vec<(String, String)>) -> Session<S> {
@@ -256,6 +267,7 @@ impl<S: StorageView> Session<S> {
         show::answer_for(
             &self.client,
             &self.socket_values,
+            &self.user_values,
             &self.role_values,
             &self.config.show,
             name,

@@ -14,17 +14,19 @@ use crate::startup::on_off;
 
 /// The answer to `SHOW name` on a connection whose client set `client` and whose socket has
 /// `socket` (its keepalive timing, which PostgreSQL shows as the socket has it, whoever set
-/// it): the socket's value, else the client's value if it set one (in PostgreSQL's form, as
-/// `ClientSettings` keeps it), else the node's role now (`role`, from [`role_values`]), else the
-/// node's configured value from `values`.
+/// it): the socket's value, else the connection's user (`user`: `session_authorization`), else
+/// the client's value if it set one (in PostgreSQL's form, as `ClientSettings` keeps it), else
+/// the node's role now (`role`, from [`role_values`]), else the node's configured value from
+/// `values`.
 pub(super) fn answer_for(
     client: &ClientSettings,
     socket: &[(String, String)],
+    user: &[(String, String)],
     role: &[(String, String)],
     values: &[(String, String)],
     name: &str,
 ) -> Result<Vec<BackendMessage>, ErrorFields> {
-    if let Some((canonical, value)) = find(socket, name) {
+    if let Some((canonical, value)) = find(socket, name).or_else(|| find(user, name)) {
         return Ok(results::show(canonical, value));
     }
     if let Some(value) = client.get(name) {
@@ -78,6 +80,8 @@ pub fn base_show_values(segment_size: u64, wal_format: WalFormat) -> Vec<(String
         ("TimeZone", "Etc/UTC"),
         ("DateStyle", "ISO, MDY"),
         ("IntervalStyle", "postgres"),
+        // What the greeting reports: walserver's users may do all a replication connection can.
+        ("is_superuser", "on"),
         ("standard_conforming_strings", "on"),
         ("block_size", "8192"),
         ("wal_block_size", "8192"),
@@ -163,7 +167,8 @@ mod tests {
     #[test]
     fn the_role_answers_as_postgresql_15_answers_on_a_primary_and_a_standby() {
         let get = |role: &[(String, String)], name: &str| {
-            let msgs = answer_for(&ClientSettings::default(), &[], role, &values(), name).unwrap();
+            let msgs =
+                answer_for(&ClientSettings::default(), &[], &[], role, &values(), name).unwrap();
             let BackendMessage::DataRow(row) = &msgs[1] else {
                 panic!("{msgs:?}")
             };

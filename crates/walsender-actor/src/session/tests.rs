@@ -609,3 +609,17 @@ fn extended_query_messages_are_refused_and_skipped_until_sync() {
     assert!(send(FrontendMessage::Flush).is_empty());
     assert!(!f.session.is_closed());
 }
+
+#[test]
+fn show_session_authorization_is_the_connections_user() {
+    let f = fixture();
+    let mut f = Fixture {
+        session: f.session.with_user("alice"),
+        ..f
+    };
+    let out = f.query("SHOW session_authorization");
+    let BackendMessage::DataRow(row) = msgs(&out)[1] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(row[0].as_deref(), Some(&b"alice"[..]));
+}

@@ -292,9 +292,11 @@ pub fn parse_real(
         Some(b'+') => (1.0, &t[1..]),
         _ => (1.0, t),
     };
-    let infinity = ["infinity", "inf"]
-        .into_iter()
-        .find(|w| unsigned.len() >= w.len() && unsigned[..w.len()].eq_ignore_ascii_case(w));
+    let infinity = ["infinity", "inf"].into_iter().find(|w| {
+        unsigned
+            .get(..w.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(w))
+    });
     let (number, rest) = match infinity {
         Some(w) => (f64::INFINITY, &unsigned[w.len()..]),
         None => leading_float(unsigned).ok_or_else(|| invalid(name, value))?,
@@ -435,14 +437,14 @@ pub fn format_real(x: f64, unit: Unit) -> String {
     format_g(x)
 }
 
-/// C's `printf("%g")`: six significant digits, an exponent below 1e-4 and from 1e6 on,
-/// trailing zeros dropped.
+/// PostgreSQL's `snprintf("%g")`: six significant digits, an exponent below 1e-4 and from 1e6
+/// on, trailing zeros dropped; `Infinity` and `NaN` spelt as PostgreSQL spells them.
 pub fn format_g(x: f64) -> String {
     if x.is_nan() {
-        return "nan".into();
+        return "NaN".into();
     }
     if x.is_infinite() {
-        return if x > 0.0 { "inf" } else { "-inf" }.into();
+        return if x > 0.0 { "Infinity" } else { "-Infinity" }.into();
     }
     if x == 0.0 {
         return if x.is_sign_negative() { "-0" } else { "0" }.into();
@@ -849,6 +851,29 @@ mod tests {
             "22023 -1 is outside the valid range for parameter \"seq_page_cost\" (0 .. 1.79769e+308)",
         );
         refused(
+            "seq_page_cost",
+            "inf",
+            "22023 Infinity is outside the valid range for parameter \"seq_page_cost\" (0 .. 1.79769e+308)",
+        );
+        refused(
+            "seq_page_cost",
+            "-Infinity",
+            "22023 -Infinity is outside the valid range for parameter \"seq_page_cost\" (0 .. 1.79769e+308)",
+        );
+        refused(
+            "seq_page_cost",
+            "nan",
+            "22023 invalid value for parameter \"seq_page_cost\": \"nan\"",
+        );
+        // Not a character boundary where "inf" would end: no panic, a refusal.
+        refused(
+            "seq_page_cost",
+            "ab\u{e9}",
+            "22023 invalid value for parameter \"seq_page_cost\": \"ab\u{e9}\"",
+        );
+        // Six digits, then a unit: PostgreSQL's SHOW of 1.000002 ms.
+        ok("vacuum_cost_delay", "1.000002", "1000us");
+        refused(
             "statement_timeout",
             "1e400",
             "22023 invalid value for parameter \"statement_timeout\": \"1e400\"",
@@ -890,7 +915,7 @@ mod tests {
     }
 
     #[test]
-    fn percent_g_is_cs() {
+    fn percent_g_is_postgresqls() {
         for (x, s) in [
             (1.0, "1"),
             (0.5, "0.5"),

@@ -1816,11 +1816,11 @@ fn client_values_are_reported_as_postgresql_15_reports_them() {
         .to_vec();
         for (n, v) in params {
             if *n == "options" {
-                // The words after each `-c`: `name=value`.
-                shown.extend(
-                    v.split_whitespace()
-                        .filter_map(|w| w.split_once('=').map(|(n, _)| n.to_string())),
-                );
+                // What each switch sets (`-c name=value`, `-S 4096` is work_mem, ...); if
+                // walserver reads a switch as the wrong parameter, PostgreSQL's SHOW of that
+                // parameter differs.
+                let set = protocol_codec::client_settings::split_options(v).unwrap_or_default();
+                shown.extend(set.into_iter().map(|(n, _)| n));
             } else {
                 shown.push(n.to_string());
             }
@@ -1869,6 +1869,20 @@ fn client_values_are_reported_as_postgresql_15_reports_them() {
                 "-c synchronous_commit=TRUE -c wal_compression=on -c client_min_messages=debug",
             )],
         ),
+        (
+            "the server's other switches",
+            vec![(
+                "options",
+                "-S 4096 -e -fs -tpa -d 3 -T -W 0 -- ",
+            )],
+        ),
+        ("a switch a client may not give", vec![("options", "-B 128")]),
+        ("a switch of the configuration file", vec![("options", "-F")]),
+        ("switches clustered", vec![("options", "-eP -ftx")]),
+        ("an unknown -f letter", vec![("options", "-fx")]),
+        ("an unknown -t name", vec![("options", "-tzz")]),
+        ("a debug level beyond 5", vec![("options", "-d 6")]),
+        ("a word after --", vec![("options", "-e -- extra")]),
         ("an integer out of range", vec![("extra_float_digits", "9")]),
         ("a size below its least", vec![("temp_buffers", "1kB")]),
         ("a size in a unit not spelt so", vec![("work_mem", "5KB")]),

@@ -15,9 +15,9 @@
 //! (`tcp_keepalives_idle`, `tcp_keepalives_interval`, `tcp_keepalives_count`,
 //! `tcp_user_timeout`), which the server sets on the connection's socket. Every other known
 //! parameter is kept for `SHOW` and the greeting: walserver has no such setting.
-//! Custom names (`ext.name`) are kept as PostgreSQL keeps placeholders. `options` holding
-//! another of the server's switches (`-B 128`, `-S 4096`, ...) is refused as a bad argument,
-//! where PostgreSQL would set the parameter the switch stands for.
+//! Custom names (`ext.name`) are kept as PostgreSQL keeps placeholders. The server's other
+//! switches in `options` (`-B 128`, `-S 4096`, `-e`, ...) set the parameters they stand for, as
+//! PostgreSQL's do ([`split_options`]).
 
 use std::time::Duration;
 
@@ -168,8 +168,15 @@ fn valid_custom_name(name: &str) -> bool {
 }
 
 /// The `options` parameter as the server's command line, split as PostgreSQL splits it (on
-/// ASCII white space, a backslash taking the next character as it is), and its switches read:
-/// `-c name=value`, `-cname=value` and `--name=value`, a `-` in a name read as `_`.
+/// ASCII white space, a backslash taking the next character as it is), and its switches read
+/// as PostgreSQL's `process_postgres_switches` reads a client's: `-c name=value`,
+/// `-cname=value` and `--name=value` (a `-` in a name read as `_`), and the server's other
+/// switches as the parameters they set (`-B 128` is `shared_buffers=128`, which a client may
+/// not set; `-S 4096` is `work_mem=4096`; `-e` is `DateStyle=euro`; `-fs` turns
+/// `enable_seqscan` off; `-d 3` sets the debug parameters), one-letter switches clustered as
+/// `getopt` allows (`-eP`). The switches that only the server's own command line may give
+/// (`-b`, `-C`, `-D`, `-E`, `-j`, `-n`, `-r`, `-T`, `-v`) are ignored, as PostgreSQL ignores
+/// them from a client. Returns the parameters in order.
 pub fn split_options(options: &str) -> Result<Vec<(String, String)>, ErrorFields> {
     let mut words = Vec::new();
     let mut chars = options.chars().peekable();
@@ -194,29 +201,138 @@ pub fn split_options(options: &str) -> Result<Vec<(String, String)>, ErrorFields
     let mut out = Vec::new();
     let mut words = words.into_iter();
     while let Some(word) = words.next() {
-        let (flag, arg) = if let Some(long) = word.strip_prefix("--").filter(|l| !l.is_empty()) {
-            ("--", long.to_string())
-        } else if let Some(rest) = word.strip_prefix("-c") {
-            if rest.is_empty() {
-                match words.next() {
-                    Some(arg) => ("-c ", arg),
-                    None => return Err(bad_argument(&word)),
-                }
-            } else {
-                ("-c ", rest.to_string())
-            }
-        } else {
+        // `--` alone ends the switches; any word after it is an argument, which a client's
+        // options may not have.
+        if word == "--" {
+            return match words.next() {
+                Some(argument) => Err(bad_argument(&argument)),
+                None => Ok(out),
+            };
+        }
+        let Some(flags) = word.strip_prefix('-').filter(|f| !f.is_empty()) else {
             return Err(bad_argument(&word));
         };
-        let Some((name, value)) = arg.split_once('=') else {
-            return Err(ErrorFields::fatal(
-                SqlState::SYNTAX_ERROR,
-                format!("{flag}{arg} requires a value"),
-            ));
-        };
-        out.push((name.replace('-', "_"), value.to_string()));
+        let mut rest = flags;
+        while let Some(flag) = rest.chars().next() {
+            rest = &rest[flag.len_utf8()..];
+            if !SWITCHES_WITH_ARGUMENT.contains(flag) {
+                switch(flag, "", &word, &mut out)?;
+                continue;
+            }
+            let arg = if rest.is_empty() {
+                words.next().ok_or_else(|| bad_argument(&word))?
+            } else {
+                rest.to_string()
+            };
+            switch(flag, &arg, &word, &mut out)?;
+            break;
+        }
     }
     Ok(out)
+}
+
+/// The switches of PostgreSQL's server that take an argument (its `getopt` string
+/// `B:bc:C:D:d:EeFf:h:ijk:lN:nOPp:r:S:sTt:v:W:-:`).
+const SWITCHES_WITH_ARGUMENT: &str = "BcCDdfhkNprStvW-";
+
+/// What switch `flag` with `arg` sets, appended to `out`, as PostgreSQL 15's
+/// `process_postgres_switches` sets it for a client (not from the server's own command line).
+/// `word` is the command-line word the switch came from, which a refusal names.
+fn switch(
+    flag: char,
+    arg: &str,
+    word: &str,
+    out: &mut Vec<(String, String)>,
+) -> Result<(), ErrorFields> {
+    let mut set = |name: &str, value: &str| out.push((name.to_string(), value.to_string()));
+    match flag {
+        'c' | '-' => {
+            let Some((name, value)) = arg.split_once('=') else {
+                let shown = if flag == 'c' { "-c " } else { "--" };
+                return Err(ErrorFields::fatal(
+                    SqlState::SYNTAX_ERROR,
+                    format!("{shown}{arg} requires a value"),
+                ));
+            };
+            set(&name.replace('-', "_"), value);
+        }
+        'B' => set("shared_buffers", arg),
+        'd' => debug_options(arg, &mut set),
+        'e' => set("datestyle", "euro"),
+        'F' => set("fsync", "false"),
+        'f' => {
+            let name = match arg.chars().next() {
+                Some('s') => "enable_seqscan",
+                Some('i') => "enable_indexscan",
+                Some('o') => "enable_indexonlyscan",
+                Some('b') => "enable_bitmapscan",
+                Some('t') => "enable_tidscan",
+                Some('n') => "enable_nestloop",
+                Some('m') => "enable_mergejoin",
+                Some('h') => "enable_hashjoin",
+                _ => return Err(bad_argument(word)),
+            };
+            set(name, "false");
+        }
+        'h' => set("listen_addresses", arg),
+        'i' => set("listen_addresses", "*"),
+        'k' => set("unix_socket_directories", arg),
+        'l' => set("ssl", "true"),
+        'N' => set("max_connections", arg),
+        'O' => set("allow_system_table_mods", "true"),
+        'P' => set("ignore_system_indexes", "true"),
+        'p' => set("port", arg),
+        'S' => set("work_mem", arg),
+        's' => set("log_statement_stats", "true"),
+        't' => {
+            // PostgreSQL looks at the first letter or two only (`pa`rser, `pl`anner, `e`xecutor).
+            let name = match arg.as_bytes() {
+                [b'p', b'a', ..] => "log_parser_stats",
+                [b'p', b'l', ..] => "log_planner_stats",
+                [b'e', ..] => "log_executor_stats",
+                _ => return Err(bad_argument(word)),
+            };
+            set(name, "true");
+        }
+        'W' => set("post_auth_delay", arg),
+        // Only the server's own command line may give these; from a client they do nothing.
+        'b' | 'C' | 'D' | 'E' | 'j' | 'n' | 'r' | 'T' | 'v' => {}
+        _ => return Err(bad_argument(word)),
+    }
+    Ok(())
+}
+
+/// PostgreSQL's `set_debug_options` for `-d level` from a client: C's `atoi` of the level,
+/// then `log_min_messages` (`debugN`, or `notice` for 0) and, from level 2 on, the statement
+/// and debug-print parameters.
+fn debug_options(level: &str, set: &mut impl FnMut(&str, &str)) {
+    let digits = level.trim_start_matches(|c: char| c.is_ascii_whitespace());
+    let (negative, digits) = match digits.as_bytes().first() {
+        Some(b'-') => (true, &digits[1..]),
+        Some(b'+') => (false, &digits[1..]),
+        _ => (false, digits),
+    };
+    let magnitude: i64 = digits
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .take(10)
+        .fold(0, |n, d| n * 10 + i64::from(d as u8 - b'0'));
+    let n = if negative { -magnitude } else { magnitude };
+    if n > 0 {
+        set("log_min_messages", &format!("debug{n}"));
+    } else {
+        set("log_min_messages", "notice");
+    }
+    for (from, name, value) in [
+        (2, "log_statement", "all"),
+        (3, "debug_print_parse", "true"),
+        (4, "debug_print_plan", "true"),
+        (5, "debug_print_rewritten", "true"),
+    ] {
+        if n >= from {
+            set(name, value);
+        }
+    }
 }
 
 fn bad_argument(word: &str) -> ErrorFields {
@@ -334,6 +450,52 @@ mod tests {
                 "{list:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_server_s_other_switches_set_their_parameters() {
+        let pairs = |options: &str| {
+            split_options(options).map(|v| {
+                v.into_iter()
+                    .map(|(n, v)| format!("{n}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+        };
+        assert_eq!(
+            pairs("-S 4096 -eP -fs -tpl -d 2 -T -b -- ").unwrap(),
+            "work_mem=4096 datestyle=euro ignore_system_indexes=true enable_seqscan=false \
+             log_planner_stats=true log_min_messages=debug2 log_statement=all"
+        );
+        assert_eq!(pairs("-B128").unwrap(), "shared_buffers=128");
+        assert_eq!(pairs("-d 0").unwrap(), "log_min_messages=notice");
+        let refused = |options: &str| {
+            split_options(options)
+                .unwrap_err()
+                .message()
+                .map(str::to_string)
+        };
+        for (options, word) in [
+            ("-fx", "-fx"),
+            ("-tzz", "-tzz"),
+            ("-e -- extra", "extra"),
+            ("-S", "-S"),
+            ("-", "-"),
+        ] {
+            assert_eq!(
+                refused(options).as_deref(),
+                Some(format!("invalid command-line argument for server process: {word}").as_str()),
+                "{options}"
+            );
+        }
+        // And what they set is refused as a client's setting would be.
+        assert_eq!(
+            refusal(&[("options", "-F")]),
+            (
+                "55P02".into(),
+                "parameter \"fsync\" cannot be changed now".into()
+            )
+        );
     }
 
     #[test]

@@ -1798,6 +1798,11 @@ fn client_values_are_reported_as_postgresql_15_reports_them() {
         BackendMessage::ParameterStatus { name, value } => Some(format!("{name}={value}")),
         // PostgreSQL's LOG lines, which `client_min_messages=debug` lets through to the client.
         BackendMessage::NoticeResponse(_) => None,
+        // SHOW's column is the parameter's name as PostgreSQL spells it.
+        BackendMessage::RowDescription(fields) => Some(format!(
+            "columns {:?}",
+            fields.iter().map(|f| &f.name).collect::<Vec<_>>()
+        )),
         m => answer_line(m),
     };
     // SHOW of what the greeting reports, then of every parameter the case sets.

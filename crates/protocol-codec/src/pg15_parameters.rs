@@ -590,6 +590,20 @@ pub const KINDS: &[(&str, Kind)] = &[
     ("zero_damaged_pages", Kind::Bool),
 ];
 
+/// Parameter `name` (any case) spelt as PostgreSQL spells it, as SHOW's column is named: lower
+/// case but for the three PostgreSQL spells in mixed case; `None` for a name it does not know.
+pub fn spelling(name: &str) -> Option<&'static str> {
+    const MIXED: [&str; 3] = ["DateStyle", "IntervalStyle", "TimeZone"];
+    if let Some(m) = MIXED.iter().find(|m| m.eq_ignore_ascii_case(name)) {
+        return Some(m);
+    }
+    let lower = name.to_ascii_lowercase();
+    PARAMETERS
+        .binary_search_by(|(n, _)| (*n).cmp(lower.as_str()))
+        .ok()
+        .map(|i| PARAMETERS[i].0)
+}
+
 /// The kind of value of parameter `name` (any case); [`Kind::Text`] for one not in [`KINDS`].
 pub fn kind(name: &str) -> Kind {
     let lower = name.to_ascii_lowercase();
@@ -622,6 +636,9 @@ mod tests {
             );
         }
         assert_eq!(kind("TimeZone"), Kind::Text);
+        assert_eq!(spelling("timezone"), Some("TimeZone"));
+        assert_eq!(spelling("WORK_MEM"), Some("work_mem"));
+        assert_eq!(spelling("my.setting"), None);
         assert_eq!(kind("Enable_SeqScan"), Kind::Bool);
     }
 

@@ -7,6 +7,7 @@
 //! when it connected ([`answer_for`]).
 
 use protocol_codec::client_settings::ClientSettings;
+use protocol_codec::pg15_parameters;
 use protocol_codec::{results, BackendMessage, ErrorFields, SqlState};
 use wal_storage::WalFormat;
 
@@ -29,8 +30,13 @@ pub(super) fn answer_for(
     if let Some((canonical, value)) = find(socket, name).or_else(|| find(user, name)) {
         return Ok(results::show(canonical, value));
     }
+    // The column is named as PostgreSQL spells the parameter (`DateStyle`), or a custom one
+    // as the client first spelt it, as PostgreSQL names a placeholder.
     if let Some(value) = client.get(name) {
-        return Ok(results::show(name, value));
+        let column = pg15_parameters::spelling(name)
+            .or_else(|| find(client.values(), name).map(|(n, _)| n.as_str()))
+            .unwrap_or(name);
+        return Ok(results::show(column, value));
     }
     match find(role, name) {
         Some((canonical, value)) => Ok(results::show(canonical, value)),

@@ -18,6 +18,11 @@ use supervisor_actor::{
     AppendError, AppendRecords, Durability, Fence, GetNodeStatus, Node, NodeBuilder,
 };
 
+/// A primary behind `fence`, its data directory `dir`.
+async fn fenced_primary(dir: &Path, fence: Fence) -> Node {
+    primary(dir).fence(fence).start().await.unwrap()
+}
+
 /// A primary whose synchronous standby never connects: a synchronous append waits until
 /// the fence or a timeout ends the wait.
 async fn with_absent_standby(dir: &Path, fence: Fence) -> Node {
@@ -35,11 +40,7 @@ fn a_closed_fence_refuses_and_a_grant_lets_appends_through() {
     let dir = tempfile::tempdir().unwrap();
     run(async {
         let fence = Fence::closed();
-        let node = primary(&dir.path().join("data"))
-            .fence(fence.clone())
-            .start()
-            .await
-            .unwrap();
+        let node = fenced_primary(&dir.path().join("data"), fence.clone()).await;
         let before = node.wal.flushed();
         match try_append(&node, "fenced", Durability::Local).await {
             Err(AppendError::NotLeader { term: None }) => {}
@@ -228,11 +229,7 @@ fn a_primary_whose_fence_is_closed_shows_itself_read_only() {
     let dir = tempfile::tempdir().unwrap();
     run(async {
         let fence = Fence::closed();
-        let node = primary(&dir.path().join("data"))
-            .fence(fence.clone())
-            .start()
-            .await
-            .unwrap();
+        let node = fenced_primary(&dir.path().join("data"), fence.clone()).await;
         let addr = node.listen_addr;
         assert_eq!(seen_by_a_new_client(addr).await, ["on", "off", "on"]);
 
@@ -276,11 +273,7 @@ fn a_primary_whose_fence_is_closed_shows_itself_read_only() {
 fn a_standby_looking_for_a_writable_server_passes_a_fenced_primary_by() {
     let dir = tempfile::tempdir().unwrap();
     run(async {
-        let fenced = primary(&dir.path().join("fenced"))
-            .fence(Fence::closed())
-            .start()
-            .await
-            .unwrap();
+        let fenced = fenced_primary(&dir.path().join("fenced"), Fence::closed()).await;
         let open = primary(&dir.path().join("open")).start().await.unwrap();
         let end = append(&open, "for the standby", Durability::Local).await;
         let conninfo = format!(

@@ -21,7 +21,7 @@
 
 use std::time::Duration;
 
-use crate::parameter_values::canonical;
+use crate::parameter_values::read;
 pub use crate::parameter_values::{format_ms, parse_int, parse_ms, Unit};
 use crate::pg15_parameters::{self, Context};
 use crate::{ErrorFields, SqlState};
@@ -118,30 +118,26 @@ impl ClientSettings {
             Some(Context::Sighup) => return Err(cannot_change(name, " now")),
             Some(Context::Backend | Context::Session) => {}
         }
-        let max = i32::MAX as i64;
-        let lower = name.to_ascii_lowercase();
-        match lower.as_str() {
-            "wal_sender_timeout" => self.wal_sender_timeout = Some(parse_ms(name, value, 0, max)?),
-            "tcp_keepalives_idle" => {
-                self.tcp_keepalives.idle = Some(parse_int(name, value, Unit::S, 0, max)? as u32)
-            }
-            "tcp_keepalives_interval" => {
-                self.tcp_keepalives.interval = Some(parse_int(name, value, Unit::S, 0, max)? as u32)
-            }
-            "tcp_keepalives_count" => {
-                self.tcp_keepalives.count = Some(parse_int(name, value, Unit::None, 0, max)? as u32)
-            }
-            "tcp_user_timeout" => {
-                self.tcp_keepalives.user_timeout =
-                    Some(parse_int(name, value, Unit::Ms, 0, max)? as u32)
-            }
-            _ => {}
-        }
         // A custom parameter's value is kept as given, as PostgreSQL keeps a placeholder's.
-        let value = match known {
-            Some(_) => canonical(name, value, self.get("DateStyle").unwrap_or("ISO, MDY"))?,
-            None => value.to_string(),
+        let (value, number) = match known {
+            Some(_) => read(name, value, self.get("DateStyle").unwrap_or("ISO, MDY"))?,
+            None => (value.to_string(), None),
         };
+        // The integers walserver uses, each in its parameter's unit and range (PostgreSQL's,
+        // from `pg15_parameters::KINDS`: none is negative or beyond an i32).
+        if let Some(n) = number {
+            let n32 = || u32::try_from(n).ok();
+            match name.to_ascii_lowercase().as_str() {
+                "wal_sender_timeout" => {
+                    self.wal_sender_timeout = u64::try_from(n).ok().map(Duration::from_millis)
+                }
+                "tcp_keepalives_idle" => self.tcp_keepalives.idle = n32(),
+                "tcp_keepalives_interval" => self.tcp_keepalives.interval = n32(),
+                "tcp_keepalives_count" => self.tcp_keepalives.count = n32(),
+                "tcp_user_timeout" => self.tcp_keepalives.user_timeout = n32(),
+                _ => {}
+            }
+        }
         self.values.push((name.to_string(), value));
         Ok(())
     }

@@ -157,7 +157,21 @@ impl Unit {
 /// repeats in most of its refusals. `date_style` is the connection's `DateStyle` so far, from
 /// which a new value of it starts, as PostgreSQL's does.
 pub fn canonical(name: &str, value: &str, date_style: &str) -> Result<String, ErrorFields> {
-    match pg15_parameters::kind(name) {
+    read(name, value, date_style).map(|(shown, _)| shown)
+}
+
+/// [`canonical`], and for an integer parameter also its value in the parameter's own unit
+/// (`wal_sender_timeout` in milliseconds), from the same reading.
+pub fn read(
+    name: &str,
+    value: &str,
+    date_style: &str,
+) -> Result<(String, Option<i64>), ErrorFields> {
+    let shown = match pg15_parameters::kind(name) {
+        Kind::Int { unit, min, max } => {
+            let n = parse_int(name, value, unit, min, max)?;
+            return Ok((format_int(n, unit), Some(n)));
+        }
         Kind::Bool => match parse_bool(value) {
             Some(b) => Ok(if b { "on" } else { "off" }.to_string()),
             None => Err(ErrorFields::fatal(
@@ -165,9 +179,6 @@ pub fn canonical(name: &str, value: &str, date_style: &str) -> Result<String, Er
                 format!("parameter \"{name}\" requires a Boolean value"),
             )),
         },
-        Kind::Int { unit, min, max } => {
-            parse_int(name, value, unit, min, max).map(|n| format_int(n, unit))
-        }
         Kind::Real { unit, min, max } => {
             parse_real(name, value, unit, min, max).map(|x| format_real(x, unit))
         }
@@ -195,7 +206,8 @@ pub fn canonical(name: &str, value: &str, date_style: &str) -> Result<String, Er
             "application_name" => Ok(clean_ascii(value)),
             _ => Ok(value.to_string()),
         },
-    }
+    }?;
+    Ok((shown, None))
 }
 
 fn invalid(name: &str, value: &str) -> ErrorFields {

@@ -32,7 +32,7 @@ use wal_storage::{Lsn, Wal, WalError, WalPosition};
 
 use crate::connection::{self, Established, KeepaliveTiming};
 use crate::messages::*;
-use crate::session::{Output, Session, ShutdownMode, WalData, MAX_SEND_SIZE};
+use crate::session::{invalid_message_type, Output, Session, ShutdownMode, WalData, MAX_SEND_SIZE};
 use crate::shared::{Authenticating, Shared};
 use crate::storage_ops;
 use crate::writer::{frame_queue_with_files, Frame, FrameSender, QueueError};
@@ -433,21 +433,13 @@ impl StreamHandler<Result<FrontendMessage, CodecError>> for WalSender {
             Ok(msg) => self.handle_message(msg, ctx),
             Err(e) => {
                 tracing::debug!(pid = self.pid, peer = %self.peer, "protocol violation: {e}");
-                let text = match e {
-                    // PostgreSQL's words for it in the middle of a copy (walsender.c's
-                    // ProcessRepliesIfAny), which is where a replication client sends the most.
-                    CodecError::UnknownMessageType { tag, .. }
-                        if self.session.as_ref().is_some_and(Session::is_streaming) =>
-                    {
-                        format!("invalid standby message type \"{}\"", char::from(tag))
-                    }
-                    // And between commands (postgres.c's PostgresMain), the number alone.
-                    CodecError::UnknownMessageType { tag, .. } => {
-                        format!("invalid frontend message type {tag}")
-                    }
-                    _ => e.to_string(),
+                let fatal = match e {
+                    CodecError::UnknownMessageType { tag, .. } => invalid_message_type(
+                        tag,
+                        self.session.as_ref().is_some_and(Session::is_streaming),
+                    ),
+                    _ => ErrorFields::fatal(e.sqlstate(), e.to_string()),
                 };
-                let fatal = ErrorFields::fatal(e.sqlstate(), text);
                 if let Err(e) = BackendMessage::ErrorResponse(fatal).encode(&mut self.pending) {
                     tracing::error!("cannot encode an error: {e}");
                 }

@@ -312,13 +312,7 @@ impl<S: StorageView> Session<S> {
                         self.fatal(unexpected_copy_data(&payload), out)
                     }
                     FrontendMessage::Terminate => self.close(out),
-                    other => self.fatal(
-                        ErrorFields::fatal(
-                            SqlState::PROTOCOL_VIOLATION,
-                            format!("invalid standby message type \"{}\"", tag_of(&other)),
-                        ),
-                        out,
-                    ),
+                    other => self.fatal(invalid_message_type(other.tag(), true), out),
                 }
             }
             // PostgreSQL skips everything, Terminate and queries included, until the Sync
@@ -362,13 +356,7 @@ impl<S: StorageView> Session<S> {
                 | FrontendMessage::CopyFail(_)
                 | FrontendMessage::StandbyStatusUpdate(_)
                 | FrontendMessage::HotStandbyFeedback(_) => {}
-                other => self.fatal(
-                    ErrorFields::fatal(
-                        SqlState::PROTOCOL_VIOLATION,
-                        format!("invalid frontend message type {}", tag_of(&other) as u32),
-                    ),
-                    out,
-                ),
+                other => self.fatal(invalid_message_type(other.tag(), false), out),
             },
         }
     }
@@ -429,29 +417,23 @@ impl<S: StorageView> Drop for Session<S> {
     }
 }
 
+/// FATAL 08P01 for a message of type `tag` that the connection cannot take where it is, in
+/// PostgreSQL's words for each place: in the middle of a copy (`streaming`, walsender.c's
+/// ProcessRepliesIfAny) and between commands (postgres.c's PostgresMain, the number alone).
+/// For a type the codec knows and for one it does not.
+pub fn invalid_message_type(tag: u8, streaming: bool) -> ErrorFields {
+    let text = if streaming {
+        format!("invalid standby message type \"{}\"", char::from(tag))
+    } else {
+        format!("invalid frontend message type {tag}")
+    };
+    ErrorFields::fatal(SqlState::PROTOCOL_VIOLATION, text)
+}
+
 /// FATAL 57P01, PostgreSQL's word for a connection ended by shutdown.
 pub fn admin_shutdown() -> ErrorFields {
     ErrorFields::fatal(
         SqlState::ADMIN_SHUTDOWN,
         "terminating connection due to administrator command",
     )
-}
-
-fn tag_of(m: &FrontendMessage) -> char {
-    match m {
-        FrontendMessage::Query(_) => 'Q',
-        FrontendMessage::PasswordMessage(_)
-        | FrontendMessage::SaslInitialResponse { .. }
-        | FrontendMessage::SaslResponse(_) => 'p',
-        FrontendMessage::StandbyStatusUpdate(_)
-        | FrontendMessage::HotStandbyFeedback(_)
-        | FrontendMessage::CopyData(_) => 'd',
-        FrontendMessage::CopyDone => 'c',
-        FrontendMessage::CopyFail(_) => 'f',
-        FrontendMessage::Terminate => 'X',
-        FrontendMessage::ExtendedQuery { tag, .. } => char::from(*tag),
-        FrontendMessage::Sync => 'S',
-        FrontendMessage::Flush => 'H',
-        FrontendMessage::FunctionCall(_) => 'F',
-    }
 }

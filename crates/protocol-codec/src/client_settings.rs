@@ -22,7 +22,8 @@
 use std::time::Duration;
 
 use crate::parameter_values::read;
-pub use crate::parameter_values::{format_ms, parse_int, parse_ms, Unit};
+pub use crate::parameter_values::{format_ms, parse_int, parse_ms};
+pub use crate::pg15_parameters::Unit;
 use crate::pg15_parameters::{self, Context};
 use crate::{ErrorFields, SqlState};
 

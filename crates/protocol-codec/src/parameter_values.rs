@@ -14,45 +14,8 @@
 
 use std::time::Duration;
 
-use crate::pg15_parameters;
+use crate::pg15_parameters::{self, Kind, Unit};
 use crate::{ErrorFields, SqlState};
-
-/// The unit a numeric parameter is kept in, which decides the units its value may carry and
-/// how SHOW writes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unit {
-    /// A plain number (`tcp_keepalives_count`): no unit may follow it.
-    None,
-    /// Milliseconds (`wal_sender_timeout`, `tcp_user_timeout`).
-    Ms,
-    /// Seconds (`tcp_keepalives_idle`, `tcp_keepalives_interval`).
-    S,
-    /// Bytes (`log_parameter_max_length_on_error`).
-    B,
-    /// Kilobytes (`work_mem`).
-    Kb,
-    /// Blocks of 8 kB (`temp_buffers`).
-    Blocks,
-}
-
-/// What a parameter's value is, as `pg_settings.vartype` says.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Kind {
-    /// `on`, `off`, `true`, `false`, `yes`, `no`, `1`, `0` and unique prefixes of them.
-    Bool,
-    /// An integer in `unit`, within `min..=max`.
-    Int { unit: Unit, min: i64, max: i64 },
-    /// A floating-point number in `unit`, within `min..=max`.
-    Real { unit: Unit, min: f64, max: f64 },
-    /// One of `values` (any case), or one of the names `aliases` maps to one of them, which
-    /// `pg_settings` does not list.
-    Enum {
-        values: &'static [&'static str],
-        aliases: &'static [(&'static str, &'static str)],
-    },
-    /// A string.
-    Text,
-}
 
 /// A unit a value may carry and its size in the parameter's own unit.
 struct Conversion {

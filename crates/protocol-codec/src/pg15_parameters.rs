@@ -2,9 +2,46 @@
 //! `pg_settings` of PostgreSQL 15.18 (`SELECT lower(name), context`), with the four it hides
 //! there (`is_superuser`, `role`, `seed`, `session_authorization`). A client's startup packet
 //! may name any of them; see [`crate::client_settings`] for what walserver does with each. The
-//! kind of value of each a client may set is in [`KINDS`], read by [`crate::parameter_values`].
+//! kind of value of each a client may set is in [`KINDS`]: the table owns the vocabulary of
+//! kinds ([`Kind`], [`Unit`]), and the module that reads and writes values by kind
+//! (`parameter_values`) takes it from here.
 
-use crate::parameter_values::{Kind, Unit};
+/// The unit a numeric parameter is kept in, which decides the units its value may carry and
+/// how SHOW writes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// A plain number (`tcp_keepalives_count`): no unit may follow it.
+    None,
+    /// Milliseconds (`wal_sender_timeout`, `tcp_user_timeout`).
+    Ms,
+    /// Seconds (`tcp_keepalives_idle`, `tcp_keepalives_interval`).
+    S,
+    /// Bytes (`log_parameter_max_length_on_error`).
+    B,
+    /// Kilobytes (`work_mem`).
+    Kb,
+    /// Blocks of 8 kB (`temp_buffers`).
+    Blocks,
+}
+
+/// What a parameter's value is, as `pg_settings.vartype` says.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Kind {
+    /// `on`, `off`, `true`, `false`, `yes`, `no`, `1`, `0` and unique prefixes of them.
+    Bool,
+    /// An integer in `unit`, within `min..=max`.
+    Int { unit: Unit, min: i64, max: i64 },
+    /// A floating-point number in `unit`, within `min..=max`.
+    Real { unit: Unit, min: f64, max: f64 },
+    /// One of `values` (any case), or one of the names `aliases` maps to one of them, which
+    /// `pg_settings` does not list.
+    Enum {
+        values: &'static [&'static str],
+        aliases: &'static [(&'static str, &'static str)],
+    },
+    /// A string.
+    Text,
+}
 
 /// When PostgreSQL lets a client set a parameter, which decides how a startup packet that sets
 /// it is answered.

@@ -16,10 +16,11 @@ use walreceiver_actor::ReceiverConfig;
 use walsender_actor::hba::HbaRules;
 use walsender_actor::{Listener, Shared, WalSenderRegistry};
 
-use crate::append::Durability;
 use crate::datadir::{create_private_dir, new_system_id, settle_role, DataDirState, StandbySignal};
+use crate::durability::Durability;
+use crate::error::NodeError;
 use crate::fence::Fence;
-use crate::node::{Node, NodeConfig, NodeError};
+use crate::node::{Node, NodeConfig};
 use crate::restart::RestartPolicy;
 use crate::supervisor::Supervisor;
 use crate::visibility::Visibility;

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use wal_storage::{Role, SystemId, TimelineId, Wal, WalError};
 
-use crate::node::NodeError;
+use crate::error::NodeError;
 
 /// A new system identifier, made as PostgreSQL makes one (seconds and microseconds of the
 /// current time, and some bits that differ per call) so it also sorts by creation time.

@@ -12,7 +12,7 @@ use serde::Serialize;
 use wal_storage::{Lsn, TimelineId, Wal};
 use walreceiver_actor::UpstreamIdentity;
 
-use crate::leadership::FollowError;
+use crate::error::FollowError;
 
 /// Where following the leader cuts this node's WAL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -58,6 +58,21 @@
 //! what it needs of the protocol (the shutdown modes, the `SHOW` values) comes through the
 //! actor crates.
 //!
+//! # Layout
+//!
+//! The actor, [`Supervisor`], is `supervisor/mod.rs` (its lifecycle, the walreceiver's start
+//! requests, shutdown, status, promotion), with one file per further concern beside it:
+//! appends, leadership (the failover actor's messages), storage's health.
+//! Every message it takes, with its result type, is in `messages`; what `/status` shows in
+//! `status`; the durability levels in `durability` and their counts in `append_metrics`.
+//!
+//! The errors are four enums in `error`, not the one per crate the house keeps elsewhere,
+//! because each is the answer of one request to its own audience and its callers match on its
+//! variants: [`AppendError`] (an HTTP status and a client's retry hang on each variant, two of
+//! them indeterminate outcomes), [`PromoteError`], [`FollowError`] (the failover actor retries
+//! on [`FollowError::NoSlot`]) and [`NodeError`] (why a node did not start, for the operator).
+//! One enum for all would make each caller handle variants its request cannot produce.
+//!
 //! # Embedding
 //!
 //! An actix application starts a node inside its own System and talks to it with messages:
@@ -100,34 +115,36 @@
 //! # }
 //! ```
 
-mod append;
+mod append_metrics;
 mod builder;
 pub mod datadir;
+mod durability;
+mod error;
 mod fence;
 pub mod fork;
-mod leadership;
+mod messages;
 mod node;
 mod records;
 mod restart;
+mod status;
 mod supervisor;
 mod visibility;
 
-pub use append::{
-    AppendCounts, AppendError, AppendMetrics, AppendRecords, Appended, Durability, SyncSettings,
-};
+pub use append_metrics::{AppendCounts, AppendMetrics};
 pub use builder::NodeBuilder;
+pub use durability::{Durability, SyncSettings};
+pub use error::{AppendError, FollowError, NodeError, PromoteError};
 pub use fence::{Fence, FenceView};
-pub use leadership::{
-    DropMemberSlots, EnsureMemberSlots, FollowError, FollowLeader, Followed, MemberSlots,
-    PromoteForTerm, SetSyncStandbys,
+pub use messages::{
+    AppendRecords, Appended, DropMemberSlots, EnsureMemberSlots, FollowLeader, Followed,
+    GetNodeStatus, MemberSlots, Promote, PromoteForTerm, Promoted, Reconfigure, ReportApplied,
+    SetSyncStandbys, ShutdownNode, SuperviseService,
 };
-pub use node::{LocalLevel, Node, NodeConfig, NodeError, DEFAULT_LISTEN};
+pub use node::{LocalLevel, Node, NodeConfig, DEFAULT_LISTEN};
 pub use records::{
     check_records_start, subscribe_records, Follow, RecordEvent, RecordsFrom, RecordsStart,
 };
 pub use restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
-pub use supervisor::{
-    GetNodeStatus, NodeRole, NodeStatus, Promote, PromoteError, Promoted, Reconfigure,
-    ReportApplied, ServiceInfo, ShutdownNode, SuperviseService, Supervisor, WalReceiverInfo,
-};
+pub use status::{NodeRole, NodeStatus, ServiceInfo, WalReceiverInfo};
+pub use supervisor::Supervisor;
 pub use walsender_actor::session::ShutdownMode;

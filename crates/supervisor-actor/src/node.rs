@@ -1,5 +1,5 @@
-//! A node's configuration ([`NodeConfig`], what [`crate::NodeBuilder`] fills in), its errors,
-//! and [`Node`], the handles of a running node.
+//! A node's configuration ([`NodeConfig`], what [`crate::NodeBuilder`] fills in) and
+//! [`Node`], the handles of a running node.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,14 +8,15 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use wal_storage::{Lsn, StorageConfig, Wal, WalError};
-use walreceiver_actor::{ReceiverConfig, ReceiverError};
+use walreceiver_actor::ReceiverConfig;
 use walsender_actor::{Shared, WalSenderRegistry, WalSenderSettings};
 
-use crate::append::{AppendMetrics, SyncSettings};
+use crate::append_metrics::AppendMetrics;
+use crate::durability::SyncSettings;
 use crate::fence::Fence;
+use crate::messages::ReportApplied;
 use crate::records::{subscribe_acknowledged_records, Follow, RecordEvent};
 use crate::restart::RestartPolicy;
-use crate::supervisor::ReportApplied;
 use crate::supervisor::Supervisor;
 
 /// Where the replication protocol listens unless told otherwise: PostgreSQL's port plus one,
@@ -81,42 +82,6 @@ impl NodeConfig {
             fence: Fence::open(),
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum NodeError {
-    #[error(transparent)]
-    Storage(#[from] WalError),
-    // The source's text is not repeated here: whoever prints the whole chain prints it once.
-    #[error("cannot listen on {addr} (listen)")]
-    Listen {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("the storage thread panicked while preparing the data directory")]
-    OpenPanicked,
-    /// A standby's upstream: its conninfo does not parse, or it cannot say who it is.
-    #[error("upstream: {0}")]
-    Upstream(#[from] ReceiverError),
-    #[error("{context}: {source}")]
-    DataDir {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{} is not empty and is not a walserver data directory: give a missing or empty directory for a new node", dir.display())]
-    NotADataDirectory {
-        dir: PathBuf,
-        /// What it holds: the first few names, in backquotes.
-        found: String,
-    },
-    #[error("{} holds standby.signal, so it is a standby's data directory: start it as a standby, or promote it first", dir.display())]
-    StandbyDirectory { dir: PathBuf },
-    #[error("{} is not valid: {reason}", path.display())]
-    BadStandbySignal { path: PathBuf, reason: String },
-    #[error("invalid {name}: {reason}")]
-    InvalidSetting { name: &'static str, reason: String },
 }
 
 /// The handles of a running node.

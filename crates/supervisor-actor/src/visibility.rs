@@ -21,7 +21,7 @@ use wal_storage::{Lsn, Wal};
 use walsender_actor::syncrep::{SyncPositions, WaitLevel};
 
 /// The rule of a node: what its synchronous settings make acknowledged, on a primary.
-pub(crate) fn rule_of(primary: bool, sync: &crate::append::SyncSettings) -> Option<WaitLevel> {
+pub(crate) fn rule_of(primary: bool, sync: &crate::durability::SyncSettings) -> Option<WaitLevel> {
     sync.standby_names
         .as_ref()
         .filter(|_| primary)

@@ -9,8 +9,10 @@ use actix::prelude::*;
 use wal_storage::WalFormat;
 use walsender_actor::messages::WaitForSync;
 
-use super::{NodeRole, Supervisor};
-use crate::append::{AppendError, AppendRecords, Appended};
+use super::Supervisor;
+use crate::error::AppendError;
+use crate::messages::{AppendRecords, Appended};
+use crate::status::NodeRole;
 
 impl Handler<AppendRecords> for Supervisor {
     type Result = ResponseFuture<Result<Appended, AppendError>>;

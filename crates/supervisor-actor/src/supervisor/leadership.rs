@@ -1,4 +1,5 @@
-//! The supervisor's side of automatic failover: the messages of [`crate::leadership`].
+//! The supervisor's side of automatic failover: the failover actor's messages
+//! ([`crate::messages`]).
 //!
 //! Following a leader ([`FollowLeader`]) is one sequence for a primary and a standby: the
 //! fence closes (a primary), the walreceiver stops (a standby: it must not write more of the
@@ -18,15 +19,16 @@ use walreceiver_actor::messages::StopReceiver;
 use walreceiver_actor::{ReceiverConfig, UpstreamIdentity};
 use walsender_actor::messages::{HoldWalSenders, ResumeWalSenders, SetSyncStandbyNames};
 
-use super::{NodeRole, Receiver, Supervisor};
+use super::{Receiver, Supervisor};
 use crate::datadir::StandbySignal;
+use crate::error::{FollowError, PromoteError};
 use crate::fork::{cut_back_to_fork, fork_point, CutBack};
-use crate::leadership::{
-    DropMemberSlots, EnsureMemberSlots, FollowError, FollowLeader, Followed, MemberSlots,
-    PromoteForTerm, SetSyncStandbys,
+use crate::messages::{
+    DropMemberSlots, EnsureMemberSlots, FollowLeader, Followed, MemberSlots, PromoteForTerm,
+    Promoted, SetSyncStandbys,
 };
 use crate::restart::RestartState;
-use crate::supervisor::{PromoteError, Promoted};
+use crate::status::NodeRole;
 
 impl Handler<PromoteForTerm> for Supervisor {
     type Result = ResponseActFuture<Self, Result<Promoted, PromoteError>>;

@@ -22,8 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use serde::Serialize;
-use wal_storage::{Lsn, StorageHealth, SystemId, TimelineId, Wal, WalError, WalFormat};
+use wal_storage::{Lsn, Wal, WalError, WalFormat};
 use wal_types::time::format_time;
 use walreceiver_actor::messages::{
     Applied, GetReceiverStatus, ReceiverId, ReceiverOwner, ReceiverStopped, StopReceiver,
@@ -35,91 +34,24 @@ use walsender_actor::messages::{
     ShutdownWalSenders, StopAccepting,
 };
 use walsender_actor::session::ShutdownMode;
-use walsender_actor::status::WalSenderStatus;
-use walsender_actor::{Listener, Shared, WalSenderRegistry, WalSenderSettings};
+use walsender_actor::{Listener, Shared, WalSenderRegistry};
 
-use crate::append::{AppendMetrics, SyncSettings};
+use crate::append_metrics::AppendMetrics;
+use crate::durability::SyncSettings;
+use crate::error::PromoteError;
 use crate::fence::Fence;
-use crate::restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
+use crate::messages::{
+    GetNodeStatus, Promote, Promoted, Reconfigure, ReportApplied, ShutdownDone, ShutdownNode,
+    SuperviseService,
+};
+use crate::restart::{FailureLog, RestartPolicy, RestartState};
+use crate::status::{NodeRole, NodeStatus, ServiceInfo, WalReceiverInfo};
 use crate::visibility::{rule_of, Visibility};
 
 mod append;
 mod leadership;
 mod storage;
 use storage::StorageSupervision;
-
-/// Whether the node serves as a primary or follows an upstream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NodeRole {
-    Primary,
-    Standby,
-}
-
-/// The walreceiver part of `/status`: `pg_stat_wal_receiver`'s columns, and the supervisor's
-/// restart state, shown even while no walreceiver runs.
-#[derive(Clone, Debug, Serialize)]
-pub struct WalReceiverInfo {
-    /// `pid`: the current walreceiver's id, if one runs.
-    pub pid: Option<u64>,
-    #[serde(flatten)]
-    pub status: Option<ReceiverStatus>,
-    /// Why no walreceiver is streaming right now, if none is.
-    pub not_streaming_reason: Option<String>,
-    #[serde(flatten)]
-    pub restart: RestartState,
-    /// When a failed walreceiver is retried (`wal_retrieve_retry_interval` and the rest).
-    pub retry_schedule: RetrySchedule,
-}
-
-/// What `/status` shows.
-#[derive(Clone, Debug, Serialize)]
-pub struct NodeStatus {
-    pub role: NodeRole,
-    pub system_identifier: SystemId,
-    pub timeline: TimelineId,
-    pub flush_lsn: Lsn,
-    /// The end of the WAL acknowledged at the node's durability level, which readers see
-    /// ([`Node::acknowledged`](crate::Node::acknowledged)): `flush_lsn`, except on a primary
-    /// with synchronous standbys and a synchronous `synchronous_commit`.
-    pub acknowledged_lsn: Lsn,
-    pub wal_format: WalFormat,
-    pub replication: Vec<WalSenderStatus>,
-    pub wal_receiver: Option<WalReceiverInfo>,
-    /// Storage's health: `ok`, `full`, `failed` or `restarting`, the error and the file of
-    /// the failure, since when, and how often storage was reopened.
-    pub storage: StorageHealth,
-    /// The services the supervisor stops with the node ([`SuperviseService`]).
-    pub services: Vec<ServiceInfo>,
-    /// The latest leadership term this node knows of (led or followed); `None` without
-    /// automatic failover.
-    pub term: Option<u64>,
-}
-
-/// A service that runs beside the node, handed to its supervisor so that it stops in the
-/// node's shutdown order and its end, with the reason, is known: walserver's admin API. The
-/// supervisor stops it after the walsenders and the walreceiver (so it can answer while they
-/// drain) and before storage is released. A service that ends on its own is logged, with why,
-/// and shown in status; the node goes on replicating.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct SuperviseService {
-    pub name: String,
-    /// Resolves when the service has ended: `Err` with the reason if it failed.
-    pub ended: futures_util::future::BoxFuture<'static, Result<(), String>>,
-    /// Stops the service; resolves once it has stopped.
-    pub stop: Box<dyn FnOnce() -> futures_util::future::BoxFuture<'static, ()> + Send>,
-}
-
-/// One supervised service in status.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ServiceInfo {
-    pub name: String,
-    /// `running`, `stopped` (by the supervisor, or cleanly on its own) or `failed`.
-    pub state: &'static str,
-    /// Why it failed, or why it ended when nobody stopped it.
-    pub last_error: Option<String>,
-}
 
 struct Service {
     info: ServiceInfo,
@@ -502,70 +434,6 @@ impl Handler<ReceiverStopped> for Supervisor {
         self.reconcile(ctx);
     }
 }
-
-/// Shut the node down: stop accepting, end the walsenders as `immediate` says (a fast
-/// shutdown waits up to `wal_sender_shutdown_timeout` for standbys to confirm), stop the
-/// walreceiver, then release storage. Answered when done; a second, immediate request while
-/// a fast one runs reaches the walsenders still draining.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ShutdownNode {
-    pub immediate: bool,
-}
-
-/// The node's status, as `/status` shows it.
-#[derive(Message)]
-#[rtype(result = "Result<NodeStatus, MailboxError>")]
-pub struct GetNodeStatus;
-
-/// Promote a standby of walserver records: stop the walreceiver, start the next timeline at
-/// the end of flushed WAL (its history file made durable), take appends.
-#[derive(Message)]
-#[rtype(result = "Result<Promoted, PromoteError>")]
-pub struct Promote;
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Promoted {
-    pub timeline: TimelineId,
-    pub switch_lsn: Lsn,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum PromoteError {
-    #[error("this node is already a primary")]
-    NotStandby,
-    #[error("a promotion is already in progress")]
-    InProgress,
-    #[error("the node is shutting down")]
-    ShuttingDown,
-    #[error("this node is under automatic failover: promote it through the cluster (`walserver cluster failover --candidate NAME`, POST /failover)")]
-    ManagedByFailover,
-    #[error("cannot promote: {0}")]
-    Storage(#[from] WalError),
-}
-
-/// New settings from a reload: applied without a restart.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Reconfigure {
-    pub walsender: WalSenderSettings,
-    pub max_wal_senders: usize,
-    /// The walreceiver's configuration; a change restarts the walreceiver at once.
-    pub receiver: Option<ReceiverConfig>,
-    /// Synchronous replication; waiting appends the new setting satisfies are released.
-    pub sync: SyncSettings,
-}
-
-/// An application on a standby applied WAL up to `lsn` (reported upstream as apply).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ReportApplied {
-    pub lsn: Lsn,
-}
-
-#[derive(Message)]
-#[rtype(result = "()")]
-struct ShutdownDone;
 
 impl Handler<ShutdownNode> for Supervisor {
     type Result = ResponseFuture<()>;

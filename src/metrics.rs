@@ -1,26 +1,35 @@
-//! The admin API's `/metrics`: the node's facts in Prometheus' text exposition format
-//! (version 0.0.4), for the questions operators ask: which role and timeline, how far behind
-//! each standby is, how appends and fsyncs perform, how much WAL slots hold back, whether
-//! storage fails or the disk fills, who is connected and who failed to log in.
+//! The admin API's `/metrics`: the node's facts in the OpenMetrics text format, for the
+//! questions operators ask: which role and timeline, how far behind each standby is, how
+//! appends and fsyncs perform, how much WAL slots hold back, whether storage fails or the disk
+//! fills, who is connected and who failed to log in, and the process itself (CPU, memory,
+//! descriptors, start time, build).
 //!
 //! The facts are kept by the crates that own them (storage's fsync latency and errors,
 //! the supervisor's appends, the walsenders' startup phase, the registry's and the
-//! walreceiver's status rows); this module only reads and writes them down. Names follow
-//! Prometheus' conventions: the `walserver_` prefix, base units (seconds, bytes) in the
-//! name, `_total` on counters, one `# HELP` and `# TYPE` per family. Labels are stable
-//! across reconnects (`application_name`, `slot_name`, fixed value sets), never a
-//! connection number. The list is in the README's "Metrics" section.
+//! walreceiver's status rows); this module reads them at one moment into [`Families`] and
+//! lets the Prometheus project's client, `prometheus-client`, write the exposition (HELP and
+//! TYPE lines, escaping, counters' `_total`, histograms' cumulative buckets, `# EOF`). Names
+//! follow Prometheus' conventions: the `walserver_` prefix (the standard `process_` series
+//! aside), base units (seconds, bytes) in the name, `_total` on counters. Labels are stable
+//! across reconnects (`application_name`, `slot_name`, fixed value sets), never a connection
+//! number. The list is in the README's "Metrics" section, which a test holds to this output.
 
-use std::fmt::{Display, Write as _};
+mod process;
+
 use std::time::SystemTime;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 use supervisor_actor::{AppendCounts, Durability, GetNodeStatus, Node, NodeRole, NodeStatus};
 use wal_storage::{Lsn, SlotInfo, StorageErrorKind, StorageState};
 use wal_types::metrics::HistogramSnapshot;
 use walsender_actor::status::{WalSenderState, WalSenderStatus};
 
-/// The `Content-Type` of the text format.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
+/// The `Content-Type` of the OpenMetrics text format, which Prometheus scrapes natively.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Everything `/metrics` shows, read at one moment.
 pub struct Snapshot {
@@ -28,34 +37,41 @@ pub struct Snapshot {
     pub slots: Vec<SlotInfo>,
     /// `None` if `statvfs` on the data directory failed.
     pub disk_free_bytes: Option<u64>,
+    /// `None` if `/proc/self` could not be read.
+    pub process: Option<process::ProcessStats>,
     pub now: SystemTime,
 }
 
 /// Reads the node's metrics and writes them in the text format. The free space on the data
-/// directory is a system call that may block, so it runs on the blocking pool, never on
-/// this thread.
+/// directory and the process's figures are system calls and `/proc` reads that may block, so
+/// they run on the blocking pool, never on this thread.
 pub async fn render(node: &Node) -> anyhow::Result<String> {
     let status = node.supervisor.send(GetNodeStatus).await??;
     let wal = node.wal.clone();
-    let disk_free_bytes = actix_web::web::block(move || wal.disk_free_bytes())
-        .await
-        .ok()
-        .and_then(|r| {
-            r.inspect_err(|e| tracing::debug!("statvfs of the data directory failed: {e}"))
-                .ok()
-        });
+    let (disk_free_bytes, process) = actix_web::web::block(move || {
+        let disk = wal
+            .disk_free_bytes()
+            .inspect_err(|e| tracing::debug!("statvfs of the data directory failed: {e}"))
+            .ok();
+        let process = process::ProcessStats::read()
+            .inspect_err(|e| tracing::debug!("reading /proc/self failed: {e}"))
+            .ok();
+        (disk, process)
+    })
+    .await?;
     let snapshot = Snapshot {
         status,
         slots: node.wal.slots(),
         disk_free_bytes,
+        process,
         now: SystemTime::now(),
     };
-    Ok(write(node, &snapshot))
+    write(node, &snapshot)
 }
 
 /// The text of `snapshot` and of the node's counters.
-pub fn write(node: &Node, s: &Snapshot) -> String {
-    let mut out = Text::default();
+pub fn write(node: &Node, s: &Snapshot) -> anyhow::Result<String> {
+    let mut out = Families::default();
     node_families(&mut out, s);
     receiver_families(&mut out, s);
     standby_families(&mut out, s);
@@ -63,14 +79,15 @@ pub fn write(node: &Node, s: &Snapshot) -> String {
     slot_families(&mut out, s);
     storage_families(&mut out, node, s);
     connection_families(&mut out, node, s);
-    out.0
+    process_families(&mut out, s);
+    out.encode()
 }
 
-fn node_families(out: &mut Text, s: &Snapshot) {
+fn node_families(out: &mut Families, s: &Snapshot) {
     let st = &s.status;
     out.family(
         "walserver_role",
-        "gauge",
+        Kind::Gauge,
         "1 for the node's role (primary or standby), 0 for the other.",
     );
     let role = match st.role {
@@ -83,17 +100,17 @@ fn node_families(out: &mut Text, s: &Snapshot) {
         ("role", role),
         &["primary", "standby"],
     );
-    out.family("walserver_timeline", "gauge", "The current timeline.");
+    out.family("walserver_timeline", Kind::Gauge, "The current timeline.");
     out.sample("walserver_timeline", &[], st.timeline.0);
     out.family(
         "walserver_flush_lsn_bytes",
-        "gauge",
+        Kind::Gauge,
         "The durable end of WAL on the current timeline, as a byte position.",
     );
     out.sample("walserver_flush_lsn_bytes", &[], st.flush_lsn.0);
     out.family(
         "walserver_wal_senders",
-        "gauge",
+        Kind::Gauge,
         "Connected walsenders (every state).",
     );
     out.sample("walserver_wal_senders", &[], st.replication.len());
@@ -103,7 +120,7 @@ fn node_families(out: &mut Text, s: &Snapshot) {
 /// while none runs (between restarts, or after promotion).
 const RECEIVER_STATES: [&str; 5] = ["starting", "streaming", "waiting", "stopping", "stopped"];
 
-fn receiver_families(out: &mut Text, s: &Snapshot) {
+fn receiver_families(out: &mut Families, s: &Snapshot) {
     let Some(info) = &s.status.wal_receiver else {
         return;
     };
@@ -114,7 +131,7 @@ fn receiver_families(out: &mut Text, s: &Snapshot) {
     };
     out.family(
         "walserver_walreceiver_state",
-        "gauge",
+        Kind::Gauge,
         "1 for the walreceiver's state, 0 for the others.",
     );
     out.one_hot(
@@ -142,7 +159,7 @@ fn receiver_families(out: &mut Text, s: &Snapshot) {
             lsn(|r| r.latest_end_lsn),
         ),
     ] {
-        out.family(name, "gauge", help);
+        out.family(name, Kind::Gauge, help);
         if let Some(l) = value {
             out.sample(name, &[], l.0);
         }
@@ -150,7 +167,7 @@ fn receiver_families(out: &mut Text, s: &Snapshot) {
     let name = "walserver_walreceiver_last_message_age_seconds";
     out.family(
         name,
-        "gauge",
+        Kind::Gauge,
         "Seconds since the last message from upstream arrived.",
     );
     if let Some(t) = st.and_then(|r| r.last_msg_receipt_time) {
@@ -172,11 +189,11 @@ fn receiver_state_name(s: walreceiver_actor::ReceiverState) -> &'static str {
 /// `sync_state`'s values, as `pg_stat_replication` shows them.
 const SYNC_STATES: [&str; 4] = ["async", "potential", "sync", "quorum"];
 
-fn standby_families(out: &mut Text, s: &Snapshot) {
+fn standby_families(out: &mut Families, s: &Snapshot) {
     let flushed = s.status.flush_lsn;
     let rows = one_row_per_application(&s.status.replication);
-    let mut per_standby = |name: &str, help: &str, value: &dyn Fn(&WalSenderStatus) -> String| {
-        out.family(name, "gauge", help);
+    let mut per_standby = |name: &str, help: &str, value: &dyn Fn(&WalSenderStatus) -> Value| {
+        out.family(name, Kind::Gauge, help);
         for (r, _) in &rows {
             let app = [("application_name", r.application_name.as_str())];
             out.sample(name, &app, value(r));
@@ -185,7 +202,7 @@ fn standby_families(out: &mut Text, s: &Snapshot) {
     per_standby(
         "walserver_standby_sent_lsn_bytes",
         "The end of the WAL sent to the standby.",
-        &|r| r.sent_lsn.unwrap_or_default().0.to_string(),
+        &|r| r.sent_lsn.unwrap_or_default().0.into(),
     );
     // Bytes behind this node's flushed end; a position the standby has not reported yet
     // counts as 0, so a new standby shows its whole distance.
@@ -199,11 +216,7 @@ fn standby_families(out: &mut Text, s: &Snapshot) {
         per_standby(
             &format!("walserver_standby_{pos}_lag_bytes"),
             &format!("WAL on this node the standby has not confirmed at {pos}, in bytes."),
-            &|r| {
-                flushed
-                    .saturating_sub(of(r).0.unwrap_or_default())
-                    .to_string()
-            },
+            &|r| flushed.saturating_sub(of(r).0.unwrap_or_default()).into(),
         );
         per_standby(
             &format!("walserver_standby_{pos}_lag_seconds"),
@@ -211,29 +224,29 @@ fn standby_families(out: &mut Text, s: &Snapshot) {
                 "pg_stat_replication's {pos}_lag: how long WAL took to be confirmed at \
                  {pos} (0 when caught up and idle)."
             ),
-            &|r| of(r).1.unwrap_or_default().as_secs_f64().to_string(),
+            &|r| of(r).1.unwrap_or_default().as_secs_f64().into(),
         );
     }
     per_standby(
         "walserver_standby_sync_priority",
         "The standby's priority in synchronous_standby_names (0: not a candidate).",
-        &|r| r.sync_priority.to_string(),
+        &|r| r.sync_priority.into(),
     );
     let name = "walserver_standby_connections";
     out.family(
         name,
-        "gauge",
+        Kind::Gauge,
         "Walsender connections with this application_name (more than 1: the other \
          walserver_standby_ metrics show the one furthest behind).",
     );
     for (r, n) in &rows {
         let app = [("application_name", r.application_name.as_str())];
-        out.sample(name, &app, n);
+        out.sample(name, &app, *n);
     }
     let name = "walserver_standby_sync_state";
     out.family(
         name,
-        "gauge",
+        Kind::Gauge,
         "1 for the standby's sync_state (async, potential, sync, quorum), 0 for the others.",
     );
     for (r, _) in &rows {
@@ -267,7 +280,7 @@ fn one_row_per_application(rows: &[WalSenderStatus]) -> Vec<(&WalSenderStatus, u
 /// Which of an [`AppendCounts`] a counter family shows.
 type CountOf = fn(&AppendCounts) -> u64;
 
-fn append_families(out: &mut Text, node: &Node) {
+fn append_families(out: &mut Families, node: &Node) {
     let m = &node.append_metrics;
     let counts: Vec<_> = Durability::ALL
         .iter()
@@ -297,7 +310,7 @@ fn append_families(out: &mut Text, node: &Node) {
         ),
     ];
     for (name, help, get) in families {
-        out.family(name, "counter", help);
+        out.family(name, Kind::Counter, help);
         for (level, c) in &counts {
             out.sample(name, &[("durability", level)], get(c));
         }
@@ -314,13 +327,13 @@ fn append_families(out: &mut Text, node: &Node) {
     );
 }
 
-fn slot_families(out: &mut Text, s: &Snapshot) {
+fn slot_families(out: &mut Families, s: &Snapshot) {
     let flushed = s.status.flush_lsn;
     let slot = |i: &SlotInfo| [("slot_name", i.name.clone())];
     let name = "walserver_slot_retained_bytes";
     out.family(
         name,
-        "gauge",
+        Kind::Gauge,
         "WAL kept for the slot: from its restart_lsn to the flushed end (0 when it holds none).",
     );
     for i in &s.slots {
@@ -328,14 +341,18 @@ fn slot_families(out: &mut Text, s: &Snapshot) {
         out.sample_owned(name, &slot(i), held);
     }
     let name = "walserver_slot_active";
-    out.family(name, "gauge", "1 while a connection streams from the slot.");
+    out.family(
+        name,
+        Kind::Gauge,
+        "1 while a connection streams from the slot.",
+    );
     for i in &s.slots {
         out.sample_owned(name, &slot(i), u8::from(i.active));
     }
     let name = "walserver_slot_wal_status";
     out.family(
         name,
-        "gauge",
+        Kind::Gauge,
         "1 for the slot's wal_status (reserved, extended, unreserved, lost; \
          none before it reserves WAL), 0 for the others.",
     );
@@ -347,12 +364,12 @@ fn slot_families(out: &mut Text, s: &Snapshot) {
     }
 }
 
-fn storage_families(out: &mut Text, node: &Node, s: &Snapshot) {
+fn storage_families(out: &mut Families, node: &Node, s: &Snapshot) {
     let m = node.wal.metrics();
     let name = "walserver_storage_errors_total";
     out.family(
         name,
-        "counter",
+        Kind::Counter,
         "Failed storage operations, by kind (open, read, write, directory, fsync; \
          enospc: the disk or a quota is full, whatever the operation).",
     );
@@ -362,7 +379,7 @@ fn storage_families(out: &mut Text, node: &Node, s: &Snapshot) {
     let name = "walserver_disk_free_bytes";
     out.family(
         name,
-        "gauge",
+        Kind::Gauge,
         "Bytes free for writing on the data directory's file system.",
     );
     if let Some(free) = s.disk_free_bytes {
@@ -370,7 +387,7 @@ fn storage_families(out: &mut Text, node: &Node, s: &Snapshot) {
     }
     out.family(
         "walserver_fsyncs_total",
-        "counter",
+        Kind::Counter,
         "fsync and fdatasync calls made by storage.",
     );
     out.sample("walserver_fsyncs_total", &[], node.wal.fsync_count());
@@ -383,7 +400,7 @@ fn storage_families(out: &mut Text, node: &Node, s: &Snapshot) {
     let name = "walserver_storage_state";
     out.family(
         name,
-        "gauge",
+        Kind::Gauge,
         "Storage's state, one series per state with 1 for the current one: ok; full (the \
          disk or a quota is full, writes that need new space are refused); failed (a sync \
          failed, writes are refused until storage is reopened); restarting (being reopened).",
@@ -393,20 +410,20 @@ fn storage_families(out: &mut Text, node: &Node, s: &Snapshot) {
     let name = "walserver_storage_restarts_total";
     out.family(
         name,
-        "counter",
+        Kind::Counter,
         "Times storage was reopened after a failed sync, and writes resumed.",
     );
     out.sample(name, &[], health.restarts);
     let name = "walserver_storage_restart_failures_total";
     out.family(
         name,
-        "counter",
+        Kind::Counter,
         "Reopenings of failed storage that failed (each is tried again later).",
     );
     out.sample(name, &[], health.failed_restarts);
 }
 
-fn connection_families(out: &mut Text, node: &Node, s: &Snapshot) {
+fn connection_families(out: &mut Families, node: &Node, s: &Snapshot) {
     let count = |state: WalSenderState| {
         s.status
             .replication
@@ -417,7 +434,7 @@ fn connection_families(out: &mut Text, node: &Node, s: &Snapshot) {
     let name = "walserver_connections";
     out.family(
         name,
-        "gauge",
+        Kind::Gauge,
         "Replication connections by state: authenticating (the startup phase), \
          then pg_stat_replication's startup, catchup, streaming, stopping.",
     );
@@ -438,38 +455,167 @@ fn connection_families(out: &mut Text, node: &Node, s: &Snapshot) {
     let name = "walserver_authentication_failures_total";
     out.family(
         name,
-        "counter",
+        Kind::Counter,
         "Connections refused for their credentials or by an hba rule (SQLSTATE class 28).",
     );
     out.sample(name, &[], startup.authentication_failures());
 }
 
-/// The text being written.
-#[derive(Default)]
-struct Text(String);
+fn process_families(out: &mut Families, s: &Snapshot) {
+    out.family(
+        "walserver_build",
+        Kind::Info,
+        "The walserver build: its version and the commit it was built from.",
+    );
+    out.info(
+        "walserver_build",
+        &[
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("commit", env!("WALSERVER_COMMIT")),
+        ],
+    );
+    let Some(p) = &s.process else {
+        return;
+    };
+    for (name, kind, help, value) in [
+        (
+            "process_cpu_seconds_total",
+            Kind::Counter,
+            "User and system CPU time spent, in seconds.",
+            Value::from(p.cpu_seconds),
+        ),
+        (
+            "process_resident_memory_bytes",
+            Kind::Gauge,
+            "Resident memory size in bytes.",
+            p.resident_bytes.into(),
+        ),
+        (
+            "process_virtual_memory_bytes",
+            Kind::Gauge,
+            "Virtual memory size in bytes.",
+            p.virtual_bytes.into(),
+        ),
+        (
+            "process_open_fds",
+            Kind::Gauge,
+            "Open file descriptors.",
+            p.open_fds.into(),
+        ),
+        (
+            "process_max_fds",
+            Kind::Gauge,
+            "The limit on open file descriptors (RLIMIT_NOFILE's soft limit).",
+            p.max_fds.into(),
+        ),
+        (
+            "process_threads",
+            Kind::Gauge,
+            "Threads of the process.",
+            p.threads.into(),
+        ),
+        (
+            "process_start_time_seconds",
+            Kind::Gauge,
+            "When the process started, in seconds since the Unix epoch.",
+            p.start_time_seconds.into(),
+        ),
+    ] {
+        out.family(name, kind, help);
+        out.sample(name, &[], value);
+    }
+}
 
-impl Text {
-    fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.0, "# HELP {name} {}", escape_help(help));
-        let _ = writeln!(self.0, "# TYPE {name} {kind}");
+/// A family's type, as the exposition names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Gauge,
+    Counter,
+    Histogram,
+    Info,
+}
+
+/// A sample's value. Counts and byte positions stay integers, so that they are written
+/// exactly (an LSN does not fit an f64's 53 bits).
+#[derive(Clone, Debug)]
+enum Value {
+    Int(u64),
+    Float(f64),
+    Histogram(HistogramSnapshot),
+    Info,
+}
+
+impl From<u64> for Value {
+    fn from(v: u64) -> Value {
+        Value::Int(v)
+    }
+}
+
+impl From<usize> for Value {
+    fn from(v: usize) -> Value {
+        Value::Int(v as u64)
+    }
+}
+
+impl From<u32> for Value {
+    fn from(v: u32) -> Value {
+        Value::Int(u64::from(v))
+    }
+}
+
+impl From<u8> for Value {
+    fn from(v: u8) -> Value {
+        Value::Int(u64::from(v))
+    }
+}
+
+impl From<f64> for Value {
+    fn from(v: f64) -> Value {
+        Value::Float(v)
+    }
+}
+
+/// One family: its name (a counter's with `_total`, as its samples are named), help, type
+/// and samples, each with its labels.
+#[derive(Debug)]
+struct Family {
+    name: String,
+    help: String,
+    kind: Kind,
+    samples: Vec<(Vec<(String, String)>, Value)>,
+}
+
+/// Every family of one scrape, in the order they are written. They are read from the node
+/// first and handed to the client as a collector, because the node's facts arrive by message
+/// (and from the blocking pool), not from metric objects the client could own.
+#[derive(Debug, Default)]
+struct Families(Vec<Family>);
+
+impl Families {
+    fn family(&mut self, name: &str, kind: Kind, help: &str) {
+        self.0.push(Family {
+            name: name.to_owned(),
+            help: help.to_owned(),
+            kind,
+            samples: Vec::new(),
+        });
     }
 
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl Display) {
-        self.0.push_str(name);
-        if !labels.is_empty() {
-            self.0.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.0.push(',');
-                }
-                let _ = write!(self.0, "{k}=\"{}\"", escape_label(v));
-            }
-            self.0.push('}');
-        }
-        let _ = writeln!(self.0, " {value}");
+    /// A sample of the family declared last, which must be `name`'s.
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl Into<Value>) {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), escape_label(v)))
+            .collect();
+        let family = self
+            .0
+            .last_mut()
+            .filter(|f| f.name == name)
+            .expect("a sample follows the declaration of its family");
+        family.samples.push((labels, value.into()));
     }
 
-    fn sample_owned(&mut self, name: &str, labels: &[(&str, String)], value: impl Display) {
+    fn sample_owned(&mut self, name: &str, labels: &[(&str, String)], value: impl Into<Value>) {
         let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
         self.sample(name, &labels, value);
     }
@@ -493,54 +639,150 @@ impl Text {
     }
 
     fn histogram(&mut self, name: &str, help: &str, h: &HistogramSnapshot) {
-        self.family(name, "histogram", help);
-        let bucket = format!("{name}_bucket");
-        for (le, n) in &h.buckets {
-            self.sample(&bucket, &[("le", &le.to_string())], n);
+        self.family(name, Kind::Histogram, help);
+        self.sample(name, &[], Value::Histogram(h.clone()));
+    }
+
+    fn info(&mut self, name: &str, labels: &[(&str, &str)]) {
+        self.sample(name, labels, Value::Info);
+    }
+
+    /// The exposition, written by `prometheus-client`.
+    fn encode(self) -> anyhow::Result<String> {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(self));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry)
+            .map_err(|_| anyhow::anyhow!("the metrics could not be written"))?;
+        Ok(text)
+    }
+}
+
+impl Collector for Families {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        for f in &self.0 {
+            // OpenMetrics names a counter's family without the `_total` its samples carry
+            // (the client adds it), and an info's without `_info`.
+            let (name, ty) = match f.kind {
+                Kind::Gauge => (f.name.as_str(), MetricType::Gauge),
+                Kind::Counter => (
+                    f.name.strip_suffix("_total").unwrap_or(&f.name),
+                    MetricType::Counter,
+                ),
+                Kind::Histogram => (f.name.as_str(), MetricType::Histogram),
+                Kind::Info => (f.name.as_str(), MetricType::Info),
+            };
+            let mut metric = encoder.encode_descriptor(name, &f.help, None, ty)?;
+            for (labels, value) in &f.samples {
+                if let Value::Info = value {
+                    metric.encode_info(labels)?;
+                } else if labels.is_empty() {
+                    // A family encoder with no labels would write `name{}`.
+                    encode_value(&mut metric, f.kind, value)?;
+                } else {
+                    encode_value(&mut metric.encode_family(labels)?, f.kind, value)?;
+                }
+            }
         }
-        self.sample(&bucket, &[("le", "+Inf")], h.count);
-        self.sample(&format!("{name}_sum"), &[], h.sum_seconds);
-        self.sample(&format!("{name}_count"), &[], h.count);
+        Ok(())
+    }
+}
+
+fn encode_value(m: &mut MetricEncoder, kind: Kind, value: &Value) -> std::fmt::Result {
+    match (kind, value) {
+        (Kind::Counter, Value::Int(v)) => m.encode_counter::<NoLabelSet, _, f64>(v, None),
+        (Kind::Counter, Value::Float(v)) => m.encode_counter::<NoLabelSet, _, f64>(v, None),
+        // A gauge is an i64 to the client; no position or count here comes near 2^63, and
+        // one that did is shown as the largest rather than failing the whole scrape.
+        (_, Value::Int(v)) => m.encode_gauge(&i64::try_from(*v).unwrap_or(i64::MAX)),
+        (_, Value::Float(v)) => m.encode_gauge(v),
+        (_, Value::Histogram(h)) => {
+            m.encode_histogram::<NoLabelSet>(h.sum_seconds, h.count, &bucket_counts(h), None)
+        }
+        (_, Value::Info) => Ok(()),
     }
 }
 
 /// A label value as the text format quotes it: backslash, double quote and newline escaped.
+/// `prometheus-client` 0.24 writes label values as given, and `application_name` is the
+/// client's to choose: unescaped, a quote in it would end the value and forge the rest.
 fn escape_label(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
 }
 
-/// HELP text escapes backslash and newline (not quotes).
-fn escape_help(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('\n', "\\n")
+/// The snapshot's cumulative buckets as the client takes them: the count of each bucket
+/// alone, ending with `+Inf` (`f64::MAX` to the client).
+fn bucket_counts(h: &HistogramSnapshot) -> Vec<(f64, u64)> {
+    let mut below = 0;
+    let mut out: Vec<(f64, u64)> = h
+        .buckets
+        .iter()
+        .map(|&(le, cumulative)| {
+            let n = cumulative.saturating_sub(below);
+            below = cumulative.max(below);
+            (le, n)
+        })
+        .collect();
+    out.push((f64::MAX, h.count.saturating_sub(below)));
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn written(f: Families) -> String {
+        f.encode().expect("the families are written")
+    }
+
     #[test]
     fn label_values_are_escaped() {
-        let mut t = Text::default();
-        t.sample("m", &[("a", "x\"y\\z\nw")], 1);
-        assert_eq!(t.0, "m{a=\"x\\\"y\\\\z\\nw\"} 1\n");
+        let mut f = Families::default();
+        f.family("m", Kind::Gauge, "Help.");
+        f.sample("m", &[("a", "x\"y\\z\nw")], 1u64);
+        assert_eq!(
+            written(f),
+            "# HELP m Help.\n# TYPE m gauge\nm{a=\"x\\\"y\\\\z\\nw\"} 1\n# EOF\n"
+        );
     }
 
     #[test]
     fn a_histogram_writes_cumulative_buckets_sum_and_count() {
-        let mut t = Text::default();
+        let mut f = Families::default();
         let h = HistogramSnapshot {
             buckets: vec![(0.001, 1), (0.5, 3)],
             count: 4,
             sum_seconds: 2.5,
         };
-        t.histogram("x_seconds", "Help.", &h);
+        f.histogram("x_seconds", "Help.", &h);
         assert_eq!(
-            t.0,
+            written(f),
             "# HELP x_seconds Help.\n# TYPE x_seconds histogram\n\
+             x_seconds_sum 2.5\nx_seconds_count 4\n\
              x_seconds_bucket{le=\"0.001\"} 1\nx_seconds_bucket{le=\"0.5\"} 3\n\
-             x_seconds_bucket{le=\"+Inf\"} 4\nx_seconds_sum 2.5\nx_seconds_count 4\n"
+             x_seconds_bucket{le=\"+Inf\"} 4\n# EOF\n"
+        );
+    }
+
+    #[test]
+    fn counters_keep_total_on_samples_and_integers_stay_exact() {
+        let mut f = Families::default();
+        f.family("walserver_x_total", Kind::Counter, "Xs.");
+        f.sample("walserver_x_total", &[("kind", "a")], 3u64);
+        f.family("walserver_lsn_bytes", Kind::Gauge, "An LSN.");
+        f.sample("walserver_lsn_bytes", &[], (1u64 << 60) + 1);
+        f.family("walserver_build", Kind::Info, "Build.");
+        f.info("walserver_build", &[("version", "1")]);
+        assert_eq!(
+            written(f),
+            "# HELP walserver_x Xs.\n# TYPE walserver_x counter\n\
+             walserver_x_total{kind=\"a\"} 3\n\
+             # HELP walserver_lsn_bytes An LSN.\n# TYPE walserver_lsn_bytes gauge\n\
+             walserver_lsn_bytes 1152921504606846977\n\
+             # HELP walserver_build Build.\n# TYPE walserver_build info\n\
+             walserver_build_info{version=\"1\"} 1\n# EOF\n"
         );
     }
 

@@ -1,6 +1,7 @@
-//! `GET /metrics`: every family an operator's dashboard needs is present, in valid text
-//! format, with values that match what the test did, on a primary with a synchronous standby
-//! and on that standby.
+//! `GET /metrics`: every family an operator's dashboard needs is present, in valid
+//! OpenMetrics text, with values that match what the test did, on a primary with a
+//! synchronous standby and on that standby; and the README's table lists exactly the
+//! families the two show.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -22,11 +23,15 @@ const ALLOWED_LABELS: &[&str] = &[
     "slot_name",
     "wal_status",
     "kind",
+    "version",
+    "commit",
 ];
 
 /// A parsed scrape: each sample by its name and labels (`name{a="x",b="y"}` as written).
 pub(crate) struct Scrape {
     samples: BTreeMap<String, f64>,
+    /// Each family's kind, by the name its TYPE line gives.
+    types: BTreeMap<String, String>,
     text: String,
 }
 
@@ -36,6 +41,19 @@ impl Scrape {
             .samples
             .get(key)
             .unwrap_or_else(|| panic!("no sample {key} in\n{}", self.text))
+    }
+
+    /// The families, each by the name its samples carry: a counter's with `_total` and an
+    /// info's with `_info`, as the README names them.
+    fn family_names(&self) -> BTreeSet<String> {
+        self.types
+            .iter()
+            .map(|(name, kind)| match kind.as_str() {
+                "counter" => format!("{name}_total"),
+                "info" => format!("{name}_info"),
+                _ => name.clone(),
+            })
+            .collect()
     }
 }
 
@@ -49,18 +67,26 @@ pub(crate) fn scrape(node: &TestNode) -> Scrape {
         head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
         "{head}"
     );
-    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    assert!(
+        head.contains("application/openmetrics-text; version=1.0.0"),
+        "{head}"
+    );
     parse(text)
 }
 
-/// Parses the text format strictly: every line is a comment (`# HELP name text`,
-/// `# TYPE name kind`) or `name{labels} value`; each family has one HELP and one TYPE before
-/// its samples; histogram samples are `_bucket` (with `le`), `_sum` and `_count`.
+/// Parses OpenMetrics text strictly: every line is a comment (`# HELP name text`,
+/// `# TYPE name kind`) or `name{labels} value`, and the last is `# EOF`; each family has one
+/// HELP and one TYPE before its samples; a counter's samples are `name_total`, an info's
+/// `name_info`, a histogram's `_bucket` (with `le`), `_sum` and `_count`, a gauge's its own
+/// name.
 fn parse(text: &str) -> Scrape {
+    let body = text
+        .strip_suffix("# EOF\n")
+        .unwrap_or_else(|| panic!("the exposition does not end with # EOF:\n{text}"));
     let mut help = BTreeSet::new();
     let mut types = BTreeMap::new();
     let mut samples = BTreeMap::new();
-    for line in text.lines() {
+    for line in body.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let (name, h) = rest.split_once(' ').expect("HELP name text");
             assert!(!h.is_empty(), "{line}");
@@ -69,7 +95,10 @@ fn parse(text: &str) -> Scrape {
         }
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let (name, kind) = rest.split_once(' ').expect("TYPE name kind");
-            assert!(["gauge", "counter", "histogram"].contains(&kind), "{line}");
+            assert!(
+                ["gauge", "counter", "histogram", "info"].contains(&kind),
+                "{line}"
+            );
             assert!(help.contains(name), "TYPE before HELP for {name}");
             assert!(
                 types.insert(name.to_string(), kind.to_string()).is_none(),
@@ -89,7 +118,10 @@ fn parse(text: &str) -> Scrape {
             Some((n, l)) => (n, l.strip_suffix('}').expect("labels end with }")),
             None => (key, ""),
         };
-        assert!(name.starts_with("walserver_"), "{line}");
+        assert!(
+            name.starts_with("walserver_") || name.starts_with("process_"),
+            "{line}"
+        );
         assert!(
             name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
             "{line}"
@@ -102,20 +134,27 @@ fn parse(text: &str) -> Scrape {
                 "{line}"
             );
         }
-        let family = match types.get(name) {
-            Some(_) => name,
-            None => ["_bucket", "_sum", "_count"]
-                .iter()
-                .find_map(|s| name.strip_suffix(s))
-                .filter(|f| types.get(*f).is_some_and(|k| k == "histogram"))
-                .unwrap_or_else(|| panic!("sample {name} has no HELP and TYPE")),
+        let kind_of = |family: &str| types.get(family).map(String::as_str);
+        let family = if kind_of(name) == Some("gauge") {
+            name
+        } else {
+            [
+                ("_total", "counter"),
+                ("_info", "info"),
+                ("_bucket", "histogram"),
+                ("_sum", "histogram"),
+                ("_count", "histogram"),
+            ]
+            .iter()
+            .find_map(|(suffix, kind)| {
+                name.strip_suffix(suffix)
+                    .filter(|f| kind_of(f) == Some(*kind))
+            })
+            .unwrap_or_else(|| panic!("sample {name} has no HELP and TYPE of its kind"))
         };
         assert!(help.contains(family));
         if name.ends_with("_bucket") && family != name {
             assert!(labels.contains("le=\""), "{line}");
-        }
-        if types[family] == "counter" {
-            assert!(name.ends_with("_total"), "counter {name} without _total");
         }
         assert!(
             samples.insert(key.to_string(), value).is_none(),
@@ -124,8 +163,32 @@ fn parse(text: &str) -> Scrape {
     }
     Scrape {
         samples,
+        types,
         text: text.to_string(),
     }
+}
+
+/// The metric names the README's "Metrics" table lists, one per backquoted name in the
+/// first column of each row.
+fn readme_metric_names() -> BTreeSet<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("\n## Metrics\n")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("the README has a Metrics section");
+    section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .flat_map(|row| {
+            let first_cell = row.split(" |").next().unwrap_or_default();
+            first_cell
+                .split(", ")
+                .map(|n| n.trim_matches('`').to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// Splits `a="x",b="y"` at the commas between pairs (a value may hold an escaped quote or a
@@ -318,18 +381,57 @@ fn metrics_answer_the_operators_questions() {
     assert_eq!(sm.get("walserver_flush_lsn_bytes"), end.0 as f64);
     // The primary alone has no walreceiver families.
     assert!(!m.text.contains("walserver_walreceiver_"));
+    // The process: the build, and the standard series of a running process.
+    assert_eq!(
+        m.get(&format!(
+            r#"walserver_build_info{{version="{}",commit="{}"}}"#,
+            env!("CARGO_PKG_VERSION"),
+            m.text
+                .split(r#"commit=""#)
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .expect("a commit label")
+        )),
+        1.0
+    );
+    assert!(m.get("process_open_fds") >= 3.0);
+    assert!(m.get("process_open_fds") <= m.get("process_max_fds"));
+    assert!(m.get("process_resident_memory_bytes") > 0.0);
+    assert!(m.get("process_cpu_seconds_total") > 0.0);
+    assert!(m.get("process_start_time_seconds") > 1.6e9);
+    // The README's table names every family the two nodes show, and nothing else.
+    let shown: BTreeSet<String> = m
+        .family_names()
+        .union(&sm.family_names())
+        .cloned()
+        .collect();
+    let listed = readme_metric_names();
+    assert_eq!(
+        listed.difference(&shown).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "in the README's Metrics table but not in /metrics"
+    );
+    assert_eq!(
+        shown.difference(&listed).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "in /metrics but not in the README's Metrics table"
+    );
     drop(slot_conn);
 }
 
 #[test]
 fn the_parser_refuses_what_prometheus_would() {
-    let ok = "# HELP walserver_x X.\n# TYPE walserver_x gauge\nwalserver_x{state=\"a,b\"} 1\n";
+    let ok = "# HELP walserver_x X.\n# TYPE walserver_x gauge\nwalserver_x{state=\"a,b\"} 1\n\
+              # HELP walserver_y Y.\n# TYPE walserver_y counter\nwalserver_y_total 2\n# EOF\n";
     assert_eq!(parse(ok).get(r#"walserver_x{state="a,b"}"#), 1.0);
+    assert_eq!(parse(ok).get("walserver_y_total"), 2.0);
     for bad in [
-        "walserver_x 1\n",
-        "# HELP walserver_x X.\n# TYPE walserver_x gauge\nwalserver_x{pid=\"3\"} 1\n",
-        "# HELP walserver_x X.\n# TYPE walserver_x counter\nwalserver_x 1\n",
-        "# HELP walserver_x X.\n# TYPE walserver_x gauge\nwalserver_x 1\nwalserver_x 2\n",
+        "walserver_x 1\n# EOF\n",
+        "# HELP walserver_x X.\n# TYPE walserver_x gauge\nwalserver_x{pid=\"3\"} 1\n# EOF\n",
+        "# HELP walserver_x X.\n# TYPE walserver_x counter\nwalserver_x 1\n# EOF\n",
+        "# HELP walserver_x X.\n# TYPE walserver_x gauge\nwalserver_x_total 1\n# EOF\n",
+        "# HELP walserver_x X.\n# TYPE walserver_x gauge\nwalserver_x 1\nwalserver_x 2\n# EOF\n",
+        "# HELP walserver_x X.\n# TYPE walserver_x gauge\nwalserver_x 1\n",
     ] {
         assert!(std::panic::catch_unwind(|| parse(bad)).is_err(), "{bad}");
     }

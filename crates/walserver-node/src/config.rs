@@ -539,6 +539,24 @@ pub(crate) mod tests {
             assert!(s.data_dir.to_string_lossy().contains("data"));
             documented.push_str(&std::fs::read_to_string(&path).unwrap());
         }
+        // The walkthrough's members (README, "A three-member cluster, step by step"), which
+        // scripts/walkthrough.sh starts as shipped.
+        for n in 1..=3 {
+            let path = dir.join(format!("cluster/node{n}.toml"));
+            let s = Settings::load(&Sources {
+                file: Some(path.clone()),
+                overrides: vec![],
+                env: Some(Default::default()),
+            })
+            .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+            assert!(
+                s.data_dir.ends_with(format!("data/node{n}")),
+                "{:?}",
+                s.data_dir
+            );
+            let failover = s.failover.as_ref().expect("a [failover] table");
+            assert_eq!(failover.node_name, format!("node{n}"));
+        }
         for key in KEYS {
             let key = if *key == "hba" {
                 "[[hba]]"

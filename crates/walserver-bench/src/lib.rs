@@ -13,7 +13,10 @@
 //!   speaks PostgreSQL 15's protocol and discards it.
 //! - `verify`: checks a node against the acknowledgement log an `append --ack-log` load wrote
 //!   ([`acklog`]): every acknowledged record at its position, on its timeline, with its hash;
-//!   and how many indeterminate appends the node holds.
+//!   and how many indeterminate appends the node holds. Every scenario suite ends with
+//!   [`judge::judge`], which checks the log against all nodes at once: each record once on
+//!   each node, the WAL byte-identical timeline by timeline, the same history files, and no
+//!   acknowledgement on an old term.
 //! - `wait-lsn`: times another process (a standby) until its IDENTIFY_SYSTEM position
 //!   reaches an LSN; `benches/compare-postgres.sh` uses it on both PostgreSQL and walserver.
 //! - `soak`: steady appends for minutes with a standby restarted at an interval, sampling
@@ -39,6 +42,7 @@ mod client;
 pub mod cluster;
 pub mod failover_table;
 mod follow;
+pub mod judge;
 pub mod latency;
 mod load;
 pub mod reliability;

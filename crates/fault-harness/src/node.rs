@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use supervisor_actor::NodeStatus;
 
 use crate::netns::{run_cmd, Host};
 use crate::process::Process;
@@ -320,9 +321,16 @@ impl WalNode {
         serde_json::from_str(&body).map_err(|e| Error::Json(format!("{} {path}: {e}", self.name)))
     }
 
-    /// The node's `/status`.
-    pub fn status(&self) -> Result<Value> {
-        self.get_json("/status")
+    /// The node's `/status`, read into the type the server writes it from.
+    pub fn status(&self) -> Result<NodeStatus> {
+        let (code, body) = self.request("GET", "/status", None)?;
+        if code != 200 {
+            return Err(Error::Http {
+                url: format!("{} /status", self.name),
+                message: format!("status {code}: {body}"),
+            });
+        }
+        serde_json::from_str(&body).map_err(|e| Error::Json(format!("{} /status: {e}", self.name)))
     }
 
     /// Asks `/status` until `ready` holds of it or `deadline` passes, and returns the status
@@ -334,9 +342,13 @@ impl WalNode {
         &self,
         what: &str,
         deadline: Duration,
-        ready: impl Fn(&Value) -> bool,
-    ) -> Result<Value> {
-        self.wait_json("/status", what, deadline, ready)
+        ready: impl Fn(&NodeStatus) -> bool,
+    ) -> Result<NodeStatus> {
+        wait_until(&self.name, what, deadline, || match self.status() {
+            Ok(s) if ready(&s) => Ok(s),
+            Ok(s) => Err(serde_json::to_string(&s).unwrap_or_default()),
+            Err(e) => Err(e.to_string()),
+        })
     }
 
     /// [`WalNode::wait_status`] for the JSON of any `path` of the admin API.
@@ -347,21 +359,34 @@ impl WalNode {
         deadline: Duration,
         ready: impl Fn(&Value) -> bool,
     ) -> Result<Value> {
-        let start = Instant::now();
-        loop {
-            let last = match self.get_json(path) {
-                Ok(s) if ready(&s) => return Ok(s),
-                Ok(s) => s.to_string(),
-                Err(e) => e.to_string(),
-            };
-            if start.elapsed() > deadline {
-                return Err(Error::Timeout(format!(
-                    "{}: {what} within {deadline:?}; last status: {last}",
-                    self.name
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        wait_until(&self.name, what, deadline, || match self.get_json(path) {
+            Ok(v) if ready(&v) => Ok(v),
+            Ok(v) => Err(v.to_string()),
+            Err(e) => Err(e.to_string()),
+        })
+    }
+}
+
+/// Calls `attempt` every 20 ms until it gives `Ok`, or `deadline` passes: then the error names
+/// `node`, `what` was awaited and the last answer.
+fn wait_until<T>(
+    node: &str,
+    what: &str,
+    deadline: Duration,
+    mut attempt: impl FnMut() -> std::result::Result<T, String>,
+) -> Result<T> {
+    let start = Instant::now();
+    loop {
+        let last = match attempt() {
+            Ok(v) => return Ok(v),
+            Err(last) => last,
+        };
+        if start.elapsed() > deadline {
+            return Err(Error::Timeout(format!(
+                "{node}: {what} within {deadline:?}; last status: {last}"
+            )));
         }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -379,45 +404,4 @@ pub fn conninfo_at(addr: SocketAddr, application_name: &str) -> String {
         addr.ip(),
         addr.port()
     )
-}
-
-/// Status helpers: the fields of `/status` the fault tests look at.
-pub mod status {
-    use serde_json::Value;
-
-    /// The rows of pg_stat_replication.
-    pub fn replication(s: &Value) -> &[Value] {
-        s["replication"]
-            .as_array()
-            .map(|a| a.as_slice())
-            .unwrap_or(&[])
-    }
-
-    /// The pg_stat_replication row of `application_name`, if connected.
-    pub fn sender<'a>(s: &'a Value, application_name: &str) -> Option<&'a Value> {
-        replication(s)
-            .iter()
-            .find(|r| r["application_name"] == application_name)
-    }
-
-    /// Whether `application_name` streams from this node.
-    pub fn streams_to(s: &Value, application_name: &str) -> bool {
-        sender(s, application_name).is_some_and(|r| r["state"] == "streaming")
-    }
-
-    /// Whether this node's walreceiver streams.
-    pub fn receiving(s: &Value) -> bool {
-        s["wal_receiver"]["status"] == "streaming"
-    }
-
-    /// The node's flushed end (`flush_lsn`) as a number.
-    pub fn flush_lsn(s: &Value) -> Option<u64> {
-        s["flush_lsn"].as_str().and_then(parse_lsn)
-    }
-
-    /// `X/Y` as PostgreSQL writes an LSN.
-    pub fn parse_lsn(text: &str) -> Option<u64> {
-        let (hi, lo) = text.split_once('/')?;
-        Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
-    }
 }

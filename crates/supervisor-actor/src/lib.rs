@@ -145,6 +145,6 @@ pub use records::{
     check_records_start, subscribe_records, Follow, RecordEvent, RecordsFrom, RecordsStart,
 };
 pub use restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
-pub use status::{NodeRole, NodeStatus, ServiceInfo, WalReceiverInfo};
+pub use status::{NodeRole, NodeStatus, ServiceInfo, ServiceState, WalReceiverInfo};
 pub use supervisor::Supervisor;
 pub use walsender_actor::session::ShutdownMode;

@@ -24,8 +24,8 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use serde::Serialize;
-use wal_types::time::ser_opt_time;
+use serde::{Deserialize, Serialize};
+use wal_types::time::{de_opt_time, ser_opt_time};
 use walreceiver_actor::ReceiverError;
 
 /// How the supervisor restarts a failed walreceiver.
@@ -91,7 +91,7 @@ impl RestartPolicy {
 /// `backoff_from_ms`, doubling up to `wal_retrieve_retry_interval_ms` (for failures that need
 /// an operator: from `operator_failure_backoff_from_ms` up to
 /// `operator_failure_retry_interval_ms`), each wait shortened by up to `jitter` of itself.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RetrySchedule {
     pub first_retry_ms: u64,
     pub backoff_from_ms: u64,
@@ -144,17 +144,17 @@ pub fn is_persistent(e: &ReceiverError) -> bool {
 }
 
 /// Where the restart policy stands, shown in `/status` even while no walreceiver runs.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RestartState {
     /// Failures since the last healthy stream.
     pub attempts: u32,
     /// The last failure, as text.
     pub last_error: Option<String>,
     /// When the next walreceiver starts, if one is waiting to.
-    #[serde(serialize_with = "ser_opt_time")]
+    #[serde(serialize_with = "ser_opt_time", deserialize_with = "de_opt_time")]
     pub next_retry_at: Option<SystemTime>,
     /// When the current run of failures began: the first failure since the last stream.
-    #[serde(serialize_with = "ser_opt_time")]
+    #[serde(serialize_with = "ser_opt_time", deserialize_with = "de_opt_time")]
     pub failing_since: Option<SystemTime>,
     /// Failures in the current run (unlike `attempts`, reset by any stream).
     #[serde(skip)]

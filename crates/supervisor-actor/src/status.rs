@@ -1,16 +1,18 @@
 //! What `/status` shows of a node ([`NodeStatus`], the answer to
 //! [`GetNodeStatus`](crate::GetNodeStatus)): its role, positions, replication rows, its
-//! walreceiver with the restart state, storage's health and the supervised services.
+//! walreceiver with the restart state, storage's health and the supervised services. The
+//! admin API writes these types as they are, and its clients (the CLI, the load tool, the
+//! test harness) read `/status` back into them, so that no reader walks the JSON by hand.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use wal_storage::{Lsn, StorageHealth, SystemId, TimelineId, WalFormat};
-use walreceiver_actor::ReceiverStatus;
-use walsender_actor::status::WalSenderStatus;
+use walreceiver_actor::{ReceiverState, ReceiverStatus};
+use walsender_actor::status::{WalSenderState, WalSenderStatus};
 
 use crate::restart::{RestartState, RetrySchedule};
 
 /// Whether the node serves as a primary or follows an upstream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NodeRole {
     Primary,
@@ -19,7 +21,7 @@ pub enum NodeRole {
 
 /// The walreceiver part of `/status`: `pg_stat_wal_receiver`'s columns, and the supervisor's
 /// restart state, shown even while no walreceiver runs.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WalReceiverInfo {
     /// `pid`: the current walreceiver's id, if one runs.
     pub pid: Option<u64>,
@@ -34,7 +36,7 @@ pub struct WalReceiverInfo {
 }
 
 /// What `/status` shows.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct NodeStatus {
     pub role: NodeRole,
     pub system_identifier: SystemId,
@@ -57,12 +59,114 @@ pub struct NodeStatus {
     pub term: Option<u64>,
 }
 
+impl NodeStatus {
+    /// The `pg_stat_replication` row of `application_name`, if it is connected.
+    pub fn sender(&self, application_name: &str) -> Option<&WalSenderStatus> {
+        self.replication
+            .iter()
+            .find(|r| r.application_name == application_name)
+    }
+
+    /// Whether `application_name` streams from this node, caught up at least once.
+    pub fn streams_to(&self, application_name: &str) -> bool {
+        self.sender(application_name)
+            .is_some_and(|r| r.state == WalSenderState::Streaming)
+    }
+
+    /// Whether this node's walreceiver streams.
+    pub fn receiving(&self) -> bool {
+        self.receiver_state() == Some(ReceiverState::Streaming)
+    }
+
+    /// The state of this node's walreceiver, if one runs.
+    pub fn receiver_state(&self) -> Option<ReceiverState> {
+        Some(self.wal_receiver.as_ref()?.status.as_ref()?.status)
+    }
+}
+
 /// One supervised service in status.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceInfo {
     pub name: String,
-    /// `running`, `stopped` (by the supervisor, or cleanly on its own) or `failed`.
-    pub state: &'static str,
+    pub state: ServiceState,
     /// Why it failed, or why it ended when nobody stopped it.
     pub last_error: Option<String>,
+}
+
+/// Where a supervised service stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServiceState {
+    Running,
+    /// Stopped by the supervisor, or ended cleanly on its own.
+    Stopped,
+    Failed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+    use std::time::{Duration, SystemTime};
+
+    use crate::restart::RestartPolicy;
+
+    /// `/status` reads back into the type the server wrote it from, field for field: a
+    /// standby with a walreceiver (its row flattened beside the restart state) and a
+    /// walsender, and one with no walreceiver at all.
+    #[test]
+    fn status_reads_back_as_written() {
+        let addr: SocketAddr = "10.0.0.2:40000".parse().unwrap();
+        let mut sender = WalSenderStatus::new(7, "walserver", "s1", addr);
+        sender.flush_lsn = Some(Lsn(0x1_0000_0060));
+        sender.write_lag = Some(Duration::from_micros(1_234));
+        sender.reply_time =
+            Some(SystemTime::UNIX_EPOCH + Duration::from_micros(1_796_000_000_123_456));
+        let mut receiving = ReceiverStatus::new("host=a port=5433".into(), Some("s".into()));
+        receiving.flushed_lsn = Some(Lsn(0x200_0000));
+        let mut restart = RestartState::default();
+        restart.attempts = 2;
+        restart.last_error = Some("connection refused".into());
+        let mut status = NodeStatus {
+            role: NodeRole::Standby,
+            system_identifier: SystemId(0x7fff_0000_1234_5678),
+            timeline: TimelineId(3),
+            flush_lsn: Lsn(0x200_0000),
+            acknowledged_lsn: Lsn(0x1ff_0000),
+            wal_format: WalFormat::Walserver,
+            replication: vec![sender],
+            wal_receiver: Some(WalReceiverInfo {
+                pid: Some(4),
+                status: Some(receiving),
+                not_streaming_reason: None,
+                restart,
+                retry_schedule: RestartPolicy::default().schedule(),
+            }),
+            storage: StorageHealth::default(),
+            services: vec![ServiceInfo {
+                name: "admin API".into(),
+                state: ServiceState::Failed,
+                last_error: Some("bind".into()),
+            }],
+            term: Some(9),
+        };
+        for _ in 0..2 {
+            let json = serde_json::to_value(&status).unwrap();
+            let back: NodeStatus = serde_json::from_value(json.clone()).unwrap();
+            assert_eq!(serde_json::to_value(&back).unwrap(), json);
+            assert_eq!(back.flush_lsn, status.flush_lsn);
+            assert_eq!(
+                back.wal_receiver.as_ref().map(|r| r.status.is_some()),
+                status.wal_receiver.as_ref().map(|r| r.status.is_some())
+            );
+            // Without a walreceiver's row, the flattened part reads back as none.
+            if let Some(r) = status.wal_receiver.as_mut() {
+                r.status = None;
+                r.pid = None;
+            }
+        }
+        let json = serde_json::to_value(&status).unwrap();
+        let back: NodeStatus = serde_json::from_value(json).unwrap();
+        assert!(back.wal_receiver.is_some_and(|r| r.status.is_none()));
+    }
 }

@@ -24,12 +24,12 @@
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use wal_types::time::ser_time;
+use wal_types::time::{de_time, ser_time};
 
 /// Where storage stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StorageState {
     /// Writes are accepted.
@@ -66,7 +66,7 @@ impl StorageState {
 }
 
 /// Storage's health, as `/status` shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StorageHealth {
     pub state: StorageState,
     /// What made the state other than `ok`: the failed operation and its error. While
@@ -75,7 +75,7 @@ pub struct StorageHealth {
     /// The file the failure was met on.
     pub path: Option<PathBuf>,
     /// When the state began.
-    #[serde(serialize_with = "ser_time")]
+    #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
     pub since: SystemTime,
     /// How many times storage was reopened after a failure, successfully.
     pub restarts: u64,

@@ -4,12 +4,12 @@
 
 use std::time::SystemTime;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use wal_storage::{Lsn, TimelineId};
-use wal_types::time::ser_opt_time;
+use wal_types::time::{de_opt_time, ser_opt_time};
 
 /// `pg_stat_wal_receiver.status`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ReceiverState {
     /// Connecting, authenticating, identifying the upstream, fetching history files.
@@ -23,7 +23,7 @@ pub enum ReceiverState {
 }
 
 /// One walreceiver's row of `pg_stat_wal_receiver`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReceiverStatus {
     pub status: ReceiverState,
     /// Where the current (or last) stream began, and on which timeline.
@@ -36,13 +36,13 @@ pub struct ReceiverStatus {
     /// The timeline of `flushed_lsn`.
     pub received_tli: Option<TimelineId>,
     /// The send time the upstream put on its last message, and when it arrived.
-    #[serde(serialize_with = "ser_opt_time")]
+    #[serde(serialize_with = "ser_opt_time", deserialize_with = "de_opt_time")]
     pub last_msg_send_time: Option<SystemTime>,
-    #[serde(serialize_with = "ser_opt_time")]
+    #[serde(serialize_with = "ser_opt_time", deserialize_with = "de_opt_time")]
     pub last_msg_receipt_time: Option<SystemTime>,
     /// The last WAL end the upstream reported (XLogData and keepalives), and its send time.
     pub latest_end_lsn: Option<Lsn>,
-    #[serde(serialize_with = "ser_opt_time")]
+    #[serde(serialize_with = "ser_opt_time", deserialize_with = "de_opt_time")]
     pub latest_end_time: Option<SystemTime>,
     pub slot_name: Option<String>,
     pub sender_host: Option<String>,

@@ -4,12 +4,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use wal_storage::{Lsn, TimelineId};
-use wal_types::time::{ser_lag, ser_opt_time, ser_time};
+use wal_types::time::{de_lag, de_opt_time, de_time, ser_lag, ser_opt_time, ser_time};
 
 /// PostgreSQL's `WalSndState`, shown in `pg_stat_replication.state`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WalSenderState {
     /// Connected, not streaming (running commands between streams).
@@ -24,7 +24,7 @@ pub enum WalSenderState {
 
 /// One row of `pg_stat_replication`, as a walsender knows it. `sync_priority` and
 /// `sync_state` are decided by the synchronous-replication tracker, which fills them in.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WalSenderStatus {
     /// A connection number, standing in for PostgreSQL's pid.
     pub pid: u32,
@@ -32,7 +32,7 @@ pub struct WalSenderStatus {
     pub application_name: String,
     pub client_addr: String,
     pub client_port: u16,
-    #[serde(serialize_with = "ser_time")]
+    #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
     pub backend_start: SystemTime,
     pub state: WalSenderState,
     pub timeline: Option<TimelineId>,
@@ -41,15 +41,15 @@ pub struct WalSenderStatus {
     pub write_lsn: Option<Lsn>,
     pub flush_lsn: Option<Lsn>,
     pub replay_lsn: Option<Lsn>,
-    #[serde(serialize_with = "ser_lag")]
+    #[serde(serialize_with = "ser_lag", deserialize_with = "de_lag")]
     pub write_lag: Option<Duration>,
-    #[serde(serialize_with = "ser_lag")]
+    #[serde(serialize_with = "ser_lag", deserialize_with = "de_lag")]
     pub flush_lag: Option<Duration>,
-    #[serde(serialize_with = "ser_lag")]
+    #[serde(serialize_with = "ser_lag", deserialize_with = "de_lag")]
     pub replay_lag: Option<Duration>,
     pub sync_priority: u32,
     pub sync_state: String,
-    #[serde(serialize_with = "ser_opt_time")]
+    #[serde(serialize_with = "ser_opt_time", deserialize_with = "de_opt_time")]
     pub reply_time: Option<SystemTime>,
     /// From hot standby feedback: the standby's xmin and its epoch, as sent.
     pub backend_xmin: Option<u32>,

@@ -2,7 +2,9 @@
 //! and `append` send, and what the load tool reads and posts. `http` is `HOST:PORT` or a full
 //! `http://` URL; a bearer token, when given, goes in `Authorization`.
 
+use serde::de::DeserializeOwned;
 use serde_json::Value;
+use supervisor_actor::NodeStatus;
 use ureq::typestate::{WithBody, WithoutBody};
 use ureq::RequestBuilder;
 
@@ -65,6 +67,12 @@ pub fn get_json(http: &str, path: &str, token: Option<&str>) -> Result<Value> {
     parse_answer(&format!("{}{path}", base_url(http)), &text)
 }
 
+/// `GET /status`, read into the type the server writes it from.
+pub fn get_status(http: &str, token: Option<&str>) -> Result<NodeStatus> {
+    let text = get_text(http, "/status", token)?;
+    parse_answer(&format!("{}/status", base_url(http)), &text)
+}
+
 /// `POST path` with `body`; the JSON answer, or the API's `error` as the error.
 pub fn post_json(
     http: &str,
@@ -102,8 +110,8 @@ fn unreadable(url: &str, e: ureq::Error) -> Error {
     }
 }
 
-/// The answer from `url` as JSON.
-fn parse_answer(url: &str, text: &str) -> Result<Value> {
+/// The answer from `url` as JSON, read into `T`.
+fn parse_answer<T: DeserializeOwned>(url: &str, text: &str) -> Result<T> {
     serde_json::from_str(text).map_err(|source| Error::AdminAnswerNotJson {
         url: url.to_string(),
         text: text.to_string(),

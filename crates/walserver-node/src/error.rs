@@ -129,7 +129,7 @@ pub enum Error {
         #[source]
         source: Box<ureq::Error>,
     },
-    #[error("the admin API answered something that is not JSON: {text}")]
+    #[error("the admin API answered something that is not the JSON expected: {text}")]
     AdminAnswerNotJson {
         url: String,
         text: String,

@@ -45,7 +45,7 @@ use crate::messages::{
     SuperviseService,
 };
 use crate::restart::{FailureLog, RestartPolicy, RestartState};
-use crate::status::{NodeRole, NodeStatus, ServiceInfo, WalReceiverInfo};
+use crate::status::{NodeRole, NodeStatus, ServiceInfo, ServiceState, WalReceiverInfo};
 use crate::visibility::{rule_of, Visibility};
 
 mod append;
@@ -294,17 +294,17 @@ impl Supervisor {
         match (result, on_its_own) {
             (Err(e), _) => {
                 tracing::error!(service = %s.info.name, "service failed: {e}");
-                s.info.state = "failed";
+                s.info.state = ServiceState::Failed;
                 s.info.last_error = Some(e);
             }
             (Ok(()), true) => {
                 tracing::warn!(service = %s.info.name, "service ended without being stopped");
-                s.info.state = "stopped";
+                s.info.state = ServiceState::Stopped;
                 s.info.last_error = Some("ended without being stopped".into());
             }
             (Ok(()), false) => {
                 tracing::debug!(service = %s.info.name, "service stopped");
-                s.info.state = "stopped";
+                s.info.state = ServiceState::Stopped;
             }
         }
     }
@@ -318,7 +318,7 @@ impl Handler<SuperviseService> for Supervisor {
         self.services.push(Service {
             info: ServiceInfo {
                 name: msg.name,
-                state: "running",
+                state: ServiceState::Running,
                 last_error: None,
             },
             stop: Some(msg.stop),

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use crate::node::*;
-use crate::{cycles, write_row, Acks};
+use crate::{assert_judged, cycles, write_row, Acks};
 
 /// Descriptors the node may open beyond those it holds at rest: enough for the standby's
 /// connection, the admin API's requests and a new segment file, few enough that some dozens
@@ -137,11 +137,7 @@ fn accept_errors_back_off_and_the_node_accepts_again_afterwards() {
                 "the standby to stream again",
                 DEADLINE,
                 Duration::from_millis(5),
-                || {
-                    let p = primary.status().ok()?;
-                    let streaming = sender_row(&p, "s1")?.get("state")?.as_str()? == "streaming";
-                    streaming.then_some(())
-                },
+                || primary.status().ok()?.streams_to("s1").then_some(()),
             )
             .is_ok();
         assert!(
@@ -161,6 +157,7 @@ fn accept_errors_back_off_and_the_node_accepts_again_afterwards() {
     }
     let lost = acks.lost_on(&standby) + acks.lost_on(&primary);
     assert_eq!(lost, 0, "acknowledged appends are missing");
+    assert_judged(&[acks.entries()], &[&primary, &standby]);
     write_row(
         "accept-emfile",
         &format!("accept fails with EMFILE (RLIMIT_NOFILE {nofile}: {HEADROOM} above its use at rest), held {HOLD:?}"),

@@ -15,7 +15,7 @@ use fault_harness::tmpfs::Tmpfs;
 use walserver_bench::acklog;
 
 use crate::node::*;
-use crate::{cycles, write_row, Acks, Load};
+use crate::{assert_judged, cycles, write_row, Acks, Load};
 
 const DISK: u64 = 64 << 20;
 
@@ -131,15 +131,14 @@ impl Setup {
 
     /// Waits until the standby streams and is durable up to the primary's end.
     fn caught_up(&self) -> anyhow::Result<()> {
-        let target =
-            flush_of(&self.primary.status()?).ok_or_else(|| anyhow::anyhow!("no flush"))?;
+        let target = self.primary.status()?.flush_lsn;
         wait_for(
             &format!("the standby streaming and durable up to {target}"),
             DEADLINE,
             Duration::from_millis(5),
             || {
                 let s = self.standby.status().ok()?;
-                (receiver_streaming(&s) && flush_of(&s)? >= target).then_some(())
+                (s.receiving() && s.flush_lsn >= target).then_some(())
             },
         )
     }
@@ -208,8 +207,10 @@ fn one_cycle(
                 || (no_space_lines(&s.standby) > no_space_before).then_some(()),
             )
             .unwrap_or_else(|e| panic!("{e:#}\n{}", s.logs()));
-            let st = s.standby.status().expect("a full standby answers /status");
-            assert!(flush_of(&st).is_some(), "{st}");
+            // Its status, flush position included, reads whole.
+            s.standby
+                .status()
+                .expect("a full standby answers /status with its flush position");
             acklog::fetch_records(&s.standby.http_str(), None)
                 .expect("a full standby's records are readable");
             let probe = acks.try_append(&s.primary, 4096, durability, probe_timeout);
@@ -291,6 +292,7 @@ fn full_disk(full: Full, sync: bool) {
         );
         lost += v.lost + acks.lost_on(n);
     }
+    assert_judged(&[&log, acks.entries()], &[&s.primary, &s.standby]);
     let which = match full {
         Full::Primary => "primary",
         Full::Standby => "standby",
@@ -369,4 +371,5 @@ fn an_unwritable_log_is_not_a_crash() {
         .expect("streaming after the restart");
     assert!(primary.running() && standby.running());
     assert_eq!(acks.lost_on(&primary) + acks.lost_on(&standby), 0);
+    assert_judged(&[acks.entries()], &[&primary, &standby]);
 }

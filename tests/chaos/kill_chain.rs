@@ -14,7 +14,7 @@ use wal_storage::Lsn;
 use walserver_bench::acklog;
 
 use crate::node::*;
-use crate::{cycles, write_row, Load};
+use crate::{assert_judged, cycles, write_row, Load};
 
 /// splitmix64: a seeded generator small enough to write here, so a run's kill order is
 /// replayed from its seed alone.
@@ -86,12 +86,6 @@ impl Chain {
     /// position as it was once all three streamed.
     fn converge(&self) -> anyhow::Result<Lsn> {
         let [p, s, c] = &self.nodes;
-        let streaming = |st: &serde_json::Value, name: &str| {
-            sender_row(st, name)
-                .and_then(|r| r.get("state"))
-                .and_then(|v| v.as_str())
-                == Some("streaming")
-        };
         let target = wait_for(
             "all three nodes streaming",
             DEADLINE,
@@ -100,18 +94,18 @@ impl Chain {
                 let ps = p.status().ok()?;
                 let ss = s.status().ok()?;
                 let cs = c.status().ok()?;
-                let all = streaming(&ps, SYNC)
-                    && streaming(&ss, CASCADE)
-                    && receiver_streaming(&ss)
-                    && receiver_streaming(&cs);
-                all.then(|| flush_of(&ps)).flatten()
+                let all = ps.streams_to(SYNC)
+                    && ss.streams_to(CASCADE)
+                    && ss.receiving()
+                    && cs.receiving();
+                all.then_some(ps.flush_lsn)
             },
         )?;
         wait_for(
             &format!("the cascade durable up to the primary's {target}"),
             DEADLINE,
             Duration::from_millis(5),
-            || (flush_of(&c.status().ok()?)? >= target).then_some(target),
+            || (c.status().ok()?.flush_lsn >= target).then_some(target),
         )
     }
 
@@ -121,7 +115,7 @@ impl Chain {
     fn settle(&self) -> anyhow::Result<Lsn> {
         for _ in 0..10 {
             let end = self.converge()?;
-            if flush_of(&self.nodes[0].status()?) == Some(end) {
+            if self.nodes[0].status()?.flush_lsn == end {
                 return Ok(end);
             }
         }
@@ -213,6 +207,8 @@ fn kill_9_of_any_node_of_a_sync_chain_loses_no_acknowledged_append() {
     // The same records at the same LSNs, timeline by timeline; with the writers stopped and the
     // cascade at the primary's end, all three hold the same list.
     let [p, s, c] = [&records[0], &records[1], &records[2]];
+    let [np, ns, nc] = &chain.nodes;
+    assert_judged(&[&acks], &[np, ns, nc]);
     assert_prefix("primary", p, "standby", s);
     assert_prefix("standby", s, "cascade", c);
     assert_eq!(

@@ -21,6 +21,7 @@ use std::time::Duration;
 use fault_harness::report::{RecoverMs, Row};
 use wal_storage::Lsn;
 use walserver_bench::acklog::{self, AckEntry};
+use walserver_bench::judge::{self, NodeWal};
 
 use node::ChildNode;
 
@@ -67,11 +68,33 @@ pub fn write_row(
     }
 }
 
+/// Every chaos node is made with 1 MiB segments.
+pub const SEGMENT: u64 = 1 << 20;
+
+/// Judges `nodes` against the acknowledged appends of `logs` together ([`judge`]), panicking
+/// with every failure; returns the verdict for its figures.
+pub fn assert_judged(logs: &[&[AckEntry]], nodes: &[&ChildNode]) -> judge::Verdict {
+    let log: Vec<AckEntry> = logs.iter().flat_map(|l| l.iter().cloned()).collect();
+    let views: Vec<NodeWal> = nodes
+        .iter()
+        .map(|n| {
+            NodeWal::fetch(&n.name, &n.http_str(), None, &n.data_dir, SEGMENT)
+                .unwrap_or_else(|e| panic!("the records of {}: {e:#}", n.name))
+        })
+        .collect();
+    let v = judge::judge(&log, &[], &views);
+    assert!(v.is_ok(), "{}", v.describe().join("\n"));
+    v
+}
+
 /// Appends a test makes itself, one record each through `POST /wal`, kept as the load tool's
 /// acknowledgement log keeps them ([`AckEntry`]), so they are checked the same way.
 #[derive(Default)]
 pub struct Acks {
     acked: Vec<AckEntry>,
+    /// Appends tried, acknowledged or not: each gets a payload of its own, so that one whose
+    /// answer was lost but which was written is never the same record as a later one.
+    tried: u64,
 }
 
 /// The writer number of a test's own appends in the log (the load tool's writers count from 0).
@@ -102,7 +125,8 @@ impl Acks {
     ) -> Result<Lsn, (u16, String)> {
         let client =
             walserver_node::admin::AdminClient::with_timeout(&node.http_str(), None, timeout);
-        let seq = self.acked.len() as u64;
+        let seq = self.tried;
+        self.tried += 1;
         let payload = acklog::payload(TEST_WRITER, seq, 0, size);
         let path = if durability.is_empty() {
             "/wal".to_string()
@@ -120,8 +144,8 @@ impl Acks {
         }
         let v: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| (status, e.to_string()))?;
-        let (Some(end), Some(timeline)) = (node::lsn_at(&v, "/end_lsn"), v["timeline"].as_u64())
-        else {
+        let end = v["end_lsn"].as_str().and_then(|l| l.parse::<Lsn>().ok());
+        let (Some(end), Some(timeline)) = (end, v["timeline"].as_u64()) else {
             return Err((
                 status,
                 format!("an answer without end_lsn or timeline: {text}"),
@@ -140,6 +164,11 @@ impl Acks {
 
     pub fn count(&self) -> u64 {
         self.acked.len() as u64
+    }
+
+    /// The acknowledged appends, as the load tool's log holds them.
+    pub fn entries(&self) -> &[AckEntry] {
+        &self.acked
     }
 
     /// How many acknowledged records `node` does not hold, at their LSN with their bytes.

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use serde_json::Value;
+use supervisor_actor::NodeStatus;
 use wal_storage::Lsn;
 use walserver_bench::acklog::NodeRecord;
 
@@ -192,12 +192,8 @@ impl ChildNode {
     }
 
     /// `GET /status`.
-    pub fn status(&self) -> anyhow::Result<Value> {
-        Ok(walserver_node::admin::get_json(
-            &self.http_str(),
-            "/status",
-            None,
-        )?)
+    pub fn status(&self) -> anyhow::Result<NodeStatus> {
+        Ok(walserver_node::admin::get_status(&self.http_str(), None)?)
     }
 
     /// The last lines of the node's log, for a failure message.
@@ -214,38 +210,11 @@ impl Drop for ChildNode {
     }
 }
 
-/// An LSN field of a status object (`"X/X"`), if present and valid.
-pub fn lsn_at(v: &Value, pointer: &str) -> Option<Lsn> {
-    v.pointer(pointer)?.as_str()?.parse().ok()
-}
-
-/// The node's durable end, from `/status`.
-pub fn flush_of(status: &Value) -> Option<Lsn> {
-    lsn_at(status, "/flush_lsn")
-}
-
-/// Whether the node's walreceiver streams.
-pub fn receiver_streaming(status: &Value) -> bool {
-    status
-        .pointer("/wal_receiver/status")
-        .and_then(Value::as_str)
-        == Some("streaming")
-}
-
-/// The walsender row of the standby named `name`, if it is connected.
-pub fn sender_row<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
-    status
-        .get("replication")?
-        .as_array()?
-        .iter()
-        .find(|r| r.get("application_name").and_then(Value::as_str) == Some(name))
-}
-
 impl ChildNode {
     /// Waits until the node is durable up to `end` (`what` names the wait).
     pub fn wait_flushed(&self, end: Lsn, what: &str) -> anyhow::Result<()> {
         wait_for(what, DEADLINE, Duration::from_millis(5), || {
-            (flush_of(&self.status().ok()?)? >= end).then_some(())
+            (self.status().ok()?.flush_lsn >= end).then_some(())
         })
     }
 }

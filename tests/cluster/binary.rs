@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use protocol_codec::messages::PrimaryKeepalive;
 use protocol_codec::BackendMessage;
+use supervisor_actor::NodeStatus;
 use wal_storage::Lsn;
 
 use super::common::cluster::*;
@@ -129,8 +130,8 @@ impl Walserver {
         self.child.wait().expect("wait")
     }
 
-    pub(super) fn status(&self) -> serde_json::Value {
-        walserver_node::admin::get_json(&self.http.to_string(), "/status", None).expect("/status")
+    pub(super) fn status(&self) -> NodeStatus {
+        walserver_node::admin::get_status(&self.http.to_string(), None).expect("/status")
     }
 }
 
@@ -171,9 +172,10 @@ fn wait_streaming_from(w: &Walserver, port: u16) -> u64 {
     wait_until(
         &format!("the walreceiver to stream from port {port}"),
         || {
-            let r = &w.status()["wal_receiver"];
-            pid = r["pid"].as_u64().unwrap_or(0);
-            r["status"] == "streaming" && r["sender_port"] == port
+            let s = w.status();
+            let r = s.wal_receiver.as_ref();
+            pid = r.and_then(|r| r.pid).unwrap_or(0);
+            s.receiving() && r.and_then(|r| r.status.as_ref()?.sender_port) == Some(port)
         },
     );
     pid
@@ -209,15 +211,16 @@ fn the_user_and_password_come_from_the_environment_when_the_conninfo_has_none() 
         if streams {
             wait_streaming_from(&w, port);
             wait_until("the standby to flush the primary's WAL", || {
-                w.status()["flush_lsn"] == serde_json::json!(end.to_string())
+                w.status().flush_lsn == end
             });
         } else {
             let mut error = String::new();
             wait_until("the wrong password to be refused", || {
-                error = w.status()["wal_receiver"]["last_error"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string();
+                error = w
+                    .status()
+                    .wal_receiver
+                    .and_then(|r| r.restart.last_error)
+                    .unwrap_or_default();
                 !error.is_empty()
             });
             assert!(
@@ -264,12 +267,12 @@ fn a_reload_changes_the_upstream_without_a_restart() {
     let end = u1.append(16, 1000, 3);
     u2.wait_flushed(TL1, end);
     wait_until("the standby to flush what U1 appended", || {
-        w.status()["flush_lsn"] == serde_json::json!(end.to_string())
+        w.status().flush_lsn == end
     });
     let names = u1.application_names();
     assert!(
         names.contains(&"s2".to_string()),
-        "{names:?} {}",
+        "{names:?} {:?}",
         w.status()
     );
 
@@ -298,13 +301,11 @@ fn sigterm_is_a_fast_shutdown_and_a_second_signal_is_immediate() {
         walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
         let config = write_config(dir.path(), "wal_sender_shutdown_timeout = \"60s\"\n");
         let mut w = Walserver::run(&config);
-        let end: Lsn = w.status()["flush_lsn"].as_str().unwrap().parse().unwrap();
+        let end = w.status().flush_lsn;
         let mut standby = PgConn::connect(w.listen, "standby", None).unwrap();
         standby.start_replication(end);
         wait_until("the walsender to be registered", || {
-            w.status()["replication"]
-                .as_array()
-                .is_some_and(|r| r.len() == 1)
+            w.status().replication.len() == 1
         });
         let t = Instant::now();
         w.signal(libc::SIGTERM);
@@ -347,15 +348,8 @@ fn sigterm_is_a_fast_shutdown_and_a_second_signal_is_immediate() {
 /// The `sync_priority` and `sync_state` of the walsender serving `name`, if it is connected.
 fn sync_row(w: &Walserver, name: &str) -> Option<(u64, String)> {
     let s = w.status();
-    let row = s["replication"]
-        .as_array()?
-        .iter()
-        .find(|r| r["application_name"] == name)?
-        .clone();
-    Some((
-        row["sync_priority"].as_u64()?,
-        row["sync_state"].as_str()?.to_string(),
-    ))
+    let row = s.sender(name)?;
+    Some((u64::from(row.sync_priority), row.sync_state.clone()))
 }
 
 /// `POST /wal?durability=on` of one record, in a thread; the status code and answer arrive on
@@ -439,10 +433,7 @@ fn a_reload_changes_synchronous_standby_names() {
     // The append is durable locally before it waits for a standby: once /status shows the
     // primary's end past the last one, it is waiting.
     wait_until("the second append to be durable on the primary", || {
-        w.status()["flush_lsn"]
-            .as_str()
-            .and_then(|l| l.parse::<Lsn>().ok())
-            > Some(end)
+        w.status().flush_lsn > end
     });
     assert!(
         pending.try_recv().is_err(),
@@ -475,7 +466,7 @@ fn a_get_wal_inside_a_record_logs_no_corruption() {
     walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
     let config = write_config(dir.path(), "");
     let mut w = Walserver::run(&config);
-    let start: Lsn = w.status()["flush_lsn"].as_str().unwrap().parse().unwrap();
+    let start = w.status().flush_lsn;
     let (code, json) = http_post(w.http, "/wal", &[7u8; 200]);
     assert_eq!(code, 200, "{json}");
     for extra in ["", "&format=binary", "&follow=true"] {

@@ -473,12 +473,12 @@ fn walserver_run_with_failover_releases_its_keys_on_sigterm() {
     wait_until("n1 to hold the leader key", || {
         http_get_any(w.http, "/primary").0 == 200
     });
-    let services = w.status()["services"].clone();
+    let services = w.status().services;
     assert!(
-        services.as_array().is_some_and(|s| s
+        services
             .iter()
-            .any(|s| s["name"] == "failover" && s["state"] == "running")),
-        "{services}"
+            .any(|s| s.name == "failover" && s.state == supervisor_actor::ServiceState::Running),
+        "{services:?}"
     );
     let names = failover_actor::keys::Keys::new("t");
     let leader = names.leader();

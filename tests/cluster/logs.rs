@@ -184,16 +184,20 @@ fn an_unreachable_upstream_is_logged_at_a_bounded_rate() {
         &format!("primary_conninfo = {conninfo:?}\n{KEEP}"),
     );
     let mut w = Walserver::run(&config);
-    let schedule = w.status()["wal_receiver"]["retry_schedule"].clone();
-    assert_eq!(schedule["first_retry_ms"], 0, "{schedule}");
-    assert_eq!(
-        schedule["wal_retrieve_retry_interval_ms"], 100,
-        "{schedule}"
-    );
+    let schedule = w
+        .status()
+        .wal_receiver
+        .expect("a standby's walreceiver part")
+        .retry_schedule;
+    assert_eq!(schedule.first_retry_ms, 0, "{schedule:?}");
+    assert_eq!(schedule.wal_retrieve_retry_interval_ms, 100, "{schedule:?}");
     // Thirty attempts take about three seconds at the default schedule.
     let mut attempts = 0;
     wait_until("thirty attempts to reach the upstream", || {
-        attempts = w.status()["wal_receiver"]["attempts"].as_u64().unwrap_or(0);
+        attempts = w
+            .status()
+            .wal_receiver
+            .map_or(0, |r| u64::from(r.restart.attempts));
         attempts >= 30
     });
     // A line written after those attempts, so that every line about them has been read.

@@ -1,6 +1,7 @@
-//! What the scenarios conclude from the client's acknowledgement log alone, as plain
-//! functions over its entries (each unit-tested below on logs that break the property, so a
-//! check that cannot fail would show here).
+//! What the scenarios measure from the client's acknowledgement log alone, as plain functions
+//! over its entries (each unit-tested below on logs that break the property, so a check that
+//! cannot fail would show here). Whether an old term acknowledged anything is the judge's
+//! (`walserver_bench::judge`), as for every suite.
 //!
 //! Times are the log's `mono_ms` (the machine's monotonic clock, read by the load when each
 //! answer arrived) and the test's own [`acklog::mono_ms`] at the moment of a fault.
@@ -12,45 +13,6 @@ fn by_time(log: &[AckEntry]) -> Vec<&AckEntry> {
     let mut v: Vec<&AckEntry> = log.iter().collect();
     v.sort_by_key(|e| e.mono_ms.unwrap_or(u64::MAX));
     v
-}
-
-/// Acknowledgements of an older timeline (or term, where the answers name one) received after
-/// the first acknowledgement of a newer one: each is an append a deposed leader acknowledged
-/// while the new one already did, what a fence must make impossible. Described, up to 20.
-pub fn old_term_after_new(log: &[AckEntry]) -> (u64, Vec<String>) {
-    let mut newest: Option<&AckEntry> = None;
-    let mut count = 0;
-    let mut examples = Vec::new();
-    for e in by_time(log) {
-        let key = |x: &AckEntry| (x.timeline, x.term.unwrap_or(0));
-        match newest {
-            Some(n) if key(e) < key(n) => {
-                count += 1;
-                if examples.len() < 20 {
-                    examples.push(format!(
-                        "writer {} append {} acknowledged on timeline {} (term {:?}) by {:?} at \
-                         {:?} ms, after writer {} append {} on timeline {} (term {:?}) by {:?} \
-                         at {:?} ms",
-                        e.writer,
-                        e.seq,
-                        e.timeline,
-                        e.term,
-                        e.node,
-                        e.mono_ms,
-                        n.writer,
-                        n.seq,
-                        n.timeline,
-                        n.term,
-                        n.node,
-                        n.mono_ms
-                    ));
-                }
-            }
-            Some(n) if key(e) <= key(n) => {}
-            _ => newest = Some(e),
-        }
-    }
-    (count, examples)
 }
 
 /// The leader changes the log shows: the distinct timelines acknowledged, less one.
@@ -108,28 +70,6 @@ mod tests {
             node: Some(format!("n{timeline}")),
             term: None,
         }
-    }
-
-    #[test]
-    fn an_old_term_ack_after_the_new_one_is_caught() {
-        let good = vec![ack(0, 1, 10), ack(1, 1, 20), ack(2, 2, 30), ack(3, 2, 40)];
-        assert_eq!(old_term_after_new(&good).0, 0);
-        // The log's order is the writers' and not the arrival's: sorting must find it.
-        let bad = vec![ack(0, 1, 10), ack(2, 2, 30), ack(1, 1, 31), ack(3, 2, 40)];
-        let (n, examples) = old_term_after_new(&bad);
-        assert_eq!(n, 1, "{examples:?}");
-        assert!(examples[0].contains("append 1 acknowledged on timeline 1"));
-        let shuffled = vec![ack(3, 2, 40), ack(1, 1, 31), ack(2, 2, 30), ack(0, 1, 10)];
-        assert_eq!(old_term_after_new(&shuffled).0, 1);
-    }
-
-    #[test]
-    fn a_term_in_the_answer_counts_too() {
-        let mut a = ack(0, 1, 10);
-        a.term = Some(2);
-        let mut b = ack(1, 1, 20);
-        b.term = Some(1);
-        assert_eq!(old_term_after_new(&[a, b]).0, 1);
     }
 
     #[test]

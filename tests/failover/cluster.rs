@@ -13,11 +13,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fault_harness::etcd::EtcdCluster;
-use fault_harness::node::{status, AdminAt};
+use fault_harness::node::AdminAt;
 use fault_harness::report::RecoverMs;
 use fault_harness::watch::LineWatch;
 use fault_harness::{Host, Net, Process, Request, WalNode};
+use supervisor_actor::NodeStatus;
 use walserver_bench::acklog::{self, AckEntry};
+use walserver_bench::judge::{judge, NodeWal};
 
 /// The leader key's ttl by default: short, so that a failover fits in a CI run.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(3);
@@ -46,6 +48,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one `/primary` probe may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 pub const MEMBERS: usize = 3;
+/// The nodes' WAL segment size (`walserver init --wal-segment-size 1MB`).
+pub const SEGMENT: u64 = 1 << 20;
 
 /// The `walserver` binary cargo built for this test target.
 pub fn walserver_bin() -> PathBuf {
@@ -197,7 +201,7 @@ impl Cluster {
             .expect("cascade standby");
             x.start().expect("start the cascade");
             c.nodes[1]
-                .wait_status("stream to x", DEADLINE, |s| status::streams_to(s, "x"))
+                .wait_status("stream to x", DEADLINE, |s| s.streams_to("x"))
                 .expect("the cascade streams from n1");
             c.cascade = Some(x);
         }
@@ -269,16 +273,14 @@ impl Cluster {
             let name = self.nodes[i].name.clone();
             let left = deadline.saturating_sub(t.elapsed());
             self.nodes[leader]
-                .wait_status(&format!("stream to {name}"), left, |s| {
-                    status::streams_to(s, &name)
-                })
+                .wait_status(&format!("stream to {name}"), left, |s| s.streams_to(&name))
                 .map_err(|e| e.to_string())?;
         }
         Ok(t.elapsed())
     }
 
     /// `/status` of member `i`, or `None` if it does not answer.
-    pub fn status_of(&self, i: usize) -> Option<serde_json::Value> {
+    pub fn status_of(&self, i: usize) -> Option<NodeStatus> {
         self.nodes[i].status().ok()
     }
 
@@ -346,18 +348,19 @@ impl Cluster {
         self.log().iter().map(|e| e.timeline).max().unwrap_or(0)
     }
 
-    /// Stops the load and checks the end state: the leader (waited for) and every other
-    /// running node hold every acknowledged append at its LSN, on its timeline, with its hash;
-    /// all are on one timeline with the same history files; and how many indeterminate appends
-    /// the leader holds.
+    /// Stops the load and judges the end state ([`judge`]) over the leader (waited for), every
+    /// other running node and the cascade: every acknowledged append once on each, at its
+    /// LSN, on its timeline, with its hash; their WAL byte for byte alike, timeline by
+    /// timeline; the same history files; nothing acknowledged on an old term. All must be on
+    /// the leader's timeline with its history file; and how many indeterminate appends the
+    /// leader holds.
     pub fn finish(&mut self) -> Verdict {
         self.stop_load();
         let log = self.log();
         let indeterminate = acklog::read_indeterminate(&self.ack_log).expect("indeterminate log");
-        let records: u64 = log.iter().map(|e| e.hashes.len() as u64).sum();
         let mut v = Verdict {
             appends: log.len() as u64,
-            records,
+            records: log.iter().map(|e| e.hashes.len() as u64).sum(),
             indeterminate: indeterminate.len() as u64,
             ..Verdict::default()
         };
@@ -365,12 +368,14 @@ impl Cluster {
             Ok(l) => l,
             Err(e) => {
                 v.problems.push(e);
+                // What the log alone shows (an acknowledgement on an old term) still counts.
+                v.problems
+                    .extend(judge(&log, &indeterminate, &[]).describe());
                 return v;
             }
         };
         let leader_status = self.nodes[leader].status().expect("the leader's status");
-        let end = status::flush_lsn(&leader_status).unwrap_or(0);
-        let timeline = leader_status["timeline"].as_u64();
+        let (end, timeline) = (leader_status.flush_lsn, leader_status.timeline);
         let mut checked: Vec<&WalNode> = vec![&self.nodes[leader]];
         checked.extend(
             self.nodes
@@ -380,44 +385,42 @@ impl Cluster {
                 .map(|(_, n)| n),
         );
         checked.extend(self.cascade.iter());
+        let mut views = Vec::new();
         for node in checked {
             if let Err(e) = node.wait_status("hold the leader's WAL", DEADLINE, |s| {
-                status::flush_lsn(s).is_some_and(|f| f >= end) && s["timeline"].as_u64() == timeline
+                s.flush_lsn >= end && s.timeline == timeline
             }) {
                 v.problems.push(e.to_string());
             }
-            let (path, http) = (self.ack_log.clone(), node.http().to_string());
-            let r = node
+            let (name, http, data) = (node.name.clone(), node.http().to_string(), node.data_dir());
+            let fetched = node
                 .host
-                .run(move || acklog::verify_node(&path, &http, Some(TOKEN)))
+                .run(move || NodeWal::fetch(&name, &http, Some(TOKEN), &data, SEGMENT))
                 .expect("enter the node's namespace");
-            match r {
-                Ok(r) => {
-                    if r.lost > 0 || r.found != records {
-                        v.problems.push(format!(
-                            "{}: {} of {records} acknowledged records found, {} lost: {:?}",
-                            node.name, r.found, r.lost, r.lost_examples
-                        ));
-                    }
-                    if r.indeterminate_partial > 0 {
-                        v.problems.push(format!(
-                            "{}: {} indeterminate appends only in part",
-                            node.name, r.indeterminate_partial
-                        ));
-                    }
-                    v.lost = v.lost.max(records - r.found.min(records));
-                    if node.name == self.nodes[leader].name {
-                        v.indeterminate_present = r.indeterminate_present;
-                    }
-                }
-                Err(e) => v.problems.push(format!("verify {}: {e:#}", node.name)),
+            match fetched {
+                Ok(view) => views.push(view),
+                Err(e) => v
+                    .problems
+                    .push(format!("the records of {}: {e:#}", node.name)),
             }
         }
-        if let Some(tl) = timeline {
-            v.timeline = tl;
-            if let Err(e) = self.same_history(leader, tl as u32) {
-                v.problems.push(e);
+        let judged = judge(&log, &indeterminate, &views);
+        for (name, r) in &judged.nodes {
+            if r.found != judged.records {
+                v.problems.push(format!(
+                    "{name}: {} of {} acknowledged records found ({} older than it keeps)",
+                    r.found, judged.records, r.unverifiable
+                ));
             }
+        }
+        v.lost = judged.lost;
+        v.indeterminate_present = judged
+            .node(&self.nodes[leader].name)
+            .map_or(0, |r| r.indeterminate_present);
+        v.problems.extend(judged.describe());
+        v.timeline = u64::from(timeline.0);
+        if let Err(e) = self.same_history(leader, timeline.0) {
+            v.problems.push(e);
         }
         v.leader = leader;
         v

@@ -4,7 +4,7 @@
 //! appends that are indeterminate, never acknowledged; `verify` finds every acknowledged one
 //! on the restarted primary and catches one that is not there.
 
-use fault_harness::node::{status, AdminAt};
+use fault_harness::node::AdminAt;
 use fault_harness::watch::LineWatch;
 use fault_harness::{Net, Process, WalNode};
 use walserver_bench::acklog::{self, AckEntry};
@@ -51,7 +51,7 @@ fn the_load_finds_the_primary_and_logs_what_it_cannot_know() {
     )
     .expect("standby");
     s.start().expect("start s");
-    p.wait_status("stream to s", DEADLINE, |st| status::streams_to(st, "s"))
+    p.wait_status("stream to s", DEADLINE, |st| st.streams_to("s"))
         .expect("s streams");
 
     let ack_log = dir.path().join("acks.jsonl");
@@ -71,10 +71,8 @@ fn the_load_finds_the_primary_and_logs_what_it_cannot_know() {
     // kill -9 under the load: whatever was in flight is not acknowledged.
     p.kill9().expect("kill p");
     p.start().expect("restart p");
-    p.wait_status("stream to s again", DEADLINE, |st| {
-        status::streams_to(st, "s")
-    })
-    .expect("s streams again");
+    p.wait_status("stream to s again", DEADLINE, |st| st.streams_to("s"))
+        .expect("s streams again");
     let before = acks.lines().expect("count");
     acks.wait_lines(before + 100, DEADLINE)
         .expect("appends acknowledged after the restart");

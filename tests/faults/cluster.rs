@@ -11,12 +11,14 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use fault_harness::node::{status, HTTP};
+use fault_harness::node::HTTP;
 use fault_harness::proxy::{Delay, DelayProxy};
 use fault_harness::report::{RecoverMs, Row};
 use fault_harness::watch::LineWatch;
 use fault_harness::{Host, Net, Process, WalNode};
+use wal_storage::Lsn;
 use walserver_bench::acklog;
+use walserver_bench::judge::{judge, NodeWal};
 
 /// How long a scenario waits for something that should happen soon.
 pub const DEADLINE: Duration = Duration::from_secs(30);
@@ -24,7 +26,7 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 pub const TIMEOUT: Duration = Duration::from_secs(2);
 /// Concurrent writers of the load (each with one append in flight).
 pub const WRITERS: usize = 4;
-const SEGMENT: u64 = 1 << 20;
+pub const SEGMENT: u64 = 1 << 20;
 
 /// The `walserver` binary cargo built for this test target.
 pub fn walserver_bin() -> PathBuf {
@@ -147,11 +149,11 @@ impl Cluster {
         let t = Instant::now();
         self.primary
             .wait_status("stream to s1 and s2", deadline, |s| {
-                status::streams_to(s, "s1") && status::streams_to(s, "s2")
+                s.streams_to("s1") && s.streams_to("s2")
             })?;
         for s in [&self.s1, &self.s2] {
             let left = deadline.saturating_sub(t.elapsed());
-            s.wait_status("receive from the primary", left, status::receiving)?;
+            s.wait_status("receive from the primary", left, |s| s.receiving())?;
         }
         Ok(t.elapsed())
     }
@@ -161,7 +163,7 @@ impl Cluster {
         let t = Instant::now();
         [&self.s1, &self.s2].iter().all(|s| {
             let left = deadline.saturating_sub(t.elapsed());
-            s.wait_status("stop receiving", left, |st| !status::receiving(st))
+            s.wait_status("stop receiving", left, |st| !st.receiving())
                 .is_ok()
         })
     }
@@ -217,11 +219,6 @@ impl Cluster {
         }
     }
 
-    /// Acknowledged appends so far.
-    pub fn acked(&mut self) -> usize {
-        self.acks.lines().expect("ack log")
-    }
-
     /// Stops the load (SIGKILL: an append in flight is simply not acknowledged, and the log
     /// holds whole lines only).
     pub fn stop_load(&mut self) {
@@ -230,52 +227,61 @@ impl Cluster {
         }
     }
 
-    /// The primary's flushed end now.
-    pub fn primary_flush(&self) -> u64 {
-        status::flush_lsn(&self.primary.status().expect("primary status")).expect("flush_lsn")
+    /// The end of the last acknowledged append so far.
+    pub fn acked_end(&self) -> Lsn {
+        acklog::read(&self.ack_log)
+            .expect("read the ack log")
+            .iter()
+            .map(|e| e.end_lsn)
+            .max()
+            .unwrap_or(Lsn(0))
     }
 
-    /// Stops the load, waits for the standbys to hold everything acknowledged, and checks
-    /// every node against the acknowledgement log and each standby's WAL against the
-    /// primary's. Returns (acknowledged records, records lost on the worst node).
+    /// The primary's flushed end now.
+    pub fn primary_flush(&self) -> Lsn {
+        self.primary.status().expect("primary status").flush_lsn
+    }
+
+    /// Stops the load, waits for the standbys to hold everything acknowledged, and judges the
+    /// cluster ([`judge`]): every acknowledged record once on every node, the standbys' WAL
+    /// byte for byte the primary's, the same history files.
     pub fn finish(&mut self) -> Verdict {
         self.stop_load();
         let log = acklog::read(&self.ack_log).expect("read the ack log");
-        let last = log.iter().map(|e| e.end_lsn.0).max().unwrap_or(0);
-        let records: u64 = log.iter().map(|e| e.hashes.len() as u64).sum();
-        let mut lost = 0;
+        let indeterminate = acklog::read_indeterminate(&self.ack_log).expect("indeterminate log");
+        let last = log.iter().map(|e| e.end_lsn).max().unwrap_or(Lsn(0));
         let mut problems = Vec::new();
         let primary_end = self.primary_flush();
+        let mut views = Vec::new();
         for node in [&self.primary, &self.s1, &self.s2] {
             // A standby may lag; what the client was told is durable must reach it.
             if let Err(e) = node.wait_status("hold every acknowledged append", DEADLINE, |s| {
-                status::flush_lsn(s).is_some_and(|f| f >= last.max(primary_end))
+                s.flush_lsn >= last.max(primary_end)
             }) {
                 problems.push(e.to_string());
             }
-            let path = self.ack_log.clone();
-            let report = node
+            let (name, data) = (node.name.clone(), node.data_dir());
+            let view = node
                 .host
-                .run(move || acklog::verify_node(&path, HTTP, None))
+                .run(move || NodeWal::fetch(&name, HTTP, None, &data, SEGMENT))
                 .expect("enter the node's namespace")
-                .unwrap_or_else(|e| panic!("verify {}: {e:#}", node.name));
-            if report.lost > 0 || report.found != records {
+                .unwrap_or_else(|e| panic!("the records of {}: {e:#}", node.name));
+            views.push(view);
+        }
+        let judged = judge(&log, &indeterminate, &views);
+        for (name, r) in &judged.nodes {
+            if r.found != judged.records {
                 problems.push(format!(
-                    "{}: {} of {records} acknowledged records found, {} lost: {:?}",
-                    node.name, report.found, report.lost, report.lost_examples
+                    "{name}: {} of {} acknowledged records found ({} older than it keeps)",
+                    r.found, judged.records, r.unverifiable
                 ));
             }
-            lost = lost.max(records - report.found.min(records));
         }
-        for standby in [&self.s1, &self.s2] {
-            if let Err(e) = same_wal(&self.primary.data_dir(), &standby.data_dir(), primary_end) {
-                problems.push(format!("{}: {e}", standby.name));
-            }
-        }
+        problems.extend(judged.describe());
         Verdict {
-            appends: log.len() as u64,
-            records,
-            lost,
+            appends: judged.appends,
+            records: judged.records,
+            lost: judged.lost,
             problems,
         }
     }
@@ -337,49 +343,4 @@ impl Verdict {
         assert!(self.appends > 0, "the load had no append acknowledged");
         assert!(self.problems.is_empty(), "{}", self.problems.join("\n"));
     }
-}
-
-/// Compares the standby's WAL files with the primary's, byte for byte, from the standby's
-/// first segment to `end` (both have flushed that far).
-fn same_wal(primary: &Path, standby: &Path, end: u64) -> Result<(), String> {
-    let names = |dir: &Path| -> Vec<(u64, String)> {
-        let mut v: Vec<(u64, String)> = std::fs::read_dir(dir.join("pg_wal"))
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .filter_map(|e| {
-                        let name = e.file_name().to_string_lossy().into_owned();
-                        wal_storage::parse_segment_file_name(&name, SEGMENT)
-                            .map(|(_, segno)| (segno, name))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
-    };
-    let ours = names(standby);
-    let Some(&(first, _)) = ours.first() else {
-        return Err("no WAL segments".into());
-    };
-    let mut compared = 0u64;
-    for (segno, name) in ours.iter().filter(|(s, _)| s * SEGMENT < end) {
-        let want = ((end - segno * SEGMENT).min(SEGMENT)) as usize;
-        let read = |dir: &Path| {
-            std::fs::read(dir.join("pg_wal").join(name)).map_err(|e| format!("read {name}: {e}"))
-        };
-        let (a, b) = (read(primary)?, read(standby)?);
-        if a.len() < want || b.len() < want {
-            return Err(format!("{name} is shorter than {want} bytes"));
-        }
-        if let Some(i) = a[..want].iter().zip(&b[..want]).position(|(x, y)| x != y) {
-            return Err(format!(
-                "{name} differs from the primary's at offset {i:#x}"
-            ));
-        }
-        compared += want as u64;
-    }
-    if compared == 0 || first * SEGMENT >= end {
-        return Err(format!("nothing to compare below {end:#x}"));
-    }
-    Ok(())
 }

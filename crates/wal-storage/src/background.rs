@@ -1,5 +1,6 @@
 //! The background thread: it creates segment files before the writer needs them
-//! (preallocation, zero fill), removes WAL nothing needs any more and invalidates slots that
+//! (preallocation, zero fill), removes WAL nothing needs any more (no slot, no `wal_keep_size`,
+//! no archive hold) and invalidates slots that
 //! would hold too much (retention), and writes slots whose restart point moved (slot
 //! persistence). The writer starts and stops it; handles reach it through [`Inner::bg_tx`].
 //!
@@ -222,6 +223,12 @@ pub(crate) fn retain(inner: &Inner) -> Result<()> {
             slots.persist(inner.slot_paths(), &name)?;
         }
         keep
+    };
+    // The archive's hold keeps files only: a slot beyond `max_slot_wal_keep_size` was
+    // invalidated above as it would be without an archive.
+    let keep = match inner.archive().keep_segno(seg) {
+        Some(archive) => keep.min(archive),
+        None => keep,
     };
     let cutoff = Lsn(keep * seg);
     inner.oldest_retained.fetch_max(cutoff.0, Ordering::AcqRel);

@@ -17,6 +17,7 @@
 //! DATA/flush_pointer    durable end of the current timeline: two CRC'd slots updated in place (files.rs)
 //! DATA/pg_wal/          only segment files (TTTTTTTTXXXXXXXXYYYYYYYY) and TTTTTTTT.history files
 //! DATA/slots/NAME       one file per persistent physical slot, replaced atomically (slots.rs)
+//! DATA/archive_status   the archived position while archiving is on, replaced atomically (archived.rs)
 //! DATA/tmp/             temp files of atomic replacements and preallocation; emptied at open
 //! ```
 //!
@@ -129,7 +130,9 @@
 //! At each segment switch the background thread removes every segment below the oldest one
 //! needed by a slot or by `wal_keep_size` (never the current one), invalidating slots that
 //! would hold more than `max_slot_wal_keep_size`. The arithmetic and `wal_status` follow
-//! PostgreSQL 15 exactly; `slots.rs` writes the rules down.
+//! PostgreSQL 15 exactly; `slots.rs` writes the rules down. While archiving is on, the
+//! durable archived position holds every segment not yet archived as well (`archived.rs`,
+//! PostgreSQL's `.ready`/`.done`), whatever the slots and `wal_keep_size` say.
 //!
 //! # What this crate does not do
 //!
@@ -146,7 +149,7 @@
 //! metrics ← io                                               counters: fsync time, errors
 //! kind, naming, tail, io ← error ← config, history, format   types, names, formats, file ops
 //! health                                                     the state of the failure policy
-//! io ← durable ← files ← slots                               small durable files, slot rules
+//! io ← durable ← files ← slots, archived                     small durable files, slot rules
 //! io ← segments ← scan ← staged                             segment files, record boundaries
 //! files, slots, segments, tail ← state                       Inner, positions, reads
 //! state ← background, reader                                 prealloc, retention; records
@@ -163,6 +166,7 @@
 //! published is never beyond what open finds again; nothing is readable beyond the flushed
 //! end; a timeline's WAL below its switch point never changes.
 
+mod archived;
 mod background;
 mod config;
 pub mod durable;

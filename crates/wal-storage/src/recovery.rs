@@ -19,6 +19,7 @@ use crossbeam_channel::Receiver;
 use tokio::sync::watch;
 use wal_types::{Lsn, SystemId, TimelineId};
 
+use crate::archived::ArchiveHold;
 use crate::background::create_segment;
 use crate::durable::write_atomic_with;
 use crate::files::{
@@ -443,6 +444,10 @@ fn open_locked(
         Some((p, _)) => p.slots.clone(),
         None => Arc::new(Mutex::new(SlotTable::load(&io, &slots_dir)?)),
     };
+    let archive = match prev {
+        Some((p, _)) => p.archive.clone(),
+        None => Arc::new(Mutex::new(ArchiveHold::load(&io, dir)?)),
+    };
     let (pos_tx, slot_released, health) = match prev {
         Some((p, _)) => {
             let now = st.position();
@@ -472,6 +477,7 @@ fn open_locked(
         slot_released,
         oldest_retained: AtomicU64::new(oldest.0),
         slots,
+        archive,
         bg_tx,
         tail: Default::default(),
         recycled,

@@ -19,6 +19,7 @@ use crossbeam_channel::Sender;
 use tokio::sync::watch;
 use wal_types::{Lsn, SystemId, TimelineId};
 
+use crate::archived::ArchiveHold;
 use crate::durable::write_atomic_with;
 use crate::files::{encode_envelope, ControlData, FILE_VERSION};
 use crate::health::HealthTx;
@@ -115,6 +116,8 @@ pub(crate) struct Inner {
     /// The slot table; a reopening after a storage failure shares it (it is the newest:
     /// restart points not yet persisted, and which slots are in use).
     pub slots: Arc<Mutex<SlotTable>>,
+    /// The archive's hold on retention (`archived.rs`); shared with a reopening like the slots.
+    pub archive: Arc<Mutex<ArchiveHold>>,
     /// Feeds the background thread (preallocation, retention, slot persistence).
     pub bg_tx: Sender<BgRequest>,
     /// The last small durable batches, for readers at the end of WAL.
@@ -140,6 +143,10 @@ impl Inner {
 
     pub(crate) fn slots(&self) -> std::sync::MutexGuard<'_, SlotTable> {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn archive(&self) -> std::sync::MutexGuard<'_, ArchiveHold> {
+        self.archive.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Where the slot table writes its files.

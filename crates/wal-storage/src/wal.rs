@@ -730,6 +730,43 @@ impl Wal {
         background::retain(&self.inner())
     }
 
+    /// The archived position, while archiving holds retention (`archived.rs`): every
+    /// completed segment below it is in the archive, and no segment from the one holding it
+    /// on is removed or recycled.
+    pub fn archived(&self) -> Option<Lsn> {
+        self.inner().archive().archived()
+    }
+
+    /// Makes the archive hold retention, durably, from the oldest WAL still on disk unless it
+    /// already holds from an earlier position; returns the position held. An archiver calls
+    /// it before it starts, so nothing it has not copied can be removed. It writes and fsyncs
+    /// a file: call it off any event loop.
+    pub fn hold_for_archive(&self) -> Result<Lsn> {
+        let inner = self.inner();
+        let from = inner.oldest_retained();
+        let held = inner.archive().hold(&inner.io, &inner.tmp, from);
+        held
+    }
+
+    /// Records durably that every completed segment below `upto` is archived, then lets
+    /// retention remove what nothing else holds. A position not ahead of the current one
+    /// changes nothing. Writes and fsyncs a file: call it off any event loop.
+    pub fn set_archived(&self, upto: Lsn) -> Result<()> {
+        let inner = self.inner();
+        let moved = inner.archive().advance(&inner.io, &inner.tmp, upto)?;
+        if moved {
+            let _ = inner.bg_tx.send(BgRequest::Retain);
+        }
+        Ok(())
+    }
+
+    /// Ends the archive's hold on retention (archiving was turned off) and removes its file.
+    pub fn release_archive_hold(&self) -> Result<()> {
+        let inner = self.inner();
+        let released = inner.archive().release(&inner.io);
+        released
+    }
+
     /// Moves a slot's restart point (on a standby's flush feedback). Persisted in the
     /// background when it enters a new segment, and at a clean stop; after a crash the slot may
     /// be a little behind, which only retains more.

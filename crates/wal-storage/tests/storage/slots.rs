@@ -158,6 +158,50 @@ fn slots_hold_segments_until_advanced() {
 }
 
 #[test]
+fn the_archived_position_holds_segments_until_archived() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = cfg_with(0, None);
+    let wal = Wal::init(
+        tmp.path(),
+        c.clone(),
+        InitOptions::primary(SystemId(1), WalFormat::Postgres),
+    )
+    .unwrap();
+    assert_eq!(wal.archived(), None);
+    assert_eq!(wal.hold_for_archive().unwrap(), Lsn(SEG));
+    // A slot that moves on does not release what the archive still needs.
+    wal.create_slot("s", false, true).unwrap();
+    fill_segments(&wal, 6);
+    wal.advance_slot("s", wal.flushed(), TimelineId(1)).unwrap();
+    wal.run_retention().unwrap();
+    assert_eq!(segments_on_disk(&wal)[0], 1);
+    assert_eq!(wal.oldest_retained(), Lsn(SEG));
+    // Segments 1 and 2 archived: they go, segment 3 stays.
+    wal.set_archived(Lsn(3 * SEG)).unwrap();
+    wal.run_retention().unwrap();
+    assert_eq!(segments_on_disk(&wal)[0], 3);
+    // The position never moves back.
+    wal.set_archived(Lsn(2 * SEG)).unwrap();
+    assert_eq!(wal.archived(), Some(Lsn(3 * SEG)));
+    drop(wal);
+    // The hold survives a reopen, and taking it again keeps its position.
+    let wal = Wal::open(tmp.path(), c.clone()).unwrap();
+    assert_eq!(wal.archived(), Some(Lsn(3 * SEG)));
+    assert_eq!(wal.hold_for_archive().unwrap(), Lsn(3 * SEG));
+    fill_segments(&wal, 1);
+    wal.run_retention().unwrap();
+    assert_eq!(segments_on_disk(&wal)[0], 3);
+    // Released (archiving turned off), it holds nothing, also after a reopen.
+    wal.release_archive_hold().unwrap();
+    drop(wal);
+    let wal = Wal::open(tmp.path(), c).unwrap();
+    assert_eq!(wal.archived(), None);
+    wal.run_retention().unwrap();
+    let cur = wal.flushed().segment_number(SEG) - 1;
+    assert!(segments_on_disk(&wal).iter().all(|&s| s >= cur));
+}
+
+#[test]
 fn wal_keep_size_keeps_segments() {
     let tmp = tempfile::tempdir().unwrap();
     let wal = Wal::init(

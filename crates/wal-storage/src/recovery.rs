@@ -26,7 +26,7 @@ use crate::files::{
     encode_envelope, read_control, ControlData, FlushPointer, PointerFile, FILE_VERSION,
 };
 use crate::format::{Scan, Scanner, StopKind};
-use crate::health::StorageHealth;
+use crate::health::{HealthTx, StorageHealth};
 use crate::history::{check_history_for, format_history, parse_history};
 use crate::io::{Io, FP_FSYNC, FP_WRITE};
 use crate::naming::{history_file_name, parse_segment_file_name, segment_file_name};
@@ -34,7 +34,7 @@ use crate::recycle::RecyclePool;
 use crate::scan::{find_scan_start, FileSource};
 use crate::segments::{SegmentFiles, View};
 use crate::slots::SlotTable;
-use crate::state::{BgRequest, Inner, TimelineState};
+use crate::state::{BgRequest, Inner, TimelineState, WalPosition};
 use crate::{HistoryEntry, Result, Role, StorageConfig, WalError, WalFormat};
 
 /// How to make a new data directory.
@@ -279,25 +279,12 @@ fn open_locked(
     io: Io,
     prev: Option<(&Inner, (TimelineId, Lsn))>,
 ) -> Result<Recovered> {
-    let control = read_control(&io, &dir.join("control"))?;
-    if control.segment_size != cfg.segment_size {
-        return Err(WalError::SegmentSizeMismatch {
-            configured: cfg.segment_size,
-            stored: control.segment_size,
-        });
-    }
+    let control = read_control_of_size(&io, dir, cfg.segment_size)?;
     let seg = cfg.segment_size;
     let pg_wal = dir.join("pg_wal");
     let tmp = dir.join("tmp");
     let slots_dir = dir.join("slots");
-    for d in [&tmp, &slots_dir] {
-        io.create_dir_all(d).map_err(io_err("creating", d))?;
-    }
-    // Leftovers of interrupted atomic writes and preallocations.
-    for e in io.read_dir(&tmp).map_err(io_err("listing", &tmp))? {
-        let p = e.path();
-        io.remove_file(&p).map_err(io_err("removing", &p))?;
-    }
+    prepare_work_dirs(&io, &tmp, &slots_dir)?;
     let files = SegmentFiles::new(&io, &pg_wal, seg);
     let mut pointer = PointerFile::open(&io, &dir.join("flush_pointer"))?;
     let mut st = TimelineState {
@@ -309,108 +296,18 @@ fn open_locked(
         flushed: control.durable_lsn,
         role: control.role,
     };
-
-    // Segment files on disk, by timeline; those of timelines newer than the current one are
-    // remnants of an interrupted promotion and go.
-    let mut removed_segments = Vec::new();
-    let mut on_disk: BTreeSet<(TimelineId, u64)> = BTreeSet::new();
-    for e in io.read_dir(&pg_wal).map_err(io_err("listing", &pg_wal))? {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if let Some((tli, segno)) = parse_segment_file_name(&name, seg) {
-            if tli > st.tli {
-                io.remove_file(&e.path())
-                    .map_err(io_err("removing", &e.path()))?;
-                removed_segments.push(name);
-            } else {
-                on_disk.insert((tli, segno));
-            }
-        }
-    }
-
-    // The durable end the pointer vouches for. A pointer of another timeline predates the
-    // last switch, whose position the control file holds. A reopening knows the end exactly
-    // (unless a timeline switch failed half-way, when the control file says where it stands).
+    let (on_disk, mut removed_segments) = segments_on_disk(&io, &pg_wal, seg, st.tli)?;
     let known = prev.and_then(|(_, (tli, end))| (tli == st.tli).then_some(end));
-    let (vouched, exact) = if let Some(end) = known {
-        (end.max(st.timeline_start), true)
-    } else if pointer.last.timeline == st.tli {
-        (pointer.last.end.max(st.timeline_start), pointer.last.exact)
-    } else {
-        (control.durable_lsn, true)
-    };
+    let (vouched, exact) = vouched_end(known, &pointer.last, &st, &control);
     let view = st.view();
-    let mut report = RecoveryReport {
-        timeline: st.tli,
-        end: vouched,
-        flush_pointer: vouched,
-        records_end: None,
-        stop_reason: None,
-        discarded_bytes: 0,
-        removed_segments: Vec::new(),
-    };
-    if control.wal_format == WalFormat::Walserver {
-        if let Some((records_end, stop)) =
-            scan_records_end(&files, &view, &cfg, st.wal_start, vouched)?
-        {
-            report.records_end = Some(records_end);
-            report.stop_reason = stop;
-            if !exact {
-                report.end = vouched.max(records_end);
-            }
-        }
-    } else if vouched > st.wal_start {
-        // Relayed PostgreSQL WAL: the pointer alone says where durable bytes end; the
-        // segment holding the last of them must exist.
-        let last = Lsn(vouched.0 - 1);
-        if files
-            .read(&view, last, Lsn::MAX, 1)?
-            .is_none_or(|b| b.is_empty())
-        {
-            return Err(WalError::Corruption {
-                segment: segment_file_name(st.tli, last.segment_number(seg), seg),
-                offset: last.segment_offset(seg),
-                reason: "the segment holding durable WAL is missing".into(),
-            });
-        }
-    }
+    let mut report = find_durable_end(&files, &view, &cfg, &control, &st, vouched, exact)?;
     let end = report.end;
 
     // Record the end as exact before cutting, so that an interrupted cut is redone the same.
     pointer.store(&io, st.tli, end, true)?;
-    let end_seg = end.segment_number(seg);
-    for &(tli, segno) in on_disk.iter() {
-        if tli == st.tli && segno > end_seg {
-            let path = files.path(tli, segno);
-            if !is_all_zero(&io, &path)? {
-                report
-                    .removed_segments
-                    .push(segment_file_name(tli, segno, seg));
-            }
-            io.remove_file(&path).map_err(io_err("removing", &path))?;
-        }
-    }
-    if on_disk.contains(&(st.tli, end_seg)) {
-        let path = files.path(st.tli, end_seg);
-        let len = io
-            .path_len(&path)
-            .map_err(io_err("reading the size of", &path))?;
-        if len != seg {
-            if end.segment_offset(seg) != 0 {
-                return Err(WalError::BadFile {
-                    path,
-                    reason: format!("segment file is {len} bytes, expected {seg}"),
-                });
-            }
-            // A partial file holding nothing durable: remove, preallocation recreates it.
-            io.remove_file(&path).map_err(io_err("removing", &path))?;
-        } else {
-            // A reopening after a failed sync zeroes and syncs the tail even if it reads back
-            // as zeros: the page cache may show the zeros of an earlier attempt whose sync
-            // failed, while the disk still holds the failed batch's bytes.
-            report.discarded_bytes =
-                zero_tail(&io, &path, end.segment_offset(seg), prev.is_some())?;
-        }
-    }
+    report.removed_segments = remove_segments_beyond(&io, &files, &on_disk, st.tli, end, seg)?;
+    report.discarded_bytes =
+        trim_end_segment(&io, &files, &on_disk, st.tli, end, seg, prev.is_some())?;
     io.sync_dir(&pg_wal).map_err(io_err("syncing", &pg_wal))?;
     removed_segments.append(&mut report.removed_segments);
     report.removed_segments = removed_segments;
@@ -427,40 +324,8 @@ fn open_locked(
     st.flushed = end;
     st.check_invariants();
 
-    // The oldest retained LSN: the first segment present in the current view.
-    let oldest = on_disk
-        .iter()
-        .filter(|&&(tli, segno)| {
-            view.candidates(Lsn(segno * seg), segno, seg)
-                .iter()
-                .any(|&(t, _)| t == tli)
-        })
-        .map(|&(_, segno)| Lsn(segno * seg))
-        .min()
-        .unwrap_or(end.segment_start(seg))
-        .max(st.wal_start);
-
-    let slots = match prev {
-        Some((p, _)) => p.slots.clone(),
-        None => Arc::new(Mutex::new(SlotTable::load(&io, &slots_dir)?)),
-    };
-    let archive = match prev {
-        Some((p, _)) => p.archive.clone(),
-        None => Arc::new(Mutex::new(ArchiveHold::load(&io, dir)?)),
-    };
-    let (pos_tx, slot_released, health) = match prev {
-        Some((p, _)) => {
-            let now = st.position();
-            p.pos_tx
-                .send_if_modified(|pos| std::mem::replace(pos, now) != now);
-            (p.pos_tx.clone(), p.slot_released.clone(), p.health.clone())
-        }
-        None => (
-            watch::channel(st.position()).0,
-            watch::channel(0).0,
-            watch::channel(StorageHealth::default()).0,
-        ),
-    };
+    let oldest = oldest_retained(&on_disk, &view, seg, end, st.wal_start);
+    let carried = carry_over(prev.map(|(p, _)| p), &io, dir, &slots_dir, &st)?;
     let (bg_tx, bg_rx) = crossbeam_channel::unbounded();
     let recycled = RecyclePool::new(cfg.wal_recycle);
     let inner = Arc::new(Inner {
@@ -473,15 +338,15 @@ fn open_locked(
         io,
         files,
         state: RwLock::new(st),
-        pos_tx,
-        slot_released,
+        pos_tx: carried.pos_tx,
+        slot_released: carried.slot_released,
         oldest_retained: AtomicU64::new(oldest.0),
-        slots,
-        archive,
+        slots: carried.slots,
+        archive: carried.archive,
         bg_tx,
         tail: Default::default(),
         recycled,
-        health,
+        health: carried.health,
         lock,
     });
     Ok(Recovered {
@@ -489,6 +354,247 @@ fn open_locked(
         pointer,
         bg_rx,
         report,
+    })
+}
+
+/// The control data, refused if it was made with another segment size than `segment_size`.
+fn read_control_of_size(io: &Io, dir: &Path, segment_size: u64) -> Result<ControlData> {
+    let control = read_control(io, &dir.join("control"))?;
+    if control.segment_size != segment_size {
+        return Err(WalError::SegmentSizeMismatch {
+            configured: segment_size,
+            stored: control.segment_size,
+        });
+    }
+    Ok(control)
+}
+
+/// Makes `tmp/` and `slots/` if missing and empties `tmp/` of the leftovers of interrupted
+/// atomic writes and preallocations.
+fn prepare_work_dirs(io: &Io, tmp: &Path, slots_dir: &Path) -> Result<()> {
+    for d in [tmp, slots_dir] {
+        io.create_dir_all(d).map_err(io_err("creating", d))?;
+    }
+    for e in io.read_dir(tmp).map_err(io_err("listing", tmp))? {
+        let p = e.path();
+        io.remove_file(&p).map_err(io_err("removing", &p))?;
+    }
+    Ok(())
+}
+
+/// The segment files of `pg_wal`, by timeline and segment number.
+type OnDisk = BTreeSet<(TimelineId, u64)>;
+
+/// The segment files in `pg_wal`, and the names of those removed:
+/// files of timelines newer than `current` are remnants of an interrupted promotion and go.
+fn segments_on_disk(
+    io: &Io,
+    pg_wal: &Path,
+    seg: u64,
+    current: TimelineId,
+) -> Result<(OnDisk, Vec<String>)> {
+    let mut removed = Vec::new();
+    let mut on_disk = BTreeSet::new();
+    for e in io.read_dir(pg_wal).map_err(io_err("listing", pg_wal))? {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some((tli, segno)) = parse_segment_file_name(&name, seg) {
+            if tli > current {
+                io.remove_file(&e.path())
+                    .map_err(io_err("removing", &e.path()))?;
+                removed.push(name);
+            } else {
+                on_disk.insert((tli, segno));
+            }
+        }
+    }
+    Ok((on_disk, removed))
+}
+
+/// The durable end the pointer vouches for, and whether it is exact. A pointer of another
+/// timeline predates the last switch, whose position the control file holds. A reopening
+/// knows the end exactly (`known`), unless a timeline switch failed half-way, when the control
+/// file says where it stands.
+fn vouched_end(
+    known: Option<Lsn>,
+    pointer: &FlushPointer,
+    st: &TimelineState,
+    control: &ControlData,
+) -> (Lsn, bool) {
+    if let Some(end) = known {
+        (end.max(st.timeline_start), true)
+    } else if pointer.timeline == st.tli {
+        (pointer.end.max(st.timeline_start), pointer.exact)
+    } else {
+        (control.durable_lsn, true)
+    }
+}
+
+/// The recovered end, in a report of what was found: for walserver records, `vouched` or,
+/// when the pointer was not exact, the end of the valid records scanned past it; for relayed
+/// PostgreSQL WAL, `vouched` alone, provided the segment holding the last of its bytes exists.
+fn find_durable_end(
+    files: &SegmentFiles,
+    view: &View,
+    cfg: &StorageConfig,
+    control: &ControlData,
+    st: &TimelineState,
+    vouched: Lsn,
+    exact: bool,
+) -> Result<RecoveryReport> {
+    let mut report = RecoveryReport {
+        timeline: st.tli,
+        end: vouched,
+        flush_pointer: vouched,
+        records_end: None,
+        stop_reason: None,
+        discarded_bytes: 0,
+        removed_segments: Vec::new(),
+    };
+    if control.wal_format == WalFormat::Walserver {
+        if let Some((records_end, stop)) =
+            scan_records_end(files, view, cfg, st.wal_start, vouched)?
+        {
+            report.records_end = Some(records_end);
+            report.stop_reason = stop;
+            if !exact {
+                report.end = vouched.max(records_end);
+            }
+        }
+    } else if vouched > st.wal_start {
+        let seg = cfg.segment_size;
+        let last = Lsn(vouched.0 - 1);
+        if files
+            .read(view, last, Lsn::MAX, 1)?
+            .is_none_or(|b| b.is_empty())
+        {
+            return Err(WalError::Corruption {
+                segment: segment_file_name(st.tli, last.segment_number(seg), seg),
+                offset: last.segment_offset(seg),
+                reason: "the segment holding durable WAL is missing".into(),
+            });
+        }
+    }
+    Ok(report)
+}
+
+/// Removes the segment files of timeline `tli` after the one holding `end`; returns the names
+/// of those that held something (an all-zero file is a preallocation, not WAL).
+fn remove_segments_beyond(
+    io: &Io,
+    files: &SegmentFiles,
+    on_disk: &OnDisk,
+    tli: TimelineId,
+    end: Lsn,
+    seg: u64,
+) -> Result<Vec<String>> {
+    let end_seg = end.segment_number(seg);
+    let mut removed = Vec::new();
+    for &(t, segno) in on_disk.iter() {
+        if t == tli && segno > end_seg {
+            let path = files.path(t, segno);
+            if !is_all_zero(io, &path)? {
+                removed.push(segment_file_name(t, segno, seg));
+            }
+            io.remove_file(&path).map_err(io_err("removing", &path))?;
+        }
+    }
+    Ok(removed)
+}
+
+/// Cuts the segment file holding `end` to the durable end: a whole file has its tail beyond
+/// `end` zeroed and synced (returns the bytes that held something); a short one holding
+/// nothing durable is removed, for preallocation to make again; a short one that should hold
+/// durable WAL is a bad file.
+fn trim_end_segment(
+    io: &Io,
+    files: &SegmentFiles,
+    on_disk: &OnDisk,
+    tli: TimelineId,
+    end: Lsn,
+    seg: u64,
+    reopening: bool,
+) -> Result<u64> {
+    let end_seg = end.segment_number(seg);
+    if !on_disk.contains(&(tli, end_seg)) {
+        return Ok(0);
+    }
+    let path = files.path(tli, end_seg);
+    let len = io
+        .path_len(&path)
+        .map_err(io_err("reading the size of", &path))?;
+    if len == seg {
+        // A reopening after a failed sync zeroes and syncs the tail even if it reads back as
+        // zeros: the page cache may show the zeros of an earlier attempt whose sync failed,
+        // while the disk still holds the failed batch's bytes.
+        return zero_tail(io, &path, end.segment_offset(seg), reopening);
+    }
+    if end.segment_offset(seg) != 0 {
+        return Err(WalError::BadFile {
+            path,
+            reason: format!("segment file is {len} bytes, expected {seg}"),
+        });
+    }
+    io.remove_file(&path).map_err(io_err("removing", &path))?;
+    Ok(0)
+}
+
+/// The oldest retained LSN: the start of the first segment present in the current view, or of
+/// the end's segment when there is none, never below the start of WAL.
+fn oldest_retained(on_disk: &OnDisk, view: &View, seg: u64, end: Lsn, wal_start: Lsn) -> Lsn {
+    on_disk
+        .iter()
+        .filter(|&&(tli, segno)| {
+            view.candidates(Lsn(segno * seg), segno, seg)
+                .iter()
+                .any(|&(t, _)| t == tli)
+        })
+        .map(|&(_, segno)| Lsn(segno * seg))
+        .min()
+        .unwrap_or(end.segment_start(seg))
+        .max(wal_start)
+}
+
+/// The state that outlives a reopening: slots, the archive's hold, the position and slot
+/// watches, and health.
+struct Carried {
+    slots: Arc<Mutex<SlotTable>>,
+    archive: Arc<Mutex<ArchiveHold>>,
+    pos_tx: watch::Sender<WalPosition>,
+    slot_released: watch::Sender<u64>,
+    health: HealthTx,
+}
+
+/// A reopening takes `prev`'s slots, archive hold and channels, so that every clone of the
+/// handle and every subscriber goes on, and publishes the reopened position on them; a first
+/// open loads the slots from `slots_dir` and the archive hold from `dir`, and makes new
+/// channels.
+fn carry_over(
+    prev: Option<&Inner>,
+    io: &Io,
+    dir: &Path,
+    slots_dir: &Path,
+    st: &TimelineState,
+) -> Result<Carried> {
+    Ok(match prev {
+        Some(p) => {
+            let now = st.position();
+            p.pos_tx
+                .send_if_modified(|pos| std::mem::replace(pos, now) != now);
+            Carried {
+                slots: p.slots.clone(),
+                archive: p.archive.clone(),
+                pos_tx: p.pos_tx.clone(),
+                slot_released: p.slot_released.clone(),
+                health: p.health.clone(),
+            }
+        }
+        None => Carried {
+            slots: Arc::new(Mutex::new(SlotTable::load(io, slots_dir)?)),
+            archive: Arc::new(Mutex::new(ArchiveHold::load(io, dir)?)),
+            pos_tx: watch::channel(st.position()).0,
+            slot_released: watch::channel(0).0,
+            health: watch::channel(StorageHealth::default()).0,
+        },
     })
 }
 

@@ -6,7 +6,7 @@
 //! stops halfway through SCRAM, costs nothing once either comes.
 
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -144,12 +144,7 @@ pub async fn handshake(
     // socket's, `None` once TLS wraps it.
     let tcp_fd = stream.as_raw_fd();
     let mut plain_fd = Some(tcp_fd);
-    // The node's keepalive timing from the start (the listener turned keepalives on), over
-    // the socket's own values, which a reload to 0 restores.
-    let mut keepalive = KeepaliveTiming::accepted(&stream, settings.tcp_keepalives);
-    if let Err((what, e)) = keepalive.set_on(&stream) {
-        tracing::warn!(%peer, "could not set {what} of tcp_keepalives_*: {e}");
-    }
+    let mut keepalive = node_keepalives(&stream, settings.tcp_keepalives, peer);
     let mut io: Box<dyn Io> = Box::new(stream);
     let mut buf = BytesMut::with_capacity(1024);
     let mut machine = Handshake::new(settings.auth.clone(), peer.ip());
@@ -181,41 +176,14 @@ pub async fn handshake(
             }
         };
         match step {
-            Step::SslAnswer(answer) => {
-                if answer == b'S' {
-                    if let Err(e) = protocol_codec::messages::ensure_nothing_pipelined(&buf) {
-                        return fail(
-                            &mut io,
-                            ErrorFields::fatal(SqlState::PROTOCOL_VIOLATION, e.to_string()),
-                        )
-                        .await;
-                    }
-                    let Some(ServerTls {
-                        acceptor,
-                        channel_binding,
-                    }) = shared.tls.clone()
-                    else {
-                        return Err(Ended::Closed);
-                    };
-                    write(&mut io, &[answer]).await?;
-                    let tls = tokio::select! {
-                        _ = shutdown.wait_for(Option::is_some) => return Err(Ended::Closed),
-                        _ = tokio::time::sleep_until(deadline) => return Err(Ended::Closed),
-                        r = acceptor.accept(io) => r,
-                    };
-                    io = match tls {
-                        Ok(s) => Box::new(s),
-                        Err(e) => {
-                            tracing::info!(%peer, "TLS handshake failed: {e}");
-                            return Err(Ended::Closed);
-                        }
-                    };
-                    machine.tls_started(channel_binding);
-                    plain_fd = None;
-                } else {
-                    write(&mut io, &[answer]).await?;
-                }
+            Step::SslAnswer(b'S') => {
+                let (tls, channel_binding) =
+                    start_tls(io, &buf, &shared, &mut shutdown, deadline, peer).await?;
+                io = tls;
+                machine.tls_started(channel_binding);
+                plain_fd = None;
             }
+            Step::SslAnswer(answer) => write(&mut io, &[answer]).await?,
             Step::Send(msgs) => {
                 phase = Phase::Messages;
                 send(&mut io, &msgs).await?;
@@ -233,60 +201,23 @@ pub async fn handshake(
             }
             Step::Authenticated(msgs, identity) => {
                 send(&mut io, &msgs).await?;
-                // SAFETY: `tcp_fd` belongs to the TcpStream inside `io`, which is alive here.
-                let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(tcp_fd) };
-                keepalive.client = identity.settings.tcp_keepalives;
-                if let Err((what, e)) = keepalive.set_on(&socket) {
-                    tracing::debug!(%peer, "could not set the client's {what}: {e}");
-                }
-                let socket_show = tcp_keepalive_show(&socket);
-                keepalive.socket = socket
-                    .try_clone_to_owned()
-                    .inspect_err(|e| {
-                        tracing::debug!(%peer, "a reload will not reach this connection's keepalives: {e}")
-                    })
-                    .ok();
-                let status =
-                    WalSenderStatus::new(pid, &identity.user, &identity.application_name, peer)
-                        .shared();
-                match shared.registry.send(RegisterWalSender { pid, status: status.clone() }).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(too_many)) => {
-                        return fail(
-                            &mut io,
-                            ErrorFields::fatal(
-                                SqlState::TOO_MANY_CONNECTIONS,
-                                format!(
-                                    "number of requested standby connections exceeds max_wal_senders (currently {})",
-                                    too_many.max_wal_senders
-                                ),
-                            ),
-                        )
-                        .await
-                    }
-                    Err(_) => return fail(&mut io, admin_shutdown()).await,
-                }
-                let key = rand_key(pid);
+                let socket_show = apply_client_keepalives(&mut keepalive, tcp_fd, &identity, peer);
+                let status = match register(&shared, pid, &identity, peer).await {
+                    Ok(status) => status,
+                    Err(refusal) => return fail(&mut io, refusal).await,
+                };
                 let hello = greeting(
                     &identity,
                     &settings.server_version,
                     settings.in_hot_standby,
                     settings.read_only,
                     pid as i32,
-                    key,
+                    rand_key(pid),
                 );
                 send(&mut io, &hello).await?;
                 // Only now, for a connection that will stream, the duplicate descriptor for
                 // sendfile; without it the writer reads WAL into memory, as under TLS.
-                let file_socket = plain_fd.and_then(|fd| {
-                    // SAFETY: `fd` belongs to the TcpStream inside `io`, which is alive here.
-                    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-                    FileSocket::duplicate(&fd)
-                        .inspect_err(
-                            |e| tracing::debug!(%peer, "no sendfile for this connection: {e}"),
-                        )
-                        .ok()
-                });
+                let file_socket = plain_fd.and_then(|fd| sendfile_socket(fd, peer));
                 return Ok(Established {
                     io,
                     file_socket,
@@ -299,6 +230,125 @@ pub async fn handshake(
             }
         }
     }
+}
+
+/// The node's keepalive timing on a socket just accepted (the listener turned keepalives on),
+/// over the socket's own values, which a reload to 0 restores.
+fn node_keepalives(stream: &TcpStream, node: TcpKeepalives, peer: SocketAddr) -> KeepaliveTiming {
+    let keepalive = KeepaliveTiming::accepted(stream, node);
+    if let Err((what, e)) = keepalive.set_on(stream) {
+        tracing::warn!(%peer, "could not set {what} of tcp_keepalives_*: {e}");
+    }
+    keepalive
+}
+
+/// Answers an SSLRequest with `S` and runs the TLS handshake, within the same shutdown and
+/// deadline as the rest of the startup phase; returns the encrypted stream and the
+/// certificate's channel binding data. Bytes pipelined behind the SSLRequest are refused, as
+/// PostgreSQL refuses them: they would be read as plaintext inside the encrypted session.
+async fn start_tls(
+    mut io: Box<dyn Io>,
+    buf: &BytesMut,
+    shared: &Shared,
+    shutdown: &mut watch::Receiver<Option<ShutdownMode>>,
+    deadline: tokio::time::Instant,
+    peer: SocketAddr,
+) -> Result<(Box<dyn Io>, Option<Vec<u8>>), Ended> {
+    if let Err(e) = protocol_codec::messages::ensure_nothing_pipelined(buf) {
+        return fail(
+            &mut io,
+            ErrorFields::fatal(SqlState::PROTOCOL_VIOLATION, e.to_string()),
+        )
+        .await;
+    }
+    let Some(ServerTls {
+        acceptor,
+        channel_binding,
+    }) = shared.tls.clone()
+    else {
+        return Err(Ended::Closed);
+    };
+    write(&mut io, b"S").await?;
+    let tls = tokio::select! {
+        _ = shutdown.wait_for(Option::is_some) => return Err(Ended::Closed),
+        _ = tokio::time::sleep_until(deadline) => return Err(Ended::Closed),
+        r = acceptor.accept(io) => r,
+    };
+    match tls {
+        Ok(s) => Ok((Box::new(s), channel_binding)),
+        Err(e) => {
+            tracing::info!(%peer, "TLS handshake failed: {e}");
+            Err(Ended::Closed)
+        }
+    }
+}
+
+/// Sets the keepalive timing the client asked for on the TCP socket `tcp_fd`, and keeps a
+/// duplicate of its descriptor so that a reload reaches it; returns what SHOW answers for the
+/// socket's keepalive parameters.
+fn apply_client_keepalives(
+    keepalive: &mut KeepaliveTiming,
+    tcp_fd: RawFd,
+    identity: &ClientIdentity,
+    peer: SocketAddr,
+) -> Vec<(String, String)> {
+    // SAFETY: `tcp_fd` belongs to the TcpStream inside the connection's I/O, which the caller
+    // holds alive.
+    let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(tcp_fd) };
+    keepalive.client = identity.settings.tcp_keepalives;
+    if let Err((what, e)) = keepalive.set_on(&socket) {
+        tracing::debug!(%peer, "could not set the client's {what}: {e}");
+    }
+    let socket_show = tcp_keepalive_show(&socket);
+    keepalive.socket = socket
+        .try_clone_to_owned()
+        .inspect_err(
+            |e| tracing::debug!(%peer, "a reload will not reach this connection's keepalives: {e}"),
+        )
+        .ok();
+    socket_show
+}
+
+/// Registers the walsender with the registry; refused with the FATAL to send when
+/// `max_wal_senders` are already running, or when the registry is gone (the node is shutting
+/// down).
+async fn register(
+    shared: &Shared,
+    pid: u32,
+    identity: &ClientIdentity,
+    peer: SocketAddr,
+) -> Result<SharedStatus, ErrorFields> {
+    let status =
+        WalSenderStatus::new(pid, &identity.user, &identity.application_name, peer).shared();
+    match shared
+        .registry
+        .send(RegisterWalSender {
+            pid,
+            status: status.clone(),
+        })
+        .await
+    {
+        Ok(Ok(())) => Ok(status),
+        Ok(Err(too_many)) => Err(ErrorFields::fatal(
+            SqlState::TOO_MANY_CONNECTIONS,
+            format!(
+                "number of requested standby connections exceeds max_wal_senders (currently {})",
+                too_many.max_wal_senders
+            ),
+        )),
+        Err(_) => Err(admin_shutdown()),
+    }
+}
+
+/// A duplicate of the plain TCP socket `fd` for sending WAL with sendfile, or `None` (the
+/// writer then reads WAL into memory).
+fn sendfile_socket(fd: RawFd, peer: SocketAddr) -> Option<FileSocket> {
+    // SAFETY: `fd` belongs to the TcpStream inside the connection's I/O, which the caller
+    // holds alive.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    FileSocket::duplicate(&fd)
+        .inspect_err(|e| tracing::debug!(%peer, "no sendfile for this connection: {e}"))
+        .ok()
 }
 
 enum Item {
@@ -356,7 +406,7 @@ async fn send(io: &mut Box<dyn Io>, msgs: &[BackendMessage]) -> Result<(), Ended
 }
 
 /// Sends a FATAL and closes.
-async fn fail(io: &mut Box<dyn Io>, fields: ErrorFields) -> Result<Established, Ended> {
+async fn fail<T>(io: &mut Box<dyn Io>, fields: ErrorFields) -> Result<T, Ended> {
     let _ = send(io, &[BackendMessage::ErrorResponse(fields)]).await;
     let _ = io.shutdown().await;
     Err(Ended::Closed)

@@ -83,6 +83,7 @@ pub mod pg15_parameters;
 pub mod results;
 #[cfg(test)]
 mod test_util;
+mod text_values;
 pub mod tls;
 mod wire;
 

@@ -47,7 +47,7 @@
 # WAL is generated, so that no vacuum of the 1 GiB it inserted and no write-back of its
 # buffers runs under the measurements (walserver has no background work of that kind).
 # --bin PATH measures that walserver binary instead of building this tree's (for comparing
-# builds). On a VM that reports free memory to its host (virtio-balloon free page reporting),
+# builds; its `bench` loads run the walserver-bench beside it, or on PATH). On a VM that reports free memory to its host (virtio-balloon free page reporting),
 # the script holds the reporting off for the run and touches the memory once before the
 # sections, and puts the setting back at exit; --keep-page-reporting leaves it alone.
 # --save DIR keeps the raw per-run values (results.tsv: measure, system, value, run, load
@@ -216,7 +216,7 @@ if [ -n "$BIN" ]; then
     [ -x "$WS" ] || { echo "--bin $BIN is not an executable" >&2; exit 2; }
 else
     log "building walserver (release)"
-    cargo build --release -j2 --quiet --bin walserver
+    cargo build --release -j2 --quiet --bin walserver --bin walserver-bench
     WS="$PWD/target/release/walserver"
 fi
 

@@ -71,7 +71,7 @@ if [ -n "$OFFCPU_OUT" ]; then
     mkdir -p "$OFFCPU_OUT"
 fi
 
-cargo build --release -j2 --quiet --bin walserver
+cargo build --release -j2 --quiet --bin walserver --bin walserver-bench
 WS="$PWD/target/release/walserver"
 
 WORK=$(mktemp -d /var/tmp/receivewal-cost.XXXXXX)

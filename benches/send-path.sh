@@ -49,7 +49,7 @@ done
 # cores (the figures differ a lot between sharing a core and not).
 SERVER_CPU=(); CLIENT_CPU=()
 if [ "$PIN" = 1 ]; then SERVER_CPU=(taskset -c 0); CLIENT_CPU=(taskset -c 1); fi
-[ -x "$BIN" ] || { echo "$BIN is missing: cargo build --release -p walserver" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "$BIN is missing: cargo build --release" >&2; exit 1; }
 PG_BIN="${WALSERVER_PG_BIN:-/usr/lib/postgresql/15/bin}"
 
 WORK=$(mktemp -d "$DIR/sendpath.XXXXXX")

@@ -2,11 +2,12 @@
 //!
 //! It starts a primary and two standbys on free loopback ports with temporary directories:
 //! standby1 synchronous (`synchronous_standby_names = 'ANY 1 (standby1)'`), standby2
-//! cascading from standby1. It appends for a few seconds with a progress bar, prints the
+//! cascading from standby1. It appends for a few seconds with a progress line, prints the
 //! replication status, promotes standby1 and shows standby2 following timeline 2, and ends
 //! with a summary. Then, when an etcd executable is found, it shows automatic failover with
 //! three nodes as processes of their own ([`crate::demo_failover`]).
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -154,11 +155,9 @@ async fn demo(dir: &std::path::Path, seconds: u64) -> anyhow::Result<()> {
     }
 
     // Appends with remote flush (synchronous_commit = on), from 16 concurrent writers.
-    let bar = indicatif::ProgressBar::new(seconds * 1000);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("appending {bar:40} {elapsed_precise} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    // The progress line is redrawn in place on standard error, as a terminal shows it; piped
+    // or collected output gets no carriage returns.
+    let progress = std::io::stderr().is_terminal();
     let until = Instant::now() + Duration::from_secs(seconds);
     let record = Bytes::from(vec![b'x'; 1000]);
     let mut writers = Vec::new();
@@ -191,18 +190,21 @@ async fn demo(dir: &std::path::Path, seconds: u64) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let bytes = primary.node.wal.flushed().saturating_sub(flushed_at_start);
         let secs = started.elapsed().as_secs_f64();
-        bar.set_position(started.elapsed().as_millis() as u64);
-        bar.set_message(format!(
-            "{:.1} MB/s, flushed {}",
-            bytes as f64 / secs / 1e6,
-            primary.node.wal.flushed()
-        ));
+        if progress {
+            eprint!(
+                "\rappending {secs:4.1}/{seconds} s: {:.1} MB/s, flushed {}   ",
+                bytes as f64 / secs / 1e6,
+                primary.node.wal.flushed()
+            );
+        }
     }
     let mut latencies = Vec::new();
     for w in writers {
         latencies.extend(w.await??);
     }
-    bar.finish();
+    if progress {
+        eprintln!();
+    }
     let appended_secs = started.elapsed().as_secs_f64();
     let appended_bytes = primary.node.wal.flushed().saturating_sub(flushed_at_start);
     latencies.sort();

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::Value;
-use walserver_bench::cluster::free_port;
 use walserver_node::admin::{get_json, AdminClient};
 use walserver_node::init;
 
@@ -98,6 +97,21 @@ impl Drop for Processes {
     }
 }
 
+/// `N` distinct free loopback ports. All are bound at once, so the kernel cannot pick one twice,
+/// then released for etcd and the nodes to bind; another process could take one in between,
+/// which on loopback is rare enough for a demo.
+fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
+    let listeners = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("cannot bind a loopback port")?;
+    let mut ports = [0; N];
+    for (port, l) in ports.iter_mut().zip(&listeners) {
+        *port = l.local_addr()?.port();
+    }
+    Ok(ports)
+}
+
 /// One of the demo's failover nodes.
 struct FoNode {
     name: &'static str,
@@ -142,7 +156,7 @@ pub fn run(dir: &Path, etcd: &Path) -> anyhow::Result<()> {
     let mut procs = Processes {
         children: Vec::new(),
     };
-    let (client_port, peer_port) = (free_port()?, free_port()?);
+    let [client_port, peer_port, ports @ ..] = free_ports::<8>()?;
     let etcd_url = format!("http://127.0.0.1:{client_port}");
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     procs.spawn(
@@ -169,14 +183,15 @@ pub fn run(dir: &Path, etcd: &Path) -> anyhow::Result<()> {
     println!("etcd      {etcd_url}  ({})", etcd.display());
 
     let exe = std::env::current_exe().context("cannot find the walserver executable")?;
-    let mut nodes = Vec::new();
-    for name in ["f1", "f2", "f3"] {
-        nodes.push(FoNode {
+    let nodes: Vec<FoNode> = ["f1", "f2", "f3"]
+        .into_iter()
+        .zip(ports.chunks_exact(2))
+        .map(|(name, pair)| FoNode {
             name,
-            listen: free_port()?,
-            http: format!("127.0.0.1:{}", free_port()?),
-        });
-    }
+            listen: pair[0],
+            http: format!("127.0.0.1:{}", pair[1]),
+        })
+        .collect();
     let start_node = |procs: &mut Processes, n: &FoNode| -> anyhow::Result<()> {
         let config = dir.join(format!("{}.toml", n.name));
         std::fs::write(

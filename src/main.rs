@@ -115,11 +115,16 @@ enum Command {
     },
     /// Print a SCRAM-SHA-256 verifier for a password read from standard input, for `[users]`.
     Passwd,
-    /// Load tools: `append` and `stream` loads with latency percentiles and plots, `catchup`
-    /// (a discarding protocol client), `wait-lsn` (times a standby catching up).
-    // Boxed: its arguments are by far the largest of the commands.
-    #[command(subcommand)]
-    Bench(Box<walserver_bench::BenchCommand>),
+    /// Load tools, run by the `walserver-bench` program: `append` and `stream` loads with
+    /// latency percentiles and plots, `catchup` (a discarding protocol client), `wait-lsn`
+    /// (times a standby catching up); `walserver bench --help` lists them all.
+    // The load tool parses its own arguments, `--help` included.
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// The load tool's subcommand and its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Automatic failover: list the cluster's members, switch over, fail over, pause and
     /// resume automatic action, show the history of terms, through one member's admin API.
     #[command(subcommand)]
@@ -251,9 +256,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", protocol_codec::auth::make_scram_verifier(password));
             Ok(())
         }
-        Command::Bench(cmd) => {
-            walserver_bench::run(*cmd, &walserver_bench::NodeProgram::ThisExecutable)
-        }
+        Command::Bench { args } => Err(walserver::bench::exec(args)),
         Command::Demo { seconds } => {
             init_tracing("warn", LogFormat::Text)?;
             walserver::demo::run(seconds)
@@ -298,8 +301,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    /// Every option and argument of every command, the load tools' included, says what it is
-    /// in `--help`.
+    /// Every option and argument of every command, the load tools' included (`walserver
+    /// bench` runs `walserver-bench`, whose commands are the library's), says what it is in
+    /// `--help`.
     #[test]
     fn every_cli_option_has_help_text() {
         use clap::CommandFactory;
@@ -319,6 +323,9 @@ mod tests {
         }
         let mut out = Vec::new();
         missing(&Cli::command(), "walserver", &mut out);
+        let bench = clap::Command::new("bench").about("the load tools");
+        let bench = <walserver_bench::BenchCommand as clap::Subcommand>::augment_subcommands(bench);
+        missing(&bench, "walserver bench", &mut out);
         assert!(out.is_empty(), "without help text: {out:#?}");
     }
 }

@@ -704,6 +704,27 @@ fn the_demo_runs_and_exits_zero() {
     assert!(stdout.contains("quorum"), "{stdout}");
 }
 
+/// `walserver bench` runs the `walserver-bench` program; where there is none (neither beside
+/// the executable nor on PATH) it fails with the command that builds it. The executable is
+/// a hard link in a directory of its own, so nothing stands beside it.
+#[test]
+fn bench_without_its_program_says_how_to_build_it() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a temporary directory");
+    let exe = dir.path().join("walserver");
+    std::fs::hard_link(env!("CARGO_BIN_EXE_walserver"), &exe).expect("link walserver");
+    let out = std::process::Command::new(&exe)
+        .args(["bench", "append", "--help"])
+        .env("PATH", dir.path())
+        .output()
+        .expect("run walserver bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("cargo build -p walserver-bench"),
+        "no hint on building the load tool: {stderr}"
+    );
+}
+
 /// DROP_REPLICATION_SLOT on a slot in use: 55006 at once, or with WAIT, the drop happens as
 /// soon as its user releases it (woken by the release, not by polling).
 #[test]

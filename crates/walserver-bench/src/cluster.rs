@@ -322,7 +322,7 @@ pub fn free_port() -> anyhow::Result<u16> {
 /// The executable that runs `walserver run` for a node run as a child process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeProgram {
-    /// This executable: the load tool runs inside `walserver` (`walserver bench`).
+    /// This executable, for a program that is itself a `walserver` (embeds the node).
     ThisExecutable,
     /// A `walserver` executable elsewhere (the `walserver-bench` program's).
     Path(PathBuf),

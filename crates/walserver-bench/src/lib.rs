@@ -1,5 +1,5 @@
-//! walserver-bench: load tools for people who measure, as `walserver bench` and as the
-//! `walserver-bench` program (the same subcommands and flags).
+//! walserver-bench: load tools for people who measure, as the `walserver-bench` program, which
+//! `walserver bench` runs (the same subcommands and flags).
 //!
 //! - `append`: N writers appending records at a durability level, against an in-process
 //!   cluster (the embedding path) or a running node's `POST /wal`; throughput, latency
@@ -33,8 +33,11 @@
 //! the progress bar and the SVG plots are [`report`]'s.
 //!
 //! It owns no part of the server: it depends on `walserver-node`, never on the `walserver`
-//! package, whose binary delegates `walserver bench` to [`run`]. Errors are `anyhow` with
-//! context, as a command's are: each ends in a message to a person.
+//! package, and the server does not link it: the `walserver` binary's `bench` command
+//! replaces itself with this crate's program, so the server builds without the histogram,
+//! plotting and progress-bar crates. The `walserver` package's tests use this crate as a
+//! library. Errors are `anyhow` with context, as a command's are: each ends in a message to a
+//! person.
 
 pub mod acklog;
 mod append;

@@ -1,6 +1,7 @@
-//! The `walserver-bench` command: the load tool on its own, with the subcommands and flags of
-//! `walserver bench`. Its `stream` load runs the primary as `walserver run` of a `walserver`
-//! executable: `--walserver`, `WALSERVER_BIN`, or the one beside this program.
+//! The `walserver-bench` command: the load tool. `walserver bench ARGS` runs it with ARGS in
+//! its own place, and sets `WALSERVER_BIN` to itself. Its `stream` and `soak` loads run their
+//! nodes as `walserver run` of a `walserver` executable: `--walserver`, `WALSERVER_BIN`, or the
+//! one beside this program.
 
 use std::path::PathBuf;
 
@@ -11,7 +12,7 @@ use walserver_bench::{BenchCommand, NodeProgram};
 #[command(
     name = "walserver-bench",
     version,
-    about = "Load tools for walserver (and PostgreSQL 15): the subcommands of `walserver bench`"
+    about = "Load tools for walserver (and PostgreSQL 15), also run as `walserver bench`"
 )]
 struct Cli {
     /// The `walserver` executable a `stream` load runs its primary with; default: the one

@@ -47,12 +47,16 @@
 # WAL is generated, so that no vacuum of the 1 GiB it inserted and no write-back of its
 # buffers runs under the measurements (walserver has no background work of that kind).
 # --bin PATH measures that walserver binary instead of building this tree's (for comparing
-# builds; its `bench` loads run the walserver-bench beside it, or on PATH). On a VM that reports free memory to its host (virtio-balloon free page reporting),
-# the script holds the reporting off for the run and touches the memory once before the
-# sections, and puts the setting back at exit; --keep-page-reporting leaves it alone.
+# builds; its `bench` loads run the walserver-bench beside it, or on PATH). On a VM that
+# reports free memory to its host (virtio-balloon free page reporting), the script holds the
+# reporting off for the run and touches the memory once before the sections, and puts the
+# setting back at exit; --keep-page-reporting leaves it alone.
 # --save DIR keeps the raw per-run values (results.tsv: measure, system, value, run, load
 # average when the run started), the table (table.md) and the one-client commit latency
-# distributions of (c) as files and as a plot (commit-latency-1-client.svg).
+# distributions of (c) as files and as a plot (commit-latency-1-client.svg). Whole runs go
+# under benches/runs/ (`--save benches/runs/2026-12-06-a`), which git ignores; the tables and
+# plots that benches/README.md and benches/results/README.md cite are copies in
+# benches/results/.
 #
 # PostgreSQL runs from $WALSERVER_PG_BIN or /usr/lib/postgresql/15/bin, as the postgres user
 # (runuser) when this runs as root, on 127.0.0.1 only. Everything lives in one temporary
@@ -398,7 +402,7 @@ run_receivewal() {
 # and dropped, up to 128 MiB a second; see MACHINE_RECLAIM above), so WAL left alone between
 # two runs can drift out of memory, and a run's speed would then depend on how long ago the
 # same WAL was last read, that is on the order of the runs (in the run of 2026-12-02 19:06 UTC
-# 85-100 % was still cached each time, benches/runs/README.md). PostgreSQL's walsender and
+# 85-100 % was still cached each time, benches/results/README.md). PostgreSQL's walsender and
 # walserver's sendfile both read through the page cache, so both are measured from it.
 wal_files() { # system: the paths of its segments from START to END, on timeline 1 (nothing here promotes)
     local dir start end n

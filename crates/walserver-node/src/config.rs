@@ -229,9 +229,11 @@ pub const ENV_PREFIX: &str = "WALSERVER_";
 /// `WALSERVER_*` variables that are not settings. The project's own tools read them, and they
 /// are often exported in the shell the server runs in, so they are not mistakes:
 /// `WALSERVER_PG_BIN` (where PostgreSQL 15's programs are, for the interop tests,
-/// `scripts/test.sh` and the benches) and `WALSERVER_BIN` (the `walserver` executable the load
-/// tool runs). Every other `WALSERVER_*` variable must name a setting.
-pub const NON_SETTING_VARS: &[&str] = &["WALSERVER_PG_BIN", "WALSERVER_BIN"];
+/// `scripts/test.sh` and the benches), `WALSERVER_BIN` (the `walserver` executable the load
+/// tool runs) and `WALSERVER_COMMIT` (the commit a build records for `/metrics`; cargo also
+/// sets it for every process it runs from the package, the tests' nodes among them). Every
+/// other `WALSERVER_*` variable must name a setting.
+pub const NON_SETTING_VARS: &[&str] = &["WALSERVER_PG_BIN", "WALSERVER_BIN", "WALSERVER_COMMIT"];
 
 /// Variables starting with this are test harnesses' own, never settings.
 pub const TEST_VAR_PREFIX: &str = "WALSERVER_TEST_";
@@ -741,6 +743,7 @@ pub(crate) mod tests {
                 ("WALSERVER_TEST_PG_BIN", "/x"),
                 ("WALSERVER_PG_BIN", "/usr/lib/postgresql/15/bin"),
                 ("WALSERVER_BIN", "/usr/bin/walserver"),
+                ("WALSERVER_COMMIT", "0123456789ab"),
                 ("PATH", "/bin"),
             ],
             &[],
@@ -767,10 +770,10 @@ pub(crate) mod tests {
             "{e}"
         );
         // Nothing near: the message says what WALSERVER_ variables there are.
-        let e = load("data_dir = \"/d\"", &[("WALSERVER_COLOUR", "1")], &[]).unwrap_err();
+        let e = load("data_dir = \"/d\"", &[("WALSERVER_XYZZY", "1")], &[]).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "environment variable WALSERVER_COLOUR names no setting: WALSERVER_<KEY> sets a key of the configuration file, and the only other WALSERVER_ variables are WALSERVER_PG_BIN, WALSERVER_BIN and WALSERVER_TEST_*"
+            "environment variable WALSERVER_XYZZY names no setting: WALSERVER_<KEY> sets a key of the configuration file, and the only other WALSERVER_ variables are WALSERVER_PG_BIN, WALSERVER_BIN, WALSERVER_COMMIT and WALSERVER_TEST_*"
         );
         // The tables are settings, but not ones a variable can hold.
         let e = load("data_dir = \"/d\"", &[("WALSERVER_HBA", "x")], &[]).unwrap_err();

@@ -1,0 +1,316 @@
+//! The `Archiver` actor: the schedule's decisions carried out.
+//!
+//! It wakes on storage's position watch (new WAL, a promotion, a demotion) and on its own
+//! backoff timer, asks [`Schedule`] what to do, and runs each upload as one blocking job:
+//! read the file through storage, put it into the target, and for a segment store the new
+//! archived position in storage, before the job returns to the actor once. One job at a time;
+//! nothing on the actor's thread touches a file.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use actix::prelude::*;
+use bytes::BytesMut;
+use tokio::sync::{oneshot, watch};
+use tokio_stream::wrappers::WatchStream;
+use wal_storage::{format_history, Role, Wal, WalPosition};
+use wal_types::{Lsn, TimelineId};
+
+use crate::error::{ArchiveError, Result};
+use crate::messages::{GetArchiverStatus, StopArchiver};
+use crate::schedule::{Item, Next, Schedule, WalView};
+use crate::status::ArchiverStatus;
+use crate::target::{ArchiveTarget, Put};
+
+/// PostgreSQL's `archive_mode` values that archive (`off` starts no archiver).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArchiveMode {
+    /// A primary archives; a standby does not, and drops the archive's hold on its WAL, as
+    /// PostgreSQL's standby marks what it receives as done.
+    On,
+    /// Every node archives what it stores.
+    Always,
+}
+
+/// What an archiver needs to start.
+#[derive(Clone, Debug)]
+pub struct ArchiveConfig {
+    pub mode: ArchiveMode,
+    pub target: ArchiveTarget,
+}
+
+/// What a blocking job did.
+enum Done {
+    /// The hold was taken at this position, or released (`None`).
+    Held(Option<Lsn>),
+    Uploaded(Item, Put),
+    Failed(Item, ArchiveError),
+    /// Taking or releasing the hold failed.
+    HoldFailed(ArchiveError),
+}
+
+pub struct Archiver {
+    wal: Wal,
+    config: Arc<ArchiveConfig>,
+    /// `Some` while the archive holds retention and this node archives.
+    schedule: Option<Schedule>,
+    status: watch::Sender<ArchiverStatus>,
+    /// A blocking job is running; its outcome comes back as `Done`.
+    busy: bool,
+    retry: Option<SpawnHandle>,
+    /// Answered once the job in flight (if any) has returned and the actor stopped.
+    stopping: Option<Vec<oneshot::Sender<()>>>,
+}
+
+impl Archiver {
+    /// Starts an archiver of `wal`'s WAL on the current arbiter; its status is on the
+    /// returned watch.
+    pub fn start(
+        wal: Wal,
+        config: ArchiveConfig,
+    ) -> (Addr<Archiver>, watch::Receiver<ArchiverStatus>) {
+        let (status, rx) = watch::channel(ArchiverStatus::default());
+        let addr = Archiver {
+            wal,
+            config: Arc::new(config),
+            schedule: None,
+            status,
+            busy: false,
+            retry: None,
+            stopping: None,
+        }
+        .start();
+        (addr, rx)
+    }
+
+    /// Does whatever is due now.
+    fn pump(&mut self, ctx: &mut Context<Self>) {
+        if self.busy || self.stopping.is_some() {
+            return;
+        }
+        let archives =
+            self.config.mode == ArchiveMode::Always || self.wal.role() != Some(Role::Standby);
+        let wal = self.wal.clone();
+        match (&mut self.schedule, archives) {
+            (None, true) => self.run(ctx, move || match wal.hold_for_archive() {
+                Ok(at) => Done::Held(Some(at)),
+                Err(e) => Done::HoldFailed(e.into()),
+            }),
+            (Some(_), false) => self.run(ctx, move || match wal.release_archive_hold() {
+                Ok(()) => Done::Held(None),
+                Err(e) => Done::HoldFailed(e.into()),
+            }),
+            (None, false) => {}
+            (Some(schedule), true) => {
+                let pos = self.wal.position();
+                let history = self.wal.history();
+                let view = WalView {
+                    timeline: pos.timeline,
+                    history: &history,
+                    flushed: pos.flushed,
+                };
+                let next = schedule.next(Instant::now(), view);
+                let backlog = schedule.backlog(pos.flushed);
+                self.status.send_modify(|s| s.backlog_bytes = backlog);
+                match next {
+                    Next::Upload(item) => {
+                        let target = self.config.target.clone();
+                        self.run(ctx, move || {
+                            match upload(&wal, &target, item, pos.timeline) {
+                                Ok(put) => Done::Uploaded(item, put),
+                                Err(e) => Done::Failed(item, e),
+                            }
+                        })
+                    }
+                    Next::RetryAt(at) => {
+                        if let Some(h) = self.retry.take() {
+                            ctx.cancel_future(h);
+                        }
+                        let wait = at.saturating_duration_since(Instant::now());
+                        self.retry = Some(ctx.run_later(wait, |act, ctx| {
+                            act.retry = None;
+                            act.pump(ctx);
+                        }));
+                    }
+                    Next::Idle | Next::Busy => {}
+                }
+            }
+        }
+    }
+
+    /// Runs `job` on the blocking pool and takes its outcome back on the actor.
+    fn run(&mut self, ctx: &mut Context<Self>, job: impl FnOnce() -> Done + Send + 'static) {
+        self.busy = true;
+        let handle = tokio::task::spawn_blocking(job);
+        ctx.spawn(
+            actix::fut::wrap_future(handle).map(|res, act: &mut Archiver, ctx| {
+                act.busy = false;
+                match res {
+                    Ok(done) => act.done(done),
+                    Err(e) => tracing::error!(error = %e, "an archive job ended without an answer"),
+                }
+                if let Some(waiters) = act.stopping.take() {
+                    ctx.stop();
+                    for w in waiters {
+                        let _ = w.send(());
+                    }
+                    return;
+                }
+                act.pump(ctx);
+            }),
+        );
+    }
+
+    fn done(&mut self, done: Done) {
+        let seg = self.wal.segment_size();
+        match done {
+            Done::Held(Some(at)) => {
+                tracing::info!(archived = %at, "archiving WAL from the archived position");
+                self.schedule = Some(Schedule::new(seg, at));
+                self.status.send_modify(|s| s.archived_lsn = Some(at));
+            }
+            Done::Held(None) => {
+                tracing::info!("a standby with archive_mode = on: not archiving");
+                self.schedule = None;
+                self.status.send_modify(|s| s.archived_lsn = None);
+            }
+            Done::HoldFailed(e) => {
+                // Retried at the next change of position; a storage failure is also shown by
+                // storage's own health.
+                tracing::warn!(error = %e, "could not change the archive's hold on WAL");
+                self.status
+                    .send_modify(|s| s.last_error = Some(e.to_string()));
+            }
+            Done::Uploaded(item, put) => {
+                let Some(schedule) = self.schedule.as_mut() else {
+                    return;
+                };
+                let name = item.file_name(seg);
+                let archived = schedule.uploaded(item);
+                tracing::debug!(file = %name, ?put, "archived");
+                self.status.send_modify(|s| {
+                    s.archived_count += 1;
+                    s.last_archived_wal = Some(name);
+                    s.last_archived_time = Some(SystemTime::now());
+                    s.last_error = None;
+                    s.alarm = None;
+                    if let Some(a) = archived {
+                        s.archived_lsn = Some(a);
+                    }
+                });
+            }
+            Done::Failed(item, e) => {
+                let Some(schedule) = self.schedule.as_mut() else {
+                    return;
+                };
+                let name = item.file_name(seg);
+                schedule.failed(item, Instant::now());
+                let tries = schedule.failures_in_a_row();
+                let mismatch = matches!(e, ArchiveError::Mismatch { .. });
+                if mismatch {
+                    tracing::error!(file = %name, error = %e, tries, "archiving is stuck: the archive holds other contents under this name");
+                } else {
+                    tracing::warn!(file = %name, error = %e, tries, "archiving failed; will retry");
+                }
+                self.status.send_modify(|s| {
+                    s.failed_count += 1;
+                    s.last_failed_wal = Some(name);
+                    s.last_failed_time = Some(SystemTime::now());
+                    s.last_error = Some(e.to_string());
+                    if mismatch {
+                        s.alarm = Some(e.to_string());
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Puts `item` into `target` and, for a segment, stores the new archived position: the
+/// blocking job of one upload. `current` is the timeline whose view reads resolve through.
+fn upload(wal: &Wal, target: &ArchiveTarget, item: Item, current: TimelineId) -> Result<Put> {
+    let seg = wal.segment_size();
+    let name = item.file_name(seg);
+    match item {
+        Item::History(tli) => {
+            let bytes = match wal.history_file(tli)? {
+                Some(b) => b,
+                // A node that never stored this ancestor's file (a standby fetches the newest
+                // one) makes it from the ancestry: a timeline's history is the prefix of its
+                // descendants'.
+                None => {
+                    let history = wal.history();
+                    let until = history
+                        .iter()
+                        .position(|h| h.parent == tli)
+                        .unwrap_or(history.len());
+                    format_history(&history[..until])
+                }
+            };
+            target.put(&name, &bytes)
+        }
+        Item::Segment { segno, .. } => {
+            let start = Lsn(segno * seg);
+            let mut bytes = BytesMut::with_capacity(seg as usize);
+            while (bytes.len() as u64) < seg {
+                let at = Lsn(start.0 + bytes.len() as u64);
+                let chunk = wal.read(current, at, seg as usize - bytes.len())?;
+                if chunk.is_empty() {
+                    return Err(ArchiveError::io(
+                        format!("reading {name}"),
+                        std::io::Error::other(format!("WAL ends at {at}, inside the segment")),
+                    ));
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            let put = target.put(&name, &bytes)?;
+            wal.set_archived(Lsn(start.0 + seg))?;
+            Ok(put)
+        }
+    }
+}
+
+impl Actor for Archiver {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.add_stream(WatchStream::new(self.wal.subscribe()));
+    }
+}
+
+impl StreamHandler<WalPosition> for Archiver {
+    fn handle(&mut self, _: WalPosition, ctx: &mut Context<Self>) {
+        self.pump(ctx);
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {
+        // Storage's watch outlives every handle the archiver holds; it cannot end first.
+    }
+}
+
+impl Handler<GetArchiverStatus> for Archiver {
+    type Result = MessageResult<GetArchiverStatus>;
+
+    fn handle(&mut self, _: GetArchiverStatus, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.status.borrow().clone())
+    }
+}
+
+impl Handler<StopArchiver> for Archiver {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: StopArchiver, ctx: &mut Context<Self>) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        if self.busy {
+            // The upload in flight finishes (its position stored or not); then the actor stops.
+            self.stopping.get_or_insert_with(Vec::new).push(tx);
+        } else {
+            self.stopping = Some(Vec::new());
+            ctx.stop();
+            let _ = tx.send(());
+        }
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+}

@@ -1,0 +1,226 @@
+//! The archiver against real storage and a real target directory.
+
+use std::path::Path;
+use std::time::Duration;
+
+use actix::Addr;
+use bytes::Bytes;
+use tokio::sync::watch;
+use wal_storage::{InitOptions, StorageConfig, Wal, WalFormat};
+use wal_types::{Lsn, SystemId, TimelineId};
+
+use crate::{ArchiveConfig, ArchiveMode, ArchiveTarget, Archiver, ArchiverStatus, StopArchiver};
+
+const SEG: u64 = 1 << 20;
+/// Long enough for a loaded machine; the archiver answers in milliseconds when it works.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn new_wal(dir: &Path) -> Wal {
+    let cfg = StorageConfig {
+        segment_size: SEG,
+        ..StorageConfig::default()
+    };
+    Wal::init(
+        dir,
+        cfg,
+        InitOptions::primary(SystemId(7), WalFormat::Walserver),
+    )
+    .unwrap()
+}
+
+/// Appends records until the WAL has entered the `n`th segment after the current one, so
+/// that `n` more segments are complete.
+async fn fill(wal: &Wal, n: u64) {
+    let target = Lsn((wal.flushed().segment_number(SEG) + n) * SEG);
+    let mut i = 0u64;
+    while wal.flushed() <= target {
+        let batch = (0..8)
+            .map(|_| {
+                i += 1;
+                Bytes::from(vec![(i % 251) as u8; 16 << 10])
+            })
+            .collect();
+        wal.append(batch).unwrap().await.unwrap();
+    }
+}
+
+fn start(wal: &Wal, target: &Path) -> (Addr<Archiver>, watch::Receiver<ArchiverStatus>) {
+    Archiver::start(
+        wal.clone(),
+        ArchiveConfig {
+            mode: ArchiveMode::On,
+            target: ArchiveTarget::Directory(target.into()),
+        },
+    )
+}
+
+/// Starts an archiver and waits until it holds storage's retention, so that nothing written
+/// after this returns can be removed before it is archived.
+async fn start_holding(
+    wal: &Wal,
+    target: &Path,
+) -> (Addr<Archiver>, watch::Receiver<ArchiverStatus>) {
+    let (addr, mut rx) = start(wal, target);
+    wait_until(&mut rx, "the hold", |s| s.archived_lsn.is_some()).await;
+    (addr, rx)
+}
+
+async fn wait_until(
+    rx: &mut watch::Receiver<ArchiverStatus>,
+    what: &str,
+    pred: impl FnMut(&ArchiverStatus) -> bool,
+) -> ArchiverStatus {
+    let reached = match tokio::time::timeout(DEADLINE, rx.wait_for(pred)).await {
+        Ok(Ok(s)) => Some(s.clone()),
+        _ => None,
+    };
+    reached.unwrap_or_else(|| panic!("archiver never reached: {what}; status {:?}", *rx.borrow()))
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+#[actix_rt::test]
+async fn every_completed_segment_and_history_file_is_archived_byte_for_byte() {
+    let data = tempfile::tempdir().unwrap();
+    let archive = tempfile::tempdir().unwrap();
+    let wal = new_wal(data.path());
+    // A slot keeps the node's own files to compare with once they are archived.
+    wal.create_slot("keep", false, true).unwrap();
+    let (addr, mut rx) = start_holding(&wal, archive.path()).await;
+    fill(&wal, 3).await;
+    let pg_wal = data.path().join("pg_wal");
+    let own: Vec<(String, Vec<u8>)> = (1..=3)
+        .map(|n| {
+            let name = format!("0000000100000000000000{n:02X}");
+            let bytes = std::fs::read(pg_wal.join(&name)).unwrap();
+            (name, bytes)
+        })
+        .collect();
+    let s = wait_until(&mut rx, "three segments", |s| s.archived_count == 3).await;
+    assert_eq!(s.archived_lsn, Some(Lsn(4 * SEG)));
+    assert_eq!(
+        s.last_archived_wal.as_deref(),
+        Some("000000010000000000000003")
+    );
+    assert_eq!(s.failed_count, 0);
+    for (name, bytes) in &own {
+        assert_eq!(
+            &std::fs::read(archive.path().join(name)).unwrap(),
+            bytes,
+            "{name}"
+        );
+        let sum = std::fs::read_to_string(archive.path().join(format!("{name}.crc32c"))).unwrap();
+        assert_eq!(sum, crate::sidecar(bytes));
+    }
+    // The current segment (4) is not complete: not archived.
+    assert!(!archive.path().join("000000010000000000000004").exists());
+    assert_eq!(wal.archived(), Some(Lsn(4 * SEG)));
+
+    // A promotion: the history file goes before the switch segment.
+    let (tli, _) = wal.promote("test").unwrap();
+    assert_eq!(tli, TimelineId(2));
+    fill(&wal, 1).await;
+    let s = wait_until(&mut rx, "the switch segment", |s| s.archived_count == 5).await;
+    assert_eq!(s.archived_lsn, Some(Lsn(5 * SEG)));
+    assert_eq!(
+        std::fs::read(archive.path().join("00000002.history")).unwrap(),
+        wal.history_file(TimelineId(2)).unwrap().unwrap()
+    );
+    assert_eq!(
+        std::fs::read(archive.path().join("000000020000000000000004")).unwrap(),
+        std::fs::read(pg_wal.join("000000020000000000000004")).unwrap()
+    );
+    addr.send(StopArchiver).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_failing_target_is_retried_without_skipping_and_shows_in_status() {
+    let data = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let archive = root.path().join("archive");
+    let wal = new_wal(data.path());
+    // The target directory does not exist yet: every put fails.
+    let (addr, mut rx) = start_holding(&wal, &archive).await;
+    fill(&wal, 2).await;
+    let s = wait_until(&mut rx, "two failures", |s| s.failed_count >= 2).await;
+    assert_eq!(s.archived_count, 0);
+    assert_eq!(
+        s.last_failed_wal.as_deref(),
+        Some("000000010000000000000001")
+    );
+    assert!(s.last_error.is_some());
+    assert_eq!(s.backlog_bytes, 2 * SEG);
+    // Storage still holds what is not archived.
+    wal.run_retention().unwrap();
+    assert_eq!(wal.oldest_retained(), Lsn(SEG));
+    std::fs::create_dir(&archive).unwrap();
+    let s = wait_until(&mut rx, "both segments", |s| s.archived_count == 2).await;
+    assert_eq!(s.last_error, None);
+    assert_eq!(
+        names(&archive),
+        [
+            "000000010000000000000001",
+            "000000010000000000000001.crc32c",
+            "000000010000000000000002",
+            "000000010000000000000002.crc32c",
+        ]
+    );
+    addr.send(StopArchiver).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn other_contents_under_a_segments_name_are_kept_and_raise_the_alarm() {
+    let data = tempfile::tempdir().unwrap();
+    let archive = tempfile::tempdir().unwrap();
+    let wal = new_wal(data.path());
+    let foreign = archive.path().join("000000010000000000000001");
+    std::fs::write(&foreign, b"another cluster's segment").unwrap();
+    let (addr, mut rx) = start_holding(&wal, archive.path()).await;
+    fill(&wal, 2).await;
+    let s = wait_until(&mut rx, "the alarm", |s| s.alarm.is_some()).await;
+    assert!(
+        s.alarm
+            .as_deref()
+            .unwrap()
+            .contains("000000010000000000000001"),
+        "{s:?}"
+    );
+    assert_eq!(s.archived_count, 0);
+    assert_eq!(
+        std::fs::read(&foreign).unwrap(),
+        b"another cluster's segment"
+    );
+    // Nothing after it is archived either, and storage keeps the segment.
+    assert!(!archive.path().join("000000010000000000000002").exists());
+    assert_eq!(wal.archived(), Some(Lsn(SEG)));
+    addr.send(StopArchiver).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_restart_resumes_from_the_durable_position() {
+    let data = tempfile::tempdir().unwrap();
+    let archive = tempfile::tempdir().unwrap();
+    let wal = new_wal(data.path());
+    let (addr, mut rx) = start_holding(&wal, archive.path()).await;
+    fill(&wal, 2).await;
+    wait_until(&mut rx, "two segments", |s| s.archived_count == 2).await;
+    addr.send(StopArchiver).await.unwrap();
+    // Archived segments may now go; a new archiver starts after them.
+    wal.run_retention().unwrap();
+    fill(&wal, 1).await;
+    let (addr, mut rx) = start(&wal, archive.path());
+    let s = wait_until(&mut rx, "the third segment", |s| s.archived_count == 1).await;
+    assert_eq!(
+        s.last_archived_wal.as_deref(),
+        Some("000000010000000000000003")
+    );
+    assert_eq!(s.archived_lsn, Some(Lsn(4 * SEG)));
+    addr.send(StopArchiver).await.unwrap();
+}

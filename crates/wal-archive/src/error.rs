@@ -1,0 +1,37 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+/// What can go wrong while archiving.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    /// `archive_target` is not a URL this build can archive to.
+    #[error("archive_target {target:?} is not supported: {reason}")]
+    BadTarget { target: String, reason: String },
+    /// A file operation on the archive failed.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The archive already holds an object of this name with other contents. It is never
+    /// overwritten: either another cluster archives to the same place or the archive was
+    /// damaged, and either needs a person.
+    #[error("{path} is already in the archive with different contents; it is not overwritten")]
+    Mismatch { path: PathBuf },
+    /// Reading the node's own WAL failed.
+    #[error("reading WAL to archive: {0}")]
+    Storage(#[from] wal_storage::WalError),
+}
+
+impl ArchiveError {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> ArchiveError {
+        ArchiveError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = ArchiveError> = std::result::Result<T, E>;

@@ -1,0 +1,44 @@
+//! wal-archive: continuous archiving of a node's WAL.
+//!
+//! The [`Archiver`] actor copies every completed segment, under PostgreSQL's file name
+//! (`TTTTTTTTXXXXXXXXYYYYYYYY`), and every timeline history file of the node's ancestry, to
+//! an archive ([`ArchiveTarget`]; this step has a directory, `file:///path`). Both kinds of
+//! WAL (walserver records and relayed PostgreSQL WAL) are bytes to it. It runs beside the
+//! node's other actors, started by the node when `archive_mode` is `on` or `always`, and is
+//! stopped in the node's shutdown order with [`StopArchiver`]; its peer is storage, which it
+//! reads only through `Wal`'s reader API and whose retention it holds.
+//!
+//! The contract is PostgreSQL's archiver's, with WAL-G's and pgBackRest's checks:
+//!
+//! - Order: in LSN order, none skipped, a timeline's history file before any segment of it
+//!   (`schedule.rs`, a pure machine with time passed in). A failure is retried with backoff,
+//!   the same file again, and shows in [`ArchiverStatus`].
+//! - Retention: storage keeps every segment not yet archived, whatever `wal_keep_size` or a
+//!   slot says, through a durable archived position (`Wal::set_archived`, PostgreSQL's
+//!   `.ready`/`.done`). The archiver takes the hold before its first upload and moves it
+//!   only after the object is durable, so a kill -9 at any moment loses nothing: at worst a
+//!   segment is put again, and finds its own bytes there.
+//! - Objects: created only if absent, durable before they count, never overwritten, each
+//!   with a CRC32C sidecar of its bytes for a restore to check (`target.rs`). An object of
+//!   the same name and other bytes is an alarm; archiving stops there until a person looks.
+//!
+//! File I/O runs on the blocking pool, one job at a time: the actor's thread only decides.
+//! Later steps add object stores, `archive_timeout` partial segments, backpressure and
+//! restore beside these types.
+
+mod actor;
+mod error;
+mod messages;
+mod schedule;
+mod status;
+mod target;
+
+pub use actor::{ArchiveConfig, ArchiveMode, Archiver};
+pub use error::{ArchiveError, Result};
+pub use messages::{GetArchiverStatus, StopArchiver};
+pub use schedule::{backoff, Item, Next, Schedule, WalView, FIRST_BACKOFF, MAX_BACKOFF};
+pub use status::ArchiverStatus;
+pub use target::{sidecar, ArchiveTarget, Put};
+
+#[cfg(test)]
+mod actor_tests;

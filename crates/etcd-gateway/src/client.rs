@@ -8,8 +8,10 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
+use crate::auth::{self, Auth, Token};
 use crate::error::{Error, Result};
-use crate::http::{self, Body, Endpoint, SendFailure};
+use crate::http::{self, Body, Endpoint, SendFailure, Transport};
+use crate::security::Security;
 use crate::types::{
     DeleteResponse, Header, KeyRange, Lease, LeaseId, LeaseTimeToLive, Op, PutResponse,
     RangeResponse, Status, Txn, TxnResponse,
@@ -38,28 +40,57 @@ const MAX_ERROR_BYTES: usize = 64 * 1024;
 /// next when a connection cannot be made. Once a request has been sent it is never resent
 /// elsewhere, because it may have been applied; the caller decides. Clones share which
 /// endpoint is current, so what one call learns the next call of any clone uses.
+///
+/// With a user ([`Security::username`]) every call carries etcd's auth token, got from
+/// `/v3/auth/authenticate` before the first call and shared by the clones. etcd forgets a
+/// token when it expires (`--auth-token-ttl` after its last use, for simple tokens) and when
+/// it restarts; a call that etcd refuses for its token is one etcd did not apply, so the
+/// client authenticates again and sends it once more, to the same endpoint.
 #[derive(Clone, Debug)]
 pub struct Client {
     endpoints: Arc<[Endpoint]>,
     current: Arc<AtomicUsize>,
     request_timeout: Duration,
     connect_timeout: Duration,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    client_cert: bool,
+    auth: Option<Arc<Auth>>,
 }
 
 impl Client {
-    /// A client of these endpoints (`http://host:port` or `host:port`), in order of preference.
+    /// A client of these endpoints (`http://host:port` or `host:port`), in order of preference,
+    /// without TLS or authentication.
     pub fn new<I, S>(endpoints: I) -> Result<Client>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        Client::with_security(endpoints, &Security::default())
+    }
+
+    /// A client of these endpoints with TLS and a user as `security` says. `https://`
+    /// endpoints need its CA file; with one, a `host:port` endpoint is spoken to over TLS
+    /// too. Reads the PEM files here (blocking file I/O, once); nothing is sent until the
+    /// first call.
+    pub fn with_security<I, S>(endpoints: I, security: &Security) -> Result<Client>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let tls = security.client_config()?;
         let mut parsed = Vec::new();
         for text in endpoints {
             let text = text.as_ref();
-            let endpoint = Endpoint::parse(text).map_err(|reason| Error::InvalidEndpoint {
+            let invalid = |reason| Error::InvalidEndpoint {
                 endpoint: text.to_string(),
                 reason,
-            })?;
+            };
+            let endpoint = Endpoint::parse(text, tls.is_some()).map_err(invalid)?;
+            if endpoint.tls() && tls.is_none() {
+                return Err(invalid(
+                    "https:// needs the CA certificate that signs etcd's certificates",
+                ));
+            }
             parsed.push(endpoint);
         }
         if parsed.is_empty() {
@@ -73,6 +104,11 @@ impl Client {
             current: Arc::new(AtomicUsize::new(0)),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            tls,
+            client_cert: security.cert.is_some(),
+            auth: security
+                .credentials()?
+                .map(|(user, password)| Arc::new(Auth::new(user, password))),
         })
     }
 
@@ -131,6 +167,13 @@ impl Client {
     /// member answers TTL 0) is [`Error::LeaseNotFound`]. See [`Lease`] for why a
     /// renewal is no proof of holding a key.
     pub async fn lease_keepalive(&self, id: LeaseId) -> Result<Lease> {
+        match self.keepalive_once(id).await {
+            Err(e) if self.forget_refused_token(&e) => self.keepalive_once(id).await,
+            other => other,
+        }
+    }
+
+    async fn keepalive_once(&self, id: LeaseId) -> Result<Lease> {
         const PATH: &str = "/v3/lease/keepalive";
         // The gateway serves this bidirectional stream as one request message (the body),
         // then one answer message per request; the server ends the stream when the request
@@ -201,6 +244,21 @@ impl Client {
         self.call("/v3/maintenance/status", &json!({})).await
     }
 
+    /// The auth token the next call sends, for tests of its renewal.
+    #[cfg(feature = "testkit")]
+    pub fn auth_token(&self) -> Option<String> {
+        self.auth
+            .as_ref()
+            .and_then(|auth| auth.token())
+            .and_then(|token| token.header().map(str::to_string))
+    }
+
+    /// One call as JSON, for the testkit's administration (users, roles, auth).
+    #[cfg(feature = "testkit")]
+    pub(crate) async fn call_json(&self, path: &'static str, body: &Value) -> Result<Value> {
+        self.call(path, body).await
+    }
+
     /// One unary call: POST `body`, read the whole answer, decode it.
     async fn call<T: DeserializeOwned>(&self, path: &'static str, body: &Value) -> Result<T> {
         let deadline = Instant::now() + self.request_timeout;
@@ -209,8 +267,17 @@ impl Client {
         serde_json::from_slice(&bytes).map_err(|e| Error::malformed(path, e.to_string()))
     }
 
-    /// Connects (failing over between endpoints), sends the request and waits for the
-    /// answer's head, all before `deadline`. A non-2xx answer becomes [`Error::Status`].
+    /// Checks that etcd takes this client's TLS settings and password: one status call
+    /// (after authenticating, with a user). [`Error::is_refused_credentials`] tells a
+    /// refusal from etcd being away.
+    pub async fn check_access(&self) -> Result<()> {
+        self.status().await.map(|_| ())
+    }
+
+    /// Sends the request with the auth token (authenticating first when there is none) and
+    /// waits for the answer's head, all before `deadline`. A non-2xx answer becomes
+    /// [`Error::Status`]. A request etcd refused for its token was not applied: it is sent
+    /// once more with a fresh token, to the endpoint that refused it and no other.
     pub(crate) async fn open(
         &self,
         path: &'static str,
@@ -220,11 +287,88 @@ impl Client {
         let payload = Bytes::from(
             serde_json::to_vec(body).map_err(|e| Error::malformed(path, e.to_string()))?,
         );
+        let Some(auth) = &self.auth else {
+            return self
+                .send(path, &payload, deadline, None, None)
+                .await
+                .map_err(|f| f.error);
+        };
+        let token = match auth.token() {
+            Some(token) => token,
+            None => self.authenticate(auth, deadline).await?,
+        };
+        match self
+            .send(path, &payload, deadline, token.header(), None)
+            .await
+        {
+            Err(Failure {
+                error,
+                at: Some(index),
+            }) if auth::refused_token(&error) => {
+                auth.forget(&token);
+                let fresh = self.authenticate(auth, deadline).await?;
+                self.send(path, &payload, deadline, fresh.header(), Some(index))
+                    .await
+                    .map_err(|f| f.error)
+            }
+            other => other.map_err(|f| f.error),
+        }
+    }
+
+    /// Whether etcd refused a stream's request (a watch's creation, a keepalive) for its
+    /// token, which it then did not act on: the token is forgotten, so that the request can
+    /// be sent once more and authenticate anew first. Unary calls do this in [`Client::open`].
+    pub(crate) fn forget_refused_token(&self, e: &Error) -> bool {
+        let Some(auth) = &self.auth else {
+            return false;
+        };
+        if !auth::refused_token(e) {
+            return false;
+        }
+        if let Some(token) = auth.token() {
+            auth.forget(&token);
+        }
+        true
+    }
+
+    /// Gets a token for `auth`'s user and keeps it for the next calls.
+    async fn authenticate(&self, auth: &Auth, deadline: Instant) -> Result<Token> {
+        const PATH: &str = "/v3/auth/authenticate";
+        let payload = Bytes::from(
+            serde_json::to_vec(&auth.request())
+                .map_err(|e| Error::malformed(PATH, e.to_string()))?,
+        );
+        let answer = match self.send(PATH, &payload, deadline, None, None).await {
+            Ok(mut body) => body.read_all(MAX_RESPONSE_BYTES, deadline).await?,
+            Err(failure) => return auth.refused(failure.error),
+        };
+        auth.accept(&answer)
+    }
+
+    /// Connects (failing over between endpoints, or only to endpoint `only`), sends the
+    /// request and waits for the answer's head, all before `deadline`. A failure names the
+    /// endpoint that answered, if one did.
+    async fn send(
+        &self,
+        path: &'static str,
+        payload: &Bytes,
+        deadline: Instant,
+        token: Option<&str>,
+        only: Option<usize>,
+    ) -> Result<Body, Failure> {
         let count = self.endpoints.len();
-        let first = self.current.load(Ordering::Relaxed);
+        let first = only.unwrap_or_else(|| self.current.load(Ordering::Relaxed));
+        let steps = if only.is_some() { 1 } else { count };
+        let transport = Transport {
+            connect_timeout: self.connect_timeout,
+            tls: self.tls.as_ref(),
+            client_cert: self.client_cert,
+            token,
+        };
         let mut tried = Vec::new();
         let mut last_error = None;
-        for step in 0..count {
+        let mut tls_error = None;
+        for step in 0..steps {
             let index = (first + step) % count;
             let endpoint = &self.endpoints[index];
             if Instant::now() >= deadline {
@@ -235,7 +379,7 @@ impl Client {
                 endpoint,
                 path,
                 payload.clone(),
-                self.connect_timeout,
+                &transport,
                 deadline,
                 self.request_timeout,
             )
@@ -246,9 +390,13 @@ impl Client {
                     last_error = Some(e);
                     continue;
                 }
-                Err(SendFailure::Failed(e)) => {
+                Err(SendFailure::Tls(e)) => {
+                    tls_error = Some(e);
+                    continue;
+                }
+                Err(SendFailure::Failed(error)) => {
                     self.current.store(index, Ordering::Relaxed);
-                    return Err(e);
+                    return Err(Failure { error, at: None });
                 }
             };
             self.current.store(index, Ordering::Relaxed);
@@ -258,22 +406,35 @@ impl Client {
                     .read_all(MAX_ERROR_BYTES, deadline)
                     .await
                     .unwrap_or_default();
-                return Err(status_error(path, status, &bytes));
+                return Err(Failure {
+                    error: status_error(&endpoint.url, path, status, &bytes),
+                    at: Some(index),
+                });
             }
             return Ok(answer);
         }
-        match last_error {
-            Some(source) => Err(Error::Connect {
+        // A refused handshake says more than the endpoints that could not be reached.
+        let error = match (tls_error, last_error) {
+            (Some(tls), _) => tls,
+            (None, Some(source)) => Error::Connect {
                 tried: tried.join(", "),
                 source,
-            }),
-            None => Err(Error::Timeout {
+            },
+            (None, None) => Error::Timeout {
                 endpoint: tried.last().cloned().unwrap_or_default(),
                 path,
                 after_ms: self.request_timeout.as_millis(),
-            }),
-        }
+            },
+        };
+        Err(Failure { error, at: None })
     }
+}
+
+/// A request that got no usable answer, and the endpoint that answered it with an error
+/// status, if one did.
+struct Failure {
+    error: Error,
+    at: Option<usize>,
 }
 
 /// An answer that is only a header (revoke, compaction).
@@ -283,8 +444,21 @@ struct HeaderOnly {
     header: Header,
 }
 
+/// etcd's refusal, through the gateway, of a client certificate with a Common Name (etcd
+/// 3.4.10 and later, with `--client-cert-auth`): over gRPC etcd takes that name as the user,
+/// through the gateway it cannot, so it refuses the request in plain text.
+const GATEWAY_REFUSES_CN: &str = "CommonName of client sending a request against gateway";
+
 /// A non-2xx answer, with etcd's message when its body is the gateway's error JSON.
-fn status_error(path: &'static str, status: u16, bytes: &[u8]) -> Error {
+fn status_error(endpoint: &str, path: &'static str, status: u16, bytes: &[u8]) -> Error {
+    let text = String::from_utf8_lossy(bytes);
+    if text.contains(GATEWAY_REFUSES_CN) {
+        return Error::Tls {
+            endpoint: endpoint.to_string(),
+            reason: "etcd refused this client's certificate because its subject has a Common Name (CN), which etcd's JSON gateway does not take: use a client certificate without one".into(),
+            source: std::io::Error::other(text.trim().to_string()),
+        };
+    }
     match serde_json::from_slice::<ErrorBody>(bytes) {
         Ok(error) => Error::Status {
             path,

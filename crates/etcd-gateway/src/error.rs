@@ -5,12 +5,33 @@ use std::io;
 /// What can go wrong talking to etcd through its gateway.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An endpoint given to [`crate::Client::new`] is not `http://host:port` or `host:port`.
+    /// An endpoint given to [`crate::Client::new`] is not `http://host:port`,
+    /// `https://host:port` or `host:port`.
     #[error("invalid etcd endpoint {endpoint:?}: {reason}")]
     InvalidEndpoint {
         endpoint: String,
         reason: &'static str,
     },
+
+    /// A TLS file or credential setting cannot be used: unreadable, not PEM, a certificate
+    /// without its key, a user without a password.
+    #[error("etcd security settings: {0}")]
+    TlsSetup(String),
+
+    /// TLS with etcd failed: its certificate is not signed by the CA given or is for another
+    /// name, or etcd refused this client's certificate. `reason` says which. Retrying does not
+    /// help; the request was not applied.
+    #[error("TLS with etcd at {endpoint} failed: {reason}")]
+    Tls {
+        endpoint: String,
+        reason: String,
+        #[source]
+        source: io::Error,
+    },
+
+    /// etcd refused the user name or password (`POST /v3/auth/authenticate`).
+    #[error("etcd refused the password of user {user:?}: {message}")]
+    AuthFailed { user: String, message: String },
 
     /// No endpoint accepted a connection. Nothing was sent, so the call can be retried.
     #[error("no etcd endpoint reachable (tried {tried}): {source}")]
@@ -76,6 +97,12 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// Whether etcd refused this client's certificate or credentials, or this client refused
+    /// etcd's certificate: a setting to fix, which no retry mends.
+    pub fn is_refused_credentials(&self) -> bool {
+        matches!(self, Error::Tls { .. } | Error::AuthFailed { .. })
+    }
+
     pub(crate) fn malformed(path: &'static str, reason: impl Into<String>) -> Error {
         Error::Malformed {
             path,

@@ -10,34 +10,40 @@
 //! them.
 
 use std::io;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use awc::error::{ConnectError, PayloadError, SendRequestError};
-use awc::http::header::{ACCEPT, CONTENT_TYPE};
+use awc::http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use bytes::{Bytes, BytesMut};
 use futures_util::stream::{LocalBoxStream, StreamExt};
+use rustls::ClientConfig;
 use tokio::time::timeout_at;
 
 use crate::error::{Error, Result};
+use crate::security;
 
-/// One etcd client URL, as `http://host:port`.
+/// One etcd client URL, as `http://host:port` or `https://host:port`.
 #[derive(Clone, Debug)]
 pub(crate) struct Endpoint {
     pub(crate) url: String,
+    /// The host, as the server's certificate must name it.
+    host: String,
+    tls: bool,
 }
 
 impl Endpoint {
-    /// Parses `http://host:port` or `host:port` (a trailing `/` is allowed). TLS is not
-    /// supported: an `https://` URL is refused rather than spoken to in plain text.
-    pub(crate) fn parse(text: &str) -> Result<Endpoint, &'static str> {
-        let rest = if let Some(rest) = text.strip_prefix("http://") {
-            rest
-        } else if text.starts_with("https://") {
-            return Err("https is not supported by this client");
+    /// Parses `http://host:port`, `https://host:port` or `host:port` (a trailing `/` is
+    /// allowed); a `host:port` is spoken to over TLS when `tls_by_default`.
+    pub(crate) fn parse(text: &str, tls_by_default: bool) -> Result<Endpoint, &'static str> {
+        let (rest, tls) = if let Some(rest) = text.strip_prefix("http://") {
+            (rest, false)
+        } else if let Some(rest) = text.strip_prefix("https://") {
+            (rest, true)
         } else if text.contains("://") {
-            return Err("only http:// endpoints are supported");
+            return Err("only http:// and https:// endpoints are supported");
         } else {
-            text
+            (text, tls_by_default)
         };
         let rest = rest.strip_suffix('/').unwrap_or(rest);
         let (host, port) = rest.rsplit_once(':').ok_or("missing :port")?;
@@ -45,16 +51,38 @@ impl Endpoint {
             return Err("expected host:port");
         }
         let port: u16 = port.parse().map_err(|_| "port is not a number")?;
+        let scheme = if tls { "https" } else { "http" };
         Ok(Endpoint {
-            url: format!("http://{host}:{port}"),
+            url: format!("{scheme}://{host}:{port}"),
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            tls,
         })
     }
+
+    pub(crate) fn tls(&self) -> bool {
+        self.tls
+    }
+}
+
+/// How a request reaches etcd: the connect bound, TLS, and the auth token if any.
+pub(crate) struct Transport<'a> {
+    pub(crate) connect_timeout: Duration,
+    pub(crate) tls: Option<&'a Arc<ClientConfig>>,
+    /// Whether `tls` presents a client certificate (for what a refusal means).
+    pub(crate) client_cert: bool,
+    pub(crate) token: Option<&'a str>,
 }
 
 /// Why a POST got no answer.
 pub(crate) enum SendFailure {
     /// No connection could be made: nothing was sent, another endpoint may be tried.
     NotSent(io::Error),
+    /// The TLS handshake failed ([`Error::Tls`]): nothing was sent. Another endpoint may be
+    /// tried, though with the same settings it likely fails the same way.
+    Tls(Error),
     /// The request was (perhaps partly) sent; it must not be resent.
     Failed(Error),
 }
@@ -65,27 +93,47 @@ pub(crate) async fn post(
     endpoint: &Endpoint,
     path: &'static str,
     payload: Bytes,
-    connect_timeout: Duration,
+    transport: &Transport<'_>,
     deadline: Instant,
     timeout: Duration,
 ) -> Result<(u16, Body), SendFailure> {
+    let context = Context {
+        endpoint: endpoint.url.clone(),
+        host: endpoint.host.clone(),
+        client_cert: transport.client_cert,
+        path,
+        timeout,
+    };
+    // The handshake is part of connecting, under the same bound.
+    let mut connector = awc::Connector::new()
+        .timeout(transport.connect_timeout)
+        .handshake_timeout(transport.connect_timeout);
+    if endpoint.tls {
+        let Some(tls) = transport.tls else {
+            // `Client` refuses an https endpoint without a CA; this is only a second guard.
+            return Err(SendFailure::NotSent(io::Error::other(
+                "an https endpoint without a CA certificate",
+            )));
+        };
+        connector = connector.rustls_0_23(tls.clone());
+    }
     // The call's deadline is ours (below); awc's own request timeout would end a watch's
     // stream, and its redirects would resend a request elsewhere.
     let client = awc::Client::builder()
         .disable_timeout()
         .disable_redirects()
-        .connector(awc::Connector::new().timeout(connect_timeout))
+        .connector(connector)
         .finish();
-    let send = client
+    let mut request = client
         .post(format!("{}{path}", endpoint.url))
         .insert_header((CONTENT_TYPE, "application/json"))
-        .insert_header((ACCEPT, "application/json"))
-        .send_body(payload);
-    let context = Context {
-        endpoint: endpoint.url.clone(),
-        path,
-        timeout,
-    };
+        .insert_header((ACCEPT, "application/json"));
+    if let Some(token) = transport.token {
+        // etcd's gateway passes this header on as the gRPC `authorization` metadata, where
+        // etcd looks for the token (bare, without a scheme).
+        request = request.insert_header((AUTHORIZATION, token));
+    }
+    let send = request.send_body(payload);
     let response = match timeout_at(deadline.into(), send).await {
         Err(_elapsed) => return Err(SendFailure::Failed(context.timeout())),
         // awc also reports a connection closed after the request went out, before the answer's
@@ -96,7 +144,13 @@ pub(crate) async fn post(
                 "the connection closed before the answer",
             ))))
         }
-        Ok(Err(SendRequestError::Connect(e))) => return Err(SendFailure::NotSent(connect_io(e))),
+        Ok(Err(SendRequestError::Connect(e))) => {
+            let e = connect_io(e);
+            return Err(match context.tls(&e) {
+                Some(tls) => SendFailure::Tls(tls),
+                None => SendFailure::NotSent(e),
+            });
+        }
         Ok(Err(e)) => return Err(SendFailure::Failed(context.send_error(e))),
         Ok(Ok(response)) => response,
     };
@@ -125,11 +179,23 @@ fn connect_io(e: ConnectError) -> io::Error {
 #[derive(Clone, Debug)]
 struct Context {
     endpoint: String,
+    host: String,
+    client_cert: bool,
     path: &'static str,
     timeout: Duration,
 }
 
 impl Context {
+    /// [`Error::Tls`] if `e` is (or wraps) a TLS failure.
+    fn tls(&self, e: &(dyn std::error::Error + 'static)) -> Option<Error> {
+        let tls = security::tls_error(e)?;
+        Some(Error::Tls {
+            endpoint: self.endpoint.clone(),
+            reason: security::describe(tls, &self.host, self.client_cert),
+            source: io::Error::other(tls.clone()),
+        })
+    }
+
     fn timeout(&self) -> Error {
         Error::Timeout {
             endpoint: self.endpoint.clone(),
@@ -147,6 +213,17 @@ impl Context {
     }
 
     fn send_error(&self, e: SendRequestError) -> Error {
+        // awc's errors do not all name their cause as a `source`; the I/O errors that can
+        // carry a TLS alert are taken out by hand.
+        let io = match &e {
+            SendRequestError::Send(io) => Some(io),
+            SendRequestError::Response(parse) => std::error::Error::source(parse)
+                .and_then(|source| source.downcast_ref::<io::Error>()),
+            _ => None,
+        };
+        if let Some(tls) = io.and_then(|io| self.tls(io)).or_else(|| self.tls(&e)) {
+            return tls;
+        }
         match e {
             SendRequestError::Timeout => self.timeout(),
             SendRequestError::Send(e) => self.io(e),
@@ -156,6 +233,13 @@ impl Context {
     }
 
     fn payload_error(&self, e: PayloadError) -> Error {
+        let io = match &e {
+            PayloadError::Incomplete(Some(io)) | PayloadError::Io(io) => Some(io),
+            _ => None,
+        };
+        if let Some(tls) = io.and_then(|io| self.tls(io)).or_else(|| self.tls(&e)) {
+            return tls;
+        }
         match e {
             // A body that is not HTTP (bad chunk sizes) rather than one cut short.
             PayloadError::Incomplete(Some(e)) | PayloadError::Io(e)
@@ -292,28 +376,28 @@ mod tests {
 
     #[test]
     fn endpoints_parse_or_say_why_not() {
-        let e = Endpoint::parse("http://127.0.0.1:2379/").expect("parses");
-        assert_eq!(e.url, "http://127.0.0.1:2379");
-        let e = Endpoint::parse("[::1]:2379").expect("parses");
+        let e = Endpoint::parse("http://127.0.0.1:2379/", false).expect("parses");
+        assert_eq!((e.url.as_str(), e.tls), ("http://127.0.0.1:2379", false));
+        let e = Endpoint::parse("[::1]:2379", false).expect("parses");
         assert_eq!(e.url, "http://[::1]:2379");
+        assert_eq!(e.host, "::1");
+        let e = Endpoint::parse("https://etcd.example:2379", false).expect("parses");
+        assert_eq!((e.url.as_str(), e.tls), ("https://etcd.example:2379", true));
+        assert_eq!(e.host, "etcd.example");
+        // With a CA, a bare host:port is spoken to over TLS; an explicit http:// is not.
+        let e = Endpoint::parse("127.0.0.1:2379", true).expect("parses");
+        assert_eq!((e.url.as_str(), e.tls), ("https://127.0.0.1:2379", true));
+        let e = Endpoint::parse("http://127.0.0.1:2379", true).expect("parses");
+        assert!(!e.tls);
+        let no = |text| Endpoint::parse(text, false).unwrap_err();
         assert_eq!(
-            Endpoint::parse("https://h:1").unwrap_err(),
-            "https is not supported by this client"
+            no("unix://x:1"),
+            "only http:// and https:// endpoints are supported"
         );
-        assert_eq!(
-            Endpoint::parse("unix://x:1").unwrap_err(),
-            "only http:// endpoints are supported"
-        );
-        assert_eq!(Endpoint::parse("h").unwrap_err(), "missing :port");
-        assert_eq!(
-            Endpoint::parse("h:port").unwrap_err(),
-            "port is not a number"
-        );
-        assert_eq!(
-            Endpoint::parse("http://a/b:1").unwrap_err(),
-            "expected host:port"
-        );
-        assert_eq!(Endpoint::parse(":1").unwrap_err(), "expected host:port");
+        assert_eq!(no("h"), "missing :port");
+        assert_eq!(no("h:port"), "port is not a number");
+        assert_eq!(no("http://a/b:1"), "expected host:port");
+        assert_eq!(no(":1"), "expected host:port");
     }
 
     #[test]

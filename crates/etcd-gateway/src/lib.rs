@@ -42,8 +42,19 @@
 //! goes on to the next when a connection cannot be made; a request that was sent is never
 //! resent, because it may have been applied ([`Error::Connect`] means nothing was sent).
 //!
+//! Security (`security`, `auth`): `https://` endpoints through awc's rustls connector (the
+//! `ring` provider, trusting only the CA file given), a client certificate for etcd's
+//! `--client-cert-auth`, and a user's password for etcd's `auth enable`, all in one
+//! [`Security`] given to [`Client::with_security`]. A handshake that fails is
+//! [`Error::Tls`] saying why (etcd's certificate not signed by that CA, or for another name;
+//! etcd refusing this client's certificate), a refused password is [`Error::AuthFailed`];
+//! [`Error::is_refused_credentials`] tells both from etcd being away, and
+//! [`Client::check_access`] asks once. The auth token is kept and renewed here: a call etcd
+//! refuses for its token (expired, or etcd restarted) was not applied, and is sent once more
+//! with a new token, to the same endpoint.
+//!
 //! What it does not own: elections, leader keys, terms or fencing; retries beyond connection
-//! failover; keeping a lease alive on a timer; TLS and authentication. Those belong to the
+//! failover and a refused token; keeping a lease alive on a timer. Those belong to the
 //! caller. One fact it passes on: a keepalive's answer is no proof that a lease still holds a
 //! key (etcd 3.4 could renew a revoked lease), so a holder confirms with a [`Txn`] comparing
 //! the key's value and lease.
@@ -55,9 +66,11 @@
 //! for tests; it is blocking (it waits for processes), and runs its own status checks on a
 //! runtime of their own.
 
+mod auth;
 mod client;
 mod error;
 mod http;
+mod security;
 mod types;
 mod watch;
 mod wire;
@@ -67,6 +80,7 @@ pub mod testkit;
 
 pub use client::{Client, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 pub use error::{Error, Result};
+pub use security::Security;
 pub use types::{
     Compare, CompareOp, CompareTarget, DeleteResponse, Header, KeyRange, KeyValue, Lease, LeaseId,
     LeaseTimeToLive, Op, OpResponse, PutResponse, RangeResponse, Status, Txn, TxnResponse,

@@ -2,6 +2,11 @@
 //! ([`EtcdCluster`]), on free loopback ports with a temporary data directory, killed and
 //! removed on drop.
 //!
+//! [`EtcdServer::start_secured`] runs one member as a careful deployment does: client TLS
+//! with client certificates required (`--client-cert-auth`), certificates from a [`Pki`]
+//! made with rcgen, and `auth enable` with a root user; [`EtcdServer::add_user`] adds users
+//! whose role is limited to a key prefix.
+//!
 //! A test that needs etcd fails, never skips, when etcd is missing: the panic says how to
 //! install it. Starting waits on the event that matters, a member answering
 //! `/v3/maintenance/status` with a leader, retried with a backoff under a deadline and a
@@ -14,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::Client;
+use serde_json::json;
+
+use crate::{Client, Security};
 
 /// How to get etcd when it is missing.
 pub const INSTALL_HINT: &str = "etcd is required for etcd-gateway's tests. Install it with \
@@ -80,12 +87,14 @@ const CLUSTER: Timing = Timing {
 pub struct EtcdMember {
     name: String,
     client_url: String,
+    /// How the testkit's own client reaches the member (root, on a secured one).
+    security: Security,
     log: PathBuf,
     child: Option<Child>,
 }
 
 impl EtcdMember {
-    /// The member's client URL, `http://127.0.0.1:PORT`.
+    /// The member's client URL, `http://127.0.0.1:PORT` (`https://` when secured).
     pub fn client_url(&self) -> &str {
         &self.client_url
     }
@@ -94,9 +103,10 @@ impl EtcdMember {
         &self.name
     }
 
-    /// A client of this member alone.
+    /// A client of this member alone (as root, on a secured member).
     pub fn client(&self) -> Client {
-        Client::new([&self.client_url]).expect("a testkit URL parses")
+        Client::with_security([&self.client_url], &self.security)
+            .expect("a testkit URL and its certificates load")
     }
 
     /// Kills the member at once (SIGKILL) and reaps it.
@@ -145,7 +155,200 @@ impl EtcdServer {
     }
 
     pub fn try_start() -> Result<EtcdServer, String> {
-        EtcdCluster::try_start_with(1, SINGLE).map(|cluster| EtcdServer { cluster })
+        EtcdCluster::try_start_with(1, SINGLE, None).map(|cluster| EtcdServer { cluster })
+    }
+
+    /// Starts a one-member cluster with client TLS on `pki`'s certificates, client
+    /// certificates required, and authentication on (a `root` user with [`ROOT_PASSWORD`]);
+    /// simple tokens expire `auth_token_ttl` after their last use (etcd's default is 300 s).
+    pub fn start_secured(pki: &Pki, auth_token_ttl: Option<Duration>) -> EtcdServer {
+        let secured = Secured {
+            pki: pki.clone(),
+            auth_token_ttl,
+        };
+        let server = EtcdCluster::try_start_with(1, SINGLE, Some(&secured))
+            .map(|cluster| EtcdServer { cluster })
+            .unwrap_or_else(|e| panic!("{e}"));
+        let client = server.client();
+        blocking(|| async {
+            client
+                .call_json(
+                    "/v3/auth/user/add",
+                    &json!({ "name": "root", "password": ROOT_PASSWORD }),
+                )
+                .await?;
+            client
+                .call_json(
+                    "/v3/auth/user/grant",
+                    &json!({ "user": "root", "role": "root" }),
+                )
+                .await?;
+            client.call_json("/v3/auth/enable", &json!({})).await
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot enable etcd's authentication: {e}; its log:\n{}",
+                server.log()
+            )
+        });
+        server
+    }
+
+    /// Adds a user with `password` and, with a `prefix`, a role of its own that may read
+    /// and write only the keys under it (as root, on a secured member).
+    pub fn add_user(&self, name: &str, password: &str, prefix: Option<&[u8]>) {
+        let client = self.client();
+        blocking(|| async {
+            client
+                .call_json(
+                    "/v3/auth/user/add",
+                    &json!({ "name": name, "password": password }),
+                )
+                .await?;
+            if let Some(prefix) = prefix {
+                let role = format!("{name}-role");
+                let range = crate::KeyRange::prefix(prefix.to_vec()).to_json();
+                client
+                    .call_json("/v3/auth/role/add", &json!({ "name": role }))
+                    .await?;
+                client
+                    .call_json(
+                        "/v3/auth/role/grant",
+                        &json!({ "name": role, "perm": {
+                            "permType": "READWRITE",
+                            "key": range["key"],
+                            "range_end": range["range_end"],
+                        } }),
+                    )
+                    .await?;
+                client
+                    .call_json(
+                        "/v3/auth/user/grant",
+                        &json!({ "user": name, "role": role }),
+                    )
+                    .await?;
+            }
+            Ok(serde_json::Value::Null)
+        })
+        .unwrap_or_else(|e| panic!("cannot add etcd user {name}: {e}"));
+    }
+
+    /// What a client of this secured member needs: its CA, the client certificate, and
+    /// `user`'s credentials (none without a user).
+    pub fn security(&self, user: Option<(&str, &str)>) -> Security {
+        let mut security = self.cluster.members[0].security.clone();
+        security.username = user.map(|(name, _)| name.to_string());
+        security.password = user.map(|(_, password)| password.to_string());
+        security
+    }
+}
+
+/// The password of the `root` user of a secured member.
+pub const ROOT_PASSWORD: &str = "root-password";
+
+/// Certificates made with rcgen for a secured etcd, in a temporary directory removed on
+/// drop: a CA, etcd's server certificate for `127.0.0.1` (usable as a client certificate
+/// too, as etcd's gateway presents it to etcd's own gRPC server), and client certificates.
+/// Another [`Pki`] is an unknown CA to this one.
+#[derive(Clone, Debug)]
+pub struct Pki {
+    _dir: std::sync::Arc<tempfile::TempDir>,
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    /// A client certificate without a subject Common Name.
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    /// A client certificate with a Common Name, which etcd 3.4's gateway refuses when it
+    /// checks client certificates (the name would not count as the user, as it does over
+    /// gRPC, so etcd refuses the request rather than let it seem to).
+    pub client_cert_with_cn: PathBuf,
+    pub client_key_with_cn: PathBuf,
+}
+
+impl Pki {
+    pub fn new() -> Pki {
+        Pki::try_new().unwrap_or_else(|e| panic!("cannot make test certificates: {e}"))
+    }
+
+    fn try_new() -> Result<Pki, String> {
+        use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+        let err = |e: rcgen::Error| e.to_string();
+        let dir = tempfile::Builder::new()
+            .prefix("etcd-testkit-pki-")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
+        let write = |name: &str, text: String| -> Result<PathBuf, String> {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(path)
+        };
+        let ca_key = KeyPair::generate().map_err(err)?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "etcd-testkit CA");
+        let ca = ca_params.self_signed(&ca_key).map_err(err)?;
+        let issue =
+            |name: Option<&str>, sans: Vec<String>, usages: Vec<ExtendedKeyUsagePurpose>| {
+                let key = KeyPair::generate().map_err(err)?;
+                let mut params = CertificateParams::new(sans).map_err(err)?;
+                params.distinguished_name = rcgen::DistinguishedName::new();
+                if let Some(name) = name {
+                    params
+                        .distinguished_name
+                        .push(rcgen::DnType::CommonName, name);
+                }
+                params.extended_key_usages = usages;
+                let cert = params.signed_by(&key, &ca, &ca_key).map_err(err)?;
+                Ok::<_, String>((cert.pem(), key.serialize_pem()))
+            };
+        use ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+        let (server_cert, server_key) = issue(
+            Some("etcd"),
+            vec!["127.0.0.1".into()],
+            vec![ServerAuth, ClientAuth],
+        )?;
+        // No Common Name: etcd's gateway refuses client certificates that have one (see
+        // the `client_cert_with_cn` field).
+        let (client_cert, client_key) = issue(None, Vec::new(), vec![ClientAuth])?;
+        let (named_cert, named_key) = issue(Some("walserver"), Vec::new(), vec![ClientAuth])?;
+        Ok(Pki {
+            ca: write("ca.pem", ca.pem())?,
+            server_cert: write("server.pem", server_cert)?,
+            server_key: write("server-key.pem", server_key)?,
+            client_cert: write("client.pem", client_cert)?,
+            client_key: write("client-key.pem", client_key)?,
+            client_cert_with_cn: write("client-cn.pem", named_cert)?,
+            client_key_with_cn: write("client-cn-key.pem", named_key)?,
+            _dir: std::sync::Arc::new(dir),
+        })
+    }
+}
+
+impl Default for Pki {
+    fn default() -> Pki {
+        Pki::new()
+    }
+}
+
+/// How a secured member is started.
+struct Secured {
+    pki: Pki,
+    auth_token_ttl: Option<Duration>,
+}
+
+impl Secured {
+    /// The testkit's own way in: the CA, the client certificate, and root.
+    fn security(&self) -> Security {
+        Security {
+            cacert: Some(self.pki.ca.clone()),
+            cert: Some(self.pki.client_cert.clone()),
+            key: Some(self.pki.client_key.clone()),
+            username: Some("root".into()),
+            password: Some(ROOT_PASSWORD.into()),
+        }
     }
 }
 
@@ -177,14 +380,18 @@ impl EtcdCluster {
     }
 
     pub fn try_start(size: usize) -> Result<EtcdCluster, String> {
-        EtcdCluster::try_start_with(size, CLUSTER)
+        EtcdCluster::try_start_with(size, CLUSTER, None)
     }
 
-    fn try_start_with(size: usize, timing: Timing) -> Result<EtcdCluster, String> {
+    fn try_start_with(
+        size: usize,
+        timing: Timing,
+        secured: Option<&Secured>,
+    ) -> Result<EtcdCluster, String> {
         let etcd = find_etcd()?;
         let mut last = String::new();
         for _ in 0..PORT_RETRIES {
-            let cluster = spawn(&etcd, size, timing)?;
+            let cluster = spawn(&etcd, size, timing, secured)?;
             match cluster.wait_ready() {
                 Ok(cluster) => return Ok(cluster),
                 Err(e) if e.contains("address already in use") => last = e,
@@ -261,19 +468,29 @@ impl EtcdCluster {
     }
 }
 
-/// Asks `client` for the member's status, blocking: the call runs on an actix-rt runtime of
-/// its own, on a thread of its own, because the testkit is called from tests that already run
-/// one on their thread (and a runtime cannot be started inside another).
+/// Asks `client` for the member's status, blocking.
 fn blocking_status(client: &Client) -> crate::Result<crate::Status> {
+    blocking(|| client.status())
+}
+
+/// Runs `call` to its end, blocking: on an actix-rt runtime of its own, on a thread of its
+/// own, because the testkit is called from tests that already run one on their thread (and
+/// a runtime cannot be started inside another).
+fn blocking<T, F, Fut>(call: F) -> crate::Result<T>
+where
+    T: Send,
+    F: FnOnce() -> Fut + Send,
+    Fut: std::future::Future<Output = crate::Result<T>>,
+{
     let outcome = std::thread::scope(|scope| {
         scope
             .spawn(|| {
                 let runtime = actix_rt::Runtime::new().map_err(|e| crate::Error::Io {
-                    endpoint: client.current_endpoint().to_string(),
-                    path: "/v3/maintenance/status",
+                    endpoint: String::new(),
+                    path: "(testkit runtime)",
                     source: e,
                 })?;
-                runtime.block_on(client.status())
+                runtime.block_on(call())
             })
             .join()
     });
@@ -294,7 +511,12 @@ fn free_ports(count: usize) -> Result<Vec<u16>, String> {
         .map_err(|e| format!("cannot read a bound port: {e}"))
 }
 
-fn spawn(etcd: &Path, size: usize, timing: Timing) -> Result<EtcdCluster, String> {
+fn spawn(
+    etcd: &Path,
+    size: usize,
+    timing: Timing,
+    secured: Option<&Secured>,
+) -> Result<EtcdCluster, String> {
     // etcd fsyncs its raft log on every write. On a disk shared with the rest of a test run
     // those fsyncs stalled keepalives for seconds (measured: 2.3 s), long enough to expire the
     // short leases failover tests use; what the tests judge is walserver, not the disk under
@@ -323,7 +545,25 @@ fn spawn(etcd: &Path, size: usize, timing: Timing) -> Result<EtcdCluster, String
     };
     for i in 0..size {
         let name = format!("m{i}");
-        let client_url = format!("http://127.0.0.1:{}", ports[2 * i]);
+        let scheme = if secured.is_some() { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:{}", ports[2 * i]);
+        let mut security_args: Vec<OsString> = Vec::new();
+        if let Some(secured) = secured {
+            let pki = &secured.pki;
+            security_args.extend([
+                "--cert-file".into(),
+                pki.server_cert.clone().into(),
+                "--key-file".into(),
+                pki.server_key.clone().into(),
+                "--client-cert-auth".into(),
+                "--trusted-ca-file".into(),
+                pki.ca.clone().into(),
+            ]);
+            if let Some(ttl) = secured.auth_token_ttl {
+                security_args.push("--auth-token-ttl".into());
+                security_args.push(ttl.as_secs().max(1).to_string().into());
+            }
+        }
         let data_dir = cluster._dir.path().join(&name);
         let log = cluster._dir.path().join(format!("{name}.log"));
         let stderr = File::create(&log).map_err(|e| format!("cannot create {log:?}: {e}"))?;
@@ -351,6 +591,7 @@ fn spawn(etcd: &Path, size: usize, timing: Timing) -> Result<EtcdCluster, String
             .arg("--election-timeout")
             .arg(timing.election_ms.to_string())
             .args(["--logger", "zap", "--log-level", "warn"])
+            .args(&security_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -359,6 +600,7 @@ fn spawn(etcd: &Path, size: usize, timing: Timing) -> Result<EtcdCluster, String
         cluster.members.push(EtcdMember {
             name,
             client_url,
+            security: secured.map(Secured::security).unwrap_or_default(),
             log,
             child: Some(child),
         });

@@ -177,6 +177,13 @@ impl Client {
     /// so no change after [`Watch::created`]'s revision is missed; the [`Watch`] then yields
     /// the batches as they come, with no deadline (a quiet key sends nothing).
     pub async fn watch(&self, request: &WatchRequest) -> Result<Watch> {
+        match self.start_watch(request).await {
+            Err(e) if self.forget_refused_token(&e) => self.start_watch(request).await,
+            other => other,
+        }
+    }
+
+    async fn start_watch(&self, request: &WatchRequest) -> Result<Watch> {
         let deadline = Instant::now() + self.request_timeout();
         let mut body = self.open(PATH, &request.to_json(), deadline).await?;
         let first = read_response(&mut body, Some(deadline))

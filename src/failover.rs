@@ -41,6 +41,29 @@ impl FailoverSlot {
     }
 }
 
+/// Asks etcd once whether it takes the `[failover]` table's TLS files and password, before
+/// the node starts: a refusal (a wrong password, an unknown CA, a certificate for another
+/// name, a client certificate etcd does not take or needs) is a setting to fix, which the
+/// failover actor's retries would never mend, so it stops the node with etcd's reason. etcd
+/// being away is no such thing: the node starts, and the actor keeps trying.
+pub async fn check_etcd_access(settings: &Settings) -> anyhow::Result<()> {
+    let Some(f) = &settings.failover else {
+        return Ok(());
+    };
+    let client = f.etcd_client()?;
+    match client.check_access().await {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_refused_credentials() => Err(anyhow::Error::new(e).context(format!(
+            "etcd ({}) refuses this node's failover settings (etcd_cacert, etcd_cert, etcd_key, etcd_username, etcd_password)",
+            f.etcd_endpoints.join(",")
+        ))),
+        Err(e) => {
+            tracing::warn!(error = %e, "etcd does not answer yet; automatic failover keeps trying");
+            Ok(())
+        }
+    }
+}
+
 /// Starts the failover actor the settings' `[failover]` table describes for `node`, whose
 /// listeners are bound (`http` is the admin API's address), puts it in `slot` and hands it to
 /// the node's supervisor, which lists it among the node's services. `None` without a table.

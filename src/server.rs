@@ -40,6 +40,7 @@ pub fn run(settings: Settings, sources: Sources, stop_mode: StopMode) -> anyhow:
         // The handlers are in place before the log says the node is up, so that a signal
         // sent on seeing that line is handled rather than killing the process.
         let signals = Signals::install()?;
+        crate::failover::check_etcd_access(&settings).await?;
         let node = start.await?;
         let reload: ReloadAction = {
             let (reloader, node) = (reloader.clone(), node.clone());

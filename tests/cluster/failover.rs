@@ -3,10 +3,12 @@
 //! the other failover endpoints say clearly when no `[failover]` table is configured, and
 //! `walserver cluster` passes the API's answers on; a `walserver run` with a `[failover]` table
 //! starts its failover actor beside the node, and one with a wrong table exits with the reason.
+//! Against an etcd with client TLS and authentication, three members fail over through it,
+//! and a node whose password or CA etcd refuses stops at start saying so.
 
 use std::process::{Command, Output};
 
-use etcd_gateway::testkit::EtcdServer;
+use etcd_gateway::testkit::{EtcdServer, Pki};
 
 use super::binary::{write_config, Walserver};
 use super::common::cluster::*;
@@ -497,4 +499,105 @@ fn walserver_run_with_failover_releases_its_keys_on_sigterm() {
         "{:.1?} after SIGTERM the keys are still there: {keys:?}",
         t.elapsed()
     );
+}
+
+/// The user the secured etcd's members log in as, whose role holds the cluster `t`'s keys.
+const ETCD_USER: (&str, &str) = ("walserver", "walserver-password");
+
+/// An etcd with client TLS (client certificates required) and authentication, with
+/// [`ETCD_USER`] limited to the cluster `t`'s prefix.
+fn secured_etcd(pki: &Pki) -> EtcdServer {
+    let etcd = EtcdServer::start_secured(pki, None);
+    let prefix = failover_actor::keys::Keys::new("t").prefix().to_string();
+    etcd.add_user(ETCD_USER.0, ETCD_USER.1, Some(prefix.as_bytes()));
+    etcd
+}
+
+/// [`failover_table`] for a secured etcd: its CA, the client certificate, and `password`.
+fn secured_table(etcd: &EtcdServer, pki: &Pki, name: &str, password: &str) -> String {
+    format!(
+        "{}etcd_cacert = {:?}\netcd_cert = {:?}\netcd_key = {:?}\netcd_username = {:?}\netcd_password = {password:?}\n",
+        failover_table(etcd, name),
+        pki.ca.display().to_string(),
+        pki.client_cert.display().to_string(),
+        pki.client_key.display().to_string(),
+        ETCD_USER.0,
+    )
+}
+
+/// Three members on an etcd with client TLS and authentication: the primary takes the leader
+/// key through them, and when it stops without releasing its lease (as in a crash), one of
+/// the standbys takes the key and acknowledges appends.
+#[test]
+fn three_members_fail_over_through_tls_and_authentication() {
+    let pki = Pki::new();
+    let etcd = secured_etcd(&pki);
+    let table = |name| format!("{KEEP}{}", secured_table(&etcd, &pki, name, ETCD_USER.1));
+    let p = TestNode::primary(&table("n1"));
+    wait_until("n1 to hold the leader key", || {
+        http_get_any(p.http_addr, "/primary").0 == 200
+    });
+    let (code, answer) = http_post(p.http_addr, "/wal", b"before the failover");
+    assert_eq!(code, 200, "{answer}");
+    let standbys = [
+        TestNode::standby_of(p.addr(), "n2", &table("n2")),
+        TestNode::standby_of(p.addr(), "n3", &table("n3")),
+    ];
+    for s in &standbys {
+        wait_until("the standbys to stream from n1", || {
+            http_get_any(s.http_addr, "/replica").0 == 200
+        });
+    }
+    // The System stops at once: the actor neither revokes its lease nor hands over.
+    drop(p.stop());
+    let mut leader = None;
+    wait_until("a standby to take the leader key", || {
+        leader = standbys
+            .iter()
+            .find(|s| http_get_any(s.http_addr, "/primary").0 == 200);
+        leader.is_some()
+    });
+    let leader = leader.expect("a leader");
+    let (code, answer) = http_post(leader.http_addr, "/wal", b"after the failover");
+    assert_eq!(code, 200, "the new leader acknowledges: {answer}");
+    let view = leader.http_get("/cluster");
+    assert_ne!(view["leader"]["name"], "n1", "{view}");
+}
+
+/// `walserver run` against an etcd that refuses its settings stops before the node starts,
+/// saying what etcd refused: a wrong password, and a CA that did not sign etcd's
+/// certificate.
+#[test]
+fn a_node_whose_etcd_settings_are_refused_stops_at_start_saying_so() {
+    let pki = Pki::new();
+    let etcd = secured_etcd(&pki);
+    let other_ca = Pki::new();
+    let right = secured_table(&etcd, &pki, "n1", ETCD_USER.1);
+    let cases = [
+        (
+            secured_table(&etcd, &pki, "n1", "not-the-password"),
+            "refused the password of user \"walserver\"",
+        ),
+        (
+            right.replace(
+                &format!("{:?}", pki.ca.display().to_string()),
+                &format!("{:?}", other_ca.ca.display().to_string()),
+            ),
+            "not signed by the CA",
+        ),
+    ];
+    for (table, expected) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
+        let config = write_config(dir.path(), &table);
+        // A node that started anyway would run on: the wait for its exit has a deadline.
+        let mut w = Walserver::spawn(&config, &[]);
+        let status = w.wait_exit();
+        let stderr = w.log.join("\n");
+        assert_eq!(status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("refuses this node's failover settings") && stderr.contains(expected),
+            "{expected:?} not in: {stderr}"
+        );
+    }
 }

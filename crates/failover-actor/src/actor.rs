@@ -115,7 +115,7 @@ impl FailoverActor {
         // A guess that leaves room for the whole exchange: etcd's calls must end well inside
         // one renewal interval, or a slow answer would eat the fence's margin.
         let timeout = machine::renewal_interval(config.ttl).max(Duration::from_millis(300));
-        let client = Client::new(&config.etcd_endpoints)?.with_request_timeout(timeout);
+        let client = config.etcd_client()?.with_request_timeout(timeout);
         let keys = Keys::new(&config.cluster_name);
         let fence = node.fence.clone();
         let lease_ttl = config.ttl;

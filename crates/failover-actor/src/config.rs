@@ -23,8 +23,10 @@ pub enum SynchronousMode {
 /// Automatic failover for one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FailoverConfig {
-    /// etcd's client URLs (`http://host:2379`), tried in turn.
+    /// etcd's client URLs (`http://host:2379`, `https://host:2379`), tried in turn.
     pub etcd_endpoints: Vec<String>,
+    /// TLS files and credentials for etcd; the default is plain HTTP without a user.
+    pub etcd_security: etcd_gateway::Security,
     /// The cluster's name: every key lives under `/walserver/<cluster_name>/`.
     pub cluster_name: String,
     /// This node's name in the cluster (unique); also its `application_name` upstream.
@@ -63,6 +65,7 @@ impl FailoverConfig {
     ) -> FailoverConfig {
         FailoverConfig {
             etcd_endpoints,
+            etcd_security: etcd_gateway::Security::default(),
             cluster_name: cluster_name.into(),
             node_name: node_name.into(),
             ttl: DEFAULT_TTL,
@@ -75,6 +78,12 @@ impl FailoverConfig {
             use_slots: true,
             member_slot_grace: None,
         }
+    }
+
+    /// A client of etcd as the settings say (endpoints, TLS, user). Reads the TLS files
+    /// (blocking file I/O of a few kilobytes, once, before the actor runs).
+    pub fn etcd_client(&self) -> Result<etcd_gateway::Client, etcd_gateway::Error> {
+        etcd_gateway::Client::with_security(&self.etcd_endpoints, &self.etcd_security)
     }
 
     /// How long the slot of a member whose key is gone is kept.

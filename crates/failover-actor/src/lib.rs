@@ -53,8 +53,9 @@
 //!
 //! What it does not own: the node (promotion, demotion with its divergent tail cut back,
 //! which standbys' acknowledgements count, the fence's check before an answer are the
-//! supervisor's); consensus (etcd's; this crate has none of its own); etcd's wire format
-//! (`etcd-gateway`).
+//! supervisor's); consensus (etcd's; this crate has none of its own); etcd's wire format,
+//! TLS and auth token (`etcd-gateway`, whose client [`FailoverConfig::etcd_client`] makes
+//! from the configuration's endpoints and `etcd_security`).
 //!
 //! Its peers: etcd, through `etcd-gateway` (every call a future on the actor's arbiter, under
 //! a deadline of a third of the ttl); the node's supervisor (messages `PromoteForTerm`,

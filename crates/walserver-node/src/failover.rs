@@ -9,6 +9,7 @@
 //! spelled out.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use failover_actor::{FailoverConfig, SynchronousMode};
@@ -31,6 +32,11 @@ pub const FAILOVER_KEYS: &[&str] = &[
     "advertise_http",
     "use_slots",
     "member_slot_grace",
+    "etcd_cacert",
+    "etcd_cert",
+    "etcd_key",
+    "etcd_username",
+    "etcd_password",
 ];
 
 /// The user of the default `advertise_conninfo`: the user the other members connect as to
@@ -50,8 +56,9 @@ pub const MAX_TTL: Duration = Duration::from_secs(3600);
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FailoverSettings {
-    /// etcd's client URLs (`http://host:2379` or `host:2379`): a list, or one string of
-    /// comma-separated ones (as an environment variable or `-c` gives it).
+    /// etcd's client URLs (`http://host:2379`, `https://host:2379` or `host:2379`): a list, or
+    /// one string of comma-separated ones (as an environment variable or `-c` gives it). A
+    /// `host:port` is spoken to over TLS when `etcd_cacert` is set.
     #[serde(deserialize_with = "endpoints")]
     pub etcd_endpoints: Vec<String>,
     /// The cluster's name: every key lives under `/walserver/<cluster_name>/`.
@@ -91,6 +98,23 @@ pub struct FailoverSettings {
     /// Bare numbers are seconds.
     #[serde(default, deserialize_with = "optional_duration_s")]
     pub member_slot_grace: Option<Duration>,
+    /// PEM file of the CA certificates that sign etcd's server certificates (etcd's
+    /// `--trusted-ca-file` on the server side; Patroni's `etcd3.cacert`). Needed for
+    /// `https://` endpoints. Relative paths are from the working directory.
+    #[serde(default)]
+    pub etcd_cacert: Option<PathBuf>,
+    /// PEM file of this node's client certificate, for etcd's `--client-cert-auth`; its
+    /// subject must have no Common Name, which etcd's JSON gateway refuses.
+    #[serde(default)]
+    pub etcd_cert: Option<PathBuf>,
+    /// PEM file of the private key of `etcd_cert`.
+    #[serde(default)]
+    pub etcd_key: Option<PathBuf>,
+    /// The etcd user (with `auth enable`), whose role should allow `/walserver/<cluster_name>/`.
+    #[serde(default)]
+    pub etcd_username: Option<String>,
+    #[serde(default)]
+    pub etcd_password: Option<String>,
 }
 
 fn default_ttl() -> Duration {
@@ -189,8 +213,7 @@ impl FailoverSettings {
                 "failover.etcd_endpoints is empty: give etcd's client URLs, as a list or comma-separated (\"http://10.0.0.1:2379,http://10.0.0.2:2379\")".into(),
             ));
         }
-        etcd_gateway::Client::new(&self.etcd_endpoints)
-            .map_err(|e| invalid(format!("failover.etcd_endpoints: {e}")))?;
+        self.etcd_client()?;
         check_name("cluster_name", &self.cluster_name)?;
         check_name("node_name", &self.node_name)?;
         if self.use_slots && failover_actor::member_slot_name(&self.node_name).is_none() {
@@ -256,6 +279,42 @@ impl FailoverSettings {
         Ok(())
     }
 
+    /// How the node reaches etcd: TLS files and credentials.
+    pub fn etcd_security(&self) -> etcd_gateway::Security {
+        etcd_gateway::Security {
+            cacert: self.etcd_cacert.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+            username: self.etcd_username.clone(),
+            password: self.etcd_password.clone(),
+        }
+    }
+
+    /// A client of the cluster's etcd, as the failover actor will make it. Reads the TLS
+    /// files (blocking file I/O of a few kilobytes), so a missing or unreadable one is an
+    /// error of the configuration, at start or reload.
+    pub fn etcd_client(&self) -> Result<etcd_gateway::Client> {
+        let https = self
+            .etcd_endpoints
+            .iter()
+            .any(|e| e.starts_with("https://"));
+        if https && self.etcd_cacert.is_none() {
+            return Err(invalid(
+                "failover.etcd_endpoints has https:// endpoints: set failover.etcd_cacert to the CA certificate that signs etcd's certificates".into(),
+            ));
+        }
+        etcd_gateway::Client::with_security(&self.etcd_endpoints, &self.etcd_security()).map_err(
+            |e| match e {
+                etcd_gateway::Error::InvalidEndpoint { .. } => {
+                    invalid(format!("failover.etcd_endpoints: {e}"))
+                }
+                e => invalid(format!(
+                    "failover.etcd_cacert, etcd_cert, etcd_key, etcd_username, etcd_password: {e}"
+                )),
+            },
+        )
+    }
+
     /// The failover actor's configuration, given where the node's listeners are actually
     /// bound (so that a port 0 in the settings is the port picked) and whether the admin API
     /// serves TLS.
@@ -293,6 +352,7 @@ impl FailoverSettings {
         cfg.priority = self.priority;
         cfg.use_slots = self.use_slots;
         cfg.member_slot_grace = self.member_slot_grace;
+        cfg.etcd_security = self.etcd_security();
         cfg
     }
 }
@@ -412,6 +472,44 @@ member_slot_grace = "5min"
         assert_eq!(f.synchronous_mode, SynchronousMode::On);
     }
 
+    /// The etcd security keys, as Patroni's `etcd3` section names them, reach the failover
+    /// actor's client; the password from the environment, as a deployment keeps it out of the
+    /// file.
+    #[test]
+    fn etcd_security_keys_reach_the_failover_actor() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = dir.path().join("ca.pem");
+        // Any certificate parses as a CA file; this one is made for the test.
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["etcd".to_string()])
+            .and_then(|p| p.self_signed(&key))
+            .expect("certificate");
+        std::fs::write(&ca, cert.pem()).expect("write the CA");
+        let s = load(
+            &format!(
+                "{BASE}etcd_cacert = {:?}
+etcd_username = \"walserver\"\n",
+                ca.display()
+            )
+            .replace("http://127.0.0.1:2379", "127.0.0.1:2379"),
+            &[("WALSERVER_FAILOVER_ETCD_PASSWORD", "from-env")],
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let f = s.failover.expect("a [failover] table");
+        let cfg = f.failover_config(
+            "127.0.0.1:6001".parse().unwrap(),
+            "127.0.0.1:7001".parse().unwrap(),
+            false,
+        );
+        assert_eq!(cfg.etcd_security.cacert.as_deref(), Some(ca.as_path()));
+        assert_eq!(cfg.etcd_security.username.as_deref(), Some("walserver"));
+        assert_eq!(cfg.etcd_security.password.as_deref(), Some("from-env"));
+        // With a CA, a bare host:port is spoken to over TLS.
+        let client = f.etcd_client().expect("a client");
+        assert_eq!(client.current_endpoint(), "https://127.0.0.1:2379");
+    }
+
     #[test]
     fn environment_and_overrides_set_failover_keys() {
         let s = load(
@@ -458,7 +556,19 @@ member_slot_grace = "5min"
                 "[failover]\netcd_endpoints = \"https://e:2379\"\ncluster_name = \"c\"\nnode_name = \"n\"",
                 &[],
                 &[],
-                &["failover.etcd_endpoints", "https"],
+                &["https://", "failover.etcd_cacert"],
+            ),
+            (
+                BASE,
+                &[],
+                &[("failover.etcd_cacert", "/nonexistent/ca.pem")],
+                &["failover.etcd_cacert", "/nonexistent/ca.pem"],
+            ),
+            (
+                BASE,
+                &[],
+                &[("failover.etcd_username", "walserver")],
+                &["etcd_password", "a user name without a password"],
             ),
             (
                 "[failover]\netcd_endpoints = \"e\"\ncluster_name = \"c\"\nnode_name = \"n\"",

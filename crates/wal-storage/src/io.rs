@@ -47,6 +47,13 @@
 //! WAL fails `locate`, and the copy itself belongs to the socket's side, in walsender-actor.
 //! So the zero-copy path has no open of its own to exempt.
 //!
+//! Under the same feature a [`PowerLoss`](crate::PowerLoss) recorder may be attached to the
+//! fail points (`powerloss.rs` has its model). Every operation that changes a file or a
+//! directory, or syncs one, then runs under the recorder's lock and is recorded after it
+//! succeeds, so the recorder sees the operations in the order they happened; a sync is
+//! recorded only when it really ran (fsync on). This is what the power-loss tests rely on:
+//! an operation that bypasses `Io` is an operation the simulated crash cannot take back.
+//!
 //! Functions that work on a data directory without a `Wal` (`Wal::stored_format`,
 //! [`durable::write_atomic`](crate::durable::write_atomic)) use an `Io` of their own, which
 //! has no fail points set.
@@ -61,6 +68,35 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use crate::metrics::{StorageErrorKind, StorageMetrics};
+#[cfg(feature = "failpoints")]
+use crate::powerloss::PowerLoss;
+
+/// Runs `$op`; with a power-loss recorder attached, under its lock (failing with `EIO` once
+/// the plug is pulled), recording `$rec` with `$r` the recording when `$op` succeeded with a
+/// value matching `$v`. Without the feature it is `$op` alone.
+#[cfg(feature = "failpoints")]
+macro_rules! recorded {
+    ($io:expr, $op:expr, |$r:ident, $v:pat_param| $rec:expr) => {
+        match $io.failpoints.power_loss() {
+            None => $op,
+            Some(pl) => {
+                let mut $r = pl.begin()?;
+                let out = $op;
+                if let Ok($v) = &out {
+                    $rec;
+                }
+                out
+            }
+        }
+    };
+}
+
+#[cfg(not(feature = "failpoints"))]
+macro_rules! recorded {
+    ($io:expr, $op:expr, |$r:ident, $v:pat_param| $rec:expr) => {
+        $op
+    };
+}
 
 pub const FP_WRITE: &str = "wal_storage::write::err";
 pub const FP_FSYNC: &str = "wal_storage::fsync::err";
@@ -167,7 +203,9 @@ impl Io {
 
     /// Opens an existing file (or, with `opts` that say so, creates it).
     pub(crate) fn open(&self, path: &Path, opts: &OpenOptions) -> io::Result<File> {
-        self.run(StorageErrorKind::Open, FP_OPEN, || opts.open(path))
+        self.run(StorageErrorKind::Open, FP_OPEN, || {
+            recorded!(self, opts.open(path), |r, f| r.opened(path, f, false))
+        })
     }
 
     /// Opens a file, or `None` if it does not exist.
@@ -177,25 +215,24 @@ impl Io {
         opts: &OpenOptions,
     ) -> io::Result<Option<File>> {
         let missing = io::ErrorKind::NotFound;
-        self.run_unless(StorageErrorKind::Open, FP_OPEN, missing, || opts.open(path))
+        self.run_unless(StorageErrorKind::Open, FP_OPEN, missing, || {
+            recorded!(self, opts.open(path), |r, f| r.opened(path, f, false))
+        })
     }
 
     /// Creates `path` empty (truncating a file already there), open for reading and writing.
     pub(crate) fn create(&self, path: &Path) -> io::Result<File> {
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true).create(true).truncate(true);
         self.run(StorageErrorKind::Open, FP_CREATE, || {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(path)
+            recorded!(self, opts.open(path), |r, f| r.opened(path, f, true))
         })
     }
 
     /// Creates a directory and its missing parents.
     pub(crate) fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         self.run(StorageErrorKind::Directory, FP_CREATE, || {
-            fs::create_dir_all(path)
+            recorded!(self, fs::create_dir_all(path), |r, _| r.created_dirs(path))
         })
     }
 
@@ -253,7 +290,7 @@ impl Io {
 
     pub(crate) fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         self.run(StorageErrorKind::Directory, FP_RENAME, || {
-            fs::rename(from, to)
+            recorded!(self, fs::rename(from, to), |r, _| r.renamed(from, to))
         })
     }
 
@@ -261,7 +298,7 @@ impl Io {
     pub(crate) fn hard_link(&self, from: &Path, to: &Path) -> io::Result<bool> {
         let exists = io::ErrorKind::AlreadyExists;
         let linked = self.run_unless(StorageErrorKind::Directory, FP_LINK, exists, || {
-            fs::hard_link(from, to)
+            recorded!(self, fs::hard_link(from, to), |r, _| r.linked(from, to))
         })?;
         Ok(linked.is_some())
     }
@@ -270,7 +307,7 @@ impl Io {
     pub(crate) fn remove_file(&self, path: &Path) -> io::Result<bool> {
         let missing = io::ErrorKind::NotFound;
         let removed = self.run_unless(StorageErrorKind::Directory, FP_REMOVE, missing, || {
-            fs::remove_file(path)
+            recorded!(self, fs::remove_file(path), |r, _| r.removed(path))
         })?;
         Ok(removed.is_some())
     }
@@ -278,7 +315,7 @@ impl Io {
     /// Removes an empty directory.
     pub(crate) fn remove_dir(&self, path: &Path) -> io::Result<()> {
         self.run(StorageErrorKind::Directory, FP_REMOVE, || {
-            fs::remove_dir(path)
+            recorded!(self, fs::remove_dir(path), |r, _| r.removed(path))
         })
     }
 
@@ -290,7 +327,11 @@ impl Io {
         point: &'static str,
     ) -> io::Result<()> {
         self.run(StorageErrorKind::Write, point, || {
-            f.write_all_at(buf, offset)
+            recorded!(self, f.write_all_at(buf, offset), |r, _| r.wrote(
+                f,
+                offset,
+                &[buf]
+            ))
         })
     }
 
@@ -304,7 +345,8 @@ impl Io {
         point: &'static str,
     ) -> io::Result<()> {
         self.run(StorageErrorKind::Write, point, || {
-            pwritev_all(f, bufs, offset)
+            recorded!(self, pwritev_all(f, bufs, offset), |r, _| r
+                .wrote(f, offset, bufs))
         })
     }
 
@@ -330,29 +372,49 @@ impl Io {
     /// Gives `f` `len` bytes of (zeroed) space with `fallocate`. `Ok(false)` if the file
     /// system refused, for the caller to write zeros instead; only `point` is an error.
     pub(crate) fn fallocate(&self, f: &File, len: u64, point: &'static str) -> io::Result<bool> {
-        self.run(StorageErrorKind::Write, point, || Ok(()))?;
-        // SAFETY: fallocate on a descriptor the caller owns, over a valid range.
-        Ok(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) } == 0)
+        self.run(StorageErrorKind::Write, point, || {
+            // SAFETY: fallocate on a descriptor the caller owns, over a valid range.
+            let op =
+                || Ok(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) } == 0);
+            recorded!(self, op(), |r, done| if *done {
+                r.extended(f, len)
+            })
+        })
     }
 
     /// fdatasync: the file's data and the metadata needed to read it back.
     pub(crate) fn sync_data(&self, f: &File, point: &'static str) -> io::Result<()> {
         self.run(StorageErrorKind::Fsync, point, || {
-            self.timed_sync(|| f.sync_data())
+            recorded!(
+                self,
+                self.timed_sync(|| f.sync_data()),
+                |r, _| if self.fsync {
+                    r.synced(f)
+                }
+            )
         })
     }
 
     /// fsync, for files whose size or name changed.
     pub(crate) fn sync_all(&self, f: &File, point: &'static str) -> io::Result<()> {
         self.run(StorageErrorKind::Fsync, point, || {
-            self.timed_sync(|| f.sync_all())
+            recorded!(
+                self,
+                self.timed_sync(|| f.sync_all()),
+                |r, _| if self.fsync {
+                    r.synced(f)
+                }
+            )
         })
     }
 
     /// fsync of a directory, after creating, renaming or removing entries in it.
     pub(crate) fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.run(StorageErrorKind::Fsync, FP_DIRSYNC, || {
-            self.timed_sync(|| File::open(dir)?.sync_all())
+            let op = || self.timed_sync(|| File::open(dir)?.sync_all());
+            recorded!(self, op(), |r, _| if self.fsync {
+                r.synced_dir(dir)
+            })
         })
     }
 
@@ -464,10 +526,14 @@ fn pread_exact(file: &File, n: usize, offset: u64) -> std::io::Result<Bytes> {
 
 /// Named fault-injection points of one `Wal`. While a point is set, every operation passing it
 /// fails with the given OS error (for example `libc::ENOSPC`), until it is cleared.
+///
+/// They may also carry a [`PowerLoss`] recorder ([`Failpoints::record_power_loss`]): the
+/// `Wal` that holds them then has its operations recorded.
 #[cfg(feature = "failpoints")]
 #[derive(Debug, Default)]
 pub struct Failpoints {
     points: std::sync::Mutex<std::collections::HashMap<&'static str, i32>>,
+    power_loss: std::sync::OnceLock<Arc<PowerLoss>>,
 }
 
 #[cfg(feature = "failpoints")]
@@ -491,6 +557,23 @@ impl Failpoints {
 
     pub fn clear_all(&self) {
         self.lock().clear();
+    }
+
+    /// Starts recording the data directory `root` for a simulated power loss: what it holds
+    /// now counts as durable. Give these fail points to `Wal::open_with_failpoints` on `root`.
+    ///
+    /// # Panics
+    ///
+    /// If these fail points already record: one recorder sees every operation or none.
+    pub fn record_power_loss(&self, root: &Path) -> io::Result<Arc<PowerLoss>> {
+        let pl = Arc::new(PowerLoss::start(root)?);
+        let set = self.power_loss.set(pl.clone());
+        assert!(set.is_ok(), "these fail points already record a power loss");
+        Ok(pl)
+    }
+
+    fn power_loss(&self) -> Option<&PowerLoss> {
+        self.power_loss.get().map(|pl| &**pl)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<&'static str, i32>> {
@@ -600,7 +683,8 @@ mod tests {
         for entry in fs::read_dir(&src).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            if name == "io.rs" || name == "metrics.rs" {
+            // `powerloss.rs` is the test tool that rewrites a directory as a power loss would.
+            if name == "io.rs" || name == "metrics.rs" || name == "powerloss.rs" {
                 continue;
             }
             let text = fs::read_to_string(&path).unwrap();

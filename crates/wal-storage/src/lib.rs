@@ -146,7 +146,7 @@
 //! Each module imports only modules below it in this order, never one that imports it back:
 //!
 //! ```text
-//! metrics ← io                                               counters: fsync time, errors
+//! metrics, powerloss ← io                                    counters; the power-loss recorder
 //! kind, naming, tail, io ← error ← config, history, format   types, names, formats, file ops
 //! health                                                     the state of the failure policy
 //! io ← durable ← files ← slots, archived                     small durable files, slot rules
@@ -179,6 +179,8 @@ mod io;
 mod kind;
 mod metrics;
 mod naming;
+#[cfg(feature = "failpoints")]
+mod powerloss;
 mod reader;
 mod recovery;
 mod recycle;
@@ -210,6 +212,8 @@ pub use metrics::{disk_free_bytes, StorageErrorKind, StorageMetrics};
 pub use naming::{
     history_file_name, parse_history_file_name, parse_segment_file_name, segment_file_name,
 };
+#[cfg(feature = "failpoints")]
+pub use powerloss::{CrashReport, PowerLoss};
 pub use reader::RecordReader;
 pub use recovery::{InitOptions, RecoveryReport};
 pub use segments::WalFileRange;

@@ -297,11 +297,12 @@ pub fn message(m: &BackendMessage) -> String {
     }
 }
 
-/// Waits for `cond` to hold, checking each time `wake` returns (an event), up to the deadline.
+/// Waits for `cond` to hold, checking it every 10 ms, and fails the test naming `what` after
+/// [`DEADLINE`]. Polling is the fallback for facts with no event a test can wait on (a file
+/// another process writes, a row of `/status`); the interval is short and the deadline
+/// bounds it.
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
-    // Polling a condition in a test is the fallback for facts with no event to wait on (a
-    // file written by another process); the interval is short and the deadline bounds it.
     while !cond() {
         assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(10));

@@ -10,17 +10,24 @@ use bytes::{Buf, Bytes};
 /// The content type of a body holding many records, each a big-endian u32 length then bytes.
 pub const RECORDS_CONTENT_TYPE: &str = "application/x-walserver-records";
 
-/// Splits a length-delimited body into records.
+/// Splits a length-delimited body into records. A torn body is refused with the index of the
+/// record it tears and the byte offset of that record's length from the start of the body.
 pub fn split_records(mut body: Bytes) -> Result<Vec<Bytes>, String> {
+    let total = body.len();
     let mut out = Vec::new();
     while !body.is_empty() {
+        let at = total - body.len();
         if body.len() < 4 {
-            return Err(format!("truncated record length at byte {}", out.len()));
+            return Err(format!(
+                "record {} at byte {at}: truncated length ({} of 4 bytes)",
+                out.len(),
+                body.len()
+            ));
         }
         let len = body.get_u32() as usize;
         if body.len() < len {
             return Err(format!(
-                "record {} claims {len} bytes but only {} remain",
+                "record {} at byte {at}: claims {len} bytes but only {} remain",
                 out.len(),
                 body.len()
             ));
@@ -54,8 +61,8 @@ mod tests {
         assert!(split_records(Bytes::new()).unwrap().is_empty());
         // A length cut short, and a length claiming more than the body holds.
         let e = split_records(Bytes::from(body[..body.len() - 1].to_vec())).unwrap_err();
-        assert!(e.contains("record 2 claims 5 bytes"), "{e}");
+        assert_eq!(e, "record 2 at byte 11: claims 5 bytes but only 4 remain");
         let e = split_records(Bytes::from_static(b"\0\0\0\x01a\0\0")).unwrap_err();
-        assert!(e.contains("truncated record length"), "{e}");
+        assert_eq!(e, "record 1 at byte 5: truncated length (2 of 4 bytes)");
     }
 }

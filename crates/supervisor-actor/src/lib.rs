@@ -53,10 +53,15 @@
 //! instead of draining. A walreceiver's failure does not stop it: the restart policy starts
 //! another.
 //!
-//! It never touches the protocol's bytes and never polls: children report with messages, and
-//! its only timers are the restart policy's backoff and an append's deadlines. It does not depend on `protocol-codec`:
-//! what it needs of the protocol (the shutdown modes, the `SHOW` values) comes through the
-//! actor crates.
+//! It never touches the protocol's bytes and never polls: children report with messages,
+//! storage and the fence with watches. Its timers are backoffs and real timeouts, four in all:
+//! the walreceiver's retry after a stop, on the restart policy's schedule; the reopening of
+//! failed storage, on the same policy; an append's wait for its synchronous standbys, bounded
+//! by `synchronous_wait_timeout`; and the fence's grant, whose deadline passing closes it, so
+//! that appends waiting then end indeterminate and the role it publishes changes. The drain's
+//! deadline at shutdown is handed to the walsenders, which keep it. It does not depend on
+//! `protocol-codec`: what it needs of the protocol (the shutdown modes, the `SHOW` values)
+//! comes through the actor crates.
 //!
 //! # Layout
 //!

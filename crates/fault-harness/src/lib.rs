@@ -11,7 +11,9 @@
 //! chosen ports only ([`fault::cut_ports`]: etcd's, with replication left open); SIGSTOP
 //! and SIGCONT ([`process::Process::pause`]); a small [`tmpfs::Tmpfs`] for a full disk. A real
 //! etcd cluster runs one member per host ([`etcd::EtcdCluster`]), for automatic failover.
-//! Every scenario writes one [`report::Row`] of figures.
+//! A fault scenario of the `faults` and `chaos` tests records its figures as one
+//! [`report::Row`] of the reliability table; the failover scenarios write the failover
+//! table's rows instead ([`report`] says which and where).
 //!
 //! Cleanup: every guard removes what it made when dropped, also while a test panics; a
 //! [`netns::Net`] kills whatever still runs in its namespaces before deleting them; and the

@@ -1,7 +1,12 @@
-//! One row of figures per fault scenario, written as JSON so that a table can be made from
-//! the rows of every fault test (this crate's network scenarios and the process and disk
-//! ones alike). The format is the load tool's ([`walserver_bench::reliability`], which also
-//! renders the table), re-exported here so that scenarios and renderer cannot disagree.
+//! The reliability table's rows. Each fault scenario of the `faults` tests (the network
+//! faults this crate makes) and of the `chaos` tests (kill -9 in a chain, a full disk, accept
+//! failing with EMFILE; the soak writes none) writes one [`Row`] with `Row::write`, as
+//! `<scenario>.json` in [`default_dir`], and fails through [`check_published`] when
+//! `benches/RELIABILITY.md` has no row for it; `walserver-bench reliability-table` renders the
+//! rows into that table. The format is the load tool's ([`walserver_bench::reliability`]),
+//! re-exported here so that scenarios and renderer cannot disagree. The harness itself writes
+//! no row: the tests do. The automatic-failover scenarios write rows of another shape
+//! (`walserver_bench::failover_table::FailoverRow`), for `benches/FAILOVER.md`.
 
 pub use walserver_bench::reliability::{default_dir, published, RecoverMs, Row, DIR_VAR};
 

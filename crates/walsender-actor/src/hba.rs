@@ -40,11 +40,12 @@ pub enum ConnectionType {
     Hostnossl,
 }
 
-/// One rule as written in the configuration file. An unknown key is an error: a misspelt
-/// `type` would otherwise make a `hostssl` rule a plain `host` one.
+/// One rule as written in the configuration file (a `*Settings` type: what the operator said;
+/// [`HbaRules`] is what the walsenders check). An unknown key is an error: a misspelt `type`
+/// would otherwise make a `hostssl` rule a plain `host` one.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct HbaRuleConfig {
+pub struct HbaRuleSettings {
     #[serde(default, rename = "type")]
     pub conn_type: ConnectionType,
     /// `all`, an address (`127.0.0.1`, `::1`) or a CIDR block (`10.0.0.0/8`).
@@ -53,6 +54,11 @@ pub struct HbaRuleConfig {
     pub user: String,
     pub method: AuthMethod,
 }
+
+/// The name [`HbaRuleSettings`] had before the workspace named what an operator says
+/// `*Settings`; kept so that embedding code building [`HbaRules`] goes on compiling.
+#[deprecated(note = "renamed HbaRuleSettings")]
+pub type HbaRuleConfig = HbaRuleSettings;
 
 /// An address pattern, parsed once.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -220,8 +226,15 @@ pub enum HbaDecision {
 }
 
 impl HbaRules {
-    /// Builds the rule list from configuration; an empty list means the built-in default.
-    pub fn from_config(rules: &[HbaRuleConfig]) -> Result<HbaRules, HbaError> {
+    /// [`HbaRules::from_settings`], under the name it had before.
+    #[deprecated(note = "renamed HbaRules::from_settings")]
+    pub fn from_config(rules: &[HbaRuleSettings]) -> Result<HbaRules, HbaError> {
+        HbaRules::from_settings(rules)
+    }
+
+    /// Builds the rule list from the configuration file's rules; an empty list means the
+    /// built-in default.
+    pub fn from_settings(rules: &[HbaRuleSettings]) -> Result<HbaRules, HbaError> {
         if rules.is_empty() {
             return Ok(HbaRules::default());
         }
@@ -290,14 +303,14 @@ mod tests {
     fn rules(specs: &[(&str, &str, AuthMethod)]) -> HbaRules {
         let cfg: Vec<_> = specs
             .iter()
-            .map(|(a, u, m)| HbaRuleConfig {
+            .map(|(a, u, m)| HbaRuleSettings {
                 conn_type: ConnectionType::Host,
                 address: a.to_string(),
                 user: u.to_string(),
                 method: *m,
             })
             .collect();
-        HbaRules::from_config(&cfg).unwrap()
+        HbaRules::from_settings(&cfg).unwrap()
     }
 
     fn ip(s: &str) -> IpAddr {
@@ -383,20 +396,20 @@ mod tests {
     #[test]
     fn ssl_types() {
         let cfg = vec![
-            HbaRuleConfig {
+            HbaRuleSettings {
                 conn_type: ConnectionType::Hostssl,
                 address: "all".into(),
                 user: "all".into(),
                 method: AuthMethod::ScramSha256,
             },
-            HbaRuleConfig {
+            HbaRuleSettings {
                 conn_type: ConnectionType::Hostnossl,
                 address: "all".into(),
                 user: "all".into(),
                 method: AuthMethod::Reject,
             },
         ];
-        let r = HbaRules::from_config(&cfg).unwrap();
+        let r = HbaRules::from_settings(&cfg).unwrap();
         assert_eq!(
             r.check(ip("10.0.0.1"), "u", true),
             HbaDecision::Allow(AuthMethod::ScramSha256)
@@ -422,11 +435,30 @@ mod tests {
         assert_eq!(d.rule(1).unwrap().to_string(), "host all 127.0.0.0/8 trust");
     }
 
+    /// Embedding code written against the names before the `*Settings` rule still builds
+    /// the rules it meant.
+    #[test]
+    #[allow(deprecated)]
+    fn the_old_names_still_build_the_rules() {
+        let old = [HbaRuleConfig {
+            conn_type: ConnectionType::Host,
+            address: "10.0.0.0/8".into(),
+            user: "all".into(),
+            method: AuthMethod::ScramSha256,
+        }];
+        let r = HbaRules::from_config(&old).unwrap();
+        assert_eq!(
+            r.rule(1).unwrap().to_string(),
+            "host all 10.0.0.0/8 scram-sha-256"
+        );
+        assert!(r.rule(2).is_none());
+    }
+
     #[test]
     fn a_rule_with_an_unknown_key_is_refused() {
         use serde::de::value::{Error, MapDeserializer};
         let parse = |pairs: &[(&'static str, &'static str)]| {
-            HbaRuleConfig::deserialize(MapDeserializer::<_, Error>::new(pairs.iter().copied()))
+            HbaRuleSettings::deserialize(MapDeserializer::<_, Error>::new(pairs.iter().copied()))
         };
         let rule = [("address", "all"), ("user", "all"), ("method", "trust")];
         let ok = parse(&[&rule[..], &[("type", "hostssl")]].concat()).unwrap();

@@ -483,11 +483,11 @@ pub(crate) fn on_off(b: bool) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hba::{ConnectionType, HbaRuleConfig};
+    use crate::hba::{ConnectionType, HbaRuleSettings};
     use protocol_codec::auth::{make_md5_verifier, make_scram_verifier, ClientAuthenticator};
 
     fn settings(method: AuthMethod, users: &[(&str, String)]) -> Arc<AuthSettings> {
-        let hba = HbaRules::from_config(&[HbaRuleConfig {
+        let hba = HbaRules::from_settings(&[HbaRuleSettings {
             conn_type: ConnectionType::Host,
             address: "all".into(),
             user: "all".into(),

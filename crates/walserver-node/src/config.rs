@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use walsender_actor::hba::HbaRuleConfig;
+use walsender_actor::hba::HbaRuleSettings;
 
 use crate::error::{Error, Message, Result};
 use crate::failover::{FailoverSettings, FAILOVER_KEYS};
@@ -158,7 +158,7 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// Access rules, first match wins; none means loopback is trusted and all else refused.
     #[serde(default)]
-    pub hba: Vec<HbaRuleConfig>,
+    pub hba: Vec<HbaRuleSettings>,
     /// User name to password verifier (`SCRAM-SHA-256$...` from `walserver passwd`, or `md5...`).
     #[serde(default)]
     pub users: BTreeMap<String, String>,
@@ -472,7 +472,7 @@ impl Settings {
                 "wal_retrieve_retry_interval must be more than 0".into(),
             ));
         }
-        walsender_actor::hba::HbaRules::from_config(&self.hba)?;
+        walsender_actor::hba::HbaRules::from_settings(&self.hba)?;
         if let Some(f) = &self.failover {
             f.validate(
                 &self.listen,

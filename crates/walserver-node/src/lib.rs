@@ -13,7 +13,23 @@
 //!
 //! It does not own the admin API's server, signals, or the commands' output: those are the
 //! `walserver` binary's. The actors and storage live in their own crates; this crate only
-//! turns settings into their configuration. Its errors are one [`Error`] ([`error`]), whose
+//! turns settings into their configuration.
+//!
+//! # Settings and Config
+//!
+//! One naming rule holds across the workspace. A `*Settings` type holds what someone outside
+//! the code chose, in the words they chose it in: an operator in the configuration file, a
+//! `WALSERVER_*` variable or `-c`, a client in its startup packet; a running node keeps them in
+//! that shape where a reload replaces them whole ([`config::Settings`],
+//! [`failover::FailoverSettings`], `walsender_actor::hba::HbaRuleSettings`,
+//! `protocol_codec::client_settings::ClientSettings`, the walsenders' `WalSenderSettings` and
+//! `AuthSettings`, the supervisor's `SyncSettings`). A `*Config` type is what one component is
+//! built with and keeps for its life; changing it means building the component again
+//! (`wal_storage::StorageConfig`, `supervisor_actor::NodeConfig`, the walreceiver's
+//! `ReceiverConfig`, each side's `SessionConfig`, `failover_actor::FailoverConfig`,
+//! `protocol_codec::client::StartupConfig`, the admin API's `HttpConfig`). [`node`] turns the
+//! configuration's `Settings` into the others, a function named for what it makes
+//! (`node_config`, `receiver_config`, `walsender_settings`, `sync_settings`). Its errors are one [`Error`] ([`error`]), whose
 //! variants say in words what failed and keep the error underneath as their source, since every
 //! error ends in a message to a person: the binary prints the message and its causes.
 

@@ -95,7 +95,7 @@ pub fn walsender_settings(
 ) -> Result<WalSenderSettings> {
     Ok(WalSenderSettings {
         auth: Arc::new(AuthSettings {
-            hba: HbaRules::from_config(&s.hba)?,
+            hba: HbaRules::from_settings(&s.hba)?,
             users: s.users.clone(),
             tls_available: tls,
         }),

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use wal_storage::{InitOptions, Lsn, StorageConfig, SystemId, TimelineId, Wal, WalFormat};
 use walreceiver_actor::messages::*;
 use walreceiver_actor::{ReceiverConfig, WalReceiver};
-use walsender_actor::hba::{AuthMethod, HbaRuleConfig, HbaRules};
+use walsender_actor::hba::{AuthMethod, HbaRuleSettings, HbaRules};
 use walsender_actor::messages::{GetListenAddr, GetReplicationStatus, ShutdownWalSenders};
 use walsender_actor::session::{SessionConfig, ShutdownMode};
 use walsender_actor::startup::AuthSettings;
@@ -106,7 +106,7 @@ impl Primary {
         });
         auth.tls_available = acceptor.is_some();
         if let Access::Scram { user, password } = access {
-            auth.hba = HbaRules::from_config(&[HbaRuleConfig {
+            auth.hba = HbaRules::from_settings(&[HbaRuleSettings {
                 conn_type: Default::default(),
                 address: "127.0.0.1/32".into(),
                 user: "all".into(),

@@ -6,7 +6,7 @@
 //!
 //! The facts are kept by the crates that own them (storage's fsync latency and errors,
 //! the supervisor's appends, the walsenders' startup phase, the registry's and the
-//! walreceiver's status rows); this module reads them at one moment into [`Families`] and
+//! walreceiver's status rows); this module reads them at one moment into `Families` and
 //! lets the Prometheus project's client, `prometheus-client`, write the exposition (HELP and
 //! TYPE lines, escaping, counters' `_total`, histograms' cumulative buckets, `# EOF`). Names
 //! follow Prometheus' conventions: the `walserver_` prefix (the standard `process_` series

@@ -114,7 +114,19 @@ pub struct FailoverSettings {
     #[serde(default)]
     pub etcd_username: Option<String>,
     #[serde(default)]
-    pub etcd_password: Option<String>,
+    pub etcd_password: Option<Password>,
+}
+
+/// A password from the settings, hidden from their debug output so that a dump of the
+/// settings never shows it.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Password(pub String);
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<hidden>")
+    }
 }
 
 fn default_ttl() -> Duration {
@@ -286,7 +298,7 @@ impl FailoverSettings {
             cert: self.etcd_cert.clone(),
             key: self.etcd_key.clone(),
             username: self.etcd_username.clone(),
-            password: self.etcd_password.clone(),
+            password: self.etcd_password.as_ref().map(|p| p.0.clone()),
         }
     }
 
@@ -505,6 +517,11 @@ etcd_username = \"walserver\"\n",
         assert_eq!(cfg.etcd_security.cacert.as_deref(), Some(ca.as_path()));
         assert_eq!(cfg.etcd_security.username.as_deref(), Some("walserver"));
         assert_eq!(cfg.etcd_security.password.as_deref(), Some("from-env"));
+        let shown = format!("{f:?} {cfg:?}");
+        assert!(
+            !shown.contains("from-env") && shown.contains("<hidden>"),
+            "{shown}"
+        );
         // With a CA, a bare host:port is spoken to over TLS.
         let client = f.etcd_client().expect("a client");
         assert_eq!(client.current_endpoint(), "https://127.0.0.1:2379");

@@ -28,7 +28,7 @@ fn accept_failures(log: &str) -> usize {
 
 /// Lines of `log` about failed accepts that are past the first `skip` of them.
 fn failures_since(node: &ChildNode, skip: usize) -> usize {
-    let text = std::fs::read_to_string(&node.log).unwrap_or_default();
+    let text = node.log_text();
     accept_failures(&text).saturating_sub(skip)
 }
 
@@ -41,7 +41,7 @@ fn accept_errors_back_off_and_the_node_accepts_again_afterwards() {
     walserver_node::init::init_primary(&pdata, 1 << 20).expect("init");
     // The connections the test opens never send a startup packet; the node must keep them for
     // the whole fault rather than time them out, so authentication_timeout is long.
-    let mut primary = ChildNode::new(
+    let mut primary = child_node(
         "primary",
         &pdata,
         &[
@@ -54,7 +54,7 @@ fn accept_errors_back_off_and_the_node_accepts_again_afterwards() {
     let sdata = dir.path().join("standby");
     walserver_node::init::init_standby(&sdata, &conninfo_at(primary.listen, "s1"), None, None)
         .expect("init the standby");
-    let mut standby = ChildNode::new("standby", &sdata, &[("wal_receiver_status_interval", "1")]);
+    let mut standby = child_node("standby", &sdata, &[("wal_receiver_status_interval", "1")]);
     standby.start().expect("start the standby");
     let at_rest = primary.open_fds().expect("the primary's descriptors");
     let nofile = at_rest + HEADROOM;

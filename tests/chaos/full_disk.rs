@@ -88,7 +88,7 @@ fn setup(full: Full, sync: bool) -> Setup {
     walserver_node::init::init_primary(&pdata, 1 << 20).expect("init the primary");
     // The logs are kept off the small disk: the test reads them, and a log that cannot be
     // written is a fault of its own (`an_unwritable_log_is_not_a_crash`).
-    let mut primary = ChildNode::new(
+    let mut primary = child_node(
         "primary",
         &pdata,
         &[
@@ -101,7 +101,7 @@ fn setup(full: Full, sync: bool) -> Setup {
     let sdata = on_disk(Full::Standby, "standby");
     walserver_node::init::init_standby(&sdata, &conninfo_at(primary.listen, "s1"), None, None)
         .expect("init the standby");
-    let mut standby = ChildNode::new(
+    let mut standby = child_node(
         "standby",
         &sdata,
         &[
@@ -146,7 +146,7 @@ impl Setup {
 
 /// Lines of a node's log saying a write found no space.
 fn no_space_lines(node: &ChildNode) -> usize {
-    let log = std::fs::read_to_string(&node.log).unwrap_or_default();
+    let log = node.log_text();
     log.matches("No space left on device").count()
 }
 
@@ -344,14 +344,14 @@ fn an_unwritable_log_is_not_a_crash() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pdata = dir.path().join("primary");
     walserver_node::init::init_primary(&pdata, 1 << 20).expect("init the primary");
-    let mut primary = ChildNode::new("primary", &pdata, &[("log_level", "debug")])
-        .with_stderr(Path::new("/dev/full"));
+    let mut primary =
+        child_node("primary", &pdata, &[("log_level", "debug")]).with_log(Path::new("/dev/full"));
     primary.start().expect("a node logging to /dev/full starts");
     let sdata = dir.path().join("standby");
     walserver_node::init::init_standby(&sdata, &conninfo_at(primary.listen, "s1"), None, None)
         .expect("init the standby");
-    let mut standby = ChildNode::new("standby", &sdata, &[("log_level", "debug")])
-        .with_stderr(Path::new("/dev/full"));
+    let mut standby =
+        child_node("standby", &sdata, &[("log_level", "debug")]).with_log(Path::new("/dev/full"));
     standby
         .start()
         .expect("a standby logging to /dev/full starts");

@@ -56,7 +56,7 @@ impl Chain {
         walserver_node::init::init_primary(&pdata, 1 << 20).expect("init the primary");
         // Every node keeps all its WAL, so the three can be compared from the first record.
         let keep = ("wal_keep_size", "4GB");
-        let mut p = ChildNode::new(
+        let mut p = child_node(
             "primary",
             &pdata,
             &[keep, ("synchronous_standby_names", SYNC)],
@@ -71,7 +71,7 @@ impl Chain {
                 None,
             )
             .expect("init a standby");
-            let mut n = ChildNode::new(name, &data, &[keep, ("wal_receiver_status_interval", "1")]);
+            let mut n = child_node(name, &data, &[keep, ("wal_receiver_status_interval", "1")]);
             n.start().expect("start a standby");
             n
         };

@@ -23,7 +23,7 @@ use wal_storage::Lsn;
 use walserver_bench::acklog::{self, AckEntry};
 use walserver_bench::judge::{self, NodeWal};
 
-use node::ChildNode;
+use node::{ChaosNode, ChildNode};
 
 /// The cycle count of a scenario: `WALSERVER_TEST_CHAOS_CYCLES`, else `ci`.
 pub fn cycles(ci: u64) -> u64 {

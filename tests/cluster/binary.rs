@@ -5,143 +5,65 @@
 //! immediate. A `primary_conninfo` without user or password takes them from the
 //! environment, as libpq does.
 
-use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use protocol_codec::messages::PrimaryKeepalive;
 use protocol_codec::BackendMessage;
-use supervisor_actor::NodeStatus;
 use wal_storage::Lsn;
+use walserver_bench::node::{ChildNode, Output, Ready};
 
 use super::common::cluster::*;
 use super::common::*;
 use super::{KEEP, TL1};
 
-/// A `walserver run` process, its log lines delivered as they are written.
-pub(super) struct Walserver {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    /// The lines read so far.
-    pub(super) log: Vec<String>,
-    pub(super) http: SocketAddr,
-    pub(super) listen: SocketAddr,
+/// `walserver run --config CONFIG` started with `env` added to a test's environment from which
+/// `RUST_LOG` and `NO_COLOR` are removed, its output captured beside the configuration; the
+/// addresses are unknown until the caller reads them from the log ([`run_with`]).
+pub(super) fn spawn(config: &Path, env: &[(&str, &str)]) -> ChildNode {
+    let dir = config.parent().expect("the configuration's directory");
+    let mut w = ChildNode::new(
+        "walserver",
+        Path::new(env!("CARGO_BIN_EXE_walserver")),
+        &dir.join("data"),
+    );
+    w.config_file(config)
+        .env_remove("NO_COLOR")
+        .env_remove("RUST_LOG")
+        .output(Output::Captured(dir.join("walserver.log")))
+        .ready(Ready::Spawned);
+    for (k, v) in env {
+        w.env(k, v);
+    }
+    w.start().expect("start walserver");
+    w
 }
 
-impl Walserver {
-    /// Runs `config` and waits until it accepts replication connections and serves its
-    /// admin API, whose addresses its log tells.
-    pub(super) fn run(config: &Path) -> Walserver {
-        Walserver::run_with(config, &[])
-    }
-
-    /// [`Walserver::run`] with `env` added to its environment.
-    pub(super) fn run_with(config: &Path, env: &[(&str, &str)]) -> Walserver {
-        let mut all = vec![("NO_COLOR", "1"), ("RUST_LOG", "info")];
-        all.extend_from_slice(env);
-        let mut w = Walserver::spawn(config, &all);
-        let line = w.wait_line("accepting replication connections");
-        w.listen = field(&line, "listen_addr").parse().expect("listen_addr");
-        let line = w.wait_line("admin API listening");
-        w.http = field(&line, "addr").parse().expect("addr");
-        w
-    }
-
-    /// Starts `walserver run --config CONFIG` with `env` added to a test's environment from
-    /// which `RUST_LOG` and `NO_COLOR` are removed, its standard error piped; the addresses
-    /// are unknown until the caller reads them from the log.
-    pub(super) fn spawn(config: &Path, env: &[(&str, &str)]) -> Walserver {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_walserver"))
-            .arg("run")
-            .arg("--config")
-            .arg(config)
-            .env_remove("NO_COLOR")
-            .env_remove("RUST_LOG")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start walserver");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, lines) = mpsc::channel();
-        // The channel closes when the process's stderr does: that is its exit.
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Walserver {
-            child,
-            lines,
-            log: Vec::new(),
-            http: "0.0.0.0:0".parse().unwrap(),
-            listen: "0.0.0.0:0".parse().unwrap(),
-        }
-    }
-
-    /// Waits for a log line containing `needle` and returns it.
-    pub(super) fn wait_line(&mut self, needle: &str) -> String {
-        let start = Instant::now();
-        loop {
-            let left = DEADLINE.saturating_sub(start.elapsed());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.log.push(line.clone());
-                    if line.contains(needle) {
-                        return line;
-                    }
-                }
-                Err(e) => panic!(
-                    "no log line with {needle:?} ({e}); the log:\n{}",
-                    self.log.join("\n")
-                ),
-            }
-        }
-    }
-
-    pub(super) fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().expect("try_wait").is_none()
-    }
-
-    /// Waits for the process to exit (its stderr closes), up to the deadline.
-    pub(super) fn wait_exit(&mut self) -> ExitStatus {
-        let start = Instant::now();
-        loop {
-            let left = DEADLINE.saturating_sub(start.elapsed());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.log.push(line),
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    panic!("walserver did not exit; its log:\n{}", self.log.join("\n"))
-                }
-            }
-        }
-        self.child.wait().expect("wait")
-    }
-
-    pub(super) fn status(&self) -> NodeStatus {
-        walserver_node::admin::get_status(&self.http.to_string(), None).expect("/status")
-    }
+/// Runs `config` and waits until it accepts replication connections and serves its admin
+/// API, whose addresses its log tells.
+pub(super) fn run(config: &Path) -> ChildNode {
+    run_with(config, &[])
 }
 
-impl Drop for Walserver {
-    fn drop(&mut self) {
-        if self.running() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// [`run`] with `env` added to its environment.
+pub(super) fn run_with(config: &Path, env: &[(&str, &str)]) -> ChildNode {
+    let mut all = vec![("NO_COLOR", "1"), ("RUST_LOG", "info")];
+    all.extend_from_slice(env);
+    let mut w = spawn(config, &all);
+    let line = w
+        .wait_line("accepting replication connections")
+        .expect("the replication listener");
+    w.listen = field(&line, "listen_addr").parse().expect("listen_addr");
+    let line = w.wait_line("admin API listening").expect("the admin API");
+    w.http = field(&line, "addr").to_string();
+    w
+}
+
+/// The admin API's address of a node [`run`] started.
+pub(super) fn http_of(w: &ChildNode) -> SocketAddr {
+    w.http.parse().expect("the admin API's address")
 }
 
 /// The value of `name=value` in a tracing log line.
@@ -167,12 +89,12 @@ pub(super) fn write_config(dir: &Path, lines: &str) -> PathBuf {
 }
 
 /// Waits until the process's walreceiver streams from `port`; returns its id.
-fn wait_streaming_from(w: &Walserver, port: u16) -> u64 {
+fn wait_streaming_from(w: &ChildNode, port: u16) -> u64 {
     let mut pid = 0;
     wait_until(
         &format!("the walreceiver to stream from port {port}"),
         || {
-            let s = w.status();
+            let s = w.status().expect("/status");
             let r = s.wal_receiver.as_ref();
             pid = r.and_then(|r| r.pid).unwrap_or(0);
             s.receiving() && r.and_then(|r| r.status.as_ref()?.sender_port) == Some(port)
@@ -207,17 +129,18 @@ fn the_user_and_password_come_from_the_environment_when_the_conninfo_has_none() 
                 "primary_conninfo = \"host=127.0.0.1 port={port} sslmode=disable application_name=env\"\n"
             ),
         );
-        let w = Walserver::run_with(&config, &[("PGUSER", "repl"), ("PGPASSWORD", password)]);
+        let w = run_with(&config, &[("PGUSER", "repl"), ("PGPASSWORD", password)]);
         if streams {
             wait_streaming_from(&w, port);
             wait_until("the standby to flush the primary's WAL", || {
-                w.status().flush_lsn == end
+                w.status().expect("/status").flush_lsn == end
             });
         } else {
             let mut error = String::new();
             wait_until("the wrong password to be refused", || {
                 error = w
                     .status()
+                    .expect("/status")
                     .wal_receiver
                     .and_then(|r| r.restart.last_error)
                     .unwrap_or_default();
@@ -242,7 +165,7 @@ fn a_reload_changes_the_upstream_without_a_restart() {
         dir.path(),
         &format!("primary_conninfo = {:?}\n", u1.conninfo("s")),
     );
-    let mut w = Walserver::run(&config);
+    let mut w = run(&config);
     let first = wait_streaming_from(&w, u1.addr().port());
 
     // SIGHUP with a new upstream: the same process streams from it.
@@ -250,8 +173,9 @@ fn a_reload_changes_the_upstream_without_a_restart() {
         dir.path(),
         &format!("primary_conninfo = {:?}\n", u2.conninfo("s")),
     );
-    w.signal(libc::SIGHUP);
-    w.wait_line("configuration reloaded");
+    w.signal(libc::SIGHUP).expect("signal");
+    w.wait_line("configuration reloaded")
+        .expect("a line of the log");
     let second = wait_streaming_from(&w, u2.addr().port());
     assert!(second > first, "a new walreceiver, {second} after {first}");
     assert!(w.running());
@@ -261,31 +185,31 @@ fn a_reload_changes_the_upstream_without_a_restart() {
         dir.path(),
         &format!("primary_conninfo = {:?}\n", u1.conninfo("s2")),
     );
-    let (code, body) = http_post(w.http, "/reload", b"");
+    let (code, body) = http_post(http_of(&w), "/reload", b"");
     assert_eq!(code, 200, "{body}");
     wait_streaming_from(&w, u1.addr().port());
     let end = u1.append(16, 1000, 3);
     u2.wait_flushed(TL1, end);
     wait_until("the standby to flush what U1 appended", || {
-        w.status().flush_lsn == end
+        w.status().expect("/status").flush_lsn == end
     });
     let names = u1.application_names();
     assert!(
         names.contains(&"s2".to_string()),
         "{names:?} {:?}",
-        w.status()
+        w.status().expect("/status")
     );
 
     // A reload that cannot be applied leaves the running settings as they are.
     std::fs::write(&config, "this is not toml = = =").unwrap();
-    let (code, body) = http_post(w.http, "/reload", b"");
+    let (code, body) = http_post(http_of(&w), "/reload", b"");
     assert_eq!(code, 400, "{body}");
     assert!(w.running());
 
     // SIGTERM: a fast shutdown, exit status 0.
     let t = Instant::now();
-    w.signal(libc::SIGTERM);
-    let status = w.wait_exit();
+    w.signal(libc::SIGTERM).expect("signal");
+    let status = w.wait_exit().expect("the exit");
     eprintln!("SIGTERM: a standby exited in {:?}", t.elapsed());
     assert!(status.success(), "{status}");
 }
@@ -300,15 +224,15 @@ fn sigterm_is_a_fast_shutdown_and_a_second_signal_is_immediate() {
         let dir = tempfile::tempdir().unwrap();
         walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
         let config = write_config(dir.path(), "wal_sender_shutdown_timeout = \"60s\"\n");
-        let mut w = Walserver::run(&config);
-        let end = w.status().flush_lsn;
+        let mut w = run(&config);
+        let end = w.status().expect("/status").flush_lsn;
         let mut standby = PgConn::connect(w.listen, "standby", None).unwrap();
         standby.start_replication(end);
         wait_until("the walsender to be registered", || {
-            w.status().replication.len() == 1
+            w.status().expect("/status").replication.len() == 1
         });
         let t = Instant::now();
-        w.signal(libc::SIGTERM);
+        w.signal(libc::SIGTERM).expect("signal");
         // The drain asks the standby to confirm what it was sent.
         loop {
             match standby.recv() {
@@ -333,10 +257,10 @@ fn sigterm_is_a_fast_shutdown_and_a_second_signal_is_immediate() {
                     w.running(),
                     "the fast shutdown did not wait for the standby"
                 );
-                w.signal(sig);
+                w.signal(sig).expect("signal");
             }
         }
-        let status = w.wait_exit();
+        let status = w.wait_exit().expect("the exit");
         let took = t.elapsed();
         eprintln!("SIGTERM then {second:?}: exited in {took:?}");
         assert!(status.success(), "{second:?}: {status}");
@@ -346,8 +270,8 @@ fn sigterm_is_a_fast_shutdown_and_a_second_signal_is_immediate() {
 }
 
 /// The `sync_priority` and `sync_state` of the walsender serving `name`, if it is connected.
-fn sync_row(w: &Walserver, name: &str) -> Option<(u64, String)> {
-    let s = w.status();
+fn sync_row(w: &ChildNode, name: &str) -> Option<(u64, String)> {
+    let s = w.status().expect("/status");
     let row = s.sender(name)?;
     Some((u64::from(row.sync_priority), row.sync_state.clone()))
 }
@@ -367,12 +291,12 @@ fn append_on_in_background(
 
 /// Rewrites the process's configuration with `names` and reloads it through `POST /reload`.
 fn reload_sync_names_by_http(
-    w: &mut Walserver,
+    w: &mut ChildNode,
     dir: &Path,
     names: &str,
 ) -> (u16, serde_json::Value) {
     write_config(dir, &format!("synchronous_standby_names = {names:?}\n"));
-    http_post(w.http, "/reload", b"")
+    http_post(http_of(&w), "/reload", b"")
 }
 
 /// A `walserver run` primary whose configuration file changes synchronous_standby_names:
@@ -384,14 +308,14 @@ fn a_reload_changes_synchronous_standby_names() {
     let dir = tempfile::tempdir().unwrap();
     walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
     let config = write_config(dir.path(), "synchronous_standby_names = \"nobody\"\n");
-    let mut w = Walserver::run(&config);
+    let mut w = run(&config);
     let s1 = TestNode::standby_of(w.listen, "s1", "");
     wait_until("s1 to stream as an asynchronous standby", || {
         sync_row(&w, "s1") == Some((0, "async".into()))
     });
 
     // Nobody named is connected: the append waits.
-    let pending = append_on_in_background(w.http, b"held by nobody");
+    let pending = append_on_in_background(http_of(&w), b"held by nobody");
     assert!(
         pending.recv_timeout(Duration::from_millis(300)).is_err(),
         "an `on` append completed with no synchronous standby connected"
@@ -399,7 +323,8 @@ fn a_reload_changes_synchronous_standby_names() {
     // POST /reload naming s1 releases it, and s1 has the record.
     let (code, body) = reload_sync_names_by_http(&mut w, dir.path(), "s1");
     assert_eq!(code, 200, "{body}");
-    w.wait_line("configuration reloaded");
+    w.wait_line("configuration reloaded")
+        .expect("a line of the log");
     let (code, body) = pending
         .recv_timeout(DEADLINE)
         .expect("the append was not released by POST /reload");
@@ -425,15 +350,16 @@ fn a_reload_changes_synchronous_standby_names() {
     // Back to nobody, then SIGHUP with a quorum that s1 satisfies.
     let (code, body) = reload_sync_names_by_http(&mut w, dir.path(), "nobody");
     assert_eq!(code, 200, "{body}");
-    w.wait_line("configuration reloaded");
+    w.wait_line("configuration reloaded")
+        .expect("a line of the log");
     wait_until("s1 to be async again", || {
         sync_row(&w, "s1") == Some((0, "async".into()))
     });
-    let pending = append_on_in_background(w.http, b"held by nobody again");
+    let pending = append_on_in_background(http_of(&w), b"held by nobody again");
     // The append is durable locally before it waits for a standby: once /status shows the
     // primary's end past the last one, it is waiting.
     wait_until("the second append to be durable on the primary", || {
-        w.status().flush_lsn > end
+        w.status().expect("/status").flush_lsn > end
     });
     assert!(
         pending.try_recv().is_err(),
@@ -443,8 +369,9 @@ fn a_reload_changes_synchronous_standby_names() {
         dir.path(),
         "synchronous_standby_names = \"ANY 1 (other, s1)\"\n",
     );
-    w.signal(libc::SIGHUP);
-    w.wait_line("configuration reloaded");
+    w.signal(libc::SIGHUP).expect("signal");
+    w.wait_line("configuration reloaded")
+        .expect("a line of the log");
     let (code, body) = pending
         .recv_timeout(DEADLINE)
         .expect("the append was not released by SIGHUP");
@@ -465,19 +392,19 @@ fn a_get_wal_inside_a_record_logs_no_corruption() {
     let dir = tempfile::tempdir().unwrap();
     walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
     let config = write_config(dir.path(), "");
-    let mut w = Walserver::run(&config);
-    let start = w.status().flush_lsn;
-    let (code, json) = http_post(w.http, "/wal", &[7u8; 200]);
+    let mut w = run(&config);
+    let start = w.status().expect("/status").flush_lsn;
+    let (code, json) = http_post(http_of(&w), "/wal", &[7u8; 200]);
     assert_eq!(code, 200, "{json}");
     for extra in ["", "&format=binary", "&follow=true"] {
         let path = format!("/wal?from={}{extra}", Lsn(start.0 + 8));
-        let (status, body) = http_get_any(w.http, &path);
+        let (status, body) = http_get_any(http_of(&w), &path);
         assert_eq!(status, 400, "{extra}: {body}");
         assert!(body.contains("not a record boundary"), "{extra}: {body}");
     }
     // The whole log, to the process's exit.
-    w.signal(libc::SIGTERM);
-    assert!(w.wait_exit().success());
-    let log = w.log.join("\n");
+    w.signal(libc::SIGTERM).expect("signal");
+    assert!(w.wait_exit().expect("the exit").success());
+    let log = w.log_lines.join("\n");
     assert!(!log.to_lowercase().contains("corrupt"), "{log}");
 }

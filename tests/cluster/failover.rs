@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 
 use etcd_gateway::testkit::{EtcdServer, Pki};
 
-use super::binary::{write_config, Walserver};
+use super::binary::{http_of, run, write_config};
 use super::common::cluster::*;
 use super::common::*;
 use super::{KEEP, TL1};
@@ -150,12 +150,12 @@ fn the_failover_endpoints_take_the_admin_token() {
     let dir = tempfile::tempdir().unwrap();
     walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
     let config = write_config(dir.path(), "http_auth_token = \"s3cret\"\n");
-    let w = Walserver::run(&config);
+    let w = run(&config);
     for path in ["/primary", "/replica", "/cluster"] {
-        let (code, body) = http_get_any(w.http, path);
+        let (code, body) = http_get_any(http_of(&w), path);
         assert_eq!(code, 401, "{path}: {body}");
     }
-    let http = w.http.to_string();
+    let http = http_of(&w).to_string();
     let out = walserver(&["cluster", "list", "--http", &http]);
     assert!(!out.status.success());
     assert!(
@@ -463,19 +463,19 @@ fn walserver_run_with_failover_releases_its_keys_on_sigterm() {
     walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
     let table = failover_table(&etcd, "n1").replace("ttl = \"4s\"", "ttl = \"30s\"");
     let config = write_config(dir.path(), &table);
-    let mut w = Walserver::run(&config);
+    let mut w = run(&config);
     // Logged before the admin API's line, which Walserver::run waited for.
     assert!(
-        w.log
+        w.log_lines
             .iter()
             .any(|l| l.contains("starting automatic failover")),
         "{}",
-        w.log.join("\n")
+        w.log_lines.join("\n")
     );
     wait_until("n1 to hold the leader key", || {
-        http_get_any(w.http, "/primary").0 == 200
+        http_get_any(http_of(&w), "/primary").0 == 200
     });
-    let services = w.status().services;
+    let services = w.status().expect("/status").services;
     assert!(
         services
             .iter()
@@ -490,9 +490,13 @@ fn walserver_run_with_failover_releases_its_keys_on_sigterm() {
         cluster_keys(&etcd)
     );
     let t = std::time::Instant::now();
-    w.signal(libc::SIGTERM);
-    let status = w.wait_exit();
-    assert!(status.success(), "{status}; the log:\n{}", w.log.join("\n"));
+    w.signal(libc::SIGTERM).expect("signal");
+    let status = w.wait_exit().expect("the exit");
+    assert!(
+        status.success(),
+        "{status}; the log:\n{}",
+        w.log_lines.join("\n")
+    );
     let keys = cluster_keys(&etcd);
     assert!(
         !keys.contains(&leader) && !keys.iter().any(|k| k.starts_with(&names.members())),

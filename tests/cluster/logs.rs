@@ -7,7 +7,7 @@
 use std::net::TcpListener;
 use std::process::Command;
 
-use super::binary::{write_config, Walserver};
+use super::binary::{run, spawn, write_config};
 use super::common::cluster::*;
 use super::common::*;
 use super::KEEP;
@@ -26,12 +26,17 @@ fn run_to_exit(extra: &str) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
     walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
     let config = write_config(dir.path(), extra);
-    let mut w = Walserver::spawn(&config, &[]);
-    w.wait_line("admin API listening");
-    w.signal(libc::SIGTERM);
-    let status = w.wait_exit();
-    assert!(status.success(), "{status}; the log:\n{}", w.log.join("\n"));
-    std::mem::take(&mut w.log)
+    let mut w = spawn(&config, &[]);
+    w.wait_line("admin API listening")
+        .expect("a line of the log");
+    w.signal(libc::SIGTERM).expect("signal");
+    let status = w.wait_exit().expect("the exit");
+    assert!(
+        status.success(),
+        "{status}; the log:\n{}",
+        w.log_lines.join("\n")
+    );
+    std::mem::take(&mut w.log_lines)
 }
 
 #[test]
@@ -127,7 +132,7 @@ user = "repl"
 method = "trust"
 "#,
     );
-    let mut w = Walserver::run(&config);
+    let mut w = run(&config);
     for user in ["intruder", "stranger"] {
         let e = PgConn::connect(w.listen, user, None)
             .err()
@@ -139,14 +144,15 @@ method = "trust"
     assert!(PgConn::connect(w.listen, "repl", None).is_ok());
     // The refusals are logged before the client hears of them: a line the process writes
     // after they were sent comes after their lines.
-    w.signal(libc::SIGHUP);
-    w.wait_line("configuration reloaded");
+    w.signal(libc::SIGHUP).expect("signal");
+    w.wait_line("configuration reloaded")
+        .expect("a line of the log");
     let refused: Vec<&String> = w
-        .log
+        .log_lines
         .iter()
         .filter(|l| l.contains("connection refused"))
         .collect();
-    assert_eq!(refused.len(), 2, "{:#?}", w.log);
+    assert_eq!(refused.len(), 2, "{:#?}", w.log_lines);
     assert!(
         refused[0].contains(
             "hba rule 1 (host intruder 127.0.0.0/8 reject) rejects user \"intruder\" from 127.0.0.1"
@@ -161,11 +167,11 @@ method = "trust"
     );
     for user in ["intruder", "stranger"] {
         let about = w
-            .log
+            .log_lines
             .iter()
             .filter(|l| l.contains(&format!("\"{user}\"")))
             .count();
-        assert_eq!(about, 1, "one line about {user}: {:#?}", w.log);
+        assert_eq!(about, 1, "one line about {user}: {:#?}", w.log_lines);
     }
 }
 
@@ -183,9 +189,10 @@ fn an_unreachable_upstream_is_logged_at_a_bounded_rate() {
         dir.path(),
         &format!("primary_conninfo = {conninfo:?}\n{KEEP}"),
     );
-    let mut w = Walserver::run(&config);
+    let mut w = run(&config);
     let schedule = w
         .status()
+        .expect("/status")
         .wal_receiver
         .expect("a standby's walreceiver part")
         .retry_schedule;
@@ -196,15 +203,17 @@ fn an_unreachable_upstream_is_logged_at_a_bounded_rate() {
     wait_until("thirty attempts to reach the upstream", || {
         attempts = w
             .status()
+            .expect("/status")
             .wal_receiver
             .map_or(0, |r| u64::from(r.restart.attempts));
         attempts >= 30
     });
     // A line written after those attempts, so that every line about them has been read.
-    w.signal(libc::SIGHUP);
-    w.wait_line("configuration reloaded");
+    w.signal(libc::SIGHUP).expect("signal");
+    w.wait_line("configuration reloaded")
+        .expect("a line of the log");
     let about_upstream: Vec<&String> = w
-        .log
+        .log_lines
         .iter()
         .filter(|l| l.contains("walreceiver") || l.contains("upstream"))
         .collect();
@@ -220,7 +229,9 @@ fn an_unreachable_upstream_is_logged_at_a_bounded_rate() {
     );
     // The upstream comes back on its port: one line says the standby streams again.
     let _u = TestNode::start_listening(u_dir, &format!("127.0.0.1:{port}"), KEEP);
-    let again = w.wait_line("streaming from upstream");
+    let again = w
+        .wait_line("streaming from upstream")
+        .expect("a line of the log");
     assert!(
         again.contains("INFO")
             && again.contains("again, after")

@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use common::*;
 use futures_util::StreamExt;
 use supervisor_actor::{AppendError, AppendRecords, Durability, Follow, Reconfigure, RecordEvent};
 use wal_storage::Lsn;
+use walserver_bench::node::{ChildNode, Output, Ready};
 
 /// A walserver standby of `upstream` named `name` (its application_name upstream).
 fn standby_of(upstream: &TestNode, name: &str, extra: &str) -> TestNode {
@@ -453,11 +454,6 @@ fn pg_receivewal_is_accepted_as_a_synchronous_standby() {
     child.wait().unwrap();
 }
 
-struct Proc {
-    child: Child,
-    http: String,
-}
-
 /// Writes a node's configuration file at `path` for `data` on fixed loopback ports, keeping
 /// 1 GB of WAL, with `extra` lines; returns `path`.
 fn write_config(path: &Path, data: &Path, port: u16, http: u16, extra: &str) -> PathBuf {
@@ -472,32 +468,22 @@ fn write_config(path: &Path, data: &Path, port: u16, http: u16, extra: &str) -> 
     path.to_path_buf()
 }
 
-fn spawn_node(config: &Path, log: &Path) -> Proc {
+/// `walserver run --config CONFIG` on `data`, its standard error appended to `log`; up when
+/// its admin API answers.
+fn spawn_node(config: &Path, data: &Path, log: &Path) -> ChildNode {
     let text = std::fs::read_to_string(config).unwrap();
-    let http = text
+    let mut node = ChildNode::new("node", Path::new(walserver_bin()), data);
+    node.http = text
         .lines()
         .find_map(|l| l.strip_prefix("http_listen = "))
         .unwrap()
         .trim_matches('"')
         .to_string();
-    let child = Command::new(walserver_bin())
-        .args(["run", "--config"])
-        .arg(config)
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .unwrap(),
-        )
-        .spawn()
-        .unwrap();
-    // The node is up when its admin API answers.
-    wait_until("the node to answer", || {
-        walserver_node::admin::get_json(&http, "/status", None).is_ok()
-    });
-    Proc { child, http }
+    node.config_file(config)
+        .output(Output::File(log.to_path_buf()))
+        .ready(Ready::AdminAnswers);
+    node.start().expect("start the node");
+    node
 }
 
 /// kill -9 of the primary while clients append with remote flush, 20 times: every append
@@ -516,7 +502,7 @@ fn kill_9_of_the_primary_loses_no_acknowledged_synchronous_append() {
         p_http,
         "synchronous_standby_names = 's1'\n",
     );
-    let mut primary = spawn_node(&p_conf, &dir.path().join("p.log"));
+    let mut primary = spawn_node(&p_conf, &p_data, &dir.path().join("p.log"));
     let s_data = dir.path().join("s");
     walserver_node::init::init_standby(
         &s_data,
@@ -526,7 +512,7 @@ fn kill_9_of_the_primary_loses_no_acknowledged_synchronous_append() {
     )
     .unwrap();
     let s_conf = write_config(&dir.path().join("s.toml"), &s_data, s_port, s_http, "");
-    let mut standby = spawn_node(&s_conf, &dir.path().join("s.log"));
+    let mut standby = spawn_node(&s_conf, &s_data, &dir.path().join("s.log"));
     let mut acked: Vec<Vec<u8>> = Vec::new();
     for round in 0..20u32 {
         // Four clients append until the primary dies under them.
@@ -558,14 +544,13 @@ fn kill_9_of_the_primary_loses_no_acknowledged_synchronous_append() {
         drop(tx);
         // Kill after some acknowledgements.
         let first: Vec<Vec<u8>> = rx.iter().take(5 + round as usize).collect();
-        primary.child.kill().unwrap(); // SIGKILL
-        primary.child.wait().unwrap();
+        primary.kill9();
         for c in clients {
             c.join().unwrap();
         }
         acked.extend(first);
         acked.extend(rx.try_iter());
-        primary = spawn_node(&p_conf, &dir.path().join("p.log"));
+        primary = spawn_node(&p_conf, &p_data, &dir.path().join("p.log"));
     }
     // The restarted primary shows only acknowledged WAL: wait for the standby to confirm what
     // it flushed before the kill. Then let the standby catch up with it, and compare.
@@ -596,8 +581,8 @@ fn kill_9_of_the_primary_loses_no_acknowledged_synchronous_append() {
         "{} acknowledged synchronous appends survived 20 kill -9 of the primary",
         acked.len()
     );
-    standby.child.kill().unwrap();
-    primary.child.kill().unwrap();
+    standby.kill9();
+    primary.kill9();
 }
 
 /// Every record a node holds, from the start of its WAL.

@@ -3,8 +3,9 @@
 //! A test makes a [`netns::Net`] (a bridge in a network namespace of its own) and adds hosts
 //! to it (a namespace each, with an address from 10.213.0.0/16 on a veth into the bridge).
 //! Traffic flows only between those namespaces; the namespace the test runs in is never
-//! changed. On the hosts it runs processes ([`process::Process`], and [`node::WalNode`] for
-//! `walserver run`) whose output goes to log files printed when the test fails. Faults are
+//! changed. On the hosts it runs processes whose output goes to log files printed when the
+//! test fails: etcd, the load and other programs as [`process::Process`], and walserver nodes
+//! as [`node::WalNode`], the load tool's one `ChildNode` type entering the host's namespace. Faults are
 //! guards that undo themselves when dropped: link cuts, one-way drops and random loss
 //! (nftables in the receiving host), bandwidth caps (tc's token bucket) in [`fault`]; delay
 //! and jitter from a user-space proxy ([`proxy`], as this kernel's tc has no netem); cuts of

@@ -259,6 +259,14 @@ impl Host {
         cmd
     }
 
+    /// A hook that enters this host's namespace, for a child between fork and exec (what
+    /// [`Host::command`] installs), so that a [`walserver_bench::node::ChildNode`] runs here.
+    pub fn enter_hook(&self) -> walserver_bench::node::PreExec {
+        let ns = self.ns.clone();
+        // setns, which is async-signal-safe, on a descriptor the Arc keeps open.
+        std::sync::Arc::new(move || ns.enter())
+    }
+
     /// Runs `program args` in this host's namespace to completion; its stdout, or an error
     /// with its stderr.
     pub fn exec(&self, program: &str, args: &[&str]) -> Result<String> {

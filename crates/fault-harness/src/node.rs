@@ -1,4 +1,5 @@
-//! `walserver run` as a process on a [`Host`]: its directory holds the data directory
+//! `walserver run` on a [`Host`]: the load tool's [`ChildNode`], entering the host's network
+//! namespace before it runs, with the host's addresses. Its directory holds the data directory
 //! (`data/`), the configuration (`walserver.toml`) and the log (`walserver.log`, appended to
 //! across restarts). The replication port listens on the host's address, port 5433; the
 //! admin API on the host's loopback, port 8433, where only threads and commands inside the
@@ -19,18 +20,15 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use supervisor_actor::NodeStatus;
 
+pub use walserver_bench::node::{wait_for_dir_lock, ChildNode, Output, READY_LINE};
+
 use crate::netns::{run_cmd, Host};
-use crate::process::Process;
 use crate::{Error, Result};
 
 /// The replication port of every node (each host has an address of its own).
 pub const PG_PORT: u16 = 5433;
 /// The admin API's address inside a host's namespace.
 pub const HTTP: &str = "127.0.0.1:8433";
-/// What `walserver run` logs once it serves (after the replication listener is bound).
-const READY_LINE: &str = "admin API listening";
-/// How long a node may take to start, or a status request to answer.
-pub const START_DEADLINE: Duration = Duration::from_secs(30);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where a node's admin API listens.
@@ -45,44 +43,15 @@ pub enum AdminAt {
     Network { token: String },
 }
 
-/// A walserver node run as a child process inside a host's namespace.
-/// Waits, up to `deadline`, until no process holds the lock of the data directory `data` (if
-/// it has one yet). A test that starts a program (psql, walserver, pg_receivewal) gives the
-/// forked child, until its exec, a copy of every descriptor the test process has open: the
-/// lock that `init` took in the test process (or that a node just stopped held) included. A
-/// node started in that window finds its directory Locked and exits. A blocking lock returns as
-/// soon as that copy is closed; the deadline only guards against a real holder.
-pub fn wait_for_dir_lock(data: &Path, deadline: Duration) -> Result<()> {
-    let Ok(f) = std::fs::OpenOptions::new()
-        .write(true)
-        .open(data.join("walserver.lock"))
-    else {
-        return Ok(());
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f.lock().and_then(|()| f.unlock()));
-    });
-    match rx.recv_timeout(deadline) {
-        Ok(r) => r.map_err(|source| Error::Io {
-            what: format!("lock {}", data.join("walserver.lock").display()),
-            source,
-        }),
-        Err(_) => Err(Error::Timeout(format!(
-            "another process holds the lock of {}",
-            data.display()
-        ))),
-    }
-}
-
+/// A walserver node inside a host's namespace: the [`ChildNode`] that runs it, and the host
+/// its admin API is reached from.
 pub struct WalNode {
     pub name: String,
     pub host: Host,
-    bin: PathBuf,
     dir: PathBuf,
     http: String,
     token: Option<String>,
-    process: Option<Process>,
+    node: ChildNode,
 }
 
 impl WalNode {
@@ -98,14 +67,21 @@ impl WalNode {
             AdminAt::Loopback => (HTTP.to_string(), None),
             AdminAt::Network { token } => (format!("{}:8433", host.addr), Some(token.clone())),
         };
+        let data = dir.join("data");
+        let mut child = ChildNode::new(name, bin, &data);
+        child.listen = SocketAddr::V4(SocketAddrV4::new(host.addr, PG_PORT));
+        child.http = http.clone();
+        child.token = token.clone();
+        child.config_file(&dir.join("walserver.toml"));
+        child.output(Output::Captured(dir.join("walserver.log")));
+        child.pre_exec(host.enter_hook());
         let node = WalNode {
             name: name.to_string(),
             host: host.clone(),
-            bin: bin.to_path_buf(),
             dir: dir.to_path_buf(),
             http,
             token,
-            process: None,
+            node: child,
         };
         let token_line = match &node.token {
             Some(t) => format!("http_auth_token = {t:?}\n"),
@@ -210,7 +186,7 @@ impl WalNode {
 
     /// `walserver init BEFORE --data-dir DIR/data AFTER`, run on the node's host.
     fn init(&self, before: &[&str], after: &[&str]) -> Result<()> {
-        let mut cmd = self.host.command(&self.bin);
+        let mut cmd = self.host.command(self.node.program());
         cmd.arg("init")
             .args(before)
             .arg("--data-dir")
@@ -242,53 +218,32 @@ impl WalNode {
 
     /// Starts `walserver run --config` and waits until it serves.
     pub fn start(&mut self) -> Result<()> {
-        if self.process.is_some() {
-            return Err(Error::Invalid(format!("{} is already running", self.name)));
-        }
-        wait_for_dir_lock(&self.data_dir(), START_DEADLINE)?;
-        let mut cmd = self.host.command(&self.bin);
-        cmd.arg("run").arg("--config").arg(self.config_path());
-        // Plain text without colours (the output is a pipe), one line per event.
-        cmd.env("NO_COLOR", "1");
-        let p = Process::spawn_ready(
-            &self.name,
-            cmd,
-            &self.log_path(),
-            READY_LINE,
-            START_DEADLINE,
-        )?;
-        self.process = Some(p);
-        Ok(())
+        self.node.start().map_err(node_error)
     }
 
-    /// The running process; an error if the node is stopped.
-    pub fn process(&mut self) -> Result<&mut Process> {
-        let name = &self.name;
-        self.process
-            .as_mut()
-            .ok_or_else(|| Error::Invalid(format!("{name} is not running")))
+    /// The node's process.
+    pub fn process(&mut self) -> &mut ChildNode {
+        &mut self.node
     }
 
     pub fn is_running(&self) -> bool {
-        self.process.is_some()
+        self.node.is_running()
     }
 
     /// SIGKILL and reap; the data directory stays for [`WalNode::start`].
     pub fn kill9(&mut self) -> Result<()> {
-        if let Some(mut p) = self.process.take() {
-            p.kill9()?;
-        }
+        self.node.kill9();
         Ok(())
     }
 
     /// SIGSTOP.
     pub fn pause(&mut self) -> Result<()> {
-        self.process()?.pause()
+        self.node.pause().map_err(node_error)
     }
 
     /// SIGCONT.
     pub fn resume(&mut self) -> Result<()> {
-        self.process()?.resume()
+        self.node.resume().map_err(node_error)
     }
 
     /// kill -9, then a start on the same data directory and configuration.
@@ -390,11 +345,9 @@ fn wait_until<T>(
     }
 }
 
-impl Drop for WalNode {
-    fn drop(&mut self) {
-        // The process's own drop kills it and, while a test panics, prints its log.
-        self.process.take();
-    }
+/// What the node's process could not do, as this crate's error.
+fn node_error(e: impl std::fmt::Display) -> Error {
+    Error::Exited(format!("{e:#}"))
 }
 
 /// A `primary_conninfo` for an upstream at `addr`.

@@ -1,11 +1,11 @@
 //! Nodes for a bench: an in-process cluster (a primary and K standbys, each on an actix System
-//! thread of its own, the embedding path, started with `walserver_node::start_node`) and a
-//! node run as a child process (`walserver run`), whose CPU time and memory the kernel
-//! reports apart from the bench's own.
+//! thread of its own, the embedding path, started with `walserver_node::start_node`), and
+//! which executable runs a node as a child process ([`NodeProgram`]; the process itself is
+//! [`crate::node::ChildNode`]), whose CPU time and memory the kernel reports apart from the
+//! bench's own.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -334,85 +334,14 @@ impl NodeProgram {
         NodeProgram::Path(exe.with_file_name("walserver"))
     }
 
-    fn path(&self) -> anyhow::Result<PathBuf> {
+    /// The executable's path.
+    pub fn path(&self) -> anyhow::Result<PathBuf> {
         match self {
             NodeProgram::ThisExecutable => {
                 std::env::current_exe().context("cannot find this executable")
             }
             NodeProgram::Path(p) => Ok(p.clone()),
         }
-    }
-}
-
-/// A node run as a child process: `walserver run` of a [`NodeProgram`].
-pub struct ChildNode {
-    pub child: Child,
-    pub listen: SocketAddr,
-    pub http: SocketAddr,
-    pub data_dir: PathBuf,
-}
-
-impl ChildNode {
-    /// Runs `walserver run` on `data_dir` with `-c` settings, and waits for its admin API.
-    pub fn spawn(
-        program: &NodeProgram,
-        data_dir: &Path,
-        settings: &[(&str, String)],
-    ) -> anyhow::Result<ChildNode> {
-        let listen: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let http: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let exe = program.path()?;
-        let mut cmd = Command::new(exe);
-        cmd.arg("run")
-            .arg("-c")
-            .arg(format!("data_dir={}", data_dir.display()))
-            .arg("-c")
-            .arg(format!("listen={listen}"))
-            .arg("-c")
-            .arg(format!("http_listen={http}"))
-            .arg("-c")
-            .arg("log_level=warn");
-        for (k, v) in settings {
-            cmd.arg("-c").arg(format!("{k}={v}"));
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .env_remove(crate::reliability::DIR_VAR);
-        let child = cmd.spawn().context("cannot run walserver")?;
-        let mut node = ChildNode {
-            child,
-            listen,
-            http,
-            data_dir: data_dir.to_path_buf(),
-        };
-        let started = Instant::now();
-        loop {
-            if walserver_node::admin::get_json(&http.to_string(), "/status", None).is_ok() {
-                return Ok(node);
-            }
-            if let Some(status) = node.child.try_wait()? {
-                bail!("walserver run exited with {status} before its admin API answered");
-            }
-            if started.elapsed() > Duration::from_secs(30) {
-                bail!("walserver run did not answer on {http} within 30 s");
-            }
-            // Waiting for a process this bench started to listen: bounded, not discovery.
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for ChildNode {
-    fn drop(&mut self) {
-        // SIGQUIT: an immediate shutdown (a bench's node has nothing worth draining); then
-        // wait so no zombie is left.
-        // SAFETY: kill with a pid of our own child and a valid signal number.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGQUIT) };
-        let _ = self.child.wait();
     }
 }
 

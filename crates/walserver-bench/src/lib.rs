@@ -26,7 +26,8 @@
 //!
 //! It reaches walserver only through public interfaces: nodes are configured and started
 //! with `walserver-node` (settings, `init`, `start_node`), in process on actix System threads
-//! of their own ([`cluster`]) or as a `walserver run` child process ([`NodeProgram`] says
+//! of their own ([`cluster`]) or as a `walserver run` child process ([`node::ChildNode`], the
+//! one type every test suite and the fault harness run nodes with too; [`NodeProgram`] says
 //! which executable); running nodes are driven through the admin API's client and its
 //! records body format, and the replication protocol through `repl-client` ([`ReplClient`]).
 //! What the kernel says about CPU and memory is read in [`sys`]; percentiles, the time series,
@@ -48,6 +49,7 @@ mod follow;
 pub mod judge;
 pub mod latency;
 mod load;
+pub mod node;
 pub mod reliability;
 pub mod report;
 pub mod soak;

@@ -16,7 +16,8 @@ use serde::Serialize;
 use walserver_node::admin::{get_json, AdminClient};
 use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
 
-use crate::cluster::{init_standby_dir, ChildNode, NodeProgram};
+use crate::cluster::{init_standby_dir, NodeProgram};
+use crate::node::ChildNode;
 use crate::report::{self, Panel, Series};
 use crate::sys;
 
@@ -225,11 +226,12 @@ pub fn measure(args: &SoakArgs, program: &NodeProgram) -> anyhow::Result<SoakRep
                 let nodes = [(PRIMARY, Some(&primary)), (STANDBY, standby.as_ref())];
                 for (name, node) in nodes {
                     let Some(node) = node else { continue };
-                    if let Some((rss, fds)) = sample(node.pid()) {
+                    let Some(pid) = node.pid() else { continue };
+                    if let Some((rss, fds)) = sample(pid) {
                         samples.push(SoakSample {
                             t_s: t,
                             node: name.into(),
-                            pid: node.pid(),
+                            pid,
                             rss_bytes: rss,
                             fds,
                         });

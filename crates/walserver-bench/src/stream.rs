@@ -24,7 +24,8 @@ use wal_storage::Lsn;
 use walserver_node::admin::{get_json, AdminClient};
 use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
 
-use crate::cluster::{self, ChildNode, NodeProgram, SystemThread};
+use crate::cluster::{self, NodeProgram, SystemThread};
+use crate::node::ChildNode;
 use crate::report::{self, Panel, Series};
 use crate::sys;
 use repl_client::ReplClient;
@@ -305,8 +306,8 @@ fn one_run(
         _ => None,
     };
     let bar = report::progress_bar(((end.0 - start.0) * k as u64) >> 20, "MiB", args.json);
-    let rss_before = sys::rss(Some(primary.pid()));
-    let cpu0 = sys::process_cpu(primary.pid()).unwrap_or_default();
+    let rss_before = sys::rss(primary.pid());
+    let cpu0 = primary.pid().and_then(sys::process_cpu).unwrap_or_default();
     let t0 = Instant::now();
     let mut running = Vec::new();
     let mut nodes = Vec::new();
@@ -408,7 +409,7 @@ fn one_run(
         }
         let t = t0.elapsed().as_secs_f64();
         if t - last_t >= report::SAMPLE_INTERVAL.as_secs_f64() {
-            if let Some(r) = sys::rss(Some(primary.pid())) {
+            if let Some(r) = sys::rss(primary.pid()) {
                 rss_peak = rss_peak.max(Some(r));
             }
             let pos = walsender_positions(&http);
@@ -436,7 +437,7 @@ fn one_run(
         }
     }
     let wall = t0.elapsed().as_secs_f64();
-    let cpu1 = sys::process_cpu(primary.pid()).unwrap_or_default();
+    let cpu1 = primary.pid().and_then(sys::process_cpu).unwrap_or_default();
     bar.finish_and_clear();
     for n in &nodes {
         cluster::shutdown(n);

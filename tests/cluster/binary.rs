@@ -296,7 +296,7 @@ fn reload_sync_names_by_http(
     names: &str,
 ) -> (u16, serde_json::Value) {
     write_config(dir, &format!("synchronous_standby_names = {names:?}\n"));
-    http_post(http_of(&w), "/reload", b"")
+    http_post(http_of(w), "/reload", b"")
 }
 
 /// A `walserver run` primary whose configuration file changes synchronous_standby_names:

@@ -262,7 +262,7 @@ impl ChildNode {
         }
         let mut child = cmd
             .spawn()
-            .with_context(|| format!("run {}", self.program.display()))?;
+            .with_context(|| format!("cannot run walserver ({})", self.program.display()))?;
         self.starts += 1;
         self.paused = false;
         if let Output::Captured(log) = &self.output {

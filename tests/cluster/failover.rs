@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 
 use etcd_gateway::testkit::{EtcdServer, Pki};
 
-use super::binary::{http_of, run, write_config};
+use super::binary::{http_of, run, spawn, write_config};
 use super::common::cluster::*;
 use super::common::*;
 use super::{KEEP, TL1};
@@ -595,9 +595,9 @@ fn a_node_whose_etcd_settings_are_refused_stops_at_start_saying_so() {
         walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
         let config = write_config(dir.path(), &table);
         // A node that started anyway would run on: the wait for its exit has a deadline.
-        let mut w = Walserver::spawn(&config, &[]);
-        let status = w.wait_exit();
-        let stderr = w.log.join("\n");
+        let mut w = spawn(&config, &[]);
+        let status = w.wait_exit().expect("the exit");
+        let stderr = w.log_lines.join("\n");
         assert_eq!(status.code(), Some(1), "{stderr}");
         assert!(
             stderr.contains("refuses this node's failover settings") && stderr.contains(expected),

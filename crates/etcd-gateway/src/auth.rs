@@ -3,8 +3,9 @@
 //!
 //! etcd (3.4 and later) with `auth enable` takes a call only with a token in its
 //! `Authorization` header. etcd's default "simple" tokens live in each member's memory and die
-//! `--auth-token-ttl` (300 s by default) after their last use, and with the member; JWT tokens
-//! die at a fixed time. Either way the refusal is the same: "invalid auth token", or "revision
+//! `--auth-token-ttl` (300 s by default) after their last use (a restart of etcd 3.4 keeps
+//! them: it replays the authentications in its log, measured); JWT tokens die at a fixed
+//! time. Either way the refusal is the same: "invalid auth token", or "revision
 //! of auth store is old" when users or roles changed since the token was made. etcd checks the
 //! token before the request goes to raft, so a refused request was not applied, and sending it
 //! again with a new token is safe. A wrong password is not a token problem: it is
@@ -125,7 +126,7 @@ impl Auth {
     }
 }
 
-/// Whether etcd refused a call for its token (expired, from before a restart, or older than
+/// Whether etcd refused a call for its token (expired, unknown to the member, or older than
 /// a change of users or roles), rather than for what it asked.
 pub(crate) fn refused_token(e: &Error) -> bool {
     // A watch's creation is refused by a cancellation that carries the same text.

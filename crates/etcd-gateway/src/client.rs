@@ -43,8 +43,8 @@ const MAX_ERROR_BYTES: usize = 64 * 1024;
 ///
 /// With a user ([`Security::username`]) every call carries etcd's auth token, got from
 /// `/v3/auth/authenticate` before the first call and shared by the clones. etcd forgets a
-/// token when it expires (`--auth-token-ttl` after its last use, for simple tokens) and when
-/// it restarts; a call that etcd refuses for its token is one etcd did not apply, so the
+/// token when it expires (`--auth-token-ttl` after its last use, for simple tokens) or
+/// otherwise no longer knows it; a call that etcd refuses for its token is one etcd did not apply, so the
 /// client authenticates again and sends it once more, to the same endpoint.
 #[derive(Clone, Debug)]
 pub struct Client {

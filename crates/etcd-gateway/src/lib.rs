@@ -50,7 +50,7 @@
 //! etcd refusing this client's certificate), a refused password is [`Error::AuthFailed`];
 //! [`Error::is_refused_credentials`] tells both from etcd being away, and
 //! [`Client::check_access`] asks once. The auth token is kept and renewed here: a call etcd
-//! refuses for its token (expired, or etcd restarted) was not applied, and is sent once more
+//! refuses for its token (expired, or unknown to etcd) was not applied, and is sent once more
 //! with a new token, to the same endpoint.
 //!
 //! What it does not own: elections, leader keys, terms or fencing; retries beyond connection

@@ -5,20 +5,25 @@
 //! Three parts:
 //! - [`decide`]: from the leader key, the members, `sync`, `pause`, `switchover` and the
 //!   node's own state, what to do about leadership: campaign (perhaps after asking the
-//!   peers), lead (promote or just grant), follow the leader, drop the fence, or nothing.
-//! - The fence's deadline and the renewal's schedule ([`fence_deadline`],
-//!   [`renewal_interval`], [`retry_delay`]).
-//! - [`plan_sync`]: the loss-free order of changing the synchronous standby.
+//!   peers), lead (promote or just grant), follow the leader, drop the fence, or nothing;
+//!   beside it which watched change calls for a decision ([`calls_for_decision`]), why a
+//!   campaign is made ([`campaign_reason`]) and whom a switchover picks
+//!   ([`switchover_candidate`]).
+//! - The fence's deadline and the renewal's schedule ([`after_renewal`], [`fence_deadline`],
+//!   [`effective_ttl`], [`renewal_interval`], [`next_renewal`], [`retry_delay`]).
+//! - [`plan_sync`]: the loss-free order of changing the synchronous standby, and a new
+//!   leader's hold on appends until it has one ([`hold_for_sync`]).
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use wal_storage::Lsn;
+use walsender_actor::status::{WalSenderState, WalSenderStatus};
 use walsender_actor::syncrep::{SyncMethod, SyncStandbyNames};
 
 use crate::config::{FailoverConfig, SynchronousMode};
-use crate::keys::{SwitchoverRecord, SyncRecord};
+use crate::keys::{KeyKind, SwitchoverRecord, SyncRecord};
 use crate::view::MemberInfo;
 
 /// The leader key as read or watched.
@@ -304,6 +309,103 @@ pub fn retry_delay(attempt: u32, ttl: Duration) -> Duration {
         .min(cap)
 }
 
+/// The ttl the fence's deadline and the renewals are computed with: the configured one, or
+/// the one etcd granted if lower (`granted_secs`, etcd's whole seconds), never under a
+/// second.
+pub fn effective_ttl(configured: Duration, granted_secs: i64) -> Duration {
+    let granted = Duration::from_secs(u64::try_from(granted_secs).unwrap_or(0));
+    configured.min(granted.max(Duration::from_secs(1)))
+}
+
+/// What a renewal's answer means for the fence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewed {
+    /// The transaction found the key ours on our lease: acknowledge until `until`.
+    Grant { term: u64, until: Instant },
+    /// The transaction found the key not ours: stop acknowledging at once.
+    StepDown { term: u64 },
+    /// A follower's renewal, or a leader's that grants nothing now: the term it confirmed is
+    /// no longer the one led, or a handover began while it ran.
+    Nothing,
+}
+
+/// The fencing rule applied to one renewal: `confirmed` is the term the renewal's
+/// transaction checked and whether the key held (`None`: a follower's renewal, which checks
+/// nothing), `leading` and `handing_over` are the actor's state when the answer came, and
+/// `sent_at` is when the keepalive was sent, the earliest the lease can have been renewed.
+pub fn after_renewal(
+    confirmed: Option<(u64, bool)>,
+    leading: Option<u64>,
+    handing_over: bool,
+    sent_at: Instant,
+    ttl: Duration,
+) -> Renewed {
+    match confirmed {
+        Some((term, true)) if leading == Some(term) && !handing_over => Renewed::Grant {
+            term,
+            until: fence_deadline(sent_at, ttl),
+        },
+        Some((term, false)) => Renewed::StepDown { term },
+        _ => Renewed::Nothing,
+    }
+}
+
+/// How long after an answer the next renewal is sent: a renewal interval after the last one
+/// was sent (`since_sent` ago), or within `sooner` if a round asked to look again soon.
+pub fn next_renewal(ttl: Duration, since_sent: Duration, sooner: Option<Duration>) -> Duration {
+    let next = renewal_interval(ttl).saturating_sub(since_sent);
+    sooner.map_or(next, |s| next.min(s))
+}
+
+/// Why `me` campaigns, for the history's record of the term, as things stand before the
+/// campaign (once the key is won the watch shows `me` as the last leader and the handover as
+/// ended).
+pub fn campaign_reason(cluster: &Cluster, me: &str) -> &'static str {
+    if cluster.switchover.is_some() {
+        "switchover"
+    } else if !cluster.has_history {
+        "bootstrap"
+    } else if cluster.last_leader.as_ref().is_some_and(|l| l.name == me) {
+        "restart"
+    } else {
+        "failover"
+    }
+}
+
+/// Whether a watched change of the key `kind` calls for a decision, judged on the cluster as
+/// known before the change: the leader key, `sync`, `pause`, `switchover`, the leader's member
+/// key, and any member key while there is no leader (the candidates weigh each other).
+/// Members' routine refreshes do not.
+pub fn calls_for_decision(kind: &KeyKind<'_>, cluster: &Cluster) -> bool {
+    match kind {
+        KeyKind::Leader | KeyKind::Sync | KeyKind::Pause | KeyKind::Switchover => true,
+        KeyKind::Member(name) => cluster.leader.as_ref().is_none_or(|l| l.holder == *name),
+        KeyKind::History | KeyKind::Other => false,
+    }
+}
+
+/// The most advanced eligible standby by the member keys (what each member last published),
+/// for a switchover that names no candidate.
+pub fn switchover_candidate(
+    members: &BTreeMap<String, MemberInfo>,
+    leader: &str,
+) -> Option<String> {
+    let candidates: Vec<SyncCandidate> = members
+        .values()
+        .filter(|m| m.name != leader && m.role == "standby")
+        .filter_map(|m| {
+            Some(SyncCandidate {
+                name: m.name.clone(),
+                connected: m.streaming,
+                flush: m.flush_lsn.parse().ok()?,
+                priority: m.priority,
+                nofailover: m.nofailover,
+            })
+        })
+        .collect();
+    best_sync_candidate(&candidates, None).map(|c| c.name.clone())
+}
+
 /// A standby the leader could count on for synchronous appends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SyncCandidate {
@@ -462,6 +564,83 @@ pub fn plan_sync(
             ),
             None => (SyncPhase::Steady, Vec::new()),
         },
+    }
+}
+
+/// The leader's walsenders as candidates for the synchronous standby, with what their member
+/// keys say of them (a walsender with no member key is not eligible).
+pub fn sync_candidates(
+    replication: &[WalSenderStatus],
+    members: &BTreeMap<String, MemberInfo>,
+) -> Vec<SyncCandidate> {
+    replication
+        .iter()
+        .map(|r| {
+            let member = members.get(&r.application_name);
+            SyncCandidate {
+                name: r.application_name.clone(),
+                // A standby still catching up counts as connected: choosing it is loss-free
+                // (it is published only once it has caught up), and one that had just
+                // reconnected was otherwise taken for gone and the choice undone.
+                connected: matches!(r.state, WalSenderState::Streaming | WalSenderState::Catchup),
+                flush: r.flush_lsn.unwrap_or(Lsn(0)),
+                priority: member.map_or(0, |m| m.priority),
+                nofailover: member.is_none_or(|m| m.nofailover),
+            }
+        })
+        .collect()
+}
+
+/// One round of the synchronous standby's management, after the new leader's hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncRound {
+    pub actions: Vec<SyncAction>,
+    /// `on` gave up waiting for a first standby: appends go on asynchronously.
+    pub gave_up: bool,
+    /// The hold ends once these actions are carried out.
+    pub releases_hold: bool,
+    /// The hold is young: look again soon rather than a renewal interval later.
+    pub recheck_soon: bool,
+}
+
+/// A new leader in a synchronous mode holds appends until it has published a synchronous
+/// standby of its own; `held_for` is how long it has held them (`None`: no hold), `next` and
+/// `actions` what [`plan_sync`] planned. Its standbys follow it within milliseconds of its
+/// win (and each reconnects once as it does), so while the hold is young (under one renewal
+/// interval) it looks again soon and does not take a standby that just reconnected for gone;
+/// in `on` it gives up after that and goes on asynchronously: the term's record names no
+/// standby, so nobody becomes promotable. The hold ends once a standby of this term is
+/// published, or when `on` gives up.
+pub fn hold_for_sync(
+    mode: SynchronousMode,
+    next: &SyncPhase,
+    mut actions: Vec<SyncAction>,
+    held_for: Option<Duration>,
+    ttl: Duration,
+) -> SyncRound {
+    let mut gave_up = false;
+    let mut recheck_soon = false;
+    if let Some(held_for) = held_for {
+        let young = held_for < renewal_interval(ttl);
+        if young && actions == [SyncAction::Set(None)] {
+            actions = vec![SyncAction::Set(Some(strict_hold()))];
+        }
+        let adding = matches!(next, SyncPhase::Adding { .. });
+        if actions.is_empty() && !adding && !young && mode == SynchronousMode::On {
+            actions.push(SyncAction::Set(None));
+            gave_up = true;
+        }
+        recheck_soon = young;
+    }
+    let releases_hold = gave_up
+        || actions
+            .iter()
+            .any(|a| matches!(a, SyncAction::Publish(Some(_))));
+    SyncRound {
+        actions,
+        gave_up,
+        releases_hold,
+        recheck_soon,
     }
 }
 

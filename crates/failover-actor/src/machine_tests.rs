@@ -507,3 +507,296 @@ fn the_strict_hold_releases_no_append_whoever_streams() {
         .positions
         .is_some());
 }
+
+#[test]
+fn a_renewal_grants_only_what_its_transaction_confirmed_for_the_term_led() {
+    let ttl = Duration::from_secs(10);
+    let sent = Instant::now();
+    let until = fence_deadline(sent, ttl);
+    assert_eq!(
+        after_renewal(Some((7, true)), Some(7), false, sent, ttl),
+        Renewed::Grant { term: 7, until }
+    );
+    // The key held, but the actor no longer leads in that term, or a handover began while
+    // the renewal ran: nothing is granted.
+    assert_eq!(
+        after_renewal(Some((7, true)), None, false, sent, ttl),
+        Renewed::Nothing
+    );
+    assert_eq!(
+        after_renewal(Some((7, true)), Some(9), false, sent, ttl),
+        Renewed::Nothing
+    );
+    assert_eq!(
+        after_renewal(Some((7, true)), Some(7), true, sent, ttl),
+        Renewed::Nothing
+    );
+    // A failed confirmation steps down whatever the actor thinks it leads.
+    assert_eq!(
+        after_renewal(Some((7, false)), Some(7), false, sent, ttl),
+        Renewed::StepDown { term: 7 }
+    );
+    assert_eq!(
+        after_renewal(Some((7, false)), None, true, sent, ttl),
+        Renewed::StepDown { term: 7 }
+    );
+    // A follower's renewal confirms nothing.
+    assert_eq!(
+        after_renewal(None, Some(7), false, sent, ttl),
+        Renewed::Nothing
+    );
+}
+
+#[test]
+fn the_lease_ttl_is_the_lower_of_the_configured_and_the_granted() {
+    let ten = Duration::from_secs(10);
+    assert_eq!(effective_ttl(ten, 10), ten);
+    assert_eq!(effective_ttl(ten, 30), ten);
+    assert_eq!(effective_ttl(ten, 4), Duration::from_secs(4));
+    // etcd never grants less than a second; a nonsense answer does not make it zero.
+    assert_eq!(effective_ttl(ten, 0), Duration::from_secs(1));
+    assert_eq!(effective_ttl(ten, -5), Duration::from_secs(1));
+}
+
+#[test]
+fn the_next_renewal_counts_from_the_last_ones_send_and_comes_sooner_when_asked() {
+    let ttl = Duration::from_secs(9);
+    assert_eq!(
+        next_renewal(ttl, Duration::ZERO, None),
+        Duration::from_secs(3)
+    );
+    assert_eq!(
+        next_renewal(ttl, Duration::from_millis(500), None),
+        Duration::from_millis(2500)
+    );
+    assert_eq!(
+        next_renewal(ttl, Duration::from_secs(5), None),
+        Duration::ZERO
+    );
+    let soon = Some(Duration::from_millis(50));
+    assert_eq!(
+        next_renewal(ttl, Duration::ZERO, soon),
+        Duration::from_millis(50)
+    );
+    assert_eq!(
+        next_renewal(ttl, Duration::from_secs(5), soon),
+        Duration::ZERO
+    );
+}
+
+#[test]
+fn a_campaign_says_why_as_things_stood_before_it() {
+    assert_eq!(campaign_reason(&Cluster::default(), "a"), "bootstrap");
+    assert_eq!(campaign_reason(&with_history(), "a"), "failover");
+    let last = |name: &str| Cluster {
+        last_leader: Some(LeaderPosition {
+            name: name.into(),
+            timeline: 1,
+            flush: Lsn(0),
+        }),
+        ..with_history()
+    };
+    assert_eq!(campaign_reason(&last("a"), "a"), "restart");
+    assert_eq!(campaign_reason(&last("b"), "a"), "failover");
+    let handed = Cluster {
+        switchover: Some(SwitchoverRecord {
+            from: "b".into(),
+            to: "a".into(),
+            force: false,
+        }),
+        ..last("a")
+    };
+    assert_eq!(campaign_reason(&handed, "a"), "switchover");
+}
+
+#[test]
+fn only_changes_a_decision_reads_call_for_one() {
+    let led = Cluster {
+        leader: key("a", 5, 1),
+        ..with_history()
+    };
+    for kind in [
+        KeyKind::Leader,
+        KeyKind::Sync,
+        KeyKind::Pause,
+        KeyKind::Switchover,
+    ] {
+        assert!(calls_for_decision(&kind, &led));
+    }
+    assert!(
+        calls_for_decision(&KeyKind::Member("a"), &led),
+        "the leader's own member key"
+    );
+    assert!(
+        !calls_for_decision(&KeyKind::Member("b"), &led),
+        "a routine refresh"
+    );
+    assert!(
+        calls_for_decision(&KeyKind::Member("b"), &with_history()),
+        "with no leader the candidates weigh each other"
+    );
+    assert!(!calls_for_decision(&KeyKind::History, &with_history()));
+    assert!(!calls_for_decision(&KeyKind::Other, &with_history()));
+}
+
+#[test]
+fn a_switchover_without_a_candidate_picks_the_most_advanced_eligible_standby() {
+    let at = |name: &str, flush: &str| MemberInfo {
+        flush_lsn: flush.into(),
+        ..member(name)
+    };
+    let mut members: BTreeMap<String, MemberInfo> = [
+        at("a", "0/500"),
+        at("b", "0/300"),
+        at("c", "0/400"),
+        MemberInfo {
+            nofailover: true,
+            ..at("d", "0/900")
+        },
+        MemberInfo {
+            streaming: false,
+            ..at("e", "0/800")
+        },
+        at("f", "not an lsn"),
+    ]
+    .into_iter()
+    .map(|m| (m.name.clone(), m))
+    .collect();
+    if let Some(a) = members.get_mut("a") {
+        a.role = "primary".into();
+    }
+    assert_eq!(switchover_candidate(&members, "a").as_deref(), Some("c"));
+    assert_eq!(switchover_candidate(&members, "c").as_deref(), Some("b"));
+    members.retain(|name, _| name == "a" || name == "d");
+    assert_eq!(switchover_candidate(&members, "a"), None);
+}
+
+fn sender(name: &str, state: WalSenderState, flush: Option<u64>) -> WalSenderStatus {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+    let mut status = WalSenderStatus::new(1, "u", name, addr);
+    status.state = state;
+    status.flush_lsn = flush.map(Lsn);
+    status
+}
+
+#[test]
+fn walsenders_are_sync_candidates_by_their_member_keys() {
+    let members: BTreeMap<String, MemberInfo> = [
+        member("b"),
+        MemberInfo {
+            priority: 3,
+            ..member("c")
+        },
+    ]
+    .into_iter()
+    .map(|m| (m.name.clone(), m))
+    .collect();
+    let replication = [
+        sender("b", WalSenderState::Catchup, Some(40)),
+        sender("c", WalSenderState::Startup, None),
+        sender("x", WalSenderState::Streaming, Some(90)),
+    ];
+    let candidates = sync_candidates(&replication, &members);
+    assert_eq!(
+        candidates,
+        vec![
+            // Catching up counts as connected: choosing it is loss-free.
+            cand("b", true, 40),
+            SyncCandidate {
+                priority: 3,
+                ..cand("c", false, 0)
+            },
+            // A walsender with no member key is never chosen.
+            SyncCandidate {
+                priority: 0,
+                nofailover: true,
+                ..cand("x", true, 90)
+            },
+        ]
+    );
+    assert_eq!(
+        best_sync_candidate(&candidates, None).map(|c| c.name.as_str()),
+        Some("b")
+    );
+}
+
+#[test]
+fn a_young_hold_keeps_appends_waiting_and_looks_again_soon() {
+    let ttl = Duration::from_secs(3);
+    let young = Some(Duration::from_millis(100));
+    let held = hold_for_sync(
+        SynchronousMode::On,
+        &SyncPhase::Steady,
+        vec![SyncAction::Set(None)],
+        young,
+        ttl,
+    );
+    assert_eq!(held.actions, vec![SyncAction::Set(Some(strict_hold()))]);
+    assert!(held.recheck_soon && !held.gave_up && !held.releases_hold);
+    // Nothing to do while young: no give-up yet.
+    let waiting = hold_for_sync(SynchronousMode::On, &SyncPhase::Steady, vec![], young, ttl);
+    assert!(waiting.actions.is_empty() && waiting.recheck_soon && !waiting.gave_up);
+}
+
+#[test]
+fn an_old_hold_gives_up_in_on_and_waits_on_in_strict() {
+    let ttl = Duration::from_secs(3);
+    let old = Some(Duration::from_secs(1));
+    let on = hold_for_sync(SynchronousMode::On, &SyncPhase::Steady, vec![], old, ttl);
+    assert_eq!(on.actions, vec![SyncAction::Set(None)]);
+    assert!(on.gave_up && on.releases_hold && !on.recheck_soon);
+    let strict = hold_for_sync(
+        SynchronousMode::Strict,
+        &SyncPhase::Steady,
+        vec![],
+        old,
+        ttl,
+    );
+    assert!(strict.actions.is_empty() && !strict.gave_up && !strict.releases_hold);
+    // A standby being added is waited for, even in `on`.
+    let adding = SyncPhase::Adding {
+        to: "b".into(),
+        from: None,
+        target: Lsn(5),
+    };
+    let on_adding = hold_for_sync(SynchronousMode::On, &adding, vec![], old, ttl);
+    assert!(on_adding.actions.is_empty() && !on_adding.gave_up);
+    // Without a hold the plan goes through as it is.
+    let none = hold_for_sync(
+        SynchronousMode::On,
+        &SyncPhase::Steady,
+        vec![SyncAction::Set(None)],
+        None,
+        ttl,
+    );
+    assert_eq!(none.actions, vec![SyncAction::Set(None)]);
+    assert!(!none.recheck_soon && !none.releases_hold);
+}
+
+#[test]
+fn the_hold_ends_when_a_standby_of_the_term_is_published() {
+    let ttl = Duration::from_secs(3);
+    let publish = vec![SyncAction::Publish(Some("b".into()))];
+    for held_for in [
+        Some(Duration::from_millis(10)),
+        Some(Duration::from_secs(9)),
+    ] {
+        let round = hold_for_sync(
+            SynchronousMode::Strict,
+            &SyncPhase::Steady,
+            publish.clone(),
+            held_for,
+            ttl,
+        );
+        assert_eq!(round.actions, publish);
+        assert!(round.releases_hold);
+    }
+    let unpublish = hold_for_sync(
+        SynchronousMode::Strict,
+        &SyncPhase::Steady,
+        vec![SyncAction::Publish(None)],
+        Some(Duration::from_secs(9)),
+        ttl,
+    );
+    assert!(!unpublish.releases_hold);
+}

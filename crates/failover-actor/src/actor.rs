@@ -1,8 +1,11 @@
 //! The failover actor: it carries out [`crate::machine`]'s decisions against etcd and the
 //! node's supervisor. Its cycle: one lease (renewed every ttl/3), one watch on the cluster's
 //! prefix, and a reconciliation after every change it sees, one at a time.
+//!
+//! This file holds the actor's state, its start and stop, the lease and the watch; the
+//! reconciliation is `reconcile.rs`, the synchronous standby `sync.rs`, the member slots
+//! `slots.rs`, the admin messages `admin.rs` and the handovers `handover.rs`.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use actix::fut::LocalBoxActorFuture;
@@ -16,9 +19,11 @@ use walsender_actor::status::WalSenderStatus;
 
 use crate::config::FailoverConfig;
 use crate::error::FailoverError;
-use crate::keys::{KeyKind, Keys};
-use crate::machine::{self, Action, Cluster, Local, LocalRole, Progress, SyncPhase};
+use crate::keys::Keys;
+use crate::machine::{self, Cluster, Local, LocalRole, Progress, Renewed, SyncPhase};
 use crate::messages::Leadership;
+use crate::round::Rounds;
+use crate::slots::SlotState;
 use crate::store;
 use crate::view::MemberInfo;
 
@@ -29,73 +34,91 @@ pub struct FailoverActor {
     pub(crate) fence: Fence,
     pub(crate) client: Client,
     pub(crate) keys: Keys,
+    /// The cluster as last read or watched.
     pub(crate) cluster: Cluster,
+    /// What this actor has done: the machine's record of its own leading and following.
     pub(crate) progress: Progress,
     /// The node as its last status said.
     pub(crate) local: Option<Local>,
     /// The leader's walsenders as its last status said.
     pub(crate) replication: Vec<WalSenderStatus>,
-    pub(crate) lease: Option<LeaseId>,
+    pub(crate) lease: LeaseState,
+    pub(crate) decisions: DecisionState,
+    pub(crate) sync: SyncState,
+    pub(crate) slots: SlotState,
+    pub(crate) handover: HandoverState,
+    /// `StopFailover` came: nothing starts any more.
+    pub(crate) stopping: bool,
+    pub(crate) leadership: tokio::sync::watch::Sender<Leadership>,
+}
+
+/// The node's lease in etcd, its renewals, and the watch started with it.
+pub(crate) struct LeaseState {
+    pub(crate) id: Option<LeaseId>,
     /// The ttl the fence's deadline is computed with: the configured one, or etcd's if lower.
-    pub(crate) lease_ttl: Duration,
+    pub(crate) ttl: Duration,
+    /// A join (lease, member key, first read, watch) runs.
     connecting: bool,
-    reconciling: bool,
-    dirty: bool,
-    renew_failures: u32,
-    follow_failures: u32,
-    status_failures: u32,
+    /// Failed renewals (or joins) in a row, for the backoff.
+    failures: u32,
     renew_timer: Option<SpawnHandle>,
-    retry_timer: Option<SpawnHandle>,
     watch: Option<SpawnHandle>,
-    pub(crate) sync_phase: SyncPhase,
-    pub(crate) sync_busy: bool,
+}
+
+/// The reconciliation: one round at a time, and what the rounds carry between them.
+#[derive(Default)]
+pub(crate) struct DecisionState {
+    pub(crate) round: Rounds,
+    /// The next round after a failed action, when it is due.
+    pub(crate) retry_timer: Option<SpawnHandle>,
+    /// Why the key just won was campaigned for (the history's reason).
+    pub(crate) won_reason: Option<&'static str>,
+    /// Failed follows and unanswered status requests in a row, to log once per run of them.
+    pub(crate) follow_failures: u32,
+    pub(crate) status_failures: u32,
+}
+
+/// The leader's synchronous standby (`synchronous_mode` on or strict).
+#[derive(Default)]
+pub(crate) struct SyncState {
+    pub(crate) phase: SyncPhase,
+    pub(crate) round: Rounds,
     /// Since when this leader holds appends for want of a synchronous standby of its own (set
     /// when it starts leading in a synchronous mode, cleared once it has one or, in `on`, has
     /// given up waiting and gone asynchronous).
-    pub(crate) sync_hold_since: Option<Instant>,
-    /// The sync standby management asked to renew (and look again) sooner than usual.
-    pub(crate) sync_recheck: bool,
+    pub(crate) hold_since: Option<Instant>,
+    /// The last round asked to renew (and look again) sooner than usual.
+    pub(crate) recheck_soon: bool,
+}
+
+/// The handover of the leader key, and who waits for a member to take it.
+#[derive(Default)]
+pub(crate) struct HandoverState {
     /// A handover of the key runs: renewals do not grant the fence meanwhile.
-    pub(crate) handing_over: bool,
+    pub(crate) running: bool,
     /// Who waits for a named member to take the leader key (switchover reports).
     pub(crate) awaiting_leader: Vec<(String, oneshot::Sender<u64>)>,
-    stopping: bool,
-    /// Why the key just won was campaigned for (the history's reason).
-    won_reason: Option<&'static str>,
-    pub(crate) leadership: tokio::sync::watch::Sender<Leadership>,
-    pub(crate) slots: SlotState,
-    /// The member slots this node holds, as last known.
-    pub(crate) held_slots: tokio::sync::watch::Sender<Option<Vec<String>>>,
+}
+
+/// What a renewal found.
+pub(crate) struct RenewalAnswer {
+    /// When the keepalive was sent: the lease was renewed no earlier.
+    sent_at: Instant,
+    /// The ttl etcd granted, in its whole seconds.
+    granted_ttl: i64,
+    /// The term a leader's transaction checked and whether the key held; `None` for a
+    /// follower's renewal, which checks nothing.
+    confirmed: Option<(u64, bool)>,
 }
 
 /// How soon a new leader looks again for a synchronous standby while it holds appends for
 /// want of one (a guess: a standby connects and reports within a few milliseconds here).
-pub(crate) const SYNC_RECHECK: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// What the actor knows of member slots.
-#[derive(Default)]
-pub(crate) struct SlotState {
-    /// Since when each member slot's member has had no key (by slot name).
-    pub(crate) absent_since: HashMap<String, Instant>,
-    /// A round of `manage_slots` runs; `again`: another after it.
-    pub(crate) busy: bool,
-    pub(crate) again: bool,
-    /// The next look at a departed member's slot, when its grace ends.
-    pub(crate) timer: Option<SpawnHandle>,
-    /// The last round's slot operation failed: the next one comes after
-    /// [`SLOT_RETRY`](crate::slots::SLOT_RETRY).
-    pub(crate) failed: bool,
-    /// Slot operations have been failing since the last success (logged once per run).
-    pub(crate) failing: bool,
-}
+pub(crate) const SYNC_RECHECK: Duration = Duration::from_millis(50);
 
 /// How long a failed start (lease, first read, watch) waits before the next attempt, and the
 /// cap of its backoff. Guesses: quick enough that a node joins as soon as etcd is back.
 const CONNECT_RETRY_MIN: Duration = Duration::from_millis(200);
 const CONNECT_RETRY_MAX: Duration = Duration::from_secs(2);
-/// How long a failed promotion or follow waits before the next reconciliation tries again.
-/// A guess: the supervisor refuses while another change runs, which takes well under this.
-const ACTION_RETRY: Duration = Duration::from_millis(500);
 
 impl FailoverActor {
     /// Starts the actor for `node`, whose fence must be [`supervisor_actor::Fence::closed`]
@@ -118,7 +141,14 @@ impl FailoverActor {
         let client = config.etcd_client()?.with_request_timeout(timeout);
         let keys = Keys::new(&config.cluster_name);
         let fence = node.fence.clone();
-        let lease_ttl = config.ttl;
+        let lease = LeaseState {
+            id: None,
+            ttl: config.ttl,
+            connecting: false,
+            failures: 0,
+            renew_timer: None,
+            watch: None,
+        };
         Ok(Actor::start(FailoverActor {
             config,
             node,
@@ -129,28 +159,13 @@ impl FailoverActor {
             progress: Progress::default(),
             local: None,
             replication: Vec::new(),
-            lease: None,
-            lease_ttl,
-            connecting: false,
-            reconciling: false,
-            dirty: false,
-            renew_failures: 0,
-            follow_failures: 0,
-            status_failures: 0,
-            renew_timer: None,
-            retry_timer: None,
-            watch: None,
-            sync_phase: SyncPhase::Steady,
-            sync_busy: false,
-            sync_hold_since: None,
-            sync_recheck: false,
-            handing_over: false,
-            awaiting_leader: Vec::new(),
-            stopping: false,
-            won_reason: None,
-            leadership: tokio::sync::watch::Sender::new(Leadership::default()),
+            lease,
+            decisions: DecisionState::default(),
+            sync: SyncState::default(),
             slots: SlotState::default(),
-            held_slots: tokio::sync::watch::Sender::new(None),
+            handover: HandoverState::default(),
+            stopping: false,
+            leadership: tokio::sync::watch::Sender::new(Leadership::default()),
         }))
     }
 
@@ -159,7 +174,7 @@ impl FailoverActor {
     }
 
     /// The node's status, read into `local`.
-    fn take_status(&mut self, status: &NodeStatus) {
+    pub(crate) fn take_status(&mut self, status: &NodeStatus) {
         let streaming = status
             .wal_receiver
             .as_ref()
@@ -220,11 +235,11 @@ impl FailoverActor {
 
     /// Gets a lease, publishes the member key, reads the cluster and watches it from there.
     fn connect(&mut self, ctx: &mut Context<Self>) {
-        if self.connecting || self.stopping {
+        if self.lease.connecting || self.stopping {
             return;
         }
-        self.connecting = true;
-        if let Some(handle) = self.watch.take() {
+        self.lease.connecting = true;
+        if let Some(handle) = self.lease.watch.take() {
             ctx.cancel_future(handle);
         }
         let supervisor = self.node.supervisor.clone();
@@ -238,7 +253,7 @@ impl FailoverActor {
             let known = act.cluster.clone();
             let member = act.member_info();
             let ttl = i64::try_from(act.config.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-            let old = act.lease.take();
+            let old = act.lease.id.take();
             async move {
                 if let Some(old) = old {
                     // Best effort: a lease that renewals could not keep is gone or going.
@@ -254,25 +269,22 @@ impl FailoverActor {
             }
             .into_actor(act)
             .map(|result, act, ctx| {
-                act.connecting = false;
+                act.lease.connecting = false;
                 match result {
                     Ok((lease, cluster, watch)) => {
                         info!(lease = %lease.id, granted_ttl = lease.ttl, "failover: joined the cluster");
-                        act.lease = Some(lease.id);
-                        let granted = Duration::from_secs(u64::try_from(lease.ttl).unwrap_or(0));
-                        act.lease_ttl = act.config.ttl.min(granted.max(Duration::from_secs(1)));
-                        let before = act.member_names();
-                        act.cluster = cluster;
-                        act.note_members(&before);
-                        act.renew_failures = 0;
-                        act.watch = Some(ctx.add_stream(watch));
-                        act.schedule_renewal(ctx, machine::renewal_interval(act.lease_ttl));
+                        act.lease.id = Some(lease.id);
+                        act.lease.ttl = machine::effective_ttl(act.config.ttl, lease.ttl);
+                        act.replace_cluster(cluster);
+                        act.lease.failures = 0;
+                        act.lease.watch = Some(ctx.add_stream(watch));
+                        act.schedule_renewal(ctx, machine::renewal_interval(act.lease.ttl));
                         act.reconcile(ctx);
                     }
                     Err(e) => {
-                        act.renew_failures = act.renew_failures.saturating_add(1);
+                        act.lease.failures = act.lease.failures.saturating_add(1);
                         let delay = CONNECT_RETRY_MIN
-                            .saturating_mul(act.renew_failures.min(10))
+                            .saturating_mul(act.lease.failures.min(10))
                             .min(CONNECT_RETRY_MAX);
                         warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "failover: cannot join the cluster in etcd");
                         ctx.run_later(delay, |act, ctx| act.connect(ctx));
@@ -282,12 +294,19 @@ impl FailoverActor {
         }));
     }
 
+    /// The cluster as a fresh read found it, with the absences of members' slots updated.
+    fn replace_cluster(&mut self, cluster: Cluster) {
+        let before = self.member_names();
+        self.cluster = cluster;
+        self.note_members(&before);
+    }
+
     fn schedule_renewal(&mut self, ctx: &mut Context<Self>, delay: Duration) {
-        if let Some(handle) = self.renew_timer.take() {
+        if let Some(handle) = self.lease.renew_timer.take() {
             ctx.cancel_future(handle);
         }
-        self.renew_timer = Some(ctx.run_later(delay, |act, ctx| {
-            act.renew_timer = None;
+        self.lease.renew_timer = Some(ctx.run_later(delay, |act, ctx| {
+            act.lease.renew_timer = None;
             act.renew(ctx);
         }));
     }
@@ -295,7 +314,7 @@ impl FailoverActor {
     /// Renews the lease; the leader confirms its key in a transaction and only then extends
     /// the fence, from the instant the renewal was sent.
     pub(crate) fn renew(&mut self, ctx: &mut Context<Self>) {
-        let Some(lease) = self.lease else {
+        let Some(lease) = self.lease.id else {
             return;
         };
         if self.stopping {
@@ -311,18 +330,25 @@ impl FailoverActor {
             let keys = act.keys.clone();
             let me = act.me().to_string();
             let member = act.member_info();
-            let leading = act.progress.leading.filter(|_| !act.handing_over);
+            let leading = act.progress.leading.filter(|_| !act.handover.running);
             async move {
                 let sent_at = Instant::now();
                 let renewed = client.lease_keepalive(lease).await?;
-                let held = match leading {
-                    Some(_) => Some(store::confirm(&client, &keys, &me, lease, &member).await?),
+                let confirmed = match leading {
+                    Some(term) => Some((
+                        term,
+                        store::confirm(&client, &keys, &me, lease, &member).await?,
+                    )),
                     None => {
                         store::put_member(&client, &keys, lease, &member).await?;
                         None
                     }
                 };
-                Ok::<_, FailoverError>((sent_at, renewed.ttl, leading, held))
+                Ok::<_, FailoverError>(RenewalAnswer {
+                    sent_at,
+                    granted_ttl: renewed.ttl,
+                    confirmed,
+                })
             }
             .into_actor(act)
             .map(move |result, act, ctx| act.renewed(ctx, lease, result))
@@ -333,26 +359,32 @@ impl FailoverActor {
         &mut self,
         ctx: &mut Context<Self>,
         lease: LeaseId,
-        result: Result<(Instant, i64, Option<u64>, Option<bool>), FailoverError>,
+        result: Result<RenewalAnswer, FailoverError>,
     ) {
-        if self.lease != Some(lease) {
+        if self.lease.id != Some(lease) {
             return;
         }
         match result {
-            Ok((sent_at, granted, leading, held)) => {
-                self.renew_failures = 0;
-                let granted = Duration::from_secs(u64::try_from(granted).unwrap_or(0));
-                let ttl = self.config.ttl.min(granted.max(Duration::from_secs(1)));
-                match (leading, held) {
-                    (Some(term), Some(true))
-                        if self.progress.leading == Some(term) && !self.handing_over =>
-                    {
-                        self.fence
-                            .grant(term, machine::fence_deadline(sent_at, ttl));
+            Ok(RenewalAnswer {
+                sent_at,
+                granted_ttl,
+                confirmed,
+            }) => {
+                self.lease.failures = 0;
+                let ttl = machine::effective_ttl(self.config.ttl, granted_ttl);
+                match machine::after_renewal(
+                    confirmed,
+                    self.progress.leading,
+                    self.handover.running,
+                    sent_at,
+                    ttl,
+                ) {
+                    Renewed::Grant { term, until } => {
+                        self.fence.grant(term, until);
                         self.publish_leadership();
                         self.manage_sync(ctx);
                     }
-                    (Some(term), Some(false)) => {
+                    Renewed::StepDown { term } => {
                         warn!(
                             term,
                             "failover: the leader key is no longer ours; appends stop"
@@ -360,25 +392,23 @@ impl FailoverActor {
                         self.step_down();
                         self.reconcile(ctx);
                     }
-                    _ => {}
+                    Renewed::Nothing => {}
                 }
-                let mut next = machine::renewal_interval(ttl).saturating_sub(sent_at.elapsed());
-                if std::mem::take(&mut self.sync_recheck) {
-                    next = next.min(SYNC_RECHECK);
-                }
+                let sooner = std::mem::take(&mut self.sync.recheck_soon).then_some(SYNC_RECHECK);
+                let next = machine::next_renewal(ttl, sent_at.elapsed(), sooner);
                 self.schedule_renewal(ctx, next);
             }
             Err(FailoverError::Etcd(etcd_gateway::Error::LeaseNotFound { .. })) => {
                 warn!(lease = %lease, "failover: our lease expired; appends stop and a new lease is taken");
                 self.step_down();
-                self.lease = None;
+                self.lease.id = None;
                 self.connect(ctx);
             }
             Err(e) => {
                 // The fence closes by its own deadline; retry quickly meanwhile.
-                let delay = machine::retry_delay(self.renew_failures, self.lease_ttl);
-                self.renew_failures = self.renew_failures.saturating_add(1);
-                warn!(error = %e, failures = self.renew_failures, retry_in_ms = delay.as_millis() as u64, "failover: renewal failed");
+                let delay = machine::retry_delay(self.lease.failures, self.lease.ttl);
+                self.lease.failures = self.lease.failures.saturating_add(1);
+                warn!(error = %e, failures = self.lease.failures, retry_in_ms = delay.as_millis() as u64, "failover: renewal failed");
                 self.schedule_renewal(ctx, delay);
             }
         }
@@ -388,8 +418,8 @@ impl FailoverActor {
     pub(crate) fn step_down(&mut self) {
         self.fence.revoke();
         self.progress.leading = None;
-        self.sync_phase = SyncPhase::Steady;
-        self.sync_hold_since = None;
+        self.sync.phase = SyncPhase::Steady;
+        self.sync.hold_since = None;
         self.publish_leadership();
     }
 
@@ -408,351 +438,6 @@ impl FailoverActor {
             *l = now;
             changed
         });
-    }
-
-    fn schedule_retry(&mut self, ctx: &mut Context<Self>, delay: Duration) {
-        if self.retry_timer.is_some() {
-            return;
-        }
-        self.retry_timer = Some(ctx.run_later(delay, |act, ctx| {
-            act.retry_timer = None;
-            act.reconcile(ctx);
-        }));
-    }
-
-    /// Decides on what is known now and carries the decision out; one at a time (a change
-    /// seen meanwhile runs another round after it).
-    pub(crate) fn reconcile(&mut self, ctx: &mut Context<Self>) {
-        if self.stopping || self.lease.is_none() {
-            return;
-        }
-        if self.reconciling {
-            self.dirty = true;
-            return;
-        }
-        self.reconciling = true;
-        self.dirty = false;
-        let supervisor = self.node.supervisor.clone();
-        let status = async move { node_status(&supervisor).await };
-        ctx.spawn(
-            status
-                .into_actor(self)
-                .then(|status, act, ctx| {
-                    match &status {
-                        Some(status) => {
-                            act.status_failures = 0;
-                            act.take_status(status);
-                        }
-                        None => {
-                            // Once per run of failures: the node may have been shut down.
-                            if act.status_failures == 0 {
-                                warn!("failover: the supervisor did not answer; deciding on its last status");
-                            }
-                            act.status_failures = act.status_failures.saturating_add(1);
-                        }
-                    }
-                    act.run_decision(ctx)
-                })
-                .map(|_, act, ctx| {
-                    act.reconciling = false;
-                    if act.dirty {
-                        act.reconcile(ctx);
-                    }
-                }),
-        );
-    }
-
-    fn run_decision(&mut self, ctx: &mut Context<Self>) -> LocalBoxActorFuture<Self, ()> {
-        let Some(local) = self.local.clone() else {
-            return Box::pin(fut::ready(()));
-        };
-        self.progress.lease = self.lease.map(|l| l.0);
-        if let Some(key) = &self.cluster.leader {
-            if key.holder != self.me() {
-                self.progress.highest_term = self.progress.highest_term.max(key.term);
-            }
-        }
-        self.start_forwarded_handover(ctx);
-        let actions = machine::decide(&self.config, &self.cluster, &local, &self.progress);
-        let mut next = None;
-        for action in actions {
-            match action {
-                Action::RevokeFence => {
-                    info!("failover: the leader key is not ours; appends stop");
-                    self.step_down();
-                }
-                Action::Wait(reason) => tracing::debug!(reason, "failover: waiting"),
-                other => next = Some(other),
-            }
-        }
-        // A leader looks at its member slots on every change it decides on.
-        self.manage_slots(ctx);
-        match next {
-            Some(Action::Campaign) => self.campaign(),
-            Some(Action::CheckPeers) => self.check_peers(local),
-            Some(Action::Lead { term, promote }) => self.lead(term, promote),
-            Some(Action::Follow {
-                leader,
-                conninfo,
-                term,
-            }) => self.follow(leader, conninfo, term),
-            _ => Box::pin(fut::ready(())),
-        }
-    }
-
-    fn campaign(&mut self) -> LocalBoxActorFuture<Self, ()> {
-        let Some(lease) = self.lease else {
-            return Box::pin(fut::ready(()));
-        };
-        // Why this campaign, for the history, as things stand before it (once the key is won
-        // the watch shows this node as the last leader and the handover as ended).
-        let reason = if self.cluster.switchover.is_some() {
-            "switchover"
-        } else if !self.cluster.has_history {
-            "bootstrap"
-        } else if self
-            .cluster
-            .last_leader
-            .as_ref()
-            .is_some_and(|l| l.name == self.config.node_name)
-        {
-            "restart"
-        } else {
-            "failover"
-        };
-        let client = self.client.clone();
-        let keys = self.keys.clone();
-        let me = self.me().to_string();
-        Box::pin(
-            async move { store::campaign(&client, &keys, &me, lease).await }
-                .into_actor(self)
-                .map(move |result, act, ctx| match result {
-                    Ok(Some(term)) => {
-                        info!(term, "failover: won the leader key");
-                        act.cluster.leader = Some(machine::LeaderKey {
-                            holder: act.me().to_string(),
-                            term,
-                            lease: lease.0,
-                        });
-                        act.cluster.switchover = None;
-                        act.won_reason = Some(reason);
-                        act.dirty = true;
-                    }
-                    // Someone else won: the watch brings its key.
-                    Ok(None) => {}
-                    Err(e) => {
-                        warn!(error = %e, "failover: campaign failed");
-                        act.schedule_retry(ctx, ACTION_RETRY);
-                    }
-                }),
-        )
-    }
-
-    fn check_peers(&mut self, local: Local) -> LocalBoxActorFuture<Self, ()> {
-        let me = self.me().to_string();
-        let members: Vec<MemberInfo> = self.cluster.members.values().cloned().collect();
-        let mine = machine::PeerPosition {
-            name: me.clone(),
-            role: local.role,
-            timeline: local.timeline,
-            flush: local.flush,
-            priority: self.config.priority,
-            nofailover: self.config.nofailover,
-        };
-        Box::pin(
-            async move { crate::peers::positions(&me, members).await }
-                .into_actor(self)
-                .then(move |peers, act, ctx| {
-                    if act.cluster.leader.is_some() {
-                        return Box::pin(fut::ready(())) as LocalBoxActorFuture<Self, ()>;
-                    }
-                    match machine::better_peer(&mine, &peers) {
-                        None => act.campaign(),
-                        Some(better) => {
-                            info!(
-                                better,
-                                "failover: another member is more advanced; it campaigns"
-                            );
-                            // A real timeout: if it has not taken the key within a ttl, look again.
-                            act.schedule_retry(ctx, act.lease_ttl);
-                            Box::pin(fut::ready(()))
-                        }
-                    }
-                }),
-        )
-    }
-
-    fn lead(&mut self, term: u64, promote: bool) -> LocalBoxActorFuture<Self, ()> {
-        let supervisor = self.node.supervisor.clone();
-        let wal = self.node.wal.clone();
-        let reason = self.won_reason.take().unwrap_or("failover").to_string();
-        let slots = self.wanted_slots();
-        Box::pin(
-            async move {
-                let taken = if promote {
-                    let promoted = supervisor
-                        .send(supervisor_actor::PromoteForTerm { term })
-                        .await
-                        .map_err(|e| FailoverError::Refused(e.to_string()))?
-                        .map_err(|e| FailoverError::Refused(format!("promotion failed: {e}")))?;
-                    (promoted.timeline.0, promoted.switch_lsn)
-                } else {
-                    let start = wal.history().last().map_or(wal_storage::Lsn(0), |h| h.switch_lsn);
-                    (wal.timeline().0, start)
-                };
-                // The members' slots before the fence is granted: no append (and so no segment
-                // switch, where retention removes WAL) comes before them.
-                ensure_slots(&supervisor, slots).await;
-                Ok::<_, FailoverError>(taken)
-            }
-            .into_actor(self)
-            .then(move |promoted, act, ctx| {
-                let (timeline, switch_lsn) = match promoted {
-                    Ok(p) => p,
-                    Err(e) => {
-                        warn!(term, error = %e, "failover: cannot take up the leader key; giving it up");
-                        return act.resign_after_failure(ctx);
-                    }
-                };
-                info!(term, timeline, %switch_lsn, "failover: leading");
-                act.progress.leading = Some(term);
-                act.progress.highest_term = act.progress.highest_term.max(term);
-                act.progress.following = None;
-                act.publish_leadership();
-                // Publishes the slots just made, and starts the graces of departed members'.
-                act.manage_slots(ctx);
-                act.sync_phase = SyncPhase::Steady;
-                let synchronous = act.config.synchronous_mode != crate::SynchronousMode::Off;
-                act.sync_hold_since = synchronous.then(Instant::now);
-                let supervisor = act.node.supervisor.clone();
-                let record = crate::view::TermRecord {
-                    term,
-                    leader: act.me().to_string(),
-                    timeline,
-                    switch_lsn: switch_lsn.to_string(),
-                    reason,
-                    at: store::unix_now(),
-                };
-                let client = act.client.clone();
-                let keys = act.keys.clone();
-                let me = act.me().to_string();
-                let lease = act.lease;
-                Box::pin(
-                    async move {
-                        let Some(lease) = lease else { return Ok(false) };
-                        if synchronous {
-                            // Before the fence is granted, in both synchronous modes: appends
-                            // wait until this leader has a synchronous standby of its own
-                            // (or, in `on`, has found none and published that), so that none
-                            // is acknowledged asynchronously while an older term's record
-                            // still names a standby that may lack it.
-                            supervisor
-                                .send(supervisor_actor::SetSyncStandbys { names: Some(machine::strict_hold()) })
-                                .await
-                                .map_err(|e| FailoverError::Refused(e.to_string()))?;
-                        }
-                        let history = store::leader_put(&client, &keys, &me, lease, keys.history_of(term), store::history_value(&record)).await?;
-                        if synchronous {
-                            // The term's own record, naming no standby yet: from now on no
-                            // older record makes anyone promotable.
-                            let sync = crate::keys::SyncRecord { leader: me.clone(), sync_standby: None, term };
-                            if !store::leader_put(&client, &keys, &me, lease, keys.sync(), store::sync_value(&sync)).await? {
-                                return Err(FailoverError::Refused("the leader key is not ours".into()));
-                            }
-                        }
-                        Ok(history)
-                    }
-                    .into_actor(act)
-                    .then(move |written, act, ctx| {
-                        match written {
-                            Ok(true) => act.cluster.has_history = true,
-                            Ok(false) => {}
-                            Err(e) => {
-                                warn!(term, error = %e, "failover: cannot record the term; giving the leader key up");
-                                return act.resign_after_failure(ctx);
-                            }
-                        }
-                        // Confirm the key and grant the fence now, not a renewal interval later.
-                        act.renew(ctx);
-                        Box::pin(fut::ready(())) as LocalBoxActorFuture<Self, ()>
-                    }),
-                )
-            }),
-        )
-    }
-
-    fn resign_after_failure(&mut self, ctx: &mut Context<Self>) -> LocalBoxActorFuture<Self, ()> {
-        self.step_down();
-        let Some(lease) = self.lease else {
-            return Box::pin(fut::ready(()));
-        };
-        self.schedule_retry(ctx, ACTION_RETRY);
-        let client = self.client.clone();
-        let keys = self.keys.clone();
-        let me = self.me().to_string();
-        Box::pin(
-            async move { store::resign(&client, &keys, &me, lease).await }
-                .into_actor(self)
-                .map(|result, _, _| {
-                    if let Err(e) = result {
-                        warn!(error = %e, "failover: cannot give up the leader key; it expires with the lease");
-                    }
-                }),
-        )
-    }
-
-    fn follow(
-        &mut self,
-        leader: String,
-        conninfo: String,
-        term: u64,
-    ) -> LocalBoxActorFuture<Self, ()> {
-        let mut upstream = match walreceiver_actor::ReceiverConfig::parse(&conninfo, None) {
-            Ok(upstream) => upstream,
-            Err(e) => {
-                warn!(%leader, error = %e, "failover: the leader's conninfo does not parse");
-                return Box::pin(fut::ready(()));
-            }
-        };
-        upstream.application_name = self.config.node_name.clone();
-        if self.config.use_slots {
-            // Its slot on the leader keeps the WAL this member has not received yet.
-            upstream.session.slot_name = crate::slot_names::member_slot_name(self.me());
-        }
-        self.fence.observe_term(term);
-        let supervisor = self.node.supervisor.clone();
-        Box::pin(
-            async move {
-                supervisor
-                    .send(supervisor_actor::FollowLeader { upstream, term })
-                    .await
-            }
-            .into_actor(self)
-            .map(move |result, act, ctx| match result {
-                Ok(Ok(followed)) => {
-                    info!(%leader, term, demoted = followed.demoted, dropped_bytes = followed.dropped_bytes, "failover: following the leader");
-                    act.follow_failures = 0;
-                    act.progress.following = Some((leader, term));
-                    act.progress.highest_term = act.progress.highest_term.max(term);
-                    act.publish_leadership();
-                    act.drop_slots_as_follower(ctx);
-                }
-                Ok(Err(e)) => {
-                    // Logged on the first failure and then every so often, not on each retry.
-                    if act.follow_failures % 20 == 0 {
-                        if matches!(e, supervisor_actor::FollowError::NoSlot { .. }) {
-                            // A new leader makes its members' slots as it starts leading.
-                            info!(%leader, term, error = %e, failures = act.follow_failures + 1, "failover: cannot follow the leader yet");
-                        } else {
-                            warn!(%leader, term, error = %e, failures = act.follow_failures + 1, "failover: cannot follow the leader yet");
-                        }
-                    }
-                    act.follow_failures = act.follow_failures.wrapping_add(1);
-                    act.schedule_retry(ctx, ACTION_RETRY);
-                }
-                Err(e) => warn!(error = %e, "failover: the supervisor is gone"),
-            }),
-        )
     }
 }
 
@@ -774,40 +459,17 @@ impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
     fn handle(&mut self, item: etcd_gateway::Result<WatchBatch>, ctx: &mut Context<Self>) {
         match item {
             Ok(batch) => {
-                // Only what a decision reads calls for one: the leader key, `sync`, `pause`,
-                // `switchover`, the leader's member key, and any member key while there is no
-                // leader (the candidates weigh each other). Members' routine refreshes do not.
                 let mut relevant = false;
                 let before = self.member_names();
                 for event in &batch.events {
-                    relevant |= match self.keys.classify(&event.kv.key) {
-                        KeyKind::Leader | KeyKind::Sync | KeyKind::Pause | KeyKind::Switchover => {
-                            true
-                        }
-                        KeyKind::Member(name) => self
-                            .cluster
-                            .leader
-                            .as_ref()
-                            .is_none_or(|l| l.holder == name),
-                        KeyKind::History | KeyKind::Other => false,
-                    };
+                    let kind = self.keys.classify(&event.kv.key);
+                    relevant |= machine::calls_for_decision(&kind, &self.cluster);
                     store::apply_event(&mut self.cluster, &self.keys, event);
                 }
                 // A member that came or went changes the slots the leader holds.
                 let members_changed = self.note_members(&before);
                 relevant |= members_changed && self.progress.leading.is_some();
-                if let Some(key) = &self.cluster.leader {
-                    let holder = key.holder.clone();
-                    let term = key.term;
-                    let waiting = std::mem::take(&mut self.awaiting_leader);
-                    for (name, tx) in waiting {
-                        if name == holder {
-                            let _ = tx.send(term);
-                        } else if !tx.is_closed() {
-                            self.awaiting_leader.push((name, tx));
-                        }
-                    }
-                }
+                self.answer_awaiting_leader();
                 if relevant {
                     self.reconcile(ctx);
                 }
@@ -821,14 +483,14 @@ impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
             return;
         }
         // Read everything again and watch from there (the lease stays).
-        self.watch = None;
+        self.lease.watch = None;
         ctx.run_later(CONNECT_RETRY_MIN, |act, ctx| act.rewatch(ctx));
     }
 }
 
 impl FailoverActor {
     fn rewatch(&mut self, ctx: &mut Context<Self>) {
-        if self.stopping || self.watch.is_some() || self.connecting {
+        if self.stopping || self.lease.watch.is_some() || self.lease.connecting {
             return;
         }
         let client = self.client.clone();
@@ -848,10 +510,8 @@ impl FailoverActor {
             .into_actor(self)
             .map(|result, act, ctx| match result {
                 Ok((cluster, watch)) => {
-                    let before = act.member_names();
-                    act.cluster = cluster;
-                    act.note_members(&before);
-                    act.watch = Some(ctx.add_stream(watch));
+                    act.replace_cluster(cluster);
+                    act.lease.watch = Some(ctx.add_stream(watch));
                     act.reconcile(ctx);
                 }
                 Err(e) => {
@@ -867,7 +527,7 @@ impl FailoverActor {
         self.stopping = true;
         self.step_down();
         let client = self.client.clone();
-        let lease = self.lease.take().filter(|_| release);
+        let lease = self.lease.id.take().filter(|_| release);
         Box::pin(
             async move {
                 if let Some(lease) = lease {
@@ -879,25 +539,6 @@ impl FailoverActor {
             .into_actor(self)
             .map(|_, _, ctx: &mut Context<Self>| ctx.stop()),
         )
-    }
-}
-
-/// Makes the member slots `names` on the node (nothing if there are none); a failure is
-/// logged, and the leader's next reconciliation tries again: leading goes on without them.
-async fn ensure_slots(supervisor: &Addr<supervisor_actor::Supervisor>, names: Vec<String>) {
-    if names.is_empty() {
-        return;
-    }
-    let asked = supervisor_actor::EnsureMemberSlots {
-        names,
-        prefix: crate::slot_names::MEMBER_SLOT_PREFIX.to_string(),
-    };
-    match supervisor.send(asked).await {
-        Ok(Ok(slots)) => {
-            info!(made = ?slots.changed, held = ?slots.held, "failover: member slots before leading")
-        }
-        Ok(Err(e)) => warn!(error = %e, "failover: cannot make the member slots before leading"),
-        Err(e) => warn!(error = %e, "failover: the supervisor is gone"),
     }
 }
 

@@ -57,6 +57,19 @@
 //! TLS and auth token (`etcd-gateway`, whose client [`FailoverConfig::etcd_client`] makes
 //! from the configuration's endpoints and `etcd_security`).
 //!
+//! It acts on the node only through the supervisor. Two reads go around it, and they are
+//! the only ones; neither changes anything on the node:
+//! - Storage's in-memory position, through the node's `Wal` handle (no file I/O, no wait): the
+//!   flushed end at the instant a handover revokes the fence, read in the same handler with
+//!   no wait between, so that it bounds every acknowledged append (a status from the
+//!   supervisor would come a message later); and where the current timeline starts, when a
+//!   node that is already a primary takes up a term (the history's record), which the
+//!   supervisor's status does not carry.
+//! - The walsender registry's synchronous wait (`WaitForSync`), for a first synchronous
+//!   standby catching up: an event that the supervisor has no message for, the same wait an
+//!   append makes; a supervisor message that only passed it on would add a hop and nothing
+//!   else.
+//!
 //! Its peers: etcd, through `etcd-gateway` (every call a future on the actor's arbiter, under
 //! a deadline of a third of the ttl); the node's supervisor (messages `PromoteForTerm`,
 //! `FollowLeader`, `SetSyncStandbys`, `EnsureMemberSlots`, `DropMemberSlots`,
@@ -73,17 +86,28 @@
 //! protects the appends. A supervisor that does not answer leaves the last status to decide on.
 //!
 //! Its timers are real timeouts and backoffs only: the renewal schedule, retries, the
-//! candidate's catch-up bound, the end of a departed member's slot grace. Every event (a key changed, a leader elected) comes from the
-//! watch. Its constants are guesses and say so.
+//! candidate's catch-up bound, the end of a departed member's slot grace. Every event (a key
+//! changed, a leader elected) comes from the watch. Its constants are guesses and say so.
+//!
+//! How it is built: the actor's state is a few small structs (the lease, the decisions, the
+//! synchronous standby, the slots, the handover); the reconciliation, the slot round and the
+//! synchronous standby's round each run one at a time through one type, `round.rs`'s
+//! `Rounds`. Each long flow (taking up a term, a synchronous standby's change, a handover)
+//! is one future that does its work against etcd and the supervisor and returns to the
+//! actor's state once, with its commit point written beside it; the decisions are
+//! [`machine`]'s pure functions.
 
 mod actor;
 mod admin;
 mod config;
 mod error;
+mod handover;
 pub mod keys;
 pub mod machine;
 mod messages;
 mod peers;
+mod reconcile;
+mod round;
 mod slot_names;
 mod slots;
 mod store;

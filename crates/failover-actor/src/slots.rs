@@ -25,7 +25,7 @@
 //!
 //! [`member_slot_grace`]: crate::config::FailoverConfig::member_slot_grace
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -33,12 +33,42 @@ use supervisor_actor::{DropMemberSlots, EnsureMemberSlots, MemberSlots};
 use tracing::{info, warn};
 
 use crate::actor::FailoverActor;
+use crate::round::Rounds;
 use crate::slot_names::{member_slot_name, MEMBER_SLOT_PREFIX};
 
 /// How long a leader waits before trying again a slot operation that failed (storage full or
 /// restarting, say). A guess: storage's own restarts and a full disk's retries are on the
 /// order of a second.
 pub(crate) const SLOT_RETRY: Duration = Duration::from_secs(1);
+
+/// What the actor knows of member slots.
+pub(crate) struct SlotState {
+    /// Since when each member slot's member has had no key (by slot name).
+    pub(crate) absent_since: HashMap<String, Instant>,
+    /// The leader's rounds of [`FailoverActor::manage_slots`].
+    round: Rounds,
+    /// The next look at a departed member's slot, when its grace ends.
+    timer: Option<SpawnHandle>,
+    /// The last round's slot operation failed: the next one comes after [`SLOT_RETRY`].
+    failed: bool,
+    /// Slot operations have been failing since the last success (logged once per run).
+    failing: bool,
+    /// The member slots this node holds, as last known ([`SubscribeMemberSlots`]).
+    held: tokio::sync::watch::Sender<Option<Vec<String>>>,
+}
+
+impl Default for SlotState {
+    fn default() -> SlotState {
+        SlotState {
+            absent_since: HashMap::new(),
+            round: Rounds::default(),
+            timer: None,
+            failed: false,
+            failing: false,
+            held: tokio::sync::watch::Sender::new(None),
+        }
+    }
+}
 
 /// The member slots this node holds, sorted, as a watch that changes after each slot
 /// operation that changed them (`None` until the first one): for waiting on a slot to be made
@@ -51,7 +81,7 @@ impl Handler<SubscribeMemberSlots> for FailoverActor {
     type Result = MessageResult<SubscribeMemberSlots>;
 
     fn handle(&mut self, _: SubscribeMemberSlots, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.held_slots.subscribe())
+        MessageResult(self.slots.held.subscribe())
     }
 }
 
@@ -117,12 +147,9 @@ impl FailoverActor {
         if !self.config.use_slots || self.progress.leading.is_none() {
             return;
         }
-        if self.slots.busy {
-            self.slots.again = true;
+        if !self.slots.round.ask() {
             return;
         }
-        self.slots.busy = true;
-        self.slots.again = false;
         let ensure = EnsureMemberSlots {
             names: self.wanted_slots(),
             prefix: MEMBER_SLOT_PREFIX.to_string(),
@@ -175,13 +202,13 @@ impl FailoverActor {
                         Some(Err(e)) => warn!(error = %e, "failover: the supervisor is gone"),
                         None => {}
                     }
-                    act.slots.busy = false;
+                    let again = act.slots.round.finish();
                     if act.slots.failing && !act.slots.failed {
                         info!("failover: member slots managed again");
                     }
                     act.slots.failing = act.slots.failed;
                     act.schedule_slot_look(ctx);
-                    if act.slots.again {
+                    if again {
                         act.manage_slots(ctx);
                     }
                 }),
@@ -227,7 +254,7 @@ impl FailoverActor {
             ctx.cancel_future(h);
         }
         let grace = self.config.member_slot_grace();
-        let held = self.held_slots.borrow().clone().unwrap_or_default();
+        let held = self.slots.held.borrow().clone().unwrap_or_default();
         let failed = std::mem::take(&mut self.slots.failed).then_some(SLOT_RETRY);
         let next = self
             .slots
@@ -256,7 +283,7 @@ impl FailoverActor {
     }
 
     pub(crate) fn publish_held_slots(&self, held: Vec<String>) {
-        self.held_slots.send_if_modified(|h| {
+        self.slots.held.send_if_modified(|h| {
             let changed = h.as_ref() != Some(&held);
             *h = Some(held);
             changed

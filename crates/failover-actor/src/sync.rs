@@ -1,26 +1,30 @@
 //! The leader's synchronous standby in `synchronous_mode` on or strict: on each confirmed
-//! renewal the leader plans the next loss-free step ([`machine::plan_sync`]) from its
-//! walsenders' status and carries it out in order: `SetSyncStandbys` on the node, `sync` in
-//! etcd (guarded by the leader key). Waiting for a first standby to catch up is the
-//! registry's synchronous wait (an event); a replacement is checked on the next renewals.
+//! renewal the leader plans the next loss-free step ([`machine::plan_sync`], with a new
+//! leader's hold by [`machine::hold_for_sync`]) from its walsenders' status and carries it
+//! out in order in one round: `SetSyncStandbys` on the node, `sync` in etcd (guarded by the
+//! leader key). Waiting for a first standby to catch up is the registry's synchronous wait
+//! (an event); a replacement is checked on the next renewals.
 
 use actix::prelude::*;
 use tracing::{info, warn};
-use walsender_actor::status::WalSenderState;
+use wal_storage::Lsn;
 
 use crate::actor::FailoverActor;
 use crate::error::FailoverError;
-use crate::machine::{self, SyncCandidate, SyncPhase};
+use crate::machine::{self, SyncAction, SyncPhase};
 use crate::store;
 
 impl FailoverActor {
-    /// The leader's synchronous standby, managed on each confirmed renewal.
+    /// The leader's synchronous standby, managed on each confirmed renewal, one round at a
+    /// time. A renewal that comes while a round runs plans nothing: the next renewal plans
+    /// from a fresher status than a replay of this one would.
     pub(crate) fn manage_sync(&mut self, ctx: &mut Context<Self>) {
-        if self.sync_busy || self.config.synchronous_mode == crate::SynchronousMode::Off {
+        if self.sync.round.running() || self.config.synchronous_mode == crate::SynchronousMode::Off
+        {
             return;
         }
         let (Some(term), Some(lease), Some(local)) =
-            (self.progress.leading, self.lease, self.local.clone())
+            (self.progress.leading, self.lease.id, self.local.clone())
         else {
             return;
         };
@@ -31,133 +35,110 @@ impl FailoverActor {
             .as_ref()
             .filter(|s| s.term == term && s.leader == me)
             .and_then(|s| s.sync_standby.clone());
-        let candidates: Vec<SyncCandidate> = self
-            .replication
-            .iter()
-            .map(|r| {
-                let member = self.cluster.members.get(&r.application_name);
-                SyncCandidate {
-                    name: r.application_name.clone(),
-                    // A standby still catching up counts as connected: choosing it is
-                    // loss-free (it is published only once it has caught up), and one that
-                    // had just reconnected was otherwise taken for gone and the choice undone.
-                    connected: matches!(
-                        r.state,
-                        WalSenderState::Streaming | WalSenderState::Catchup
-                    ),
-                    flush: r.flush_lsn.unwrap_or(wal_storage::Lsn(0)),
-                    priority: member.map_or(0, |m| m.priority),
-                    nofailover: member.is_none_or(|m| m.nofailover),
-                }
-            })
-            .collect();
-        let (phase, mut actions) = machine::plan_sync(
-            self.config.synchronous_mode,
-            &self.sync_phase,
+        let candidates = machine::sync_candidates(&self.replication, &self.cluster.members);
+        let mode = self.config.synchronous_mode;
+        let (phase, planned) = machine::plan_sync(
+            mode,
+            &self.sync.phase,
             published.as_deref(),
             &candidates,
             local.flush,
         );
-        // A new leader holds appends until it has published a synchronous standby of its own.
-        // Its standbys follow it within milliseconds of its win (and each reconnects once as it
-        // does), so while the hold is young it looks again soon (a short backoff, not a poll of
-        // something that would announce itself) and does not take a standby that just
-        // reconnected for gone; in `on` it gives up after one renewal interval and goes on
-        // asynchronously: the term's record names no standby, so nobody becomes promotable.
-        let mut gave_up = false;
-        if let Some(since) = self.sync_hold_since {
-            let young = since.elapsed() < machine::renewal_interval(self.config.ttl);
-            if young && actions == [machine::SyncAction::Set(None)] {
-                actions = vec![machine::SyncAction::Set(Some(machine::strict_hold()))];
-            }
-            let adding = matches!(phase, SyncPhase::Adding { .. });
-            if actions.is_empty()
-                && !adding
-                && !young
-                && self.config.synchronous_mode == crate::SynchronousMode::On
-            {
-                info!("failover: no synchronous standby to choose; appends go on asynchronously");
-                actions.push(machine::SyncAction::Set(None));
-                gave_up = true;
-            }
-            if young {
-                self.sync_recheck = true;
-            }
+        let held_for = self.sync.hold_since.map(|since| since.elapsed());
+        let round = machine::hold_for_sync(mode, &phase, planned, held_for, self.config.ttl);
+        if round.gave_up {
+            info!("failover: no synchronous standby to choose; appends go on asynchronously");
         }
-        if actions.is_empty() {
-            self.sync_phase = phase;
+        if round.recheck_soon {
+            self.sync.recheck_soon = true;
+        }
+        if round.actions.is_empty() {
+            self.sync.phase = phase;
             return;
         }
-        if actions.iter().any(|a| {
-            matches!(
-                a,
-                machine::SyncAction::Set(None) | machine::SyncAction::Publish(None)
-            )
-        }) {
+        if round
+            .actions
+            .iter()
+            .any(|a| matches!(a, SyncAction::Set(None) | SyncAction::Publish(None)))
+        {
             let seen: Vec<String> = candidates
                 .iter()
                 .map(|c| format!("{} (connected {}, flush {})", c.name, c.connected, c.flush))
                 .collect();
             info!(?seen, "failover: no synchronous standby left to count on");
         }
-        // The hold ends once a standby of this term is published, or when `on` gives up.
-        let releases_hold = gave_up
-            || actions
-                .iter()
-                .any(|a| matches!(a, machine::SyncAction::Publish(Some(_))));
-        self.sync_busy = true;
+        if !self.sync.round.try_start() {
+            return;
+        }
         let supervisor = self.node.supervisor.clone();
-        let registry = self.node.registry.clone();
         let client = self.client.clone();
         let keys = self.keys.clone();
-        ctx.spawn(
-            async move {
-                for action in actions {
-                    match action {
-                        machine::SyncAction::Set(names) => {
-                            info!(?names, "failover: synchronous standbys set");
-                            supervisor
-                                .send(supervisor_actor::SetSyncStandbys { names })
-                                .await
-                                .map_err(|e| FailoverError::Refused(e.to_string()))?;
-                        }
-                        machine::SyncAction::Publish(standby) => {
-                            info!(?standby, "failover: synchronous standby published");
-                            let record = crate::keys::SyncRecord {
-                                leader: me.clone(),
-                                sync_standby: standby,
-                                term,
-                            };
-                            if !store::leader_put(&client, &keys, &me, lease, keys.sync(), store::sync_value(&record)).await? {
-                                return Err(FailoverError::Refused("the leader key is not ours".into()));
-                            }
+        let actions = round.actions;
+        let work = async move {
+            for action in actions {
+                match action {
+                    SyncAction::Set(names) => {
+                        info!(?names, "failover: synchronous standbys set");
+                        supervisor
+                            .send(supervisor_actor::SetSyncStandbys { names })
+                            .await
+                            .map_err(|e| FailoverError::Refused(e.to_string()))?;
+                    }
+                    SyncAction::Publish(standby) => {
+                        info!(?standby, "failover: synchronous standby published");
+                        let record = crate::keys::SyncRecord {
+                            leader: me.clone(),
+                            sync_standby: standby,
+                            term,
+                        };
+                        let value = store::sync_value(&record);
+                        if !store::leader_put(&client, &keys, &me, lease, keys.sync(), value)
+                            .await?
+                        {
+                            return Err(FailoverError::Refused(
+                                "the leader key is not ours".into(),
+                            ));
                         }
                     }
                 }
-                Ok::<_, FailoverError>(())
             }
-            .into_actor(self)
-            .map(move |result, act, ctx| {
-                act.sync_busy = false;
-                match result {
-                    Ok(()) => {
-                        if releases_hold {
-                            act.sync_hold_since = None;
-                        }
-                        // Waiting for the first standby to catch up is an event of the
-                        // registry's synchronous wait; a replacement is checked on renewals.
-                        if let SyncPhase::Adding { from: None, target, .. } = &phase {
-                            let wait = registry.send(walsender_actor::messages::WaitForSync {
-                                lsn: *target,
-                                level: walsender_actor::syncrep::WaitLevel::Flush,
-                            });
-                            ctx.spawn(wait.into_actor(act).map(|_, act, ctx| act.renew(ctx)));
-                        }
-                        act.sync_phase = phase;
-                    }
-                    Err(e) => warn!(error = %e, "failover: changing the synchronous standby failed; retried on the next renewal"),
-                }
-            }),
-        );
+            Ok::<_, FailoverError>(())
+        };
+        let releases_hold = round.releases_hold;
+        // The round's one return. Its commit point is the last action carried out: the phase
+        // planned is taken up only if every action was, and a failed round leaves the phase
+        // as it was, so that the next renewal plans the same step again.
+        ctx.spawn(work.into_actor(self).map(move |done, act, ctx| {
+            let _ = act.sync.round.finish();
+            if let Err(e) = done {
+                warn!(error = %e, "failover: changing the synchronous standby failed; retried on the next renewal");
+                return;
+            }
+            if releases_hold {
+                act.sync.hold_since = None;
+            }
+            if let SyncPhase::Adding {
+                from: None, target, ..
+            } = &phase
+            {
+                act.renew_when_synced(ctx, *target);
+            }
+            act.sync.phase = phase;
+        }));
+    }
+
+    /// Waiting for the first standby to catch up to `target` is an event of the walsender
+    /// registry's synchronous wait (the one appends wait on); when it comes, a renewal plans
+    /// the publication at once. A replacement is checked on renewals instead: the old
+    /// standby still counts meanwhile.
+    fn renew_when_synced(&mut self, ctx: &mut Context<Self>, target: Lsn) {
+        let wait = self
+            .node
+            .registry
+            .send(walsender_actor::messages::WaitForSync {
+                lsn: target,
+                level: walsender_actor::syncrep::WaitLevel::Flush,
+            });
+        ctx.spawn(wait.into_actor(self).map(|_, act, ctx| act.renew(ctx)));
     }
 }

@@ -55,10 +55,6 @@ impl Rounds {
         self.running = false;
         std::mem::take(&mut self.again)
     }
-
-    pub(crate) fn running(&self) -> bool {
-        self.running
-    }
 }
 
 #[cfg(test)]
@@ -68,12 +64,12 @@ mod tests {
     #[test]
     fn a_round_starts_when_none_runs() {
         let mut rounds = Rounds::default();
-        assert!(!rounds.running());
-        assert!(rounds.ask());
-        assert!(rounds.running());
+        assert!(rounds.try_start(), "none runs at first");
         assert!(!rounds.finish(), "nobody asked for another");
-        assert!(!rounds.running());
         assert!(rounds.ask(), "the next one starts at once");
+        assert!(!rounds.try_start(), "it runs");
+        assert!(!rounds.finish());
+        assert!(rounds.ask(), "and runs no more");
     }
 
     #[test]
@@ -114,7 +110,6 @@ mod tests {
         let mut rounds = Rounds::default();
         assert!(rounds.try_start());
         assert!(!rounds.try_start());
-        assert!(rounds.running());
         assert!(!rounds.finish(), "a dropped request leaves no round due");
         assert!(rounds.try_start());
     }

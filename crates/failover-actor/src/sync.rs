@@ -19,8 +19,7 @@ impl FailoverActor {
     /// time. A renewal that comes while a round runs plans nothing: the next renewal plans
     /// from a fresher status than a replay of this one would.
     pub(crate) fn manage_sync(&mut self, ctx: &mut Context<Self>) {
-        if self.sync.round.running() || self.config.synchronous_mode == crate::SynchronousMode::Off
-        {
+        if self.config.synchronous_mode == crate::SynchronousMode::Off {
             return;
         }
         let (Some(term), Some(lease), Some(local)) =
@@ -28,6 +27,9 @@ impl FailoverActor {
         else {
             return;
         };
+        if !self.sync.round.try_start() {
+            return;
+        }
         let me = self.me().to_string();
         let published = self
             .cluster
@@ -53,7 +55,9 @@ impl FailoverActor {
             self.sync.recheck_soon = true;
         }
         if round.actions.is_empty() {
+            // Nothing to carry out: the round ends here.
             self.sync.phase = phase;
+            let _ = self.sync.round.finish();
             return;
         }
         if round
@@ -66,9 +70,6 @@ impl FailoverActor {
                 .map(|c| format!("{} (connected {}, flush {})", c.name, c.connected, c.flush))
                 .collect();
             info!(?seen, "failover: no synchronous standby left to count on");
-        }
-        if !self.sync.round.try_start() {
-            return;
         }
         let supervisor = self.node.supervisor.clone();
         let client = self.client.clone();

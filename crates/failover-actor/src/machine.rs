@@ -2,7 +2,7 @@
 //! clock of its own (the caller passes `now` and the instants it measured), so every rule is
 //! unit-tested here and the actor only carries the decisions out.
 //!
-//! Three parts:
+//! Four parts:
 //! - [`decide`]: from the leader key, the members, `sync`, `pause`, `switchover` and the
 //!   node's own state, what to do about leadership: campaign (perhaps after asking the
 //!   peers), lead (promote or just grant), follow the leader, drop the fence, or nothing;
@@ -13,9 +13,11 @@
 //!   [`effective_ttl`], [`renewal_interval`], [`next_renewal`], [`retry_delay`]).
 //! - [`plan_sync`]: the loss-free order of changing the synchronous standby, and a new
 //!   leader's hold on appends until it has one ([`hold_for_sync`]).
+//! - [`SlotAbsences`]: which member slots the leader holds, and when a departed member's
+//!   slot goes.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use wal_storage::Lsn;
@@ -24,6 +26,7 @@ use walsender_actor::syncrep::{SyncMethod, SyncStandbyNames};
 
 use crate::config::{FailoverConfig, SynchronousMode};
 use crate::keys::{KeyKind, SwitchoverRecord, SyncRecord};
+use crate::slot_names::member_slot_name;
 use crate::view::MemberInfo;
 
 /// The leader key as read or watched.
@@ -564,6 +567,111 @@ pub fn plan_sync(
             ),
             None => (SyncPhase::Steady, Vec::new()),
         },
+    }
+}
+
+/// Since when each member slot's member has had no key: the member slots' policy (see
+/// `slots.rs`), with time passed in. A slot is kept while its member has a key and for a grace
+/// after the key went; a held slot of a member never seen counts its absence from when it is
+/// first seen.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SlotAbsences {
+    /// By slot name.
+    since: HashMap<String, Instant>,
+}
+
+impl SlotAbsences {
+    /// The member keys went from `before` to `members`: the absence of each departed
+    /// member's slot starts at `now` (unless it had started already), that of each present
+    /// member's ends. Whether the set of members changed.
+    pub fn note_members(
+        &mut self,
+        before: &BTreeSet<String>,
+        members: &BTreeMap<String, MemberInfo>,
+        now: Instant,
+    ) -> bool {
+        let mut changed = false;
+        for gone in before.iter().filter(|n| !members.contains_key(*n)) {
+            changed = true;
+            if let Some(slot) = member_slot_name(gone) {
+                self.since.entry(slot).or_insert(now);
+            }
+        }
+        for name in members.keys() {
+            changed |= !before.contains(name);
+            if let Some(slot) = member_slot_name(name) {
+                self.since.remove(&slot);
+            }
+        }
+        changed
+    }
+
+    /// The slots a leader `me` must hold: every other member with a key, and every member
+    /// whose key went less than `grace` before `now`.
+    pub fn wanted(
+        &self,
+        members: &BTreeMap<String, MemberInfo>,
+        me: &str,
+        grace: Duration,
+        now: Instant,
+    ) -> Vec<String> {
+        let mut wanted: BTreeSet<String> =
+            members.keys().filter_map(|n| member_slot_name(n)).collect();
+        wanted.extend(
+            self.since
+                .iter()
+                .filter(|(_, since)| now.saturating_duration_since(**since) < grace)
+                .map(|(slot, _)| slot.clone()),
+        );
+        if let Some(mine) = member_slot_name(me) {
+            wanted.remove(&mine);
+        }
+        wanted.into_iter().collect()
+    }
+
+    /// Of the member slots `held`, those to drop at `now`: `me`'s own (nobody streams from
+    /// itself), and those whose member has been gone for `grace` or longer. A held slot of a
+    /// member never seen starts its absence now; the absences of slots no longer held and
+    /// past the grace are forgotten.
+    pub fn expired(
+        &mut self,
+        held: &[String],
+        members: &BTreeMap<String, MemberInfo>,
+        me: &str,
+        grace: Duration,
+        now: Instant,
+    ) -> Vec<String> {
+        let present: BTreeSet<String> = members
+            .keys()
+            .filter(|n| *n != me)
+            .filter_map(|n| member_slot_name(n))
+            .collect();
+        let mine = member_slot_name(me);
+        let mut expired = Vec::new();
+        for slot in held {
+            if Some(slot) == mine.as_ref() {
+                expired.push(slot.clone());
+            } else if !present.contains(slot) {
+                let since = *self.since.entry(slot.clone()).or_insert(now);
+                if now.saturating_duration_since(since) >= grace {
+                    expired.push(slot.clone());
+                }
+            }
+        }
+        self.since.retain(|slot, since| {
+            held.contains(slot) || now.saturating_duration_since(*since) < grace
+        });
+        expired
+    }
+
+    /// How long after `now` the earliest grace among the `held` slots' absences ends: when
+    /// the leader looks again, to drop that slot.
+    pub fn next_expiry(&self, held: &[String], grace: Duration, now: Instant) -> Option<Duration> {
+        self.since
+            .iter()
+            .filter(|(slot, _)| held.contains(slot))
+            .map(|(_, since)| grace.saturating_sub(now.saturating_duration_since(*since)))
+            .min()
     }
 }
 

@@ -800,3 +800,102 @@ fn the_hold_ends_when_a_standby_of_the_term_is_published() {
     );
     assert!(!unpublish.releases_hold);
 }
+
+fn members(names: &[&str]) -> BTreeMap<String, MemberInfo> {
+    names.iter().map(|n| (n.to_string(), member(n))).collect()
+}
+
+fn slots(names: &[&str]) -> Vec<String> {
+    names.iter().filter_map(|n| member_slot_name(n)).collect()
+}
+
+#[test]
+fn a_leader_holds_a_slot_for_every_other_member_and_a_departed_one_for_the_grace() {
+    let grace = Duration::from_secs(30);
+    let t0 = Instant::now();
+    let mut absences = SlotAbsences::default();
+    let all = members(&["a", "b", "c"]);
+    assert!(absences.note_members(&BTreeSet::new(), &all, t0));
+    assert_eq!(absences.wanted(&all, "a", grace, t0), slots(&["b", "c"]));
+    // `c`'s key goes: its slot stays wanted until the grace ends.
+    let left = members(&["a", "b"]);
+    let before: BTreeSet<String> = all.keys().cloned().collect();
+    assert!(absences.note_members(&before, &left, t0));
+    let later = t0 + grace - Duration::from_millis(1);
+    assert_eq!(
+        absences.wanted(&left, "a", grace, later),
+        slots(&["b", "c"])
+    );
+    // Only a slot actually held needs a look when its grace ends.
+    assert_eq!(absences.next_expiry(&slots(&["b"]), grace, t0), None);
+    assert_eq!(
+        absences.next_expiry(&slots(&["b", "c"]), grace, t0),
+        Some(grace)
+    );
+    assert_eq!(
+        absences.wanted(&left, "a", grace, t0 + grace),
+        slots(&["b"])
+    );
+    // A routine refresh changes nothing; `c` coming back ends its absence.
+    let now: BTreeSet<String> = left.keys().cloned().collect();
+    assert!(!absences.note_members(&now, &left, t0 + grace));
+    assert!(absences.note_members(&now, &all, t0 + grace));
+    assert_eq!(
+        absences.wanted(&all, "a", grace, t0 + grace * 2),
+        slots(&["b", "c"])
+    );
+}
+
+#[test]
+fn a_departed_member_s_slot_expires_at_the_grace_and_the_leader_s_own_at_once() {
+    let grace = Duration::from_secs(30);
+    let t0 = Instant::now();
+    let mut absences = SlotAbsences::default();
+    let all = members(&["a", "b", "c"]);
+    let before: BTreeSet<String> = all.keys().cloned().collect();
+    let left = members(&["a", "b"]);
+    absences.note_members(&before, &left, t0);
+    let held = slots(&["a", "b", "c"]);
+    // The leader's own slot goes at once; `c`'s only once the grace is over.
+    assert_eq!(
+        absences.expired(&held, &left, "a", grace, t0),
+        slots(&["a"])
+    );
+    assert_eq!(
+        absences.next_expiry(&held, grace, t0 + Duration::from_secs(10)),
+        Some(Duration::from_secs(20))
+    );
+    let just_before = t0 + grace - Duration::from_millis(1);
+    assert_eq!(
+        absences.expired(&held, &left, "a", grace, just_before),
+        slots(&["a"])
+    );
+    assert_eq!(
+        absences.expired(&held, &left, "a", grace, t0 + grace),
+        slots(&["a", "c"])
+    );
+    // Dropped, and past its grace: its absence is forgotten.
+    let still = slots(&["b"]);
+    assert!(absences
+        .expired(&still, &left, "a", grace, t0 + grace)
+        .is_empty());
+    assert_eq!(absences.next_expiry(&held, grace, t0 + grace), None);
+}
+
+#[test]
+fn a_held_slot_of_a_member_never_seen_counts_its_absence_from_when_it_is_seen() {
+    let grace = Duration::from_secs(30);
+    let t0 = Instant::now();
+    let mut absences = SlotAbsences::default();
+    let here = members(&["a", "b"]);
+    let held = slots(&["b", "z"]);
+    // A restarted leader finds `z`'s slot with no member: it is kept for a grace from now.
+    assert!(absences.expired(&held, &here, "a", grace, t0).is_empty());
+    assert_eq!(absences.wanted(&here, "a", grace, t0), slots(&["b", "z"]));
+    assert_eq!(absences.next_expiry(&held, grace, t0), Some(grace));
+    let late = t0 + grace + Duration::from_secs(5);
+    assert_eq!(
+        absences.expired(&held, &here, "a", grace, late),
+        slots(&["z"])
+    );
+}

@@ -21,11 +21,12 @@
 //!   only keep WAL on the standby forever. It is made again if the node leads again.
 //!
 //! The slot operations are the supervisor's ([`EnsureMemberSlots`], [`DropMemberSlots`], on a
-//! blocking thread); this module decides which, one round at a time.
+//! blocking thread); which slots, and when, is [`SlotAbsences`]' (a pure policy with time
+//! passed in); this module carries it out, one round at a time.
 //!
 //! [`member_slot_grace`]: crate::config::FailoverConfig::member_slot_grace
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -33,8 +34,9 @@ use supervisor_actor::{DropMemberSlots, EnsureMemberSlots, MemberSlots};
 use tracing::{info, warn};
 
 use crate::actor::FailoverActor;
+use crate::machine::SlotAbsences;
 use crate::round::Rounds;
-use crate::slot_names::{member_slot_name, MEMBER_SLOT_PREFIX};
+use crate::slot_names::MEMBER_SLOT_PREFIX;
 
 /// How long a leader waits before trying again a slot operation that failed (storage full or
 /// restarting, say). A guess: storage's own restarts and a full disk's retries are on the
@@ -43,8 +45,8 @@ pub(crate) const SLOT_RETRY: Duration = Duration::from_secs(1);
 
 /// What the actor knows of member slots.
 pub(crate) struct SlotState {
-    /// Since when each member slot's member has had no key (by slot name).
-    pub(crate) absent_since: HashMap<String, Instant>,
+    /// Since when each member slot's member has had no key.
+    absences: SlotAbsences,
     /// The leader's rounds of [`FailoverActor::manage_slots`].
     round: Rounds,
     /// The next look at a departed member's slot, when its grace ends.
@@ -60,7 +62,7 @@ pub(crate) struct SlotState {
 impl Default for SlotState {
     fn default() -> SlotState {
         SlotState {
-            absent_since: HashMap::new(),
+            absences: SlotAbsences::default(),
             round: Rounds::default(),
             timer: None,
             failed: false,
@@ -89,24 +91,9 @@ impl FailoverActor {
     /// Called after the known member keys changed from `before`: starts or ends the absence
     /// of each member's slot. Whether the set of members changed.
     pub(crate) fn note_members(&mut self, before: &BTreeSet<String>) -> bool {
-        let now = Instant::now();
-        let mut changed = false;
-        for gone in before
-            .iter()
-            .filter(|n| !self.cluster.members.contains_key(*n))
-        {
-            changed = true;
-            if let Some(slot) = member_slot_name(gone) {
-                self.slots.absent_since.entry(slot).or_insert(now);
-            }
-        }
-        for name in self.cluster.members.keys() {
-            changed |= !before.contains(name);
-            if let Some(slot) = member_slot_name(name) {
-                self.slots.absent_since.remove(&slot);
-            }
-        }
-        changed
+        self.slots
+            .absences
+            .note_members(before, &self.cluster.members, Instant::now())
     }
 
     /// The member names known now, for [`FailoverActor::note_members`].
@@ -121,24 +108,9 @@ impl FailoverActor {
             return Vec::new();
         }
         let grace = self.config.member_slot_grace();
-        let mine = member_slot_name(self.me());
-        let mut wanted: BTreeSet<String> = self
-            .cluster
-            .members
-            .keys()
-            .filter_map(|n| member_slot_name(n))
-            .collect();
-        wanted.extend(
-            self.slots
-                .absent_since
-                .iter()
-                .filter(|(_, since)| since.elapsed() < grace)
-                .map(|(slot, _)| slot.clone()),
-        );
-        if let Some(mine) = mine {
-            wanted.remove(&mine);
-        }
-        wanted.into_iter().collect()
+        self.slots
+            .absences
+            .wanted(&self.cluster.members, self.me(), grace, Instant::now())
     }
 
     /// The leader's round: ensure the wanted slots, drop those whose member has been gone for
@@ -219,32 +191,11 @@ impl FailoverActor {
     /// itself), and those whose member has been gone for longer than the grace. A held slot
     /// of a member never seen starts its absence now.
     fn expired_slots(&mut self, held: &[String]) -> Vec<String> {
-        let now = Instant::now();
         let grace = self.config.member_slot_grace();
-        let present: BTreeSet<String> = self
-            .cluster
-            .members
-            .keys()
-            .filter(|n| *n != self.me())
-            .filter_map(|n| member_slot_name(n))
-            .collect();
-        let mine = member_slot_name(self.me());
-        let mut expired = Vec::new();
-        for slot in held {
-            if Some(slot) == mine.as_ref() {
-                expired.push(slot.clone());
-            } else if !present.contains(slot) {
-                let since = *self.slots.absent_since.entry(slot.clone()).or_insert(now);
-                if now.duration_since(since) >= grace {
-                    expired.push(slot.clone());
-                }
-            }
-        }
-        // Absences of slots no longer held and past the grace are of no more use.
+        let me = &self.config.node_name;
         self.slots
-            .absent_since
-            .retain(|slot, since| held.contains(slot) || now.duration_since(*since) < grace);
-        expired
+            .absences
+            .expired(held, &self.cluster.members, me, grace, Instant::now())
     }
 
     /// A timer for the earliest end of a grace among the absent members' slots (a real
@@ -256,14 +207,11 @@ impl FailoverActor {
         let grace = self.config.member_slot_grace();
         let held = self.slots.held.borrow().clone().unwrap_or_default();
         let failed = std::mem::take(&mut self.slots.failed).then_some(SLOT_RETRY);
-        let next = self
+        let expiry = self
             .slots
-            .absent_since
-            .iter()
-            .filter(|(slot, _)| held.contains(slot))
-            .map(|(_, since)| grace.saturating_sub(since.elapsed()))
-            .chain(failed)
-            .min();
+            .absences
+            .next_expiry(&held, grace, Instant::now());
+        let next = expiry.into_iter().chain(failed).min();
         if let Some(wait) = next {
             // A little past the end, so that the round finds the grace over.
             let wait = wait + Duration::from_millis(10);

@@ -20,10 +20,9 @@ use walsender_actor::status::WalSenderStatus;
 use crate::config::FailoverConfig;
 use crate::error::FailoverError;
 use crate::keys::Keys;
-use crate::machine::{self, Cluster, Local, LocalRole, Progress, Renewed, SyncPhase};
+use crate::machine::{self, Cluster, Local, LocalRole, Progress, Renewed, SlotAbsences, SyncPhase};
 use crate::messages::Leadership;
 use crate::round::Rounds;
-use crate::slots::SlotState;
 use crate::store;
 use crate::view::MemberInfo;
 
@@ -98,6 +97,35 @@ pub(crate) struct HandoverState {
     pub(crate) running: bool,
     /// Who waits for a named member to take the leader key (switchover reports).
     pub(crate) awaiting_leader: Vec<(String, oneshot::Sender<u64>)>,
+}
+
+/// What the actor knows of member slots.
+pub(crate) struct SlotState {
+    /// Since when each member slot's member has had no key.
+    pub(crate) absences: SlotAbsences,
+    /// The leader's rounds of `manage_slots` (`slots.rs`).
+    pub(crate) round: Rounds,
+    /// The next look at a departed member's slot, when its grace ends.
+    pub(crate) timer: Option<SpawnHandle>,
+    /// The last round's slot operation failed: the next one comes after `SLOT_RETRY`.
+    pub(crate) failed: bool,
+    /// Slot operations have been failing since the last success (logged once per run).
+    pub(crate) failing: bool,
+    /// The member slots this node holds, as last known (what `SubscribeMemberSlots` watches).
+    pub(crate) held: tokio::sync::watch::Sender<Option<Vec<String>>>,
+}
+
+impl Default for SlotState {
+    fn default() -> SlotState {
+        SlotState {
+            absences: SlotAbsences::default(),
+            round: Rounds::default(),
+            timer: None,
+            failed: false,
+            failing: false,
+            held: tokio::sync::watch::Sender::new(None),
+        }
+    }
 }
 
 /// What a renewal found.

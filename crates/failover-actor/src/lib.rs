@@ -122,8 +122,7 @@ pub use config::{
 pub use error::FailoverError;
 pub use messages::{
     Failover, GetClusterView, GetHistory, GetLocalHealth, Leadership, Pause, Resume, StopFailover,
-    SubscribeLeadership, Switchover, SwitchoverReport,
+    SubscribeLeadership, SubscribeMemberSlots, Switchover, SwitchoverReport,
 };
 pub use slot_names::{member_slot_name, slot_member, MEMBER_SLOT_PREFIX};
-pub use slots::SubscribeMemberSlots;
 pub use view::{ClusterView, LeaderView, LocalHealth, MemberInfo, TermRecord};

@@ -81,3 +81,10 @@ pub struct Leadership {
     /// The leader and term it follows (after its supervisor accepted `FollowLeader`).
     pub following: Option<(String, u64)>,
 }
+
+/// The member slots this node holds, sorted, as a watch that changes after each slot
+/// operation that changed them (`None` until the first one): for waiting on a slot to be made
+/// or dropped rather than asking again.
+#[derive(Message)]
+#[rtype(result = "tokio::sync::watch::Receiver<Option<Vec<String>>>")]
+pub struct SubscribeMemberSlots;

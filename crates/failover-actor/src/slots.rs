@@ -34,50 +34,13 @@ use supervisor_actor::{DropMemberSlots, EnsureMemberSlots, MemberSlots};
 use tracing::{info, warn};
 
 use crate::actor::FailoverActor;
-use crate::machine::SlotAbsences;
-use crate::round::Rounds;
+use crate::messages::SubscribeMemberSlots;
 use crate::slot_names::MEMBER_SLOT_PREFIX;
 
 /// How long a leader waits before trying again a slot operation that failed (storage full or
 /// restarting, say). A guess: storage's own restarts and a full disk's retries are on the
 /// order of a second.
 pub(crate) const SLOT_RETRY: Duration = Duration::from_secs(1);
-
-/// What the actor knows of member slots.
-pub(crate) struct SlotState {
-    /// Since when each member slot's member has had no key.
-    absences: SlotAbsences,
-    /// The leader's rounds of [`FailoverActor::manage_slots`].
-    round: Rounds,
-    /// The next look at a departed member's slot, when its grace ends.
-    timer: Option<SpawnHandle>,
-    /// The last round's slot operation failed: the next one comes after [`SLOT_RETRY`].
-    failed: bool,
-    /// Slot operations have been failing since the last success (logged once per run).
-    failing: bool,
-    /// The member slots this node holds, as last known ([`SubscribeMemberSlots`]).
-    held: tokio::sync::watch::Sender<Option<Vec<String>>>,
-}
-
-impl Default for SlotState {
-    fn default() -> SlotState {
-        SlotState {
-            absences: SlotAbsences::default(),
-            round: Rounds::default(),
-            timer: None,
-            failed: false,
-            failing: false,
-            held: tokio::sync::watch::Sender::new(None),
-        }
-    }
-}
-
-/// The member slots this node holds, sorted, as a watch that changes after each slot
-/// operation that changed them (`None` until the first one): for waiting on a slot to be made
-/// or dropped rather than asking again.
-#[derive(Message)]
-#[rtype(result = "tokio::sync::watch::Receiver<Option<Vec<String>>>")]
-pub struct SubscribeMemberSlots;
 
 impl Handler<SubscribeMemberSlots> for FailoverActor {
     type Result = MessageResult<SubscribeMemberSlots>;

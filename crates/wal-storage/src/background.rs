@@ -40,7 +40,7 @@ use wal_types::{Lsn, TimelineId};
 
 use crate::io::{on_tmpfs, Io, FP_PREALLOC};
 use crate::naming::{parse_segment_file_name, segment_file_name};
-use crate::slots::keep_segno;
+use crate::slots::{keep_segno, SlotPaths, SlotTable};
 use crate::state::{BgRequest, Inner};
 use crate::{Result, WalError};
 
@@ -207,7 +207,12 @@ pub(crate) fn retain(inner: &Inner) -> Result<()> {
         .segment_number(seg);
     let keep = {
         let mut slots = inner.slots();
-        let keep = keep_segno(flushed, slots.min_restart_lsn(), &inner.cfg).min(last_byte_seg);
+        // WAL goes only below where every slot's file says it restarts: a crash brings a slot
+        // back as its file says, and its WAL from there must still be on disk. So the slots
+        // that moved are written first (PostgreSQL's checkpoint saves slots before it removes
+        // WAL for the same reason); one that cannot be written holds its old WAL.
+        persist_dirty(&mut slots, inner.slot_paths());
+        let keep = keep_segno(flushed, slots.min_kept_lsn(), &inner.cfg).min(last_byte_seg);
         let cutoff = Lsn(keep * seg);
         let doomed: Vec<String> = slots
             .slots
@@ -271,7 +276,12 @@ pub(crate) fn retain(inner: &Inner) -> Result<()> {
 }
 
 pub(crate) fn persist_dirty_slots(inner: &Inner) {
-    let mut slots = inner.slots();
+    persist_dirty(&mut inner.slots(), inner.slot_paths());
+}
+
+/// Writes every persistent slot that moved since it was last written; a failure is logged,
+/// and the slot's file keeps holding retention where it was.
+fn persist_dirty(slots: &mut SlotTable, paths: SlotPaths<'_>) {
     let dirty: Vec<String> = slots
         .slots
         .iter()
@@ -279,7 +289,7 @@ pub(crate) fn persist_dirty_slots(inner: &Inner) {
         .map(|(n, _)| n.clone())
         .collect();
     for name in dirty {
-        if let Err(e) = slots.persist(inner.slot_paths(), &name) {
+        if let Err(e) = slots.persist(paths, &name) {
             tracing::warn!(slot = %name, error = %e, "could not persist replication slot");
         }
     }

@@ -130,7 +130,9 @@
 //! At each segment switch the background thread removes every segment below the oldest one
 //! needed by a slot or by `wal_keep_size` (never the current one), invalidating slots that
 //! would hold more than `max_slot_wal_keep_size`. The arithmetic and `wal_status` follow
-//! PostgreSQL 15 exactly; `slots.rs` writes the rules down. While archiving is on, the
+//! PostgreSQL 15 exactly; `slots.rs` writes the rules down. Retention writes the slots that moved
+//! before it removes anything, and keeps WAL from the oldest restart point a slot's file
+//! holds: a crash brings a slot back as its file says, so its WAL must still be there. While archiving is on, the
 //! durable archived position holds every segment not yet archived as well (`archived.rs`,
 //! PostgreSQL's `.ready`/`.done`), whatever the slots and `wal_keep_size` say.
 //!

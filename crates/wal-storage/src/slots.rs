@@ -397,6 +397,18 @@ impl SlotTable {
             })
     }
 
+    /// The oldest LSN the slots hold on disk: per slot that still holds WAL, the older of its
+    /// restart LSN and, for a persistent slot, the one its file holds (what a crash brings
+    /// back). Retention keeps WAL from here.
+    pub(crate) fn min_kept_lsn(&self) -> Option<Lsn> {
+        self.slots
+            .values()
+            .filter(|s| !s.invalidated)
+            .flat_map(|s| [s.restart_lsn, s.persisted_lsn.filter(|_| !s.temporary)])
+            .flatten()
+            .min()
+    }
+
     /// The minimum restart LSN over slots that still hold WAL.
     pub(crate) fn min_restart_lsn(&self) -> Option<Lsn> {
         self.slots

@@ -274,3 +274,37 @@ fn slots_beyond_max_slot_wal_keep_size_are_invalidated() {
         "invalidation is persisted"
     );
 }
+
+/// Retention removes a slot's old WAL only once the slot's new restart point is on disk: a
+/// crash brings the slot back as its file says, and its WAL from there must still be there.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_slot_not_yet_written_holds_its_wal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = cfg_with(0, None);
+    let opts = InitOptions::primary(SystemId(1), WalFormat::Postgres);
+    let wal = Wal::init(tmp.path(), c.clone(), opts).unwrap();
+    wal.create_slot("s", false, true).unwrap();
+    fill_segments(&wal, 6);
+    // The slot file cannot be written: the slot moves in memory only.
+    wal.failpoints().set(FP_ATOMIC, libc::EIO);
+    wal.advance_slot("s", Lsn(4 * SEG + 5), TimelineId(1))
+        .unwrap();
+    wal.run_retention().unwrap();
+    assert_eq!(
+        segments_on_disk(&wal)[0],
+        1,
+        "WAL the slot's file holds was removed"
+    );
+    // Written, it lets them go, and the slot comes back from its file where it moved to.
+    wal.failpoints().clear(FP_ATOMIC);
+    wal.run_retention().unwrap();
+    assert_eq!(segments_on_disk(&wal)[0], 4);
+    drop(wal);
+    let wal = Wal::open(tmp.path(), c).unwrap();
+    assert_eq!(wal.slot("s").unwrap().restart_lsn, Some(Lsn(4 * SEG + 5)));
+    assert_eq!(
+        wal.read(TimelineId(1), Lsn(4 * SEG + 5), 1).unwrap().len(),
+        1
+    );
+}

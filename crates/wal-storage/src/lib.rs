@@ -101,7 +101,14 @@
 //!   and the new switch segment first and the control file last, which is the commit point.
 //!
 //! The kill -9 test in `tests/crash/main.rs` exercises all of this with a real child process
-//! for both kinds of WAL; the torn-tail table and the fault tests cover the rest.
+//! for both kinds of WAL; the torn-tail table and the fault tests cover the rest. A kill -9
+//! loses nothing the kernel was given, so a power loss is simulated apart from it: under the
+//! `failpoints` feature a recorder in `io.rs` (`powerloss.rs`, which writes its model down)
+//! sees every file and directory operation, and `tests/storage/powerloss.rs` pulls the plug
+//! at a seeded moment, rewrites the directory into one state a power loss could leave
+//! (unsynced writes lost or cut, directory changes not fsynced through their directory
+//! undone), and checks every acknowledged record. This holds only because every file
+//! operation goes through `Io`, which a unit test in `io.rs` checks.
 //!
 //! # Failures
 //!
@@ -130,11 +137,12 @@
 //! At each segment switch the background thread removes every segment below the oldest one
 //! needed by a slot or by `wal_keep_size` (never the current one), invalidating slots that
 //! would hold more than `max_slot_wal_keep_size`. The arithmetic and `wal_status` follow
-//! PostgreSQL 15 exactly; `slots.rs` writes the rules down. Retention writes the slots that moved
-//! before it removes anything, and keeps WAL from the oldest restart point a slot's file
-//! holds: a crash brings a slot back as its file says, so its WAL must still be there. While archiving is on, the
-//! durable archived position holds every segment not yet archived as well (`archived.rs`,
-//! PostgreSQL's `.ready`/`.done`), whatever the slots and `wal_keep_size` say.
+//! PostgreSQL 15 exactly; `slots.rs` writes the rules down. Retention writes the slots that
+//! moved before it removes anything, and keeps WAL from the oldest restart point a slot's
+//! file holds: a crash brings a slot back as its file says, so its WAL must still be there.
+//! While archiving is on, the durable archived position holds every segment not yet archived
+//! as well (`archived.rs`, PostgreSQL's `.ready`/`.done`), whatever the slots and
+//! `wal_keep_size` say.
 //!
 //! # What this crate does not do
 //!

@@ -12,6 +12,8 @@ mod golden;
 mod group_commit;
 #[cfg(feature = "failpoints")]
 mod policy;
+#[cfg(feature = "failpoints")]
+mod powerloss;
 mod recycle;
 mod ride;
 mod slots;

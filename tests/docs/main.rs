@@ -202,3 +202,43 @@ fn the_table_parser_reads_brackets_and_refuses_strangers() -> anyhow::Result<()>
     assert!(drawn_edges(&stray, &crates).is_err());
     Ok(())
 }
+
+/// ARCHITECTURE.md's claim that the server program does not link the load tool's plotting,
+/// histogram and progress-bar crates (`walserver bench` runs the `walserver-bench` program).
+#[test]
+fn the_server_links_none_of_the_load_tools_crates() -> anyhow::Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "tree",
+            "-p",
+            "walserver",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "--offline",
+        ])
+        .current_dir(root)
+        .output()
+        .context("running cargo tree")?;
+    if !out.status.success() {
+        bail!(
+            "cargo tree failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let tree = String::from_utf8(out.stdout)?;
+    assert!(
+        tree.contains("walserver-node"),
+        "an unexpected tree:\n{tree}"
+    );
+    let linked: Vec<&str> = tree
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| ["plotters", "hdrhistogram", "indicatif", "walserver-bench"].contains(name))
+        .collect();
+    assert!(linked.is_empty(), "walserver links {linked:?}");
+    Ok(())
+}

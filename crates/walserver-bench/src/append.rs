@@ -12,8 +12,9 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use serde::Serialize;
 use supervisor_actor::{AppendRecords, Durability, Node};
+use walsender_actor::status::WalSenderStatus;
 
-use walserver_node::admin::{get_json, get_text};
+use walserver_node::admin::{get_status, get_text};
 use walserver_node::records::join_records;
 
 use crate::acklog::AckLog;
@@ -173,8 +174,8 @@ impl Target {
     fn lag(&self) -> LagReading {
         match self {
             Target::Cluster(c) => lag_of_node(&c.primary),
-            Target::Http { url, token } => match get_json(url, "/status", token.as_deref()) {
-                Ok(v) => lag_of_status(&v),
+            Target::Http { url, token } => match get_status(url, token.as_deref()) {
+                Ok(s) => lag_of_rows(s.flush_lsn, &s.replication),
                 Err(_) => LagReading {
                     lag_bytes: None,
                     flush_lag_ms: None,
@@ -185,12 +186,16 @@ impl Target {
 }
 
 fn lag_of_node(node: &Node) -> LagReading {
-    let flushed = node.wal.flushed();
     let rows = futures_executor::block_on(
         node.registry
             .send(walsender_actor::messages::GetReplicationStatus),
     )
     .unwrap_or_default();
+    lag_of_rows(node.wal.flushed(), &rows)
+}
+
+/// The largest flush lag, in bytes behind `flushed` and in time, of the walsender rows.
+fn lag_of_rows(flushed: wal_storage::Lsn, rows: &[WalSenderStatus]) -> LagReading {
     LagReading {
         lag_bytes: rows
             .iter()
@@ -200,31 +205,6 @@ fn lag_of_node(node: &Node) -> LagReading {
             .iter()
             .filter_map(|r| r.flush_lag)
             .map(|d| d.as_secs_f64() * 1000.0)
-            .reduce(f64::max),
-    }
-}
-
-/// `00:00:01.250000` in milliseconds.
-fn parse_interval_ms(s: &str) -> Option<f64> {
-    let mut parts = s.split(':');
-    let h: f64 = parts.next()?.parse().ok()?;
-    let m: f64 = parts.next()?.parse().ok()?;
-    let sec: f64 = parts.next()?.parse().ok()?;
-    Some(((h * 60.0 + m) * 60.0 + sec) * 1000.0)
-}
-
-fn lag_of_status(v: &serde_json::Value) -> LagReading {
-    let lsn = |x: &serde_json::Value| x.as_str().and_then(|s| s.parse::<wal_storage::Lsn>().ok());
-    let flushed = lsn(&v["flush_lsn"]).unwrap_or_default();
-    let rows = v["replication"].as_array().cloned().unwrap_or_default();
-    LagReading {
-        lag_bytes: rows
-            .iter()
-            .map(|r| flushed.saturating_sub(lsn(&r["flush_lsn"]).unwrap_or_default()))
-            .max(),
-        flush_lag_ms: rows
-            .iter()
-            .filter_map(|r| parse_interval_ms(r["flush_lag"].as_str()?))
             .reduce(f64::max),
     }
 }
@@ -694,16 +674,24 @@ mod tests {
         let text = "# HELP walserver_fsyncs_total x\n# TYPE walserver_fsyncs_total counter\nwalserver_fsyncs_total 42\nwalserver_fsyncs_totalx 1\n";
         assert_eq!(parse_metric(text, "walserver_fsyncs_total"), Some(42));
         assert_eq!(parse_metric(text, "nothing"), None);
-        assert_eq!(parse_interval_ms("00:00:01.250000"), Some(1250.0));
-        assert_eq!(parse_interval_ms("01:00:00.000000"), Some(3_600_000.0));
-        let v = serde_json::json!({
-            "flush_lsn": "0/2000000",
-            "replication": [
-                {"flush_lsn": "0/1F00000", "flush_lag": "00:00:00.002000"},
-                {"flush_lsn": "0/2000000", "flush_lag": null}
-            ]
-        });
-        let l = lag_of_status(&v);
+        // `/status` as a node writes it, read back typed.
+        let row = |flush: &str, lag: serde_json::Value| {
+            let mut r = serde_json::to_value(WalSenderStatus::new(
+                1,
+                "u",
+                "s",
+                "127.0.0.1:1".parse().unwrap(),
+            ))
+            .unwrap();
+            r["flush_lsn"] = flush.into();
+            r["flush_lag"] = lag;
+            serde_json::from_value::<WalSenderStatus>(r).unwrap()
+        };
+        let rows = [
+            row("0/1F00000", "00:00:00.002000".into()),
+            row("0/2000000", serde_json::Value::Null),
+        ];
+        let l = lag_of_rows("0/2000000".parse().unwrap(), &rows);
         assert_eq!(l.lag_bytes, Some(0x100000));
         assert_eq!(l.flush_lag_ms, Some(2.0));
     }

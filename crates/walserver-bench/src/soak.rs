@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde::Serialize;
-use walserver_node::admin::{get_json, AdminClient};
+use walserver_node::admin::AdminClient;
 use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
 
 use crate::cluster::{init_standby_dir, NodeProgram};
@@ -253,7 +253,7 @@ pub fn measure(args: &SoakArgs, program: &NodeProgram) -> anyhow::Result<SoakRep
     bar.finish_and_clear();
     result?;
     // The primary must still answer: a soak that ends with a dead primary is a failure.
-    get_json(&primary.http.to_string(), "/status", None)
+    walserver_node::admin::get_status(&primary.http, None)
         .context("the primary does not answer /status at the end of the soak")?;
     let (append_errors, first_error) = {
         let e = errors.lock().unwrap_or_else(|p| p.into_inner());

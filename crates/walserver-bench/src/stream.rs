@@ -21,7 +21,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 use wal_storage::Lsn;
 
-use walserver_node::admin::{get_json, AdminClient};
+use walserver_node::admin::AdminClient;
 use walserver_node::records::{join_records, RECORDS_CONTENT_TYPE};
 
 use crate::cluster::{self, NodeProgram, SystemThread};
@@ -174,24 +174,18 @@ fn fill(http: &str, bytes: u64, record_size: usize) -> anyhow::Result<Lsn> {
 
 /// Sent and confirmed positions of the primary's walsenders, from `/status`.
 fn walsender_positions(http: &str) -> Vec<(Lsn, Lsn)> {
-    let Ok(v) = get_json(http, "/status", None) else {
+    let Ok(status) = walserver_node::admin::get_status(http, None) else {
         return Vec::new();
     };
-    let lsn = |x: &serde_json::Value| x.as_str().and_then(|s| s.parse::<Lsn>().ok());
-    v["replication"]
-        .as_array()
-        .map(|rows| {
-            rows.iter()
-                .filter_map(|r| {
-                    let sent = lsn(&r["sent_lsn"])?;
-                    let flush = lsn(&r["flush_lsn"])
-                        .filter(|f| f.is_valid())
-                        .unwrap_or(sent);
-                    Some((sent, flush))
-                })
-                .collect()
+    status
+        .replication
+        .iter()
+        .filter_map(|r| {
+            let sent = r.sent_lsn?;
+            let flush = r.flush_lsn.filter(|f| f.is_valid()).unwrap_or(sent);
+            Some((sent, flush))
         })
-        .unwrap_or_default()
+        .collect()
 }
 
 /// One running client; `finished` is set once it has the whole range.

@@ -84,6 +84,26 @@ pub fn render_status(v: &Value, slots: Option<&Value>, wide: bool) -> anyhow::Re
         out.push_str(&if wide { line } else { clip(line, NARROW_WIDTH) });
         out.push('\n');
     }
+    // The archiver's line: pg_stat_archiver's counts, where it is, and what is wrong.
+    if let Some(a) = v.get("archiver").filter(|a| a.is_object()) {
+        let mut line = format!(
+            "{:<18} archived {} (last {}), failed {}, archived_lsn {}, backlog {} bytes",
+            "archiver",
+            text(&a["archived_count"]),
+            text(&a["last_archived_wal"]),
+            text(&a["failed_count"]),
+            text(&a["archived_lsn"]),
+            text(&a["backlog_bytes"]),
+        );
+        for key in ["alarm", "last_error"] {
+            if let Some(e) = a.get(key).filter(|e| !e.is_null()) {
+                line.push_str(&format!("; {key}: {}", text(e)));
+                break;
+            }
+        }
+        out.push_str(&if wide { line } else { clip(line, NARROW_WIDTH) });
+        out.push('\n');
+    }
     let wide_cols = [
         "pid",
         "application_name",
@@ -347,6 +367,40 @@ mod tests {
         assert!(!render_status(&v, None, true).unwrap().contains("slots"));
         assert!(render_status(&Value::Null, None, true).is_err());
         assert!(render_status(&v, Some(&Value::Null), true).is_err());
+    }
+
+    #[test]
+    fn shows_the_archiver_s_line() {
+        let mut v: Value = serde_json::json!({
+            "role": "primary", "system_identifier": "7", "timeline": 1, "flush_lsn": "0/3000010",
+            "wal_format": "walserver", "replication": [],
+            "archiver": {"archived_count": 2, "last_archived_wal": "000000010000000000000002",
+                         "failed_count": 1, "archived_lsn": "0/3000000", "backlog_bytes": 0,
+                         "last_error": null, "alarm": null}
+        });
+        let t = render_status(&v, None, true).unwrap();
+        assert!(
+            t.contains("archiver           archived 2 (last 000000010000000000000002), failed 1, archived_lsn 0/3000000, backlog 0 bytes\n"),
+            "{t}"
+        );
+        // Narrow, the line is cut to the width like the others.
+        let t = render_status(&v, None, false).unwrap();
+        let line = t.lines().find(|l| l.starts_with("archiver")).unwrap();
+        assert!(
+            line.starts_with(
+                "archiver           archived 2 (last 000000010000000000000002), failed 1"
+            ),
+            "{t}"
+        );
+        assert!(line.chars().count() <= NARROW_WIDTH, "{t}");
+        v["archiver"]["alarm"] = "000000010000000000000003 differs".into();
+        let t = render_status(&v, None, true).unwrap();
+        assert!(
+            t.contains("; alarm: 000000010000000000000003 differs\n"),
+            "{t}"
+        );
+        v.as_object_mut().unwrap().remove("archiver");
+        assert!(!render_status(&v, None, true).unwrap().contains("archiver"));
     }
 
     /// Without `--wide` the status fits in 100 columns, with the widest values it shows: the

@@ -45,6 +45,8 @@ pub struct HttpConfig {
     pub reload: Option<ReloadAction>,
     /// Where the failover endpoints find the failover actor; `None` without failover.
     pub failover: Option<FailoverSlot>,
+    /// The archiver's status, shown as `/status`'s `archiver`; `None` without archiving.
+    pub archiver: Option<tokio::sync::watch::Receiver<wal_archive::ArchiverStatus>>,
 }
 
 impl HttpConfig {
@@ -59,6 +61,7 @@ impl HttpConfig {
             tls,
             reload: None,
             failover: s.failover.as_ref().map(|_| FailoverSlot::default()),
+            archiver: None,
         })
     }
 }
@@ -74,6 +77,9 @@ pub fn serve(
 ) -> anyhow::Result<SocketAddr> {
     let mut cfg = HttpConfig::from_settings(settings, addr)?;
     cfg.reload = reload;
+    // The archiver is the node's (it stops in the node's shutdown order); its status is shown
+    // here.
+    cfg.archiver = walserver_node::archive::start_archiver(settings, node)?.map(|(_, s)| s);
     let slot = cfg.failover.clone();
     let addr = start(cfg, node.clone())?.supervise(node);
     if let Some(slot) = slot {
@@ -114,6 +120,7 @@ struct State {
     node: Node,
     token: Option<String>,
     reload: Option<ReloadAction>,
+    archiver: Option<tokio::sync::watch::Receiver<wal_archive::ArchiverStatus>>,
 }
 
 /// The admin API of `node` as routes to mount in an application's own actix-web `App` or
@@ -145,6 +152,7 @@ pub fn configure(node: Node) -> impl FnOnce(&mut web::ServiceConfig) {
         node,
         token: None,
         reload: None,
+        archiver: None,
     });
     move |cfg| node_routes(cfg, state)
 }
@@ -174,6 +182,7 @@ pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
         node,
         token: cfg.token,
         reload: cfg.reload,
+        archiver: cfg.archiver,
     });
     let server = HttpServer::new(move || {
         let (state, failover) = (state.clone(), failover.clone());
@@ -599,7 +608,21 @@ async fn status(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
         return error(StatusCode::BAD_REQUEST, e);
     }
     match state.node.supervisor.send(GetNodeStatus).await {
-        Ok(Ok(s)) => HttpResponse::Ok().json(s),
+        Ok(Ok(s)) => {
+            let Some(archiver) = &state.archiver else {
+                return HttpResponse::Ok().json(s);
+            };
+            // `archiver` beside the supervisor's fields: pg_stat_archiver's columns and the
+            // archived position. Both serialize to JSON objects, so the insert cannot miss.
+            let mut body = serde_json::to_value(&s).unwrap_or_default();
+            if let (Some(obj), Ok(a)) = (
+                body.as_object_mut(),
+                serde_json::to_value(&*archiver.borrow()),
+            ) {
+                obj.insert("archiver".into(), a);
+            }
+            HttpResponse::Ok().json(body)
+        }
         Ok(Err(e)) => unavailable(e),
         Err(e) => unavailable(e),
     }

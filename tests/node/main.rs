@@ -2,6 +2,7 @@
 //! protocol behaviour, the seed lessons (CopyDone while waiting for WAL, shutdown heard in
 //! every state, the fast-shutdown drain), bad input, limits and the admin API.
 
+mod archive;
 #[path = "../common/mod.rs"]
 mod common;
 mod fence;

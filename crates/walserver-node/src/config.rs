@@ -35,6 +35,8 @@ pub const KEYS: &[&str] = &[
     "max_slot_wal_keep_size",
     "max_wal_size",
     "wal_recycle",
+    "archive_mode",
+    "archive_target",
     "synchronous_standby_names",
     "synchronous_commit",
     "synchronous_wait_timeout",
@@ -112,6 +114,12 @@ pub struct Settings {
     /// (PostgreSQL's `wal_recycle`); off suits copy-on-write file systems.
     #[serde(default = "default_wal_recycle")]
     pub wal_recycle: bool,
+    /// `archive_mode`: `off`, `on` (a primary archives) or `always` (every node archives).
+    #[serde(default = "default_archive_mode")]
+    pub archive_mode: String,
+    /// `archive_target`: the archive as a URL, `file:///path`.
+    #[serde(default)]
+    pub archive_target: Option<String>,
     #[serde(default)]
     pub synchronous_standby_names: String,
     #[serde(default = "default_synchronous_commit")]
@@ -194,6 +202,10 @@ fn default_wal_sender_shutdown_timeout() -> Duration {
 fn default_max_wal_size() -> u64 {
     wal_storage::StorageConfig::default().max_wal_size
 }
+fn default_archive_mode() -> String {
+    "off".into()
+}
+
 fn default_wal_recycle() -> bool {
     wal_storage::StorageConfig::default().wal_recycle
 }
@@ -473,6 +485,7 @@ impl Settings {
             ));
         }
         walsender_actor::hba::HbaRules::from_settings(&self.hba)?;
+        crate::archive::archive_config(self)?;
         if let Some(f) = &self.failover {
             f.validate(
                 &self.listen,

@@ -252,6 +252,11 @@ impl Reloader {
             ("log_level", s.log_level != self.running.log_level),
             ("log_format", s.log_format != self.running.log_format),
             ("[failover]", s.failover != self.running.failover),
+            ("archive_mode", s.archive_mode != self.running.archive_mode),
+            (
+                "archive_target",
+                s.archive_target != self.running.archive_target,
+            ),
         ] {
             if changed {
                 tracing::warn!("{name} changed: the new value takes effect at the next restart");

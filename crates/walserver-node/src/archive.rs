@@ -1,0 +1,125 @@
+//! `archive_mode` and `archive_target`: continuous archiving in the configuration's words,
+//! and the archiver a node runs beside its actors.
+//!
+//! `archive_mode` is PostgreSQL's: `off` (the default), `on` (a primary archives) or
+//! `always` (every node archives what it stores). `archive_target` names the archive as a URL;
+//! this build archives to a directory, `file:///path`. Both take effect at a restart.
+
+use actix::Addr;
+use supervisor_actor::{Node, SuperviseService};
+use tokio::sync::watch;
+use wal_archive::{
+    ArchiveConfig, ArchiveMode, ArchiveTarget, Archiver, ArchiverStatus, StopArchiver,
+};
+
+use crate::config::Settings;
+use crate::error::{Error, Result};
+
+/// The archiver's configuration the settings give; `None` with `archive_mode = off`.
+pub fn archive_config(s: &Settings) -> Result<Option<ArchiveConfig>> {
+    let mode = match s.archive_mode.as_str() {
+        "off" => return Ok(None),
+        "on" => ArchiveMode::On,
+        "always" => ArchiveMode::Always,
+        other => {
+            return Err(Error::Invalid(format!(
+                "archive_mode must be off, on or always, not {other:?}"
+            )))
+        }
+    };
+    let target = s.archive_target.as_deref().ok_or_else(|| {
+        Error::Invalid(format!(
+            "archive_mode = {} needs archive_target (file:///path)",
+            s.archive_mode
+        ))
+    })?;
+    let target = ArchiveTarget::parse(target).map_err(|e| Error::Invalid(e.to_string()))?;
+    Ok(Some(ArchiveConfig { mode, target }))
+}
+
+/// Starts the archiver the settings describe beside `node`, in the current actix System, and
+/// hands it to the node's supervisor, which stops it in the node's shutdown order (its upload
+/// in flight finishes first). Returns its address and status. With `archive_mode = off` it
+/// starts nothing and ends an earlier archiver's hold on the node's WAL, so that WAL nobody
+/// archives is not kept for ever (PostgreSQL ignores `.ready` files then).
+pub fn start_archiver(
+    settings: &Settings,
+    node: &Node,
+) -> Result<Option<(Addr<Archiver>, watch::Receiver<ArchiverStatus>)>> {
+    let Some(config) = archive_config(settings)? else {
+        let wal = node.wal.clone();
+        // A file removal and a directory fsync: off the actor threads, and nothing waits for
+        // it (until it is done the hold only keeps WAL a little longer).
+        actix::spawn(async move {
+            let released = tokio::task::spawn_blocking(move || wal.release_archive_hold()).await;
+            if let Ok(Err(e)) = released {
+                tracing::warn!(error = %e, "could not end the archive's hold on WAL");
+            }
+        });
+        return Ok(None);
+    };
+    tracing::info!(mode = ?config.mode, target = ?config.target, "starting the WAL archiver");
+    let (addr, status) = Archiver::start(node.wal.clone(), config);
+    let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+    let archiver = addr.clone();
+    node.supervisor.do_send(SuperviseService {
+        name: "archiver".into(),
+        // The archiver does not end by itself; its end is its stop.
+        ended: Box::pin(async move {
+            let _ = stopped_rx.await;
+            Ok(())
+        }),
+        stop: Box::new(move || {
+            Box::pin(async move {
+                let _ = archiver.send(StopArchiver).await;
+                let _ = stopped_tx.send(());
+            })
+        }),
+    });
+    Ok(Some((addr, status)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::tests::load;
+
+    #[test]
+    fn archive_mode_and_target_give_the_archiver_s_configuration() {
+        let base = "data_dir = \"/d\"";
+        let s = load(base, &[], &[]).unwrap();
+        assert_eq!(s.archive_mode, "off");
+        assert!(archive_config(&s).unwrap().is_none());
+        let s = load(
+            base,
+            &[
+                ("WALSERVER_ARCHIVE_MODE", "always"),
+                ("WALSERVER_ARCHIVE_TARGET", "file:///a"),
+            ],
+            &[],
+        )
+        .unwrap();
+        let c = archive_config(&s).unwrap().unwrap();
+        assert_eq!(c.mode, ArchiveMode::Always);
+        assert_eq!(c.target, ArchiveTarget::Directory("/a".into()));
+        let s = load(
+            base,
+            &[],
+            &[("archive_mode", "on"), ("archive_target", "file:///b")],
+        )
+        .unwrap();
+        assert_eq!(archive_config(&s).unwrap().unwrap().mode, ArchiveMode::On);
+        // Refused at load, with the key named.
+        for (overrides, needle) in [
+            (vec![("archive_mode", "on")], "archive_target"),
+            (vec![("archive_mode", "yes")], "archive_mode"),
+            (
+                vec![("archive_mode", "on"), ("archive_target", "s3://bucket/p")],
+                "archive_target",
+            ),
+        ] {
+            let e = format!("{:#}", load(base, &[], &overrides).unwrap_err());
+            assert!(e.contains(needle), "{overrides:?}: {e}");
+        }
+    }
+}

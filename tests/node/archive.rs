@@ -1,0 +1,241 @@
+//! Continuous archiving on a real node: every completed segment lands in the archive byte for
+//! byte, history files after a promotion, other contents under a name raise the alarm, and a
+//! kill -9 of a `walserver run` in the middle of archiving skips nothing.
+
+use std::path::Path;
+use std::process::Command;
+
+use fault_harness::node::conninfo_at;
+use serde_json::Value;
+use supervisor_actor::Promote;
+use wal_archive::ArchiverStatus;
+use walserver_bench::node::ChildNode;
+use walserver_bench::NodeProgram;
+
+use crate::common::*;
+
+const SEG: u64 = 1 << 20;
+
+/// The settings of a node that archives to `target` and keeps its own segments (so the test
+/// can compare them after they are archived).
+fn archiving(mode: &str, target: &Path) -> String {
+    format!(
+        "archive_mode = {mode:?}\narchive_target = \"file://{}\"\nwal_keep_size = 64\n",
+        target.display()
+    )
+}
+
+fn archiver(status: &Value) -> Option<ArchiverStatus> {
+    serde_json::from_value(status.get("archiver")?.clone()).ok()
+}
+
+/// Waits until the archiver's status, read from `/status` at `http`, satisfies `ready`.
+fn wait_archiver(
+    http: &str,
+    what: &str,
+    ready: impl Fn(&ArchiverStatus) -> bool,
+) -> ArchiverStatus {
+    let mut last = None;
+    wait_until(what, || {
+        last = walserver_node::admin::get_json(http, "/status", None)
+            .ok()
+            .and_then(|s| archiver(&s));
+        last.as_ref().is_some_and(&ready)
+    });
+    last.expect("checked by the wait")
+}
+
+/// Every segment from segment `from` to below `upto` is in `archive` under the name the node's own file has in
+/// `pg_wal`, with the same bytes and a matching checksum sidecar.
+fn assert_archived_byte_for_byte(pg_wal: &Path, archive: &Path, tli: u32, from: u64, upto: u64) {
+    for segno in from..upto / SEG {
+        let name = format!("{tli:08X}{:08X}{:08X}", segno >> 32, segno & 0xFFFF_FFFF);
+        let name = if pg_wal.join(&name).exists() {
+            name
+        } else {
+            // Below a switch point the segment is the parent timeline's.
+            format!(
+                "{:08X}{:08X}{:08X}",
+                tli - 1,
+                segno >> 32,
+                segno & 0xFFFF_FFFF
+            )
+        };
+        let own = read_file(&pg_wal.join(&name));
+        let archived = read_file(&archive.join(&name));
+        assert!(own == archived, "{name} differs from the node's own");
+        let sum = std::fs::read_to_string(archive.join(format!("{name}.crc32c"))).unwrap();
+        assert_eq!(sum, wal_archive::sidecar(&own), "{name}'s checksum");
+    }
+}
+
+#[test]
+fn a_primary_archives_every_completed_segment_byte_for_byte() {
+    let archive = tempfile::tempdir().unwrap();
+    let node = TestNode::primary(&archiving("on", archive.path()));
+    for seed in 0..6 {
+        node.append(40, 32 << 10, seed);
+    }
+    let flushed = node.wal().flushed();
+    let complete = flushed.segment_start(SEG);
+    assert!(complete.0 >= 6 * SEG, "{flushed}");
+    let http = node.http_addr.to_string();
+    let s = wait_archiver(&http, "every completed segment archived", |s| {
+        s.archived_lsn.is_some_and(|a| a >= complete)
+    });
+    assert_eq!(s.archived_count, complete.0 / SEG - 1, "{s:?}");
+    assert_eq!(s.failed_count, 0);
+    assert_eq!(s.last_error, None);
+    assert_archived_byte_for_byte(
+        &node.data_dir().join("pg_wal"),
+        archive.path(),
+        1,
+        1,
+        complete.0,
+    );
+    // The segment being written is not complete, so not archived.
+    let current = format!("00000001{:08X}{:08X}", 0, complete.0 / SEG);
+    assert!(!archive.path().join(current).exists());
+    // `walserver status` shows the line.
+    let out = Command::new(env!("CARGO_BIN_EXE_walserver"))
+        .args(["status", "--http", &http])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("archiver           archived {}", s.archived_count)),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn other_contents_in_the_archive_are_kept_and_raise_the_alarm() {
+    let archive = tempfile::tempdir().unwrap();
+    let foreign = archive.path().join("000000010000000000000001");
+    std::fs::write(&foreign, b"not this cluster's WAL").unwrap();
+    let node = TestNode::primary(&archiving("on", archive.path()));
+    node.append(40, 32 << 10, 1);
+    node.append(40, 32 << 10, 2);
+    let s = wait_archiver(&node.http_addr.to_string(), "the alarm", |s| {
+        s.alarm.is_some()
+    });
+    assert!(
+        s.alarm
+            .as_deref()
+            .unwrap()
+            .contains("000000010000000000000001"),
+        "{s:?}"
+    );
+    assert_eq!(
+        s.last_failed_wal.as_deref(),
+        Some("000000010000000000000001")
+    );
+    assert_eq!(s.archived_count, 0);
+    assert_eq!(std::fs::read(&foreign).unwrap(), b"not this cluster's WAL");
+    // Nothing is skipped past it, and storage keeps the segment.
+    assert!(!archive.path().join("000000010000000000000002").exists());
+    assert!(node
+        .data_dir()
+        .join("pg_wal/000000010000000000000001")
+        .exists());
+}
+
+#[test]
+fn a_promoted_standby_archives_its_history_file_before_its_segments() {
+    let archive = tempfile::tempdir().unwrap();
+    let primary = TestNode::primary("wal_keep_size = 64");
+    primary.append(40, 32 << 10, 1);
+    let dir = tempfile::tempdir().unwrap();
+    walserver_node::init::init_standby(
+        &dir.path().join("data"),
+        &conninfo_at(primary.addr(), "s1"),
+        None,
+        None,
+    )
+    .expect("init the standby");
+    // With archive_mode = on a standby does not archive; once promoted it does.
+    let standby = TestNode::start_in(
+        dir,
+        &format!(
+            "primary_conninfo = {:?}\n{}",
+            conninfo_at(primary.addr(), "s1"),
+            archiving("on", archive.path())
+        ),
+    );
+    let end = primary.append(40, 32 << 10, 2);
+    wait_until("the standby to receive", || standby.wal().flushed() >= end);
+    let status = standby.http_get("/status");
+    assert!(
+        archiver(&status).is_some_and(|s| s.archived_count == 0),
+        "{status}"
+    );
+    futures_executor::block_on(standby.node.supervisor.send(Promote))
+        .unwrap()
+        .expect("promote");
+    for seed in 3..5 {
+        standby.append(40, 32 << 10, seed);
+    }
+    let complete = standby.wal().flushed().segment_start(SEG);
+    let s = wait_archiver(
+        &standby.http_addr.to_string(),
+        "archived after the promotion",
+        |s| s.archived_lsn.is_some_and(|a| a >= complete),
+    );
+    let pg_wal = standby.data_dir().join("pg_wal");
+    // The standby's WAL begins where it was made from the primary; nothing was removed since
+    // (wal_keep_size), so its oldest segment is where archiving began.
+    let first = standby.wal().oldest_retained().segment_number(SEG);
+    assert_eq!(
+        read_file(&archive.path().join("00000002.history")),
+        read_file(&pg_wal.join("00000002.history"))
+    );
+    assert_archived_byte_for_byte(&pg_wal, archive.path(), 2, first, complete.0);
+    // Every segment and the history file, each once.
+    assert_eq!(s.archived_count, complete.0 / SEG - first + 1, "{s:?}");
+}
+
+#[test]
+fn kill_9_in_the_middle_of_archiving_skips_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    walserver_node::init::init_primary(&data, SEG).expect("init");
+    let program = NodeProgram::Path(env!("CARGO_BIN_EXE_walserver").into());
+    let settings = [
+        ("archive_mode", "on".to_string()),
+        (
+            "archive_target",
+            format!("file://{}", archive.path().display()),
+        ),
+        ("wal_keep_size", "64".to_string()),
+    ];
+    let append = |node: &ChildNode| {
+        let out = Command::new(env!("CARGO_BIN_EXE_walserver"))
+            .args(["append", "--http", &node.http])
+            .args(["--count", "100", "--size", "32768"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let mut node = ChildNode::spawn(&program, &data, &settings).expect("start walserver run");
+    append(&node);
+    append(&node);
+    // Killed at once: the archiver, which starts on each new segment as it completes, is
+    // most likely in the middle of one (a put, the position's fsync); wherever it is, the
+    // restart must go on from the durable position without a gap.
+    node.kill9();
+    node.start().expect("restart walserver run");
+    append(&node);
+    let http = node.http.clone();
+    let status = walserver_node::admin::get_json(&http, "/status", None).unwrap();
+    let flushed: wal_storage::Lsn = serde_json::from_value(status["flush_lsn"].clone()).unwrap();
+    let complete = flushed.segment_start(SEG);
+    wait_archiver(&http, "every completed segment archived", |s| {
+        s.archived_lsn.is_some_and(|a| a >= complete) && s.failed_count == 0
+    });
+    assert_archived_byte_for_byte(&data.join("pg_wal"), archive.path(), 1, 1, complete.0);
+}

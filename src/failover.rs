@@ -64,6 +64,28 @@ pub async fn check_etcd_access(settings: &Settings) -> anyhow::Result<()> {
     }
 }
 
+/// Refuses to start a node whose `node_name` another live process holds: its member key in
+/// etcd, which the candidates read, would be taken for this one's. A key left by a process
+/// that died a moment ago is waited out (at most its lease's remaining time). etcd being away
+/// is left to the failover actor, which keeps trying and never writes over a held key.
+pub async fn check_member_name(settings: &Settings) -> anyhow::Result<()> {
+    let Some(f) = &settings.failover else {
+        return Ok(());
+    };
+    let client = f.etcd_client()?;
+    match failover_actor::check_member_name(&client, &f.cluster_name, &f.node_name).await {
+        Ok(()) => Ok(()),
+        Err(e @ FailoverError::NameHeld { .. }) => Err(anyhow::Error::new(e).context(format!(
+            "cannot start: cluster \"{}\" already has a member named \"{}\"",
+            f.cluster_name, f.node_name
+        ))),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check in etcd that this node's name is free; automatic failover keeps trying");
+            Ok(())
+        }
+    }
+}
+
 /// Starts the failover actor the settings' `[failover]` table describes for `node`, whose
 /// listeners are bound (`http` is the admin API's address), puts it in `slot` and hands it to
 /// the node's supervisor, which lists it among the node's services. `None` without a table.
@@ -178,9 +200,10 @@ fn failover_status(e: &FailoverError) -> StatusCode {
             StatusCode::SERVICE_UNAVAILABLE
         }
         FailoverError::NoSuchMember(_) => StatusCode::NOT_FOUND,
-        FailoverError::NotEligible(..) | FailoverError::Paused | FailoverError::Refused(_) => {
-            StatusCode::CONFLICT
-        }
+        FailoverError::NotEligible(..)
+        | FailoverError::Paused
+        | FailoverError::Refused(_)
+        | FailoverError::NameHeld { .. } => StatusCode::CONFLICT,
     }
 }
 

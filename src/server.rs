@@ -41,6 +41,7 @@ pub fn run(settings: Settings, sources: Sources, stop_mode: StopMode) -> anyhow:
         // sent on seeing that line is handled rather than killing the process.
         let signals = Signals::install()?;
         crate::failover::check_etcd_access(&settings).await?;
+        crate::failover::check_member_name(&settings).await?;
         let node = start.await?;
         let reload: ReloadAction = {
             let (reloader, node) = (reloader.clone(), node.clone());

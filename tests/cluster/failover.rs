@@ -4,7 +4,8 @@
 //! `walserver cluster` passes the API's answers on; a `walserver run` with a `[failover]` table
 //! starts its failover actor beside the node, and one with a wrong table exits with the reason.
 //! Against an etcd with client TLS and authentication, three members fail over through it,
-//! and a node whose password or CA etcd refuses stops at start saying so.
+//! a node whose password or CA etcd refuses stops at start saying so, and so does a second
+//! process of a live member's `node_name`.
 
 use std::process::{Command, Output};
 
@@ -213,6 +214,52 @@ fn failover_table(etcd: &EtcdServer, name: &str) -> String {
         "[failover]\netcd_endpoints = [{:?}]\ncluster_name = \"t\"\nnode_name = \"{name}\"\nttl = \"4s\"\n",
         etcd.client_url()
     )
+}
+
+/// A second `walserver run` with a member's `node_name` exits non-zero within one ttl,
+/// naming the live member's admin API; the member keeps leading.
+#[test]
+fn a_second_process_of_a_member_name_is_refused_at_start() {
+    let etcd = EtcdServer::start();
+    let p = TestNode::primary(&format!("{KEEP}{}", failover_table(&etcd, "n1")));
+    wait_until("n1 to hold the leader key", || {
+        http_get_any(p.http_addr, "/primary").0 == 200
+    });
+    let dir = tempfile::tempdir().unwrap();
+    walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
+    let config = write_config(dir.path(), &failover_table(&etcd, "n1"));
+    let started = std::time::Instant::now();
+    let child = Command::new(env!("CARGO_BIN_EXE_walserver"))
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run walserver");
+    let pid = child.id();
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    // One ttl (4 s): a live holder refreshes its key every ttl/3.
+    let out = match ended.recv_timeout(std::time::Duration::from_secs(4)) {
+        Ok(out) => out.expect("wait for walserver"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("a second n1 still runs after one ttl");
+        }
+    };
+    assert!(started.elapsed() < std::time::Duration::from_secs(4));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cluster \"t\" already has a member named \"n1\"")
+            && stderr.contains(&format!("admin API http://{}", p.http_addr)),
+        "{stderr}"
+    );
+    let (code, body) = http_get_any(p.http_addr, "/primary");
+    assert_eq!(code, 200, "{body}");
 }
 
 /// A primary and its standby, both with failover on a real etcd: the primary takes the

@@ -309,6 +309,7 @@ impl FailoverActor {
                         act.schedule_renewal(ctx, machine::renewal_interval(act.lease.ttl));
                         act.reconcile(ctx);
                     }
+                    Err(e @ FailoverError::NameHeld { .. }) => act.displaced(ctx, &e),
                     Err(e) => {
                         act.lease.failures = act.lease.failures.saturating_add(1);
                         let delay = CONNECT_RETRY_MIN
@@ -432,6 +433,7 @@ impl FailoverActor {
                 self.lease.id = None;
                 self.connect(ctx);
             }
+            Err(e @ FailoverError::NameHeld { .. }) => self.displaced(ctx, &e),
             Err(e) => {
                 // The fence closes by its own deadline; retry quickly meanwhile.
                 let delay = machine::retry_delay(self.lease.failures, self.lease.ttl);
@@ -440,6 +442,25 @@ impl FailoverActor {
                 self.schedule_renewal(ctx, delay);
             }
         }
+    }
+
+    /// Another process holds this node's member name (`error` says which): two processes
+    /// of one name would each be taken for the other, so this one stops acknowledging, gives
+    /// up its lease (and the leader key with it, if it held it) and leaves failover.
+    fn displaced(&mut self, ctx: &mut Context<Self>, error: &FailoverError) {
+        tracing::error!(
+            "failover: {error}; this node stops acknowledging and leaves automatic failover"
+        );
+        self.step_down();
+        if let Some(lease) = self.lease.id.take() {
+            let client = self.client.clone();
+            actix::spawn(async move {
+                // Best effort: the lease runs out by itself otherwise.
+                let _ = client.lease_revoke(lease).await;
+            });
+        }
+        self.stopping = true;
+        ctx.stop();
     }
 
     /// Not the leader any more: no acknowledgement from now on.

@@ -7,7 +7,10 @@
 //! What it owns:
 //! - The keys under `/walserver/<cluster>/` ([`keys`]): `leader` (the leader's name, on its
 //!   lease, created only when absent, so its create revision is the term), `members/<name>`
-//!   ([`MemberInfo`] JSON on the member's own lease, refreshed at each renewal), `sync`
+//!   ([`MemberInfo`] JSON on the member's own lease, refreshed at each renewal, created only
+//!   when absent and else written only while on that lease: one process per member name;
+//!   [`check_member_name`] refuses a second one before its node starts, and a member that
+//!   finds its key on another lease stops acknowledging and leaves failover), `sync`
 //!   (`{leader, sync_standby, term}`), `pause`, `switchover` (`{from, to, force}`, on the
 //!   leader's lease), `history/<term>` ([`TermRecord`], on no lease).
 //! - Membership and election. One lease per node (the configured ttl), renewed every ttl/3;
@@ -125,4 +128,5 @@ pub use messages::{
     SubscribeLeadership, SubscribeMemberSlots, Switchover, SwitchoverReport,
 };
 pub use slot_names::{member_slot_name, slot_member, MEMBER_SLOT_PREFIX};
+pub use store::check_member_name;
 pub use view::{ClusterView, LeaderView, LocalHealth, MemberInfo, TermRecord};

@@ -2,9 +2,14 @@
 //! the cluster, applying watch events to what is known, campaigning, confirming a lease's hold
 //! on the leader key, and the leader's guarded writes. They run on the actor's arbiter.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_gateway::{Client, Compare, Event, EventKind, KeyRange, KeyValue, LeaseId, Op, Txn};
+use futures_util::StreamExt;
+
+use etcd_gateway::{
+    Client, Compare, Event, EventKind, KeyRange, KeyValue, LeaseId, Op, OpResponse, Txn,
+    TxnResponse, WatchRequest,
+};
 use tracing::warn;
 
 use crate::error::FailoverError;
@@ -157,29 +162,117 @@ pub async fn confirm(
     lease: LeaseId,
     member: &MemberInfo,
 ) -> Result<bool, FailoverError> {
-    let txn = Txn::new().when(held(keys, me, lease)).and_then([Op::put(
-        keys.member(me),
-        json(member),
-        Some(lease),
-    )]);
-    Ok(client.txn(&txn).await?.succeeded)
+    put_member_when(client, keys, lease, member, &held(keys, me, lease)).await
 }
 
-/// Writes our member key on our lease.
+/// Writes our member key on our lease: created if absent, refreshed while it is on our
+/// lease, never written over another process's key ([`FailoverError::NameHeld`]).
 pub async fn put_member(
     client: &Client,
     keys: &Keys,
     lease: LeaseId,
     member: &MemberInfo,
 ) -> Result<(), FailoverError> {
-    client
-        .put(
-            keys.member(&member.name).as_bytes(),
-            &json(member),
-            Some(lease),
-        )
-        .await?;
+    put_member_when(client, keys, lease, member, &[]).await?;
     Ok(())
+}
+
+/// Writes our member key if `guard` holds and the key is ours or absent. etcd compares a
+/// missing key's lease as 0, which no granted lease is, so one transaction refreshes a key on
+/// our lease and a second creates an absent one. `Ok(false)`: the guard did not hold.
+async fn put_member_when(
+    client: &Client,
+    keys: &Keys,
+    lease: LeaseId,
+    member: &MemberInfo,
+    guard: &[Compare],
+) -> Result<bool, FailoverError> {
+    let key = keys.member(&member.name);
+    for ours in [
+        Compare::lease_is(key.clone(), lease),
+        Compare::absent(key.clone()),
+    ] {
+        let txn = Txn::new()
+            .when(guard.iter().cloned().chain([ours]))
+            .and_then([Op::put(key.clone(), json(member), Some(lease))])
+            .or_else([Op::Range(KeyRange::key(key.clone()))]);
+        let answer = client.txn(&txn).await?;
+        if answer.succeeded {
+            return Ok(true);
+        }
+        match ranged(&answer) {
+            Some(kv) if kv.lease != lease => return Err(name_held(&member.name, kv)),
+            // The key is ours, so the guard failed.
+            Some(_) => return Ok(false),
+            None => {}
+        }
+    }
+    Ok(false)
+}
+
+/// The key a transaction's single range found.
+fn ranged(answer: &TxnResponse) -> Option<&KeyValue> {
+    answer.responses.iter().find_map(|r| match r {
+        OpResponse::Range(range) => range.kvs.first(),
+        _ => None,
+    })
+}
+
+/// `name`'s member key `kv` is another process's: the refusal names where that process
+/// says it is.
+fn name_held(name: &str, kv: &KeyValue) -> FailoverError {
+    let advertised = match serde_json::from_slice::<MemberInfo>(&kv.value) {
+        Ok(info) => format!("admin API {}, conninfo \"{}\"", info.api_url, info.conninfo),
+        Err(_) => "an unreadable member key".to_string(),
+    };
+    FailoverError::NameHeld {
+        name: name.to_string(),
+        lease: kv.lease,
+        advertised,
+    }
+}
+
+/// How long past the holder's lease a check of a member name waits for its key to go. A
+/// guess: etcd expires leases within about half a second of their time.
+const EXPIRY_MARGIN: Duration = Duration::from_secs(1);
+
+/// Before a node starts: is `name` free in `cluster`? A process killed a moment ago leaves
+/// its member key until its lease runs out, so a key that goes within the lease's remaining
+/// time is no holder; a key refreshed on its lease meanwhile (every member refreshes its key
+/// at each renewal, every ttl/3) or still there after that time belongs to a live process:
+/// [`FailoverError::NameHeld`], naming its advertised addresses.
+pub async fn check_member_name(
+    client: &Client,
+    cluster: &str,
+    name: &str,
+) -> Result<(), FailoverError> {
+    let key = Keys::new(cluster).member(name);
+    let answer = client.range(&KeyRange::key(key.clone())).await?;
+    let Some(kv) = answer.kvs.first() else {
+        return Ok(());
+    };
+    let remaining = client.lease_time_to_live(kv.lease, false).await?.ttl;
+    let wait = Duration::from_secs(u64::try_from(remaining).unwrap_or(0)) + EXPIRY_MARGIN;
+    let mut watch = client
+        .watch(&WatchRequest::new(KeyRange::key(key)).from_revision(answer.header.revision + 1))
+        .await?;
+    let gone = async {
+        while let Some(batch) = watch.next().await {
+            for event in batch?.events {
+                match event.kind {
+                    EventKind::Delete => return Ok(true),
+                    EventKind::Put if event.kv.lease == kv.lease => return Ok(false),
+                    EventKind::Put => {}
+                }
+            }
+        }
+        Ok::<_, FailoverError>(false)
+    };
+    match tokio::time::timeout(wait, gone).await {
+        Ok(Ok(true)) => Ok(()),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(false)) | Err(_) => Err(name_held(name, kv)),
+    }
 }
 
 /// The leader writes `history/<term>` (no lease: history outlives its leaders) and `sync`

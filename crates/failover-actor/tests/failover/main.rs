@@ -3,10 +3,11 @@
 //! is on an event (the actors' leadership watch, an etcd watch) under a deadline.
 //!
 //! One module per concern: [`harness`] starts the cluster and waits on it; [`election`],
-//! [`handover`], [`sync`] and [`slots`] hold the tests.
+//! [`handover`], [`sync`], [`slots`] and [`names`] hold the tests.
 
 mod election;
 mod handover;
 mod harness;
+mod names;
 mod slots;
 mod sync;

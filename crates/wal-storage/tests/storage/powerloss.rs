@@ -196,7 +196,9 @@ fn check(wal: &Wal, acked: &[(Lsn, Bytes)], promoted: bool) -> (TimelineId, Lsn,
         .expect("the slot was created before recording");
     // A record boundary: where the slot was created, or the end of an acknowledged record.
     let keep = slot.restart_lsn.expect("the slot reserves WAL");
-    let records = wal.read_records(tli, keep, usize::MAX).unwrap();
+    let records = wal.read_records(tli, keep, usize::MAX).unwrap_or_else(|e| {
+        panic!("reading from the slot's restart point {keep} ({end} the end): {e}")
+    });
     let mut must: Vec<&(Lsn, Bytes)> = acked.iter().filter(|(e, _)| *e > keep).collect();
     must.sort_by_key(|(e, _)| *e);
     let mut at = records.iter().peekable();

@@ -326,8 +326,24 @@ impl FailoverActor {
     /// The cluster as a fresh read found it, with the absences of members' slots updated.
     fn replace_cluster(&mut self, cluster: Cluster) {
         let before = self.member_names();
+        let was_paused = self.cluster.paused;
         self.cluster = cluster;
         self.note_members(&before);
+        self.note_pause(was_paused);
+    }
+
+    /// Says once, on every member, that the cluster was paused or resumed (the `pause` key
+    /// came or went): while paused nothing is promoted or followed anew.
+    pub(crate) fn note_pause(&self, was_paused: bool) {
+        match (was_paused, self.cluster.paused) {
+            (false, true) => {
+                info!("failover: the cluster is paused; no automatic failover until it is resumed")
+            }
+            (true, false) => {
+                info!("failover: the cluster is resumed; automatic failover is on again")
+            }
+            _ => {}
+        }
     }
 
     fn schedule_renewal(&mut self, ctx: &mut Context<Self>, delay: Duration) {
@@ -510,6 +526,7 @@ impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
             Ok(batch) => {
                 let mut relevant = false;
                 let before = self.member_names();
+                let was_paused = self.cluster.paused;
                 for event in &batch.events {
                     let kind = self.keys.classify(&event.kv.key);
                     relevant |= machine::calls_for_decision(&kind, &self.cluster);
@@ -517,6 +534,7 @@ impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
                 }
                 // A member that came or went changes the slots the leader holds.
                 let members_changed = self.note_members(&before);
+                self.note_pause(was_paused);
                 relevant |= members_changed && self.progress.leading.is_some();
                 self.answer_awaiting_leader();
                 if relevant {

@@ -104,7 +104,8 @@ impl Handler<Pause> for FailoverActor {
             .into_actor(self)
             .map(|result, act, _| {
                 if result.is_ok() {
-                    act.cluster.paused = true;
+                    let was_paused = std::mem::replace(&mut act.cluster.paused, true);
+                    act.note_pause(was_paused);
                 }
                 result
             }),

@@ -172,10 +172,14 @@ impl FailoverActor {
                     match machine::better_peer(&mine, &peers) {
                         None => act.campaign(),
                         Some(better) => {
-                            info!(
-                                better,
-                                "failover: another member is more advanced; it campaigns"
-                            );
+                            let ahead = peers.iter().find(|p| p.name == better).is_some_and(|p| {
+                                (p.timeline, p.flush) > (mine.timeline, mine.flush)
+                            });
+                            if ahead {
+                                info!(better, "failover: another member is more advanced; it campaigns");
+                            } else {
+                                info!(better, "failover: another member is as advanced and preferred (role, priority or name); it campaigns");
+                            }
                             // A real timeout: if it has not taken the key within a ttl, look again.
                             act.schedule_retry(ctx, act.lease.ttl);
                             Box::pin(fut::ready(()))
@@ -394,7 +398,7 @@ async fn ensure_slots(supervisor: &Addr<supervisor_actor::Supervisor>, names: Ve
     };
     match supervisor.send(asked).await {
         Ok(Ok(slots)) => {
-            info!(made = ?slots.changed, held = ?slots.held, "failover: member slots before leading")
+            info!(made = %slots.changed.join(","), held = %slots.held.join(","), "failover: member slots before leading")
         }
         Ok(Err(e)) => warn!(error = %e, "failover: cannot make the member slots before leading"),
         Err(e) => warn!(error = %e, "failover: the supervisor is gone"),

@@ -188,7 +188,7 @@ impl FailoverActor {
     /// Logs what a slot operation did and publishes the slots held.
     fn slots_changed(&mut self, what: &str, slots: &MemberSlots) {
         if !slots.changed.is_empty() {
-            info!(slots = ?slots.changed, "failover: {what} member slots");
+            info!(slots = %slots.changed.join(","), "failover: {what} member slots");
         }
         self.publish_held_slots(slots.held.clone());
     }

@@ -69,7 +69,7 @@ impl FailoverActor {
                 .iter()
                 .map(|c| format!("{} (connected {}, flush {})", c.name, c.connected, c.flush))
                 .collect();
-            info!(?seen, "failover: no synchronous standby left to count on");
+            info!(seen = %seen.join(", "), "failover: no synchronous standby left to count on");
         }
         let supervisor = self.node.supervisor.clone();
         let client = self.client.clone();
@@ -79,14 +79,20 @@ impl FailoverActor {
             for action in actions {
                 match action {
                     SyncAction::Set(names) => {
-                        info!(?names, "failover: synchronous standbys set");
+                        info!(
+                            names = %names.as_ref().map_or_else(|| "none".to_string(), sync_names),
+                            "failover: synchronous standbys set"
+                        );
                         supervisor
                             .send(supervisor_actor::SetSyncStandbys { names })
                             .await
                             .map_err(|e| FailoverError::Refused(e.to_string()))?;
                     }
                     SyncAction::Publish(standby) => {
-                        info!(?standby, "failover: synchronous standby published");
+                        info!(
+                            standby = standby.as_deref().unwrap_or("none"),
+                            "failover: synchronous standby published"
+                        );
                         let record = crate::keys::SyncRecord {
                             leader: me.clone(),
                             sync_standby: standby,
@@ -142,4 +148,13 @@ impl FailoverActor {
             });
         ctx.spawn(wait.into_actor(self).map(|_, act, ctx| act.renew(ctx)));
     }
+}
+
+/// `synchronous_standby_names` as it would be written: `FIRST 1 (b,c)`.
+fn sync_names(names: &walsender_actor::syncrep::SyncStandbyNames) -> String {
+    let method = match names.method {
+        walsender_actor::syncrep::SyncMethod::First => "FIRST",
+        walsender_actor::syncrep::SyncMethod::Any => "ANY",
+    };
+    format!("{method} {} ({})", names.num_sync, names.names.join(","))
 }

@@ -3,11 +3,12 @@
 //! is on an event (the actors' leadership watch, an etcd watch) under a deadline.
 //!
 //! One module per concern: [`harness`] starts the cluster and waits on it; [`election`],
-//! [`handover`], [`sync`], [`slots`] and [`names`] hold the tests.
+//! [`handover`], [`sync`], [`slots`], [`names`] and [`logs`] hold the tests.
 
 mod election;
 mod handover;
 mod harness;
+mod logs;
 mod names;
 mod slots;
 mod sync;

@@ -121,6 +121,8 @@ struct State {
     token: Option<String>,
     reload: Option<ReloadAction>,
     archiver: Option<tokio::sync::watch::Receiver<wal_archive::ArchiverStatus>>,
+    /// The failover actor, for `/metrics`' failover families; `None` without failover.
+    failover: Option<FailoverSlot>,
 }
 
 /// The admin API of `node` as routes to mount in an application's own actix-web `App` or
@@ -153,6 +155,7 @@ pub fn configure(node: Node) -> impl FnOnce(&mut web::ServiceConfig) {
         token: None,
         reload: None,
         archiver: None,
+        failover: None,
     });
     move |cfg| node_routes(cfg, state)
 }
@@ -176,13 +179,14 @@ fn node_routes(cfg: &mut web::ServiceConfig, state: web::Data<State>) {
 pub fn start(cfg: HttpConfig, node: Node) -> anyhow::Result<HttpServerHandle> {
     let failover = web::Data::new(FailoverState {
         node: node.clone(),
-        failover: cfg.failover,
+        failover: cfg.failover.clone(),
     });
     let state = web::Data::new(State {
         node,
         token: cfg.token,
         reload: cfg.reload,
         archiver: cfg.archiver,
+        failover: cfg.failover,
     });
     let server = HttpServer::new(move || {
         let (state, failover) = (state.clone(), failover.clone());
@@ -680,7 +684,8 @@ async fn metrics(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
     if let Err(e) = query::<NoQuery>(&req) {
         return error(StatusCode::BAD_REQUEST, e);
     }
-    match crate::metrics::render(&state.node).await {
+    let failover = state.failover.as_ref().and_then(FailoverSlot::get);
+    match crate::metrics::render(&state.node, failover).await {
         Ok(text) => HttpResponse::Ok()
             .content_type(crate::metrics::CONTENT_TYPE)
             .body(text),

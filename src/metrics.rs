@@ -18,6 +18,8 @@ mod process;
 
 use std::time::SystemTime;
 
+use actix::Addr;
+use failover_actor::{FailoverActor, FailoverMetrics, GetFailoverMetrics};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -39,14 +41,20 @@ pub struct Snapshot {
     pub disk_free_bytes: Option<u64>,
     /// `None` if `/proc/self` could not be read.
     pub process: Option<process::ProcessStats>,
+    /// `None` without automatic failover.
+    pub failover: Option<FailoverMetrics>,
     pub now: SystemTime,
 }
 
 /// Reads the node's metrics and writes them in the text format. The free space on the data
 /// directory and the process's figures are system calls and `/proc` reads that may block, so
 /// they run on the blocking pool, never on this thread.
-pub async fn render(node: &Node) -> anyhow::Result<String> {
+pub async fn render(node: &Node, failover: Option<Addr<FailoverActor>>) -> anyhow::Result<String> {
     let status = node.supervisor.send(GetNodeStatus).await??;
+    let failover = match failover {
+        Some(actor) => Some(actor.send(GetFailoverMetrics).await?),
+        None => None,
+    };
     let wal = node.wal.clone();
     let (disk_free_bytes, process) = actix_web::web::block(move || {
         let disk = wal
@@ -64,6 +72,7 @@ pub async fn render(node: &Node) -> anyhow::Result<String> {
         slots: node.wal.slots(),
         disk_free_bytes,
         process,
+        failover,
         now: SystemTime::now(),
     };
     write(node, &snapshot)
@@ -79,6 +88,7 @@ pub fn write(node: &Node, s: &Snapshot) -> anyhow::Result<String> {
     slot_families(&mut out, s);
     storage_families(&mut out, node, s);
     connection_families(&mut out, node, s);
+    failover_families(&mut out, s);
     process_families(&mut out, s);
     out.encode()
 }
@@ -459,6 +469,99 @@ fn connection_families(out: &mut Families, node: &Node, s: &Snapshot) {
         "Connections refused for their credentials or by an hba rule (SQLSTATE class 28).",
     );
     out.sample(name, &[], startup.authentication_failures());
+}
+
+/// Automatic failover's families, on a node with a `[failover]` table: what an alert on "no
+/// leader", "etcd unreachable" or "failing over too often" needs.
+fn failover_families(out: &mut Families, s: &Snapshot) {
+    let Some(f) = &s.failover else {
+        return;
+    };
+    for (name, help, value) in [
+        (
+            "walserver_failover_leader",
+            "1 while this member leads with its fence granted (it may acknowledge appends).",
+            Value::from(u8::from(f.leading)),
+        ),
+        (
+            "walserver_failover_paused",
+            "1 while automatic failover is paused cluster-wide.",
+            u8::from(f.paused).into(),
+        ),
+    ] {
+        out.family(name, Kind::Gauge, help);
+        out.sample(name, &[], value);
+    }
+    let name = "walserver_failover_term";
+    out.family(
+        name,
+        Kind::Gauge,
+        "The latest leadership term this member knows of (the etcd revision that created \
+         the leader key).",
+    );
+    if let Some(term) = f.term {
+        out.sample(name, &[], term);
+    }
+    let name = "walserver_failover_lease_remaining_seconds";
+    out.family(
+        name,
+        Kind::Gauge,
+        "On the leader: seconds before it stops acknowledging unless a renewal is confirmed.",
+    );
+    if let Some(left) = f.lease_remaining_seconds {
+        out.sample(name, &[], left);
+    }
+    let name = "walserver_failover_ttl_seconds";
+    out.family(
+        name,
+        Kind::Gauge,
+        "The leader key's lease (failover's ttl): a dead leader is replaced within about this.",
+    );
+    out.sample(name, &[], f.ttl_seconds);
+    let name = "walserver_failover_etcd_contact_age_seconds";
+    out.family(
+        name,
+        Kind::Gauge,
+        "Seconds since etcd last answered this member (a renewal or a watch event).",
+    );
+    if let Some(age) = f.since_etcd_contact_seconds {
+        out.sample(name, &[], age);
+    }
+    let name = "walserver_failover_etcd_errors_total";
+    out.family(
+        name,
+        Kind::Counter,
+        "Failed etcd calls by kind (connect, timeout, io, status, credentials, \
+         lease_not_found, malformed, watch, settings).",
+    );
+    for (kind, n) in &f.etcd_errors {
+        out.sample(name, &[("kind", kind)], *n);
+    }
+    let name = "walserver_failover_terms_taken_total";
+    out.family(
+        name,
+        Kind::Counter,
+        "Terms this member took up (promotions, or leading again), by reason: bootstrap, \
+         failover, switchover, restart.",
+    );
+    for reason in ["bootstrap", "failover", "switchover", "restart"] {
+        let n = f
+            .terms_taken
+            .iter()
+            .find(|(r, _)| r == reason)
+            .map_or(0, |(_, n)| *n);
+        out.sample(name, &[("reason", reason)], n);
+    }
+    let name = "walserver_failover_synchronous_standby";
+    out.family(
+        name,
+        Kind::Gauge,
+        "1 for the member published in etcd as the synchronous standby (synchronous_mode on \
+         or strict).",
+    );
+    if let Some(standby) = &f.sync_standby {
+        out.sample(name, &[("node_name", standby)], 1u8);
+    }
 }
 
 fn process_families(out: &mut Families, s: &Snapshot) {

@@ -391,6 +391,40 @@ fn pause_resume_switchover_and_failover_through_the_commands() {
             })
         })
     });
+    // The failover families: n1 leads in the bootstrap term, n2 follows it; the README's
+    // table names exactly the families a member shows.
+    let metrics = |node: &TestNode| http_get_any(node.http_addr, "/metrics").1;
+    let sample = |node: &TestNode, key: &str| {
+        let text = metrics(node);
+        metric_value(&text, key).unwrap_or_else(|| panic!("no {key} in\n{text}"))
+    };
+    assert_eq!(sample(&p, "walserver_failover_leader"), 1.0);
+    assert_eq!(sample(&s, "walserver_failover_leader"), 0.0);
+    let first_term = sample(&p, "walserver_failover_term");
+    assert_eq!(sample(&s, "walserver_failover_term"), first_term);
+    assert_eq!(
+        sample(
+            &p,
+            r#"walserver_failover_terms_taken_total{reason="bootstrap"}"#
+        ),
+        1.0
+    );
+    assert!(sample(&p, "walserver_failover_lease_remaining_seconds") > 0.0);
+    assert_eq!(sample(&p, "walserver_failover_ttl_seconds"), 4.0);
+    assert!(sample(&s, "walserver_failover_etcd_contact_age_seconds") < 4.0);
+    let failover_families: std::collections::BTreeSet<String> = metric_families(&metrics(&p))
+        .into_iter()
+        .filter(|f| f.starts_with("walserver_failover_"))
+        .collect();
+    let listed: std::collections::BTreeSet<String> = readme_metric_names()
+        .into_iter()
+        .filter(|f| f.starts_with("walserver_failover_"))
+        .collect();
+    assert_eq!(
+        failover_families, listed,
+        "/metrics against the README's table"
+    );
+
     let http = s.http_addr.to_string();
     let ok = |args: &[&str]| -> String {
         let out = walserver(args);
@@ -412,6 +446,8 @@ fn pause_resume_switchover_and_failover_through_the_commands() {
     wait_until("both members to see the pause", || {
         view(&p)["paused"] == true && view(&s)["paused"] == true
     });
+    assert_eq!(sample(&p, "walserver_failover_paused"), 1.0);
+    assert_eq!(sample(&s, "walserver_failover_paused"), 1.0);
     let e = refused(&[
         "cluster",
         "switchover",
@@ -466,6 +502,18 @@ fn pause_resume_switchover_and_failover_through_the_commands() {
         "a promotion to the next timeline: {history}"
     );
     assert_eq!(last["reason"], "switchover", "{history}");
+    assert_eq!(sample(&s, "walserver_failover_leader"), 1.0);
+    assert_eq!(
+        sample(
+            &s,
+            r#"walserver_failover_terms_taken_total{reason="switchover"}"#
+        ),
+        1.0
+    );
+    assert!(sample(&s, "walserver_failover_term") > first_term);
+    wait_until("n1 to stop leading", || {
+        metric_value(&metrics(&p), "walserver_failover_leader") == Some(0.0)
+    });
 
     // A forced failover back to n1, now n2's standby once it follows: the answer says how far
     // behind it was.
@@ -481,6 +529,47 @@ fn pause_resume_switchover_and_failover_through_the_commands() {
     wait_until("n1 to answer /primary again", || {
         http_get_any(p.http_addr, "/primary").0 == 200
     });
+    // Counted by the reason its history records for the term.
+    let out = walserver(&["cluster", "history", "--http", &http, "--json"]);
+    let history: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let reason = history
+        .as_array()
+        .and_then(|h| h.last())
+        .and_then(|t| t["reason"].as_str())
+        .unwrap_or_else(|| panic!("no reason in {history}"))
+        .to_string();
+    assert_eq!(
+        sample(
+            &p,
+            &format!(r#"walserver_failover_terms_taken_total{{reason="{reason}"}}"#)
+        ),
+        1.0,
+        "{history}"
+    );
+
+    // etcd gone: the README's alert rules fire. Nobody may acknowledge (WalserverNoLeader:
+    // the highest walserver_failover_leader is 0), and each member's contact age passes its
+    // ttl (WalserverEtcdUnreachable), counting failed calls meanwhile.
+    drop(etcd);
+    wait_until("no member to lead", || {
+        [&p, &s]
+            .iter()
+            .all(|n| metric_value(&metrics(n), "walserver_failover_leader") == Some(0.0))
+    });
+    wait_until("the etcd contact age to pass the ttl on both", || {
+        [&p, &s].iter().all(|n| {
+            let text = metrics(n);
+            let age = metric_value(&text, "walserver_failover_etcd_contact_age_seconds");
+            let ttl = metric_value(&text, "walserver_failover_ttl_seconds");
+            age.zip(ttl).is_some_and(|(age, ttl)| age > ttl)
+        })
+    });
+    let errors: f64 = metrics(&p)
+        .lines()
+        .filter(|l| l.starts_with("walserver_failover_etcd_errors_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert!(errors > 0.0, "failed etcd calls are counted");
 }
 
 /// The keys under the cluster `t`'s prefix in `etcd`, by name.

@@ -313,3 +313,48 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 pub fn read_file(p: &Path) -> Vec<u8> {
     std::fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
 }
+
+/// The metric names the README's "Metrics" table lists, one per backquoted name in the
+/// first column of each row.
+pub fn readme_metric_names() -> std::collections::BTreeSet<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("\n## Metrics\n")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("the README has a Metrics section");
+    section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .flat_map(|row| {
+            let first_cell = row.split(" |").next().unwrap_or_default();
+            first_cell
+                .split(", ")
+                .map(|n| n.trim_matches('`').to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The value of one sample of a `/metrics` text, by its name and labels as written
+/// (`name{a="x"}`); `None` if the scrape has no such sample.
+pub fn metric_value(text: &str, key: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The families of a `/metrics` text, each by the name its samples carry (a counter's with
+/// `_total`), as the README's table names them.
+pub fn metric_families(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, kind)| match kind {
+            "counter" => format!("{name}_total"),
+            "info" => format!("{name}_info"),
+            _ => name.to_string(),
+        })
+        .collect()
+}

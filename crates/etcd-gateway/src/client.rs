@@ -1,6 +1,6 @@
 //! [`Client`]: the unary calls, endpoint failover and deadlines, as futures on actix-rt.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use crate::auth::{self, Auth, Token};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::http::{self, Body, Endpoint, SendFailure, Transport};
 use crate::security::Security;
 use crate::types::{
@@ -55,6 +55,25 @@ pub struct Client {
     tls: Option<Arc<rustls::ClientConfig>>,
     client_cert: bool,
     auth: Option<Arc<Auth>>,
+    /// Failed calls by kind, shared by the clones (every one counted once, where it failed).
+    errors: Arc<ErrorCounts>,
+}
+
+/// Failed calls by [`ErrorKind`], in `ErrorKind::ALL`'s order.
+#[derive(Debug, Default)]
+struct ErrorCounts([AtomicU64; ErrorKind::ALL.len()]);
+
+impl ErrorCounts {
+    fn count<T>(&self, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result {
+            let i = ErrorKind::ALL
+                .iter()
+                .position(|k| *k == e.kind())
+                .expect("every kind is in ALL");
+            self.0[i].fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
 }
 
 impl Client {
@@ -106,6 +125,7 @@ impl Client {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             tls,
             client_cert: security.cert.is_some(),
+            errors: Arc::default(),
             auth: security
                 .credentials()?
                 .map(|(user, password)| Arc::new(Auth::new(user, password))),
@@ -263,8 +283,22 @@ impl Client {
     async fn call<T: DeserializeOwned>(&self, path: &'static str, body: &Value) -> Result<T> {
         let deadline = Instant::now() + self.request_timeout;
         let mut answer = self.open(path, body, deadline).await?;
-        let bytes = answer.read_all(MAX_RESPONSE_BYTES, deadline).await?;
-        serde_json::from_slice(&bytes).map_err(|e| Error::malformed(path, e.to_string()))
+        let read = async {
+            let bytes = answer.read_all(MAX_RESPONSE_BYTES, deadline).await?;
+            serde_json::from_slice(&bytes).map_err(|e| Error::malformed(path, e.to_string()))
+        };
+        self.errors.count(read.await)
+    }
+
+    /// How many calls failed since this client (or the one it was cloned from) was made, by
+    /// kind: every kind, in [`ErrorKind::ALL`]'s order. A call counts once, whatever retry
+    /// it made inside.
+    pub fn error_counts(&self) -> Vec<(ErrorKind, u64)> {
+        ErrorKind::ALL
+            .iter()
+            .zip(&self.errors.0)
+            .map(|(k, n)| (*k, n.load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// Checks that etcd takes this client's TLS settings and password: one status call
@@ -279,6 +313,16 @@ impl Client {
     /// [`Error::Status`]. A request etcd refused for its token was not applied: it is sent
     /// once more with a fresh token, to the endpoint that refused it and no other.
     pub(crate) async fn open(
+        &self,
+        path: &'static str,
+        body: &Value,
+        deadline: Instant,
+    ) -> Result<Body> {
+        self.errors
+            .count(self.open_uncounted(path, body, deadline).await)
+    }
+
+    async fn open_uncounted(
         &self,
         path: &'static str,
         body: &Value,

@@ -96,7 +96,78 @@ pub enum Error {
 /// This crate's result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// What kind of failure an [`Error`] is, for counting them (`/metrics`): a few stable names,
+/// never the text of one error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ErrorKind {
+    /// No endpoint could be reached.
+    Connect,
+    /// A call's deadline passed.
+    Timeout,
+    /// A connection failed after the request went out.
+    Io,
+    /// etcd answered with an error status (a refused transaction's compare is no error).
+    Status,
+    /// TLS failed, or etcd refused the password: a setting to fix.
+    Credentials,
+    /// The lease is gone.
+    LeaseNotFound,
+    /// An answer the gateway does not send.
+    Malformed,
+    /// A watch ended, was compacted away or was canceled.
+    Watch,
+    /// A setting this client was given cannot be used.
+    Settings,
+}
+
+impl ErrorKind {
+    /// Every kind, in the order of the enum.
+    pub const ALL: [ErrorKind; 9] = [
+        ErrorKind::Connect,
+        ErrorKind::Timeout,
+        ErrorKind::Io,
+        ErrorKind::Status,
+        ErrorKind::Credentials,
+        ErrorKind::LeaseNotFound,
+        ErrorKind::Malformed,
+        ErrorKind::Watch,
+        ErrorKind::Settings,
+    ];
+
+    /// The kind's name, as a metric label shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Connect => "connect",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Io => "io",
+            ErrorKind::Status => "status",
+            ErrorKind::Credentials => "credentials",
+            ErrorKind::LeaseNotFound => "lease_not_found",
+            ErrorKind::Malformed => "malformed",
+            ErrorKind::Watch => "watch",
+            ErrorKind::Settings => "settings",
+        }
+    }
+}
+
 impl Error {
+    /// The error's kind.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidEndpoint { .. } | Error::TlsSetup(_) => ErrorKind::Settings,
+            Error::Tls { .. } | Error::AuthFailed { .. } => ErrorKind::Credentials,
+            Error::Connect { .. } => ErrorKind::Connect,
+            Error::Timeout { .. } => ErrorKind::Timeout,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::Status { .. } => ErrorKind::Status,
+            Error::LeaseNotFound { .. } => ErrorKind::LeaseNotFound,
+            Error::Malformed { .. } => ErrorKind::Malformed,
+            Error::WatchEnded | Error::Compacted { .. } | Error::WatchCanceled { .. } => {
+                ErrorKind::Watch
+            }
+        }
+    }
+
     /// Whether etcd refused this client's certificate or credentials, or this client refused
     /// etcd's certificate: a setting to fix, which no retry mends.
     pub fn is_refused_credentials(&self) -> bool {

@@ -79,7 +79,7 @@ mod wire;
 pub mod testkit;
 
 pub use client::{Client, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use security::Security;
 pub use types::{
     Compare, CompareOp, CompareTarget, DeleteResponse, Header, KeyRange, KeyValue, Lease, LeaseId,

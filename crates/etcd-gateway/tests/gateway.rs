@@ -421,6 +421,15 @@ async fn unreachable_endpoint_is_a_connection_error() -> Result<()> {
     let client = Client::new([format!("127.0.0.1:{port}")])?;
     let e = client.range(&KeyRange::key("k")).await.unwrap_err();
     assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+    // Counted once, by kind, for /metrics; a clone shares the counts.
+    let counts = client.clone().error_counts();
+    let count = |kind| counts.iter().find(|(k, _)| *k == kind).map(|(_, n)| *n);
+    assert_eq!(
+        count(etcd_gateway::ErrorKind::Connect),
+        Some(1),
+        "{counts:?}"
+    );
+    assert_eq!(counts.iter().map(|(_, n)| n).sum::<u64>(), 1, "{counts:?}");
     let text = e.to_string();
     assert!(
         text.contains("no etcd endpoint reachable") && text.contains(&port.to_string()),

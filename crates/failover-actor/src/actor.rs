@@ -60,6 +60,8 @@ pub(crate) struct LeaseState {
     connecting: bool,
     /// Failed renewals (or joins) in a row, for the backoff.
     failures: u32,
+    /// When etcd last answered a renewal or delivered a watch batch (`/metrics`).
+    pub(crate) last_contact: Option<Instant>,
     renew_timer: Option<SpawnHandle>,
     watch: Option<SpawnHandle>,
 }
@@ -75,6 +77,8 @@ pub(crate) struct DecisionState {
     /// Failed follows and unanswered status requests in a row, to log once per run of them.
     pub(crate) follow_failures: u32,
     pub(crate) status_failures: u32,
+    /// Terms this node took up, by their history's reason (`/metrics`).
+    pub(crate) terms_taken: std::collections::BTreeMap<String, u64>,
 }
 
 /// The leader's synchronous standby (`synchronous_mode` on or strict).
@@ -174,6 +178,7 @@ impl FailoverActor {
             ttl: config.ttl,
             connecting: false,
             failures: 0,
+            last_contact: None,
             renew_timer: None,
             watch: None,
         };
@@ -416,6 +421,7 @@ impl FailoverActor {
                 confirmed,
             }) => {
                 self.lease.failures = 0;
+                self.lease.last_contact = Some(Instant::now());
                 let ttl = machine::effective_ttl(self.config.ttl, granted_ttl);
                 match machine::after_renewal(
                     confirmed,
@@ -524,6 +530,7 @@ impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
     fn handle(&mut self, item: etcd_gateway::Result<WatchBatch>, ctx: &mut Context<Self>) {
         match item {
             Ok(batch) => {
+                self.lease.last_contact = Some(Instant::now());
                 let mut relevant = false;
                 let before = self.member_names();
                 let was_paused = self.cluster.paused;

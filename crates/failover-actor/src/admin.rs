@@ -9,7 +9,8 @@ use etcd_gateway::{KeyRange, LeaseId};
 use crate::actor::FailoverActor;
 use crate::error::FailoverError;
 use crate::messages::{
-    GetClusterView, GetHistory, GetLocalHealth, Pause, Resume, StopFailover, SubscribeLeadership,
+    FailoverMetrics, GetClusterView, GetFailoverMetrics, GetHistory, GetLocalHealth, Pause, Resume,
+    StopFailover, SubscribeLeadership,
 };
 use crate::store;
 use crate::view::{ClusterView, LeaderView, LocalHealth, TermRecord};
@@ -74,6 +75,50 @@ impl Handler<GetLocalHealth> for FailoverActor {
             streaming: self.local.as_ref().is_some_and(|l| l.streaming),
             lag_bytes: self.lag_bytes(),
             term: self.fence.term(),
+        })
+    }
+}
+
+impl Handler<GetFailoverMetrics> for FailoverActor {
+    type Result = MessageResult<GetFailoverMetrics>;
+
+    fn handle(&mut self, _: GetFailoverMetrics, _: &mut Context<Self>) -> Self::Result {
+        let now = Instant::now();
+        let (leading, lease_remaining_seconds) = match self.fence.view(now) {
+            supervisor_actor::FenceView::Leader { until, .. } => (
+                true,
+                Some(until.saturating_duration_since(now).as_secs_f64()),
+            ),
+            _ => (false, None),
+        };
+        MessageResult(FailoverMetrics {
+            leading,
+            term: self.fence.term(),
+            lease_remaining_seconds,
+            paused: self.cluster.paused,
+            ttl_seconds: self.lease.ttl.as_secs_f64(),
+            since_etcd_contact_seconds: self
+                .lease
+                .last_contact
+                .map(|t| now.saturating_duration_since(t).as_secs_f64()),
+            etcd_errors: self
+                .client
+                .error_counts()
+                .into_iter()
+                .map(|(kind, n)| (kind.as_str(), n))
+                .collect(),
+            terms_taken: self
+                .decisions
+                .terms_taken
+                .iter()
+                .map(|(reason, n)| (reason.clone(), *n))
+                .collect(),
+            sync_standby: self
+                .cluster
+                .sync
+                .as_ref()
+                .and_then(|s| s.sync_standby.clone()),
+            leader: self.cluster.leader.as_ref().map(|l| l.holder.clone()),
         })
     }
 }

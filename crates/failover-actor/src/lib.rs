@@ -124,8 +124,9 @@ pub use config::{
 };
 pub use error::FailoverError;
 pub use messages::{
-    Failover, GetClusterView, GetHistory, GetLocalHealth, Leadership, Pause, Resume, StopFailover,
-    SubscribeLeadership, SubscribeMemberSlots, Switchover, SwitchoverReport,
+    Failover, FailoverMetrics, GetClusterView, GetFailoverMetrics, GetHistory, GetLocalHealth,
+    Leadership, Pause, Resume, StopFailover, SubscribeLeadership, SubscribeMemberSlots, Switchover,
+    SwitchoverReport,
 };
 pub use slot_names::{member_slot_name, slot_member, MEMBER_SLOT_PREFIX};
 pub use store::check_member_name;

@@ -16,6 +16,39 @@ pub struct GetClusterView;
 #[rtype(result = "LocalHealth")]
 pub struct GetLocalHealth;
 
+/// `/metrics`: what this member knows of the cluster and of itself, from its own state,
+/// without a trip to etcd.
+#[derive(Message)]
+#[rtype(result = "FailoverMetrics")]
+pub struct GetFailoverMetrics;
+
+/// The failover facts `/metrics` shows.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct FailoverMetrics {
+    /// This node leads, with its fence granted.
+    pub leading: bool,
+    /// The latest term this node knows of (led or followed).
+    pub term: Option<u64>,
+    /// A leader's time left before its fence's deadline (its last confirmed renewal plus the
+    /// ttl minus a margin), in seconds.
+    pub lease_remaining_seconds: Option<f64>,
+    /// Automatic action is paused cluster-wide.
+    pub paused: bool,
+    /// The leader key's lease, as configured (or as etcd granted it, if lower).
+    pub ttl_seconds: f64,
+    /// Seconds since etcd last answered a renewal or a watch; `None` before the first answer.
+    pub since_etcd_contact_seconds: Option<f64>,
+    /// Failed etcd calls, by kind (every kind, in `etcd_gateway::ErrorKind::ALL`'s order).
+    pub etcd_errors: Vec<(&'static str, u64)>,
+    /// Terms this node took up, by the reason its history records: `bootstrap`, `failover`,
+    /// `switchover`, `restart`.
+    pub terms_taken: Vec<(String, u64)>,
+    /// The synchronous standby published in etcd.
+    pub sync_standby: Option<String>,
+    /// The leader the key names.
+    pub leader: Option<String>,
+}
+
 /// `walserver cluster history`.
 #[derive(Message)]
 #[rtype(result = "Result<Vec<TermRecord>, FailoverError>")]

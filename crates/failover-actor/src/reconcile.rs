@@ -27,6 +27,8 @@ struct TermTaken {
     switch_lsn: wal_storage::Lsn,
     /// `history/<term>` was written (the guard found the key ours).
     recorded: bool,
+    /// Why the term was taken, as its history record says.
+    reason: String,
 }
 
 impl FailoverActor {
@@ -253,7 +255,7 @@ impl FailoverActor {
                 leader: me.clone(),
                 timeline,
                 switch_lsn: switch_lsn.to_string(),
-                reason,
+                reason: reason.clone(),
                 at: store::unix_now(),
             };
             let history = store::history_value(&record);
@@ -277,6 +279,7 @@ impl FailoverActor {
                 timeline,
                 switch_lsn,
                 recorded,
+                reason,
             })
         };
         Box::pin(work.into_actor(self).then(move |taken, act, ctx| match taken {
@@ -294,6 +297,11 @@ impl FailoverActor {
     /// [`FailoverActor::lead`]'s return: the actor leads in `term` from here.
     fn take_up(&mut self, ctx: &mut Context<Self>, term: u64, taken: TermTaken) {
         info!(term, timeline = taken.timeline, switch_lsn = %taken.switch_lsn, "failover: leading");
+        *self
+            .decisions
+            .terms_taken
+            .entry(taken.reason.clone())
+            .or_default() += 1;
         self.progress.leading = Some(term);
         self.progress.highest_term = self.progress.highest_term.max(term);
         self.progress.following = None;

@@ -335,6 +335,8 @@ impl FailoverActor {
         self.cluster = cluster;
         self.note_members(&before);
         self.note_pause(was_paused);
+        // A new leader may show in a fresh read rather than in the watch.
+        self.answer_awaiting_leader();
     }
 
     /// Says once, on every member, that the cluster was paused or resumed (the `pause` key

@@ -179,11 +179,8 @@ impl FailoverActor {
         }
         info!(to = %record.to, force = record.force, "failover: handing over, as asked through etcd");
         let handover = self.hand_over(record.to, record.force);
-        ctx.spawn(handover.map(|result, _, _| {
-            if let Err(e) = result {
-                warn!(error = %e, "failover: the handover did not happen");
-            }
-        }));
+        // The handover logs its own outcome.
+        ctx.spawn(handover.map(|_, _, _| ()));
     }
 
     /// The leader hands its key to `to`: appends stop, `to` catches up (unless forced), the
@@ -252,6 +249,7 @@ impl FailoverActor {
                 Ok(candidate_flush)
             }
         };
+        let record_to = record.to.clone();
         let reply = move |resigned: Result<Option<Lsn>, FailoverError>| async move {
             let outcome = match resigned {
                 Ok(candidate_flush) => match wait_new_leader(rx, NEW_LEADER_TIMEOUT).await {
@@ -268,10 +266,19 @@ impl FailoverActor {
                 },
                 Err(e) => Err(e),
             };
-            if outcome.is_err() {
-                // The handover did not happen or did not finish: let the cluster elect as
-                // usual (the key is ours still, or the candidate did not take it).
-                let _ = store::cancel_switchover(&client, &keys).await;
+            match &outcome {
+                Ok(report) => info!(
+                    to = %report.new_leader,
+                    term = report.term,
+                    appends_paused_ms = report.appends_paused_ms,
+                    "failover: handed over the leader key"
+                ),
+                Err(e) => {
+                    warn!(to = %record_to, error = %e, "failover: the handover did not happen");
+                    // The handover did not happen or did not finish: let the cluster elect
+                    // as usual (the key is ours still, or the candidate did not take it).
+                    let _ = store::cancel_switchover(&client, &keys).await;
+                }
             }
             outcome
         };

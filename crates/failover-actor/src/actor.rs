@@ -607,8 +607,14 @@ impl FailoverActor {
         Box::pin(
             async move {
                 if let Some(lease) = lease {
-                    if let Err(e) = client.lease_revoke(lease).await {
-                        warn!(error = %e, "failover: cannot revoke the lease; it expires by its ttl");
+                    match client.lease_revoke(lease).await {
+                        Ok(_) => info!(
+                            lease = %lease,
+                            "failover: released the lease; this member's keys are gone"
+                        ),
+                        Err(e) => {
+                            warn!(error = %e, "failover: cannot revoke the lease; it expires by its ttl")
+                        }
                     }
                 }
             }

@@ -91,7 +91,9 @@ fn pause_and_resume_are_logged_once_by_each_member() -> Result<()> {
         for debug_text in ["Some(", "Lsn(", "[\""] {
             assert_eq!(lines.count(debug_text), 0, "{debug_text}");
         }
+        // A stop that releases the lease says so once per member.
         shutdown([a, b, c]).await;
+        assert_eq!(lines.count("released the lease"), 3);
         Ok(())
     })
 }

@@ -6,11 +6,12 @@
 # that does not do what the README says, and removes every process and directory it made.
 #
 #   scripts/walkthrough.sh            (WALSERVER_BIN: the walserver to run, default
-#                                      target/debug/walserver, built if missing)
+#                                      $CARGO_TARGET_DIR or target, then debug/walserver,
+#                                      built if missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-W=${WALSERVER_BIN:-target/debug/walserver}
+W=${WALSERVER_BIN:-${CARGO_TARGET_DIR:-target}/debug/walserver}
 if [ ! -x "$W" ]; then cargo build -q --bin walserver; fi
 command -v etcd >/dev/null || { echo "walkthrough: etcd not found; scripts/test.sh installs it" >&2; exit 1; }
 for n in 1 2 3; do

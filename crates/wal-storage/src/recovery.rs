@@ -31,7 +31,7 @@ use crate::history::{check_history_for, format_history, parse_history};
 use crate::io::{Io, FP_FSYNC, FP_WRITE};
 use crate::naming::{history_file_name, parse_segment_file_name, segment_file_name};
 use crate::recycle::RecyclePool;
-use crate::scan::{find_scan_start, FileSource};
+use crate::scan::{find_scan_start, first_boundary_from, FileSource};
 use crate::segments::{SegmentFiles, View};
 use crate::slots::SlotTable;
 use crate::state::{BgRequest, Inner, TimelineState, WalPosition};
@@ -613,7 +613,13 @@ fn scan_records_end(
         // Nothing durable yet but possibly records written without a pointer update: a fresh
         // WAL starts at a segment start, where the scanner reads the header.
         None if vouched == wal_start => wal_start,
-        None => return Ok(None),
+        // No boundary at or below the pointer is left (retention removed the segment the
+        // record reaching it began in): the records after it are found from the first
+        // boundary after it, or they would be lost though acknowledged.
+        None => match first_boundary_from(files, view, vouched, cfg.max_record_size as u64)? {
+            Some(b) => b,
+            None => return Ok(None),
+        },
     };
     let seg = cfg.segment_size;
     let src = FileSource {

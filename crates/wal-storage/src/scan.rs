@@ -54,6 +54,38 @@ pub(crate) fn find_scan_start(
     }
 }
 
+/// The first record boundary at or after `from`'s segment start that a scan can begin at: the
+/// one the header of the segment holding `from` names, or of a later one when a record covers
+/// that whole segment. Recovery falls back to it when [`find_scan_start`] finds none because
+/// retention removed the segment that a record reaching `from` began in: a pointer stored
+/// exactly at a segment start (a batch ended there) vouches for WAL whose only earlier
+/// boundary was in the removed segment. The bytes between `from` and the boundary are the
+/// tail of a record no one can read any more (every slot restarts at a boundary at or after
+/// it). `None` if the segment is missing or its header unreadable (not yet written).
+pub(crate) fn first_boundary_from(
+    files: &SegmentFiles,
+    view: &View,
+    from: Lsn,
+    max_record_size: u64,
+) -> Result<Option<Lsn>> {
+    let seg = files.seg;
+    let mut s = from.segment_start(seg);
+    // A record spans at most this many whole segments.
+    for _ in 0..=max_record_size / seg + 1 {
+        let Some(b) = files.read(view, s, Lsn::MAX, SEGMENT_HEADER_SIZE as usize)? else {
+            return Ok(None);
+        };
+        let Ok(h) = SegmentHeader::decode(&b, s) else {
+            return Ok(None);
+        };
+        if (h.rem_len as u64) < seg - SEGMENT_HEADER_SIZE {
+            return Ok(Some(s + SEGMENT_HEADER_SIZE + h.rem_len as u64));
+        }
+        s = s + seg;
+    }
+    Ok(None)
+}
+
 /// Reads a view's files up to `limit` (`Lsn::MAX` for none), for scans; a missing file reads as
 /// no bytes, where the scan stops.
 pub(crate) struct FileSource<'a> {

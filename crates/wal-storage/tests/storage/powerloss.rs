@@ -222,3 +222,60 @@ fn check(wal: &Wal, acked: &[(Lsn, Bytes)], promoted: bool) -> (TimelineId, Lsn,
     assert!(wal.read_records(tli, end, 1).unwrap().is_empty());
     (tli, end, records)
 }
+
+/// The case seed 86 of the test above met once in a few thousand: a batch ends exactly at a
+/// segment start, so the flush pointer is stored there (it moves once per segment); records
+/// follow in that segment without moving it; a slot moves on and retention removes the
+/// segment before. Open then finds no record boundary at or below the pointer (the segment
+/// the pointer's record began in is gone) and, unless it scans on from the first boundary
+/// after it, drops every acknowledged record of the new segment.
+#[test]
+fn records_after_a_pointer_at_a_segment_start_survive_removal_of_the_segment_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = InitOptions::primary(SystemId(7), WalFormat::Walserver);
+    let wal = Wal::init(dir.path(), cfg(), opts).unwrap();
+    wal.create_slot(SLOT, false, true).unwrap();
+    drop(wal);
+    let fp = Arc::new(Failpoints::default());
+    let pl = fp.record_power_loss(dir.path()).unwrap();
+    let wal = Wal::open_with_failpoints(dir.path(), cfg(), fp).unwrap();
+
+    let first = wal.append(vec![payload(0, 100)]).unwrap().wait().unwrap()[0];
+    let boundary = Lsn((first.0 / SEG + 1) * SEG);
+    let len = boundary.0 - first.0 - 16;
+    let at_boundary = wal
+        .append(vec![payload(1, len as usize)])
+        .unwrap()
+        .wait()
+        .unwrap()[0];
+    assert_eq!(
+        at_boundary, boundary,
+        "a record ending exactly at the segment start"
+    );
+    let mut acked = Vec::new();
+    for i in 2..40 {
+        let p = payload(i, 1000);
+        let end = wal.append(vec![p.clone()]).unwrap().wait().unwrap()[0];
+        acked.push((end, p));
+    }
+    wal.advance_slot(SLOT, at_boundary, wal.timeline()).unwrap();
+    wal.run_retention().unwrap();
+    let before =
+        dir.path()
+            .join("pg_wal")
+            .join(format!("{:08X}{:08X}{:08X}", 1, 0, boundary.0 / SEG - 1));
+    assert!(!before.exists(), "retention removed {}", before.display());
+    // The power goes now: no clean stop stores the exact end (nothing more reaches the disk).
+    pl.pull_plug_after(0);
+    drop(wal);
+    pl.crash(0).unwrap();
+
+    let wal = Wal::open(dir.path(), cfg()).unwrap();
+    let last = acked.last().unwrap().0;
+    assert_eq!(wal.flushed(), last, "acknowledged records were dropped");
+    let records = wal
+        .read_records(wal.timeline(), at_boundary, usize::MAX)
+        .unwrap();
+    let found: Vec<(Lsn, Bytes)> = records.into_iter().map(|r| (r.end, r.payload)).collect();
+    assert_eq!(found, acked);
+}

@@ -20,6 +20,10 @@ pub enum ArchiveError {
     /// damaged, and either needs a person.
     #[error("{path} is already in the archive with different contents; it is not overwritten")]
     Mismatch { path: PathBuf },
+    /// An archived object does not match its checksum sidecar, or its sidecar is missing or
+    /// unreadable. Its bytes are never handed out.
+    #[error("{name} in the archive is corrupt: {reason}")]
+    Corrupt { name: String, reason: String },
     /// Reading the node's own WAL failed.
     #[error("reading WAL to archive: {0}")]
     Storage(#[from] wal_storage::WalError),

@@ -23,12 +23,20 @@
 //!   the same name and other bytes is an alarm; archiving stops there until a person looks.
 //!
 //! File I/O runs on the blocking pool, one job at a time: the actor's thread only decides.
-//! Later steps add object stores, `archive_timeout` partial segments, backpressure and
-//! restore beside these types.
+//!
+//! Restore reads the archive back through the same [`ArchiveTarget`] (`read.rs`): `get`
+//! hands out an object only after it matched its sidecar (a missing object is `None`, a
+//! damaged one an error naming it), `list` shows the objects, and [`ArchivedFile`] parses
+//! PostgreSQL's names, partial segments included. The CLI's `restore-wal`, `archive list |
+//! verify` and `init --from-archive` are built on these.
+//!
+//! Later steps add object stores, `archive_timeout` partial segments and backpressure beside
+//! these types.
 
 mod actor;
 mod error;
 mod messages;
+mod read;
 mod schedule;
 mod status;
 mod target;
@@ -36,6 +44,7 @@ mod target;
 pub use actor::{ArchiveConfig, ArchiveMode, Archiver};
 pub use error::{ArchiveError, Result};
 pub use messages::{GetArchiverStatus, StopArchiver};
+pub use read::{ArchivedFile, Checksum, ObjectInfo, SIDECAR_SUFFIX};
 pub use schedule::{backoff, Item, Next, Schedule, WalView, FIRST_BACKOFF, MAX_BACKOFF};
 pub use status::ArchiverStatus;
 pub use target::{sidecar, ArchiveTarget, Put};

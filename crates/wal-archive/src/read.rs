@@ -1,0 +1,351 @@
+//! Reading the archive back: what a restore, a listing and a check need.
+//!
+//! Every object is handed out only after it matched its sidecar (`target.rs` writes it down:
+//! the CRC32C and length of the object's bytes). A missing object is not an error, since
+//! PostgreSQL's `restore_command` asks for files that do not exist (the history file of the
+//! next timeline, a segment past the end); a damaged one is, and the error names it, so
+//! nothing reads bytes the archive cannot vouch for. A sidecar without its object is what a
+//! crash between the two puts leaves, and reads as missing.
+//!
+//! Object names are PostgreSQL's, as [`ArchivedFile`] parses them:
+//!
+//! ```text
+//! TTTTTTTTXXXXXXXXYYYYYYYY                 a whole segment
+//! TTTTTTTT.history                         a timeline history file
+//! TTTTTTTTXXXXXXXXYYYYYYYY.partial         the old timeline's last segment at a promotion
+//! TTTTTTTTXXXXXXXXYYYYYYYY.partial.EEEEEEEE  a durable prefix of a segment, up to offset E (hex)
+//! NAME.crc32c                              NAME's sidecar, never listed as an object
+//! ```
+
+use std::fs;
+use std::io::ErrorKind;
+use std::path::Path;
+
+use wal_storage::{parse_history_file_name, parse_segment_file_name};
+use wal_types::{Lsn, TimelineId};
+
+use crate::error::{ArchiveError, Result};
+use crate::target::ArchiveTarget;
+
+/// The suffix of a checksum sidecar.
+pub const SIDECAR_SUFFIX: &str = ".crc32c";
+
+/// One object of an archive, as a listing shows it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ObjectInfo {
+    /// The object's name in the archive.
+    pub name: String,
+    /// Its size as stored.
+    pub size: u64,
+}
+
+/// What an object's name says it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ArchivedFile {
+    /// `TTTTTTTT.history`.
+    History(TimelineId),
+    /// A whole segment.
+    Segment { tli: TimelineId, segno: u64 },
+    /// A segment's prefix: `end` is the LSN it covers up to when the name carries one
+    /// (`archive_timeout`'s uploads); `None` for a promotion's `.partial`, which covers the
+    /// old timeline up to its switch point.
+    Partial {
+        tli: TimelineId,
+        segno: u64,
+        end: Option<Lsn>,
+    },
+}
+
+impl ArchivedFile {
+    /// Parses an object's name; `None` for names that are no WAL file (sidecars, temporary
+    /// files, anything else a person left in the archive).
+    pub fn parse(name: &str, segment_size: u64) -> Option<ArchivedFile> {
+        if let Some(tli) = parse_history_file_name(name) {
+            return Some(ArchivedFile::History(tli));
+        }
+        let (segment, rest) = name.split_at_checked(24)?;
+        let (tli, segno) = parse_segment_file_name(segment, segment_size)?;
+        match rest {
+            "" => Some(ArchivedFile::Segment { tli, segno }),
+            ".partial" => Some(ArchivedFile::Partial {
+                tli,
+                segno,
+                end: None,
+            }),
+            _ => {
+                let hex = rest.strip_prefix(".partial.")?;
+                if hex.is_empty() || hex.len() > 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return None;
+                }
+                let offset = u64::from_str_radix(hex, 16).ok()?;
+                // A prefix covers at least a byte and at most the segment.
+                if offset == 0 || offset > segment_size {
+                    return None;
+                }
+                Some(ArchivedFile::Partial {
+                    tli,
+                    segno,
+                    end: Some(Lsn(segno * segment_size + offset)),
+                })
+            }
+        }
+    }
+
+    /// The timeline the file belongs to.
+    pub fn timeline(&self) -> TimelineId {
+        match *self {
+            ArchivedFile::History(tli)
+            | ArchivedFile::Segment { tli, .. }
+            | ArchivedFile::Partial { tli, .. } => tli,
+        }
+    }
+}
+
+/// A sidecar's contents: the object's CRC32C and length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Checksum {
+    pub crc32c: u32,
+    pub size: u64,
+}
+
+impl Checksum {
+    /// Parses `crc32c=XXXXXXXX size=N` (with its newline), the only form `sidecar` writes.
+    pub fn parse(text: &[u8]) -> Option<Checksum> {
+        let text = std::str::from_utf8(text).ok()?.strip_suffix('\n')?;
+        let (crc, size) = text.split_once(' ')?;
+        let crc = crc.strip_prefix("crc32c=")?;
+        let size = size.strip_prefix("size=")?;
+        if crc.len() != 8 {
+            return None;
+        }
+        Some(Checksum {
+            crc32c: u32::from_str_radix(crc, 16).ok()?,
+            size: size.parse().ok()?,
+        })
+    }
+
+    /// Why `bytes` are not what this checksum describes, if they are not.
+    pub fn mismatch(&self, bytes: &[u8]) -> Option<String> {
+        if bytes.len() as u64 != self.size {
+            return Some(format!(
+                "{} bytes where its checksum says {}",
+                bytes.len(),
+                self.size
+            ));
+        }
+        let crc = crc32c::crc32c(bytes);
+        (crc != self.crc32c).then(|| {
+            format!(
+                "CRC32C {crc:08x} where its checksum says {:08x}",
+                self.crc32c
+            )
+        })
+    }
+}
+
+impl ArchiveTarget {
+    /// The object `name`, checked against its sidecar: `Ok(None)` if the archive has no such
+    /// object, [`ArchiveError::Corrupt`] naming it if its bytes or its sidecar are damaged.
+    /// Blocking: run it on a blocking pool.
+    pub fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let Some(bytes) = self.get_raw(name)? else {
+            return Ok(None);
+        };
+        let corrupt = |reason: String| ArchiveError::Corrupt {
+            name: name.to_string(),
+            reason,
+        };
+        let Some(sidecar) = self.get_raw(&format!("{name}{SIDECAR_SUFFIX}"))? else {
+            // The sidecar is put before its object, so an object without one was damaged.
+            return Err(corrupt("its checksum sidecar is missing".into()));
+        };
+        let sum = Checksum::parse(&sidecar)
+            .ok_or_else(|| corrupt("its checksum sidecar is unreadable".into()))?;
+        if let Some(reason) = sum.mismatch(&bytes) {
+            return Err(corrupt(reason));
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Every object in the archive, sidecars and temporary files left out, by name.
+    /// Blocking: run it on a blocking pool.
+    pub fn list(&self) -> Result<Vec<ObjectInfo>> {
+        let mut objects = match self {
+            ArchiveTarget::Directory(dir) => list_dir(dir)?,
+        };
+        objects.sort();
+        Ok(objects)
+    }
+
+    /// An object's stored bytes, unchecked; `None` if absent.
+    fn get_raw(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        match self {
+            ArchiveTarget::Directory(dir) => match fs::read(dir.join(name)) {
+                Ok(bytes) => Ok(Some(bytes)),
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(ArchiveError::io(
+                    format!("reading {} from the archive", name),
+                    e,
+                )),
+            },
+        }
+    }
+}
+
+fn list_dir(dir: &Path) -> Result<Vec<ObjectInfo>> {
+    let context = || format!("listing the archive {}", dir.display());
+    let mut objects = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| ArchiveError::io(context(), e))? {
+        let entry = entry.map_err(|e| ArchiveError::io(context(), e))?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        // Temporary files of a put in flight begin with a dot (`target.rs`).
+        if name.starts_with('.') || name.ends_with(SIDECAR_SUFFIX) {
+            continue;
+        }
+        let meta = entry
+            .metadata()
+            .map_err(|e| ArchiveError::io(context(), e))?;
+        if meta.is_file() {
+            objects.push(ObjectInfo {
+                name,
+                size: meta.len(),
+            });
+        }
+    }
+    Ok(objects)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::sidecar;
+
+    const SEG: u64 = 16 << 20;
+
+    #[test]
+    fn names_parse_as_postgres_writes_them() {
+        let check = |name: &str, want: Option<ArchivedFile>| {
+            assert_eq!(ArchivedFile::parse(name, SEG), want, "{name}");
+        };
+        let (t1, t2) = (TimelineId(1), TimelineId(2));
+        check("00000002.history", Some(ArchivedFile::History(t2)));
+        check(
+            "000000010000000000000003",
+            Some(ArchivedFile::Segment { tli: t1, segno: 3 }),
+        );
+        check(
+            "0000000100000001000000FF",
+            Some(ArchivedFile::Segment {
+                tli: t1,
+                segno: 0x1FF,
+            }),
+        );
+        check(
+            "000000010000000000000003.partial",
+            Some(ArchivedFile::Partial {
+                tli: t1,
+                segno: 3,
+                end: None,
+            }),
+        );
+        check(
+            "000000010000000000000003.partial.00A00000",
+            Some(ArchivedFile::Partial {
+                tli: t1,
+                segno: 3,
+                end: Some(Lsn(0x3A0_0000)),
+            }),
+        );
+        for not_wal in [
+            "000000010000000000000003.crc32c",
+            "000000010000000000000003.partial.0",
+            "000000010000000000000003.partial.01000001",
+            "000000010000000000000003.partial.",
+            "000000010000000000000003.backup",
+            "0000000100000000000000",
+            "00000001000000000000000g",
+            "000000010000000000000100",
+            ".000000010000000000000003.1.tmp",
+            "2.history",
+            "notes.txt",
+            "",
+        ] {
+            check(not_wal, None);
+        }
+    }
+
+    #[test]
+    fn sidecars_parse_and_judge_bytes() {
+        let sum = Checksum::parse(sidecar(b"abc").as_bytes()).unwrap();
+        assert_eq!(sum.size, 3);
+        assert_eq!(sum.mismatch(b"abc"), None);
+        assert!(sum.mismatch(b"abd").unwrap().contains("CRC32C"));
+        assert!(sum.mismatch(b"abcd").unwrap().contains("4 bytes"));
+        for bad in [
+            "",
+            "crc32c=1234567 size=3\n",
+            "crc32c=12345678 size=3",
+            "crc32c=1234567g size=3\n",
+            "crc=12345678 size=3\n",
+            "crc32c=12345678 size=-3\n",
+        ] {
+            assert_eq!(Checksum::parse(bad.as_bytes()), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn get_hands_out_only_checked_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = ArchiveTarget::Directory(dir.path().into());
+        let name = "000000010000000000000001";
+        assert_eq!(t.get(name).unwrap(), None);
+        // A crash between the sidecar and the object: still missing.
+        fs::write(dir.path().join(format!("{name}.crc32c")), sidecar(b"abc")).unwrap();
+        assert_eq!(t.get(name).unwrap(), None);
+        t.put(name, b"abc").unwrap();
+        assert_eq!(t.get(name).unwrap().as_deref(), Some(&b"abc"[..]));
+
+        // A flipped byte, a damaged sidecar and a lost sidecar are each refused by name.
+        fs::write(dir.path().join(name), b"abd").unwrap();
+        let e = t.get(name).unwrap_err();
+        assert!(
+            matches!(&e, ArchiveError::Corrupt { name: n, .. } if n == name),
+            "{e}"
+        );
+        assert!(e.to_string().contains(name), "{e}");
+        fs::write(dir.path().join(name), b"abc").unwrap();
+        fs::write(dir.path().join(format!("{name}.crc32c")), "crc32c=x\n").unwrap();
+        assert!(matches!(t.get(name), Err(ArchiveError::Corrupt { .. })));
+        fs::remove_file(dir.path().join(format!("{name}.crc32c"))).unwrap();
+        assert!(matches!(t.get(name), Err(ArchiveError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn list_shows_objects_without_sidecars_or_temporaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = ArchiveTarget::Directory(dir.path().into());
+        t.put("000000010000000000000002", b"seg2").unwrap();
+        t.put("00000002.history", b"1\t0/2000000\tno recovery target\n")
+            .unwrap();
+        fs::write(dir.path().join(".000000010000000000000003.7.tmp"), b"x").unwrap();
+        fs::create_dir(dir.path().join("subdir")).unwrap();
+        let names: Vec<_> = t.list().unwrap();
+        assert_eq!(
+            names,
+            vec![
+                ObjectInfo {
+                    name: "000000010000000000000002".into(),
+                    size: 4
+                },
+                ObjectInfo {
+                    name: "00000002.history".into(),
+                    size: 31
+                },
+            ]
+        );
+        let missing = ArchiveTarget::Directory(dir.path().join("missing"));
+        assert!(matches!(missing.list(), Err(ArchiveError::Io { .. })));
+    }
+}

@@ -190,8 +190,16 @@ fn a_promoted_standby_archives_its_history_file_before_its_segments() {
         read_file(&pg_wal.join("00000002.history"))
     );
     assert_archived_byte_for_byte(&pg_wal, archive.path(), 2, first, complete.0);
-    // Every segment and the history file, each once.
-    assert_eq!(s.archived_count, complete.0 / SEG - first + 1, "{s:?}");
+    // Timeline 1's last segment as its `.partial`: the switch point is inside a segment.
+    let switch = standby.wal().history()[0].switch_lsn;
+    assert_ne!(switch.segment_offset(SEG), 0);
+    let partial = archive.path().join(format!(
+        "{}.partial",
+        wal_storage::segment_file_name(wal_storage::TimelineId(1), switch.segment_number(SEG), SEG)
+    ));
+    assert!(partial.exists(), "{}", partial.display());
+    // Every segment, the history file and the `.partial`, each once.
+    assert_eq!(s.archived_count, complete.0 / SEG - first + 2, "{s:?}");
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! nothing on the actor's thread touches a file.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
 use bytes::BytesMut;
@@ -18,7 +18,8 @@ use wal_types::{Lsn, TimelineId};
 
 use crate::error::{ArchiveError, Result};
 use crate::messages::{GetArchiverStatus, StopArchiver};
-use crate::schedule::{Item, Next, Schedule, WalView};
+use crate::read::ArchivedFile;
+use crate::schedule::{prefix_stem, Item, Next, Schedule, WalView};
 use crate::status::ArchiverStatus;
 use crate::target::{ArchiveTarget, Put};
 
@@ -37,6 +38,9 @@ pub enum ArchiveMode {
 pub struct ArchiveConfig {
     pub mode: ArchiveMode,
     pub target: ArchiveTarget,
+    /// `archive_timeout`: the current segment's durable prefix goes to the archive at least
+    /// this often (`names.rs` names it); zero puts none.
+    pub archive_timeout: Duration,
 }
 
 /// What a blocking job did.
@@ -57,7 +61,8 @@ pub struct Archiver {
     status: watch::Sender<ArchiverStatus>,
     /// A blocking job is running; its outcome comes back as `Done`.
     busy: bool,
-    retry: Option<SpawnHandle>,
+    /// The timer of a backoff or of the next `archive_timeout` upload.
+    wake: Option<SpawnHandle>,
     /// Answered once the job in flight (if any) has returned and the actor stopped.
     stopping: Option<Vec<oneshot::Sender<()>>>,
 }
@@ -76,7 +81,7 @@ impl Archiver {
             schedule: None,
             status,
             busy: false,
-            retry: None,
+            wake: None,
             stopping: None,
         }
         .start();
@@ -122,13 +127,13 @@ impl Archiver {
                             }
                         })
                     }
-                    Next::RetryAt(at) => {
-                        if let Some(h) = self.retry.take() {
+                    Next::WaitUntil(at) => {
+                        if let Some(h) = self.wake.take() {
                             ctx.cancel_future(h);
                         }
                         let wait = at.saturating_duration_since(Instant::now());
-                        self.retry = Some(ctx.run_later(wait, |act, ctx| {
-                            act.retry = None;
+                        self.wake = Some(ctx.run_later(wait, |act, ctx| {
+                            act.wake = None;
                             act.pump(ctx);
                         }));
                     }
@@ -166,13 +171,22 @@ impl Archiver {
         match done {
             Done::Held(Some(at)) => {
                 tracing::info!(archived = %at, "archiving WAL from the archived position");
-                self.schedule = Some(Schedule::new(seg, at));
-                self.status.send_modify(|s| s.archived_lsn = Some(at));
+                let timeout = self.config.archive_timeout;
+                let schedule = Schedule::new(seg, at, Some(timeout));
+                let covered = schedule.covered();
+                self.schedule = Some(schedule);
+                self.status.send_modify(|s| {
+                    s.archived_lsn = Some(at);
+                    s.covered_lsn = Some(covered);
+                });
             }
             Done::Held(None) => {
                 tracing::info!("a standby with archive_mode = on: not archiving");
                 self.schedule = None;
-                self.status.send_modify(|s| s.archived_lsn = None);
+                self.status.send_modify(|s| {
+                    s.archived_lsn = None;
+                    s.covered_lsn = None;
+                });
             }
             Done::HoldFailed(e) => {
                 // Retried at the next change of position; a storage failure is also shown by
@@ -187,6 +201,7 @@ impl Archiver {
                 };
                 let name = item.file_name(seg);
                 let archived = schedule.uploaded(item);
+                let covered = schedule.covered();
                 tracing::debug!(file = %name, ?put, "archived");
                 self.status.send_modify(|s| {
                     s.archived_count += 1;
@@ -197,6 +212,7 @@ impl Archiver {
                     if let Some(a) = archived {
                         s.archived_lsn = Some(a);
                     }
+                    s.covered_lsn = Some(covered);
                 });
             }
             Done::Failed(item, e) => {
@@ -226,8 +242,9 @@ impl Archiver {
     }
 }
 
-/// Puts `item` into `target` and, for a segment, stores the new archived position: the
-/// blocking job of one upload. `current` is the timeline whose view reads resolve through.
+/// Puts `item` into `target`, removes what it supersedes and, for a segment, stores the new
+/// archived position: the blocking job of one upload. `current` is the timeline whose view
+/// reads resolve through (below a switch point it reads the old timeline's bytes).
 fn upload(wal: &Wal, target: &ArchiveTarget, item: Item, current: TimelineId) -> Result<Put> {
     let seg = wal.segment_size();
     let name = item.file_name(seg);
@@ -249,25 +266,82 @@ fn upload(wal: &Wal, target: &ArchiveTarget, item: Item, current: TimelineId) ->
             };
             target.put(&name, &bytes)
         }
-        Item::Segment { segno, .. } => {
+        Item::Segment { tli, segno } => {
             let start = Lsn(segno * seg);
-            let mut bytes = BytesMut::with_capacity(seg as usize);
-            while (bytes.len() as u64) < seg {
-                let at = Lsn(start.0 + bytes.len() as u64);
-                let chunk = wal.read(current, at, seg as usize - bytes.len())?;
-                if chunk.is_empty() {
-                    return Err(ArchiveError::io(
-                        format!("reading {name}"),
-                        std::io::Error::other(format!("WAL ends at {at}, inside the segment")),
-                    ));
-                }
-                bytes.extend_from_slice(&chunk);
-            }
+            let bytes = read_range(wal, current, start, Lsn(start.0 + seg), &name)?;
             let put = target.put(&name, &bytes)?;
+            remove_prefixes(target, tli, segno, seg, None)?;
             wal.set_archived(Lsn(start.0 + seg))?;
             Ok(put)
         }
+        Item::Partial { tli, segno, end } => {
+            // PostgreSQL's shape: the old timeline's bytes, then zeros to the segment's size,
+            // so that a restore can rename it into a segment file.
+            let start = Lsn(segno * seg);
+            let mut bytes = read_range(wal, current, start, end, &name)?;
+            bytes.resize(seg as usize, 0);
+            let put = target.put(&name, &bytes)?;
+            remove_prefixes(target, tli, segno, seg, None)?;
+            Ok(put)
+        }
+        Item::Prefix { tli, segno, end } => {
+            let bytes = read_range(wal, current, Lsn(segno * seg), end, &name)?;
+            let put = target.put(&name, &bytes)?;
+            remove_prefixes(target, tli, segno, seg, Some(end))?;
+            Ok(put)
+        }
     }
+}
+
+/// The WAL in `[start, end)` through timeline `current`'s view.
+fn read_range(
+    wal: &Wal,
+    current: TimelineId,
+    start: Lsn,
+    end: Lsn,
+    name: &str,
+) -> Result<BytesMut> {
+    let len = end.0.saturating_sub(start.0) as usize;
+    let mut bytes = BytesMut::with_capacity(len);
+    while bytes.len() < len {
+        let at = Lsn(start.0 + bytes.len() as u64);
+        let chunk = wal.read(current, at, len - bytes.len())?;
+        if chunk.is_empty() {
+            return Err(ArchiveError::io(
+                format!("reading {name}"),
+                std::io::Error::other(format!("WAL ends at {at}, before {end}")),
+            ));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
+/// Removes the `archive_timeout` objects of segment `segno` of `tli` that end before
+/// `below` (all of them with `None`): a longer one, the `.partial` or the whole segment is
+/// in the archive now. Those of an earlier run or another node go too.
+fn remove_prefixes(
+    target: &ArchiveTarget,
+    tli: TimelineId,
+    segno: u64,
+    seg: u64,
+    below: Option<Lsn>,
+) -> Result<()> {
+    let stem = prefix_stem(tli, segno, seg);
+    for object in target.list()? {
+        if !object.name.starts_with(&stem) {
+            continue;
+        }
+        if let Some(ArchivedFile::Partial { end: Some(end), .. }) =
+            ArchivedFile::parse(&object.name, seg)
+        {
+            if below.is_none_or(|b| end < b) {
+                target.remove(&object.name)?;
+                tracing::debug!(file = %object.name, "removed a superseded partial segment");
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Actor for Archiver {

@@ -44,14 +44,16 @@ async fn fill(wal: &Wal, n: u64) {
     }
 }
 
+fn config(target: &Path) -> ArchiveConfig {
+    ArchiveConfig {
+        mode: ArchiveMode::On,
+        target: ArchiveTarget::Directory(target.into()),
+        archive_timeout: Duration::ZERO,
+    }
+}
+
 fn start(wal: &Wal, target: &Path) -> (Addr<Archiver>, watch::Receiver<ArchiverStatus>) {
-    Archiver::start(
-        wal.clone(),
-        ArchiveConfig {
-            mode: ArchiveMode::On,
-            target: ArchiveTarget::Directory(target.into()),
-        },
-    )
+    Archiver::start(wal.clone(), config(target))
 }
 
 /// Starts an archiver and waits until it holds storage's retention, so that nothing written
@@ -127,8 +129,12 @@ async fn every_completed_segment_and_history_file_is_archived_byte_for_byte() {
     let (tli, _) = wal.promote("test").unwrap();
     assert_eq!(tli, TimelineId(2));
     fill(&wal, 1).await;
-    let s = wait_until(&mut rx, "the switch segment", |s| s.archived_count == 5).await;
-    assert_eq!(s.archived_lsn, Some(Lsn(5 * SEG)));
+    let s = wait_until(&mut rx, "the switch segment", |s| {
+        s.archived_lsn == Some(Lsn(5 * SEG))
+    })
+    .await;
+    // The history file, timeline 1's `.partial` and the switch segment.
+    assert_eq!(s.archived_count, 6);
     assert_eq!(
         std::fs::read(archive.path().join("00000002.history")).unwrap(),
         wal.history_file(TimelineId(2)).unwrap().unwrap()
@@ -222,5 +228,104 @@ async fn a_restart_resumes_from_the_durable_position() {
         Some("000000010000000000000003")
     );
     assert_eq!(s.archived_lsn, Some(Lsn(4 * SEG)));
+    addr.send(StopArchiver).await.unwrap();
+}
+
+/// Appends one small record and returns the flushed end after it.
+async fn append_one(wal: &Wal, byte: u8) -> Lsn {
+    wal.append(vec![Bytes::from(vec![byte; 100])])
+        .unwrap()
+        .await
+        .unwrap();
+    wal.flushed()
+}
+
+#[actix_rt::test]
+async fn archive_timeout_puts_the_durable_prefix_and_the_whole_segment_replaces_it() {
+    let data = tempfile::tempdir().unwrap();
+    let archive = tempfile::tempdir().unwrap();
+    let wal = new_wal(data.path());
+    wal.create_slot("keep", false, true).unwrap();
+    let (addr, mut rx) = Archiver::start(
+        wal.clone(),
+        ArchiveConfig {
+            // Short, so the test takes a fraction of a second.
+            archive_timeout: Duration::from_millis(100),
+            ..config(archive.path())
+        },
+    );
+    wait_until(&mut rx, "the hold", |s| s.archived_lsn.is_some()).await;
+    let first = append_one(&wal, 1).await;
+    wait_until(&mut rx, "the first prefix", |s| {
+        s.covered_lsn == Some(first)
+    })
+    .await;
+    let name = |end: Lsn| format!("000000010000000000000001.partial.{:08X}", end.0 - SEG);
+    let prefix = std::fs::read(archive.path().join(name(first))).unwrap();
+    assert_eq!(prefix.len() as u64, first.0 - SEG);
+    assert_eq!(
+        prefix,
+        wal.read(TimelineId(1), Lsn(SEG), prefix.len()).unwrap()
+    );
+    let second = append_one(&wal, 2).await;
+    wait_until(&mut rx, "the second prefix", |s| {
+        s.covered_lsn == Some(second)
+    })
+    .await;
+    // The longer one replaced the shorter, sidecar and all.
+    assert_eq!(
+        names(archive.path()),
+        [name(second), format!("{}.crc32c", name(second))]
+    );
+    fill(&wal, 1).await;
+    let s = wait_until(&mut rx, "the whole segment", |s| {
+        s.archived_lsn == Some(Lsn(2 * SEG))
+    })
+    .await;
+    assert!(s.covered_lsn >= Some(Lsn(2 * SEG)));
+    assert!(
+        names(archive.path())
+            .iter()
+            .all(|n| !n.starts_with("000000010000000000000001.partial")),
+        "{:?}",
+        names(archive.path())
+    );
+    assert_eq!(
+        std::fs::read(archive.path().join("000000010000000000000001")).unwrap(),
+        std::fs::read(data.path().join("pg_wal/000000010000000000000001")).unwrap()
+    );
+    addr.send(StopArchiver).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_promotion_puts_the_old_timelines_last_segment_as_its_partial() {
+    let data = tempfile::tempdir().unwrap();
+    let archive = tempfile::tempdir().unwrap();
+    let wal = new_wal(data.path());
+    let (addr, mut rx) = start_holding(&wal, archive.path()).await;
+    fill(&wal, 1).await;
+    let switch = append_one(&wal, 3).await;
+    let old = wal
+        .read(TimelineId(1), Lsn(2 * SEG), (switch.0 - 2 * SEG) as usize)
+        .unwrap();
+    wal.promote("test").unwrap();
+    fill(&wal, 1).await;
+    wait_until(&mut rx, "the switch segment", |s| {
+        s.archived_lsn == Some(Lsn(3 * SEG))
+    })
+    .await;
+    let partial = std::fs::read(archive.path().join("000000010000000000000002.partial")).unwrap();
+    assert_eq!(partial.len() as u64, SEG, "padded to the segment's size");
+    assert_eq!(&partial[..old.len()], &old[..]);
+    assert!(partial[old.len()..].iter().all(|&b| b == 0));
+    let sum = std::fs::read_to_string(
+        archive
+            .path()
+            .join("000000010000000000000002.partial.crc32c"),
+    )
+    .unwrap();
+    assert_eq!(sum, crate::sidecar(&partial));
+    assert!(archive.path().join("000000020000000000000002").exists());
+    assert!(!archive.path().join("000000010000000000000002").exists());
     addr.send(StopArchiver).await.unwrap();
 }

@@ -1,8 +1,13 @@
 //! wal-archive: continuous archiving of a node's WAL.
 //!
 //! The [`Archiver`] actor copies every completed segment, under PostgreSQL's file name
-//! (`TTTTTTTTXXXXXXXXYYYYYYYY`), and every timeline history file of the node's ancestry, to
-//! an archive ([`ArchiveTarget`]; this step has a directory, `file:///path`). Both kinds of
+//! (`TTTTTTTTXXXXXXXXYYYYYYYY`), every timeline history file of the node's ancestry, at a
+//! promotion the old timeline's last segment as `NAME.partial` (its bytes up to the switch
+//! point, then zeros to the segment's size, PostgreSQL's shape), and with `archive_timeout`
+//! the current segment's durable prefix as `NAME.partial.EEEEEEEE` (E: the end's offset in
+//! the segment, 8 hex digits, so names sort by end; the bytes from the segment's start,
+//! unpadded), to an archive ([`ArchiveTarget`]; this step has a directory, `file:///path`).
+//! [`ArchivedFile`] parses these names for a restore. Both kinds of
 //! WAL (walserver records and relayed PostgreSQL WAL) are bytes to it. It runs beside the
 //! node's other actors, started by the node when `archive_mode` is `on` or `always`, and is
 //! stopped in the node's shutdown order with [`StopArchiver`]; its peer is storage, which it
@@ -21,6 +26,9 @@
 //! - Objects: created only if absent, durable before they count, never overwritten, each
 //!   with a CRC32C sidecar of its bytes for a restore to check (`target.rs`). An object of
 //!   the same name and other bytes is an alarm; archiving stops there until a person looks.
+//!   The one removal: an `archive_timeout` prefix once a longer one, the `.partial` or the
+//!   whole segment is durable in the archive (a crash between leaves one behind, which the
+//!   next put of that segment removes; a reader takes the longest).
 //!
 //! File I/O runs on the blocking pool, one job at a time: the actor's thread only decides.
 //!
@@ -30,8 +38,7 @@
 //! PostgreSQL's names, partial segments included. The CLI's `restore-wal`, `archive list |
 //! verify` and `init --from-archive` are built on these.
 //!
-//! Later steps add object stores, `archive_timeout` partial segments and backpressure beside
-//! these types.
+//! Later steps add object stores and backpressure beside these types.
 
 mod actor;
 mod error;
@@ -45,7 +52,9 @@ pub use actor::{ArchiveConfig, ArchiveMode, Archiver};
 pub use error::{ArchiveError, Result};
 pub use messages::{GetArchiverStatus, StopArchiver};
 pub use read::{ArchivedFile, Checksum, ObjectInfo, SIDECAR_SUFFIX};
-pub use schedule::{backoff, Item, Next, Schedule, WalView, FIRST_BACKOFF, MAX_BACKOFF};
+pub use schedule::{
+    backoff, prefix_stem, Item, Next, Schedule, WalView, FIRST_BACKOFF, MAX_BACKOFF,
+};
 pub use status::ArchiverStatus;
 pub use target::{sidecar, ArchiveTarget, Put};
 

@@ -20,6 +20,9 @@ pub struct ArchiverStatus {
     pub last_failed_time: Option<SystemTime>,
     /// Every completed segment below it is archived (the durable position storage holds).
     pub archived_lsn: Option<Lsn>,
+    /// The archive holds the current timeline's WAL up to here: completed segments and the
+    /// last `archive_timeout` upload.
+    pub covered_lsn: Option<Lsn>,
     /// Bytes of completed segments not yet archived.
     pub backlog_bytes: u64,
     /// The last failure's message, until an upload succeeds.

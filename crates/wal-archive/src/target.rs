@@ -74,6 +74,30 @@ impl ArchiveTarget {
     }
 }
 
+impl ArchiveTarget {
+    /// Removes object `name` and then its sidecar, durably; an absent one is not an error.
+    /// Only superseded `archive_timeout` objects are ever removed (`names.rs`). Blocking.
+    pub fn remove(&self, name: &str) -> Result<()> {
+        match self {
+            ArchiveTarget::Directory(dir) => {
+                for n in [name.to_string(), format!("{name}.crc32c")] {
+                    let path = dir.join(&n);
+                    match fs::remove_file(&path) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == ErrorKind::NotFound => {}
+                        Err(e) => {
+                            return Err(ArchiveError::io(format!("removing {}", path.display()), e))
+                        }
+                    }
+                }
+                File::open(dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| ArchiveError::io(format!("syncing {}", dir.display()), e))
+            }
+        }
+    }
+}
+
 /// The sidecar's contents for an object of `bytes`.
 pub fn sidecar(bytes: &[u8]) -> String {
     format!(

@@ -1,9 +1,11 @@
-//! `archive_mode` and `archive_target`: continuous archiving in the configuration's words,
-//! and the archiver a node runs beside its actors.
+//! `archive_mode`, `archive_target` and `archive_timeout`: continuous archiving in the
+//! configuration's words, and the archiver a node runs beside its actors.
 //!
 //! `archive_mode` is PostgreSQL's: `off` (the default), `on` (a primary archives) or
 //! `always` (every node archives what it stores). `archive_target` names the archive as a URL;
-//! this build archives to a directory, `file:///path`. Both take effect at a restart.
+//! this build archives to a directory, `file:///path`. `archive_timeout` (seconds, 0 = off)
+//! bounds how long durable WAL may wait before the archive has it. All take effect at a
+//! restart.
 
 use actix::Addr;
 use supervisor_actor::{Node, SuperviseService};
@@ -34,7 +36,11 @@ pub fn archive_config(s: &Settings) -> Result<Option<ArchiveConfig>> {
         ))
     })?;
     let target = ArchiveTarget::parse(target).map_err(|e| Error::Invalid(e.to_string()))?;
-    Ok(Some(ArchiveConfig { mode, target }))
+    Ok(Some(ArchiveConfig {
+        mode,
+        target,
+        archive_timeout: s.archive_timeout,
+    }))
 }
 
 /// Starts the archiver the settings describe beside `node`, in the current actix System, and
@@ -95,12 +101,14 @@ mod tests {
             &[
                 ("WALSERVER_ARCHIVE_MODE", "always"),
                 ("WALSERVER_ARCHIVE_TARGET", "file:///a"),
+                ("WALSERVER_ARCHIVE_TIMEOUT", "60"),
             ],
             &[],
         )
         .unwrap();
         let c = archive_config(&s).unwrap().unwrap();
         assert_eq!(c.mode, ArchiveMode::Always);
+        assert_eq!(c.archive_timeout, std::time::Duration::from_secs(60));
         assert_eq!(c.target, ArchiveTarget::Directory("/a".into()));
         let s = load(
             base,

@@ -37,6 +37,7 @@ pub const KEYS: &[&str] = &[
     "wal_recycle",
     "archive_mode",
     "archive_target",
+    "archive_timeout",
     "synchronous_standby_names",
     "synchronous_commit",
     "synchronous_wait_timeout",
@@ -120,6 +121,10 @@ pub struct Settings {
     /// `archive_target`: the archive as a URL, `file:///path`.
     #[serde(default)]
     pub archive_target: Option<String>,
+    /// `archive_timeout`: the current segment's durable prefix is archived at least this
+    /// often; 0 (the default) turns it off. Bare numbers are seconds, as in PostgreSQL.
+    #[serde(default, deserialize_with = "units::duration_s")]
+    pub archive_timeout: Duration,
     #[serde(default)]
     pub synchronous_standby_names: String,
     #[serde(default = "default_synchronous_commit")]

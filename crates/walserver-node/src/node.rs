@@ -257,6 +257,10 @@ impl Reloader {
                 "archive_target",
                 s.archive_target != self.running.archive_target,
             ),
+            (
+                "archive_timeout",
+                s.archive_timeout != self.running.archive_timeout,
+            ),
         ] {
             if changed {
                 tracing::warn!("{name} changed: the new value takes effect at the next restart");

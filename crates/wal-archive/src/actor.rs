@@ -327,6 +327,10 @@ fn remove_prefixes(
     seg: u64,
     below: Option<Lsn>,
 ) -> Result<()> {
+    if let ArchiveTarget::Command(_) = target {
+        // It cannot be listed, and with it the node puts no prefixes.
+        return Ok(());
+    }
     let stem = prefix_stem(tli, segno, seg);
     for object in target.list()? {
         if !object.name.starts_with(&stem) {

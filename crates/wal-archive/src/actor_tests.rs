@@ -329,3 +329,56 @@ async fn a_promotion_puts_the_old_timelines_last_segment_as_its_partial() {
     assert!(!archive.path().join("000000010000000000000002").exists());
     addr.send(StopArchiver).await.unwrap();
 }
+
+#[actix_rt::test]
+async fn archive_command_gets_every_file_by_postgres_s_contract_and_is_retried() {
+    let data = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("out");
+    let wal = new_wal(data.path());
+    wal.create_slot("keep", false, true).unwrap();
+    let (addr, mut rx) = Archiver::start(
+        wal.clone(),
+        ArchiveConfig {
+            target: ArchiveTarget::Command(crate::ArchiveCommand {
+                // PostgreSQL's documented example with a sync, as a real command must.
+                command: format!(
+                    "test ! -f {o}/%f && cp %p {o}/%f && sync {o}/%f",
+                    o = out.display()
+                ),
+                staging: data.path().join("archive_staging"),
+            }),
+            ..config(root.path())
+        },
+    );
+    wait_until(&mut rx, "the hold", |s| s.archived_lsn.is_some()).await;
+    fill(&wal, 2).await;
+    // The destination is missing: the command fails and says why, and is retried.
+    let s = wait_until(&mut rx, "a failure", |s| s.failed_count >= 1).await;
+    assert_eq!(
+        s.last_failed_wal.as_deref(),
+        Some("000000010000000000000001")
+    );
+    assert!(
+        s.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("archive_command")),
+        "{s:?}"
+    );
+    std::fs::create_dir(&out).unwrap();
+    wait_until(&mut rx, "both segments", |s| {
+        s.archived_lsn == Some(Lsn(3 * SEG))
+    })
+    .await;
+    for n in 1..=2 {
+        let name = format!("00000001000000000000000{n}");
+        assert_eq!(
+            std::fs::read(out.join(&name)).unwrap(),
+            std::fs::read(data.path().join("pg_wal").join(&name)).unwrap(),
+            "{name}"
+        );
+    }
+    // No sidecars: the tool keeps its own checksums.
+    assert_eq!(names(&out).len(), 2, "{:?}", names(&out));
+    addr.send(StopArchiver).await.unwrap();
+}

@@ -24,6 +24,16 @@ pub enum ArchiveError {
     /// unreadable. Its bytes are never handed out.
     #[error("{name} in the archive is corrupt: {reason}")]
     Corrupt { name: String, reason: String },
+    /// `archive_command` ended with a status other than 0: the file is not archived.
+    #[error("archive_command failed for {name} ({status}): {stderr}")]
+    Command {
+        name: String,
+        status: String,
+        stderr: String,
+    },
+    /// The target cannot do this (an `archive_command` cannot be listed or read back).
+    #[error("{0}")]
+    Unsupported(String),
     /// Reading the node's own WAL failed.
     #[error("reading WAL to archive: {0}")]
     Storage(#[from] wal_storage::WalError),

@@ -6,7 +6,8 @@
 //! point, then zeros to the segment's size, PostgreSQL's shape), and with `archive_timeout`
 //! the current segment's durable prefix as `NAME.partial.EEEEEEEE` (E: the end's offset in
 //! the segment, 8 hex digits, so names sort by end; the bytes from the segment's start,
-//! unpadded), to an archive ([`ArchiveTarget`]; this step has a directory, `file:///path`).
+//! unpadded), to an archive ([`ArchiveTarget`]: a directory, `file:///path`, or an
+//! `archive_command` with PostgreSQL's `%p` / `%f` contract, [`ArchiveCommand`]).
 //! [`ArchivedFile`] parses these names for a restore. Both kinds of
 //! WAL (walserver records and relayed PostgreSQL WAL) are bytes to it. It runs beside the
 //! node's other actors, started by the node when `archive_mode` is `on` or `always`, and is
@@ -41,6 +42,7 @@
 //! Later steps add object stores and backpressure beside these types.
 
 mod actor;
+mod command;
 mod error;
 mod messages;
 mod read;
@@ -49,6 +51,7 @@ mod status;
 mod target;
 
 pub use actor::{ArchiveConfig, ArchiveMode, Archiver};
+pub use command::ArchiveCommand;
 pub use error::{ArchiveError, Result};
 pub use messages::{GetArchiverStatus, StopArchiver};
 pub use read::{ArchivedFile, Checksum, ObjectInfo, SIDECAR_SUFFIX};

@@ -172,6 +172,7 @@ impl ArchiveTarget {
     pub fn list(&self) -> Result<Vec<ObjectInfo>> {
         let mut objects = match self {
             ArchiveTarget::Directory(dir) => list_dir(dir)?,
+            ArchiveTarget::Command(_) => return Err(crate::target::unreadable()),
         };
         objects.sort();
         Ok(objects)
@@ -188,6 +189,7 @@ impl ArchiveTarget {
                     e,
                 )),
             },
+            ArchiveTarget::Command(_) => Err(crate::target::unreadable()),
         }
     }
 }

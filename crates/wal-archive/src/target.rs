@@ -23,6 +23,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
+use crate::command::ArchiveCommand;
 use crate::error::{ArchiveError, Result};
 
 /// An archive, as `archive_target` names it.
@@ -30,6 +31,8 @@ use crate::error::{ArchiveError, Result};
 pub enum ArchiveTarget {
     /// `file:///path`: a directory on a file system this node can write.
     Directory(PathBuf),
+    /// `archive_command`, PostgreSQL's contract (`command.rs`); it can only put.
+    Command(ArchiveCommand),
 }
 
 /// What a put found.
@@ -70,6 +73,7 @@ impl ArchiveTarget {
                 put_file(dir, &format!("{name}.crc32c"), sidecar(bytes).as_bytes())?;
                 put_file(dir, name, bytes)
             }
+            ArchiveTarget::Command(cmd) => cmd.put(name, bytes),
         }
     }
 }
@@ -94,8 +98,16 @@ impl ArchiveTarget {
                     .and_then(|d| d.sync_all())
                     .map_err(|e| ArchiveError::io(format!("syncing {}", dir.display()), e))
             }
+            ArchiveTarget::Command(_) => Err(unreadable()),
         }
     }
+}
+
+/// What an `archive_command` answers to anything but a put.
+pub(crate) fn unreadable() -> ArchiveError {
+    ArchiveError::Unsupported(
+        "an archive_command target can only put files: it cannot be listed, read or changed".into(),
+    )
 }
 
 /// The sidecar's contents for an object of `bytes`.

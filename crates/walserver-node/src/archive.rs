@@ -1,9 +1,11 @@
-//! `archive_mode`, `archive_target` and `archive_timeout`: continuous archiving in the
-//! configuration's words, and the archiver a node runs beside its actors.
+//! `archive_mode`, `archive_target`, `archive_command` and `archive_timeout`: continuous
+//! archiving in the configuration's words, and the archiver a node runs beside its actors.
 //!
 //! `archive_mode` is PostgreSQL's: `off` (the default), `on` (a primary archives) or
 //! `always` (every node archives what it stores). `archive_target` names the archive as a URL;
-//! this build archives to a directory, `file:///path`. `archive_timeout` (seconds, 0 = off)
+//! this build archives to a directory, `file:///path`. `archive_command` instead hands each
+//! file to a shell command with PostgreSQL's `%p` / `%f` contract (WAL-G, pgBackRest,
+//! barman-cloud), staged in `DATA/archive_staging`. `archive_timeout` (seconds, 0 = off)
 //! bounds how long durable WAL may wait before the archive has it. All take effect at a
 //! restart.
 
@@ -11,7 +13,8 @@ use actix::Addr;
 use supervisor_actor::{Node, SuperviseService};
 use tokio::sync::watch;
 use wal_archive::{
-    ArchiveConfig, ArchiveMode, ArchiveTarget, Archiver, ArchiverStatus, StopArchiver,
+    ArchiveCommand, ArchiveConfig, ArchiveMode, ArchiveTarget, Archiver, ArchiverStatus,
+    StopArchiver,
 };
 
 use crate::config::Settings;
@@ -29,13 +32,36 @@ pub fn archive_config(s: &Settings) -> Result<Option<ArchiveConfig>> {
             )))
         }
     };
-    let target = s.archive_target.as_deref().ok_or_else(|| {
-        Error::Invalid(format!(
-            "archive_mode = {} needs archive_target (file:///path)",
-            s.archive_mode
-        ))
-    })?;
-    let target = ArchiveTarget::parse(target).map_err(|e| Error::Invalid(e.to_string()))?;
+    let target = match (s.archive_target.as_deref(), s.archive_command.as_deref()) {
+        (Some(target), None) => {
+            ArchiveTarget::parse(target).map_err(|e| Error::Invalid(e.to_string()))?
+        }
+        (None, Some(command)) if !command.trim().is_empty() => {
+            // A command cannot be listed, so superseded prefixes could never be removed;
+            // PostgreSQL's answer to archive_timeout there is a segment switch, which
+            // walserver's WAL has no place for.
+            if !s.archive_timeout.is_zero() {
+                return Err(Error::Invalid(
+                    "archive_timeout needs archive_target: an archive_command cannot remove the prefixes it supersedes".into(),
+                ));
+            }
+            ArchiveTarget::Command(ArchiveCommand {
+                command: command.to_string(),
+                staging: s.data_dir.join("archive_staging"),
+            })
+        }
+        (Some(_), Some(_)) => {
+            return Err(Error::Invalid(
+                "set archive_target or archive_command, not both".into(),
+            ))
+        }
+        _ => {
+            return Err(Error::Invalid(format!(
+                "archive_mode = {} needs archive_target (file:///path) or archive_command",
+                s.archive_mode
+            )))
+        }
+    };
     Ok(Some(ArchiveConfig {
         mode,
         target,
@@ -117,8 +143,37 @@ mod tests {
         )
         .unwrap();
         assert_eq!(archive_config(&s).unwrap().unwrap().mode, ArchiveMode::On);
+        let s = load(
+            base,
+            &[],
+            &[("archive_mode", "on"), ("archive_command", "cp %p /a/%f")],
+        )
+        .unwrap();
+        assert_eq!(
+            archive_config(&s).unwrap().unwrap().target,
+            ArchiveTarget::Command(ArchiveCommand {
+                command: "cp %p /a/%f".into(),
+                staging: "/d/archive_staging".into(),
+            })
+        );
         // Refused at load, with the key named.
         for (overrides, needle) in [
+            (
+                vec![
+                    ("archive_mode", "on"),
+                    ("archive_command", "cp %p /a/%f"),
+                    ("archive_target", "file:///b"),
+                ],
+                "archive_command",
+            ),
+            (
+                vec![
+                    ("archive_mode", "on"),
+                    ("archive_command", "cp %p /a/%f"),
+                    ("archive_timeout", "60"),
+                ],
+                "archive_timeout",
+            ),
             (vec![("archive_mode", "on")], "archive_target"),
             (vec![("archive_mode", "yes")], "archive_mode"),
             (

@@ -38,6 +38,7 @@ pub const KEYS: &[&str] = &[
     "archive_mode",
     "archive_target",
     "archive_timeout",
+    "archive_command",
     "synchronous_standby_names",
     "synchronous_commit",
     "synchronous_wait_timeout",
@@ -121,6 +122,10 @@ pub struct Settings {
     /// `archive_target`: the archive as a URL, `file:///path`.
     #[serde(default)]
     pub archive_target: Option<String>,
+    /// `archive_command`: PostgreSQL's shell command with `%p` and `%f`, instead of
+    /// `archive_target`.
+    #[serde(default)]
+    pub archive_command: Option<String>,
     /// `archive_timeout`: the current segment's durable prefix is archived at least this
     /// often; 0 (the default) turns it off. Bare numbers are seconds, as in PostgreSQL.
     #[serde(default, deserialize_with = "units::duration_s")]

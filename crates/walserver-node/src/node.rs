@@ -258,6 +258,10 @@ impl Reloader {
                 s.archive_target != self.running.archive_target,
             ),
             (
+                "archive_command",
+                s.archive_command != self.running.archive_command,
+            ),
+            (
                 "archive_timeout",
                 s.archive_timeout != self.running.archive_timeout,
             ),

@@ -1,6 +1,6 @@
 //! The walserver node as a program: the HTTP admin API, automatic failover's actor beside the
 //! node and its endpoints ([`failover`]), signal handling, and the commands of the `walserver`
-//! binary (`run`, `demo`, `status`, `promote`, `append`, `rejoin`, `cluster`; `init` and
+//! binary (`run`, `demo`, `status`, `promote`, `append`, `rejoin`, `cluster`, `restore-wal`; `init` and
 //! `passwd` are a few lines of `main.rs`). The actors live in the workspace crates; a node's
 //! configuration, its data directories and the admin API's client live in `walserver-node`,
 //! which this crate wires together with the admin API.
@@ -20,4 +20,5 @@ pub mod failover;
 pub mod http;
 pub mod metrics;
 pub mod rejoin;
+pub mod restore;
 pub mod server;

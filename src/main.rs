@@ -1,7 +1,7 @@
 //! The `walserver` command.
 
 use std::io::BufRead;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -129,6 +129,21 @@ enum Command {
     /// resume automatic action, show the history of terms, through one member's admin API.
     #[command(subcommand)]
     Cluster(walserver::cluster::ClusterCommand),
+    /// PostgreSQL's restore_command: fetch the file %f from the archive (archive_target),
+    /// check it against its checksum and write it to %p whole. Exits 1 if the archive does not
+    /// have it, 200 (PostgreSQL then stops recovery) if it is damaged or unreadable.
+    RestoreWal {
+        /// TOML configuration file naming archive_target; data_dir is not needed.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Override a setting: -c key=value (repeatable).
+        #[arg(short = 'c', value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// The file's name in the archive (%f).
+        file: String,
+        /// Where to write it (%p).
+        path: PathBuf,
+    },
     /// Show a running node's status through its admin API.
     Status {
         /// The admin API address.
@@ -148,9 +163,53 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    if let Err(e) = run(cli) {
-        eprintln!("walserver: {e:#}");
-        std::process::exit(1);
+    let code = match cli.command {
+        // restore_command's exit status is a contract with PostgreSQL, not just 0 or 1.
+        Command::RestoreWal {
+            config,
+            set,
+            file,
+            path,
+        } => restore_wal(config, &set, &file, &path),
+        command => match run(command) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("walserver: {e:#}");
+                1
+            }
+        },
+    };
+    std::process::exit(code);
+}
+
+/// The sources of settings that `--config` and `-c` name, with the process environment.
+fn sources(config: Option<PathBuf>, set: &[String]) -> anyhow::Result<Sources> {
+    let overrides = set
+        .iter()
+        .map(|a| parse_override(a))
+        .collect::<walserver_node::Result<_>>()?;
+    Ok(Sources {
+        file: config,
+        overrides,
+        env: None,
+    })
+}
+
+fn restore_wal(config: Option<PathBuf>, set: &[String], file: &str, path: &Path) -> i32 {
+    use walserver::restore::{restore_wal, Restored, EXIT_FAILED, EXIT_MISSING};
+    let restored = (|| {
+        let settings = Settings::load_without_data_dir(&sources(config, set)?)?;
+        let target = walserver_node::archive::archive_target(&settings)?;
+        restore_wal(&target, file, path)
+    })();
+    match restored {
+        Ok(Restored::Written(_)) => 0,
+        // PostgreSQL asks for files that do not exist as a matter of course: no message.
+        Ok(Restored::Missing) => EXIT_MISSING,
+        Err(e) => {
+            eprintln!("walserver restore-wal: cannot restore {file}: {e:#}");
+            EXIT_FAILED
+        }
     }
 }
 
@@ -187,8 +246,8 @@ fn init_tracing(level: &str, format: LogFormat) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Init {
             data_dir,
             standby: true,
@@ -232,15 +291,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run { config, set, mode } => {
-            let overrides = set
-                .iter()
-                .map(|a| parse_override(a))
-                .collect::<walserver_node::Result<_>>()?;
-            let sources = Sources {
-                file: config,
-                overrides,
-                env: None,
-            };
+            let sources = sources(config, &set)?;
             let settings = Settings::load(&sources)?;
             init_tracing(&settings.log_level, settings.log_format)?;
             walserver::server::run(settings, sources, mode)
@@ -294,6 +345,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             token,
         } => walserver::cli::status(&http, json, wide, token.as_deref()),
         Command::Cluster(cmd) => walserver::cluster::run(cmd),
+        Command::RestoreWal { .. } => unreachable!("main runs restore-wal itself"),
     }
 }
 

@@ -7,6 +7,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod pitr;
 
 use std::time::{Duration, Instant};
 

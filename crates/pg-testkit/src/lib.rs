@@ -17,6 +17,10 @@
 //!
 //! Standbys: [`PgCluster::init_standby_from`] makes one with `pg_basebackup -R`, optionally
 //! pointing its `primary_conninfo` elsewhere (at a walserver, say).
+//!
+//! Point-in-time recovery: [`PgCluster::base_backup`] takes a backup without WAL and
+//! [`PgCluster::recover_from`] starts a server from it with a `restore_command` and a
+//! recovery target.
 
 mod pki;
 
@@ -363,24 +367,7 @@ impl PgCluster {
             port: free_port(),
             running: false,
         };
-        let mut backup = standby.bin.server_command("pg_basebackup");
-        backup
-            .arg("-D")
-            .arg(standby.data_dir())
-            .args([
-                "-h",
-                self.host(),
-                "-U",
-                "postgres",
-                "-X",
-                "stream",
-                "-R",
-                "-c",
-                "fast",
-            ])
-            .arg("-p")
-            .arg(self.port.to_string());
-        run(backup, "pg_basebackup");
+        self.pg_basebackup(&standby.data_dir(), &["-X", "stream", "-R", "-c", "fast"]);
         let mut conf = vec![format!("port = {}", standby.port)];
         conf.extend(opts.conf.iter().cloned());
         standby.append_file("postgresql.conf", &conf);
@@ -398,6 +385,47 @@ impl PgCluster {
         let mut standby = standby;
         standby.start();
         standby
+    }
+
+    /// A base backup of this cluster without its WAL (`pg_basebackup -X none`, a fast
+    /// checkpoint): a server made from it needs the WAL from the backup's start onwards
+    /// from an archive ([`PgCluster::recover_from`]).
+    pub fn base_backup(&self) -> BaseBackup {
+        let backup = BaseBackup {
+            dir: cluster_dir("pg-testkit-backup-"),
+        };
+        self.pg_basebackup(&backup.data_dir(), &["-X", "none", "-c", "fast"]);
+        backup
+    }
+
+    /// Runs `pg_basebackup` of this cluster into `dir` as the `postgres` superuser, with `args`.
+    fn pg_basebackup(&self, dir: &Path, args: &[&str]) {
+        let mut cmd = self.bin.server_command("pg_basebackup");
+        cmd.arg("-D")
+            .arg(dir)
+            .args(["-h", self.host(), "-U", "postgres", "-p"])
+            .arg(self.port.to_string())
+            .args(args);
+        run(cmd, "pg_basebackup");
+    }
+
+    /// A server restored from a copy of `backup` by archive recovery: `recovery.signal`, a
+    /// port of its own, then `opts.conf` (which gives `restore_command` and the recovery
+    /// target), started. `pg_ctl start -w` returns once it accepts connections, which may be
+    /// before recovery ends; wait for `pg_is_in_recovery()` to say so.
+    pub fn recover_from(backup: &BaseBackup, opts: &PgOptions) -> PgCluster {
+        let cluster = PgCluster::new_dir();
+        // `cp -a` keeps the files the server's user's.
+        let mut cp = Command::new("cp");
+        cp.arg("-a").arg(backup.data_dir()).arg(cluster.data_dir());
+        run(cp, "copy the base backup");
+        let mut conf = vec![format!("port = {}", cluster.port)];
+        conf.extend(opts.conf.iter().cloned());
+        cluster.append_file("postgresql.conf", &conf);
+        cluster.write_file("recovery.signal", &[]);
+        let mut cluster = cluster;
+        cluster.start();
+        cluster
     }
 
     /// Promotes a standby and waits until it accepts writes (`pg_ctl promote -w`).
@@ -537,6 +565,18 @@ impl PgCluster {
             s.push_str(&format!(" password={p}"));
         }
         s
+    }
+}
+
+/// A base backup in a temporary directory owned by the server's user, removed on drop.
+pub struct BaseBackup {
+    dir: tempfile::TempDir,
+}
+
+impl BaseBackup {
+    /// The backup's data directory.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
     }
 }
 

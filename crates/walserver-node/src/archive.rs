@@ -33,9 +33,7 @@ pub fn archive_config(s: &Settings) -> Result<Option<ArchiveConfig>> {
         }
     };
     let target = match (s.archive_target.as_deref(), s.archive_command.as_deref()) {
-        (Some(target), None) => {
-            ArchiveTarget::parse(target).map_err(|e| Error::Invalid(e.to_string()))?
-        }
+        (Some(_), None) => archive_target(s)?,
         (None, Some(command)) if !command.trim().is_empty() => {
             // A command cannot be listed, so superseded prefixes could never be removed;
             // PostgreSQL's answer to archive_timeout there is a segment switch, which
@@ -67,6 +65,18 @@ pub fn archive_config(s: &Settings) -> Result<Option<ArchiveConfig>> {
         target,
         archive_timeout: s.archive_timeout,
     }))
+}
+
+/// The archive `archive_target` names, whatever `archive_mode` says: restore reads an archive
+/// that the reading host does not archive to.
+pub fn archive_target(s: &Settings) -> Result<ArchiveTarget> {
+    let target = s.archive_target.as_deref().ok_or_else(|| {
+        Error::Invalid(
+            "no archive_target: set it in the configuration (file:///path) or pass -c archive_target=URL"
+                .into(),
+        )
+    })?;
+    ArchiveTarget::parse(target).map_err(|e| Error::Invalid(e.to_string()))
 }
 
 /// Starts the archiver the settings describe beside `node`, in the current actix System, and
@@ -115,6 +125,7 @@ pub fn start_archiver(
 mod tests {
     use super::*;
     use crate::config::tests::load;
+    use crate::config::Sources;
 
     #[test]
     fn archive_mode_and_target_give_the_archiver_s_configuration() {
@@ -184,5 +195,33 @@ mod tests {
             let e = format!("{:#}", load(base, &[], &overrides).unwrap_err());
             assert!(e.contains(needle), "{overrides:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_reader_of_the_archive_needs_a_target_but_no_data_directory() {
+        let sources = |overrides: &[(&str, &str)]| Sources {
+            file: None,
+            overrides: overrides
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            env: Some(Default::default()),
+        };
+        let s =
+            Settings::load_without_data_dir(&sources(&[("archive_target", "file:///r")])).unwrap();
+        assert_eq!(
+            archive_target(&s).unwrap(),
+            ArchiveTarget::Directory("/r".into())
+        );
+        // archive_mode = off (the default) still names the archive to read.
+        assert_eq!(s.archive_mode, "off");
+        let s = Settings::load_without_data_dir(&sources(&[])).unwrap();
+        let e = archive_target(&s).unwrap_err().to_string();
+        assert!(e.contains("no archive_target"), "{e}");
+        // A node's own settings still need their data directory.
+        assert!(matches!(
+            Settings::load(&sources(&[("archive_target", "file:///r")])),
+            Err(Error::MissingDataDir { .. })
+        ));
     }
 }

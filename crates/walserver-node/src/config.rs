@@ -420,7 +420,23 @@ fn unknown_key_message(e: &config::ConfigError) -> Option<String> {
 
 impl Settings {
     pub fn load(sources: &Sources) -> Result<Settings> {
+        Settings::load_from(sources, true)
+    }
+
+    /// Loads the settings of a command that reads only the archive (`restore-wal`,
+    /// `archive`): as [`Settings::load`], but `data_dir` may be absent, since a host that
+    /// restores PostgreSQL's WAL need not run a node.
+    pub fn load_without_data_dir(sources: &Sources) -> Result<Settings> {
+        Settings::load_from(sources, false)
+    }
+
+    fn load_from(sources: &Sources, need_data_dir: bool) -> Result<Settings> {
         let mut b = config::Config::builder();
+        if !need_data_dir {
+            b = b
+                .set_default("data_dir", "")
+                .map_err(|e| Error::ConfigSource(Box::new(e)))?;
+        }
         if let Some(path) = &sources.file {
             b = b.add_source(
                 config::File::from(path.as_path())

@@ -84,6 +84,12 @@ pub fn render_status(v: &Value, slots: Option<&Value>, wide: bool) -> anyhow::Re
         out.push_str(&if wide { line } else { clip(line, NARROW_WIDTH) });
         out.push('\n');
     }
+    // The failover service's line: whether this node is a member, the term and the leader.
+    if let Some(f) = v.get("failover").filter(|f| f.is_object()) {
+        let line = format!("{:<18} {}", "failover", failover_line(f));
+        out.push_str(&if wide { line } else { clip(line, NARROW_WIDTH) });
+        out.push('\n');
+    }
     // The archiver's line: pg_stat_archiver's counts, where it is, and what is wrong.
     if let Some(a) = v.get("archiver").filter(|a| a.is_object()) {
         let mut line = format!(
@@ -172,6 +178,30 @@ pub fn render_status(v: &Value, slots: Option<&Value>, wide: bool) -> anyhow::Re
         out.push_str(&table(cols, &rows));
     }
     Ok(out)
+}
+
+/// `/status`'s `failover` in words: the state (with the reason when not a member, and since
+/// when), then the term and the leader as this node knows them, and a pause.
+fn failover_line(f: &Value) -> String {
+    let state = f["state"].as_str().unwrap_or("");
+    let mut line = state.replace('_', " ");
+    if let Some(reason) = f["reason"].as_str() {
+        line.push_str(&format!(": {reason}"));
+    }
+    if let Some(since) = f["since"].as_str() {
+        line.push_str(&format!(" (since {since})"));
+    }
+    if !f["term"].is_null() {
+        line.push_str(&format!(", term {}", text(&f["term"])));
+    }
+    match f["leader"].as_str() {
+        Some(leader) => line.push_str(&format!(", leader {leader}")),
+        None => line.push_str(", no leader"),
+    }
+    if f["paused"] == Value::Bool(true) {
+        line.push_str(", paused");
+    }
+    line
 }
 
 /// The cells of a JSON array of objects, one row per object, in the order of `cols`; cut
@@ -401,6 +431,33 @@ mod tests {
         );
         v.as_object_mut().unwrap().remove("archiver");
         assert!(!render_status(&v, None, true).unwrap().contains("archiver"));
+    }
+
+    /// The failover line: the state, why a node is not a member and since when, the term, the
+    /// leader, a pause; none without failover.
+    #[test]
+    fn shows_the_failover_line() {
+        let mut v: Value = serde_json::json!({
+            "role": "standby", "system_identifier": "7", "timeline": 2, "flush_lsn": "0/3000010",
+            "wal_format": "walserver", "replication": [],
+            "failover": {"state": "not_joined", "reason": "cannot join the cluster in etcd: connection refused",
+                         "since": "2026-12-06 04:30:00.000000+00", "leader": null, "term": null,
+                         "paused": false}
+        });
+        let t = render_status(&v, None, true).unwrap();
+        assert!(
+            t.contains("failover           not joined: cannot join the cluster in etcd: connection refused (since 2026-12-06 04:30:00.000000+00), no leader\n"),
+            "{t}"
+        );
+        v["failover"] = serde_json::json!({"state": "leading", "reason": null, "since": null,
+                                            "leader": "n1", "term": 12, "paused": true});
+        let t = render_status(&v, None, true).unwrap();
+        assert!(
+            t.contains("failover           leading, term 12, leader n1, paused\n"),
+            "{t}"
+        );
+        v.as_object_mut().unwrap().remove("failover");
+        assert!(!render_status(&v, None, true).unwrap().contains("failover"));
     }
 
     /// Without `--wide` the status fits in 100 columns, with the widest values it shows: the

@@ -149,9 +149,19 @@ pub fn render_cluster(v: &Value) -> anyhow::Result<String> {
         out.push_str(", PAUSED: no automatic failover");
     }
     out.push('\n');
+    // What is wrong with the leader, if anything: a lease no longer renewed (its holder is
+    // cut off, stopped or dead: the key goes when the lease runs out), an admin API that
+    // does not answer.
+    let mut leader_trouble = String::new();
+    if leader["renewing"] == Value::Bool(false) {
+        leader_trouble.push_str(", lease running out: not renewed");
+    }
+    if leader["api_reachable"] == Value::Bool(false) {
+        leader_trouble.push_str(", admin API unreachable");
+    }
     match leader_name {
         Some(name) => out.push_str(&format!(
-            "leader {name}, term {}, lease {}\n",
+            "leader {name}, term {}, lease {}{leader_trouble}\n",
             text(&leader["term"]),
             match seconds(&leader["lease_remaining_ms"]) {
                 s if s.is_empty() => "remaining unknown".to_string(),
@@ -172,7 +182,11 @@ pub fn render_cluster(v: &Value) -> anyhow::Result<String> {
             let name = text(&m["name"]);
             let is_leader = leader_name == Some(name.as_str());
             let state = if is_leader {
-                "leading"
+                if leader_trouble.is_empty() {
+                    "leading"
+                } else {
+                    leader_trouble.trim_start_matches(", ")
+                }
             } else if m["role"] == "primary" {
                 "primary without the key"
             } else if m["streaming"] == Value::Bool(true) {
@@ -200,6 +214,19 @@ pub fn render_cluster(v: &Value) -> anyhow::Result<String> {
             ]
         })
         .collect();
+    // Members whose key went, kept for a while: expected, but missing.
+    for d in v["departed"].as_array().into_iter().flatten() {
+        rows.push(vec![
+            String::new(),
+            text(&d["name"]),
+            text(&d["role"]),
+            format!("gone for {}", seconds(&d["gone_for_ms"])),
+            text(&d["timeline"]),
+            String::new(),
+            String::new(),
+            String::new(),
+        ]);
+    }
     rows.sort_by(|a, b| a[1].cmp(&b[1]));
     out.push_str(&crate::cli::table(&cols, &rows));
     Ok(out)
@@ -330,6 +357,35 @@ mod tests {
         assert!(t.contains("PAUSED") && t.contains("no leader\n"), "{t}");
         assert_eq!(row(&t, "n2")[3], "primary without the key");
         assert!(render_cluster(&Value::Null).is_err());
+    }
+
+    /// A leader whose lease is not renewed and whose admin API does not answer is shown as
+    /// such, on its line and in its row; a member whose key went is listed as gone.
+    #[test]
+    fn the_list_shows_a_failing_leader_and_departed_members() {
+        let mut v = cluster();
+        v["leader"]["renewing"] = Value::Bool(false);
+        v["leader"]["api_reachable"] = Value::Bool(false);
+        v["departed"] = serde_json::json!([
+            {"name": "n0", "role": "standby", "timeline": 1, "flush_lsn": "0/2000000",
+             "api_url": "", "gone_at": 1_800_000_000u64, "gone_for_ms": 12_340}
+        ]);
+        let t = render_cluster(&v).unwrap();
+        assert!(
+            t.contains("leader n2, term 7, lease 8.2s remaining, lease running out: not renewed, admin API unreachable\n"),
+            "{t}"
+        );
+        assert_eq!(
+            row(&t, "n2")[3],
+            "lease running out: not renewed, admin API unreachable"
+        );
+        assert_eq!(
+            row(&t, "n0"),
+            ["", "n0", "standby", "gone for 12.3s", "1", "", "", ""]
+        );
+        v["leader"]["renewing"] = Value::Bool(true);
+        let t = render_cluster(&v).unwrap();
+        assert_eq!(row(&t, "n2")[3], "admin API unreachable");
     }
 
     #[test]

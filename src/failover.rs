@@ -12,7 +12,10 @@
 //! `/primary` and `/replica` answer from this node's own state, without a trip to etcd, so a
 //! load balancer's health checks stay cheap and keep answering while etcd is away: with
 //! failover `/primary` is 200 only while this node holds the leader key and its own deadline
-//! has not passed; without it, on any primary.
+//! has not passed; without it, on any primary. A node under failover that is not a member of
+//! its cluster now (it has not joined, cannot reach etcd, let its lease run out or lost its
+//! name) answers 503 to both, with the reason: it is neither the cluster's primary nor one
+//! of its standbys, whatever its own role.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -23,10 +26,12 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use anyhow::Context;
 use bytes::Bytes;
 use failover_actor::{
-    Failover, FailoverActor, FailoverError, GetClusterView, GetHistory, GetLocalHealth, Pause,
-    Resume, StopFailover, Switchover,
+    Failover, FailoverActor, FailoverError, GetClusterView, GetFailoverStatus, GetHistory,
+    GetLocalHealth, LocalHealth, Pause, Resume, StopFailover, Switchover,
 };
-use supervisor_actor::{GetNodeStatus, Node, NodeRole, SuperviseService};
+use supervisor_actor::{
+    FailoverStatus, GetNodeStatus, MembershipState, Node, NodeRole, SuperviseService,
+};
 use walreceiver_actor::ReceiverState;
 use walserver_node::config::Settings;
 
@@ -193,6 +198,31 @@ fn actor(state: &FailoverState) -> Result<Addr<FailoverActor>, Refusal> {
     }
 }
 
+/// The answer's text for a node that is not a member of its cluster now.
+fn not_a_member(reason: &str) -> String {
+    format!("this node is not a member of its failover cluster: {reason}")
+}
+
+/// `/status`'s `failover` for a node whose settings have a `[failover]` table: the actor's
+/// answer, or, while it starts or once it is gone, a node that is not a member.
+pub(crate) async fn membership_status(slot: &FailoverSlot) -> FailoverStatus {
+    let not_joined = |reason: String| FailoverStatus {
+        state: MembershipState::NotJoined,
+        reason: Some(reason),
+        since: None,
+        leader: None,
+        term: None,
+        paused: false,
+    };
+    match slot.get() {
+        None => not_joined("automatic failover is starting".into()),
+        Some(a) => match a.send(GetFailoverStatus).await {
+            Ok(s) => s,
+            Err(e) => not_joined(format!("the failover actor is gone: {e}")),
+        },
+    }
+}
+
 /// The status a failover error is answered with.
 fn failover_status(e: &FailoverError) -> StatusCode {
     match e {
@@ -269,6 +299,15 @@ async fn primary(state: web::Data<FailoverState>, req: HttpRequest) -> HttpRespo
             Err(r) => return r.into(),
         };
         return match a.send(GetLocalHealth).await {
+            Ok(LocalHealth {
+                not_member: Some(reason),
+                term,
+                ..
+            }) => HttpResponse::ServiceUnavailable().json(serde_json::json!({
+                "error": not_a_member(&reason),
+                "primary": false,
+                "term": term,
+            })),
             Ok(h) if h.leader_with_live_lease => HttpResponse::Ok().json(serde_json::json!({
                 "primary": true,
                 "term": h.term,
@@ -317,6 +356,12 @@ async fn standby_health(state: &FailoverState) -> Result<(bool, Option<u64>), Re
                 format!("the failover actor is gone: {e}"),
             )
         })?;
+        if let Some(reason) = h.not_member {
+            return Err(Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                not_a_member(&reason),
+            ));
+        }
         return Ok((h.streaming && !h.leader_with_live_lease, h.lag_bytes));
     }
     let s = match state.node.supervisor.send(GetNodeStatus).await {

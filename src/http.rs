@@ -612,7 +612,10 @@ async fn status(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
         return error(StatusCode::BAD_REQUEST, e);
     }
     match state.node.supervisor.send(GetNodeStatus).await {
-        Ok(Ok(s)) => {
+        Ok(Ok(mut s)) => {
+            if let Some(slot) = &state.failover {
+                s.failover = Some(crate::failover::membership_status(slot).await);
+            }
             let Some(archiver) = &state.archiver else {
                 return HttpResponse::Ok().json(s);
             };

@@ -16,7 +16,7 @@ use super::common::cluster::*;
 use super::common::*;
 use super::{KEEP, TL1};
 
-fn walserver(args: &[&str]) -> Output {
+pub(super) fn walserver(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_walserver"))
         .args(args)
         .env_remove("WALSERVER_HTTP_AUTH_TOKEN")
@@ -25,7 +25,7 @@ fn walserver(args: &[&str]) -> Output {
 }
 
 /// The `error` text of a JSON error answer.
-fn error_text(body: &str) -> String {
+pub(super) fn error_text(body: &str) -> String {
     serde_json::from_str::<serde_json::Value>(body)
         .ok()
         .and_then(|v| v["error"].as_str().map(str::to_string))

@@ -15,6 +15,7 @@ mod failover;
 mod hosts;
 mod lessons;
 mod logs;
+mod members;
 mod records;
 
 use std::process::Command;

@@ -6,14 +6,15 @@
 //! reconciliation is `reconcile.rs`, the synchronous standby `sync.rs`, the member slots
 //! `slots.rs`, the admin messages `admin.rs` and the handovers `handover.rs`.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use actix::fut::LocalBoxActorFuture;
 use actix::prelude::*;
 use etcd_gateway::{Client, LeaseId, WatchBatch, WatchRequest};
-use supervisor_actor::{Fence, GetNodeStatus, Node, NodeRole, NodeStatus};
+use supervisor_actor::{Fence, GetNodeStatus, Node, NodeRole, NodeState, NodeStatus};
 use tokio::sync::oneshot;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
+use wal_types::time::format_time;
 use walreceiver_actor::ReceiverState;
 use walsender_actor::status::WalSenderStatus;
 
@@ -21,10 +22,12 @@ use crate::config::FailoverConfig;
 use crate::error::FailoverError;
 use crate::keys::Keys;
 use crate::machine::{self, Cluster, Local, LocalRole, Progress, Renewed, SlotAbsences, SyncPhase};
+use crate::membership::Membership;
 use crate::messages::Leadership;
+use crate::outage::{Outage, OutageLog, Quoted};
 use crate::round::Rounds;
 use crate::store;
-use crate::view::MemberInfo;
+use crate::view::{Departures, MemberInfo};
 
 /// Keeps one node's membership and leadership in etcd and tells its supervisor what to do.
 pub struct FailoverActor {
@@ -46,9 +49,17 @@ pub struct FailoverActor {
     pub(crate) sync: SyncState,
     pub(crate) slots: SlotState,
     pub(crate) handover: HandoverState,
-    /// `StopFailover` came: nothing starts any more.
+    /// `StopFailover` came, or the member name was lost: nothing starts any more.
     pub(crate) stopping: bool,
     pub(crate) leadership: tokio::sync::watch::Sender<Leadership>,
+    /// Whether this node is a member of the cluster now, and since when.
+    pub(crate) membership: Membership,
+    /// The members seen to go (`GET /cluster`'s `departed`).
+    pub(crate) departures: Departures,
+    /// The node's role and streaming as its supervisor publishes them at each change.
+    pub(crate) node_state: tokio::sync::watch::Receiver<NodeState>,
+    /// The publication of this member's key after a change of the node: one at a time.
+    publishing: Rounds,
 }
 
 /// The node's lease in etcd, its renewals, and the watch started with it.
@@ -62,6 +73,15 @@ pub(crate) struct LeaseState {
     failures: u32,
     /// When etcd last answered a renewal or delivered a watch batch (`/metrics`).
     pub(crate) last_contact: Option<Instant>,
+    /// When the last renewal (or grant) that succeeded was sent: the lease lives a ttl from
+    /// there at most.
+    pub(crate) renewed: Option<Instant>,
+    /// Why the last join or renewal failed, until one succeeds.
+    pub(crate) last_error: Option<String>,
+    /// The runs of failed joins, renewals and watches, each logged at a bounded rate.
+    join_outage: Outage,
+    renew_outage: Outage,
+    watch_outage: Outage,
     renew_timer: Option<SpawnHandle>,
     watch: Option<SpawnHandle>,
 }
@@ -179,9 +199,15 @@ impl FailoverActor {
             connecting: false,
             failures: 0,
             last_contact: None,
+            renewed: None,
+            last_error: None,
+            join_outage: Outage::default(),
+            renew_outage: Outage::default(),
+            watch_outage: Outage::default(),
             renew_timer: None,
             watch: None,
         };
+        let node_state = node.state();
         Ok(Actor::start(FailoverActor {
             config,
             node,
@@ -199,6 +225,10 @@ impl FailoverActor {
             handover: HandoverState::default(),
             stopping: false,
             leadership: tokio::sync::watch::Sender::new(Leadership::default()),
+            membership: Membership::new(SystemTime::now()),
+            departures: Departures::default(),
+            node_state,
+            publishing: Rounds::default(),
         }))
     }
 
@@ -292,20 +322,33 @@ impl FailoverActor {
                     // Best effort: a lease that renewals could not keep is gone or going.
                     let _ = client.lease_revoke(old).await;
                 }
+                let asked = Instant::now();
                 let lease = client.lease_grant(ttl).await?;
                 store::put_member(&client, &keys, lease.id, &member).await?;
                 let (cluster, revision, _) = store::read_cluster(&client, &keys, &known).await?;
                 let watch = client
                     .watch(&WatchRequest::new(etcd_gateway::KeyRange::prefix(keys.prefix())).from_revision(revision + 1))
                     .await?;
-                Ok::<_, FailoverError>((lease, cluster, watch))
+                Ok::<_, FailoverError>((lease, cluster, watch, asked))
             }
             .into_actor(act)
             .map(|result, act, ctx| {
                 act.lease.connecting = false;
                 match result {
-                    Ok((lease, cluster, watch)) => {
-                        info!(lease = %lease.id, granted_ttl = lease.ttl, "failover: joined the cluster");
+                    Ok((lease, cluster, watch, asked)) => {
+                        match act.lease.join_outage.ended() {
+                            Some(run) => info!(
+                                lease = %lease.id,
+                                granted_ttl = lease.ttl,
+                                "failover: joined the cluster, after {} failed attempts since {}",
+                                run.failures,
+                                format_time(run.since)
+                            ),
+                            None => info!(lease = %lease.id, granted_ttl = lease.ttl, "failover: joined the cluster"),
+                        }
+                        act.membership.joined(SystemTime::now());
+                        act.lease.renewed = Some(asked);
+                        act.lease.last_error = None;
                         act.lease.id = Some(lease.id);
                         act.lease.ttl = machine::effective_ttl(act.config.ttl, lease.ttl);
                         act.replace_cluster(cluster);
@@ -320,7 +363,7 @@ impl FailoverActor {
                         let delay = CONNECT_RETRY_MIN
                             .saturating_mul(act.lease.failures.min(10))
                             .min(CONNECT_RETRY_MAX);
-                        warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "failover: cannot join the cluster in etcd");
+                        act.join_failed(&e);
                         ctx.run_later(delay, |act, ctx| act.connect(ctx));
                     }
                 }
@@ -328,11 +371,40 @@ impl FailoverActor {
         }));
     }
 
+    /// A join failed: this node is not a member, and says so once, then at a bounded rate.
+    fn join_failed(&mut self, e: &FailoverError) {
+        let wall = SystemTime::now();
+        self.lease.last_error = Some(e.to_string());
+        self.membership
+            .not_joined(format!("cannot join the cluster in etcd: {e}"), wall);
+        match self.lease.join_outage.failed(Instant::now(), wall) {
+            OutageLog::First => warn!(
+                error = %Quoted(e),
+                "failover: not a member of the cluster: cannot join it in etcd; retrying"
+            ),
+            OutageLog::Summary { failures, since } => warn!(
+                error = %Quoted(e),
+                "failover: still not a member of the cluster: {failures} failed attempts to join since {}",
+                format_time(since)
+            ),
+            OutageLog::Quiet => {
+                debug!(error = %Quoted(e), "failover: cannot join the cluster in etcd")
+            }
+        }
+    }
+
     /// The cluster as a fresh read found it, with the absences of members' slots updated.
     fn replace_cluster(&mut self, cluster: Cluster) {
         let before = self.member_names();
+        let members_before = self.cluster.members.clone();
         let was_paused = self.cluster.paused;
         self.cluster = cluster;
+        self.departures.note(
+            &members_before,
+            &self.cluster.members,
+            Instant::now(),
+            SystemTime::now(),
+        );
         self.note_members(&before);
         self.note_pause(was_paused);
         // A new leader may show in a fresh read rather than in the watch.
@@ -424,6 +496,18 @@ impl FailoverActor {
             }) => {
                 self.lease.failures = 0;
                 self.lease.last_contact = Some(Instant::now());
+                self.lease.renewed = Some(sent_at);
+                self.lease.last_error = None;
+                if let Some(run) = self.lease.renew_outage.ended() {
+                    info!(
+                        "failover: renewed the lease again, after {} failed renewals since {}",
+                        run.failures,
+                        format_time(run.since)
+                    );
+                }
+                if self.membership.joined(SystemTime::now()) {
+                    info!("failover: a member of the cluster again");
+                }
                 let ttl = machine::effective_ttl(self.config.ttl, granted_ttl);
                 match machine::after_renewal(
                     confirmed,
@@ -452,7 +536,12 @@ impl FailoverActor {
                 self.schedule_renewal(ctx, next);
             }
             Err(FailoverError::Etcd(etcd_gateway::Error::LeaseNotFound { .. })) => {
-                warn!(lease = %lease, "failover: our lease expired; appends stop and a new lease is taken");
+                warn!(lease = %lease, "failover: our lease expired; not a member until a new lease is taken, and appends stop");
+                self.membership.not_joined(
+                    "the lease in etcd expired; joining again".into(),
+                    SystemTime::now(),
+                );
+                self.lease.renew_outage.ended();
                 self.step_down();
                 self.lease.id = None;
                 self.connect(ctx);
@@ -462,18 +551,55 @@ impl FailoverActor {
                 // The fence closes by its own deadline; retry quickly meanwhile.
                 let delay = machine::retry_delay(self.lease.failures, self.lease.ttl);
                 self.lease.failures = self.lease.failures.saturating_add(1);
-                warn!(error = %e, failures = self.lease.failures, retry_in_ms = delay.as_millis() as u64, "failover: renewal failed");
+                self.renewal_failed(&e);
                 self.schedule_renewal(ctx, delay);
+            }
+        }
+    }
+
+    /// A renewal failed: logged once, then at a bounded rate; once the lease has had its ttl
+    /// without a renewal, this node is no longer a member, and says so once.
+    fn renewal_failed(&mut self, e: &FailoverError) {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        self.lease.last_error = Some(e.to_string());
+        match self.lease.renew_outage.failed(now, wall) {
+            OutageLog::First => warn!(error = %Quoted(e), "failover: renewal failed; retrying"),
+            OutageLog::Summary { failures, since } => warn!(
+                error = %Quoted(e),
+                "failover: still cannot renew the lease: {failures} failed renewals since {}",
+                format_time(since)
+            ),
+            OutageLog::Quiet => debug!(error = %Quoted(e), "failover: renewal failed"),
+        }
+        if let Some(reason) = self.membership.not_member(
+            self.lease.renewed,
+            self.lease.ttl,
+            now,
+            self.lease.last_error.as_deref(),
+        ) {
+            let was_member = self
+                .membership
+                .not_member(None, self.lease.ttl, now, None)
+                .is_none();
+            self.membership.not_joined(reason.clone(), wall);
+            if was_member {
+                warn!(reason = %Quoted(&reason), "failover: no longer a member of the cluster");
             }
         }
     }
 
     /// Another process holds this node's member name (`error` says which): two processes
     /// of one name would each be taken for the other, so this one stops acknowledging, gives
-    /// up its lease (and the leader key with it, if it held it) and leaves failover.
+    /// up its lease (and the leader key with it, if it held it) and leaves failover. The
+    /// actor stays, to say so (`/status`, `/replica`, `/primary`) until the node stops.
     fn displaced(&mut self, ctx: &mut Context<Self>, error: &FailoverError) {
         tracing::error!(
             "failover: {error}; this node stops acknowledging and leaves automatic failover"
+        );
+        self.membership.left(
+            format!("left automatic failover: {error}"),
+            SystemTime::now(),
         );
         self.step_down();
         if let Some(lease) = self.lease.id.take() {
@@ -484,7 +610,12 @@ impl FailoverActor {
             });
         }
         self.stopping = true;
-        ctx.stop();
+        for handle in [self.lease.renew_timer.take(), self.lease.watch.take()]
+            .into_iter()
+            .flatten()
+        {
+            ctx.cancel_future(handle);
+        }
     }
 
     /// Not the leader any more: no acknowledgement from now on.
@@ -520,6 +651,13 @@ impl Actor for FailoverActor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         // The node acknowledges nothing until this actor leads.
         self.fence.revoke();
+        // Each change of the node's role or streaming, as it happens.
+        let changes = futures_util::stream::unfold(self.node_state.clone(), |mut rx| async move {
+            rx.changed().await.ok()?;
+            let now = *rx.borrow_and_update();
+            Some((NodeChanged(now), rx))
+        });
+        ctx.add_stream(changes);
         self.connect(ctx);
     }
 
@@ -533,14 +671,24 @@ impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
         match item {
             Ok(batch) => {
                 self.lease.last_contact = Some(Instant::now());
+                if self.lease.watch_outage.ended().is_some() {
+                    info!("failover: watching the cluster again");
+                }
                 let mut relevant = false;
                 let before = self.member_names();
+                let members_before = self.cluster.members.clone();
                 let was_paused = self.cluster.paused;
                 for event in &batch.events {
                     let kind = self.keys.classify(&event.kv.key);
                     relevant |= machine::calls_for_decision(&kind, &self.cluster);
                     store::apply_event(&mut self.cluster, &self.keys, event);
                 }
+                self.departures.note(
+                    &members_before,
+                    &self.cluster.members,
+                    Instant::now(),
+                    SystemTime::now(),
+                );
                 // A member that came or went changes the slots the leader holds.
                 let members_changed = self.note_members(&before);
                 self.note_pause(was_paused);
@@ -550,7 +698,7 @@ impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
                     self.reconcile(ctx);
                 }
             }
-            Err(e) => warn!(error = %e, "failover: the watch ended"),
+            Err(e) => self.watch_failed("the watch ended", &e),
         }
     }
 
@@ -591,10 +739,69 @@ impl FailoverActor {
                     act.reconcile(ctx);
                 }
                 Err(e) => {
-                    warn!(error = %e, "failover: cannot watch the cluster again yet");
+                    act.watch_failed("cannot watch the cluster again yet", &e);
                     ctx.run_later(CONNECT_RETRY_MAX, |act, ctx| act.rewatch(ctx));
                 }
             }),
+        );
+    }
+
+    /// The watch failed (`what`): logged once, then at a bounded rate.
+    fn watch_failed(&mut self, what: &str, e: &dyn std::fmt::Display) {
+        match self
+            .lease
+            .watch_outage
+            .failed(Instant::now(), SystemTime::now())
+        {
+            OutageLog::First => warn!(error = %Quoted(e), "failover: {what}"),
+            OutageLog::Summary { failures, since } => warn!(
+                error = %Quoted(e),
+                "failover: {what}: {failures} failures since {}",
+                format_time(since)
+            ),
+            OutageLog::Quiet => debug!(error = %Quoted(e), "failover: {what}"),
+        }
+    }
+
+    /// Publishes this member's key after a change of the node (its role, its streaming), at
+    /// once rather than at the next renewal: the other members' views and candidates read
+    /// it. One publication at a time; a change meanwhile publishes again after it.
+    fn publish_member(&mut self, ctx: &mut Context<Self>) {
+        if self.stopping || self.lease.id.is_none() || !self.publishing.ask() {
+            return;
+        }
+        let supervisor = self.node.supervisor.clone();
+        let status = async move { node_status(&supervisor).await };
+        ctx.spawn(
+            status
+                .into_actor(self)
+                .then(|status, act, _| {
+                    if let Some(status) = &status {
+                        act.take_status(status);
+                    }
+                    let client = act.client.clone();
+                    let keys = act.keys.clone();
+                    let lease = act.lease.id;
+                    let member = act.member_info();
+                    async move {
+                        match lease {
+                            Some(lease) => store::put_member(&client, &keys, lease, &member).await,
+                            None => Ok(()),
+                        }
+                    }
+                    .into_actor(act)
+                })
+                .map(|result, act, ctx| {
+                    match result {
+                        Ok(()) => {}
+                        Err(e @ FailoverError::NameHeld { .. }) => act.displaced(ctx, &e),
+                        // The next renewal publishes it again, and says what fails.
+                        Err(e) => debug!(error = %Quoted(&e), "failover: cannot publish this member's change yet"),
+                    }
+                    if act.publishing.finish() {
+                        act.publish_member(ctx);
+                    }
+                }),
         );
     }
 
@@ -613,7 +820,7 @@ impl FailoverActor {
                             "failover: released the lease; this member's keys are gone"
                         ),
                         Err(e) => {
-                            warn!(error = %e, "failover: cannot revoke the lease; it expires by its ttl")
+                            warn!(error = %Quoted(&e), "failover: cannot revoke the lease; it expires by its ttl")
                         }
                     }
                 }
@@ -621,6 +828,19 @@ impl FailoverActor {
             .into_actor(self)
             .map(|_, _, ctx: &mut Context<Self>| ctx.stop()),
         )
+    }
+}
+
+/// The node's role or streaming changed (from [`Node::state`]).
+struct NodeChanged(#[allow(dead_code)] NodeState);
+
+impl StreamHandler<NodeChanged> for FailoverActor {
+    fn handle(&mut self, _: NodeChanged, ctx: &mut Context<Self>) {
+        self.publish_member(ctx);
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {
+        // The supervisor is gone: the node stops, and this actor with it.
     }
 }
 

@@ -1,16 +1,17 @@
 //! The failover actor's admin messages: the cluster's view, local health, history, pause and
 //! resume, stop, and the leadership's watch. The handovers are `handover.rs`.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use actix::prelude::*;
 use etcd_gateway::{KeyRange, LeaseId};
 
 use crate::actor::FailoverActor;
 use crate::error::FailoverError;
+use crate::membership::Seen;
 use crate::messages::{
-    FailoverMetrics, GetClusterView, GetFailoverMetrics, GetHistory, GetLocalHealth, Pause, Resume,
-    StopFailover, SubscribeLeadership,
+    FailoverMetrics, GetClusterView, GetFailoverMetrics, GetFailoverStatus, GetHistory,
+    GetLocalHealth, Pause, Resume, StopFailover, SubscribeLeadership,
 };
 use crate::store;
 use crate::view::{ClusterView, LeaderView, LocalHealth, TermRecord};
@@ -21,6 +22,9 @@ impl Handler<GetClusterView> for FailoverActor {
     type Result = Reply<ClusterView>;
 
     fn handle(&mut self, _: GetClusterView, _: &mut Context<Self>) -> Self::Result {
+        let departed = self
+            .departures
+            .shown(Instant::now(), self.config.member_slot_grace());
         let client = self.client.clone();
         let keys = self.keys.clone();
         let known = self.cluster.clone();
@@ -33,15 +37,31 @@ impl Handler<GetClusterView> for FailoverActor {
                 history.sort_by_key(|r| r.term);
                 let leader = match &cluster.leader {
                     Some(key) => {
-                        let remaining = client
-                            .lease_time_to_live(LeaseId(key.lease), false)
-                            .await
-                            .ok()
-                            .map(|t| u64::try_from(t.ttl).unwrap_or(0) * 1000);
+                        let api_url = cluster
+                            .members
+                            .get(&key.holder)
+                            .map(|m| m.api_url.clone())
+                            .filter(|u| !u.is_empty());
+                        let (lease, api_reachable) = futures_util::join!(
+                            client.lease_time_to_live(LeaseId(key.lease), false),
+                            async {
+                                match &api_url {
+                                    Some(url) => Some(crate::peers::reachable(url).await),
+                                    None => None,
+                                }
+                            }
+                        );
+                        let lease = lease.ok();
                         Some(LeaderView {
                             name: key.holder.clone(),
                             term: key.term,
-                            lease_remaining_ms: remaining,
+                            lease_remaining_ms: lease
+                                .as_ref()
+                                .map(|t| u64::try_from(t.ttl).unwrap_or(0) * 1000),
+                            renewing: lease.as_ref().is_none_or(|t| {
+                                crate::machine::lease_renewing(t.ttl, t.granted_ttl)
+                            }),
+                            api_reachable,
                         })
                     }
                     None => None,
@@ -55,6 +75,7 @@ impl Handler<GetClusterView> for FailoverActor {
                     synchronous_mode: mode,
                     ttl_seconds,
                     history,
+                    departed,
                 })
             }
             .into_actor(self),
@@ -70,12 +91,46 @@ impl Handler<GetLocalHealth> for FailoverActor {
             self.fence.view(Instant::now()),
             supervisor_actor::FenceView::Leader { .. }
         );
+        let state = *self.node_state.borrow();
         MessageResult(LocalHealth {
             leader_with_live_lease: leader,
-            streaming: self.local.as_ref().is_some_and(|l| l.streaming),
+            // The node's own state as its supervisor published it last, not a status read a
+            // renewal ago: a standby that streams again is healthy at once.
+            streaming: state.streaming,
             lag_bytes: self.lag_bytes(),
             term: self.fence.term(),
+            not_member: self.membership.not_member(
+                self.lease.renewed,
+                self.lease.ttl,
+                Instant::now(),
+                self.lease.last_error.as_deref(),
+            ),
         })
+    }
+}
+
+impl Handler<GetFailoverStatus> for FailoverActor {
+    type Result = MessageResult<GetFailoverStatus>;
+
+    fn handle(&mut self, _: GetFailoverStatus, _: &mut Context<Self>) -> Self::Result {
+        let now = Instant::now();
+        let leading = matches!(
+            self.fence.view(now),
+            supervisor_actor::FenceView::Leader { .. }
+        );
+        MessageResult(self.membership.status(
+            self.lease.renewed,
+            self.lease.ttl,
+            now,
+            SystemTime::now(),
+            self.lease.last_error.as_deref(),
+            leading,
+            Seen {
+                leader: self.cluster.leader.as_ref().map(|l| l.holder.clone()),
+                term: self.fence.term(),
+                paused: self.cluster.paused,
+            },
+        ))
     }
 }
 

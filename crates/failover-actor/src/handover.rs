@@ -21,6 +21,7 @@ use crate::error::FailoverError;
 use crate::keys::SwitchoverRecord;
 use crate::machine;
 use crate::messages::{Failover, Switchover, SwitchoverReport};
+use crate::outage::Quoted;
 use crate::store;
 
 /// How long a switchover waits for its candidate to have everything the leader flushed. A
@@ -274,7 +275,7 @@ impl FailoverActor {
                     "failover: handed over the leader key"
                 ),
                 Err(e) => {
-                    warn!(to = %record_to, error = %e, "failover: the handover did not happen");
+                    warn!(to = %record_to, error = %Quoted(&e), "failover: the handover did not happen");
                     // The handover did not happen or did not finish: let the cluster elect
                     // as usual (the key is ours still, or the candidate did not take it).
                     let _ = store::cancel_switchover(&client, &keys).await;

@@ -24,6 +24,20 @@
 //!   with `PromoteForTerm` if it is a standby, record the term, grant the fence), follow the
 //!   member the leader key names (`FollowLeader` with that member's conninfo, its own name as
 //!   `application_name`; an older term is refused), or drop the fence.
+//! - Whether this node is a member at all ([`GetFailoverStatus`], `membership.rs`): never
+//!   silently outside the cluster. Until its first join, while etcd is out of reach, once its
+//!   lease has gone a ttl without a renewal, and after its name was taken, it is not a
+//!   member; [`GetLocalHealth`] says why (the admin API's `/primary` and `/replica` then
+//!   answer 503 with the reason), and the log says it once, then at most one summary a
+//!   minute per kind of failure (joining, renewing, watching; `outage.rs`, the walreceiver's
+//!   way), and the return once.
+//! - Its member key follows the node: each change of the node's role or streaming (the
+//!   supervisor's `Node::state` watch) publishes the key at once, not at the next renewal,
+//!   so that the other members' views and candidates read the truth within milliseconds.
+//!   [`GetClusterView`] adds what etcd's keys cannot say: the members whose key went while
+//!   this one watched (kept as departed for the member slot grace, as long as a leader keeps
+//!   their slots), whether the leader's lease is still being renewed, and whether its admin
+//!   API answers.
 //! - The fencing deadline. The leader confirms each renewal with a transaction comparing the
 //!   leader key's value and lease (a keepalive's answer alone proves nothing: etcd 3.4 could
 //!   renew a revoked lease) and only then grants the fence until the instant the renewal was
@@ -76,9 +90,10 @@
 //! Its peers: etcd, through `etcd-gateway` (every call a future on the actor's arbiter, under
 //! a deadline of a third of the ttl); the node's supervisor (messages `PromoteForTerm`,
 //! `FollowLeader`, `SetSyncStandbys`, `EnsureMemberSlots`, `DropMemberSlots`,
-//! `GetNodeStatus`; the fence it shares with it); the
+//! `GetNodeStatus`; the fence it shares with it; its `Node::state` watch); the
 //! other members' admin API (`GET /status`, before campaigning); and whoever embeds it (the
-//! binary's admin API, tests), through [`GetClusterView`], [`GetLocalHealth`], [`GetHistory`],
+//! binary's admin API, tests), through [`GetClusterView`], [`GetLocalHealth`],
+//! [`GetFailoverStatus`], [`GetHistory`],
 //! [`Pause`], [`Resume`], the handovers and [`SubscribeLeadership`] (a watch of what this node
 //! does, for waiting on a change rather than asking again).
 //!
@@ -86,7 +101,8 @@
 //! lease, so that the leader key and the member key go at once and a successor need not wait
 //! the ttl; an actor that simply stops closes the fence. On etcd errors it keeps retrying with
 //! a bounded backoff (joining, renewing, watching again); meanwhile the fence's deadline
-//! protects the appends. A supervisor that does not answer leaves the last status to decide on.
+//! protects the appends. A member whose name another process took does not stop: it closes
+//! its fence, gives up its lease and stays, out of failover, to say so until the node stops. A supervisor that does not answer leaves the last status to decide on.
 //!
 //! Its timers are real timeouts and backoffs only: the renewal schedule, retries, the
 //! candidate's catch-up bound, the end of a departed member's slot grace. Every event (a key
@@ -107,7 +123,9 @@ mod error;
 mod handover;
 pub mod keys;
 pub mod machine;
+mod membership;
 mod messages;
+mod outage;
 mod peers;
 mod reconcile;
 mod round;
@@ -124,10 +142,10 @@ pub use config::{
 };
 pub use error::FailoverError;
 pub use messages::{
-    Failover, FailoverMetrics, GetClusterView, GetFailoverMetrics, GetHistory, GetLocalHealth,
-    Leadership, Pause, Resume, StopFailover, SubscribeLeadership, SubscribeMemberSlots, Switchover,
-    SwitchoverReport,
+    Failover, FailoverMetrics, GetClusterView, GetFailoverMetrics, GetFailoverStatus, GetHistory,
+    GetLocalHealth, Leadership, Pause, Resume, StopFailover, SubscribeLeadership,
+    SubscribeMemberSlots, Switchover, SwitchoverReport,
 };
 pub use slot_names::{member_slot_name, slot_member, MEMBER_SLOT_PREFIX};
 pub use store::check_member_name;
-pub use view::{ClusterView, LeaderView, LocalHealth, MemberInfo, TermRecord};
+pub use view::{ClusterView, DepartedMember, LeaderView, LocalHealth, MemberInfo, TermRecord};

@@ -302,6 +302,17 @@ pub fn renewal_interval(ttl: Duration) -> Duration {
     ttl / 3
 }
 
+/// Whether a lease with `remaining` of its `granted` seconds left, as etcd reports them
+/// (whole seconds, rounded up), is being renewed. Its holder renews every third of the ttl
+/// and retries a failure within a tenth of it, so a live holder's lease never has less than
+/// the ttl minus a renewal interval left; one more second covers etcd's rounding. Less
+/// than that, and renewals have been missed: the holder is cut off, stopped or dead, and its
+/// keys go when the lease runs out.
+pub fn lease_renewing(remaining: i64, granted: i64) -> bool {
+    let granted = granted.max(1) as f64;
+    remaining as f64 >= granted - granted / 3.0 - 1.0
+}
+
 /// The delay before the `attempt`th retry of a failed renewal (from 0): 100 ms doubling,
 /// capped at a tenth of the ttl (guesses: quick enough that a short etcd hiccup costs no
 /// acknowledgement, slow enough not to flood a struggling etcd).

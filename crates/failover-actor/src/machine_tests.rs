@@ -899,3 +899,19 @@ fn a_held_slot_of_a_member_never_seen_counts_its_absence_from_when_it_is_seen() 
         slots(&["z"])
     );
 }
+
+/// A lease renewed every third of its ttl shows as renewing between renewals; one whose
+/// holder has missed renewals for more than a renewal interval and a second does not.
+#[test]
+fn a_lease_without_renewals_shows_as_running_out() {
+    // etcd reports whole seconds, rounded up. ttl 10: renewed every 3.3 s, so at least 7 left.
+    assert!(lease_renewing(10, 10));
+    assert!(lease_renewing(7, 10));
+    assert!(lease_renewing(6, 10));
+    assert!(!lease_renewing(5, 10));
+    assert!(!lease_renewing(0, 10));
+    // ttl 4: renewed every 1.3 s, so at least 3 left.
+    assert!(lease_renewing(3, 4));
+    assert!(lease_renewing(2, 4));
+    assert!(!lease_renewing(1, 4));
+}

@@ -16,6 +16,13 @@ pub struct GetClusterView;
 #[rtype(result = "LocalHealth")]
 pub struct GetLocalHealth;
 
+/// `/status`'s `failover`: whether this node is a member of its cluster now (and why not),
+/// the leader and term it knows of, and whether the cluster is paused; from its own state,
+/// without a trip to etcd.
+#[derive(Message)]
+#[rtype(result = "supervisor_actor::FailoverStatus")]
+pub struct GetFailoverStatus;
+
 /// `/metrics`: what this member knows of the cluster and of itself, from its own state,
 /// without a trip to etcd.
 #[derive(Message)]

@@ -65,6 +65,19 @@ fn role_of(text: &str) -> LocalRole {
     }
 }
 
+/// How long a leader's admin API may take to answer before `GET /cluster` shows it as
+/// unreachable. A guess: an admin API on a live host answers in milliseconds, and the view
+/// must not wait long for a dead one.
+pub const REACHABLE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Whether the admin API at `api_url` answers `GET /primary` at all (any status), within
+/// [`REACHABLE_TIMEOUT`].
+pub async fn reachable(api_url: &str) -> bool {
+    let url = format!("{}/primary", api_url.trim_end_matches('/'));
+    let client = awc::Client::builder().timeout(REACHABLE_TIMEOUT).finish();
+    client.get(url.as_str()).send().await.is_ok()
+}
+
 async fn ask(api_url: &str) -> Option<(LocalRole, u32, Lsn)> {
     let url = format!("{}/status", api_url.trim_end_matches('/'));
     let client = awc::Client::builder().timeout(PEER_TIMEOUT).finish();

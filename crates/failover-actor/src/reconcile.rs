@@ -14,6 +14,7 @@ use tracing::{info, warn};
 use crate::actor::{node_status, FailoverActor};
 use crate::error::FailoverError;
 use crate::machine::{self, Action, Local, SyncPhase};
+use crate::outage::Quoted;
 use crate::store;
 use crate::view::{MemberInfo, TermRecord};
 
@@ -146,7 +147,7 @@ impl FailoverActor {
                     // Someone else won: the watch brings its key.
                     Ok(None) => {}
                     Err(e) => {
-                        warn!(error = %e, "failover: campaign failed");
+                        warn!(error = %Quoted(&e), "failover: campaign failed");
                         act.schedule_retry(ctx, ACTION_RETRY);
                     }
                 }),
@@ -288,7 +289,7 @@ impl FailoverActor {
                 Box::pin(fut::ready(())) as LocalBoxActorFuture<Self, ()>
             }
             Err(e) => {
-                warn!(term, error = %e, "failover: cannot take up the leader key; giving it up");
+                warn!(term, error = %Quoted(&e), "failover: cannot take up the leader key; giving it up");
                 act.resign_after_failure(ctx)
             }
         }))
@@ -332,7 +333,7 @@ impl FailoverActor {
                 .into_actor(self)
                 .map(|result, _, _| {
                     if let Err(e) = result {
-                        warn!(error = %e, "failover: cannot give up the leader key; it expires with the lease");
+                        warn!(error = %Quoted(&e), "failover: cannot give up the leader key; it expires with the lease");
                     }
                 }),
         )
@@ -347,7 +348,7 @@ impl FailoverActor {
         let mut upstream = match walreceiver_actor::ReceiverConfig::parse(&conninfo, None) {
             Ok(upstream) => upstream,
             Err(e) => {
-                warn!(%leader, error = %e, "failover: the leader's conninfo does not parse");
+                warn!(%leader, error = %Quoted(&e), "failover: the leader's conninfo does not parse");
                 return Box::pin(fut::ready(()));
             }
         };
@@ -380,15 +381,15 @@ impl FailoverActor {
                     if failures % 20 == 0 {
                         if matches!(e, supervisor_actor::FollowError::NoSlot { .. }) {
                             // A new leader makes its members' slots as it starts leading.
-                            info!(%leader, term, error = %e, failures = failures + 1, "failover: cannot follow the leader yet");
+                            info!(%leader, term, error = %Quoted(&e), failures = failures + 1, "failover: cannot follow the leader yet");
                         } else {
-                            warn!(%leader, term, error = %e, failures = failures + 1, "failover: cannot follow the leader yet");
+                            warn!(%leader, term, error = %Quoted(&e), failures = failures + 1, "failover: cannot follow the leader yet");
                         }
                     }
                     act.decisions.follow_failures = failures.wrapping_add(1);
                     act.schedule_retry(ctx, ACTION_RETRY);
                 }
-                Err(e) => warn!(error = %e, "failover: the supervisor is gone"),
+                Err(e) => warn!(error = %Quoted(&e), "failover: the supervisor is gone"),
             }),
         )
     }

@@ -15,6 +15,7 @@ use tracing::warn;
 use crate::error::FailoverError;
 use crate::keys::{KeyKind, Keys, SwitchoverRecord, SyncRecord};
 use crate::machine::{Cluster, LeaderKey, LeaderPosition};
+use crate::outage::Quoted;
 use crate::view::{MemberInfo, TermRecord};
 
 /// Reads every key of the cluster: what is known, and the revision to watch after.
@@ -115,7 +116,7 @@ fn parse<T: serde::de::DeserializeOwned>(kv: &KeyValue) -> Option<T> {
     match serde_json::from_slice(&kv.value) {
         Ok(value) => Some(value),
         Err(e) => {
-            warn!(key = %String::from_utf8_lossy(&kv.key), error = %e, "a value under the cluster's prefix does not parse; ignored");
+            warn!(key = %String::from_utf8_lossy(&kv.key), error = %Quoted(&e), "a value under the cluster's prefix does not parse; ignored");
             None
         }
     }
@@ -253,6 +254,11 @@ pub async fn check_member_name(
     };
     let remaining = client.lease_time_to_live(kv.lease, false).await?.ttl;
     let wait = Duration::from_secs(u64::try_from(remaining).unwrap_or(0)) + EXPIRY_MARGIN;
+    tracing::info!(
+        name,
+        wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        "failover: this member name's key is still in etcd, on a lease; waiting for it to expire (a process of this name stopped a moment ago) or to be refreshed (one still runs)"
+    );
     let mut watch = client
         .watch(&WatchRequest::new(KeyRange::key(key)).from_revision(answer.header.revision + 1))
         .await?;

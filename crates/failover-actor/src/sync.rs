@@ -12,6 +12,7 @@ use wal_storage::Lsn;
 use crate::actor::FailoverActor;
 use crate::error::FailoverError;
 use crate::machine::{self, SyncAction, SyncPhase};
+use crate::outage::Quoted;
 use crate::store;
 
 impl FailoverActor {
@@ -118,7 +119,7 @@ impl FailoverActor {
         ctx.spawn(work.into_actor(self).map(move |done, act, ctx| {
             let _ = act.sync.round.finish();
             if let Err(e) = done {
-                warn!(error = %e, "failover: changing the synchronous standby failed; retried on the next renewal");
+                warn!(error = %Quoted(&e), "failover: changing the synchronous standby failed; retried on the next renewal");
                 return;
             }
             if releases_hold {

@@ -512,6 +512,7 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         visibility,
     );
     let append_metrics = supervisor.append_metrics.clone();
+    let state = supervisor.state.subscribe();
     let supervisor = supervisor.start();
     Ok(Node {
         supervisor,
@@ -523,5 +524,6 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         fence,
         acknowledged,
         applied: Arc::new(tokio::sync::watch::channel(Lsn::INVALID).0),
+        state,
     })
 }

@@ -43,6 +43,12 @@
 //! restart it shows nothing past the start until they confirm again; elsewhere the local flush
 //! is the end.
 //!
+//! It publishes what it is doing at each change, as a watch ([`Node::state`]: its role and
+//! whether its walreceiver streams), so that whoever shows it (the failover actor's member
+//! key, `/replica`) follows the change at once instead of asking again. `/status`'s
+//! `failover` part ([`FailoverStatus`]) is a type of this crate, which the admin API fills in
+//! from the failover actor; the supervisor leaves it empty.
+//!
 //! It counts the appends it answers, by durability level, with their latency and their wait
 //! for synchronous standbys ([`AppendMetrics`], shared as [`Node::append_metrics`]).
 //!
@@ -150,6 +156,9 @@ pub use records::{
     check_records_start, subscribe_records, Follow, RecordEvent, RecordsFrom, RecordsStart,
 };
 pub use restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
-pub use status::{NodeRole, NodeStatus, ServiceInfo, ServiceState, WalReceiverInfo};
+pub use status::{
+    FailoverStatus, MembershipState, NodeRole, NodeState, NodeStatus, ServiceInfo, ServiceState,
+    WalReceiverInfo,
+};
 pub use supervisor::Supervisor;
 pub use walsender_actor::session::ShutdownMode;

@@ -17,6 +17,7 @@ use crate::fence::Fence;
 use crate::messages::ReportApplied;
 use crate::records::{subscribe_acknowledged_records, Follow, RecordEvent};
 use crate::restart::RestartPolicy;
+use crate::status::NodeState;
 use crate::supervisor::Supervisor;
 
 /// Where the replication protocol listens unless told otherwise: PostgreSQL's port plus one,
@@ -103,6 +104,8 @@ pub struct Node {
     pub(crate) acknowledged: crate::visibility::Acknowledged,
     /// What this node's application has applied (see [`Node::report_applied`]).
     pub(crate) applied: Arc<tokio::sync::watch::Sender<Lsn>>,
+    /// The supervisor's [`NodeState`], as it publishes each change.
+    pub(crate) state: tokio::sync::watch::Receiver<NodeState>,
 }
 
 /// A position on this node that [`Node::wait_for_lsn`] can wait for.
@@ -138,6 +141,13 @@ impl Node {
     /// beyond the local flush). Readers see WAL up to here.
     pub fn acknowledged(&self) -> tokio::sync::watch::Receiver<Lsn> {
         self.acknowledged.end.clone()
+    }
+
+    /// The node's role and whether its walreceiver streams, as a watch that changes when
+    /// either does: for following the node (the failover actor's member key, `/replica`)
+    /// without asking it again and again.
+    pub fn state(&self) -> tokio::sync::watch::Receiver<NodeState> {
+        self.state.clone()
     }
 
     /// Tells the node its application has applied WAL up to `lsn`. On a standby the position

@@ -4,8 +4,11 @@
 //! admin API writes these types as they are, and its clients (the CLI, the load tool, the
 //! test harness) read `/status` back into them, so that no reader walks the JSON by hand.
 
+use std::time::SystemTime;
+
 use serde::{Deserialize, Serialize};
 use wal_storage::{Lsn, StorageHealth, SystemId, TimelineId, WalFormat};
+use wal_types::time::{de_opt_time, ser_opt_time};
 use walreceiver_actor::{ReceiverState, ReceiverStatus};
 use walsender_actor::status::{WalSenderState, WalSenderStatus};
 
@@ -57,6 +60,64 @@ pub struct NodeStatus {
     /// The latest leadership term this node knows of (led or followed); `None` without
     /// automatic failover.
     pub term: Option<u64>,
+    /// Where this node stands in its failover cluster; `None` without automatic failover.
+    /// The supervisor leaves it empty: whoever runs the failover service beside the node (the
+    /// admin API) fills it in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverStatus>,
+}
+
+/// What the node does now, as [`Node::state`](crate::Node::state) publishes it at each
+/// change: its role, and whether its walreceiver streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeState {
+    pub role: NodeRole,
+    /// A standby's walreceiver streams from its upstream.
+    pub streaming: bool,
+}
+
+/// The failover service's part in `/status`: whether this node is a member of its cluster
+/// now, and what it knows of the cluster's leadership.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailoverStatus {
+    pub state: MembershipState,
+    /// Why this node is not a member now (`not_joined` and `left`).
+    pub reason: Option<String>,
+    /// Since when it is in this state.
+    #[serde(serialize_with = "ser_opt_time", deserialize_with = "de_opt_time")]
+    pub since: Option<SystemTime>,
+    /// The member the leader key names, as last seen.
+    pub leader: Option<String>,
+    /// The latest term this node knows of.
+    pub term: Option<u64>,
+    /// Automatic action is off cluster-wide.
+    pub paused: bool,
+}
+
+/// Whether a node under failover takes part in its cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MembershipState {
+    /// Not a member: etcd is out of reach, the first join has not succeeded yet, or the lease
+    /// was lost. Such a node neither leads nor counts as a standby of the cluster.
+    NotJoined,
+    /// A member on a live lease, not leading.
+    Joined,
+    /// A member that holds the leader key with its fence granted.
+    Leading,
+    /// Out of the cluster for good: another process holds its member name.
+    Left,
+}
+
+impl MembershipState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MembershipState::NotJoined => "not joined",
+            MembershipState::Joined => "joined",
+            MembershipState::Leading => "leading",
+            MembershipState::Left => "left",
+        }
+    }
 }
 
 impl NodeStatus {
@@ -149,12 +210,21 @@ mod tests {
                 last_error: Some("bind".into()),
             }],
             term: Some(9),
+            failover: Some(FailoverStatus {
+                state: MembershipState::NotJoined,
+                reason: Some("cannot reach etcd: connection refused".into()),
+                since: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000)),
+                leader: Some("n1".into()),
+                term: Some(9),
+                paused: false,
+            }),
         };
         for _ in 0..2 {
             let json = serde_json::to_value(&status).unwrap();
             let back: NodeStatus = serde_json::from_value(json.clone()).unwrap();
             assert_eq!(serde_json::to_value(&back).unwrap(), json);
             assert_eq!(back.flush_lsn, status.flush_lsn);
+            assert_eq!(back.failover, status.failover);
             assert_eq!(
                 back.wal_receiver.as_ref().map(|r| r.status.is_some()),
                 status.wal_receiver.as_ref().map(|r| r.status.is_some())

@@ -135,6 +135,20 @@ fn a_leader_cut_off_from_etcd_stops_acknowledging_by_its_deadline() -> Result<()
             Err(AppendError::NotLeader { .. }) => {}
             other => bail!("an append after the deadline was not refused: {other:?}"),
         }
+        // Every lease was last renewed before the kill: a ttl later no member is one any
+        // more, and each says so, with the reason.
+        for m in [&a, &b, &c] {
+            let health = m.actor.send(GetLocalHealth).await?;
+            let reason = health.not_member.unwrap_or_default();
+            assert!(
+                reason.starts_with("the lease in etcd has not been renewed for "),
+                "{}: {reason}",
+                m.name
+            );
+            let status = m.actor.send(GetFailoverStatus).await?;
+            assert_eq!(status.state, MembershipState::NotJoined, "{}", m.name);
+            assert_eq!(status.reason.as_deref(), Some(reason.as_str()));
+        }
         shutdown([a, b, c]).await;
         Ok(())
     })

@@ -8,13 +8,13 @@ pub(crate) use anyhow::{bail, Context as _, Result};
 pub(crate) use bytes::Bytes;
 pub(crate) use etcd_gateway::testkit::EtcdServer;
 pub(crate) use failover_actor::{
-    member_slot_name, Failover, FailoverActor, FailoverConfig, GetClusterView, GetHistory,
-    GetLocalHealth, Leadership, Pause, Resume, StopFailover, SubscribeLeadership,
+    member_slot_name, Failover, FailoverActor, FailoverConfig, GetClusterView, GetFailoverStatus,
+    GetHistory, GetLocalHealth, Leadership, Pause, Resume, StopFailover, SubscribeLeadership,
     SubscribeMemberSlots, Switchover,
 };
 pub(crate) use futures_util::StreamExt;
 pub(crate) use supervisor_actor::{
-    AppendError, AppendRecords, Durability, Fence, Node, NodeBuilder, ShutdownNode,
+    AppendError, AppendRecords, Durability, Fence, MembershipState, Node, NodeBuilder, ShutdownNode,
 };
 pub(crate) use tokio::sync::watch;
 

@@ -45,7 +45,7 @@ use crate::messages::{
     SuperviseService,
 };
 use crate::restart::{FailureLog, RestartPolicy, RestartState};
-use crate::status::{NodeRole, NodeStatus, ServiceInfo, ServiceState, WalReceiverInfo};
+use crate::status::{NodeRole, NodeState, NodeStatus, ServiceInfo, ServiceState, WalReceiverInfo};
 use crate::visibility::{rule_of, Visibility};
 
 mod append;
@@ -120,6 +120,10 @@ pub struct Supervisor {
     visibility: Visibility,
     /// Shared with [`Node`](crate::Node), which shows them in `/metrics`.
     pub(crate) append_metrics: Arc<AppendMetrics>,
+    /// The role and whether the walreceiver streams, published at each change
+    /// ([`Node::state`](crate::Node::state)), so that whoever shows them (the failover
+    /// actor's member key, `/replica`) follows the change instead of asking again.
+    pub(crate) state: tokio::sync::watch::Sender<NodeState>,
 }
 
 /// Whether clients see the node as read-only though it is not a standby: a primary whose
@@ -145,6 +149,11 @@ impl Supervisor {
         data_dir: PathBuf,
         visibility: Visibility,
     ) -> Supervisor {
+        let role = if standby.is_some() {
+            NodeRole::Standby
+        } else {
+            NodeRole::Primary
+        };
         Supervisor {
             wal: Some(wal),
             shared,
@@ -154,11 +163,7 @@ impl Supervisor {
             shutdown_timeout,
             shutting_down: false,
             shutdown_waiters: Vec::new(),
-            role: if standby.is_some() {
-                NodeRole::Standby
-            } else {
-                NodeRole::Primary
-            },
+            role,
             receiver: standby.map(Receiver::new),
             policy,
             standby_signal,
@@ -171,7 +176,25 @@ impl Supervisor {
             data_dir,
             visibility,
             append_metrics: Arc::default(),
+            state: tokio::sync::watch::Sender::new(NodeState {
+                role,
+                streaming: false,
+            }),
         }
+    }
+
+    /// Publishes the role and whether the walreceiver streams, if either changed.
+    fn publish_state(&self) {
+        let now = NodeState {
+            role: self.role,
+            streaming: self.role == NodeRole::Standby
+                && self.receiver.as_ref().is_some_and(|r| r.streaming),
+        };
+        self.state.send_if_modified(|s| {
+            let changed = *s != now;
+            *s = now;
+            changed
+        });
     }
 
     /// Tells the walsenders the node's role as clients see it: a standby (`in_hot_standby`),
@@ -180,6 +203,7 @@ impl Supervisor {
     /// (`target_session_attrs=read-write`) does not settle on a primary that has lost, or not
     /// yet won, the cluster's leadership. Called whenever the role or the fence changes.
     fn publish_role(&self) {
+        self.publish_state();
         let settings = self.shared.settings();
         let in_hot_standby = self.role == NodeRole::Standby;
         let read_only = read_only_to_clients(self.role == NodeRole::Primary, &self.fence);
@@ -363,7 +387,9 @@ impl Handler<StreamingStarted> for Supervisor {
             return; // A walreceiver already replaced.
         }
         r.streaming = true;
-        match r.restart.on_streaming(Instant::now()) {
+        let recovered = r.restart.on_streaming(Instant::now());
+        self.publish_state();
+        match recovered {
             Some(run) => tracing::info!(
                 timeline = %msg.timeline,
                 start = %msg.start,
@@ -395,6 +421,10 @@ impl Handler<ReceiverStopped> for Supervisor {
         for w in r.stop_waiters.drain(..) {
             let _ = w.send(());
         }
+        self.publish_state();
+        let Some(r) = self.receiver.as_mut() else {
+            return;
+        };
         match msg.reason {
             StopReason::ShutdownRequested => {
                 tracing::info!(receiver = msg.receiver.0, "walreceiver stopped on request");
@@ -602,6 +632,7 @@ impl Handler<GetNodeStatus> for Supervisor {
                 storage: wal.health(),
                 services,
                 term,
+                failover: None,
             })
         })
     }

@@ -349,6 +349,11 @@ async fn append(state: web::Data<State>, req: HttpRequest, payload: web::Payload
                 AppendError::Storage(w) if w.is_disk_full() => {
                     actix_web::http::StatusCode::INSUFFICIENT_STORAGE
                 }
+                // The archive is behind by more than archive_max_backlog: retry once it
+                // catches up.
+                AppendError::Storage(w) if w.is_archive_backlog() => {
+                    actix_web::http::StatusCode::SERVICE_UNAVAILABLE
+                }
                 // Storage is being reopened after a failed sync: retry shortly.
                 AppendError::Storage(w) if w.is_storage_failed() => {
                     actix_web::http::StatusCode::SERVICE_UNAVAILABLE

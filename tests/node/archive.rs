@@ -1,6 +1,7 @@
 //! Continuous archiving on a real node: every completed segment lands in the archive byte for
-//! byte, history files after a promotion, other contents under a name raise the alarm, and a
-//! kill -9 of a `walserver run` in the middle of archiving skips nothing.
+//! byte, history files after a promotion, other contents under a name raise the alarm, a
+//! kill -9 of a `walserver run` in the middle of archiving skips nothing, and a backlog past
+//! `archive_max_backlog` refuses appends on a primary and pauses a relay until it falls.
 
 use std::path::Path;
 use std::process::Command;
@@ -12,6 +13,7 @@ use wal_archive::ArchiverStatus;
 use walserver_bench::node::ChildNode;
 use walserver_bench::NodeProgram;
 
+use crate::common::cluster::http_post;
 use crate::common::*;
 
 const SEG: u64 = 1 << 20;
@@ -246,4 +248,83 @@ fn kill_9_in_the_middle_of_archiving_skips_nothing() {
         s.archived_lsn.is_some_and(|a| a >= complete) && s.failed_count == 0
     });
     assert_archived_byte_for_byte(&data.join("pg_wal"), archive.path(), 1, 1, complete.0);
+}
+
+#[test]
+fn past_archive_max_backlog_a_primary_refuses_appends_naming_the_archive_then_resumes() {
+    let root = tempfile::tempdir().unwrap();
+    let archive = root.path().join("archive");
+    // The archive directory is missing: nothing can be archived until it exists.
+    let node = TestNode::primary(&format!(
+        "{}archive_max_backlog = \"2MB\"\n",
+        archiving("on", &archive)
+    ));
+    wait_archiver(&node.http_addr.to_string(), "the hold", |s| {
+        s.archived_lsn.is_some()
+    });
+    for seed in 0..3 {
+        node.append(24, 32 << 10, seed);
+    }
+    wait_archiver(&node.http_addr.to_string(), "backpressure", |s| {
+        s.backpressure
+    });
+    let (code, v) = http_post(node.http_addr, "/wal", b"refused");
+    assert_eq!(code, 503, "{v}");
+    let text = v["error"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("archive is behind") && text.contains("archive_max_backlog"),
+        "{text}"
+    );
+    let before = node.wal().flushed();
+    std::fs::create_dir(&archive).unwrap();
+    let s = wait_archiver(&node.http_addr.to_string(), "the archive caught up", |s| {
+        !s.backpressure
+    });
+    assert!(s.archived_count >= 1, "{s:?}");
+    let (code, v) = http_post(node.http_addr, "/wal", b"accepted");
+    assert_eq!(code, 200, "{v}");
+    assert!(node.wal().flushed() > before);
+}
+
+#[test]
+fn past_archive_max_backlog_a_relay_pauses_its_upstream_and_catches_up_after() {
+    let primary = TestNode::primary("wal_keep_size = 64");
+    let root = tempfile::tempdir().unwrap();
+    let archive = root.path().join("archive");
+    let relay = TestNode::standby_of(
+        primary.addr(),
+        "relay",
+        &format!(
+            "{}archive_max_backlog = \"2MB\"\n",
+            archiving("always", &archive)
+        ),
+    );
+    let mut end = primary.wal().flushed();
+    for seed in 0..8 {
+        end = primary.append(24, 32 << 10, seed);
+    }
+    wait_archiver(
+        &relay.http_addr.to_string(),
+        "backpressure on the relay",
+        |s| s.backpressure,
+    );
+    // The archive returns: the relay reads again, takes everything and archives it.
+    std::fs::create_dir(&archive).unwrap();
+    relay.wait_flushed(wal_storage::TimelineId(1), end);
+    let s = wait_archiver(
+        &relay.http_addr.to_string(),
+        "the relay's archive caught up",
+        |s| !s.backpressure && s.archived_lsn.is_some_and(|a| a >= end.segment_start(SEG)),
+    );
+    // Every completed segment from where the relay began, each once, none skipped.
+    let first = relay.wal().oldest_retained().segment_number(SEG);
+    let complete = end.segment_start(SEG);
+    assert_eq!(s.archived_count, complete.0 / SEG - first, "{s:?}");
+    assert_archived_byte_for_byte(
+        &relay.data_dir().join("pg_wal"),
+        &archive,
+        1,
+        first,
+        complete.0,
+    );
 }

@@ -13,7 +13,7 @@ use actix::prelude::*;
 use bytes::BytesMut;
 use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::WatchStream;
-use wal_storage::{format_history, Role, Wal, WalPosition};
+use wal_storage::{format_history, ArchiveBacklog, Role, Wal, WalPosition};
 use wal_types::{Lsn, TimelineId};
 
 use crate::error::{ArchiveError, Result};
@@ -39,8 +39,11 @@ pub struct ArchiveConfig {
     pub mode: ArchiveMode,
     pub target: ArchiveTarget,
     /// `archive_timeout`: the current segment's durable prefix goes to the archive at least
-    /// this often (`names.rs` names it); zero puts none.
+    /// this often (named as the crate's story says); zero puts none.
     pub archive_timeout: Duration,
+    /// `archive_max_backlog`: past this many bytes waiting for the archive, storage refuses
+    /// appends and relays stop reading until it falls; zero is unbounded.
+    pub max_backlog: u64,
 }
 
 /// What a blocking job did.
@@ -90,6 +93,7 @@ impl Archiver {
 
     /// Does whatever is due now.
     fn pump(&mut self, ctx: &mut Context<Self>) {
+        self.check_backlog();
         if self.busy || self.stopping.is_some() {
             return;
         }
@@ -141,6 +145,30 @@ impl Archiver {
                 }
             }
         }
+    }
+
+    /// Tells storage whether what waits for the archive is past `archive_max_backlog`, at
+    /// every change of the WAL and after every upload, so the crossing either way is heard at
+    /// once. What waits is the WAL the hold keeps for the archive: from the archived position
+    /// to the flushed end. Without a schedule (a standby under `on`) or once stopping,
+    /// nothing waits for this archiver.
+    fn check_backlog(&mut self) {
+        let bound = self.config.max_backlog;
+        let over = match &self.schedule {
+            Some(schedule) if bound > 0 && self.stopping.is_none() => {
+                let backlog = self.wal.flushed().0.saturating_sub(schedule.archived().0);
+                (backlog > bound).then_some(ArchiveBacklog { backlog, bound })
+            }
+            _ => None,
+        };
+        if over.is_some() != self.status.borrow().backpressure {
+            match over {
+                Some(b) => tracing::warn!(backlog = b.backlog, bound = b.bound, "the archive is behind by more than archive_max_backlog: refusing appends and pausing the upstream until it catches up"),
+                None => tracing::info!("the archive's backlog is within archive_max_backlog again: appends resume"),
+            }
+            self.status.send_modify(|s| s.backpressure = over.is_some());
+        }
+        self.wal.set_archive_backlog(over);
     }
 
     /// Runs `job` on the blocking pool and takes its outcome back on the actor.
@@ -354,6 +382,11 @@ impl Actor for Archiver {
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.add_stream(WatchStream::new(self.wal.subscribe()));
     }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        // However it stopped, appends are not refused on its account any more.
+        self.wal.set_archive_backlog(None);
+    }
 }
 
 impl StreamHandler<WalPosition> for Archiver {
@@ -379,14 +412,16 @@ impl Handler<StopArchiver> for Archiver {
 
     fn handle(&mut self, _: StopArchiver, ctx: &mut Context<Self>) -> Self::Result {
         let (tx, rx) = oneshot::channel();
+        let waiters = self.stopping.get_or_insert_with(Vec::new);
         if self.busy {
             // The upload in flight finishes (its position stored or not); then the actor stops.
-            self.stopping.get_or_insert_with(Vec::new).push(tx);
+            waiters.push(tx);
         } else {
-            self.stopping = Some(Vec::new());
             ctx.stop();
             let _ = tx.send(());
         }
+        // Nothing waits for a stopped archiver: appends must not stay refused on its account.
+        self.check_backlog();
         Box::pin(async move {
             let _ = rx.await;
         })

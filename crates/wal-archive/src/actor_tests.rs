@@ -49,6 +49,7 @@ fn config(target: &Path) -> ArchiveConfig {
         mode: ArchiveMode::On,
         target: ArchiveTarget::Directory(target.into()),
         archive_timeout: Duration::ZERO,
+        max_backlog: 0,
     }
 }
 
@@ -381,4 +382,67 @@ async fn archive_command_gets_every_file_by_postgres_s_contract_and_is_retried()
     // No sidecars: the tool keeps its own checksums.
     assert_eq!(names(&out).len(), 2, "{:?}", names(&out));
     addr.send(StopArchiver).await.unwrap();
+}
+
+/// Appends until storage refuses for the archive's backlog past `bound` (within a few
+/// segments, so a loop that never ends is a failure, not a wait); returns the refusal.
+async fn append_until_refused(wal: &Wal, bound: u64) -> wal_storage::WalError {
+    let mut gate = wal.archive_backlog();
+    let from = wal.archived().unwrap();
+    for i in 0..(8 * SEG / (16 << 10)) {
+        match wal.append(vec![Bytes::from(vec![i as u8; 16 << 10])]) {
+            Ok(ticket) => {
+                ticket.await.unwrap();
+                // The archiver hears every flush: let it close the gate before the next
+                // append, as a client's next request would find it closed.
+                if wal.flushed().0 - from.0 > bound {
+                    tokio::time::timeout(DEADLINE, gate.wait_for(|g| g.is_some()))
+                        .await
+                        .expect("the gate closes past the bound")
+                        .unwrap();
+                }
+            }
+            Err(e) => return e,
+        }
+    }
+    panic!("appends were never refused past archive_max_backlog");
+}
+
+#[actix_rt::test]
+async fn past_archive_max_backlog_appends_are_refused_until_the_archive_catches_up() {
+    let data = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let archive = root.path().join("archive");
+    let wal = new_wal(data.path());
+    // The target directory does not exist yet: nothing can be archived.
+    let (addr, mut rx) = Archiver::start(
+        wal.clone(),
+        ArchiveConfig {
+            max_backlog: 2 * SEG,
+            ..config(&archive)
+        },
+    );
+    wait_until(&mut rx, "the hold", |s| s.archived_lsn.is_some()).await;
+    let e = append_until_refused(&wal, 2 * SEG).await;
+    assert!(e.is_archive_backlog(), "{e}");
+    let s = wait_until(&mut rx, "backpressure shown", |s| s.backpressure).await;
+    assert_eq!(s.archived_count, 0);
+    // The archive comes back: it catches up, the gate opens and appends go on.
+    std::fs::create_dir(&archive).unwrap();
+    wait_until(&mut rx, "the backlog within its bound", |s| !s.backpressure).await;
+    assert_eq!(*wal.archive_backlog().borrow(), None);
+    wal.append(vec![Bytes::from_static(b"after")])
+        .unwrap()
+        .await
+        .unwrap();
+    // Refusing again, then stopped: a stopped archiver refuses nothing.
+    // (A rename takes the target away at once, whatever upload is in flight.)
+    std::fs::rename(&archive, root.path().join("gone")).unwrap();
+    append_until_refused(&wal, 2 * SEG).await;
+    addr.send(StopArchiver).await.unwrap();
+    assert_eq!(*wal.archive_backlog().borrow(), None);
+    wal.append(vec![Bytes::from_static(b"stopped")])
+        .unwrap()
+        .await
+        .unwrap();
 }

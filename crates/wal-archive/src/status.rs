@@ -25,6 +25,10 @@ pub struct ArchiverStatus {
     pub covered_lsn: Option<Lsn>,
     /// Bytes of completed segments not yet archived.
     pub backlog_bytes: u64,
+    /// What waits for the archive is past `archive_max_backlog`: appends are refused and a
+    /// relay stops reading from its upstream until it falls.
+    #[serde(default)]
+    pub backpressure: bool,
     /// The last failure's message, until an upload succeeds.
     pub last_error: Option<String>,
     /// Set when the archive holds an object of the same name with other bytes: it is never

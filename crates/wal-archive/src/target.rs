@@ -80,7 +80,7 @@ impl ArchiveTarget {
 
 impl ArchiveTarget {
     /// Removes object `name` and then its sidecar, durably; an absent one is not an error.
-    /// Only superseded `archive_timeout` objects are ever removed (`names.rs`). Blocking.
+    /// Only superseded `archive_timeout` prefixes are ever removed. Blocking.
     pub fn remove(&self, name: &str) -> Result<()> {
         match self {
             ArchiveTarget::Directory(dir) => {

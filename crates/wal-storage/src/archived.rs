@@ -16,6 +16,13 @@
 //! the directory fsync'd) before the new value holds in memory, so retention never removes a
 //! segment on the strength of a position a crash could take back.
 
+//! The archive's backlog bound (`archive_max_backlog`) is the other half: the archiver says
+//! when what waits for the archive crossed it ([`Wal::set_archive_backlog`](crate::Wal::set_archive_backlog)),
+//! and while it is past it [`Wal::append`](crate::Wal::append) refuses with
+//! [`WalError::ArchiveBacklog`], a retryable error naming the archive, and a relay's
+//! walreceiver stops reading from its upstream (whose slot then holds the WAL), both woken by
+//! the same watch when it falls. It is memory only: after a restart the archiver says again.
+
 // Format of DATA/archive_status (the control file's envelope, `files.rs`):
 //
 //   walserver-archive crc32c=XXXXXXXX\n{"version": 1, "archived": "X/X"}
@@ -31,6 +38,16 @@ use crate::io::Io;
 use crate::{Result, WalError};
 
 const KIND: &str = "archive";
+
+/// WAL waiting for the archive past `archive_max_backlog`: while storage's gate holds one,
+/// appends are refused and relays stop reading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArchiveBacklog {
+    /// Bytes durable here and not yet in the archive as whole segments.
+    pub backlog: u64,
+    /// `archive_max_backlog`.
+    pub bound: u64,
+}
 
 #[derive(Serialize, Deserialize)]
 struct ArchiveFile {

@@ -38,6 +38,11 @@ pub enum WalError {
     #[error("storage failed and is restarting: {reason}")]
     StorageFailed { reason: String },
 
+    /// The archive is behind by more than `archive_max_backlog` (`archived.rs`): nothing was
+    /// written, and the same append succeeds once archiving catches up.
+    #[error("cannot append: the archive is behind: {backlog} bytes wait for it, past archive_max_backlog ({bound}); appends resume once archiving catches up")]
+    ArchiveBacklog { backlog: u64, bound: u64 },
+
     #[error("invalid storage configuration: {0}")]
     InvalidConfig(String),
 
@@ -157,6 +162,11 @@ impl WalError {
             WalError::Io { cause, .. } => is_full_errno(cause),
             _ => false,
         }
+    }
+
+    /// True for an append refused while the archive is behind ([`WalError::ArchiveBacklog`]).
+    pub fn is_archive_backlog(&self) -> bool {
+        matches!(self, WalError::ArchiveBacklog { .. })
     }
 
     /// True once storage has failed and is being restarted ([`WalError::StorageFailed`]).

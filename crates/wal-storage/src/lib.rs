@@ -142,7 +142,9 @@
 //! file holds: a crash brings a slot back as its file says, so its WAL must still be there.
 //! While archiving is on, the durable archived position holds every segment not yet archived
 //! as well (`archived.rs`, PostgreSQL's `.ready`/`.done`), whatever the slots and
-//! `wal_keep_size` say.
+//! `wal_keep_size` say. What waits for the archive is bounded instead of filling the disk:
+//! past `archive_max_backlog` the archiver closes storage's archive gate, `append` refuses
+//! with `WalError::ArchiveBacklog`, and relays stop reading until it opens.
 //!
 //! # What this crate does not do
 //!
@@ -206,6 +208,7 @@ mod writer;
 
 pub use wal_types::{Lsn, PgTimestamp, SystemId, TimelineId};
 
+pub use archived::ArchiveBacklog;
 pub use config::{StorageConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_SEGMENT_SIZE};
 pub use error::{Result, WalError};
 pub use format::{Record, SegmentHeader, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE};

@@ -24,6 +24,7 @@ use crossbeam_channel::{Receiver, Sender};
 use tokio::sync::{oneshot, watch};
 use wal_types::{Lsn, SystemId, TimelineId};
 
+use crate::archived::ArchiveBacklog;
 use crate::background;
 use crate::format::Record;
 use crate::health::{self, StorageHealth, StorageState};
@@ -61,6 +62,8 @@ struct Shared {
     handle: Handle,
     /// One restart at a time.
     restarting: Mutex<()>,
+    /// Set while the archive's backlog is past its bound (`archived.rs`).
+    archive_gate: watch::Sender<Option<ArchiveBacklog>>,
 }
 
 /// One opening of the data directory: the state its writer thread works on, and what its
@@ -237,6 +240,7 @@ impl Wal {
                     thread: Mutex::new(Some(thread)),
                 },
                 restarting: Mutex::new(()),
+                archive_gate: watch::Sender::new(None),
             }),
         })
     }
@@ -527,6 +531,9 @@ impl Wal {
             return Err(WalError::RecordTooLarge { size: p.len(), max });
         }
         self.refuse_if_failed()?;
+        if let Some(ArchiveBacklog { backlog, bound }) = *self.shared.archive_gate.borrow() {
+            return Err(WalError::ArchiveBacklog { backlog, bound });
+        }
         let (reply, rx) = oneshot::channel();
         self.send(Request::Append { payloads, reply })?;
         Ok(Ticket { rx })
@@ -758,6 +765,23 @@ impl Wal {
             let _ = inner.bg_tx.send(BgRequest::Retain);
         }
         Ok(())
+    }
+
+    /// Says whether the archive's backlog is past `archive_max_backlog` (`archived.rs`): while
+    /// it is, appends are refused with [`WalError::ArchiveBacklog`] and relays stop reading.
+    /// Only a change wakes the watchers. Memory only; the archiver calls it at each crossing.
+    pub fn set_archive_backlog(&self, over: Option<ArchiveBacklog>) {
+        self.shared.archive_gate.send_if_modified(|g| {
+            let crossed = g.is_some() != over.is_some();
+            *g = over;
+            crossed
+        });
+    }
+
+    /// The archive's backlog gate: `Some` while the backlog is past its bound. A relay waits on
+    /// it for `None` before it reads more from its upstream.
+    pub fn archive_backlog(&self) -> watch::Receiver<Option<ArchiveBacklog>> {
+        self.shared.archive_gate.subscribe()
     }
 
     /// Ends the archive's hold on retention (archiving was turned off) and removes its file.

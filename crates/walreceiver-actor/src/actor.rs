@@ -17,7 +17,9 @@
 //! the first write that failed is the one the walreceiver ends on (a later write of the same
 //! stream fails too, as a gap, and is not the cause). While the bound is reached the stream does not read the
 //! socket, TCP's window fills, and the upstream's walsender waits; the actor meanwhile still
-//! handles flush notifications, timers and `StopReceiver`.
+//! handles flush notifications, timers and `StopReceiver`. The same holds while storage's
+//! archive gate is closed (the archive is behind by more than `archive_max_backlog`): the
+//! stream waits on the gate's watch before it reads, and the upstream's slot keeps the WAL.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,7 +33,7 @@ use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::codec::FramedRead;
-use wal_storage::{TimelineId, Wal, WalPosition, WriteTicket};
+use wal_storage::{ArchiveBacklog, TimelineId, Wal, WalPosition, WriteTicket};
 
 use crate::config::ReceiverConfig;
 use crate::connect::{self, Connection, Io};
@@ -155,6 +157,7 @@ impl WalReceiver {
             self.in_flight.clone(),
             self.config.max_wal_in_flight(),
             LowWater::new(conn.fd),
+            self.wal.archive_backlog(),
         ));
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
         let me = ctx.address().downgrade();
@@ -292,16 +295,21 @@ impl WalReceiver {
 /// The read side: upstream messages, each XLogData only once its bytes fit in the in-flight
 /// bound. While it waits for permits it does not read the socket. Each XLogData sets the
 /// socket's low-water mark from the WAL its upstream still promises (`low_water.rs`).
+/// While the archive's backlog is past `archive_max_backlog` (storage's gate) it does not
+/// read either: the upstream's slot holds the WAL meanwhile, and the gate's opening wakes it.
 fn inbound(
     framed: FramedRead<ReadHalf<Box<dyn Io>>, ClientCodec>,
     permits: Arc<Semaphore>,
     max_in_flight: usize,
     low_water: LowWater,
+    archive_gate: watch::Receiver<Option<ArchiveBacklog>>,
 ) -> impl Stream<Item = Result<Inbound, CodecError>> {
-    let state = (framed, permits, low_water);
+    let state = (framed, permits, low_water, archive_gate);
     futures_util::stream::unfold(
         state,
-        move |(mut framed, permits, mut low_water)| async move {
+        move |(mut framed, permits, mut low_water, mut archive_gate)| async move {
+            // The gate's sender lives as long as storage, which outlives this stream.
+            let _ = archive_gate.wait_for(Option::is_none).await;
             let item = match next_message(&mut framed, &mut low_water).await? {
                 Ok(BackendMessage::XLogData(x)) => {
                     // What is still to come from the socket: the WAL promised past this message,
@@ -321,7 +329,7 @@ fn inbound(
                 Ok(msg) => Ok(Inbound { msg, permit: None }),
                 Err(e) => Err(e),
             };
-            Some((item, (framed, permits, low_water)))
+            Some((item, (framed, permits, low_water, archive_gate)))
         },
     )
 }
@@ -530,7 +538,8 @@ mod tests {
             FramedRead::new(reader, ClientCodec::new()),
             permits.clone(),
             250 << 10,
-            LowWater::new(None)
+            LowWater::new(None),
+            watch::channel(None).1,
         ));
         let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = sent.clone();
@@ -580,6 +589,52 @@ mod tests {
         upstream_task.await.unwrap();
     }
 
+    /// While the archive's backlog gate is closed the read side does not read the socket at
+    /// all; its opening, and nothing else, lets the stream go on.
+    #[tokio::test]
+    async fn the_read_side_stops_reading_while_the_archive_is_behind() {
+        let (ours, mut upstream) = tokio::io::duplex(16 << 10);
+        let (reader, _writer) = tokio::io::split(Box::new(ours) as Box<dyn Io>);
+        let (gate, gate_rx) = watch::channel(Some(ArchiveBacklog {
+            backlog: 2,
+            bound: 1,
+        }));
+        let mut stream = pin!(inbound(
+            FramedRead::new(reader, ClientCodec::new()),
+            Arc::new(Semaphore::new(1 << 20)),
+            1 << 20,
+            LowWater::new(None),
+            gate_rx,
+        ));
+        let mut buf = BytesMut::new();
+        BackendMessage::XLogData(XLogData {
+            wal_start: Lsn(0),
+            wal_end: Lsn(0),
+            send_time: PgTimestamp(0),
+            data: Bytes::from(vec![7u8; 32 << 10]),
+        })
+        .encode(&mut buf)
+        .unwrap();
+        let writer = tokio::spawn(async move {
+            upstream.write_all(&buf).await.unwrap();
+            upstream
+        });
+        for _ in 0..100 {
+            let polled = futures_util::poll!(stream.next());
+            assert!(
+                polled.is_pending(),
+                "nothing is read while the gate is closed"
+            );
+            tokio::task::yield_now().await;
+        }
+        // 32 KiB do not fit the 16 KiB pipe: the upstream is still writing.
+        assert!(!writer.is_finished());
+        gate.send_replace(None);
+        let first = stream.next().await.unwrap().unwrap();
+        assert!(matches!(first.msg, BackendMessage::XLogData(ref x) if x.data.len() == 32 << 10));
+        drop(writer.await.unwrap());
+    }
+
     /// An upstream's end of a loopback connection and the read side over ours, as
     /// `established` builds it (read-ahead, low-water mark, 32 MiB in flight).
     async fn streaming_socket() -> (
@@ -599,6 +654,7 @@ mod tests {
             Arc::new(Semaphore::new(32 << 20)),
             32 << 20,
             LowWater::new(Some(fd)),
+            watch::channel(None).1,
         ));
         (upstream, stream)
     }

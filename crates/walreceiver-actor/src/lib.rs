@@ -54,7 +54,8 @@
 //! **Invariants:** WAL is handed to storage in upstream order and at the LSNs the upstream
 //! gave it, so a standby's WAL is a byte-identical prefix of its upstream's, timeline by
 //! timeline; the flush position reported upstream is never ahead of what storage made
-//! durable; at most `max_wal_in_flight` bytes are received and not yet durable; the socket's
+//! durable; at most `max_wal_in_flight` bytes are received and not yet durable; nothing is
+//! read from the upstream while storage's archive gate is closed; the socket's
 //! receive low-water mark is raised only while the upstream has promised far more WAL than
 //! is buffered, and is lowered when a message does not come within a grace period
 //! (`low_water.rs`), so no small message waits on it.

@@ -1,13 +1,16 @@
-//! `archive_mode`, `archive_target`, `archive_command` and `archive_timeout`: continuous
-//! archiving in the configuration's words, and the archiver a node runs beside its actors.
+//! `archive_mode`, `archive_target`, `archive_command`, `archive_timeout` and
+//! `archive_max_backlog`: continuous archiving in the configuration's words, and the archiver
+//! a node runs beside its actors.
 //!
 //! `archive_mode` is PostgreSQL's: `off` (the default), `on` (a primary archives) or
 //! `always` (every node archives what it stores). `archive_target` names the archive as a URL;
 //! this build archives to a directory, `file:///path`. `archive_command` instead hands each
 //! file to a shell command with PostgreSQL's `%p` / `%f` contract (WAL-G, pgBackRest,
 //! barman-cloud), staged in `DATA/archive_staging`. `archive_timeout` (seconds, 0 = off)
-//! bounds how long durable WAL may wait before the archive has it. All take effect at a
-//! restart.
+//! bounds how long durable WAL may wait before the archive has it; `archive_max_backlog`
+//! (bytes, 0 = unbounded) how much may wait: past it a primary refuses appends with a
+//! retryable error naming the archive and a relay stops reading from its upstream, until the
+//! archive catches up. All take effect at a restart.
 
 use actix::Addr;
 use supervisor_actor::{Node, SuperviseService};
@@ -64,6 +67,7 @@ pub fn archive_config(s: &Settings) -> Result<Option<ArchiveConfig>> {
         mode,
         target,
         archive_timeout: s.archive_timeout,
+        max_backlog: s.archive_max_backlog,
     }))
 }
 
@@ -139,6 +143,7 @@ mod tests {
                 ("WALSERVER_ARCHIVE_MODE", "always"),
                 ("WALSERVER_ARCHIVE_TARGET", "file:///a"),
                 ("WALSERVER_ARCHIVE_TIMEOUT", "60"),
+                ("WALSERVER_ARCHIVE_MAX_BACKLOG", "64MB"),
             ],
             &[],
         )
@@ -146,6 +151,7 @@ mod tests {
         let c = archive_config(&s).unwrap().unwrap();
         assert_eq!(c.mode, ArchiveMode::Always);
         assert_eq!(c.archive_timeout, std::time::Duration::from_secs(60));
+        assert_eq!(c.max_backlog, 64 << 20);
         assert_eq!(c.target, ArchiveTarget::Directory("/a".into()));
         let s = load(
             base,

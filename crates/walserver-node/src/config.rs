@@ -39,6 +39,7 @@ pub const KEYS: &[&str] = &[
     "archive_target",
     "archive_timeout",
     "archive_command",
+    "archive_max_backlog",
     "synchronous_standby_names",
     "synchronous_commit",
     "synchronous_wait_timeout",
@@ -126,6 +127,11 @@ pub struct Settings {
     /// `archive_target`.
     #[serde(default)]
     pub archive_command: Option<String>,
+    /// `archive_max_backlog`: past this much WAL waiting for the archive a primary refuses
+    /// appends and a relay stops reading from its upstream; 0 (the default) is unbounded.
+    /// Bare numbers are bytes.
+    #[serde(default, deserialize_with = "units::size_bytes")]
+    pub archive_max_backlog: u64,
     /// `archive_timeout`: the current segment's durable prefix is archived at least this
     /// often; 0 (the default) turns it off. Bare numbers are seconds, as in PostgreSQL.
     #[serde(default, deserialize_with = "units::duration_s")]

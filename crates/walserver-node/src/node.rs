@@ -262,6 +262,10 @@ impl Reloader {
                 s.archive_command != self.running.archive_command,
             ),
             (
+                "archive_max_backlog",
+                s.archive_max_backlog != self.running.archive_max_backlog,
+            ),
+            (
                 "archive_timeout",
                 s.archive_timeout != self.running.archive_timeout,
             ),

@@ -202,6 +202,41 @@ fn the_archived_position_holds_segments_until_archived() {
 }
 
 #[test]
+fn the_archive_backlog_gate_refuses_appends_and_wakes_its_watchers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = Wal::init(
+        tmp.path(),
+        cfg(),
+        InitOptions::primary(SystemId(1), WalFormat::Walserver),
+    )
+    .unwrap();
+    let mut gate = wal.archive_backlog();
+    assert_eq!(*gate.borrow_and_update(), None);
+    let over = ArchiveBacklog {
+        backlog: 3 * SEG,
+        bound: 2 * SEG,
+    };
+    wal.set_archive_backlog(Some(over));
+    assert!(gate.has_changed().unwrap(), "the crossing wakes a watcher");
+    assert_eq!(*gate.borrow_and_update(), Some(over));
+    let err = wal.append(vec![payload(1, 10)]).err().unwrap();
+    assert!(err.is_archive_backlog(), "{err}");
+    assert!(err.to_string().contains("archive"), "{err}");
+    // A new figure past the bound is no new crossing.
+    wal.set_archive_backlog(Some(ArchiveBacklog {
+        backlog: 4 * SEG,
+        ..over
+    }));
+    assert!(!gate.has_changed().unwrap());
+    wal.set_archive_backlog(None);
+    assert!(gate.has_changed().unwrap());
+    assert_eq!(*gate.borrow_and_update(), None);
+    let before = wal.flushed();
+    wal.append(vec![payload(2, 10)]).unwrap().wait().unwrap();
+    assert!(wal.flushed() > before);
+}
+
+#[test]
 fn wal_keep_size_keeps_segments() {
     let tmp = tempfile::tempdir().unwrap();
     let wal = Wal::init(

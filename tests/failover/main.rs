@@ -164,6 +164,17 @@ fn kill_9_of_the_primary_repeated() {
         &format!("{ttl_env}WALSERVER_TEST_FAILOVER_CYCLES={cycles} "),
     );
     v.assert_ok();
+    // What an operator reads after the failovers: no line more than a bounded number of
+    // times a minute on any member, and no Rust Debug text.
+    for node in &c.nodes {
+        let path = node.log_path();
+        let log = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let repeated = checks::repeated_within_a_minute(&log, checks::MAX_REPEATS_A_MINUTE);
+        assert!(repeated.is_empty(), "{}: {repeated:#?}", node.name);
+        let leaks = checks::debug_text(&log);
+        assert!(leaks.is_empty(), "{}: {leaks:#?}", node.name);
+    }
 }
 
 /// Faults that depose the leader without killing it: it must stop acknowledging before the

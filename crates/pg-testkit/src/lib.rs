@@ -21,10 +21,17 @@
 //! Point-in-time recovery: [`PgCluster::base_backup`] takes a backup without WAL and
 //! [`PgCluster::recover_from`] starts a server from it with a `restore_command` and a
 //! recovery target.
+//!
+//! Object storage: [`SeaweedServer`] runs SeaweedFS's S3 gateway with one bucket, for the
+//! archive's tests (`seaweed.rs`).
 
 mod pki;
+mod seaweed;
 
 pub use pki::{PkiFiles, TestPki};
+pub use seaweed::{
+    find_weed, SeaweedServer, SEAWEED_ACCESS_KEY_ID, SEAWEED_SECRET_ACCESS_KEY, WEED_INSTALL_HINT,
+};
 
 use std::fs;
 use std::net::TcpListener;

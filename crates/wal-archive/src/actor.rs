@@ -16,6 +16,7 @@ use tokio_stream::wrappers::WatchStream;
 use wal_storage::{format_history, ArchiveBacklog, Role, Wal, WalPosition};
 use wal_types::{Lsn, TimelineId};
 
+use crate::compression::Compression;
 use crate::error::{ArchiveError, Result};
 use crate::messages::{GetArchiverStatus, StopArchiver};
 use crate::read::ArchivedFile;
@@ -44,6 +45,8 @@ pub struct ArchiveConfig {
     /// `archive_max_backlog`: past this many bytes waiting for the archive, storage refuses
     /// appends and relays stop reading until it falls; zero is unbounded.
     pub max_backlog: u64,
+    /// How objects are stored (`archive_compression`).
+    pub compression: Compression,
 }
 
 /// What a blocking job did.
@@ -123,9 +126,9 @@ impl Archiver {
                 self.status.send_modify(|s| s.backlog_bytes = backlog);
                 match next {
                     Next::Upload(item) => {
-                        let target = self.config.target.clone();
+                        let config = self.config.clone();
                         self.run(ctx, move || {
-                            match upload(&wal, &target, item, pos.timeline) {
+                            match upload(&wal, &config, item, pos.timeline) {
                                 Ok(put) => Done::Uploaded(item, put),
                                 Err(e) => Done::Failed(item, e),
                             }
@@ -273,7 +276,8 @@ impl Archiver {
 /// Puts `item` into `target`, removes what it supersedes and, for a segment, stores the new
 /// archived position: the blocking job of one upload. `current` is the timeline whose view
 /// reads resolve through (below a switch point it reads the old timeline's bytes).
-fn upload(wal: &Wal, target: &ArchiveTarget, item: Item, current: TimelineId) -> Result<Put> {
+fn upload(wal: &Wal, config: &ArchiveConfig, item: Item, current: TimelineId) -> Result<Put> {
+    let (target, compression) = (&config.target, config.compression);
     let seg = wal.segment_size();
     let name = item.file_name(seg);
     match item {
@@ -292,12 +296,12 @@ fn upload(wal: &Wal, target: &ArchiveTarget, item: Item, current: TimelineId) ->
                     format_history(&history[..until])
                 }
             };
-            target.put(&name, &bytes)
+            target.put(&name, &bytes, compression)
         }
         Item::Segment { tli, segno } => {
             let start = Lsn(segno * seg);
             let bytes = read_range(wal, current, start, Lsn(start.0 + seg), &name)?;
-            let put = target.put(&name, &bytes)?;
+            let put = target.put(&name, &bytes, compression)?;
             remove_prefixes(target, tli, segno, seg, None)?;
             wal.set_archived(Lsn(start.0 + seg))?;
             Ok(put)
@@ -308,13 +312,13 @@ fn upload(wal: &Wal, target: &ArchiveTarget, item: Item, current: TimelineId) ->
             let start = Lsn(segno * seg);
             let mut bytes = read_range(wal, current, start, end, &name)?;
             bytes.resize(seg as usize, 0);
-            let put = target.put(&name, &bytes)?;
+            let put = target.put(&name, &bytes, compression)?;
             remove_prefixes(target, tli, segno, seg, None)?;
             Ok(put)
         }
         Item::Prefix { tli, segno, end } => {
             let bytes = read_range(wal, current, Lsn(segno * seg), end, &name)?;
-            let put = target.put(&name, &bytes)?;
+            let put = target.put(&name, &bytes, compression)?;
             remove_prefixes(target, tli, segno, seg, Some(end))?;
             Ok(put)
         }

@@ -50,6 +50,7 @@ fn config(target: &Path) -> ArchiveConfig {
         target: ArchiveTarget::Directory(target.into()),
         archive_timeout: Duration::ZERO,
         max_backlog: 0,
+        compression: crate::Compression::None,
     }
 }
 

@@ -1,7 +1,5 @@
 //! The crate's one error type.
 
-use std::path::PathBuf;
-
 /// What can go wrong while archiving.
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
@@ -18,8 +16,8 @@ pub enum ArchiveError {
     /// The archive already holds an object of this name with other contents. It is never
     /// overwritten: either another cluster archives to the same place or the archive was
     /// damaged, and either needs a person.
-    #[error("{path} is already in the archive with different contents; it is not overwritten")]
-    Mismatch { path: PathBuf },
+    #[error("{object} is already in the archive with different contents; it is not overwritten")]
+    Mismatch { object: String },
     /// An archived object does not match its checksum sidecar, or its sidecar is missing or
     /// unreadable. Its bytes are never handed out.
     #[error("{name} in the archive is corrupt: {reason}")]
@@ -34,6 +32,16 @@ pub enum ArchiveError {
     /// The target cannot do this (an `archive_command` cannot be listed or read back).
     #[error("{0}")]
     Unsupported(String),
+    /// A request to an object store failed (after the store client's own retries).
+    #[error("{context}: {source}")]
+    Store {
+        context: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// `archive_compression` is not one this build knows.
+    #[error("archive_compression must be none or zstd, not {0:?}")]
+    BadCompression(String),
     /// Reading the node's own WAL failed.
     #[error("reading WAL to archive: {0}")]
     Storage(#[from] wal_storage::WalError),

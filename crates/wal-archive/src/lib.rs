@@ -6,7 +6,9 @@
 //! point, then zeros to the segment's size, PostgreSQL's shape), and with `archive_timeout`
 //! the current segment's durable prefix as `NAME.partial.EEEEEEEE` (E: the end's offset in
 //! the segment, 8 hex digits, so names sort by end; the bytes from the segment's start,
-//! unpadded), to an archive ([`ArchiveTarget`]: a directory, `file:///path`, or an
+//! unpadded), to an archive ([`ArchiveTarget`]: a directory, `file:///path`, an
+//! S3-compatible bucket, `s3://bucket/prefix`, through the `object_store` crate (`s3.rs`),
+//! stored as they are or zstd-compressed under `NAME.zst` ([`Compression`]), or an
 //! `archive_command` with PostgreSQL's `%p` / `%f` contract, [`ArchiveCommand`]).
 //! [`ArchivedFile`] parses these names for a restore. Both kinds of
 //! WAL (walserver records and relayed PostgreSQL WAL) are bytes to it. It runs beside the
@@ -32,29 +34,36 @@
 //!   next put of that segment removes; a reader takes the longest).
 //!
 //! File I/O runs on the blocking pool, one job at a time: the actor's thread only decides.
+//! An S3 target's requests run on a runtime of the target's own (`s3.rs`), which the
+//! blocking job waits for, so an upload is still one job that returns to the actor once.
 //!
 //! Restore reads the archive back through the same [`ArchiveTarget`] (`read.rs`): `get`
 //! hands out an object only after it matched its sidecar (a missing object is `None`, a
-//! damaged one an error naming it), `list` shows the objects, and [`ArchivedFile`] parses
+//! damaged one an error naming it; a compressed one decompressed), `list` shows the
+//! files, and [`ArchivedFile`] parses
 //! PostgreSQL's names, partial segments included. The CLI's `restore-wal`, `archive list |
 //! verify` and `init --from-archive` are built on these.
 //!
-//! Later steps add object stores and backpressure beside these types.
+//! Later steps add backpressure beside these types.
 
 mod actor;
 mod command;
+mod compression;
 mod error;
 mod messages;
 mod read;
+mod s3;
 mod schedule;
 mod status;
 mod target;
 
 pub use actor::{ArchiveConfig, ArchiveMode, Archiver};
 pub use command::ArchiveCommand;
+pub use compression::Compression;
 pub use error::{ArchiveError, Result};
 pub use messages::{GetArchiverStatus, StopArchiver};
 pub use read::{ArchivedFile, Checksum, ObjectInfo, SIDECAR_SUFFIX};
+pub use s3::{S3Options, S3Target};
 pub use schedule::{
     backoff, prefix_stem, Item, Next, Schedule, WalView, FIRST_BACKOFF, MAX_BACKOFF,
 };

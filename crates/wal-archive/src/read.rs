@@ -18,12 +18,12 @@
 //! ```
 
 use std::fs;
-use std::io::ErrorKind;
 use std::path::Path;
 
 use wal_storage::{parse_history_file_name, parse_segment_file_name};
 use wal_types::{Lsn, TimelineId};
 
+use crate::compression::Compression;
 use crate::error::{ArchiveError, Result};
 use crate::target::ArchiveTarget;
 
@@ -148,7 +148,15 @@ impl ArchiveTarget {
     /// object, [`ArchiveError::Corrupt`] naming it if its bytes or its sidecar are damaged.
     /// Blocking: run it on a blocking pool.
     pub fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        let Some(bytes) = self.get_raw(name)? else {
+        // One file has one stored form (`target.rs`); a compressed one carries its suffix.
+        let mut found = None;
+        for c in Compression::ALL {
+            if let Some(stored) = self.get_raw(&c.object_name(name))? {
+                found = Some((c, stored));
+                break;
+            }
+        }
+        let Some((compression, stored)) = found else {
             return Ok(None);
         };
         let corrupt = |reason: String| ArchiveError::Corrupt {
@@ -161,36 +169,48 @@ impl ArchiveTarget {
         };
         let sum = Checksum::parse(&sidecar)
             .ok_or_else(|| corrupt("its checksum sidecar is unreadable".into()))?;
+        // The checksum is of the bytes before compression; no more than it names is read.
+        let bytes = compression
+            .decode(&stored, sum.size)
+            .map_err(|e| corrupt(format!("its stored form does not decode: {e}")))?;
         if let Some(reason) = sum.mismatch(&bytes) {
             return Err(corrupt(reason));
         }
         Ok(Some(bytes))
     }
 
-    /// Every object in the archive, sidecars and temporary files left out, by name.
-    /// Blocking: run it on a blocking pool.
+    /// Every file in the archive, sidecars and temporary files left out, by name: a
+    /// compressed object is listed under its file's name (without `.zst`) and its stored
+    /// size. Blocking: run it on a blocking pool.
     pub fn list(&self) -> Result<Vec<ObjectInfo>> {
-        let mut objects = match self {
+        let stored = match self {
             ArchiveTarget::Directory(dir) => list_dir(dir)?,
             ArchiveTarget::Command(_) => return Err(crate::target::unreadable()),
+            ArchiveTarget::S3(s3) => s3
+                .list()?
+                .into_iter()
+                .filter(|(name, _)| !name.ends_with(SIDECAR_SUFFIX))
+                .map(|(name, size)| ObjectInfo { name, size })
+                .collect(),
         };
+        let mut objects: Vec<ObjectInfo> = stored
+            .into_iter()
+            .map(|o| ObjectInfo {
+                name: Compression::ALL
+                    .iter()
+                    .filter(|c| !c.suffix().is_empty())
+                    .find_map(|c| o.name.strip_suffix(c.suffix()))
+                    .map_or(o.name.clone(), str::to_string),
+                size: o.size,
+            })
+            .collect();
         objects.sort();
         Ok(objects)
     }
 
     /// An object's stored bytes, unchecked; `None` if absent.
     fn get_raw(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        match self {
-            ArchiveTarget::Directory(dir) => match fs::read(dir.join(name)) {
-                Ok(bytes) => Ok(Some(bytes)),
-                Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(ArchiveError::io(
-                    format!("reading {} from the archive", name),
-                    e,
-                )),
-            },
-            ArchiveTarget::Command(_) => Err(crate::target::unreadable()),
-        }
+        self.read(name)
     }
 }
 
@@ -306,7 +326,7 @@ mod tests {
         // A crash between the sidecar and the object: still missing.
         fs::write(dir.path().join(format!("{name}.crc32c")), sidecar(b"abc")).unwrap();
         assert_eq!(t.get(name).unwrap(), None);
-        t.put(name, b"abc").unwrap();
+        t.put(name, b"abc", Compression::None).unwrap();
         assert_eq!(t.get(name).unwrap().as_deref(), Some(&b"abc"[..]));
 
         // A flipped byte, a damaged sidecar and a lost sidecar are each refused by name.
@@ -325,12 +345,38 @@ mod tests {
     }
 
     #[test]
+    fn get_decompresses_and_checks_the_bytes_before_compression() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = ArchiveTarget::Directory(dir.path().into());
+        let name = "000000010000000000000001";
+        let bytes = vec![7u8; 100_000];
+        t.put(name, &bytes, Compression::Zstd).unwrap();
+        assert!(!dir.path().join(name).exists());
+        assert_eq!(t.get(name).unwrap(), Some(bytes.clone()));
+        // Damaged: it does not decode, or decodes to other bytes; either is refused.
+        let zst = dir.path().join(format!("{name}.zst"));
+        let stored = fs::read(&zst).unwrap();
+        fs::write(&zst, &stored[..stored.len() - 3]).unwrap();
+        assert!(matches!(t.get(name), Err(ArchiveError::Corrupt { .. })));
+        fs::write(&zst, Compression::Zstd.encode(&[8u8; 100_000]).unwrap()).unwrap();
+        assert!(matches!(t.get(name), Err(ArchiveError::Corrupt { .. })));
+        // More than the checksum's size is never decompressed.
+        fs::write(&zst, Compression::Zstd.encode(&[7u8; 200_000]).unwrap()).unwrap();
+        assert!(matches!(t.get(name), Err(ArchiveError::Corrupt { .. })));
+    }
+
+    #[test]
     fn list_shows_objects_without_sidecars_or_temporaries() {
         let dir = tempfile::tempdir().unwrap();
         let t = ArchiveTarget::Directory(dir.path().into());
-        t.put("000000010000000000000002", b"seg2").unwrap();
-        t.put("00000002.history", b"1\t0/2000000\tno recovery target\n")
+        t.put("000000010000000000000002", b"seg2", Compression::None)
             .unwrap();
+        t.put(
+            "00000002.history",
+            b"1\t0/2000000\tno recovery target\n",
+            Compression::Zstd,
+        )
+        .unwrap();
         fs::write(dir.path().join(".000000010000000000000003.7.tmp"), b"x").unwrap();
         fs::create_dir(dir.path().join("subdir")).unwrap();
         let names: Vec<_> = t.list().unwrap();
@@ -341,9 +387,12 @@ mod tests {
                     name: "000000010000000000000002".into(),
                     size: 4
                 },
+                // Listed under its file's name, with its stored size.
                 ObjectInfo {
                     name: "00000002.history".into(),
-                    size: 31
+                    size: fs::metadata(dir.path().join("00000002.history.zst"))
+                        .unwrap()
+                        .len()
                 },
             ]
         );

@@ -1,7 +1,7 @@
 //! Where archived files go, and the rule every target keeps: an object is created only if
 //! absent, is durable before it counts, and is never overwritten.
 //!
-//! Each object `NAME` has a checksum sidecar `NAME.crc32c` that a restore checks the object
+//! Each file `NAME` has a checksum sidecar `NAME.crc32c` that a restore checks the file
 //! against before it hands the bytes to anyone:
 //!
 //! ```text
@@ -10,21 +10,32 @@
 //!
 //! The sidecar is put first and the object second, so an object that exists always has its
 //! checksum; a sidecar without its object is what a crash between the two leaves, and the
-//! retry puts the object beside it. A later compressed object keeps the sidecar of the bytes
-//! before compression.
+//! retry puts the object beside it. A compressed object is `NAME.zst` (see `compression.rs`)
+//! and keeps the sidecar of the bytes before compression.
 //!
-//! A directory target (`file:///path`) puts a file by writing it under a temporary name in
+//! Every target offers the same two steps, and [`ArchiveTarget::put`] builds the rule from
+//! them: read what a name holds, and create a name only if it is absent. A name that exists
+//! (found before the create, or taken by someone between the read and the create) is judged
+//! by its contents after decompression: the same bytes count as archived (a retry after a
+//! crash, or a second node archiving the same WAL), other bytes are
+//! [`ArchiveError::Mismatch`]. One file has one stored form: with compression on, a file the
+//! archive already holds uncompressed counts as archived if its bytes are the same (and the
+//! other way round), instead of a second object beside it.
+//!
+//! A directory target (`file:///path`) creates a file by writing it under a temporary name in
 //! the target directory, fsyncing it, linking it to its name (`link` fails if the name
 //! exists, so nothing is replaced), removing the temporary name and fsyncing the directory:
-//! only then is the put reported. A name that exists is read back: the same bytes count as
-//! archived (a retry after a crash), other bytes are [`ArchiveError::Mismatch`].
+//! only then is the put reported. An S3 target (`s3://bucket/prefix`, `s3.rs`) creates with a
+//! conditional PUT.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
 use crate::command::ArchiveCommand;
+use crate::compression::Compression;
 use crate::error::{ArchiveError, Result};
+use crate::s3::{S3Options, S3Target};
 
 /// An archive, as `archive_target` names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,6 +44,8 @@ pub enum ArchiveTarget {
     Directory(PathBuf),
     /// `archive_command`, PostgreSQL's contract (`command.rs`); it can only put.
     Command(ArchiveCommand),
+    /// `s3://bucket/prefix`: a bucket of an S3-compatible object store.
+    S3(S3Target),
 }
 
 /// What a put found.
@@ -45,9 +58,15 @@ pub enum Put {
 }
 
 impl ArchiveTarget {
-    /// Parses `archive_target`. Only `file://` with an absolute path is supported by this
-    /// build.
+    /// Parses `archive_target` with no `[archive]` settings (an `s3://` target then fails
+    /// for want of credentials).
     pub fn parse(target: &str) -> Result<ArchiveTarget> {
+        ArchiveTarget::parse_with(target, &S3Options::default())
+    }
+
+    /// Parses `archive_target`, `file:///path` or `s3://bucket/prefix`, an `s3://` one with
+    /// `options`. Checks the text only: nothing is reached.
+    pub fn parse_with(target: &str, options: &S3Options) -> Result<ArchiveTarget> {
         let bad = |reason: &str| ArchiveError::BadTarget {
             target: target.to_string(),
             reason: reason.to_string(),
@@ -59,32 +78,118 @@ impl ArchiveTarget {
             Some(("file", _)) => Err(bad(
                 "a file:// target needs an absolute path (file:///path)",
             )),
+            Some(("s3", rest)) => S3Target::parse(rest, options)
+                .map(ArchiveTarget::S3)
+                .map_err(|reason| bad(&reason)),
             Some((scheme, _)) => Err(bad(&format!(
-                "the {scheme}:// scheme is not supported; use file:///path"
+                "the {scheme}:// scheme is not supported; use file:///path or s3://bucket/prefix"
             ))),
-            None => Err(bad("expected a URL such as file:///path")),
+            None => Err(bad(
+                "expected a URL such as file:///path or s3://bucket/prefix",
+            )),
         }
     }
 
-    /// Puts `bytes` as `name` with its checksum sidecar. Blocking: run it on a blocking pool.
-    pub fn put(&self, name: &str, bytes: &[u8]) -> Result<Put> {
+    /// Puts the file `name` holding `bytes`, stored with `compression`, with its checksum
+    /// sidecar. Blocking: run it on a blocking pool.
+    pub fn put(&self, name: &str, bytes: &[u8], compression: Compression) -> Result<Put> {
+        if let ArchiveTarget::Command(cmd) = self {
+            // PostgreSQL's contract hands the command the file as it is; the command keeps
+            // its own checksums and compression.
+            return cmd.put(name, bytes);
+        }
+        self.put_object(
+            &format!("{name}.crc32c"),
+            sidecar(bytes).as_bytes(),
+            Compression::None,
+        )?;
+        // The other stored forms first: one file, one object.
+        for other in Compression::ALL.into_iter().filter(|c| *c != compression) {
+            if let Some(put) = self.judge(name, bytes, other)? {
+                return Ok(put);
+            }
+        }
+        self.put_object(name, bytes, compression)
+    }
+
+    /// Creates `name`'s object stored with `compression` unless it exists, and judges what
+    /// is there if it does.
+    fn put_object(&self, name: &str, bytes: &[u8], compression: Compression) -> Result<Put> {
+        if let Some(put) = self.judge(name, bytes, compression)? {
+            return Ok(put);
+        }
+        let object = compression.object_name(name);
+        let stored = compression.encode(bytes)?;
+        let created = match self {
+            ArchiveTarget::Directory(dir) => create_file(dir, &object, &stored)?,
+            ArchiveTarget::S3(s3) => s3.create(&object, stored)?,
+            ArchiveTarget::Command(_) => return Err(unreadable()),
+        };
+        if created {
+            return Ok(Put::Stored);
+        }
+        // Someone put it between the read and the create: judge what is there.
+        self.judge(name, bytes, compression)?.ok_or_else(|| {
+            ArchiveError::io(
+                format!("archiving {object}"),
+                std::io::Error::other("the name was taken, then found empty"),
+            )
+        })
+    }
+
+    /// `None` if `name` has no object stored with `compression`; `AlreadyThere` if it holds
+    /// `bytes`; a mismatch if it holds anything else (also if it does not decompress).
+    fn judge(&self, name: &str, bytes: &[u8], compression: Compression) -> Result<Option<Put>> {
+        let object = compression.object_name(name);
+        let Some(stored) = self.read(&object)? else {
+            return Ok(None);
+        };
+        match compression.decode(&stored, bytes.len() as u64) {
+            Ok(there) if there == bytes => Ok(Some(Put::AlreadyThere)),
+            _ => Err(ArchiveError::Mismatch {
+                object: self.describe(&object),
+            }),
+        }
+    }
+
+    /// The object `object`'s stored bytes, `None` if there is none. Blocking.
+    pub fn read(&self, object: &str) -> Result<Option<Vec<u8>>> {
         match self {
             ArchiveTarget::Directory(dir) => {
-                put_file(dir, &format!("{name}.crc32c"), sidecar(bytes).as_bytes())?;
-                put_file(dir, name, bytes)
+                let path = dir.join(object);
+                match fs::read(&path) {
+                    Ok(bytes) => Ok(Some(bytes)),
+                    Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+                    Err(e) => Err(ArchiveError::io(format!("reading {}", path.display()), e)),
+                }
             }
-            ArchiveTarget::Command(cmd) => cmd.put(name, bytes),
+            ArchiveTarget::S3(s3) => Ok(s3.read(object)?.map(|b| b.to_vec())),
+            ArchiveTarget::Command(_) => Err(unreadable()),
+        }
+    }
+
+    /// Where the object `object` is, for messages: a path or an `s3://` URL.
+    pub fn describe(&self, object: &str) -> String {
+        match self {
+            ArchiveTarget::Directory(dir) => dir.join(object).display().to_string(),
+            ArchiveTarget::S3(s3) => s3.url_of(object),
+            ArchiveTarget::Command(_) => object.to_string(),
         }
     }
 }
 
 impl ArchiveTarget {
-    /// Removes object `name` and then its sidecar, durably; an absent one is not an error.
-    /// Only superseded `archive_timeout` prefixes are ever removed. Blocking.
+    /// Removes the file `name` (each stored form of it) and then its sidecar, durably; an
+    /// absent one is not an error. Only superseded `archive_timeout` objects are ever
+    /// removed (`names.rs`). Blocking.
     pub fn remove(&self, name: &str) -> Result<()> {
+        let objects = Compression::ALL
+            .map(|c| c.object_name(name))
+            .into_iter()
+            .chain([format!("{name}.crc32c")]);
         match self {
             ArchiveTarget::Directory(dir) => {
-                for n in [name.to_string(), format!("{name}.crc32c")] {
+                for n in objects {
                     let path = dir.join(&n);
                     match fs::remove_file(&path) {
                         Ok(()) => {}
@@ -99,6 +204,7 @@ impl ArchiveTarget {
                     .map_err(|e| ArchiveError::io(format!("syncing {}", dir.display()), e))
             }
             ArchiveTarget::Command(_) => Err(unreadable()),
+            ArchiveTarget::S3(s3) => objects.into_iter().try_for_each(|n| s3.delete(&n)),
         }
     }
 }
@@ -119,12 +225,10 @@ pub fn sidecar(bytes: &[u8]) -> String {
     )
 }
 
-/// Creates `dir/name` holding `bytes`, durably, unless it exists (see the module's story).
-fn put_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<Put> {
+/// Creates `dir/name` holding `bytes`, durably, unless it exists: `false` if it does (see
+/// the module's story).
+fn create_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
     let target = dir.join(name);
-    if let Some(put) = compare_existing(&target, bytes)? {
-        return Ok(put);
-    }
     // One writer per target directory and name is the archiver's rule; the process id keeps
     // two nodes that share a directory by mistake from writing one temporary file.
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
@@ -142,36 +246,19 @@ fn put_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<Put> {
         f.write_all(bytes).map_err(fail("writing", &tmp))?;
         f.sync_all().map_err(fail("syncing", &tmp))?;
         match fs::hard_link(&tmp, &target) {
-            Ok(()) => Ok(None),
-            // Someone put it between the check and the link: judge what is there.
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(Some(())),
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
             Err(e) => Err(fail("linking into place as", &target)(e)),
         }
     })();
     let _ = fs::remove_file(&tmp);
-    if result?.is_some() {
-        return compare_existing(&target, bytes)?
-            .ok_or_else(|| ArchiveError::io("archiving", ErrorKind::NotFound.into()));
+    if !result? {
+        return Ok(false);
     }
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(fail("syncing", dir))?;
-    Ok(Put::Stored)
-}
-
-/// `None` if `target` does not exist; `AlreadyThere` if it holds `bytes`; a mismatch if not.
-fn compare_existing(target: &Path, bytes: &[u8]) -> Result<Option<Put>> {
-    match fs::read(target) {
-        Ok(there) if there == bytes => Ok(Some(Put::AlreadyThere)),
-        Ok(_) => Err(ArchiveError::Mismatch {
-            path: target.to_path_buf(),
-        }),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(ArchiveError::io(
-            format!("reading {} to compare", target.display()),
-            e,
-        )),
-    }
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -184,7 +271,14 @@ mod tests {
             ArchiveTarget::parse("file:///var/archive").unwrap(),
             ArchiveTarget::Directory("/var/archive".into())
         );
-        for bad in ["file://relative", "s3://bucket/prefix", "/var/archive", ""] {
+        for bad in [
+            "file://relative",
+            "s3://bucket/prefix",
+            "s3://",
+            "gs://b",
+            "/var/archive",
+            "",
+        ] {
             let e = ArchiveTarget::parse(bad).unwrap_err();
             assert!(matches!(e, ArchiveError::BadTarget { .. }), "{bad}: {e}");
         }
@@ -195,7 +289,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let t = ArchiveTarget::Directory(dir.path().into());
         assert_eq!(
-            t.put("000000010000000000000001", b"abc").unwrap(),
+            t.put("000000010000000000000001", b"abc", Compression::None)
+                .unwrap(),
             Put::Stored
         );
         assert_eq!(
@@ -208,11 +303,14 @@ mod tests {
         );
         // The same bytes again: archived already.
         assert_eq!(
-            t.put("000000010000000000000001", b"abc").unwrap(),
+            t.put("000000010000000000000001", b"abc", Compression::None)
+                .unwrap(),
             Put::AlreadyThere
         );
         // Other bytes: refused, and the object is untouched.
-        let e = t.put("000000010000000000000001", b"abd").unwrap_err();
+        let e = t
+            .put("000000010000000000000001", b"abd", Compression::None)
+            .unwrap_err();
         assert!(matches!(e, ArchiveError::Mismatch { .. }), "{e}");
         assert_eq!(
             fs::read(dir.path().join("000000010000000000000001")).unwrap(),
@@ -231,7 +329,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("00000002.history.crc32c"), sidecar(b"h")).unwrap();
         let t = ArchiveTarget::Directory(dir.path().into());
-        assert_eq!(t.put("00000002.history", b"h").unwrap(), Put::Stored);
+        assert_eq!(
+            t.put("00000002.history", b"h", Compression::None).unwrap(),
+            Put::Stored
+        );
         assert_eq!(fs::read(dir.path().join("00000002.history")).unwrap(), b"h");
     }
 
@@ -239,7 +340,171 @@ mod tests {
     fn an_unwritable_target_fails_the_put() {
         let dir = tempfile::tempdir().unwrap();
         let t = ArchiveTarget::Directory(dir.path().join("missing"));
-        let e = t.put("000000010000000000000001", b"abc").unwrap_err();
+        let e = t
+            .put("000000010000000000000001", b"abc", Compression::None)
+            .unwrap_err();
         assert!(matches!(e, ArchiveError::Io { .. }), "{e}");
+    }
+
+    fn s3_options(server: &pg_testkit::SeaweedServer) -> S3Options {
+        S3Options {
+            endpoint: Some(server.endpoint()),
+            allow_http: true,
+            access_key_id: Some(pg_testkit::SEAWEED_ACCESS_KEY_ID.into()),
+            secret_access_key: Some(pg_testkit::SEAWEED_SECRET_ACCESS_KEY.into()),
+            ..S3Options::default()
+        }
+    }
+
+    #[test]
+    fn s3_targets_parse_with_their_settings() {
+        let o = S3Options {
+            endpoint: Some("https://s3.example".into()),
+            access_key_id: Some("k".into()),
+            secret_access_key: Some("s".into()),
+            ..S3Options::default()
+        };
+        let ArchiveTarget::S3(t) = ArchiveTarget::parse_with("s3://b/a/p/", &o).unwrap() else {
+            panic!("not s3")
+        };
+        assert_eq!((t.bucket(), t.prefix()), ("b", "a/p"));
+        assert_eq!(t.url_of("x"), "s3://b/a/p/x");
+        let ArchiveTarget::S3(t) = ArchiveTarget::parse_with("s3://b", &o).unwrap() else {
+            panic!("not s3")
+        };
+        assert_eq!(t.url_of("x"), "s3://b/x");
+        // The secret never shows.
+        assert!(!format!("{t:?}").contains("\"s\""), "{t:?}");
+        for (url, o, needle) in [
+            ("s3://b/p", S3Options::default(), "credentials"),
+            (
+                "s3://b/p",
+                S3Options {
+                    endpoint: Some("http://127.0.0.1:1".into()),
+                    ..o.clone()
+                },
+                "allow_http",
+            ),
+            (
+                "s3://b/p",
+                S3Options {
+                    endpoint: Some("127.0.0.1:1".into()),
+                    ..o.clone()
+                },
+                "http:// or https://",
+            ),
+            ("s3:///p", o.clone(), "bucket"),
+        ] {
+            let e = ArchiveTarget::parse_with(url, &o).unwrap_err().to_string();
+            assert!(e.contains(needle), "{url}: {e}");
+        }
+    }
+
+    /// The rule on a real S3 store: create once with the checksum, same bytes count as
+    /// archived, other bytes (put through the store's back door) are refused and left, also
+    /// compressed and across compressions; wrong credentials fail.
+    #[test]
+    fn an_s3_put_creates_once_and_never_overwrites() {
+        let server = pg_testkit::SeaweedServer::start();
+        let url = format!("s3://{}/cluster-a", server.bucket());
+        let t = ArchiveTarget::parse_with(&url, &s3_options(&server)).unwrap();
+        let seg = "000000010000000000000001";
+        let bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 13) as u8).collect();
+        assert_eq!(t.put(seg, &bytes, Compression::None).unwrap(), Put::Stored);
+        let raw = |key: &str| server.get_raw(&format!("cluster-a/{key}")).unwrap();
+        assert_eq!(raw(seg).as_deref(), Some(&bytes[..]));
+        assert_eq!(
+            raw(&format!("{seg}.crc32c")).as_deref(),
+            Some(sidecar(&bytes).as_bytes())
+        );
+        assert_eq!(
+            t.put(seg, &bytes, Compression::None).unwrap(),
+            Put::AlreadyThere
+        );
+        // Stored uncompressed, it counts as archived with compression on too: one object.
+        assert_eq!(
+            t.put(seg, &bytes, Compression::Zstd).unwrap(),
+            Put::AlreadyThere
+        );
+        assert_eq!(raw(&format!("{seg}.zst")), None);
+        let mut other = bytes.clone();
+        other[1000] ^= 1;
+        let e = t.put(seg, &other, Compression::None).unwrap_err();
+        assert!(matches!(e, ArchiveError::Mismatch { .. }), "{e}");
+        assert_eq!(raw(seg).as_deref(), Some(&bytes[..]));
+
+        // Compressed: a .zst object, found equal by its contents.
+        let seg2 = "000000010000000000000002";
+        assert_eq!(t.put(seg2, &bytes, Compression::Zstd).unwrap(), Put::Stored);
+        let stored = raw(&format!("{seg2}.zst")).unwrap();
+        assert!(stored.len() < bytes.len() / 10);
+        assert_eq!(raw(seg2), None);
+        assert_eq!(
+            t.put(seg2, &bytes, Compression::Zstd).unwrap(),
+            Put::AlreadyThere
+        );
+        assert_eq!(
+            t.put(seg2, &bytes, Compression::None).unwrap(),
+            Put::AlreadyThere
+        );
+        // A damaged compressed object is other bytes, and stays as it is.
+        server
+            .put_raw(
+                &format!("cluster-a/{seg2}.zst"),
+                &stored[..stored.len() / 2],
+            )
+            .unwrap();
+        for c in Compression::ALL {
+            let e = t.put(seg2, &bytes, c).unwrap_err();
+            assert!(matches!(e, ArchiveError::Mismatch { .. }), "{e}");
+            assert!(
+                e.to_string().contains("s3://walserver-archive/cluster-a/"),
+                "{e}"
+            );
+        }
+        assert_eq!(raw(&format!("{seg2}.zst")).unwrap().len(), stored.len() / 2);
+
+        // A foreign object placed before the first put: refused, never overwritten. The
+        // conditional PUT itself is what refuses a name taken after the read.
+        let seg3 = "000000010000000000000003";
+        server
+            .put_raw(&format!("cluster-a/{seg3}"), b"foreign")
+            .unwrap();
+        let e = t.put(seg3, &bytes, Compression::None).unwrap_err();
+        assert!(matches!(e, ArchiveError::Mismatch { .. }), "{e}");
+        assert_eq!(raw(seg3).as_deref(), Some(&b"foreign"[..]));
+        let ArchiveTarget::S3(s3) = &t else {
+            unreachable!()
+        };
+        assert!(
+            !s3.create(seg3, bytes.clone()).unwrap(),
+            "a taken name was created"
+        );
+        assert_eq!(raw(seg3).as_deref(), Some(&b"foreign"[..]));
+
+        let mut names: Vec<_> = s3.list().unwrap().into_iter().map(|(n, _)| n).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                seg.to_string(),
+                format!("{seg}.crc32c"),
+                format!("{seg2}.crc32c"),
+                format!("{seg2}.zst"),
+                seg3.to_string(),
+                format!("{seg3}.crc32c"),
+            ]
+        );
+
+        let wrong = S3Options {
+            secret_access_key: Some("not-the-secret".into()),
+            ..s3_options(&server)
+        };
+        let t = ArchiveTarget::parse_with(&url, &wrong).unwrap();
+        let e = t
+            .put("000000010000000000000004", b"x", Compression::None)
+            .unwrap_err();
+        assert!(matches!(e, ArchiveError::Store { .. }), "{e}");
+        assert_eq!(raw("000000010000000000000004"), None);
     }
 }

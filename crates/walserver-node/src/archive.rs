@@ -1,27 +1,88 @@
-//! `archive_mode`, `archive_target`, `archive_command`, `archive_timeout` and
-//! `archive_max_backlog`: continuous archiving in the configuration's words, and the archiver
-//! a node runs beside its actors.
+//! `archive_mode`, `archive_target`, `archive_command`, `archive_timeout`,
+//! `archive_max_backlog`, `archive_compression` and the `[archive]` table: continuous archiving in the
+//! configuration's words, and the archiver a node runs beside its actors.
 //!
 //! `archive_mode` is PostgreSQL's: `off` (the default), `on` (a primary archives) or
-//! `always` (every node archives what it stores). `archive_target` names the archive as a URL;
-//! this build archives to a directory, `file:///path`. `archive_command` instead hands each
-//! file to a shell command with PostgreSQL's `%p` / `%f` contract (WAL-G, pgBackRest,
-//! barman-cloud), staged in `DATA/archive_staging`. `archive_timeout` (seconds, 0 = off)
-//! bounds how long durable WAL may wait before the archive has it; `archive_max_backlog`
-//! (bytes, 0 = unbounded) how much may wait: past it a primary refuses appends with a
-//! retryable error naming the archive and a relay stops reading from its upstream, until the
-//! archive catches up. All take effect at a restart.
+//! `always` (every node archives what it stores). `archive_target` names the archive as a URL:
+//! a directory, `file:///path`, or an S3 bucket and key prefix, `s3://bucket/prefix`, whose
+//! service the `[archive]` table describes (`endpoint`, `region`, `allow_http`) with its
+//! credentials (`access_key_id`, `secret_access_key`, else the standard `AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN` variables). `archive_command` instead
+//! hands each file to a shell command with PostgreSQL's `%p` / `%f` contract (WAL-G,
+//! pgBackRest, barman-cloud), staged in `DATA/archive_staging`. `archive_timeout` (seconds,
+//! 0 = off) bounds how long durable WAL may wait before the archive has it;
+//! `archive_max_backlog` (bytes, 0 = unbounded) how much may wait: past it a primary refuses
+//! appends with a retryable error naming the archive and a relay stops reading from its
+//! upstream, until the archive catches up. `archive_compression` (`none` or `zstd`) is how
+//! objects are stored. All take effect at a restart.
 
 use actix::Addr;
+use serde::Deserialize;
 use supervisor_actor::{Node, SuperviseService};
 use tokio::sync::watch;
 use wal_archive::{
     ArchiveCommand, ArchiveConfig, ArchiveMode, ArchiveTarget, Archiver, ArchiverStatus,
-    StopArchiver,
+    Compression, S3Options, StopArchiver,
 };
 
 use crate::config::Settings;
 use crate::error::{Error, Result};
+use crate::failover::Password;
+
+/// Every key of the `[archive]` table, for `-c archive.KEY`, `WALSERVER_ARCHIVE_KEY` and the
+/// test that checks the example configs document each one.
+pub const ARCHIVE_KEYS: &[&str] = &[
+    "endpoint",
+    "region",
+    "allow_http",
+    "access_key_id",
+    "secret_access_key",
+];
+
+/// The `[archive]` table as written: the object store of an `s3://` target.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveSettings {
+    /// The S3 service's URL; AWS's endpoint for the region when unset.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Allows a plain `http://` endpoint.
+    #[serde(default)]
+    pub allow_http: bool,
+    /// Credentials; `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` when unset.
+    #[serde(default)]
+    pub access_key_id: Option<String>,
+    #[serde(default)]
+    pub secret_access_key: Option<Password>,
+}
+
+impl ArchiveSettings {
+    /// The object store's options, credentials from the table, else from `env` (the
+    /// standard AWS variables): both keys from one place, never one from each.
+    pub fn s3_options(&self, env: impl Fn(&str) -> Option<String>) -> S3Options {
+        let (access_key_id, secret_access_key, session_token) =
+            match (&self.access_key_id, &self.secret_access_key) {
+                (Some(id), Some(secret)) => (Some(id.clone()), Some(secret.0.clone()), None),
+                (None, None) => (
+                    env("AWS_ACCESS_KEY_ID"),
+                    env("AWS_SECRET_ACCESS_KEY"),
+                    env("AWS_SESSION_TOKEN"),
+                ),
+                // Half a pair is a mistake the target's parse reports as missing credentials.
+                _ => (None, None, None),
+            };
+        S3Options {
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            allow_http: self.allow_http,
+            access_key_id,
+            secret_access_key,
+            session_token,
+        }
+    }
+}
 
 /// The archiver's configuration the settings give; `None` with `archive_mode = off`.
 pub fn archive_config(s: &Settings) -> Result<Option<ArchiveConfig>> {
@@ -63,11 +124,14 @@ pub fn archive_config(s: &Settings) -> Result<Option<ArchiveConfig>> {
             )))
         }
     };
+    let compression =
+        Compression::parse(&s.archive_compression).map_err(|e| Error::Invalid(e.to_string()))?;
     Ok(Some(ArchiveConfig {
         mode,
         target,
         archive_timeout: s.archive_timeout,
         max_backlog: s.archive_max_backlog,
+        compression,
     }))
 }
 
@@ -76,11 +140,16 @@ pub fn archive_config(s: &Settings) -> Result<Option<ArchiveConfig>> {
 pub fn archive_target(s: &Settings) -> Result<ArchiveTarget> {
     let target = s.archive_target.as_deref().ok_or_else(|| {
         Error::Invalid(
-            "no archive_target: set it in the configuration (file:///path) or pass -c archive_target=URL"
+            "no archive_target: set it in the configuration (file:///path or s3://bucket/prefix) or pass -c archive_target=URL"
                 .into(),
         )
     })?;
-    ArchiveTarget::parse(target).map_err(|e| Error::Invalid(e.to_string()))
+    let options = s
+        .archive
+        .clone()
+        .unwrap_or_default()
+        .s3_options(|name| std::env::var(name).ok());
+    ArchiveTarget::parse_with(target, &options).map_err(|e| Error::Invalid(e.to_string()))
 }
 
 /// Starts the archiver the settings describe beside `node`, in the current actix System, and
@@ -194,8 +263,16 @@ mod tests {
             (vec![("archive_mode", "on")], "archive_target"),
             (vec![("archive_mode", "yes")], "archive_mode"),
             (
-                vec![("archive_mode", "on"), ("archive_target", "s3://bucket/p")],
+                vec![("archive_mode", "on"), ("archive_target", "gs://bucket/p")],
                 "archive_target",
+            ),
+            (
+                vec![
+                    ("archive_mode", "on"),
+                    ("archive_target", "file:///b"),
+                    ("archive_compression", "lz4"),
+                ],
+                "archive_compression",
             ),
         ] {
             let e = format!("{:#}", load(base, &[], &overrides).unwrap_err());
@@ -229,5 +306,85 @@ mod tests {
             Settings::load(&sources(&[("archive_target", "file:///r")])),
             Err(Error::MissingDataDir { .. })
         ));
+    }
+
+    #[test]
+    fn an_s3_target_takes_the_archive_table_from_the_file_the_environment_and_c() {
+        let file = r#"data_dir = "/d"
+archive_mode = "on"
+archive_target = "s3://wal/main"
+archive_compression = "zstd"
+[archive]
+endpoint = "http://127.0.0.1:8333"
+allow_http = true
+access_key_id = "k"
+secret_access_key = "s"
+"#;
+        let s = load(file, &[("WALSERVER_ARCHIVE_REGION", "eu-west-1")], &[]).unwrap();
+        let c = archive_config(&s).unwrap().unwrap();
+        assert_eq!(c.compression, Compression::Zstd);
+        let ArchiveTarget::S3(t) = &c.target else {
+            panic!("{:?}", c.target)
+        };
+        assert_eq!(t.url_of("x"), "s3://wal/main/x");
+        let want = S3Options {
+            endpoint: Some("http://127.0.0.1:8333".into()),
+            region: Some("eu-west-1".into()),
+            allow_http: true,
+            access_key_id: Some("k".into()),
+            secret_access_key: Some("s".into()),
+            session_token: None,
+        };
+        assert_eq!(s.archive.as_ref().unwrap().s3_options(|_| None), want);
+        // The secret stays out of every debug dump.
+        assert!(!format!("{s:?} {c:?}").contains("\"s\""));
+        // -c overrides a key; allow_http off refuses the http:// endpoint.
+        let e = load(file, &[], &[("archive.allow_http", "false")]).unwrap_err();
+        assert!(format!("{e:#}").contains("allow_http"), "{e:#}");
+        assert!(load(file, &[], &[("archive.nonsense", "1")]).is_err());
+        let e = load(file, &[("WALSERVER_ARCHIVE", "x")], &[]).unwrap_err();
+        assert!(e.to_string().contains("[archive] is a table"), "{e}");
+        let e = load(file, &[("WALSERVER_ARCHIVE_ENDPIONT", "x")], &[]).unwrap_err();
+        assert!(e.to_string().contains("WALSERVER_ARCHIVE_ENDPOINT"), "{e}");
+    }
+
+    #[test]
+    fn credentials_come_from_the_table_else_the_aws_variables_as_a_pair() {
+        let env = |name: &str| match name {
+            "AWS_ACCESS_KEY_ID" => Some("env-k".to_string()),
+            "AWS_SECRET_ACCESS_KEY" => Some("env-s".to_string()),
+            "AWS_SESSION_TOKEN" => Some("env-t".to_string()),
+            _ => None,
+        };
+        let o = ArchiveSettings::default().s3_options(env);
+        assert_eq!(
+            (o.access_key_id, o.secret_access_key, o.session_token),
+            (
+                Some("env-k".into()),
+                Some("env-s".into()),
+                Some("env-t".into())
+            )
+        );
+        let table = ArchiveSettings {
+            access_key_id: Some("k".into()),
+            secret_access_key: Some(Password("s".into())),
+            ..ArchiveSettings::default()
+        };
+        let o = table.s3_options(env);
+        assert_eq!(
+            (o.access_key_id, o.secret_access_key, o.session_token),
+            (Some("k".into()), Some("s".into()), None)
+        );
+        // Half a pair in the table is not completed from the environment.
+        let half = ArchiveSettings {
+            access_key_id: Some("k".into()),
+            ..ArchiveSettings::default()
+        };
+        let o = half.s3_options(env);
+        assert_eq!((&o.access_key_id, &o.secret_access_key), (&None, &None));
+        assert!(ArchiveTarget::parse_with("s3://b/p", &o)
+            .unwrap_err()
+            .to_string()
+            .contains("credentials"));
     }
 }

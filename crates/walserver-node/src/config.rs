@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use walsender_actor::hba::HbaRuleSettings;
 
+use crate::archive::{ArchiveSettings, ARCHIVE_KEYS};
 use crate::error::{Error, Message, Result};
 use crate::failover::{FailoverSettings, FAILOVER_KEYS};
 use crate::logging::{self, LogFormat};
@@ -40,6 +41,8 @@ pub const KEYS: &[&str] = &[
     "archive_timeout",
     "archive_command",
     "archive_max_backlog",
+    "archive_compression",
+    "archive",
     "synchronous_standby_names",
     "synchronous_commit",
     "synchronous_wait_timeout",
@@ -136,6 +139,12 @@ pub struct Settings {
     /// often; 0 (the default) turns it off. Bare numbers are seconds, as in PostgreSQL.
     #[serde(default, deserialize_with = "units::duration_s")]
     pub archive_timeout: Duration,
+    /// `archive_compression`: how archived objects are stored, `none` or `zstd`.
+    #[serde(default = "default_archive_compression")]
+    pub archive_compression: String,
+    /// The object store of an `s3://` archive_target.
+    #[serde(default)]
+    pub archive: Option<ArchiveSettings>,
     #[serde(default)]
     pub synchronous_standby_names: String,
     #[serde(default = "default_synchronous_commit")]
@@ -221,6 +230,9 @@ fn default_max_wal_size() -> u64 {
 fn default_archive_mode() -> String {
     "off".into()
 }
+fn default_archive_compression() -> String {
+    "none".into()
+}
 
 fn default_wal_recycle() -> bool {
     wal_storage::StorageConfig::default().wal_recycle
@@ -267,14 +279,18 @@ pub const NON_SETTING_VARS: &[&str] = &["WALSERVER_PG_BIN", "WALSERVER_BIN", "WA
 pub const TEST_VAR_PREFIX: &str = "WALSERVER_TEST_";
 
 /// The keys that are tables, which no `-c` or variable sets whole.
-const TABLES: &[&str] = &["hba", "users", "failover"];
+const TABLES: &[&str] = &["hba", "users", "failover", "archive"];
 
-/// Whether `-c key=value` may set `key`: a top-level setting, or `failover.KEY`.
+/// Whether `-c key=value` may set `key`: a top-level setting, `failover.KEY` or
+/// `archive.KEY`.
 fn settable(key: &str) -> bool {
-    match key.strip_prefix("failover.") {
-        Some(k) => FAILOVER_KEYS.contains(&k),
-        None => KEYS.contains(&key),
+    if let Some(k) = key.strip_prefix("failover.") {
+        return FAILOVER_KEYS.contains(&k);
     }
+    if let Some(k) = key.strip_prefix("archive.") {
+        return ARCHIVE_KEYS.contains(&k);
+    }
+    KEYS.contains(&key)
 }
 
 /// Splits `key=value` from the command line.
@@ -305,7 +321,11 @@ fn env_setting(name: &str) -> Result<Option<String>> {
         k if k.strip_prefix("failover_").is_some_and(|f| FAILOVER_KEYS.contains(&f)) => {
             Ok(Some(format!("failover.{}", &k["failover_".len()..])))
         }
+        "archive" => Err(env_error(name, format!(": [archive] is a table; set its keys one by one, as {ENV_PREFIX}ARCHIVE_ENDPOINT"))),
         k if KEYS.contains(&k) => Ok(Some(key)),
+        k if k.strip_prefix("archive_").is_some_and(|a| ARCHIVE_KEYS.contains(&a)) => {
+            Ok(Some(format!("archive.{}", &k["archive_".len()..])))
+        }
         _ => {
             let known: Vec<String> = KEYS
                 .iter()
@@ -315,6 +335,11 @@ fn env_setting(name: &str) -> Result<Option<String>> {
                     FAILOVER_KEYS
                         .iter()
                         .map(|k| format!("{ENV_PREFIX}FAILOVER_{}", k.to_ascii_uppercase())),
+                )
+                .chain(
+                    ARCHIVE_KEYS
+                        .iter()
+                        .map(|k| format!("{ENV_PREFIX}ARCHIVE_{}", k.to_ascii_uppercase())),
                 )
                 .chain(NON_SETTING_VARS.iter().map(|v| v.to_string()))
                 .collect();
@@ -468,6 +493,7 @@ impl Settings {
                     .filter(|k| !TABLES.contains(k))
                     .map(|k| k.to_string())
                     .chain(FAILOVER_KEYS.iter().map(|k| format!("failover.{k}")))
+                    .chain(ARCHIVE_KEYS.iter().map(|k| format!("archive.{k}")))
                     .collect();
                 return Err(Error::UnknownSetting {
                     key: k.clone(),
@@ -615,6 +641,13 @@ pub(crate) mod tests {
             assert!(
                 documented.contains(key),
                 "{key} is not documented in configs/"
+            );
+        }
+        assert!(documented.contains("[archive]"));
+        for key in ARCHIVE_KEYS {
+            assert!(
+                documented.contains(&format!("# {key} = ")),
+                "[archive] {key} is not documented in configs/"
             );
         }
     }

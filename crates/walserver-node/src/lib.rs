@@ -5,7 +5,7 @@
 //! It owns the configuration ([`config`]: a TOML file, `WALSERVER_*` variables and `-c`
 //! overrides, with PostgreSQL's units in [`units`] and its log level names in [`logging`];
 //! the `[failover]` table and the failover actor's configuration it gives in [`failover`];
-//! `archive_mode` and `archive_target`, and the archiver they start, in [`archive`]),
+//! the `archive_*` settings and the `[archive]` table, and the archiver they start, in [`archive`]),
 //! data directories as `walserver init` makes them ([`init`]), the `NodeConfig` a
 //! configuration gives, the reloader, and [`start_node`], the one function that brings a
 //! configured node to life ([`node`]). It also owns the two things the admin API's server

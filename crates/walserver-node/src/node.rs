@@ -266,6 +266,11 @@ impl Reloader {
                 s.archive_max_backlog != self.running.archive_max_backlog,
             ),
             (
+                "archive_compression",
+                s.archive_compression != self.running.archive_compression,
+            ),
+            ("[archive]", s.archive != self.running.archive),
+            (
                 "archive_timeout",
                 s.archive_timeout != self.running.archive_timeout,
             ),

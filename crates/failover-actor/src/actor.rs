@@ -15,7 +15,6 @@ use supervisor_actor::{Fence, GetNodeStatus, Node, NodeRole, NodeState, NodeStat
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 use wal_types::time::format_time;
-use walreceiver_actor::ReceiverState;
 use walsender_actor::status::WalSenderStatus;
 
 use crate::config::FailoverConfig;
@@ -161,6 +160,8 @@ pub(crate) struct RenewalAnswer {
     /// The term a leader's transaction checked and whether the key held; `None` for a
     /// follower's renewal, which checks nothing.
     confirmed: Option<(u64, bool)>,
+    /// The member key it wrote, as the node's status said before the keepalive.
+    member: MemberInfo,
 }
 
 /// How soon a new leader looks again for a synchronous standby while it holds appends for
@@ -236,13 +237,12 @@ impl FailoverActor {
         &self.config.node_name
     }
 
-    /// The node's status, read into `local`.
+    /// The node's status, read into `local`. Whether it streams is the supervisor's own
+    /// word (`Node::state`), which a stopped walreceiver's last status row may contradict.
     pub(crate) fn take_status(&mut self, status: &NodeStatus) {
-        let streaming = status
-            .wal_receiver
-            .as_ref()
-            .and_then(|r| r.status.as_ref())
-            .is_some_and(|s| s.status == ReceiverState::Streaming);
+        let streaming = self.node_state.borrow().streaming
+            && status.role == NodeRole::Standby
+            && status.wal_receiver.is_some();
         self.local = Some(Local {
             role: match status.role {
                 NodeRole::Primary => LocalRole::Primary,
@@ -472,6 +472,7 @@ impl FailoverActor {
                     sent_at,
                     granted_ttl: renewed.ttl,
                     confirmed,
+                    member,
                 })
             }
             .into_actor(act)
@@ -493,7 +494,18 @@ impl FailoverActor {
                 sent_at,
                 granted_ttl,
                 confirmed,
+                member,
             }) => {
+                // The node changed while the renewal was under way, and a publication of the
+                // change may have landed before the renewal's older key: publish again.
+                let now = *self.node_state.borrow();
+                let role = match now.role {
+                    NodeRole::Primary => "primary",
+                    NodeRole::Standby => "standby",
+                };
+                if member.streaming != now.streaming || member.role != role {
+                    self.publish_member(ctx);
+                }
                 self.lease.failures = 0;
                 self.lease.last_contact = Some(Instant::now());
                 self.lease.renewed = Some(sent_at);

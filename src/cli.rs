@@ -101,6 +101,9 @@ pub fn render_status(v: &Value, slots: Option<&Value>, wide: bool) -> anyhow::Re
             text(&a["archived_lsn"]),
             text(&a["backlog_bytes"]),
         );
+        if let Some(secs) = a.get("backlog_seconds").and_then(|s| s.as_f64()) {
+            line.push_str(&format!(" ({secs:.0} s)"));
+        }
         for key in ["alarm", "last_error"] {
             if let Some(e) = a.get(key).filter(|e| !e.is_null()) {
                 line.push_str(&format!("; {key}: {}", text(e)));
@@ -423,6 +426,11 @@ mod tests {
             "{t}"
         );
         assert!(line.chars().count() <= NARROW_WIDTH, "{t}");
+        // The backlog's age, in seconds, when /status gives it.
+        v["archiver"]["backlog_bytes"] = 1048576.into();
+        v["archiver"]["backlog_seconds"] = 12.4.into();
+        let t = render_status(&v, None, true).unwrap();
+        assert!(t.contains("backlog 1048576 bytes (12 s)\n"), "{t}");
         v["archiver"]["alarm"] = "000000010000000000000003 differs".into();
         let t = render_status(&v, None, true).unwrap();
         assert!(

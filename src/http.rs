@@ -627,10 +627,14 @@ async fn status(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
             // `archiver` beside the supervisor's fields: pg_stat_archiver's columns and the
             // archived position. Both serialize to JSON objects, so the insert cannot miss.
             let mut body = serde_json::to_value(&s).unwrap_or_default();
-            if let (Some(obj), Ok(a)) = (
-                body.as_object_mut(),
-                serde_json::to_value(&*archiver.borrow()),
-            ) {
+            let archiver = archiver.borrow().clone();
+            if let (Some(obj), Ok(mut a)) = (body.as_object_mut(), serde_json::to_value(&archiver))
+            {
+                // The backlog's age at this moment, beside the time it counts from.
+                if let Some(a) = a.as_object_mut() {
+                    let seconds = archiver.backlog_seconds(std::time::SystemTime::now());
+                    a.insert("backlog_seconds".into(), seconds.into());
+                }
                 obj.insert("archiver".into(), a);
             }
             HttpResponse::Ok().json(body)
@@ -693,7 +697,8 @@ async fn metrics(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
         return error(StatusCode::BAD_REQUEST, e);
     }
     let failover = state.failover.as_ref().and_then(FailoverSlot::get);
-    match crate::metrics::render(&state.node, failover).await {
+    let archiver = state.archiver.as_ref().map(|a| a.borrow().clone());
+    match crate::metrics::render(&state.node, failover, archiver).await {
         Ok(text) => HttpResponse::Ok()
             .content_type(crate::metrics::CONTENT_TYPE)
             .body(text),

@@ -26,6 +26,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use supervisor_actor::{AppendCounts, Durability, GetNodeStatus, Node, NodeRole, NodeStatus};
+use wal_archive::ArchiverStatus;
 use wal_storage::{Lsn, SlotInfo, StorageErrorKind, StorageState};
 use wal_types::metrics::HistogramSnapshot;
 use walsender_actor::status::{WalSenderState, WalSenderStatus};
@@ -43,13 +44,19 @@ pub struct Snapshot {
     pub process: Option<process::ProcessStats>,
     /// `None` without automatic failover.
     pub failover: Option<FailoverMetrics>,
+    /// `None` without archiving.
+    pub archiver: Option<ArchiverStatus>,
     pub now: SystemTime,
 }
 
 /// Reads the node's metrics and writes them in the text format. The free space on the data
 /// directory and the process's figures are system calls and `/proc` reads that may block, so
 /// they run on the blocking pool, never on this thread.
-pub async fn render(node: &Node, failover: Option<Addr<FailoverActor>>) -> anyhow::Result<String> {
+pub async fn render(
+    node: &Node,
+    failover: Option<Addr<FailoverActor>>,
+    archiver: Option<ArchiverStatus>,
+) -> anyhow::Result<String> {
     let status = node.supervisor.send(GetNodeStatus).await??;
     let failover = match failover {
         Some(actor) => Some(actor.send(GetFailoverMetrics).await?),
@@ -73,6 +80,7 @@ pub async fn render(node: &Node, failover: Option<Addr<FailoverActor>>) -> anyho
         disk_free_bytes,
         process,
         failover,
+        archiver,
         now: SystemTime::now(),
     };
     write(node, &snapshot)
@@ -89,6 +97,7 @@ pub fn write(node: &Node, s: &Snapshot) -> anyhow::Result<String> {
     storage_families(&mut out, node, s);
     connection_families(&mut out, node, s);
     failover_families(&mut out, s);
+    archive_families(&mut out, s);
     process_families(&mut out, s);
     out.encode()
 }
@@ -561,6 +570,67 @@ fn failover_families(out: &mut Families, s: &Snapshot) {
     );
     if let Some(standby) = &f.sync_standby {
         out.sample(name, &[("node_name", standby)], 1u8);
+    }
+}
+
+/// The archiver's families, on a node with `archive_mode` on or always: what an alert on "the
+/// archive falls behind", "archiving fails" or "the archive holds foreign bytes" needs.
+fn archive_families(out: &mut Families, s: &Snapshot) {
+    let Some(a) = &s.archiver else {
+        return;
+    };
+    for (name, help, value) in [
+        (
+            "walserver_archive_archived_total",
+            "Files archived since the archiver started (pg_stat_archiver's archived_count).",
+            Value::from(a.archived_count),
+        ),
+        (
+            "walserver_archive_failed_total",
+            "Failed attempts to archive a file since the archiver started (pg_stat_archiver's \
+             failed_count); each is retried after a backoff.",
+            a.failed_count.into(),
+        ),
+    ] {
+        out.family(name, Kind::Counter, help);
+        out.sample(name, &[], value);
+    }
+    for (name, help, value) in [
+        (
+            "walserver_archive_backlog_bytes",
+            "Bytes of completed segments not yet archived.",
+            Value::from(a.backlog_bytes),
+        ),
+        (
+            "walserver_archive_backlog_seconds",
+            "How long the oldest completed segment not yet archived has waited; 0 with no \
+             backlog.",
+            a.backlog_seconds(s.now).into(),
+        ),
+        (
+            "walserver_archive_alarm",
+            "1 while the archive holds an object of a name being archived with other bytes: it \
+             is never overwritten, and archiving waits for a person.",
+            u8::from(a.alarm.is_some()).into(),
+        ),
+        (
+            "walserver_archive_backpressure",
+            "1 while what waits for the archive is past archive_max_backlog (appends refused, a \
+             relay paused).",
+            u8::from(a.backpressure).into(),
+        ),
+    ] {
+        out.family(name, Kind::Gauge, help);
+        out.sample(name, &[], value);
+    }
+    let name = "walserver_archive_archived_lsn_bytes";
+    out.family(
+        name,
+        Kind::Gauge,
+        "Every completed segment below this LSN is archived (the durable archived position).",
+    );
+    if let Some(lsn) = a.archived_lsn {
+        out.sample(name, &[], lsn.0);
     }
 }
 

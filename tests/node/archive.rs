@@ -2,14 +2,19 @@
 //! byte, history files after a promotion, other contents under a name raise the alarm, a
 //! kill -9 of a `walserver run` in the middle of archiving skips nothing, and a backlog past
 //! `archive_max_backlog` refuses appends on a primary and pauses a relay until it falls.
+//! The first four run against a directory and against SeaweedFS (S3, zstd-compressed); an S3
+//! store that stops for a while and comes back costs nothing (`WALSERVER_TEST_S3_OUTAGE_SECS`
+//! sets how long it stays down, 3 s by default; 30 s is the manual run).
 
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use fault_harness::node::conninfo_at;
+use pg_testkit::{SeaweedServer, SEAWEED_ACCESS_KEY_ID, SEAWEED_SECRET_ACCESS_KEY};
 use serde_json::Value;
 use supervisor_actor::Promote;
-use wal_archive::ArchiverStatus;
+use wal_archive::{ArchiveTarget, ArchiverStatus, S3Options};
 use walserver_bench::node::ChildNode;
 use walserver_bench::NodeProgram;
 
@@ -25,6 +30,114 @@ fn archiving(mode: &str, target: &Path) -> String {
         "archive_mode = {mode:?}\narchive_target = \"file://{}\"\nwal_keep_size = 64\n",
         target.display()
     )
+}
+
+/// Where a test archives: a directory, or a bucket of a SeaweedFS of the test's own, whose
+/// objects are zstd-compressed (so both targets and both stored forms are exercised).
+enum Store {
+    Dir {
+        path: std::path::PathBuf,
+        _made: Option<tempfile::TempDir>,
+    },
+    S3(SeaweedServer),
+}
+
+/// The key prefix of the S3 store's objects.
+const S3_PREFIX: &str = "cluster-a";
+
+impl Store {
+    fn dir() -> Store {
+        let made = tempfile::tempdir().unwrap();
+        Store::Dir {
+            path: made.path().into(),
+            _made: Some(made),
+        }
+    }
+
+    /// A directory the test made (or will make) itself.
+    fn at(path: &Path) -> Store {
+        Store::Dir {
+            path: path.into(),
+            _made: None,
+        }
+    }
+
+    fn s3() -> Store {
+        Store::S3(SeaweedServer::start())
+    }
+
+    /// The archive settings as `-c` pairs.
+    fn settings(&self, mode: &str) -> Vec<(&'static str, String)> {
+        let mut out = vec![
+            ("archive_mode", mode.to_string()),
+            ("wal_keep_size", "64".to_string()),
+        ];
+        match self {
+            Store::Dir { path, .. } => {
+                out.push(("archive_target", format!("file://{}", path.display())))
+            }
+            Store::S3(s) => out.extend([
+                ("archive_target", format!("s3://{}/{S3_PREFIX}", s.bucket())),
+                ("archive_compression", "zstd".to_string()),
+                ("archive.endpoint", s.endpoint()),
+                ("archive.allow_http", "true".to_string()),
+                ("archive.access_key_id", SEAWEED_ACCESS_KEY_ID.to_string()),
+                (
+                    "archive.secret_access_key",
+                    SEAWEED_SECRET_ACCESS_KEY.to_string(),
+                ),
+            ]),
+        }
+        out
+    }
+
+    /// The same as TOML lines (dotted keys, so they may come before other top-level keys).
+    fn toml(&self, mode: &str) -> String {
+        self.settings(mode)
+            .into_iter()
+            .map(|(k, v)| format!("{k} = {v:?}\n"))
+            .collect::<String>()
+            .replace("allow_http = \"true\"", "allow_http = true")
+    }
+
+    /// The archive as a reader sees it: every file checked against its sidecar.
+    fn target(&self) -> ArchiveTarget {
+        match self {
+            Store::Dir { path, .. } => ArchiveTarget::Directory(path.clone()),
+            Store::S3(s) => ArchiveTarget::parse_with(
+                &format!("s3://{}/{S3_PREFIX}", s.bucket()),
+                &S3Options {
+                    endpoint: Some(s.endpoint()),
+                    allow_http: true,
+                    access_key_id: Some(SEAWEED_ACCESS_KEY_ID.into()),
+                    secret_access_key: Some(SEAWEED_SECRET_ACCESS_KEY.into()),
+                    ..S3Options::default()
+                },
+            )
+            .unwrap(),
+        }
+    }
+
+    /// The file `name` as the archive holds it, checked and decompressed.
+    fn get(&self, name: &str) -> Option<Vec<u8>> {
+        self.target().get(name).unwrap()
+    }
+
+    /// Writes an object past the archiver's rules (a foreign or damaged one).
+    fn place(&self, object: &str, bytes: &[u8]) {
+        match self {
+            Store::Dir { path, .. } => std::fs::write(path.join(object), bytes).unwrap(),
+            Store::S3(s) => s.put_raw(&format!("{S3_PREFIX}/{object}"), bytes).unwrap(),
+        }
+    }
+
+    /// An object's stored bytes, unchecked.
+    fn raw(&self, object: &str) -> Option<Vec<u8>> {
+        match self {
+            Store::Dir { path, .. } => std::fs::read(path.join(object)).ok(),
+            Store::S3(s) => s.get_raw(&format!("{S3_PREFIX}/{object}")).unwrap(),
+        }
+    }
 }
 
 fn archiver(status: &Value) -> Option<ArchiverStatus> {
@@ -47,9 +160,9 @@ fn wait_archiver(
     last.expect("checked by the wait")
 }
 
-/// Every segment from segment `from` to below `upto` is in `archive` under the name the node's own file has in
-/// `pg_wal`, with the same bytes and a matching checksum sidecar.
-fn assert_archived_byte_for_byte(pg_wal: &Path, archive: &Path, tli: u32, from: u64, upto: u64) {
+/// Every segment from segment `from` to below `upto` is in `archive` under the name the
+/// node's own file has in `pg_wal`, with the same bytes and a matching checksum sidecar.
+fn assert_archived_byte_for_byte(pg_wal: &Path, archive: &Store, tli: u32, from: u64, upto: u64) {
     for segno in from..upto / SEG {
         let name = format!("{tli:08X}{:08X}{:08X}", segno >> 32, segno & 0xFFFF_FFFF);
         let name = if pg_wal.join(&name).exists() {
@@ -64,17 +177,33 @@ fn assert_archived_byte_for_byte(pg_wal: &Path, archive: &Path, tli: u32, from: 
             )
         };
         let own = read_file(&pg_wal.join(&name));
-        let archived = read_file(&archive.join(&name));
-        assert!(own == archived, "{name} differs from the node's own");
-        let sum = std::fs::read_to_string(archive.join(format!("{name}.crc32c"))).unwrap();
-        assert_eq!(sum, wal_archive::sidecar(&own), "{name}'s checksum");
+        // `get` checks the file against its sidecar (and decompresses it) first.
+        let archived = archive.get(&name);
+        assert!(
+            archived.as_ref() == Some(&own),
+            "{name} differs from the node's own"
+        );
+        let sum = archive.raw(&format!("{name}.crc32c")).unwrap();
+        assert_eq!(
+            sum,
+            wal_archive::sidecar(&own).as_bytes(),
+            "{name}'s checksum"
+        );
     }
 }
 
 #[test]
 fn a_primary_archives_every_completed_segment_byte_for_byte() {
-    let archive = tempfile::tempdir().unwrap();
-    let node = TestNode::primary(&archiving("on", archive.path()));
+    primary_archives_every_completed_segment(Store::dir());
+}
+
+#[test]
+fn a_primary_archives_every_completed_segment_byte_for_byte_to_s3() {
+    primary_archives_every_completed_segment(Store::s3());
+}
+
+fn primary_archives_every_completed_segment(archive: Store) {
+    let node = TestNode::primary(&archive.toml("on"));
     for seed in 0..6 {
         node.append(40, 32 << 10, seed);
     }
@@ -88,16 +217,30 @@ fn a_primary_archives_every_completed_segment_byte_for_byte() {
     assert_eq!(s.archived_count, complete.0 / SEG - 1, "{s:?}");
     assert_eq!(s.failed_count, 0);
     assert_eq!(s.last_error, None);
-    assert_archived_byte_for_byte(
-        &node.data_dir().join("pg_wal"),
-        archive.path(),
-        1,
-        1,
-        complete.0,
-    );
+    assert_archived_byte_for_byte(&node.data_dir().join("pg_wal"), &archive, 1, 1, complete.0);
     // The segment being written is not complete, so not archived.
     let current = format!("00000001{:08X}{:08X}", 0, complete.0 / SEG);
-    assert!(!archive.path().join(current).exists());
+    assert_eq!(archive.get(&current), None);
+    // /metrics shows the archiver's families, each in the README's table.
+    let m = crate::metrics::scrape(&node);
+    assert!(m.get("walserver_archive_archived_total") >= s.archived_count as f64);
+    assert_eq!(m.get("walserver_archive_failed_total"), 0.0);
+    assert_eq!(m.get("walserver_archive_alarm"), 0.0);
+    assert!(m.get("walserver_archive_archived_lsn_bytes") >= complete.0 as f64);
+    assert!(m.get("walserver_archive_backlog_seconds") >= 0.0);
+    let shown: std::collections::BTreeSet<String> = m
+        .family_names()
+        .into_iter()
+        .filter(|n| n.starts_with("walserver_archive_"))
+        .collect();
+    let listed: std::collections::BTreeSet<String> = readme_metric_names()
+        .into_iter()
+        .filter(|n| n.starts_with("walserver_archive_"))
+        .collect();
+    assert_eq!(
+        shown, listed,
+        "the archive families against the README's table"
+    );
     // `walserver status` shows the line.
     let out = Command::new(env!("CARGO_BIN_EXE_walserver"))
         .args(["status", "--http", &http])
@@ -112,10 +255,19 @@ fn a_primary_archives_every_completed_segment_byte_for_byte() {
 
 #[test]
 fn other_contents_in_the_archive_are_kept_and_raise_the_alarm() {
-    let archive = tempfile::tempdir().unwrap();
-    let foreign = archive.path().join("000000010000000000000001");
-    std::fs::write(&foreign, b"not this cluster's WAL").unwrap();
-    let node = TestNode::primary(&archiving("on", archive.path()));
+    other_contents_raise_the_alarm(Store::dir());
+}
+
+#[test]
+fn other_contents_in_an_s3_archive_are_kept_and_raise_the_alarm() {
+    other_contents_raise_the_alarm(Store::s3());
+}
+
+fn other_contents_raise_the_alarm(archive: Store) {
+    let foreign = "000000010000000000000001";
+    // Uncompressed, where the S3 node stores zstd: the same file in either form.
+    archive.place(foreign, b"not this cluster's WAL");
+    let node = TestNode::primary(&archive.toml("on"));
     node.append(40, 32 << 10, 1);
     node.append(40, 32 << 10, 2);
     let s = wait_archiver(&node.http_addr.to_string(), "the alarm", |s| {
@@ -133,9 +285,17 @@ fn other_contents_in_the_archive_are_kept_and_raise_the_alarm() {
         Some("000000010000000000000001")
     );
     assert_eq!(s.archived_count, 0);
-    assert_eq!(std::fs::read(&foreign).unwrap(), b"not this cluster's WAL");
+    assert_eq!(
+        archive.raw(foreign).as_deref(),
+        Some(&b"not this cluster's WAL"[..])
+    );
+    assert_eq!(archive.raw(&format!("{foreign}.zst")), None);
+    assert_eq!(
+        crate::metrics::scrape(&node).get("walserver_archive_alarm"),
+        1.0
+    );
     // Nothing is skipped past it, and storage keeps the segment.
-    assert!(!archive.path().join("000000010000000000000002").exists());
+    assert_eq!(archive.get("000000010000000000000002"), None);
     assert!(node
         .data_dir()
         .join("pg_wal/000000010000000000000001")
@@ -144,7 +304,15 @@ fn other_contents_in_the_archive_are_kept_and_raise_the_alarm() {
 
 #[test]
 fn a_promoted_standby_archives_its_history_file_before_its_segments() {
-    let archive = tempfile::tempdir().unwrap();
+    promoted_standby_archives(Store::dir());
+}
+
+#[test]
+fn a_promoted_standby_archives_its_history_file_before_its_segments_to_s3() {
+    promoted_standby_archives(Store::s3());
+}
+
+fn promoted_standby_archives(archive: Store) {
     let primary = TestNode::primary("wal_keep_size = 64");
     primary.append(40, 32 << 10, 1);
     let dir = tempfile::tempdir().unwrap();
@@ -161,7 +329,7 @@ fn a_promoted_standby_archives_its_history_file_before_its_segments() {
         &format!(
             "primary_conninfo = {:?}\n{}",
             conninfo_at(primary.addr(), "s1"),
-            archiving("on", archive.path())
+            archive.toml("on")
         ),
     );
     let end = primary.append(40, 32 << 10, 2);
@@ -188,37 +356,38 @@ fn a_promoted_standby_archives_its_history_file_before_its_segments() {
     // (wal_keep_size), so its oldest segment is where archiving began.
     let first = standby.wal().oldest_retained().segment_number(SEG);
     assert_eq!(
-        read_file(&archive.path().join("00000002.history")),
-        read_file(&pg_wal.join("00000002.history"))
+        archive.get("00000002.history"),
+        Some(read_file(&pg_wal.join("00000002.history")))
     );
-    assert_archived_byte_for_byte(&pg_wal, archive.path(), 2, first, complete.0);
+    assert_archived_byte_for_byte(&pg_wal, &archive, 2, first, complete.0);
     // Timeline 1's last segment as its `.partial`: the switch point is inside a segment.
     let switch = standby.wal().history()[0].switch_lsn;
     assert_ne!(switch.segment_offset(SEG), 0);
-    let partial = archive.path().join(format!(
+    let partial = format!(
         "{}.partial",
         wal_storage::segment_file_name(wal_storage::TimelineId(1), switch.segment_number(SEG), SEG)
-    ));
-    assert!(partial.exists(), "{}", partial.display());
+    );
+    assert!(archive.get(&partial).is_some(), "{partial}");
     // Every segment, the history file and the `.partial`, each once.
     assert_eq!(s.archived_count, complete.0 / SEG - first + 2, "{s:?}");
 }
 
 #[test]
 fn kill_9_in_the_middle_of_archiving_skips_nothing() {
+    kill_9_while_archiving(Store::dir());
+}
+
+#[test]
+fn kill_9_in_the_middle_of_an_s3_upload_skips_nothing() {
+    kill_9_while_archiving(Store::s3());
+}
+
+fn kill_9_while_archiving(archive: Store) {
     let dir = tempfile::tempdir().unwrap();
-    let archive = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     walserver_node::init::init_primary(&data, SEG).expect("init");
     let program = NodeProgram::Path(env!("CARGO_BIN_EXE_walserver").into());
-    let settings = [
-        ("archive_mode", "on".to_string()),
-        (
-            "archive_target",
-            format!("file://{}", archive.path().display()),
-        ),
-        ("wal_keep_size", "64".to_string()),
-    ];
+    let settings = archive.settings("on");
     let append = |node: &ChildNode| {
         let out = Command::new(env!("CARGO_BIN_EXE_walserver"))
             .args(["append", "--http", &node.http])
@@ -247,7 +416,55 @@ fn kill_9_in_the_middle_of_archiving_skips_nothing() {
     wait_archiver(&http, "every completed segment archived", |s| {
         s.archived_lsn.is_some_and(|a| a >= complete) && s.failed_count == 0
     });
-    assert_archived_byte_for_byte(&data.join("pg_wal"), archive.path(), 1, 1, complete.0);
+    assert_archived_byte_for_byte(&data.join("pg_wal"), &archive, 1, 1, complete.0);
+}
+
+/// SeaweedFS stops while the node takes appends, then comes back: appends go on, the
+/// archiver's failures show, and its backoff resumes the uploads by itself with nothing
+/// skipped.
+#[test]
+fn an_s3_store_that_stops_for_a_while_loses_and_skips_nothing() {
+    let outage = std::env::var("WALSERVER_TEST_S3_OUTAGE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(Duration::from_secs(3), Duration::from_secs);
+    let mut archive = Store::s3();
+    let node = TestNode::primary(&archive.toml("on"));
+    let http = node.http_addr.to_string();
+    node.append(40, 32 << 10, 1);
+    let complete = node.wal().flushed().segment_start(SEG);
+    wait_archiver(&http, "archiving before the outage", |s| {
+        s.archived_lsn.is_some_and(|a| a >= complete)
+    });
+    let Store::S3(server) = &mut archive else {
+        unreachable!()
+    };
+    server.stop();
+    // The outage is the fault's length, not a wait for an event: appends go on throughout,
+    // a few segments' worth and then small ones, so that wal_keep_size keeps every segment
+    // for the comparison at the end.
+    let until = Instant::now() + outage;
+    for seed in 2..5 {
+        node.append(40, 32 << 10, seed);
+    }
+    let mut seed = 5;
+    while Instant::now() < until {
+        node.append(4, 1 << 10, seed);
+        seed = seed.wrapping_add(1);
+    }
+    let s = wait_archiver(&http, "a failed upload", |s| s.failed_count > 0);
+    assert!(s.last_error.is_some(), "{s:?}");
+    let during = s.archived_lsn.expect("held");
+    assert!(s.backlog_bytes > 0, "{s:?}");
+    server.restart().expect("SeaweedFS back");
+    let complete = node.wal().flushed().segment_start(SEG);
+    assert!(complete > during, "{complete} {during}");
+    let s = wait_archiver(&http, "the uploads to resume", |s| {
+        s.archived_lsn.is_some_and(|a| a >= complete)
+    });
+    assert_eq!(s.last_error, None, "{s:?}");
+    assert_eq!(s.alarm, None, "{s:?}");
+    assert_archived_byte_for_byte(&node.data_dir().join("pg_wal"), &archive, 1, 1, complete.0);
 }
 
 #[test]
@@ -322,7 +539,7 @@ fn past_archive_max_backlog_a_relay_pauses_its_upstream_and_catches_up_after() {
     assert_eq!(s.archived_count, complete.0 / SEG - first, "{s:?}");
     assert_archived_byte_for_byte(
         &relay.data_dir().join("pg_wal"),
-        &archive,
+        &Store::at(&archive),
         1,
         first,
         complete.0,

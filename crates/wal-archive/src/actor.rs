@@ -21,7 +21,7 @@ use crate::error::{ArchiveError, Result};
 use crate::messages::{GetArchiverStatus, StopArchiver};
 use crate::read::ArchivedFile;
 use crate::schedule::{prefix_stem, Item, Next, Schedule, WalView};
-use crate::status::ArchiverStatus;
+use crate::status::{ArchiverStatus, BacklogClock};
 use crate::target::{ArchiveTarget, Put};
 
 /// PostgreSQL's `archive_mode` values that archive (`off` starts no archiver).
@@ -71,6 +71,8 @@ pub struct Archiver {
     wake: Option<SpawnHandle>,
     /// Answered once the job in flight (if any) has returned and the actor stopped.
     stopping: Option<Vec<oneshot::Sender<()>>>,
+    /// When the segments waiting for the archive were completed: the backlog's age.
+    clock: BacklogClock,
 }
 
 impl Archiver {
@@ -89,13 +91,32 @@ impl Archiver {
             busy: false,
             wake: None,
             stopping: None,
+            clock: BacklogClock::default(),
         }
         .start();
         (addr, rx)
     }
 
+    /// Notes the backlog's age, also while an upload runs (so a segment completed meanwhile
+    /// is timed when it completed).
+    fn time_backlog(&mut self) {
+        let Some(schedule) = &self.schedule else {
+            return;
+        };
+        let since = self.clock.observe(
+            self.wal.segment_size(),
+            schedule.archived(),
+            self.wal.flushed(),
+            SystemTime::now(),
+        );
+        if since != self.status.borrow().backlog_since {
+            self.status.send_modify(|s| s.backlog_since = since);
+        }
+    }
+
     /// Does whatever is due now.
     fn pump(&mut self, ctx: &mut Context<Self>) {
+        self.time_backlog();
         self.check_backlog();
         if self.busy || self.stopping.is_some() {
             return;
@@ -395,6 +416,7 @@ impl Actor for Archiver {
 
 impl StreamHandler<WalPosition> for Archiver {
     fn handle(&mut self, _: WalPosition, ctx: &mut Context<Self>) {
+        self.time_backlog();
         self.pump(ctx);
     }
 

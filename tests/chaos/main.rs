@@ -1,8 +1,9 @@
 //! Crash and resource faults against real `walserver run` processes on loopback, judged against
 //! what the client saw acknowledged: kill -9 of any node of a primary → synchronous standby →
 //! cascade chain under writers, a full disk on a primary and on a standby, a log that cannot be
-//! written, accept failing with EMFILE; and the soak bench at a tiny scale. Each fault scenario writes a row of the
-//! reliability table (`walserver-bench reliability-table`, `benches/RELIABILITY.md`).
+//! written, accept failing with EMFILE, power loss of whole nodes on `lossyfs` mounts (root);
+//! and the soak bench at a tiny scale. Each fault scenario but the power losses writes a row of
+//! the reliability table (`walserver-bench reliability-table`, `benches/RELIABILITY.md`).
 //!
 //! CI runs them short. `WALSERVER_TEST_CHAOS_CYCLES=N` runs N cycles of each;
 //! `WALSERVER_TEST_CHAOS_SEED=S` replays the kill order of a run (each run prints its seed).
@@ -13,6 +14,7 @@ mod accept;
 mod full_disk;
 mod kill_chain;
 mod node;
+mod power_loss;
 mod soak;
 
 use std::path::Path;

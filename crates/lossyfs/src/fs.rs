@@ -14,7 +14,7 @@ use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -23,7 +23,7 @@ use fuser::{
     ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::model::{Ino, Model, Node, GRAVEYARD};
+use crate::model::{under, Ino, Model, Node, GRAVEYARD};
 
 /// How long the kernel may cache names and attributes. Nothing changes the backing directory
 /// behind the mount's back, and a crash remounts, which drops the cache.
@@ -139,6 +139,11 @@ impl State {
         Ok(attr)
     }
 
+    /// Unsynced changes of files, counted.
+    pub(crate) fn unsynced(&self) -> usize {
+        self.model.unsynced()
+    }
+
     fn add_handle(&mut self, file: File, ino: Ino, flags: i32) -> FileHandle {
         let fh = self.next_fh;
         self.next_fh += 1;
@@ -185,10 +190,23 @@ fn errno(e: io::Error) -> Errno {
     }
 }
 
+/// What fsyncs do: their normal work, wait (the plug is about to be pulled with writes not
+/// yet synced), or fail without making anything durable (the plug was pulled).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Syncs {
+    Run,
+    Hold,
+    Fail,
+}
+
+/// The switch for fsyncs, shared with the mount's handle.
+pub(crate) type SyncGate = Arc<(Mutex<Syncs>, Condvar)>;
+
 /// The file system the kernel talks to.
 pub(crate) struct LossyFilesystem {
     pub(crate) state: Arc<Mutex<State>>,
     pub(crate) sync_latency: Duration,
+    pub(crate) gate: SyncGate,
 }
 
 impl LossyFilesystem {
@@ -196,6 +214,21 @@ impl LossyFilesystem {
         // A panic under the lock leaves at worst one operation unrecorded; the crash that
         // follows refuses nothing for it, and the test that panicked has failed anyway.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the plug has been pulled: from then on nothing reaches the disk.
+    fn unplugged(&self) -> bool {
+        *self.gate.0.lock().unwrap_or_else(|e| e.into_inner()) == Syncs::Fail
+    }
+
+    /// Waits while fsyncs are held; whether this one may go on.
+    fn may_sync(&self) -> bool {
+        let (lock, cv) = &*self.gate;
+        let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while *g == Syncs::Hold {
+            g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        *g == Syncs::Run
     }
 
     /// The device's flush time, paid after the model made the data durable.
@@ -247,6 +280,9 @@ impl Filesystem for LossyFilesystem {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        if self.unplugged() {
+            return reply.error(Errno::EIO);
+        }
         let mut s = self.lock();
         let result = (|| {
             let rel = s.rel(ino)?;
@@ -294,6 +330,9 @@ impl Filesystem for LossyFilesystem {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        if self.unplugged() {
+            return reply.error(Errno::EIO);
+        }
         let mut s = self.lock();
         let result = (|| {
             let rel = s.child(parent, name)?;
@@ -330,6 +369,9 @@ impl Filesystem for LossyFilesystem {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
+        if self.unplugged() {
+            return reply.error(Errno::EIO);
+        }
         if !flags.is_empty() {
             // RENAME_EXCHANGE and RENAME_NOREPLACE are not modelled.
             reply.error(Errno::EINVAL);
@@ -350,7 +392,7 @@ impl Filesystem for LossyFilesystem {
                 .paths
                 .iter()
                 .filter(|(_, p)| p.starts_with(&from))
-                .filter_map(|(i, p)| p.strip_prefix(&from).ok().map(|r| (*i, to.join(r))))
+                .filter_map(|(i, p)| p.strip_prefix(&from).ok().map(|r| (*i, under(&to, r))))
                 .collect();
             s.paths.extend(moved);
             Ok(())
@@ -369,6 +411,9 @@ impl Filesystem for LossyFilesystem {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        if self.unplugged() {
+            return reply.error(Errno::EIO);
+        }
         let mut s = self.lock();
         let result = (|| {
             let from = s.rel(ino)?;
@@ -409,6 +454,9 @@ impl Filesystem for LossyFilesystem {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        if self.unplugged() {
+            return reply.error(Errno::EIO);
+        }
         let mut s = self.lock();
         let result = (|| {
             let rel = s.child(parent, name)?;
@@ -466,6 +514,13 @@ impl Filesystem for LossyFilesystem {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if self.unplugged() {
+            return reply.error(Errno::EIO);
+        }
+        let sync_writes = self.lock().handle(fh).map(|h| h.sync_writes);
+        if sync_writes == Ok(true) && !self.may_sync() {
+            return reply.error(Errno::EIO);
+        }
         let mut s = self.lock();
         let result = (|| {
             let h = s.handle(fh)?;
@@ -521,6 +576,9 @@ impl Filesystem for LossyFilesystem {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if !self.may_sync() {
+            return reply.error(Errno::EIO);
+        }
         let mut s = self.lock();
         let ino = match s.handle(fh) {
             Ok(h) => h.ino,
@@ -585,6 +643,9 @@ impl Filesystem for LossyFilesystem {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if !self.may_sync() {
+            return reply.error(Errno::EIO);
+        }
         let mut s = self.lock();
         match s.rel(ino) {
             Ok(rel) => s.model.synced_dir(&rel),
@@ -627,6 +688,9 @@ impl Filesystem for LossyFilesystem {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        if self.unplugged() {
+            return reply.error(Errno::EIO);
+        }
         // Growing with zeros, or reserving space without a size change, is modelled; punching
         // or collapsing ranges is not.
         if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
@@ -663,6 +727,9 @@ impl Filesystem for LossyFilesystem {
 
 impl LossyFilesystem {
     fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool, reply: ReplyEmpty) {
+        if self.unplugged() {
+            return reply.error(Errno::EIO);
+        }
         let mut s = self.lock();
         let result = (|| {
             let rel = s.child(parent, name)?;

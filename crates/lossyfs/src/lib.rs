@@ -33,7 +33,7 @@ use std::time::Duration;
 
 pub use model::{CrashReport, GRAVEYARD};
 
-use fs::{LossyFilesystem, State};
+use fs::{LossyFilesystem, State, SyncGate, Syncs};
 use model::Model;
 
 /// What can go wrong with a mount.
@@ -90,6 +90,7 @@ pub struct LossyFs {
     session: Option<mpsc::Receiver<io::Result<()>>>,
     /// The mount's device, whose FUSE connection an unmount aborts if its requests hang.
     dev: u64,
+    gate: SyncGate,
 }
 
 impl std::fmt::Debug for LossyFs {
@@ -120,6 +121,7 @@ impl LossyFs {
             state: Some(Arc::new(Mutex::new(state))),
             session: None,
             dev: 0,
+            gate: Arc::new((Mutex::new(Syncs::Run), std::sync::Condvar::new())),
         };
         fs.start()?;
         Ok(fs)
@@ -141,6 +143,7 @@ impl LossyFs {
         let filesystem = LossyFilesystem {
             state,
             sync_latency: self.options.sync_latency,
+            gate: self.gate.clone(),
         };
         let mut config = fuser::Config::default();
         config.mount_options = vec![
@@ -199,11 +202,41 @@ impl LossyFs {
         }
     }
 
+    /// From now on every fsync and fdatasync waits, until [`LossyFs::pull_plug`] or the next
+    /// [`LossyFs::crash`] fails them without making anything durable: the moment between a
+    /// write and its sync, held open so that a power loss can be made to land in it.
+    pub fn hold_syncs(&self) {
+        self.set_syncs(Syncs::Hold);
+    }
+
+    /// Pulls the plug without the crash yet: every fsync (also one held) and every change
+    /// from now on fails with EIO and reaches nothing. What uses the mount can then be
+    /// stopped, which a held fsync would prevent, before [`LossyFs::crash`] decides what of the
+    /// unsynced changes survived.
+    pub fn pull_plug(&self) {
+        self.set_syncs(Syncs::Fail);
+    }
+
+    fn set_syncs(&self, to: Syncs) {
+        let (lock, cv) = &*self.gate;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = to;
+        cv.notify_all();
+    }
+
+    /// How many writes and size changes of files are not synced yet.
+    pub fn unsynced_changes(&self) -> usize {
+        self.state.as_ref().map_or(0, |s| {
+            s.lock().unwrap_or_else(|e| e.into_inner()).unsynced()
+        })
+    }
+
     /// Pulls the plug: unmounts, rewrites the backing directory into the state a power loss
     /// chosen by `seed` leaves, and mounts that state again. Whatever used the mount must
     /// have stopped (a process killed, its files closed) before.
     pub fn crash(&mut self, seed: u64) -> Result<CrashReport> {
+        self.set_syncs(Syncs::Fail);
         self.stop(UNMOUNT_WAIT)?;
+        self.set_syncs(Syncs::Run);
         let state = self
             .state
             .take()
@@ -225,6 +258,7 @@ impl LossyFs {
 
     /// Unmounts, with everything written kept as it is.
     pub fn unmount(mut self) -> Result<()> {
+        self.set_syncs(Syncs::Fail);
         self.stop(UNMOUNT_WAIT)
     }
 }
@@ -233,6 +267,7 @@ impl Drop for LossyFs {
     /// The name goes at once; the session is given a moment to end and otherwise ends
     /// by itself when the last file open on it is closed.
     fn drop(&mut self) {
+        self.set_syncs(Syncs::Fail);
         let _ = self.stop(DROP_WAIT);
     }
 }

@@ -77,6 +77,16 @@ enum NameChange {
     Rename(PathBuf, PathBuf, Node),
 }
 
+/// `rest` inside `dir`, or `dir` itself when `rest` is empty (where `join` would add a
+/// trailing slash, which a file's path must not have).
+pub fn under(dir: &Path, rest: &Path) -> PathBuf {
+    if rest.as_os_str().is_empty() {
+        dir.to_path_buf()
+    } else {
+        dir.join(rest)
+    }
+}
+
 fn parent(p: &Path) -> PathBuf {
     p.parent().map(Path::to_path_buf).unwrap_or_default()
 }
@@ -124,7 +134,7 @@ impl NameChange {
                     for (p, n) in inside {
                         names.remove(&p);
                         if let Ok(rest) = p.strip_prefix(from) {
-                            names.insert(to.join(rest), n);
+                            names.insert(under(to, rest), n);
                         }
                     }
                 }
@@ -304,7 +314,7 @@ impl Model {
                 .collect();
             for (p, m) in moved {
                 if let Ok(rest) = p.strip_prefix(from) {
-                    self.dirs.insert(to.join(rest), m);
+                    self.dirs.insert(under(to, rest), m);
                 }
             }
         }
@@ -358,6 +368,11 @@ impl Model {
                 cut: Vec::new(),
             });
         }
+    }
+
+    /// How many changes of files are not synced.
+    pub fn unsynced(&self) -> usize {
+        self.logs.values().map(Vec::len).sum()
     }
 
     /// File `ino` was fsynced or fdatasynced: its content is durable.

@@ -1,0 +1,300 @@
+//! Whole-node power loss: a primary and its synchronous standby as `walserver run` processes,
+//! each data directory on a `lossyfs` mount of its own, under the load tool's 16 writers at
+//! `on`. A power loss of a node is kill -9, then the mount's crash (everything not fsynced
+//! lost, or kept as a prefix torn at any byte, chosen by a seed), then the node started again
+//! on what survived. Each power loss lands while a write waits for its sync (the mounts hold
+//! syncs until one does). A cycle takes out the primary, the standby, or both at once, and waits
+//! until the pair streams again and the writers are acknowledged again. At the end, against
+//! the client's acknowledgement log ([`assert_judged`]): every acknowledged record on both
+//! nodes exactly once, both byte-identical up to the shorter end.
+//!
+//! Each scenario runs with the commit rule as a parameter ([`Overlap`]), so that the same
+//! cycles hold every rule the node offers. CI runs a few cycles; `WALSERVER_TEST_CHAOS_CYCLES`
+//! runs more and `WALSERVER_TEST_CHAOS_SEED` replays a run's kills and crashes. Needs root (a
+//! FUSE mount).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use lossyfs::{LossyFs, Options};
+use wal_storage::Lsn;
+
+use crate::node::*;
+use crate::{assert_judged, cycles, Load, SEGMENT};
+
+const SYNC: &str = "s1";
+
+/// The load: as many writers as the request asks, small records, so a cycle is short.
+const WRITERS: usize = 16;
+
+/// The commit rule the primary runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Overlap {
+    /// The primary flushes, then sends: a standby never holds WAL its primary lacks.
+    Off,
+}
+
+impl Overlap {
+    fn settings(self) -> Vec<(&'static str, &'static str)> {
+        match self {
+            Overlap::Off => Vec::new(),
+        }
+    }
+}
+
+/// Which nodes lose power in a cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Victims {
+    Primary,
+    Standby,
+    Both,
+}
+
+/// splitmix64, so that a run's crashes are replayed from its seed alone.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// The pair. The nodes come before the mounts, so a failing test kills the processes before
+/// it unmounts their data directories.
+struct Pair {
+    nodes: [ChildNode; 2],
+    mounts: [LossyFs; 2],
+}
+
+/// A lossy mount at `dir/NAME.mnt` over `dir/NAME.backing`; the node's data directory is
+/// `data` inside it.
+fn disk(dir: &Path, name: &str) -> LossyFs {
+    let backing = dir.join(format!("{name}.backing"));
+    let mnt = dir.join(format!("{name}.mnt"));
+    std::fs::create_dir(&backing).expect("the backing directory");
+    std::fs::create_dir(&mnt).expect("the mount point");
+    let fs = LossyFs::mount(&backing, &mnt, Options::default())
+        .unwrap_or_else(|e| panic!("{e} (the power-loss scenarios mount FUSE: run them as root)"));
+    // The data directory is made here and its entry synced: `walserver init` makes its own
+    // entries durable, not the parent's entry of a directory it creates, and a power loss
+    // before the first start is not what these scenarios are about.
+    std::fs::create_dir(mnt.join("data")).expect("the data directory");
+    std::fs::File::open(&mnt)
+        .and_then(|d| d.sync_all())
+        .expect("sync the mount's root");
+    fs
+}
+
+impl Pair {
+    fn start(dir: &Path, overlap: Overlap) -> Pair {
+        let mounts = [disk(dir, "primary"), disk(dir, "standby")];
+        let pdata = mounts[0].mountpoint().join("data");
+        walserver_node::init::init_primary(&pdata, SEGMENT).expect("init the primary");
+        // Both keep all their WAL, so that the two can be compared from the first record.
+        let keep = ("wal_keep_size", "4GB");
+        let mut settings = vec![keep, ("synchronous_standby_names", SYNC)];
+        settings.extend(overlap.settings());
+        // The logs live outside the lossy mounts: a crash must not take what explains it.
+        let mut p = child_node("primary", &pdata, &settings).with_log(&dir.join("primary.log"));
+        p.start().expect("start the primary");
+        let sdata = mounts[1].mountpoint().join("data");
+        walserver_node::init::init_standby(&sdata, &conninfo_at(p.listen, SYNC), None, None)
+            .expect("init the standby");
+        let mut s = child_node(
+            "standby",
+            &sdata,
+            &[keep, ("wal_receiver_status_interval", "1")],
+        )
+        .with_log(&dir.join("standby.log"));
+        s.start().expect("start the standby");
+        Pair {
+            nodes: [p, s],
+            mounts,
+        }
+    }
+
+    /// Waits until the primary streams to its synchronous standby and the standby is durable
+    /// up to the primary's end as it was then; returns that end.
+    fn converge(&self) -> anyhow::Result<Lsn> {
+        let [p, s] = &self.nodes;
+        let target = wait_for(
+            "the primary streaming to its synchronous standby",
+            DEADLINE,
+            Duration::from_millis(5),
+            || {
+                let ps = p.status().ok()?;
+                let ss = s.status().ok()?;
+                (ps.streams_to(SYNC) && ss.receiving()).then_some(ps.flush_lsn)
+            },
+        )?;
+        wait_for(
+            &format!("the standby durable up to the primary's {target}"),
+            DEADLINE,
+            Duration::from_millis(5),
+            || (s.status().ok()?.flush_lsn >= target).then_some(target),
+        )
+    }
+
+    /// Converges with no writer left, until the primary's end no longer moves.
+    fn settle(&self) -> anyhow::Result<Lsn> {
+        for _ in 0..10 {
+            let end = self.converge()?;
+            if self.nodes[0].status()?.flush_lsn == end {
+                return Ok(end);
+            }
+        }
+        anyhow::bail!("the primary's durable end kept moving with no writer")
+    }
+
+    fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("--- {} ---\n{}\n", n.name, n.log_tail()))
+            .collect()
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("WALSERVER_TEST_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
+}
+
+/// One scenario at a time: each runs two nodes and sixteen writers on two shared cores.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn power_loss_cycles(victims: Victims, overlap: Overlap) {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let n_cycles = cycles(3);
+    let seed = seed();
+    println!(
+        "{victims:?} with overlap {overlap:?}: seed {seed} (WALSERVER_TEST_CHAOS_SEED={seed} \
+         replays these crashes)"
+    );
+    let mut rng = Rng(seed);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut pair = Pair::start(dir.path(), overlap);
+    pair.converge().expect("the pair to stream");
+    let load = Load::start(&pair.nodes[0], dir.path(), WRITERS, 1, 128, "on");
+    if let Err(e) = load.wait_acks_beyond(50, DEADLINE) {
+        let client = std::fs::read_to_string(dir.path().join("load.log")).unwrap_or_default();
+        let tail: String = client.lines().rev().take(20).collect::<Vec<_>>().join("\n");
+        panic!("the writers: {e:#}\n--- load ---\n{tail}\n{}", pair.logs());
+    }
+
+    let started = Instant::now();
+    let mut lost_writes = 0;
+    for cycle in 0..n_cycles {
+        let mut at_risk = 0;
+        let before = load.count();
+        let t = Instant::now();
+        let hit: &[usize] = match victims {
+            Victims::Primary => &[0],
+            Victims::Standby => &[1],
+            Victims::Both => &[1, 0],
+        };
+        // The plug is pulled between a write and its sync: the victims' syncs are held
+        // until one of them has written something it has not synced (the writers are always
+        // appending), then all go down before any comes back ("both at once").
+        for &i in hit {
+            pair.mounts[i].hold_syncs();
+        }
+        if let Err(e) = wait_for(
+            "a write that waits for its sync",
+            DEADLINE,
+            Duration::from_millis(1),
+            || {
+                hit.iter()
+                    .any(|&i| pair.mounts[i].unsynced_changes() > 0)
+                    .then_some(())
+            },
+        ) {
+            panic!("cycle {cycle}: {e:#}\n{}", pair.logs());
+        }
+        // A held fsync keeps the inode locked and a writer of the node in the kernel, where
+        // SIGKILL waits: the plug is pulled (the syncs fail) before the kill.
+        for &i in hit {
+            pair.mounts[i].pull_plug();
+        }
+        for &i in hit {
+            pair.nodes[i].kill9();
+        }
+        for &i in hit {
+            let crash_seed = rng.next();
+            match pair.mounts[i].crash(crash_seed) {
+                Ok(r) => {
+                    lost_writes += r.writes_lost;
+                    at_risk += r.writes;
+                    println!(
+                        "cycle {cycle}: {} crashed (seed {crash_seed}): {r:?}",
+                        pair.nodes[i].name
+                    );
+                }
+                Err(e) => panic!("cycle {cycle}: crash {}: {e}", pair.nodes[i].name),
+            }
+        }
+        // A power loss with nothing unsynced would prove nothing.
+        assert!(
+            at_risk > 0,
+            "cycle {cycle}: the crash found no unsynced write"
+        );
+        for &i in hit.iter().rev() {
+            if let Err(e) = pair.nodes[i].start() {
+                panic!(
+                    "cycle {cycle}: restarting {} after its power loss: {e:#}\n{}",
+                    pair.nodes[i].name,
+                    pair.logs()
+                );
+            }
+        }
+        if let Err(e) = pair.converge() {
+            panic!("cycle {cycle}: {e:#}\n{}", pair.logs());
+        }
+        if let Err(e) = load.wait_acks_beyond(before + 16, DEADLINE) {
+            panic!(
+                "cycle {cycle}: appends did not resume: {e:#}\n{}",
+                pair.logs()
+            );
+        }
+        println!(
+            "cycle {cycle}: power back after {:.0} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    let acks = load.stop();
+    pair.settle().expect("the pair to converge at the end");
+    let [p, s] = &pair.nodes;
+    let verdict = assert_judged(&[&acks], &[p, s]);
+    println!(
+        "{n_cycles} power losses of {victims:?} in {:.1} s: {} appends acknowledged, {} \
+         unsynced writes lost by the crashes; {}",
+        started.elapsed().as_secs_f64(),
+        acks.len(),
+        lost_writes,
+        verdict.describe().join("; ")
+    );
+}
+
+#[test]
+fn power_loss_of_the_primary_loses_no_acknowledged_append() {
+    power_loss_cycles(Victims::Primary, Overlap::Off);
+}
+
+#[test]
+fn power_loss_of_the_synchronous_standby_loses_no_acknowledged_append() {
+    power_loss_cycles(Victims::Standby, Overlap::Off);
+}
+
+#[test]
+fn power_loss_of_both_at_once_loses_no_acknowledged_append() {
+    power_loss_cycles(Victims::Both, Overlap::Off);
+}

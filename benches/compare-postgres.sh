@@ -35,9 +35,11 @@
 #       the receiver has it all, and how far behind the server it was at the end (ms);
 #   (f) one client's synchronous commits (pg_receivewal --synchronous as the synchronous
 #       standby, at the live end) while 64 pg_receivewal catch up from the server at once:
-#       commits/s and p50/p99 latency.
-# The sections run in the order a, b, e, c, d, f: the fan-outs last, since 64 receivers leave
-# the load average high for minutes.
+#       commits/s and p50/p99 latency;
+#   (g) (c)'s 1 and 16 clients with each node on a disk of its own: every data directory on a
+#       lossyfs mount whose fsyncs take --own-disk-ms (1 by default); needs root (FUSE).
+# The sections run in the order a, b, e, c, g, d, f: the fan-outs last, since 64 receivers
+# leave the load average high for minutes.
 #
 # A figure is only comparable from a quiet machine: the script refuses to start when the
 # 1-minute load average is above 1 (wait, or pass --allow-busy, and the table says BUSY), and
@@ -78,6 +80,8 @@ LIVE_MIB=256
 LIVE_CLIENTS=4
 SETTLE=90
 BIN=""
+# (g)'s fsync latency per mount, ms.
+OWN_DISK_MS=1
 # The CPU of (c)'s one-CPU rows: the last one (here, the one the disk's interrupts go to).
 PIN_CPU=$(( $(nproc) - 1 ))
 while [ $# -gt 0 ]; do
@@ -95,6 +99,7 @@ while [ $# -gt 0 ]; do
         --only) ONLY="$2"; shift 2 ;;
         --pin-cpu) PIN_CPU="$2"; shift 2 ;;
         --bin) BIN="$2"; shift 2 ;;
+        --own-disk-ms) OWN_DISK_MS="$2"; shift 2 ;;
         --keep-page-reporting) VM_MEMORY_KEEP=1; shift ;;
         -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -154,6 +159,8 @@ cleanup() {
     for d in "${PG_DIRS[@]}"; do
         [ -f "$d/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl" -D "$d" -m immediate -w stop >/dev/null 2>&1
     done
+    # (g)'s lossyfs mounts go after the servers on them: each unmounts when told to end.
+    for p in "${G_MOUNTS[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
     rm -rf "$WORK" "$SHM"
     vm_memory_release
 }
@@ -718,10 +725,10 @@ c_pg() { # clients key
     record "${key}_p99_ms" pg "$(awk -v k=$(( (n * 99 + 99) / 100 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/lat")"
 }
 
-c_ws() { # clients key
-    local c=$1 key=$2 j
+c_ws() { # clients key [directory of the cluster's data directories]
+    local c=$1 key=$2 dir=${3:-$WORK} j
     j=$("${PIN[@]}" "$WS" bench append --cluster 1 --durability on --size 100 --writers "$c" --seconds "$PGBENCH_SECS" \
-        --dir "$WORK" --latency-out "$WORK/c-latency-ws.txt" --json)
+        --dir "$dir" --latency-out "$WORK/c-latency-ws.txt" --json)
     if [ "$key" = c1 ]; then cat "$WORK/c-latency-ws.txt" >> "$WORK/c1-latency-ws.txt"; fi
     record "${key}_tps" ws "$(jq -r '.appends_per_s | floor' <<< "$j")"
     record "${key}_p50_ms" ws "$(jq -r '.latency.p50_ms' <<< "$j")"
@@ -787,6 +794,71 @@ done
 as_pg "$PG_BIN/pg_ctl" -D "$SB1" -m fast -w stop >/dev/null
 psql_pg "ALTER SYSTEM RESET synchronous_standby_names" >/dev/null
 psql_pg "SELECT pg_reload_conf()" >/dev/null
+
+# ---------------------------------------------------------------------------------------------
+# (g) synchronous commit with each node on a disk of its own
+# ---------------------------------------------------------------------------------------------
+# (c) again, with every data directory on a lossyfs mount (crates/lossyfs) whose every fsync
+# and fdatasync takes --own-disk-ms (1 ms: a network-attached cloud volume) and runs beside the
+# others, while writes go at the page cache's speed: PostgreSQL's primary and its synchronous
+# standby each on a mount of its own, and walserver's in-process cluster (primary and standby)
+# on a third. lossyfs serves each fsync on a thread of its own, so the two walserver nodes
+# never wait for each other's flush, as on two disks. Both systems' data sit behind the same
+# FUSE layer, so both pay its cost.
+g_mount() { # name: mounts $WORK/disk-NAME, owned by postgres, until the section ends
+    local b="$WORK/disk-$1.backing" m="$WORK/disk-$1" i
+    mkdir -p "$b" "$m"; own_pg "$b"
+    "$LOSSYFS" --sync-latency-ms "$OWN_DISK_MS" "$b" "$m" > "$WORK/disk-$1.out" 2>&1 &
+    G_MOUNTS+=("$!")
+    # lossyfs prints one line once the mount serves requests.
+    for i in $(seq 1 200); do grep -q mounted "$WORK/disk-$1.out" && return 0; sleep 0.05; done
+    echo "(g) lossyfs did not mount $m:" >&2; cat "$WORK/disk-$1.out" >&2; exit 1
+}
+G_MOUNTS=()
+if wanted g; then
+    log "building lossyfs"
+    cargo build --release -j2 --quiet -p lossyfs --bin lossyfs
+    LOSSYFS="$PWD/target/release/lossyfs"
+    g_mount pgp; g_mount pgs; g_mount ws
+    GP="$WORK/disk-pgp/data" GS="$WORK/disk-pgs/data"
+    G_PORT=$(free_port) G_SPORT=$(free_port)
+    as_pg "$PG_BIN/initdb" -D "$GP" -U postgres --auth=trust -E UTF8 --locale=C -N >/dev/null
+    PG_DIRS+=("$GP")
+    printf '%s\n' "port = $G_PORT" "listen_addresses = '127.0.0.1'" "unix_socket_directories = ''" \
+        "wal_level = replica" "max_wal_senders = 8" "fsync = on" "synchronous_commit = on" \
+        "synchronous_standby_names = 'FIRST 1 (pgstbyg)'" "shared_buffers = '256MB'" "autovacuum = off" \
+        >> "$GP/postgresql.conf"
+    cp "$PGP/pg_hba.conf" "$GP/pg_hba.conf"; own_pg "$GP/pg_hba.conf"
+    as_pg "$PG_BIN/pg_ctl" -D "$GP" -l "$WORK/pg-g-primary.log" -w start >/dev/null
+    as_pg "$PG_BIN/pg_basebackup" -D "$GS" -h 127.0.0.1 -p "$G_PORT" -U postgres -X stream -R -c fast -N >/dev/null 2>&1
+    PG_DIRS+=("$GS")
+    printf '%s\n' "port = $G_SPORT" "cluster_name = pgstbyg" >> "$GS/postgresql.conf"
+    as_pg "$PG_BIN/pg_ctl" -D "$GS" -l "$WORK/pg-g-standby.log" -w start >/dev/null
+    PORT=$G_PORT psql_pg "CREATE TABLE sc (id int, v text)"
+    for _ in $(seq 1 500); do
+        [ "$(PORT=$G_PORT psql_pg "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'pgstbyg'")" = sync ] && break
+        sleep 0.05
+    done
+    echo "INSERT INTO sc VALUES (1, repeat('x', 100));" > "$WORK/insert.sql"; own_pg "$WORK/insert.sql"
+    mkdir -p "$WORK/pgbench"; own_pg "$WORK/pgbench"
+fi
+section g "(g) sync commit with each node on a disk of its own (lossyfs, ${OWN_DISK_MS} ms per fsync), $RUNS runs"
+for r in $(runs_of g); do
+    start_run "$r"
+    for c in 1 16; do
+        if [ $((r % 2)) = 1 ]; then
+            PG_PORT=$G_PORT c_pg "$c" "g$c"; c_ws "$c" "g$c" "$WORK/disk-ws"
+        else
+            c_ws "$c" "g$c" "$WORK/disk-ws"; PG_PORT=$G_PORT c_pg "$c" "g$c"
+        fi
+    done
+done
+if wanted g; then
+    as_pg "$PG_BIN/pg_ctl" -D "$GS" -m fast -w stop >/dev/null
+    as_pg "$PG_BIN/pg_ctl" -D "$GP" -m fast -w stop >/dev/null
+    for p in "${G_MOUNTS[@]}"; do kill -TERM "$p"; wait "$p"; done
+    G_MOUNTS=()
+fi
 
 # ---------------------------------------------------------------------------------------------
 # (d) fan-out: N pg_receivewal processes at once, for each N of --fanout
@@ -1019,6 +1091,12 @@ END {
     row("(c) sync commit, 16 clients, commits/s", "c16_tps", "higher")
     row("(c) sync commit, 16 clients, p50 ms", "c16_p50_ms", "lower")
     row("(c) sync commit, 16 clients, p99 ms", "c16_p99_ms", "lower")
+    row("(g) own disks: sync commit, 1 client, commits/s", "g1_tps", "higher")
+    row("(g) own disks: sync commit, 1 client, p50 ms", "g1_p50_ms", "lower")
+    row("(g) own disks: sync commit, 1 client, p99 ms", "g1_p99_ms", "lower")
+    row("(g) own disks: sync commit, 16 clients, commits/s", "g16_tps", "higher")
+    row("(g) own disks: sync commit, 16 clients, p50 ms", "g16_p50_ms", "lower")
+    row("(g) own disks: sync commit, 16 clients, p99 ms", "g16_p99_ms", "lower")
     for (n = 1; n <= nfan; n++) {
         row(sprintf("(d) fan-out to %d pg_receivewal, aggregate MB/s", fan[n]), "d" fan[n] "_fanout_mbps", "higher")
         row(sprintf("(d) memory per walsender at %d, KiB", fan[n]), "d" fan[n] "_mem_per_walsender_kib", "lower")

@@ -145,6 +145,9 @@
 //! `wal_keep_size` say. What waits for the archive is bounded instead of filling the disk:
 //! past `archive_max_backlog` the archiver closes storage's archive gate, `append` refuses
 //! with `WalError::ArchiveBacklog`, and relays stop reading until it opens.
+//! [`Wal::slot_moves`] announces a slot made or dropped and a restart point that entered
+//! another segment, the granularity retention counts in, so that a copy of a slot kept on
+//! another node (failover's permanent slots) can follow it.
 //!
 //! # What this crate does not do
 //!

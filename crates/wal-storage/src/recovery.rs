@@ -340,6 +340,7 @@ fn open_locked(
         state: RwLock::new(st),
         pos_tx: carried.pos_tx,
         slot_released: carried.slot_released,
+        slots_moved: carried.slots_moved,
         oldest_retained: AtomicU64::new(oldest.0),
         slots: carried.slots,
         archive: carried.archive,
@@ -561,6 +562,7 @@ struct Carried {
     archive: Arc<Mutex<ArchiveHold>>,
     pos_tx: watch::Sender<WalPosition>,
     slot_released: watch::Sender<u64>,
+    slots_moved: watch::Sender<u64>,
     health: HealthTx,
 }
 
@@ -585,6 +587,7 @@ fn carry_over(
                 archive: p.archive.clone(),
                 pos_tx: p.pos_tx.clone(),
                 slot_released: p.slot_released.clone(),
+                slots_moved: p.slots_moved.clone(),
                 health: p.health.clone(),
             }
         }
@@ -593,6 +596,7 @@ fn carry_over(
             archive: Arc::new(Mutex::new(ArchiveHold::load(io, dir)?)),
             pos_tx: watch::channel(st.position()).0,
             slot_released: watch::channel(0).0,
+            slots_moved: watch::channel(0).0,
             health: watch::channel(StorageHealth::default()).0,
         },
     })

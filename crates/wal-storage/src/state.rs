@@ -112,6 +112,9 @@ pub(crate) struct Inner {
     pub pos_tx: watch::Sender<WalPosition>,
     /// Counts slot releases, so a `DROP_REPLICATION_SLOT ... WAIT` can wait for one.
     pub slot_released: watch::Sender<u64>,
+    /// Counts slot changes that matter beyond this node: a slot made or dropped, or a restart
+    /// point that entered another segment (what retention counts in).
+    pub slots_moved: watch::Sender<u64>,
     pub oldest_retained: AtomicU64,
     /// The slot table; a reopening after a storage failure shares it (it is the newest:
     /// restart points not yet persisted, and which slots are in use).

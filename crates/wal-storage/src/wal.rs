@@ -488,6 +488,14 @@ impl Wal {
         self.inner().slot_released.subscribe()
     }
 
+    /// Changes each time a slot is made or dropped, and each time a slot's restart point
+    /// enters another segment: the granularity retention works in, so a copy of the slot's
+    /// position kept elsewhere (a standby's, for failover) that follows these changes holds
+    /// every segment the slot does. It survives [`Wal::restart`].
+    pub fn slot_moves(&self) -> watch::Receiver<u64> {
+        self.inner().slots_moved.subscribe()
+    }
+
     fn send(&self, req: Request) -> Result<()> {
         self.shared
             .handle
@@ -683,14 +691,28 @@ impl Wal {
 
     /// Creates a physical slot. With `reserve_wal` its restart LSN is the current flushed end.
     pub fn create_slot(&self, name: &str, temporary: bool, reserve_wal: bool) -> Result<SlotInfo> {
+        let flushed = reserve_wal.then(|| self.inner().state().flushed);
+        self.create_slot_at(name, temporary, flushed)
+    }
+
+    /// Creates a physical slot whose restart point is `restart` (on the current timeline),
+    /// or that reserves nothing yet if it is `None`; a point beyond the flushed end is taken
+    /// as the flushed end, since no WAL beyond it exists here to hold.
+    pub fn create_slot_at(
+        &self,
+        name: &str,
+        temporary: bool,
+        restart: Option<Lsn>,
+    ) -> Result<SlotInfo> {
         let inner = self.inner();
         let restart = {
             let st = inner.state();
-            reserve_wal.then_some((st.flushed, st.tli))
+            restart.map(|r| (r.min(st.flushed), st.tli))
         };
         inner
             .slots()
             .create(inner.slot_paths(), name, temporary, restart)?;
+        inner.slots_moved.send_modify(|n| *n = n.wrapping_add(1));
         self.slot(name)
     }
 
@@ -698,6 +720,9 @@ impl Wal {
     pub fn drop_slot(&self, name: &str) -> Result<()> {
         let inner = self.inner();
         let dropped = inner.slots().drop_slot(inner.slot_paths(), name);
+        if dropped.is_ok() {
+            inner.slots_moved.send_modify(|n| *n = n.wrapping_add(1));
+        }
         dropped
     }
 
@@ -805,6 +830,7 @@ impl Wal {
         let due = inner.slots().advance(name, restart_lsn, restart_tli, seg)?;
         if due {
             let _ = inner.bg_tx.send(BgRequest::PersistSlots);
+            inner.slots_moved.send_modify(|n| *n = n.wrapping_add(1));
         }
         Ok(())
     }

@@ -343,3 +343,42 @@ fn a_slot_not_yet_written_holds_its_wal() {
         1
     );
 }
+
+/// `slot_moves` changes when a slot is made or dropped and when a restart point enters
+/// another segment, not when it moves within one (a copy kept elsewhere follows it at the
+/// granularity retention works in); `create_slot_at` takes a point beyond the flushed end as
+/// the flushed end.
+#[test]
+fn slot_moves_follow_segments_and_slots_can_be_made_at_a_point() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Postgres);
+    fill_segments(&wal, 3);
+    let mut moves = wal.slot_moves();
+    assert!(!moves.has_changed().unwrap());
+
+    let s = wal
+        .create_slot_at("copy", false, Some(Lsn(2 * SEG + 5)))
+        .unwrap();
+    assert_eq!(s.restart_lsn, Some(Lsn(2 * SEG + 5)));
+    assert!(moves.has_changed().unwrap(), "made");
+    moves.mark_unchanged();
+    let beyond = wal
+        .create_slot_at("ahead", false, Some(Lsn(100 * SEG)))
+        .unwrap();
+    assert_eq!(beyond.restart_lsn, Some(wal.flushed()));
+    let none = wal.create_slot_at("later", false, None).unwrap();
+    assert_eq!(none.restart_lsn, None);
+    moves.mark_unchanged();
+
+    // Within the segment its file holds: no change.
+    wal.advance_slot("copy", Lsn(2 * SEG + 500), TimelineId(1))
+        .unwrap();
+    assert!(!moves.has_changed().unwrap(), "moved within its segment");
+    // Into the next one: a change.
+    wal.advance_slot("copy", Lsn(3 * SEG + 1), TimelineId(1))
+        .unwrap();
+    assert!(moves.has_changed().unwrap(), "entered another segment");
+    moves.mark_unchanged();
+    wal.drop_slot("later").unwrap();
+    assert!(moves.has_changed().unwrap(), "dropped");
+}

@@ -22,8 +22,10 @@
 //!   re-targets its walreceiver at once; a primary is demoted live: its fence closes, its
 //!   walsender sessions end and new ones wait, its WAL beyond the leader's fork is dropped
 //!   ([`fork`], shared with `walserver rejoin`), and it streams from the leader),
-//!   [`SetSyncStandbys`], and [`EnsureMemberSlots`] / [`DropMemberSlots`] (the physical slots
-//!   a leader keeps for the other members, made or dropped on a blocking thread);
+//!   [`SetSyncStandbys`], [`EnsureMemberSlots`] / [`DropMemberSlots`] (the physical slots
+//!   a leader keeps for the other members, made or dropped on a blocking thread), and
+//!   [`SyncPermanentSlots`] (the cluster's permanent slots: made on the leader, copied with
+//!   their positions on the standbys);
 //! - storage's failures are events on its health watch: after a failed sync the supervisor
 //!   reopens storage ([`wal_storage::Wal::restart`]) on a backoff schedule of the restart
 //!   policy until it succeeds, starts no walreceiver meanwhile, and starts one at once when
@@ -148,8 +150,8 @@ pub use error::{AppendError, FollowError, NodeError, PromoteError};
 pub use fence::{Fence, FenceView};
 pub use messages::{
     AppendRecords, Appended, DropMemberSlots, EnsureMemberSlots, FollowLeader, Followed,
-    GetNodeStatus, MemberSlots, Promote, PromoteForTerm, Promoted, Reconfigure, ReportApplied,
-    SetSyncStandbys, ShutdownNode, SuperviseService,
+    GetNodeStatus, MemberSlots, PermanentSlots, Promote, PromoteForTerm, Promoted, Reconfigure,
+    ReportApplied, SetSyncStandbys, ShutdownNode, SuperviseService, SyncPermanentSlots,
 };
 pub use node::{LocalLevel, Node, NodeConfig, DEFAULT_LISTEN};
 pub use records::{

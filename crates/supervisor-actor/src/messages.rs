@@ -6,7 +6,8 @@
 //! [`ShutdownNode`], [`GetNodeStatus`], [`Promote`], [`Reconfigure`], [`ReportApplied`] and
 //! [`SuperviseService`]. From a failover actor, which decides while the supervisor stays the
 //! only one that acts on the node: [`PromoteForTerm`], [`FollowLeader`], [`SetSyncStandbys`],
-//! [`EnsureMemberSlots`] and [`DropMemberSlots`]. From the supervisor to itself:
+//! [`EnsureMemberSlots`], [`DropMemberSlots`] and [`SyncPermanentSlots`]. From the supervisor
+//! to itself:
 //! `ShutdownDone`.
 
 use actix::prelude::*;
@@ -177,6 +178,33 @@ pub struct MemberSlots {
     pub changed: Vec<String>,
     /// Every slot with the prefix the node holds afterwards, sorted.
     pub held: Vec<String>,
+}
+
+/// Makes this node's slots of the cluster's permanent slots agree with `slots` (each name with
+/// the position the cluster knows for it, if any), and drops those of `drop` (names no longer
+/// permanent; one in use is left, and said so in the log). A missing slot is made, persistent:
+/// at the position given (taken as the flushed end if beyond it); with no position, from the
+/// flushed end on the leader (`follow` false, as PostgreSQL's
+/// `pg_create_physical_replication_slot(name, true)`) and reserving nothing yet on a standby.
+/// With `follow` (a standby), an existing slot is moved to the position given, so that its
+/// copy holds what the leader's slot holds; the leader's own slots are left where its clients
+/// put them. The answer gives every slot of `slots` the node holds afterwards, with its
+/// position.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "Result<PermanentSlots, WalError>")]
+pub struct SyncPermanentSlots {
+    pub slots: Vec<(String, Option<Lsn>)>,
+    pub drop: Vec<String>,
+    pub follow: bool,
+}
+
+/// What [`SyncPermanentSlots`] did, and where the slots are now.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PermanentSlots {
+    pub made: Vec<String>,
+    pub dropped: Vec<String>,
+    /// Each permanent slot held, by name, with its restart point (`None`: reserves nothing).
+    pub held: Vec<(String, Option<Lsn>)>,
 }
 
 /// The supervisor to itself: the ordered shutdown has finished its steps.

@@ -9,9 +9,9 @@
 //! then `standby.signal` names the leader, a primary's control data says standby (the
 //! commit point of the demotion), and a walreceiver starts at once, with no backoff.
 //!
-//! The member slots ([`EnsureMemberSlots`], [`DropMemberSlots`]) are plain storage calls on a
-//! blocking thread (a slot's file is written and synced): which slots, and when, is the
-//! failover actor's decision.
+//! The member slots ([`EnsureMemberSlots`], [`DropMemberSlots`]) and the permanent slots
+//! ([`SyncPermanentSlots`]) are plain storage calls on a blocking thread (a slot's file is
+//! written and synced): which slots, and when, is the failover actor's decision.
 
 use actix::prelude::*;
 use wal_storage::{Role, Wal, WalError, WalFormat};
@@ -24,8 +24,8 @@ use crate::datadir::StandbySignal;
 use crate::error::{FollowError, PromoteError};
 use crate::fork::{cut_back_to_fork, fork_point, CutBack};
 use crate::messages::{
-    DropMemberSlots, EnsureMemberSlots, FollowLeader, Followed, MemberSlots, PromoteForTerm,
-    Promoted, SetSyncStandbys,
+    DropMemberSlots, EnsureMemberSlots, FollowLeader, Followed, MemberSlots, PermanentSlots,
+    PromoteForTerm, Promoted, SetSyncStandbys, SyncPermanentSlots,
 };
 use crate::restart::RestartState;
 use crate::status::NodeRole;
@@ -355,6 +355,76 @@ impl Handler<DropMemberSlots> for Supervisor {
                 changed,
                 held: held_with_prefix(wal, &msg.prefix),
             })
+        }))
+    }
+}
+
+impl Handler<SyncPermanentSlots> for Supervisor {
+    type Result = ResponseFuture<Result<PermanentSlots, WalError>>;
+
+    fn handle(&mut self, msg: SyncPermanentSlots, _: &mut Context<Self>) -> Self::Result {
+        let wal = self.wal.clone();
+        Box::pin(on_storage(wal, move |wal| {
+            let mut done = PermanentSlots::default();
+            let mut moved_any = false;
+            for name in &msg.drop {
+                match wal.drop_slot(name) {
+                    Ok(()) => done.dropped.push(name.clone()),
+                    Err(WalError::SlotNotFound { .. }) => {}
+                    Err(WalError::SlotInUse { .. }) => {
+                        tracing::info!(slot = %name, "not dropping a replication slot in use that is no longer permanent");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            for (name, position) in &msg.slots {
+                match wal.slot(name) {
+                    Ok(slot) => {
+                        let moved = position.filter(|p| msg.follow && slot.restart_lsn != Some(*p));
+                        if let Some(p) = moved {
+                            moved_any = true;
+                            // The timeline is the one this node writes: the leader's position
+                            // is on this node's history (it follows the leader).
+                            match wal.advance_slot(name, p, wal.timeline()) {
+                                Ok(()) | Err(WalError::SlotNotFound { .. }) => {}
+                                // An invalidated copy is made again at the leader's position.
+                                Err(WalError::SlotInvalidated { .. }) => {
+                                    wal.drop_slot(name)?;
+                                    wal.create_slot_at(name, false, Some(p))?;
+                                }
+                                Err(e) => return Err(e),
+                            }
+                        }
+                    }
+                    Err(WalError::SlotNotFound { .. }) => {
+                        let at = match position {
+                            Some(p) => Some(*p),
+                            None if !msg.follow => Some(wal.flushed()),
+                            None => None,
+                        };
+                        match wal.create_slot_at(name, false, at) {
+                            Ok(_) => done.made.push(name.clone()),
+                            // Made meanwhile by a client: it is there, which is what was asked.
+                            Err(WalError::SlotExists { .. }) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if !done.dropped.is_empty() || moved_any {
+                // Release at once the WAL only those slots (or a copy's older position) kept.
+                wal.run_retention()?;
+            }
+            let wanted: std::collections::BTreeSet<&str> =
+                msg.slots.iter().map(|(n, _)| n.as_str()).collect();
+            done.held = wal
+                .slots()
+                .into_iter()
+                .filter(|s| wanted.contains(s.name.as_str()))
+                .map(|s| (s.name, s.restart_lsn))
+                .collect();
+            Ok(done)
         }))
     }
 }

@@ -1,7 +1,7 @@
 //! `walserver cluster`: the failover cluster through one member's admin API. `list` and
 //! `history` read `/cluster` and `/history` (a table, or the JSON as the API gives it with
 //! `--json`); `switchover`, `failover`, `pause` and `resume` post to the endpoints of the
-//! same names and say what happened.
+//! same names and say what happened; `slots add|remove NAME` to `/cluster/slots/add|remove`.
 
 use anyhow::bail;
 use serde_json::Value;
@@ -57,6 +57,12 @@ pub enum ClusterCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// The permanent replication slots: kept on whichever member leads, their positions
+    /// copied to the standbys, so a client's slot keeps its WAL through failovers.
+    Slots {
+        #[command(subcommand)]
+        command: SlotsCommand,
+    },
     /// The cluster's terms: who led, from where on which timeline, and why.
     History {
         #[command(flatten)]
@@ -64,6 +70,29 @@ pub enum ClusterCommand {
         /// Print `/history`'s JSON as the API gives it.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(clap::Subcommand, Clone, Debug)]
+pub enum SlotsCommand {
+    /// The permanent slots and the position the leader last wrote for each.
+    List {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Makes NAME a permanent slot (a slot of that name already on the leader is kept as it
+    /// is).
+    Add {
+        #[command(flatten)]
+        target: Target,
+        name: String,
+    },
+    /// NAME is no longer permanent: every member drops its slot of that name (one a client
+    /// streams through is left).
+    Remove {
+        #[command(flatten)]
+        target: Target,
+        name: String,
     },
 }
 
@@ -99,12 +128,55 @@ pub fn run(cmd: ClusterCommand) -> anyhow::Result<()> {
             post(&target, "/pause", b"")?;
             println!("paused: no automatic promotion or demotion until `walserver cluster resume`");
         }
+        ClusterCommand::Slots { command } => slots(command)?,
         ClusterCommand::Resume { target } => {
             post(&target, "/resume", b"")?;
             println!("resumed: automatic failover is on");
         }
     }
     Ok(())
+}
+
+fn slots(cmd: SlotsCommand) -> anyhow::Result<()> {
+    match cmd {
+        SlotsCommand::List { target } => {
+            let v = get_json(&target.http, "/cluster", target.token.as_deref())?;
+            print!("{}", render_slots(&v));
+        }
+        SlotsCommand::Add { target, name } => {
+            let body = serde_json::to_vec(&serde_json::json!({ "name": name }))?;
+            let v = post(&target, "/cluster/slots/add", &body)?;
+            if v["added"] == Value::Bool(true) {
+                println!("{name} is a permanent slot: the leader keeps it, the standbys copy its position");
+            } else {
+                println!("{name} was already a permanent slot");
+            }
+        }
+        SlotsCommand::Remove { target, name } => {
+            let body = serde_json::to_vec(&serde_json::json!({ "name": name }))?;
+            let v = post(&target, "/cluster/slots/remove", &body)?;
+            if v["removed"] == Value::Bool(true) {
+                println!("{name} is no longer a permanent slot: the members drop it");
+            } else {
+                bail!("{name} is not a permanent slot");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `slots list`: one line per permanent slot with the position the leader last wrote.
+fn render_slots(v: &Value) -> String {
+    let Some(slots) = v["permanent_slots"].as_object().filter(|s| !s.is_empty()) else {
+        return "no permanent slots\n".to_string();
+    };
+    slots
+        .iter()
+        .map(|(name, at)| match at.as_str() {
+            Some(at) => format!("{name} {at}\n"),
+            None => format!("{name} (not made yet)\n"),
+        })
+        .collect()
 }
 
 fn post(target: &Target, path: &str, body: &[u8]) -> anyhow::Result<Value> {

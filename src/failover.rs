@@ -1,7 +1,8 @@
 //! Automatic failover in the binary: the failover actor started beside a node whose settings
 //! have a `[failover]` table, and the admin API's endpoints for it and for load balancers:
 //! `GET /cluster`, `GET /history`, `GET /primary`, `GET /replica?lag=SIZE`, `POST /switchover`,
-//! `POST /failover`, `POST /pause`, `POST /resume`.
+//! `POST /failover`, `POST /pause`, `POST /resume`, `POST /cluster/slots/add` and
+//! `POST /cluster/slots/remove` (the permanent slots, `{"name": NAME}`).
 //!
 //! The node is started with a closed fence (`walserver_node::node::node_config` does that for a
 //! `[failover]` table), so it acknowledges nothing until the actor holds the leader key. The
@@ -26,8 +27,9 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use anyhow::Context;
 use bytes::Bytes;
 use failover_actor::{
-    Failover, FailoverActor, FailoverError, GetClusterView, GetFailoverStatus, GetHistory,
-    GetLocalHealth, LocalHealth, Pause, Resume, StopFailover, Switchover,
+    AddPermanentSlot, Failover, FailoverActor, FailoverError, GetClusterView, GetFailoverStatus,
+    GetHistory, GetLocalHealth, LocalHealth, Pause, RemovePermanentSlot, Resume, StopFailover,
+    Switchover,
 };
 use supervisor_actor::{
     FailoverStatus, GetNodeStatus, MembershipState, Node, NodeRole, SuperviseService,
@@ -157,7 +159,9 @@ pub(crate) fn routes(cfg: &mut web::ServiceConfig, state: web::Data<FailoverStat
         .route("/switchover", web::post().to(switchover))
         .route("/failover", web::post().to(failover))
         .route("/pause", web::post().to(pause))
-        .route("/resume", web::post().to(resume));
+        .route("/resume", web::post().to(resume))
+        .route("/cluster/slots/add", web::post().to(add_slot))
+        .route("/cluster/slots/remove", web::post().to(remove_slot));
 }
 
 fn error(status: StatusCode, text: impl std::fmt::Display) -> HttpResponse {
@@ -234,6 +238,7 @@ fn failover_status(e: &FailoverError) -> StatusCode {
         | FailoverError::Paused
         | FailoverError::Refused(_)
         | FailoverError::NameHeld { .. } => StatusCode::CONFLICT,
+        FailoverError::BadSlotName(_) => StatusCode::BAD_REQUEST,
     }
 }
 
@@ -499,6 +504,56 @@ async fn failover(state: web::Data<FailoverState>, req: HttpRequest, raw: Bytes)
         ),
         Err(r) => r.into(),
     }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SlotBody {
+    name: String,
+}
+
+/// `POST /cluster/slots/add` `{"name": NAME}`: NAME is a permanent slot from now on; the
+/// answer says whether it already was.
+async fn add_slot(state: web::Data<FailoverState>, req: HttpRequest, raw: Bytes) -> HttpResponse {
+    change_slot(state, req, raw, true).await
+}
+
+/// `POST /cluster/slots/remove` `{"name": NAME}`: NAME is no longer a permanent slot, and
+/// the members drop their slots of that name; the answer says whether it was one.
+async fn remove_slot(
+    state: web::Data<FailoverState>,
+    req: HttpRequest,
+    raw: Bytes,
+) -> HttpResponse {
+    change_slot(state, req, raw, false).await
+}
+
+async fn change_slot(
+    state: web::Data<FailoverState>,
+    req: HttpRequest,
+    raw: Bytes,
+    add: bool,
+) -> HttpResponse {
+    if let Err(r) = no_query(&req) {
+        return r.into();
+    }
+    let SlotBody { name } = match body(&raw) {
+        Ok(b) => b,
+        Err(r) => return r.into(),
+    };
+    let a = match actor(&state) {
+        Ok(a) => a,
+        Err(r) => return r.into(),
+    };
+    let changed = if add {
+        a.send(AddPermanentSlot { name: name.clone() }).await
+    } else {
+        a.send(RemovePermanentSlot { name: name.clone() }).await
+    };
+    let key = if add { "added" } else { "removed" };
+    answer(changed.map(|r| {
+        r.map(|changed| serde_json::json!({ "slot": name, "permanent": add, key: changed }))
+    }))
 }
 
 /// `POST /pause`: automatic action off cluster-wide.

@@ -24,6 +24,7 @@ use crate::machine::{self, Cluster, Local, LocalRole, Progress, Renewed, SlotAbs
 use crate::membership::Membership;
 use crate::messages::Leadership;
 use crate::outage::{Outage, OutageLog, Quoted};
+use crate::permanent::PermanentState;
 use crate::round::Rounds;
 use crate::store;
 use crate::view::{Departures, MemberInfo};
@@ -47,6 +48,7 @@ pub struct FailoverActor {
     pub(crate) decisions: DecisionState,
     pub(crate) sync: SyncState,
     pub(crate) slots: SlotState,
+    pub(crate) permanent: PermanentState,
     pub(crate) handover: HandoverState,
     /// `StopFailover` came, or the member name was lost: nothing starts any more.
     pub(crate) stopping: bool,
@@ -223,6 +225,7 @@ impl FailoverActor {
             decisions: DecisionState::default(),
             sync: SyncState::default(),
             slots: SlotState::default(),
+            permanent: PermanentState::default(),
             handover: HandoverState::default(),
             stopping: false,
             leadership: tokio::sync::watch::Sender::new(Leadership::default()),
@@ -398,6 +401,7 @@ impl FailoverActor {
         let before = self.member_names();
         let members_before = self.cluster.members.clone();
         let was_paused = self.cluster.paused;
+        let permanent_before = self.cluster.permanent_slots.clone();
         self.cluster = cluster;
         self.departures.note(
             &members_before,
@@ -406,6 +410,8 @@ impl FailoverActor {
             SystemTime::now(),
         );
         self.note_members(&before);
+        // The reconciliation that follows every fresh read runs the slot round.
+        self.note_permanent(&permanent_before);
         self.note_pause(was_paused);
         // A new leader may show in a fresh read rather than in the watch.
         self.answer_awaiting_leader();
@@ -670,6 +676,7 @@ impl Actor for FailoverActor {
             Some((NodeChanged(now), rx))
         });
         ctx.add_stream(changes);
+        self.watch_slot_moves(ctx);
         self.connect(ctx);
     }
 
@@ -690,6 +697,7 @@ impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
                 let before = self.member_names();
                 let members_before = self.cluster.members.clone();
                 let was_paused = self.cluster.paused;
+                let permanent_before = self.cluster.permanent_slots.clone();
                 for event in &batch.events {
                     let kind = self.keys.classify(&event.kv.key);
                     relevant |= machine::calls_for_decision(&kind, &self.cluster);
@@ -706,6 +714,9 @@ impl StreamHandler<etcd_gateway::Result<WatchBatch>> for FailoverActor {
                 self.note_pause(was_paused);
                 relevant |= members_changed && self.progress.leading.is_some();
                 self.answer_awaiting_leader();
+                if self.note_permanent(&permanent_before) {
+                    self.sync_permanent_slots(ctx);
+                }
                 if relevant {
                     self.reconcile(ctx);
                 }

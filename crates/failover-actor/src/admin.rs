@@ -10,8 +10,9 @@ use crate::actor::FailoverActor;
 use crate::error::FailoverError;
 use crate::membership::Seen;
 use crate::messages::{
-    FailoverMetrics, GetClusterView, GetFailoverMetrics, GetFailoverStatus, GetHistory,
-    GetLocalHealth, Pause, Resume, StopFailover, SubscribeLeadership,
+    AddPermanentSlot, FailoverMetrics, GetClusterView, GetFailoverMetrics, GetFailoverStatus,
+    GetHistory, GetLocalHealth, Pause, RemovePermanentSlot, Resume, StopFailover,
+    SubscribeLeadership,
 };
 use crate::store;
 use crate::view::{ClusterView, LeaderView, LocalHealth, TermRecord};
@@ -76,6 +77,11 @@ impl Handler<GetClusterView> for FailoverActor {
                     ttl_seconds,
                     history,
                     departed,
+                    permanent_slots: cluster
+                        .permanent_slots
+                        .iter()
+                        .map(|(name, at)| (name.clone(), at.map(|at| at.to_string())))
+                        .collect(),
                 })
             }
             .into_actor(self),
@@ -185,6 +191,35 @@ impl Handler<GetHistory> for FailoverActor {
         let client = self.client.clone();
         let keys = self.keys.clone();
         Box::pin(async move { store::read_history(&client, &keys).await }.into_actor(self))
+    }
+}
+
+impl Handler<AddPermanentSlot> for FailoverActor {
+    type Result = Reply<bool>;
+
+    fn handle(&mut self, msg: AddPermanentSlot, _: &mut Context<Self>) -> Self::Result {
+        let client = self.client.clone();
+        let keys = self.keys.clone();
+        Box::pin(
+            async move {
+                crate::permanent::check_permanent_slot_name(&msg.name)?;
+                store::add_permanent_slot(&client, &keys, &msg.name).await
+            }
+            .into_actor(self),
+        )
+    }
+}
+
+impl Handler<RemovePermanentSlot> for FailoverActor {
+    type Result = Reply<bool>;
+
+    fn handle(&mut self, msg: RemovePermanentSlot, _: &mut Context<Self>) -> Self::Result {
+        let client = self.client.clone();
+        let keys = self.keys.clone();
+        Box::pin(
+            async move { store::remove_permanent_slot(&client, &keys, &msg.name).await }
+                .into_actor(self),
+        )
     }
 }
 

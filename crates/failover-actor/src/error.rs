@@ -16,6 +16,9 @@ pub enum FailoverError {
     NotRunning,
     #[error("{0}")]
     Refused(String),
+    /// A name that cannot be a permanent slot's.
+    #[error("{0}")]
+    BadSlotName(String),
     /// Another live process holds this member name: its member key is on a lease not ours.
     #[error("node_name \"{name}\" is held by another live process (its member key is on lease {lease}; it advertises {advertised}): one process per member name")]
     NameHeld {

@@ -7,6 +7,8 @@
 //! - `pause`: present while automatic action is off (any value).
 //! - `switchover`: [`SwitchoverRecord`]: who hands over to whom.
 //! - `history/<term>`: [`crate::TermRecord`], on no lease.
+//! - `slots/<name>`: a permanent slot ([`PermanentSlotRecord`], on no lease): created by an
+//!   operator (`walserver cluster slots add`), its position written by the leader.
 
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +58,15 @@ impl Keys {
         format!("{}history/", self.prefix)
     }
 
+    /// Every permanent slot's key.
+    pub fn permanent_slots(&self) -> String {
+        format!("{}slots/", self.prefix)
+    }
+
+    pub fn permanent_slot(&self, name: &str) -> String {
+        format!("{}slots/{name}", self.prefix)
+    }
+
     /// `history/<term>`, the term zero-padded so that the keys sort by term.
     pub fn history_of(&self, term: u64) -> String {
         format!("{}history/{term:020}", self.prefix)
@@ -71,14 +82,21 @@ impl Keys {
             b"sync" => KeyKind::Sync,
             b"pause" => KeyKind::Pause,
             b"switchover" => KeyKind::Switchover,
-            _ => match rest.strip_prefix(b"members/") {
-                Some(name) => match std::str::from_utf8(name) {
-                    Ok(name) if !name.is_empty() => KeyKind::Member(name),
-                    _ => KeyKind::Other,
-                },
-                None if rest.starts_with(b"history/") => KeyKind::History,
-                None => KeyKind::Other,
-            },
+            _ => {
+                let named = |prefix: &[u8]| {
+                    let name = std::str::from_utf8(rest.strip_prefix(prefix)?).ok()?;
+                    (!name.is_empty()).then_some(name)
+                };
+                if let Some(name) = named(b"members/") {
+                    KeyKind::Member(name)
+                } else if let Some(name) = named(b"slots/") {
+                    KeyKind::Slot(name)
+                } else if rest.starts_with(b"history/") {
+                    KeyKind::History
+                } else {
+                    KeyKind::Other
+                }
+            }
         }
     }
 }
@@ -92,7 +110,20 @@ pub enum KeyKind<'k> {
     Pause,
     Switchover,
     History,
+    /// `slots/<name>`: a permanent slot.
+    Slot(&'k str),
     Other,
+}
+
+/// `slots/<name>`: a slot that exists on whichever member leads. `restart_lsn` is where the
+/// leader's slot last held WAL from (written by the leader as its clients confirm, once per
+/// segment), `None` until a leader has made it; standbys keep a copy of the slot at this
+/// position, so that whichever of them leads next still has the WAL the slot's client needs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PermanentSlotRecord {
+    pub restart_lsn: Option<wal_storage::Lsn>,
+    /// The term of the leader that wrote the position.
+    pub term: Option<u64>,
 }
 
 /// `sync`: which standby the leader of `term` counts acknowledgements from (`None`: none,
@@ -127,6 +158,11 @@ mod tests {
         assert_eq!(k.classify(k.pause().as_bytes()), KeyKind::Pause);
         assert_eq!(k.classify(k.switchover().as_bytes()), KeyKind::Switchover);
         assert_eq!(k.classify(k.history_of(7).as_bytes()), KeyKind::History);
+        assert_eq!(
+            k.classify(k.permanent_slot("s1").as_bytes()),
+            KeyKind::Slot("s1")
+        );
+        assert_eq!(k.classify(k.permanent_slots().as_bytes()), KeyKind::Other);
         assert_eq!(k.classify(b"/walserver/c2/leader"), KeyKind::Other);
         assert_eq!(k.classify(k.members().as_bytes()), KeyKind::Other);
     }

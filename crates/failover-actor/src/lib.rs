@@ -12,7 +12,8 @@
 //!   [`check_member_name`] refuses a second one before its node starts, and a member that
 //!   finds its key on another lease stops acknowledging and leaves failover), `sync`
 //!   (`{leader, sync_standby, term}`), `pause`, `switchover` (`{from, to, force}`, on the
-//!   leader's lease), `history/<term>` ([`TermRecord`], on no lease).
+//!   leader's lease), `history/<term>` ([`TermRecord`], on no lease), `slots/<name>` (a
+//!   permanent slot, on no lease: named by an operator, its position written by the leader).
 //! - Membership and election. One lease per node (the configured ttl), renewed every ttl/3;
 //!   one watch on the prefix, so that a deleted leader key (an expired lease, a handover) makes
 //!   the eligible standbys campaign at once. The decisions are a plain state machine
@@ -62,6 +63,13 @@
 //!   follower drops the member slots it holds (every member streams from the leader, so they
 //!   would only keep WAL on a standby). Only slots with the prefix are touched;
 //!   [`SubscribeMemberSlots`] watches the ones held.
+//! - Permanent slots (`permanent.rs`, as Patroni's `slots:`): the slots named under `slots/`
+//!   ([`AddPermanentSlot`], [`RemovePermanentSlot`]) exist on whichever member leads. The
+//!   leader makes those it lacks before its fence is granted (a slot of that name a client
+//!   made is the same slot) and writes each one's position into its key whenever storage
+//!   says the slot entered another segment; every standby keeps a copy at that position, so
+//!   its retention keeps what the slot's client still needs, and when it leads the copy is
+//!   the slot. A name removed is dropped on every member that sees the removal.
 //! - Handovers: [`Switchover`] (zero loss: the leader stops acknowledging, waits for the
 //!   candidate to have everything it flushed, writes `switchover` and deletes its key in a
 //!   transaction guarded by value and lease; only the candidate campaigns) and [`Failover`]
@@ -74,14 +82,16 @@
 //! TLS and auth token (`etcd-gateway`, whose client [`FailoverConfig::etcd_client`] makes
 //! from the configuration's endpoints and `etcd_security`).
 //!
-//! It acts on the node only through the supervisor. Two reads go around it, and they are
-//! the only ones; neither changes anything on the node:
+//! It acts on the node only through the supervisor. Three reads go around it, and they are
+//! the only ones; none changes anything on the node:
 //! - Storage's in-memory position, through the node's `Wal` handle (no file I/O, no wait): the
 //!   flushed end at the instant a handover revokes the fence, read in the same handler with
 //!   no wait between, so that it bounds every acknowledged append (a status from the
 //!   supervisor would come a message later); and where the current timeline starts, when a
 //!   node that is already a primary takes up a term (the history's record), which the
 //!   supervisor's status does not carry.
+//! - Storage's slot changes ([`wal_storage::Wal::slot_moves`], a watch): the event that a
+//!   leader's permanent slot moved, which happens in a walsender, not in the supervisor.
 //! - The walsender registry's synchronous wait (`WaitForSync`), for a first synchronous
 //!   standby catching up: an event that the supervisor has no message for, the same wait an
 //!   append makes; a supervisor message that only passed it on would add a hop and nothing
@@ -90,12 +100,12 @@
 //! Its peers: etcd, through `etcd-gateway` (every call a future on the actor's arbiter, under
 //! a deadline of a third of the ttl); the node's supervisor (messages `PromoteForTerm`,
 //! `FollowLeader`, `SetSyncStandbys`, `EnsureMemberSlots`, `DropMemberSlots`,
-//! `GetNodeStatus`; the fence it shares with it; its `Node::state` watch); the
-//! other members' admin API (`GET /status`, before campaigning); and whoever embeds it (the
-//! binary's admin API, tests), through [`GetClusterView`], [`GetLocalHealth`],
-//! [`GetFailoverStatus`], [`GetHistory`],
-//! [`Pause`], [`Resume`], the handovers and [`SubscribeLeadership`] (a watch of what this node
-//! does, for waiting on a change rather than asking again).
+//! `SyncPermanentSlots`, `GetNodeStatus`; the fence it shares with it; its `Node::state`
+//! watch); the other members' admin API (`GET /status`, before campaigning); and whoever
+//! embeds it (the binary's admin API, tests), through [`GetClusterView`], [`GetLocalHealth`],
+//! [`GetFailoverStatus`], [`GetHistory`], [`Pause`], [`Resume`], the permanent slots'
+//! messages, the handovers and [`SubscribeLeadership`] (a watch of what this node does, for
+//! waiting on a change rather than asking again).
 //!
 //! How it stops: [`StopFailover`] closes the fence first and, with `release`, revokes the
 //! lease, so that the leader key and the member key go at once and a successor need not wait
@@ -106,12 +116,12 @@
 //!
 //! Its timers are real timeouts and backoffs only: the renewal schedule, retries, the
 //! candidate's catch-up bound, the end of a departed member's slot grace. Every event (a key
-//! changed, a leader elected) comes from the watch. Its constants are guesses and say so.
+//! changed, a leader elected) comes from the watch; a slot's move, from storage's. Its constants are guesses and say so.
 //!
 //! How it is built: the actor's state is a few small structs (the lease, the decisions, the
-//! synchronous standby, the slots, the handover); the reconciliation, the slot round and the
-//! synchronous standby's round each run one at a time through one type, `round.rs`'s
-//! `Rounds`. Each long flow (taking up a term, a synchronous standby's change, a handover)
+//! synchronous standby, the member slots, the permanent slots, the handover); the
+//! reconciliation, the two slot rounds and the synchronous standby's round each run one at a
+//! time through one type, `round.rs`'s `Rounds`. Each long flow (taking up a term, a synchronous standby's change, a handover)
 //! is one future that does its work against etcd and the supervisor and returns to the
 //! actor's state once, with its commit point written beside it; the decisions are
 //! [`machine`]'s pure functions.
@@ -127,6 +137,7 @@ mod membership;
 mod messages;
 mod outage;
 mod peers;
+mod permanent;
 mod reconcile;
 mod round;
 mod slot_names;
@@ -142,10 +153,11 @@ pub use config::{
 };
 pub use error::FailoverError;
 pub use messages::{
-    Failover, FailoverMetrics, GetClusterView, GetFailoverMetrics, GetFailoverStatus, GetHistory,
-    GetLocalHealth, Leadership, Pause, Resume, StopFailover, SubscribeLeadership,
-    SubscribeMemberSlots, Switchover, SwitchoverReport,
+    AddPermanentSlot, Failover, FailoverMetrics, GetClusterView, GetFailoverMetrics,
+    GetFailoverStatus, GetHistory, GetLocalHealth, Leadership, Pause, RemovePermanentSlot, Resume,
+    StopFailover, SubscribeLeadership, SubscribeMemberSlots, Switchover, SwitchoverReport,
 };
+pub use permanent::check_permanent_slot_name;
 pub use slot_names::{member_slot_name, slot_member, MEMBER_SLOT_PREFIX};
 pub use store::check_member_name;
 pub use view::{ClusterView, DepartedMember, LeaderView, LocalHealth, MemberInfo, TermRecord};

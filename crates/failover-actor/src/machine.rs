@@ -66,6 +66,8 @@ pub struct Cluster {
     /// The last leader's published position, kept after its member key is gone (it goes with
     /// the leader's lease, together with the leader key).
     pub last_leader: Option<LeaderPosition>,
+    /// The permanent slots (`slots/<name>`), with the position the leader last wrote.
+    pub permanent_slots: BTreeMap<String, Option<Lsn>>,
     /// Whether `history/` holds any term: without one the cluster is bootstrapping.
     pub has_history: bool,
     /// The highest term `history/` holds: the last leader's, since a winner records its term
@@ -394,7 +396,8 @@ pub fn calls_for_decision(kind: &KeyKind<'_>, cluster: &Cluster) -> bool {
     match kind {
         KeyKind::Leader | KeyKind::Sync | KeyKind::Pause | KeyKind::Switchover => true,
         KeyKind::Member(name) => cluster.leader.as_ref().is_none_or(|l| l.holder == *name),
-        KeyKind::History | KeyKind::Other => false,
+        // A permanent slot changes the slots, not who leads (`permanent.rs`).
+        KeyKind::History | KeyKind::Slot(_) | KeyKind::Other => false,
     }
 }
 

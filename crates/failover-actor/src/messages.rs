@@ -56,6 +56,27 @@ pub struct FailoverMetrics {
     pub leader: Option<String>,
 }
 
+/// `walserver cluster slots add NAME`: makes `name` a permanent slot (kept on whichever
+/// member leads, its position copied to the standbys). `true` if it was not one already.
+#[derive(Message)]
+#[rtype(result = "Result<bool, FailoverError>")]
+pub struct AddPermanentSlot {
+    pub name: String,
+}
+
+/// `walserver cluster slots remove NAME`: `name` is no longer a permanent slot, and every
+/// member drops its slot of that name. `true` if it was one.
+#[derive(Message)]
+#[rtype(result = "Result<bool, FailoverError>")]
+pub struct RemovePermanentSlot {
+    pub name: String,
+}
+
+/// Storage made or dropped a slot, or a slot's restart point entered another segment.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct SlotsMoved;
+
 /// `walserver cluster history`.
 #[derive(Message)]
 #[rtype(result = "Result<Vec<TermRecord>, FailoverError>")]

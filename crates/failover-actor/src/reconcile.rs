@@ -105,8 +105,10 @@ impl FailoverActor {
                 other => next = Some(other),
             }
         }
-        // A leader looks at its member slots on every change it decides on.
+        // A leader looks at its member slots on every change it decides on; every member at
+        // the permanent slots (a standby's copies too: this round may be its first).
         self.manage_slots(ctx);
+        self.sync_permanent_slots(ctx);
         match next {
             Some(Action::Campaign) => self.campaign(),
             Some(Action::CheckPeers) => self.check_peers(local),
@@ -215,6 +217,7 @@ impl FailoverActor {
             .unwrap_or("failover")
             .to_string();
         let slots = self.wanted_slots();
+        let permanent = self.permanent_request(false);
         let synchronous = self.config.synchronous_mode != crate::SynchronousMode::Off;
         let client = self.client.clone();
         let keys = self.keys.clone();
@@ -239,6 +242,9 @@ impl FailoverActor {
             // The members' slots before the fence is granted: no append (and so no segment
             // switch, where retention removes WAL) comes before them.
             ensure_slots(&supervisor, slots).await;
+            // The permanent slots too, at the positions etcd holds where this node has no
+            // copy yet: the client of one resumes here as soon as appends go on.
+            ensure_permanent_slots(&supervisor, permanent).await;
             if synchronous {
                 // Before the fence is granted, in both synchronous modes: appends wait until
                 // this leader has a synchronous standby of its own (or, in `on`, has found
@@ -313,8 +319,10 @@ impl FailoverActor {
         let synchronous = self.config.synchronous_mode != crate::SynchronousMode::Off;
         self.sync.hold_since = synchronous.then(Instant::now);
         self.publish_leadership();
-        // Publishes the slots just made, and starts the graces of departed members'.
+        // Publishes the slots just made, and starts the graces of departed members'; writes
+        // the permanent slots' positions as this leader holds them.
         self.manage_slots(ctx);
+        self.sync_permanent_slots(ctx);
         // Confirm the key and grant the fence now, not a renewal interval later.
         self.renew(ctx);
     }
@@ -374,6 +382,7 @@ impl FailoverActor {
                     act.progress.highest_term = act.progress.highest_term.max(term);
                     act.publish_leadership();
                     act.drop_slots_as_follower(ctx);
+                    act.sync_permanent_slots(ctx);
                 }
                 Ok(Err(e)) => {
                     let failures = act.decisions.follow_failures;
@@ -410,6 +419,32 @@ async fn ensure_slots(supervisor: &Addr<supervisor_actor::Supervisor>, names: Ve
             info!(made = %slots.changed.join(","), held = %slots.held.join(","), "failover: member slots before leading")
         }
         Ok(Err(e)) => warn!(error = %e, "failover: cannot make the member slots before leading"),
+        Err(e) => warn!(error = %e, "failover: the supervisor is gone"),
+    }
+}
+
+/// Makes the permanent slots this node lacks before it leads; a failure is logged, and the
+/// leader's next slot round tries again.
+async fn ensure_permanent_slots(
+    supervisor: &Addr<supervisor_actor::Supervisor>,
+    request: supervisor_actor::SyncPermanentSlots,
+) {
+    if request.slots.is_empty() {
+        return;
+    }
+    match supervisor.send(request).await {
+        Ok(Ok(done)) => {
+            let held: Vec<String> = done
+                .held
+                .iter()
+                .map(|(name, at)| match at {
+                    Some(at) => format!("{name}@{at}"),
+                    None => name.clone(),
+                })
+                .collect();
+            info!(made = %done.made.join(","), held = %held.join(","), "failover: permanent slots before leading");
+        }
+        Ok(Err(e)) => warn!(error = %e, "failover: cannot make the permanent slots before leading"),
         Err(e) => warn!(error = %e, "failover: the supervisor is gone"),
     }
 }

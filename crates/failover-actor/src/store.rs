@@ -13,7 +13,7 @@ use etcd_gateway::{
 use tracing::warn;
 
 use crate::error::FailoverError;
-use crate::keys::{KeyKind, Keys, SwitchoverRecord, SyncRecord};
+use crate::keys::{KeyKind, Keys, PermanentSlotRecord, SwitchoverRecord, SyncRecord};
 use crate::machine::{Cluster, LeaderKey, LeaderPosition};
 use crate::outage::Quoted;
 use crate::view::{MemberInfo, TermRecord};
@@ -54,6 +54,9 @@ pub fn apply_event(cluster: &mut Cluster, keys: &Keys, event: &Event) {
             KeyKind::Sync => cluster.sync = None,
             KeyKind::Pause => cluster.paused = false,
             KeyKind::Switchover => cluster.switchover = None,
+            KeyKind::Slot(name) => {
+                cluster.permanent_slots.remove(name);
+            }
             KeyKind::History | KeyKind::Other => {}
         },
     }
@@ -85,6 +88,14 @@ fn apply_put(cluster: &mut Cluster, keys: &Keys, kv: &KeyValue) {
         KeyKind::Sync => cluster.sync = parse::<SyncRecord>(kv),
         KeyKind::Pause => cluster.paused = true,
         KeyKind::Switchover => cluster.switchover = parse::<SwitchoverRecord>(kv),
+        KeyKind::Slot(name) => {
+            // A value that does not parse still names a permanent slot: it is made, and its
+            // position written, by the next leader.
+            let record = parse::<PermanentSlotRecord>(kv).unwrap_or_default();
+            cluster
+                .permanent_slots
+                .insert(name.to_string(), record.restart_lsn);
+        }
         KeyKind::History => {
             cluster.has_history = true;
             if let Some(record) = parse::<TermRecord>(kv) {
@@ -294,6 +305,56 @@ pub async fn leader_put(
     let txn = Txn::new()
         .when(held(keys, me, lease))
         .and_then([Op::put(key, value, None)]);
+    Ok(client.txn(&txn).await?.succeeded)
+}
+
+/// Names `name` a permanent slot, keeping its position if it already is one; whether it
+/// was new.
+pub async fn add_permanent_slot(
+    client: &Client,
+    keys: &Keys,
+    name: &str,
+) -> Result<bool, FailoverError> {
+    let key = keys.permanent_slot(name);
+    let txn = Txn::new()
+        .when([Compare::absent(key.clone())])
+        .and_then([Op::put(key, json(&PermanentSlotRecord::default()), None)]);
+    Ok(client.txn(&txn).await?.succeeded)
+}
+
+/// `name` is no longer a permanent slot; whether it was one.
+pub async fn remove_permanent_slot(
+    client: &Client,
+    keys: &Keys,
+    name: &str,
+) -> Result<bool, FailoverError> {
+    let deleted = client
+        .delete_range(&KeyRange::key(keys.permanent_slot(name)))
+        .await?;
+    Ok(deleted.deleted > 0)
+}
+
+/// The leader writes where its permanent slot `name` holds WAL from, guarded by its key and
+/// by the slot still being permanent (an operator's removal is never undone by a leader's
+/// late write); whether it was written.
+pub async fn put_slot_position(
+    client: &Client,
+    keys: &Keys,
+    me: &str,
+    lease: LeaseId,
+    name: &str,
+    record: &PermanentSlotRecord,
+) -> Result<bool, FailoverError> {
+    let key = keys.permanent_slot(name);
+    let [value, lease_is] = held(keys, me, lease);
+    let present = Compare::new(
+        key.clone(),
+        etcd_gateway::CompareOp::Greater,
+        etcd_gateway::CompareTarget::CreateRevision(0),
+    );
+    let txn = Txn::new()
+        .when([value, lease_is, present])
+        .and_then([Op::put(key, json(record), None)]);
     Ok(client.txn(&txn).await?.succeeded)
 }
 

@@ -82,6 +82,10 @@ pub struct ClusterView {
     /// missing. A member that left before this one joined is not among them.
     #[serde(default)]
     pub departed: Vec<DepartedMember>,
+    /// The permanent slots, each with the position the leader last wrote (`X/X`; `None`
+    /// until a leader has made it).
+    #[serde(default)]
+    pub permanent_slots: std::collections::BTreeMap<String, Option<String>>,
 }
 
 /// A member whose key went, as its key last said.

@@ -4,7 +4,8 @@
 //! are never lost and never wait for a fixed retry interval; an upstream restarted many times
 //! loses no byte); reading records across a promotion and as they arrive; the CLI clients run
 //! as commands; the log an operator reads; automatic failover's endpoints and `walserver
-//! cluster`, without failover and with it on a real etcd.
+//! cluster`, without failover and with it on a real etcd; a permanent slot through
+//! switchovers and a failover, with pg_receivewal on it.
 
 mod bench;
 mod binary;
@@ -17,6 +18,7 @@ mod lessons;
 mod logs;
 mod members;
 mod records;
+mod slots;
 
 use std::process::Command;
 

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod receivewal;
 pub mod relay;
 
 use std::net::{SocketAddr, TcpStream};

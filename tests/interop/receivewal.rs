@@ -2,169 +2,15 @@
 //! walserver's, with or without a slot, synchronous or not, and resumes with no gap after a
 //! SIGKILL.
 
-use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use pg_testkit::PgBin;
 use wal_storage::{segment_file_name, Lsn, TimelineId, Wal};
 
+use crate::common::receivewal::Receiver;
 use crate::common::*;
-
-/// pg_receivewal run against a node, in a directory of its own, with its log beside that
-/// directory. It is killed when dropped, and a failing test prints its log, because the
-/// temporary directory holding the log is gone by the time anyone could read it.
-struct Receiver {
-    bin: PgBin,
-    port: u16,
-    root: tempfile::TempDir,
-    args: Vec<String>,
-    child: Option<Child>,
-}
-
-impl Receiver {
-    /// A receiver that will stream with `args` (beyond the connection options).
-    fn new(bin: &PgBin, node: &TestNode, args: &[&str]) -> Receiver {
-        let root = tempfile::tempdir().unwrap();
-        std::fs::create_dir(root.path().join("wal")).unwrap();
-        Receiver {
-            bin: bin.clone(),
-            port: node.addr().port(),
-            root,
-            args: args.iter().map(|a| a.to_string()).collect(),
-            child: None,
-        }
-    }
-
-    fn dir(&self) -> PathBuf {
-        self.root.path().join("wal")
-    }
-
-    fn log(&self) -> PathBuf {
-        self.root.path().join("pg_receivewal.log")
-    }
-
-    /// pg_receivewal with the connection options; `--no-loop` makes any error end it at once
-    /// instead of retrying after five seconds, so a failure shows in its log, not as a hang.
-    fn command(&self) -> Command {
-        let mut c = Command::new(self.bin.tool("pg_receivewal"));
-        c.args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["-U", "repl", "--no-password", "--no-loop", "--verbose"])
-            .arg("-D")
-            .arg(self.dir());
-        c
-    }
-
-    /// Runs pg_receivewal once with `args` to completion (`--create-slot`, say).
-    fn run_once(&self, args: &[&str]) {
-        let out = self.command().args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "pg_receivewal {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn start(&mut self) {
-        assert!(self.child.is_none(), "pg_receivewal is already running");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log())
-            .unwrap();
-        let child = self
-            .command()
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start pg_receivewal");
-        self.child = Some(child);
-    }
-
-    /// Waits until pg_receivewal has completed segment `segno` (the file lost its .partial).
-    fn wait_for_segment(&self, segno: u64, seg: u64) {
-        let path = self
-            .dir()
-            .join(segment_file_name(TimelineId(1), segno, seg));
-        wait_until(
-            &format!("pg_receivewal to complete {}", path.display()),
-            || path.exists(),
-        );
-    }
-
-    /// Ends pg_receivewal with SIGKILL, as a crash would (PostgreSQL's documentation stops it
-    /// with SIGINT, the clean way), but never while it zero-fills a new segment file. pg_receivewal creates each segment as a .partial file and pads it to the
-    /// full segment size before writing WAL into it; killed in between, it leaves a .partial
-    /// file that is neither empty nor full, and a restarted pg_receivewal refuses it ("has N
-    /// bytes, should be 0 or S") and cannot resume at all. That is pg_receivewal's own
-    /// limitation, which says nothing about the server, so the kill is timed around it: the
-    /// process is frozen with SIGSTOP, its files are looked at (frozen, they cannot change),
-    /// and it is killed only if no .partial file is short; otherwise it is let go on until
-    /// its padding is done, and tried again. Everything else a SIGKILL can leave (a full
-    /// .partial file with WAL written part of the way) pg_receivewal resumes from by
-    /// streaming that segment again from its start.
-    fn kill_hard(&mut self, seg: u64) {
-        let mut child = self.child.take().expect("pg_receivewal is running");
-        let pid = child.id() as libc::pid_t;
-        loop {
-            // SAFETY: kill(2) and waitpid(2) on our own child, which has not been reaped.
-            let stopped = unsafe {
-                libc::kill(pid, libc::SIGSTOP);
-                let mut status = 0;
-                libc::waitpid(pid, &mut status, libc::WUNTRACED) == pid && libc::WIFSTOPPED(status)
-            };
-            assert!(
-                stopped,
-                "pg_receivewal ended before it could be killed; its log:\n{}",
-                self.log_text()
-            );
-            if self.short_partials(seg).is_empty() {
-                // SAFETY: as above.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                break;
-            }
-            // SAFETY: as above.
-            unsafe { libc::kill(pid, libc::SIGCONT) };
-            wait_until("pg_receivewal to finish padding a segment file", || {
-                self.short_partials(seg).is_empty()
-            });
-        }
-        let status = child.wait().unwrap();
-        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
-    }
-
-    /// .partial files that are neither empty nor a whole segment.
-    fn short_partials(&self, seg: u64) -> Vec<String> {
-        std::fs::read_dir(self.dir())
-            .unwrap()
-            .filter_map(|e| {
-                let e = e.ok()?;
-                let name = e.file_name().into_string().ok()?;
-                let len = e.metadata().ok()?.len();
-                (name.ends_with(".partial") && len != 0 && len != seg).then_some(name)
-            })
-            .collect()
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(self.log()).unwrap_or_default()
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!("pg_receivewal's log:\n{}", self.log_text());
-        }
-    }
-}
 
 /// Every completed segment pg_receivewal wrote is byte-identical to walserver's.
 fn compare_segments(node: &TestNode, dir: &Path) -> usize {
@@ -270,7 +116,8 @@ fn pg_receivewal_streams_and_resumes_after_sigkill(mode: ReceiveMode, seg: u64) 
     if mode == ReceiveMode::Synchronous {
         args.push("--synchronous");
     }
-    let mut recv = Receiver::new(&bin, &node, &args);
+    let conninfo = format!("host=127.0.0.1 port={} user=repl", node.addr().port());
+    let mut recv = Receiver::new(&bin, &conninfo, &args);
     if mode != ReceiveMode::Plain {
         recv.run_once(&["--create-slot", "--slot", SLOT]);
         assert_eq!(node.http_get("/slots")[0]["slot_name"], SLOT);

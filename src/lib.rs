@@ -1,6 +1,6 @@
 //! The walserver node as a program: the HTTP admin API, automatic failover's actor beside the
 //! node and its endpoints ([`failover`]), signal handling, and the commands of the `walserver`
-//! binary (`run`, `demo`, `status`, `promote`, `append`, `rejoin`, `cluster`, `restore-wal`; `init` and
+//! binary (`run`, `demo`, `status`, `promote`, `append`, `rejoin`, `cluster`, `restore-wal`, `archive`; `init` and
 //! `passwd` are a few lines of `main.rs`). The actors live in the workspace crates; a node's
 //! configuration, its data directories and the admin API's client live in `walserver-node`,
 //! which this crate wires together with the admin API.
@@ -11,6 +11,7 @@
 //! An application that embeds a node (with `supervisor_actor::NodeBuilder`) mounts the node's
 //! admin API in its own actix-web `App` with [`http::configure`].
 
+pub mod archive;
 pub mod bench;
 pub mod cli;
 pub mod cluster;

@@ -44,6 +44,26 @@ enum Command {
         /// Start here instead of at the start of the upstream's current segment.
         #[arg(long)]
         start_lsn: Option<wal_storage::Lsn>,
+        /// Make a primary from the WAL archive (archive_target, from --config or -c), up to
+        /// the end of its newest timeline or the --target-* given.
+        #[arg(long, conflicts_with_all = ["standby", "primary_conninfo", "start_lsn"])]
+        from_archive: bool,
+        /// With --from-archive: keep every record that ends at or before this LSN.
+        #[arg(long, requires = "from_archive")]
+        target_lsn: Option<wal_storage::Lsn>,
+        /// With --from-archive: refused, since walserver records carry no time (the message
+        /// says what to use instead).
+        #[arg(long, requires = "from_archive")]
+        target_time: Option<String>,
+        /// With --from-archive: restore this timeline (default: the archive's newest).
+        #[arg(long, requires = "from_archive")]
+        target_timeline: Option<u32>,
+        /// With --from-archive: TOML configuration file naming archive_target.
+        #[arg(long, requires = "from_archive")]
+        config: Option<PathBuf>,
+        /// With --from-archive: override a setting, -c key=value (repeatable).
+        #[arg(short = 'c', value_name = "KEY=VALUE", requires = "from_archive")]
+        set: Vec<String>,
     },
     /// Run a node.
     Run {
@@ -143,6 +163,18 @@ enum Command {
         file: String,
         /// Where to write it (%p).
         path: PathBuf,
+    },
+    /// The WAL archive (archive_target): list its timelines, segments and gaps, or verify
+    /// every object's checksum and each timeline's continuity.
+    Archive {
+        #[command(subcommand)]
+        command: walserver::archive::ArchiveCommand,
+        /// TOML configuration file naming archive_target; data_dir is not needed.
+        #[arg(long, global = true)]
+        config: Option<PathBuf>,
+        /// Override a setting: -c key=value (repeatable).
+        #[arg(short = 'c', value_name = "KEY=VALUE", global = true)]
+        set: Vec<String>,
     },
     /// Show a running node's status through its admin API.
     Status {
@@ -276,6 +308,39 @@ fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Init {
             data_dir,
+            from_archive: true,
+            target_lsn,
+            target_time,
+            target_timeline,
+            config,
+            set,
+            ..
+        } => {
+            init_tracing("warn", LogFormat::Text)?;
+            let settings = Settings::load_without_data_dir(&sources(config, &set)?)?;
+            let target = walserver_node::archive::archive_target(&settings)?;
+            let to = walserver_node::from_archive::RecoveryTarget {
+                lsn: target_lsn,
+                time: target_time,
+                timeline: target_timeline.map(wal_storage::TimelineId),
+            };
+            let r = walserver_node::from_archive::init_from_archive(&data_dir, &target, &to)?;
+            println!(
+                "initialised primary data directory {} from the archive (system identifier {}): WAL of timeline {} from {} to {}, {} objects read{}",
+                data_dir.display(),
+                r.system_id,
+                r.timeline.0,
+                r.start,
+                r.end,
+                r.objects,
+                r.new_timeline
+                    .map(|t| format!("; it goes on as timeline {}", t.0))
+                    .unwrap_or_default()
+            );
+            Ok(())
+        }
+        Command::Init {
+            data_dir,
             wal_segment_size,
             ..
         } => {
@@ -345,6 +410,15 @@ fn run(command: Command) -> anyhow::Result<()> {
             token,
         } => walserver::cli::status(&http, json, wide, token.as_deref()),
         Command::Cluster(cmd) => walserver::cluster::run(cmd),
+        Command::Archive {
+            command,
+            config,
+            set,
+        } => {
+            let settings = Settings::load_without_data_dir(&sources(config, &set)?)?;
+            let target = walserver_node::archive::archive_target(&settings)?;
+            walserver::archive::run(&target, &command)
+        }
         Command::RestoreWal { .. } => unreachable!("main runs restore-wal itself"),
     }
 }

@@ -7,6 +7,7 @@ mod archive;
 mod common;
 mod fence;
 mod metrics;
+mod restore;
 #[cfg(feature = "failpoints")]
 mod storage;
 

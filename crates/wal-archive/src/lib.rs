@@ -47,6 +47,7 @@
 //! Later steps add backpressure beside these types.
 
 mod actor;
+mod catalog;
 mod command;
 mod compression;
 mod error;
@@ -58,6 +59,7 @@ mod status;
 mod target;
 
 pub use actor::{ArchiveConfig, ArchiveMode, Archiver};
+pub use catalog::{Catalog, Gap, Piece, Plan, TimelineFiles};
 pub use command::ArchiveCommand;
 pub use compression::Compression;
 pub use error::{ArchiveError, Result};

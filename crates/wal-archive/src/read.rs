@@ -20,7 +20,10 @@
 use std::fs;
 use std::path::Path;
 
-use wal_storage::{parse_history_file_name, parse_segment_file_name};
+use wal_storage::{
+    history_file_name, parse_history, parse_history_file_name, parse_segment_file_name,
+    HistoryEntry,
+};
 use wal_types::{Lsn, TimelineId};
 
 use crate::compression::Compression;
@@ -177,6 +180,49 @@ impl ArchiveTarget {
             return Err(corrupt(reason));
         }
         Ok(Some(bytes))
+    }
+
+    /// The ancestry of timeline `tli` (oldest first) from its history file, checked; empty
+    /// for timeline 1, `None` if the archive has no history file of `tli`.
+    pub fn history(&self, tli: TimelineId) -> Result<Option<Vec<HistoryEntry>>> {
+        if tli == TimelineId::FIRST {
+            return Ok(Some(Vec::new()));
+        }
+        let name = history_file_name(tli);
+        let Some(bytes) = self.get(&name)? else {
+            return Ok(None);
+        };
+        parse_history(&bytes)
+            .map(Some)
+            .map_err(|e| ArchiveError::Corrupt {
+                name,
+                reason: format!("it does not parse as a history file: {e}"),
+            })
+    }
+
+    /// The checksum sidecar of `name`, if it has one that parses.
+    pub fn checksum(&self, name: &str) -> Result<Option<Checksum>> {
+        Ok(self
+            .get_raw(&format!("{name}{SIDECAR_SUFFIX}"))?
+            .and_then(|b| Checksum::parse(&b)))
+    }
+
+    /// The archive's segment size, as the sidecar of its first whole segment (or padded
+    /// `.partial`) among `objects` gives it; `None` if it holds neither. Only a power of two
+    /// from 1 MiB to 1 GiB counts, the sizes a segment can have.
+    pub fn segment_size(&self, objects: &[ObjectInfo]) -> Result<Option<u64>> {
+        let whole = |name: &str| {
+            let (segment, rest) = name.split_at_checked(24).unwrap_or((name, "x"));
+            segment.bytes().all(|b| b.is_ascii_hexdigit()) && matches!(rest, "" | ".partial")
+        };
+        for o in objects.iter().filter(|o| whole(&o.name)) {
+            if let Some(sum) = self.checksum(&o.name)? {
+                if sum.size.is_power_of_two() && ((1 << 20)..=(1 << 30)).contains(&sum.size) {
+                    return Ok(Some(sum.size));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Every file in the archive, sidecars and temporary files left out, by name: a
@@ -396,6 +442,18 @@ mod tests {
                 },
             ]
         );
+        assert_eq!(
+            t.segment_size(&names).unwrap(),
+            None,
+            "4 bytes is no segment size"
+        );
+        t.put(
+            "000000010000000000000003",
+            &vec![0; 1 << 20],
+            Compression::None,
+        )
+        .unwrap();
+        assert_eq!(t.segment_size(&t.list().unwrap()).unwrap(), Some(1 << 20));
         let missing = ArchiveTarget::Directory(dir.path().join("missing"));
         assert!(matches!(missing.list(), Err(ArchiveError::Io { .. })));
     }

@@ -105,6 +105,12 @@ pub enum Error {
     /// The walreceiver's configuration or its making of a standby's data directory.
     #[error(transparent)]
     Receiver(Box<walreceiver_actor::ReceiverError>),
+    /// Reading the WAL archive failed.
+    #[error("reading the WAL archive")]
+    Archive(#[source] Box<wal_archive::ArchiveError>),
+    /// What `init --from-archive` cannot make from the archive, and why.
+    #[error("{0}")]
+    FromArchive(String),
     /// Storage, as it said.
     #[error(transparent)]
     Wal(#[from] WalError),

@@ -6,7 +6,8 @@
 //! overrides, with PostgreSQL's units in [`units`] and its log level names in [`logging`];
 //! the `[failover]` table and the failover actor's configuration it gives in [`failover`];
 //! the `archive_*` settings and the `[archive]` table, and the archiver they start, in [`archive`]),
-//! data directories as `walserver init` makes them ([`init`]), the `NodeConfig` a
+//! data directories as `walserver init` makes them ([`init`], and from the WAL archive to a
+//! recovery target, [`from_archive`]), the `NodeConfig` a
 //! configuration gives, the reloader, and [`start_node`], the one function that brings a
 //! configured node to life ([`node`]). It also owns the two things the admin API's server
 //! and its clients must agree on: the body format of many records ([`records`]) and the
@@ -39,6 +40,7 @@ pub mod archive;
 pub mod config;
 pub mod error;
 pub mod failover;
+pub mod from_archive;
 pub mod init;
 pub mod logging;
 pub mod node;

@@ -6,6 +6,8 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[cfg(feature = "failpoints")]
+mod overlap;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

@@ -99,3 +99,10 @@ pub use messages::{
 /// major version, so walserver presents itself as PostgreSQL 15; the `(walserver)` suffix is
 /// how a walserver upstream is told from a PostgreSQL one.
 pub const SERVER_VERSION: &str = "15.0 (walserver)";
+
+/// The startup parameter by which walserver's walreceiver says it takes WAL its upstream
+/// has written but not yet made durable, and cuts back at stream start what was never
+/// acknowledged (the overlapped commit). A name with a dot is a custom parameter, which
+/// PostgreSQL 15 keeps as a placeholder, so the same startup packet works against both; a
+/// walserver walsender sends such WAL only to a synchronous standby that set it to `on`.
+pub const ACCEPTS_UNFLUSHED_PARAM: &str = "walserver.accept_unflushed";

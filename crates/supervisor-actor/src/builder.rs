@@ -436,6 +436,9 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
     })
     .await
     .map_err(|_| NodeError::OpenPanicked)??;
+    // The overlapped commit needs each batch's written end announced before its sync; the
+    // walsenders decide who may be sent it.
+    wal.set_publish_written(walsender.session.commit_overlap);
     let report = wal.recovery_report();
     tracing::info!(
         timeline = %report.timeline,

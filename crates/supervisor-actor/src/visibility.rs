@@ -18,6 +18,7 @@
 
 use tokio::sync::watch;
 use wal_storage::{Lsn, Wal};
+use walsender_actor::overlap::commit_point;
 use walsender_actor::syncrep::{SyncPositions, WaitLevel};
 
 /// The rule of a node: what its synchronous settings make acknowledged, on a primary.
@@ -47,13 +48,16 @@ pub(crate) struct Visibility {
     confirmed: watch::Receiver<SyncPositions>,
 }
 
+/// The commit point at the rule's level (`walsender_actor::overlap::commit_point`): never
+/// beyond the local flush, also where a synchronous standby got WAL before it (the
+/// overlapped commit).
 fn acknowledged_end(flushed: Lsn, rule: Option<WaitLevel>, confirmed: &SyncPositions) -> Lsn {
-    match rule {
-        None => flushed,
-        Some(WaitLevel::Write) => flushed.min(confirmed.write),
-        Some(WaitLevel::Flush) => flushed.min(confirmed.flush),
-        Some(WaitLevel::Apply) => flushed.min(confirmed.apply),
-    }
+    let quorum = rule.map(|level| match level {
+        WaitLevel::Write => confirmed.write,
+        WaitLevel::Flush => confirmed.flush,
+        WaitLevel::Apply => confirmed.apply,
+    });
+    commit_point(flushed, quorum)
 }
 
 impl Visibility {

@@ -534,6 +534,11 @@ fn pread_exact(file: &File, n: usize, offset: u64) -> std::io::Result<Bytes> {
 pub struct Failpoints {
     points: std::sync::Mutex<std::collections::HashMap<&'static str, i32>>,
     power_loss: std::sync::OnceLock<Arc<PowerLoss>>,
+    /// Points where operations wait ([`Failpoints::hold`]) until released, with how many
+    /// wait there now.
+    held: std::sync::Mutex<std::collections::HashMap<&'static str, usize>>,
+    /// Signalled when a point is released and when an operation starts waiting at one.
+    changed: std::sync::Condvar,
 }
 
 #[cfg(feature = "failpoints")]
@@ -553,6 +558,55 @@ impl Failpoints {
 
     pub fn clear(&self, point: &'static str) {
         self.lock().remove(point);
+    }
+
+    /// Makes every operation reaching `point` wait, on its own thread, until
+    /// [`Failpoints::release`]: a test holds the writer's fdatasync this way to see what
+    /// happens while it runs.
+    ///
+    /// # Panics
+    ///
+    /// If `point` is not one of [`FAILPOINTS`].
+    pub fn hold(&self, point: &'static str) {
+        assert!(
+            FAILPOINTS.contains(&point),
+            "no fail point is named {point:?}"
+        );
+        self.lock_held().entry(point).or_insert(0);
+    }
+
+    /// Lets the operations waiting at `point` go on.
+    pub fn release(&self, point: &'static str) {
+        self.lock_held().remove(point);
+        self.changed.notify_all();
+    }
+
+    /// Waits until an operation waits at the held `point`, at most `timeout`; whether one
+    /// does.
+    pub fn wait_until_held(&self, point: &'static str, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut held = self.lock_held();
+        loop {
+            match held.get(point) {
+                Some(&n) if n > 0 => return true,
+                Some(_) => {}
+                None => return false,
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            held = (self.changed.wait_timeout(held, left))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn lock_held(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<&'static str, usize>> {
+        // Counters cannot be left inconsistent by a panic.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn clear_all(&self) {
@@ -582,6 +636,15 @@ impl Failpoints {
     }
 
     fn check(&self, point: &'static str) -> io::Result<()> {
+        let mut held = self.lock_held();
+        if let Some(n) = held.get_mut(point) {
+            *n += 1;
+            self.changed.notify_all();
+            while held.contains_key(point) {
+                held = self.changed.wait(held).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        drop(held);
         match self.lock().get(point) {
             Some(&errno) => Err(io::Error::from_raw_os_error(errno)),
             None => Ok(()),

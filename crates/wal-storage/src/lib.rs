@@ -179,7 +179,9 @@
 //! **Invariants:** `flushed <= written` and the flushed end of a timeline never moves back,
 //! not even across a crash, except by an explicit [`Wal::truncate_to`]; the flushed end
 //! published is never beyond what open finds again; nothing is readable beyond the flushed
-//! end; a timeline's WAL below its switch point never changes.
+//! end, except that under the overlapped commit [`Wal::read_cached_written`] serves the batch
+//! whose fdatasync runs (for synchronous walserver standbys, which cut back what was never
+//! acknowledged); a timeline's WAL below its switch point never changes.
 
 mod archived;
 mod background;

@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
 use std::path::Path;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crossbeam_channel::Receiver;
@@ -348,6 +348,7 @@ fn open_locked(
         tail: Default::default(),
         recycled,
         health: carried.health,
+        publish_written: carried.publish_written,
         lock,
     });
     Ok(Recovered {
@@ -564,6 +565,7 @@ struct Carried {
     slot_released: watch::Sender<u64>,
     slots_moved: watch::Sender<u64>,
     health: HealthTx,
+    publish_written: Arc<AtomicBool>,
 }
 
 /// A reopening takes `prev`'s slots, archive hold and channels, so that every clone of the
@@ -589,6 +591,7 @@ fn carry_over(
                 slot_released: p.slot_released.clone(),
                 slots_moved: p.slots_moved.clone(),
                 health: p.health.clone(),
+                publish_written: p.publish_written.clone(),
             }
         }
         None => Carried {
@@ -598,6 +601,7 @@ fn carry_over(
             slot_released: watch::channel(0).0,
             slots_moved: watch::channel(0).0,
             health: watch::channel(StorageHealth::default()).0,
+            publish_written: Arc::new(AtomicBool::new(false)),
         },
     })
 }

@@ -11,7 +11,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
@@ -129,6 +129,11 @@ pub(crate) struct Inner {
     pub recycled: RecyclePool,
     /// Storage's health (`health.rs`); the writer moves it, and a restart.
     pub health: HealthTx,
+    /// Publish each batch's written end before its fdatasync ([`Wal::set_publish_written`]);
+    /// shared with a reopening like the slots.
+    ///
+    /// [`Wal::set_publish_written`]: crate::Wal::set_publish_written
+    pub publish_written: Arc<AtomicBool>,
     /// Held for the life of the data directory's use; the lock goes with the file. Shared
     /// with the next opening after a storage failure, so the directory stays locked.
     pub lock: Arc<File>,
@@ -247,15 +252,25 @@ impl Inner {
         st.check_invariants();
     }
 
-    /// Bytes of the current timeline at `start` from the tail cache; see
-    /// [`Wal::read_cached`](crate::Wal::read_cached).
-    pub(crate) fn read_cached(&self, tli: TimelineId, start: Lsn, max_len: usize) -> Option<Bytes> {
+    /// Bytes of the current timeline at `start` from the tail cache, up to the flushed end
+    /// (or, with `written`, the written end); see [`Wal::read_cached`](crate::Wal::read_cached).
+    pub(crate) fn read_cached(
+        &self,
+        tli: TimelineId,
+        start: Lsn,
+        max_len: usize,
+        written: bool,
+    ) -> Option<Bytes> {
         let limit = {
             let st = self.state();
             if st.tli != tli {
                 return None;
             }
-            st.flushed
+            if written {
+                st.written
+            } else {
+                st.flushed
+            }
         };
         // Like `read`, stop at the segment's end.
         let seg = self.cfg.segment_size;

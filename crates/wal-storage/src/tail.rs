@@ -5,9 +5,11 @@
 //! Only batches of at most [`TAIL_BATCH_MAX`] bytes are kept, and at most [`TAIL_MAX`] bytes in
 //! all. A large batch means a standby is catching up; its readers read megabytes at a time and go
 //! to the files anyway, so such a batch empties the cache rather than being copied into it. The
-//! cache holds durable bytes only (the writer adds a batch after its fdatasync) and is emptied
+//! cache holds durable bytes (the writer adds a batch after its fdatasync) and is emptied
 //! when the timeline changes or WAL is truncated, so whatever it returns is exactly what the
-//! segment files hold.
+//! segment files hold. Under the overlapped commit (`Wal::set_publish_written`) a batch is
+//! added after its write and before its fdatasync; a failed batch empties the cache, so it
+//! never holds bytes the files will not hold.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -57,17 +59,18 @@ impl TailCache {
     }
 
     /// Records that `[start, start + len)` of `tli`, whose bytes are the concatenation of
-    /// `parts`, is durable. Called by the writer thread only.
-    pub(crate) fn add(&self, tli: TimelineId, start: Lsn, len: usize, parts: &[&[u8]]) {
+    /// `parts`, is durable (or, under the overlapped commit, written and being synced).
+    /// Called by the writer thread only. Returns whether the cache holds the batch.
+    pub(crate) fn add(&self, tli: TimelineId, start: Lsn, len: usize, parts: &[&[u8]]) -> bool {
         let mut t = self.lock();
         if len == 0 {
-            return;
+            return false;
         }
         if len > TAIL_BATCH_MAX || t.tli != Some(tli) || t.end().is_some_and(|e| e != start) {
             t.clear();
             t.tli = Some(tli);
             if len > TAIL_BATCH_MAX {
-                return;
+                return false;
             }
         }
         let mut copy = Vec::with_capacity(len);
@@ -83,6 +86,7 @@ impl TailCache {
                 None => break,
             }
         }
+        true
     }
 
     /// Empties the cache: the timeline changed or WAL was cut.

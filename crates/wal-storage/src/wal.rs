@@ -566,7 +566,37 @@ impl Wal {
         if max_len == 0 {
             return None;
         }
-        self.inner().read_cached(tli, start, max_len)
+        self.inner().read_cached(tli, start, max_len, false)
+    }
+
+    /// Like [`Wal::read_cached`], but up to the written end: with
+    /// [`Wal::set_publish_written`] on, that includes the batch whose fdatasync is running.
+    /// Such bytes may still be lost (the sync may fail, the power may go), so only a reader
+    /// whose consumer can cut back what was never acknowledged may take them: a synchronous
+    /// walserver standby under the overlapped commit. A reader that asks for no more than the
+    /// flushed end gets exactly what [`Wal::read_cached`] gives.
+    pub fn read_cached_written(
+        &self,
+        tli: TimelineId,
+        start: Lsn,
+        max_len: usize,
+    ) -> Option<Bytes> {
+        if max_len == 0 {
+            return None;
+        }
+        self.inner().read_cached(tli, start, max_len, true)
+    }
+
+    /// Whether each batch's written end is published (with its bytes in the tail cache)
+    /// before its fdatasync, so that a walsender can send it while the sync runs: the
+    /// overlapped commit. Off (the default), the written end is published only with the
+    /// flushed end that follows it, and nothing is readable beyond the flushed end. Only
+    /// batches small enough for the tail cache are published early; a larger one (a standby
+    /// catching up) waits for its sync as before. It lasts across [`Wal::restart`].
+    pub fn set_publish_written(&self, on: bool) {
+        self.inner()
+            .publish_written
+            .store(on, std::sync::atomic::Ordering::Release);
     }
 
     /// Where [`Wal::read`] would read: the segment file, offset and length of up to `max_len`

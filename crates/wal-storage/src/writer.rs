@@ -28,11 +28,14 @@
 //! **Invariants:** a waiter is completed only after the fdatasync of every file its bytes went
 //! to and, when the batch needs it, of the flush pointer; the published flushed end never
 //! passes what open would recover and never moves back; the tail cache gets a batch after its
-//! fdatasync and before its end is published.
+//! fdatasync and before its end is published, except under the overlapped commit
+//! (`publish_early`), where a batch of appends goes into it, with its written end announced,
+//! between its write and its fdatasync, and a failed batch empties it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
@@ -597,6 +600,8 @@ impl Writer {
                 Ok(())
             }
             Err(f) => {
+                // The cache may hold the batch, published early: it will never be durable.
+                self.inner.tail.clear();
                 self.at_boundary = false;
                 self.dirty_until = self.dirty_until.max(f.reach);
                 self.batch_start = self.flushed;
@@ -651,6 +656,7 @@ impl Writer {
             pos = upto;
         }
         self.inner.set_written(end);
+        let cached = self.publish_early(start, end);
         for segno in touched {
             self.inner
                 .io
@@ -711,12 +717,32 @@ impl Writer {
         // Into the tail cache before the new end is published, so that a walsender woken by
         // it finds the bytes in memory.
         let len = (end.0 - start.0) as usize;
-        if len > 0 {
+        if len > 0 && !cached {
             let parts = self.batch.slices(0, len);
             self.inner.tail.add(self.tli, start, len, &parts);
         }
         self.inner.set_positions_quietly(end, published);
         Ok(())
+    }
+
+    /// The overlapped commit's early publication (`Wal::set_publish_written`): once a batch
+    /// of appends is written and before its fdatasync, its bytes go into the tail cache and
+    /// its written end is announced, so that a walsender of a synchronous walserver standby
+    /// sends them while the sync runs. Returns whether the batch is in the cache. Only
+    /// appends qualify (their written end is a record boundary, and a standby's raw bytes
+    /// are not sent on before their sync), and only batches the cache takes: a reader is
+    /// never told of written bytes it cannot read from memory.
+    fn publish_early(&mut self, start: Lsn, end: Lsn) -> bool {
+        if self.batch_raw || end <= start || !self.inner.publish_written.load(Ordering::Acquire) {
+            return false;
+        }
+        let len = (end.0 - start.0) as usize;
+        let parts = self.batch.slices(0, len);
+        if !self.inner.tail.add(self.tli, start, len, &parts) {
+            return false;
+        }
+        self.inner.set_positions(end, self.published);
+        true
     }
 
     /// How far open would find walserver WAL again after a crash, once the batch `[start,

@@ -319,7 +319,11 @@ fn startup_config(info: &ConnInfo, application_name: &str) -> StartupConfig {
     }
     .param("database", REPLICATION_DATABASE)
     .param("replication", "true")
-    .param("application_name", application_name);
+    .param("application_name", application_name)
+    // This walreceiver cuts back at stream start what its upstream never acknowledged, so a
+    // walserver upstream with the overlapped commit may send it WAL before its own fdatasync
+    // ends; PostgreSQL keeps the custom parameter as a placeholder and ignores it.
+    .param(protocol_codec::ACCEPTS_UNFLUSHED_PARAM, "on");
     if let Some(o) = &info.options {
         config = config.param("options", o);
     }

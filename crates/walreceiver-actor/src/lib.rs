@@ -11,7 +11,10 @@
 //! the walreceiver send a status update (write, flush, apply) upstream and what wakes this
 //! node's own walsenders for cascading. When the upstream's timeline ends (it was promoted,
 //! or it follows a promotion itself), the walreceiver reads the next timeline, has storage
-//! follow it, and goes on streaming on the same connection.
+//! follow it, and goes on streaming on the same connection. Its startup packet sets
+//! `walserver.accept_unflushed=on` ([`protocol_codec::ACCEPTS_UNFLUSHED_PARAM`]): a walserver
+//! upstream with the overlapped commit may send it WAL before the upstream's own fdatasync
+//! ends; it reports as flushed only what its own storage has fdatasynced, as always.
 //!
 //! Its peer is the upstream's walsender, on the socket. Its owner is the node's supervisor,
 //! which starts it, stops it with [`messages::StopReceiver`], and is told of its life with

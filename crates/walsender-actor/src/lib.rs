@@ -3,7 +3,9 @@
 //! One [`WalSender`] actor serves one replication connection: it authenticates the client,
 //! answers replication commands and streams durable WAL from `wal-storage` in PostgreSQL 15's
 //! CopyBoth sub-protocol, so pg_receivewal, a PostgreSQL standby and walserver's own
-//! walreceiver can all stream from it. Its peer is the client on the socket; the node's other
+//! walreceiver can all stream from it. Under the overlapped commit ([`overlap`],
+//! `synchronous_commit_overlap`) a synchronous walserver standby is sent WAL as soon as it is
+//! written, while this node's fdatasync runs; every other client only durable WAL. Its peer is the client on the socket; the node's other
 //! actors reach it through the [`WalSenderRegistry`], which knows every connection, enforces
 //! `max_wal_senders`, shows `pg_stat_replication`, fans out shutdown, and runs synchronous
 //! replication ([`syncrep`]): on every standby reply it decides who is synchronous and
@@ -49,6 +51,7 @@ pub mod hba;
 pub mod lag;
 mod listener;
 pub mod messages;
+pub mod overlap;
 mod registry;
 pub mod session;
 mod shared;

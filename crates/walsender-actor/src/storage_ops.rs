@@ -79,7 +79,9 @@ pub fn read(
     len: usize,
     sendfile: bool,
 ) -> impl Future<Output = Result<WalData, WalError>> {
-    if let Some(bytes) = wal.read_cached(timeline, start, len) {
+    // Up to the written end: a session asks beyond its flushed end only when it may send
+    // early (`crate::overlap`), so every other session gets what `read_cached` would give.
+    if let Some(bytes) = wal.read_cached_written(timeline, start, len) {
         return Either::Left(future::ready(Ok(bytes.into())));
     }
     // Catching up from files: after the first range of a segment, storage has the file open

@@ -46,6 +46,7 @@ pub const KEYS: &[&str] = &[
     "synchronous_standby_names",
     "synchronous_commit",
     "synchronous_wait_timeout",
+    "synchronous_commit_overlap",
     "primary_conninfo",
     "primary_slot_name",
     "wal_receiver_timeout",
@@ -152,6 +153,11 @@ pub struct Settings {
     /// After this long an append still waiting for synchronous standbys fails; 0 waits forever.
     #[serde(default, deserialize_with = "units::duration_ms")]
     pub synchronous_wait_timeout: Duration,
+    /// The overlapped commit: synchronous walserver standbys get WAL while this node's
+    /// fdatasync runs, and an append is acknowledged once durable here and on the quorum.
+    /// Off (the default) is PostgreSQL's rule: only durable WAL is sent. Read at start.
+    #[serde(default)]
+    pub synchronous_commit_overlap: bool,
     /// libpq connection string of the upstream (standbys only).
     #[serde(default)]
     pub primary_conninfo: Option<String>,

@@ -102,6 +102,7 @@ pub fn walsender_settings(
         session: Arc::new(SessionConfig {
             wal_sender_timeout: s.wal_sender_timeout,
             show: Arc::new(show_values(s, segment_size, wal_format)),
+            commit_overlap: s.synchronous_commit_overlap,
         }),
         authentication_timeout: s.authentication_timeout,
         close_grace: Duration::from_secs(10),
@@ -274,6 +275,10 @@ impl Reloader {
                 "archive_timeout",
                 s.archive_timeout != self.running.archive_timeout,
             ),
+            (
+                "synchronous_commit_overlap",
+                s.synchronous_commit_overlap != self.running.synchronous_commit_overlap,
+            ),
         ] {
             if changed {
                 tracing::warn!("{name} changed: the new value takes effect at the next restart");
@@ -291,8 +296,13 @@ impl Reloader {
         } else {
             receiver_config(&s, &self.data_dir)?
         };
+        let mut walsender = walsender_settings(&s, segment_size, wal_format, tls)?;
+        // Storage was told at start whether to publish written WAL early; the walsenders
+        // keep the rule it was told.
+        Arc::make_mut(&mut walsender.session).commit_overlap =
+            self.running.synchronous_commit_overlap;
         Ok(Reconfigure {
-            walsender: walsender_settings(&s, segment_size, wal_format, tls)?,
+            walsender,
             max_wal_senders: s.max_wal_senders,
             receiver,
             sync: sync_settings(&s)?,

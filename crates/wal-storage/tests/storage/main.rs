@@ -5,6 +5,8 @@ mod common;
 
 mod basic;
 #[cfg(feature = "failpoints")]
+mod early;
+#[cfg(feature = "failpoints")]
 mod every_failpoint;
 #[cfg(feature = "failpoints")]
 mod failpoints;

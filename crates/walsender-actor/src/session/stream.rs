@@ -15,13 +15,14 @@ use std::time::Instant;
 use protocol_codec::messages::{
     HotStandbyFeedback, PrimaryKeepalive, StandbyStatusUpdate, XLogData,
 };
-use protocol_codec::{results, BackendMessage, ErrorFields, SqlState};
+use protocol_codec::{results, BackendMessage, ErrorFields, SqlState, ACCEPTS_UNFLUSHED_PARAM};
 use wal_storage::{Lsn, PgTimestamp, TimelineId, WalError, WalPosition};
 
 use super::{
     admin_shutdown, wal_error_fields, Mode, Output, Session, ShutdownMode, StorageView, Stream,
     StreamEnd, WalData, MAX_SEND_SIZE, PAGE_SIZE, READ_SIZE,
 };
+use crate::overlap;
 use crate::status::{lock, WalSenderState};
 
 impl Stream {
@@ -169,9 +170,20 @@ impl<S: StorageView> Session<S> {
         self.pump(room, out);
     }
 
+    /// Where WAL of the current timeline ends for this stream now: the flushed end, or for a
+    /// synchronous standby under the overlapped commit the written end ([`crate::overlap`]).
+    fn current_end(&self) -> Lsn {
+        let early = overlap::sends_early(
+            self.config.commit_overlap,
+            overlap::accepts_unflushed(self.client.get(ACCEPTS_UNFLUSHED_PARAM)),
+            &lock(&self.status).sync_state,
+        );
+        overlap::send_limit(&self.position, early)
+    }
+
     /// Asks for more WAL if the stream wants it and `room` bytes may be queued.
     pub fn pump(&mut self, room: usize, out: &mut Vec<Output>) {
-        let flushed = self.position.flushed;
+        let flushed = self.current_end();
         let Mode::Streaming(stream) = &mut self.mode else {
             return;
         };
@@ -214,7 +226,7 @@ impl<S: StorageView> Session<S> {
         room: usize,
         out: &mut Vec<Output>,
     ) {
-        let flushed = self.position.flushed;
+        let flushed = self.current_end();
         let now_us = self.micros(now);
         let Mode::Streaming(stream) = &mut self.mode else {
             return;
@@ -237,6 +249,12 @@ impl<S: StorageView> Session<S> {
                 return self.error(fields, out);
             }
         };
+        if data.is_empty() && start >= self.position.flushed {
+            // Sent early, and the batch is no longer in memory to be read (its sync failed,
+            // and the position that says so is on its way): wait for that position rather
+            // than ask again at once.
+            return;
+        }
         let wal_end = stream.limit(flushed);
         let send_time = PgTimestamp::now();
         let mut at = start;

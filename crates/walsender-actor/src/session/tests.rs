@@ -2,7 +2,9 @@
 //! directory; the reads and commands it asks for are carried out as the actor would.
 
 use bytes::Bytes;
+use protocol_codec::client_settings::ClientSettings;
 use protocol_codec::messages::{PrimaryKeepalive, StandbyStatusUpdate};
+use protocol_codec::ACCEPTS_UNFLUSHED_PARAM;
 use wal_storage::{InitOptions, StorageConfig, SystemId, Wal, WalFormat};
 
 use super::*;
@@ -32,6 +34,7 @@ fn fixture() -> Fixture {
     let config = Arc::new(SessionConfig {
         wal_sender_timeout: Duration::from_secs(60),
         show: Arc::new(vec![("wal_segment_size".into(), "1MB".into())]),
+        commit_overlap: false,
     });
     let status = WalSenderStatus::new(1, "u", "app", "127.0.0.1:1".parse().unwrap()).shared();
     let session = Session::new(wal.clone(), config, status);
@@ -622,4 +625,48 @@ fn show_session_authorization_is_the_connections_user() {
         panic!("{out:?}")
     };
     assert_eq!(row[0].as_deref(), Some(&b"alice"[..]));
+}
+
+/// A session of a client that says whether it accepts unflushed WAL, on a node with the
+/// overlapped commit on or off, streaming from the flushed end; then storage announces a
+/// written end 100 bytes beyond it. Returns the length of the read the session asks for.
+fn early_read(overlap: bool, accepts: Option<&str>, sync_state: &str) -> Option<usize> {
+    let mut f = fixture();
+    let mut config = (*f.session.config).clone();
+    config.commit_overlap = overlap;
+    let status = f.session.status.clone();
+    let mut params = vec![("user".to_string(), "u".to_string())];
+    if let Some(v) = accepts {
+        params.push((ACCEPTS_UNFLUSHED_PARAM.to_string(), v.to_string()));
+    }
+    f.session = Session::new(f.wal.clone(), Arc::new(config), status.clone())
+        .with_client_settings(ClientSettings::from_startup(&params).unwrap());
+    lock(&status).sync_state = sync_state.to_string();
+    let end = f.append(1, 100);
+    let out = f.query(&format!("START_REPLICATION {end}"));
+    f.serve_reads(out);
+    let mut pos = f.wal.position();
+    pos.written = end + 100;
+    let mut out = Vec::new();
+    f.session.on_wal_position(pos, usize::MAX, &mut out);
+    out.iter().find_map(|o| match o {
+        Output::Read { start, len, .. } => {
+            assert_eq!(*start, end);
+            Some(*len)
+        }
+        _ => None,
+    })
+}
+
+#[test]
+fn only_a_synchronous_standby_that_can_cut_back_is_sent_written_wal() {
+    assert_eq!(early_read(true, Some("on"), "sync"), Some(100));
+    assert_eq!(early_read(true, Some("on"), "quorum"), Some(100));
+    // Everyone else waits for the flush: the switch off, a client that cannot cut back
+    // (pg_receivewal, PostgreSQL), a standby not waited for.
+    assert_eq!(early_read(false, Some("on"), "sync"), None);
+    assert_eq!(early_read(true, None, "sync"), None);
+    assert_eq!(early_read(true, Some("off"), "sync"), None);
+    assert_eq!(early_read(true, Some("on"), "async"), None);
+    assert_eq!(early_read(true, Some("on"), "potential"), None);
 }

@@ -1,0 +1,98 @@
+//! The overlapped commit's early publication (`Wal::set_publish_written`, feature
+//! `failpoints` to hold the fdatasync): a batch of appends is announced as written and
+//! readable from memory while its fdatasync runs, never as flushed; a batch whose sync fails
+//! leaves nothing readable beyond the flushed end; off, nothing is published before the sync.
+
+use std::time::Duration;
+
+use wal_storage::*;
+
+use crate::common::*;
+
+/// Waits, woken by the position watch, until `cond` holds; panics after a deadline.
+fn wait_position(wal: &Wal, what: &str, cond: impl Fn(&WalPosition) -> bool) -> WalPosition {
+    let mut rx = wal.subscribe();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(20), rx.wait_for(|p| cond(p)))
+            .await
+            .map(|r| *r.expect("storage is open"))
+    })
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}; at {:?}", wal.position()))
+}
+
+#[test]
+fn a_batch_is_readable_from_memory_while_its_fdatasync_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    let before = append(&wal, &[payload(1, 100)])[0];
+    wal.set_publish_written(true);
+    wal.failpoints().hold(FP_FSYNC);
+    let ticket = wal.append(vec![payload(2, 300)]).unwrap();
+    let pos = wait_position(&wal, "the written end", |p| p.written > before);
+    assert_eq!(pos.flushed, before, "announced as written, not as flushed");
+    let tli = wal.timeline();
+    let early = wal
+        .read_cached_written(tli, before, 1 << 20)
+        .expect("the batch in memory");
+    assert_eq!(before + early.len() as u64, pos.written);
+    assert_eq!(
+        wal.read_cached(tli, before, 1 << 20),
+        None,
+        "nothing beyond the flushed end for an ordinary reader"
+    );
+    wal.failpoints().release(FP_FSYNC);
+    let end = ticket.wait().unwrap()[0];
+    assert_eq!(end, pos.written);
+    assert_eq!(wal.flushed(), end);
+    assert_eq!(read_range(&wal, tli, before, end), early.to_vec());
+}
+
+#[test]
+fn a_batch_whose_sync_fails_is_not_readable_afterwards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    let before = append(&wal, &[payload(1, 100)])[0];
+    wal.set_publish_written(true);
+    wal.failpoints().hold(FP_FSYNC);
+    wal.failpoints().set(FP_FSYNC, libc::EIO);
+    let ticket = wal.append(vec![payload(2, 300)]).unwrap();
+    wait_position(&wal, "the written end", |p| p.written > before);
+    wal.failpoints().release(FP_FSYNC);
+    assert!(ticket.wait().unwrap_err().is_storage_failed());
+    let pos = wal.position();
+    assert_eq!((pos.written, pos.flushed), (before, before));
+    assert_eq!(
+        wal.read_cached_written(wal.timeline(), before, 1 << 20),
+        None
+    );
+}
+
+#[test]
+fn off_nothing_is_published_before_the_sync() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    let before = append(&wal, &[payload(1, 100)])[0];
+    let rx = wal.subscribe();
+    wal.failpoints().hold(FP_FSYNC);
+    let ticket = wal.append(vec![payload(2, 300)]).unwrap();
+    // The writer reaches the held sync after its write.
+    assert!(wal
+        .failpoints()
+        .wait_until_held(FP_FSYNC, Duration::from_secs(20)));
+    assert!(wal.written() > before, "written, in memory");
+    assert!(
+        !rx.has_changed().unwrap(),
+        "no announcement before the sync"
+    );
+    assert_eq!(rx.borrow().written, before);
+    assert_eq!(
+        wal.read_cached_written(wal.timeline(), before, 1 << 20),
+        None
+    );
+    wal.failpoints().release(FP_FSYNC);
+    ticket.wait().unwrap();
+}

@@ -1,0 +1,111 @@
+//! The overlapped commit (`synchronous_commit_overlap`) as plain functions: where a
+//! walsender's stream stops for now, and the commit point an append is acknowledged at.
+//!
+//! Today's rule, and the rule with the switch off, is PostgreSQL's: a walsender sends only
+//! WAL durable on this node, so no standby ever holds WAL its primary could lose, and one
+//! synchronous commit costs the primary's fdatasync and then the standby's, one after the
+//! other. With the switch on, a synchronous walserver standby gets a batch of appends as soon
+//! as the primary has written it, while the primary's fdatasync runs, so the two syncs
+//! overlap (Raft's parallel leader write, thesis 10.2.1). The price is that a standby may
+//! hold a tail its primary lost in a crash; only a client that can cut such a tail back at
+//! its next stream start may get it, and it says so in its startup packet
+//! ([`protocol_codec::ACCEPTS_UNFLUSHED_PARAM`]). Asynchronous standbys, PostgreSQL standbys
+//! and pg_receivewal keep the flushed limit: they cut nothing back, and an asynchronous
+//! standby's copy is not waited for, so sending it early would gain nothing.
+//!
+//! An append is acknowledged only at or below the commit point: durable on this node AND on
+//! the synchronous quorum. The primary's own flush is always required, also with no
+//! synchronous standby (etcd lost acknowledged writes once it answered before its own write
+//! was durable, etcd#14370); the supervisor waits for it before it waits for the standbys,
+//! and readers on the primary stop at the same point (`supervisor_actor`'s visibility).
+
+use wal_storage::{Lsn, WalPosition};
+
+/// The commit point: the lowest of this node's flushed end and, when synchronous standbys
+/// must confirm, the position they confirmed together (`None`: no standby must confirm).
+pub fn commit_point(own_flushed: Lsn, quorum: Option<Lsn>) -> Lsn {
+    quorum.map_or(own_flushed, |q| own_flushed.min(q))
+}
+
+/// Whether a walsender may send WAL that is written but not yet durable on this node: the
+/// switch is on, the client said it can cut back, and it is synchronous now (`sync` or
+/// `quorum` in `pg_stat_replication`; a `potential` standby is not waited for).
+pub fn sends_early(overlap: bool, client_accepts_unflushed: bool, sync_state: &str) -> bool {
+    overlap && client_accepts_unflushed && matches!(sync_state, "sync" | "quorum")
+}
+
+/// Where a stream of the current timeline stops for now: the written end for a walsender
+/// that [`sends_early`], else the flushed end.
+pub fn send_limit(pos: &WalPosition, early: bool) -> Lsn {
+    if early {
+        pos.written.max(pos.flushed)
+    } else {
+        pos.flushed
+    }
+}
+
+/// Whether a client's value of [`protocol_codec::ACCEPTS_UNFLUSHED_PARAM`] says yes, in
+/// PostgreSQL's boolean spellings.
+pub fn accepts_unflushed(value: Option<&str>) -> bool {
+    value.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "on" | "true" | "yes" | "1"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wal_storage::TimelineId;
+
+    #[test]
+    fn the_commit_point_needs_the_primary_s_flush_and_the_quorum_s() {
+        // The standby is ahead of the primary's fdatasync: the primary's flush decides.
+        assert_eq!(commit_point(Lsn(100), Some(Lsn(150))), Lsn(100));
+        // The standby is behind.
+        assert_eq!(commit_point(Lsn(100), Some(Lsn(60))), Lsn(60));
+        // No synchronous standby: the primary's own flush, never anything beyond it.
+        assert_eq!(commit_point(Lsn(100), None), Lsn(100));
+        // A quorum that confirmed nothing yet holds everything back.
+        assert_eq!(commit_point(Lsn(100), Some(Lsn(0))), Lsn(0));
+    }
+
+    #[test]
+    fn only_a_synchronous_standby_that_can_cut_back_is_sent_early() {
+        for state in ["sync", "quorum"] {
+            assert!(sends_early(true, true, state));
+            assert!(!sends_early(false, true, state), "the switch is off");
+            assert!(
+                !sends_early(true, false, state),
+                "pg_receivewal, PostgreSQL"
+            );
+        }
+        for state in ["async", "potential", ""] {
+            assert!(!sends_early(true, true, state), "{state}");
+        }
+    }
+
+    #[test]
+    fn the_limit_is_the_written_end_only_for_an_early_sender() {
+        let pos = WalPosition {
+            timeline: TimelineId(1),
+            written: Lsn(200),
+            flushed: Lsn(120),
+        };
+        assert_eq!(send_limit(&pos, true), Lsn(200));
+        assert_eq!(send_limit(&pos, false), Lsn(120));
+    }
+
+    #[test]
+    fn the_client_s_word_is_read_as_a_boolean() {
+        for yes in ["on", "ON", "true", "1", "yes"] {
+            assert!(accepts_unflushed(Some(yes)), "{yes}");
+        }
+        for no in ["off", "0", "false", "maybe", ""] {
+            assert!(!accepts_unflushed(Some(no)), "{no}");
+        }
+        assert!(!accepts_unflushed(None));
+    }
+}

@@ -15,6 +15,7 @@ use pg_testkit::{SeaweedServer, SEAWEED_ACCESS_KEY_ID, SEAWEED_SECRET_ACCESS_KEY
 use serde_json::Value;
 use supervisor_actor::Promote;
 use wal_archive::{ArchiveTarget, ArchiverStatus, S3Options};
+use wal_storage::TimelineId;
 use walserver_bench::node::ChildNode;
 use walserver_bench::NodeProgram;
 
@@ -527,7 +528,7 @@ fn past_archive_max_backlog_a_relay_pauses_its_upstream_and_catches_up_after() {
     );
     // The archive returns: the relay reads again, takes everything and archives it.
     std::fs::create_dir(&archive).unwrap();
-    relay.wait_flushed(wal_storage::TimelineId(1), end);
+    relay.wait_flushed(TimelineId(1), end);
     let s = wait_archiver(
         &relay.http_addr.to_string(),
         "the relay's archive caught up",
@@ -544,4 +545,90 @@ fn past_archive_max_backlog_a_relay_pauses_its_upstream_and_catches_up_after() {
         first,
         complete.0,
     );
+}
+
+#[test]
+fn a_standby_holds_what_the_archive_lacks_and_goes_on_where_it_ends_when_promoted() {
+    let root = tempfile::tempdir().unwrap();
+    let archive = root.path().join("archive");
+    std::fs::create_dir(&archive).unwrap();
+    let primary = TestNode::primary(&archiving("on", &archive));
+    // Without wal_keep_size only the archive's hold keeps the standby's WAL.
+    let standby = TestNode::standby_of(
+        primary.addr(),
+        "s1",
+        &format!(
+            "archive_mode = \"on\"\narchive_target = \"file://{}\"\n",
+            archive.display()
+        ),
+    );
+    let http = standby.http_addr.to_string();
+    for seed in 0..4 {
+        primary.append(24, 32 << 10, seed);
+    }
+    let first_end = primary.wal().flushed().segment_start(SEG);
+    wait_archiver(&primary.http_addr.to_string(), "the first segments", |s| {
+        s.archived_lsn == Some(first_end)
+    });
+    standby.wait_flushed(TimelineId(1), primary.wal().flushed());
+    // The archive goes away for the primary: what it writes now is not archived.
+    let away = root.path().join("away");
+    std::fs::rename(&archive, &away).unwrap();
+    let mut end = primary.wal().flushed();
+    for seed in 4..10 {
+        end = primary.append(24, 32 << 10, seed);
+    }
+    standby.wait_flushed(TimelineId(1), end);
+    let held = standby
+        .wal()
+        .archived()
+        .expect("a standby under on holds WAL");
+    assert!(held <= first_end, "{held} is past what the archive holds");
+    // The leader dies with segments unarchived; the archive comes back; the standby leads.
+    drop(primary);
+    std::fs::rename(&away, &archive).unwrap();
+    futures_executor::block_on(standby.node.supervisor.send(Promote))
+        .unwrap()
+        .expect("promote");
+    for seed in 10..12 {
+        standby.append(24, 32 << 10, seed);
+    }
+    let complete = standby.wal().flushed().segment_start(SEG);
+    wait_archiver(&http, "the new leader archived up to its end", |s| {
+        s.archived_lsn == Some(complete)
+    });
+    // Every segment from the first on, each once, under the timeline that wrote its end; the
+    // old timeline's last segment as its .partial; the history file.
+    let switch = standby.wal().history()[0].switch_lsn;
+    let names: Vec<String> = std::fs::read_dir(&archive)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.ends_with(".crc32c"))
+        .collect();
+    let first = names
+        .iter()
+        .filter_map(|n| wal_storage::parse_segment_file_name(n, SEG))
+        .map(|(_, segno)| segno)
+        .min()
+        .unwrap();
+    for segno in first..complete.segment_number(SEG) {
+        let whole: Vec<_> = names
+            .iter()
+            .filter(|n| {
+                wal_storage::parse_segment_file_name(n, SEG).is_some_and(|(_, s)| s == segno)
+            })
+            .collect();
+        let tli = if (segno + 1) * SEG <= switch.0 { 1 } else { 2 };
+        assert_eq!(
+            whole,
+            [&wal_storage::segment_file_name(TimelineId(tli), segno, SEG)],
+            "segment {segno}"
+        );
+    }
+    let partial = format!(
+        "{}.partial",
+        wal_storage::segment_file_name(TimelineId(1), switch.segment_number(SEG), SEG)
+    );
+    assert!(names.contains(&partial), "{partial} in {names:?}");
+    assert!(names.contains(&"00000002.history".to_string()), "{names:?}");
 }

@@ -13,22 +13,25 @@ use actix::prelude::*;
 use bytes::BytesMut;
 use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::WatchStream;
-use wal_storage::{format_history, ArchiveBacklog, Role, Wal, WalPosition};
+use wal_storage::{format_history, segment_file_name, ArchiveBacklog, Role, Wal, WalPosition};
 use wal_types::{Lsn, TimelineId};
 
 use crate::compression::Compression;
 use crate::error::{ArchiveError, Result};
 use crate::messages::{GetArchiverStatus, StopArchiver};
 use crate::read::ArchivedFile;
-use crate::schedule::{prefix_stem, Item, Next, Schedule, WalView};
+use crate::schedule::{prefix_stem, timeline_of, Item, Next, Schedule, WalView};
 use crate::status::{ArchiverStatus, BacklogClock};
 use crate::target::{ArchiveTarget, Put};
 
 /// PostgreSQL's `archive_mode` values that archive (`off` starts no archiver).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArchiveMode {
-    /// A primary archives; a standby does not, and drops the archive's hold on its WAL, as
-    /// PostgreSQL's standby marks what it receives as done.
+    /// A primary archives; a standby does not, and holds its WAL until the archive has it
+    /// (looking at the archive each time a segment completes here), so that after a failover
+    /// it goes on where the archive ends. With an `archive_command`, which cannot be looked
+    /// at, a standby drops the hold instead, as PostgreSQL's standby marks what it receives
+    /// as done.
     On,
     /// Every node archives what it stores.
     Always,
@@ -53,6 +56,8 @@ pub struct ArchiveConfig {
 enum Done {
     /// The hold was taken at this position, or released (`None`).
     Held(Option<Lsn>),
+    /// A standby under `on` moved its hold past what the archive holds, to here.
+    Followed(Lsn),
     Uploaded(Item, Put),
     Failed(Item, ArchiveError),
     /// Taking or releasing the hold failed.
@@ -64,6 +69,9 @@ pub struct Archiver {
     config: Arc<ArchiveConfig>,
     /// `Some` while the archive holds retention and this node archives.
     schedule: Option<Schedule>,
+    /// A standby under `on` following the archive: the segment its flushed end was in at the
+    /// last look at the archive.
+    followed: Option<u64>,
     status: watch::Sender<ArchiverStatus>,
     /// A blocking job is running; its outcome comes back as `Done`.
     busy: bool,
@@ -87,6 +95,7 @@ impl Archiver {
             wal,
             config: Arc::new(config),
             schedule: None,
+            followed: None,
             status,
             busy: false,
             wake: None,
@@ -124,15 +133,47 @@ impl Archiver {
         let archives =
             self.config.mode == ArchiveMode::Always || self.wal.role() != Some(Role::Standby);
         let wal = self.wal.clone();
+        // Whether this node reads the archive's state: a standby under `on` then keeps what
+        // the archive does not have yet, and a new leader starts where the archive ends.
+        let readable = !matches!(self.config.target, ArchiveTarget::Command(_));
+        let target = self.config.target.clone();
         match (&mut self.schedule, archives) {
+            // At a promotion the hold is where following the archive left it, a segment or
+            // two behind the archive's end: those are put again, and each put compares with
+            // what the archive holds, so the archive's state decides, not the local position.
             (None, true) => self.run(ctx, move || match wal.hold_for_archive() {
                 Ok(at) => Done::Held(Some(at)),
                 Err(e) => Done::HoldFailed(e.into()),
             }),
+            (Some(_), false) if readable => {
+                tracing::info!("a standby with archive_mode = on: not archiving; holding WAL until the archive has it");
+                self.schedule = None;
+                self.followed = None;
+                self.pump(ctx);
+            }
             (Some(_), false) => self.run(ctx, move || match wal.release_archive_hold() {
                 Ok(()) => Done::Held(None),
                 Err(e) => Done::HoldFailed(e.into()),
             }),
+            (None, false) if readable => {
+                // Looked at when a segment completes here: by then the leader has usually
+                // archived the ones before, so the hold trails the archive by a segment or
+                // two and never by what the archive lacks.
+                let segno = wal.flushed().segment_number(wal.segment_size());
+                if self.followed != Some(segno) {
+                    self.followed = Some(segno);
+                    self.run(ctx, move || {
+                        match wal
+                            .hold_for_archive()
+                            .map_err(ArchiveError::from)
+                            .and_then(|at| follow_archive(&wal, &target, at))
+                        {
+                            Ok(at) => Done::Followed(at),
+                            Err(e) => Done::HoldFailed(e),
+                        }
+                    });
+                }
+            }
             (None, false) => {}
             (Some(schedule), true) => {
                 let pos = self.wal.position();
@@ -240,6 +281,10 @@ impl Archiver {
                     s.covered_lsn = None;
                 });
             }
+            Done::Followed(at) => {
+                tracing::debug!(archived = %at, "the archive holds the WAL below this position");
+                self.status.send_modify(|s| s.archived_lsn = Some(at));
+            }
             Done::HoldFailed(e) => {
                 // Retried at the next change of position; a storage failure is also shown by
                 // storage's own health.
@@ -344,6 +389,37 @@ fn upload(wal: &Wal, config: &ArchiveConfig, item: Item, current: TimelineId) ->
             Ok(put)
         }
     }
+}
+
+/// Moves a standby's hold from `from` past every completed segment the archive already
+/// holds under the name this node gives it, and returns the new position: a standby under
+/// `on` keeps what the leader has not archived yet, whatever its slots and `wal_keep_size`
+/// say, so that it can go on where the archive ends if it is promoted. Names are trusted
+/// here; the contents are compared when a leader puts.
+fn follow_archive(wal: &Wal, target: &ArchiveTarget, from: Lsn) -> Result<Lsn> {
+    let seg = wal.segment_size();
+    let pos = wal.position();
+    let history = wal.history();
+    let view = WalView {
+        timeline: pos.timeline,
+        history: &history,
+        flushed: pos.flushed,
+    };
+    let names: std::collections::BTreeSet<String> =
+        target.list()?.into_iter().map(|o| o.name).collect();
+    let mut at = from.segment_start(seg);
+    while at.0 + seg <= pos.flushed.0 {
+        let segno = at.segment_number(seg);
+        let tli = timeline_of(Lsn(at.0 + seg - 1), view);
+        if !names.contains(&segment_file_name(tli, segno, seg)) {
+            break;
+        }
+        at = Lsn(at.0 + seg);
+    }
+    if at > from {
+        wal.set_archived(at)?;
+    }
+    Ok(at.max(from))
 }
 
 /// The WAL in `[start, end)` through timeline `current`'s view.

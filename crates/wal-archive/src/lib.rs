@@ -33,6 +33,13 @@
 //!   whole segment is durable in the archive (a crash between leaves one behind, which the
 //!   next put of that segment removes; a reader takes the longest).
 //!
+//! - Failover: under `archive_mode = on` a standby does not archive but keeps its WAL until
+//!   the archive has it, looking at the archive (its names) each time one of its own
+//!   segments completes, rather than trusting what a leader says it archived; a cut of its
+//!   WAL brings the hold back to the cut. Promoted, it goes on from there, a segment or two
+//!   behind the archive's end, and each put compares with what is there: every segment of
+//!   every timeline is archived once, with the old timeline's `.partial`, and no gap.
+//!
 //! File I/O runs on the blocking pool, one job at a time: the actor's thread only decides.
 //! An S3 target's requests run on a runtime of the target's own (`s3.rs`), which the
 //! blocking job waits for, so an upload is still one job that returns to the actor once.

@@ -343,7 +343,7 @@ pub fn backoff(tries: u32) -> Duration {
 }
 
 /// The timeline of the ancestry that wrote the byte at `lsn`.
-fn timeline_of(lsn: Lsn, wal: WalView<'_>) -> TimelineId {
+pub(crate) fn timeline_of(lsn: Lsn, wal: WalView<'_>) -> TimelineId {
     wal.history
         .iter()
         .find(|h| lsn < h.switch_lsn)

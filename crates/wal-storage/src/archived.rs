@@ -12,7 +12,8 @@
 //! ([`Wal::hold_for_archive`](crate::Wal::hold_for_archive)) and a node started with archiving
 //! off releases it, as PostgreSQL ignores `.ready` files with `archive_mode = off`.
 //!
-//! **Invariant:** `archived` moves only forward, and its file is written (fsync'd, renamed,
+//! **Invariant:** `archived` moves only forward (except back to a cut made by
+//! [`Wal::truncate_to`](crate::Wal::truncate_to), which only retains more), and its file is written (fsync'd, renamed,
 //! the directory fsync'd) before the new value holds in memory, so retention never removes a
 //! segment on the strength of a position a crash could take back.
 
@@ -104,6 +105,16 @@ impl ArchiveHold {
                 Ok(true)
             }
             _ => Ok(false),
+        }
+    }
+
+    /// Moves the position back to `to` if it is beyond it: the WAL was cut there, and what
+    /// the new history writes from the cut's segment on is not archived yet. Retaining more is
+    /// always safe, so this is the one move backwards.
+    pub(crate) fn rewind(&mut self, io: &Io, tmp: &Path, to: Lsn) -> Result<()> {
+        match self.archived {
+            Some(a) if a > to => self.store(io, tmp, to),
+            _ => Ok(()),
         }
     }
 

@@ -716,7 +716,17 @@ impl Wal {
     /// ones until the node is a standby, and its record readers end with
     /// [`WalError::ReadWalDropped`] when they see their position beyond the new end.
     pub fn truncate_to(&self, lsn: Lsn) -> Result<u64> {
-        self.control(move |w| w.truncate(lsn))
+        let cut = self.control(move |w| w.truncate(lsn))?;
+        // The archive's hold comes back to the cut's segment: what follows it is a new
+        // history the archive may not have yet (`archived.rs`).
+        let inner = self.inner();
+        let rewound = inner.archive().rewind(
+            &inner.io,
+            &inner.tmp,
+            lsn.segment_start(self.segment_size()),
+        );
+        rewound?;
+        Ok(cut)
     }
 
     /// Creates a physical slot. With `reserve_wal` its restart LSN is the current flushed end.

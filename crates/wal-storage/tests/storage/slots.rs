@@ -202,6 +202,31 @@ fn the_archived_position_holds_segments_until_archived() {
 }
 
 #[test]
+fn a_cut_below_the_archived_position_brings_the_hold_back_to_its_segment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = Wal::init(
+        tmp.path(),
+        cfg_with(0, None),
+        InitOptions::primary(SystemId(1), WalFormat::Postgres),
+    )
+    .unwrap();
+    wal.hold_for_archive().unwrap();
+    // A slot keeps the WAL the cut goes into.
+    wal.create_slot("s", false, true).unwrap();
+    fill_segments(&wal, 4);
+    wal.set_archived(Lsn(4 * SEG)).unwrap();
+    // A cut above the position changes nothing.
+    wal.truncate_to(Lsn(4 * SEG + 10)).unwrap();
+    assert_eq!(wal.archived(), Some(Lsn(4 * SEG)));
+    // A cut inside segment 2: the new history from there on is not archived yet.
+    wal.truncate_to(Lsn(2 * SEG + 100)).unwrap();
+    assert_eq!(wal.archived(), Some(Lsn(2 * SEG)));
+    drop(wal);
+    let wal = Wal::open(tmp.path(), cfg_with(0, None)).unwrap();
+    assert_eq!(wal.archived(), Some(Lsn(2 * SEG)), "durably");
+}
+
+#[test]
 fn the_archive_backlog_gate_refuses_appends_and_wakes_its_watchers() {
     let tmp = tempfile::tempdir().unwrap();
     let wal = Wal::init(

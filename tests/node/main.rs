@@ -6,6 +6,7 @@ mod archive;
 #[path = "../common/mod.rs"]
 mod common;
 mod fence;
+mod gapfill;
 mod metrics;
 mod restore;
 #[cfg(feature = "failpoints")]

@@ -133,7 +133,8 @@ pub fn is_persistent(e: &ReceiverError) -> bool {
         | ReceiverError::InvalidConnInfo { .. }
         | ReceiverError::Authentication { .. }
         | ReceiverError::Tls { .. }
-        | ReceiverError::Storage { .. } => true,
+        | ReceiverError::Storage { .. }
+        | ReceiverError::ArchiveGap { .. } => true,
         // Refused logins (28xxx), a missing slot (42704), removed WAL (58P01): an operator's
         // matter. A shutting-down upstream (57P01) and the like fix themselves.
         ReceiverError::Upstream { sqlstate, .. } => {

@@ -33,15 +33,17 @@ use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::codec::FramedRead;
+use wal_archive::ArchiveTarget;
 use wal_storage::{ArchiveBacklog, TimelineId, Wal, WalPosition, WriteTicket};
 
 use crate::config::ReceiverConfig;
 use crate::connect::{self, Connection, Io};
 use crate::error::{ReceiverError, StopReason};
+use crate::gap;
 use crate::low_water::{LowWater, LOW_WATER_GRACE};
 use crate::messages::*;
 use crate::session::{LocalWal, Output, Session};
-use crate::status::ReceiverStatus;
+use crate::status::{ReceiverState, ReceiverStatus};
 use crate::storage_ops;
 
 /// Messages queued for the writer task. Only status updates and the few commands of a
@@ -71,6 +73,12 @@ pub struct WalReceiver {
     in_flight: Arc<Semaphore>,
     timer: DeadlineTimer,
     stop_reason: Option<StopReason>,
+    /// The connection's two streams (upstream messages, storage's positions), cancelled when
+    /// the connection ends and the actor does not: before a fill from the archive.
+    streams: Vec<SpawnHandle>,
+    /// Counts the connections this actor made, so that a closed one's writer failing is not
+    /// taken for the current one's.
+    connection: u64,
 }
 
 /// A write made and not yet durable: its ticket, the permits its bytes hold, and the timeline
@@ -134,7 +142,93 @@ impl WalReceiver {
             durable: None,
             timer: DeadlineTimer::default(),
             stop_reason: None,
+            streams: Vec::new(),
+            connection: 0,
         }
+    }
+
+    /// Connects (again), in a future this actor owns; the session must be new.
+    fn connect(&mut self, ctx: &mut Context<Self>) {
+        let config = self.config.clone();
+        let timeout = connect::setup_timeout(
+            &config.conninfo,
+            (!config.session.wal_receiver_timeout.is_zero())
+                .then_some(config.session.wal_receiver_timeout),
+        );
+        let connecting = async move {
+            connect::connect(&config.conninfo, &config.application_name, timeout).await
+        };
+        ctx.spawn(connecting.into_actor(self).map(|res, act, ctx| match res {
+            Ok(conn) => act.established(conn, ctx),
+            Err(e) => act.fail(e, ctx),
+        }));
+    }
+
+    /// Ends the connection and keeps the actor: stops reading it, and lets the writer deliver
+    /// what is queued (a Terminate) and shut the socket down, within `CLOSE_GRACE`.
+    fn close_connection(&mut self, ctx: &mut Context<Self>) {
+        self.connection += 1;
+        for h in self.streams.drain(..) {
+            ctx.cancel_future(h);
+        }
+        self.writer = None;
+        if let Some(mut task) = self.writer_task.take() {
+            actix_rt::spawn(async move {
+                if tokio::time::timeout(CLOSE_GRACE, &mut task).await.is_err() {
+                    task.abort();
+                }
+            });
+        }
+    }
+
+    /// The upstream refused the start because it has removed the WAL there (58P01), and this
+    /// node has an archive: fill the gap from it on the blocking pool, then connect again
+    /// at once from the new end. A fill that adds nothing is the stop's reason instead
+    /// (`gap.rs`), so this does not loop.
+    fn fill_gap(&mut self, archive: ArchiveTarget, ctx: &mut Context<Self>) {
+        self.send(&FrontendMessage::Terminate);
+        self.close_connection(ctx);
+        self.session.status_mut().status = ReceiverState::Waiting;
+        let wal = self.wal.clone();
+        let upstream = self.session.upstream_timeline();
+        tracing::info!(
+            receiver = self.id.0,
+            end = %wal.position().written,
+            "the upstream has already removed the WAL this node needs; filling the gap from the archive"
+        );
+        let job = tokio::task::spawn_blocking(move || gap::fill(&archive, &wal, upstream));
+        let job = async move {
+            job.await.unwrap_or_else(|e| {
+                Err(ReceiverError::Archive {
+                    message: format!("the fill's task ended: {e}"),
+                })
+            })
+        };
+        ctx.spawn(job.into_actor(self).map(|res, act, ctx| match res {
+            Ok(f) => {
+                tracing::info!(
+                    receiver = act.id.0,
+                    timeline = %f.timeline,
+                    from = %f.from,
+                    to = %f.to,
+                    segments = f.segments,
+                    "filled a gap from the archive; streaming again"
+                );
+                let mut status = act.session.status().clone();
+                status.status = ReceiverState::Starting;
+                act.session = Session::new(
+                    Arc::new(act.config.session.clone()),
+                    LocalWal::after_fill(&act.wal),
+                    status,
+                    Instant::now(),
+                );
+                act.connect(ctx);
+            }
+            Err(e) => {
+                act.stop_reason.get_or_insert(StopReason::Failed(e));
+                ctx.stop();
+            }
+        }));
     }
 
     fn established(&mut self, conn: Connection, ctx: &mut Context<Self>) {
@@ -152,7 +246,7 @@ impl WalReceiver {
         let codec = ClientCodec::new().with_read_ahead(READ_AHEAD);
         let mut framed = FramedRead::new(reader, codec);
         framed.read_buffer_mut().extend_from_slice(&conn.leftover);
-        ctx.add_stream(inbound(
+        let messages = ctx.add_stream(inbound(
             framed,
             self.in_flight.clone(),
             self.config.max_wal_in_flight(),
@@ -161,18 +255,23 @@ impl WalReceiver {
         ));
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
         let me = ctx.address().downgrade();
+        let connection = self.connection;
         self.writer_task = Some(actix_rt::spawn(async move {
             if let Err(e) = write_loop(writer, rx).await {
                 if let Some(me) = me.upgrade() {
-                    me.do_send(WriterFailed(e.to_string()));
+                    me.do_send(WriterFailed {
+                        connection,
+                        error: e.to_string(),
+                    });
                 }
             }
         }));
         self.writer = Some(tx);
         // Through the thread's relay, shared with the node's other subscribers on it.
-        ctx.add_stream(WatchStream::from_changes(actor_util::relayed(
+        let positions = ctx.add_stream(WatchStream::from_changes(actor_util::relayed(
             self.wal.subscribe(),
         )));
+        self.streams = vec![messages, positions];
         let mut out = Vec::new();
         self.session.on_connected(Instant::now(), &mut out);
         self.apply(out, None, ctx);
@@ -205,10 +304,17 @@ impl WalReceiver {
                         start,
                     });
                 }
-                Output::Stop(e) => {
-                    self.stop_reason.get_or_insert(StopReason::Failed(e));
-                    ctx.stop();
-                }
+                Output::Stop(e) => match &self.config.archive {
+                    Some(archive)
+                        if e.sqlstate() == Some("58P01") && self.stop_reason.is_none() =>
+                    {
+                        self.fill_gap(archive.clone(), ctx)
+                    }
+                    _ => {
+                        self.stop_reason.get_or_insert(StopReason::Failed(e));
+                        ctx.stop();
+                    }
+                },
             }
         }
         self.arm_timer(ctx);
@@ -372,13 +478,18 @@ async fn write_loop(
 /// The writer task failed: the connection is broken.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct WriterFailed(String);
+struct WriterFailed {
+    connection: u64,
+    error: String,
+}
 
 impl Handler<WriterFailed> for WalReceiver {
     type Result = ();
 
     fn handle(&mut self, msg: WriterFailed, ctx: &mut Context<Self>) {
-        self.fail(ReceiverError::Io { message: msg.0 }, ctx);
+        if msg.connection == self.connection {
+            self.fail(ReceiverError::Io { message: msg.error }, ctx);
+        }
     }
 }
 
@@ -387,32 +498,11 @@ impl Actor for WalReceiver {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(64);
-        let config = self.config.clone();
-        let timeout = connect::setup_timeout(
-            &config.conninfo,
-            (!config.session.wal_receiver_timeout.is_zero())
-                .then_some(config.session.wal_receiver_timeout),
-        );
-        let connecting = async move {
-            connect::connect(&config.conninfo, &config.application_name, timeout).await
-        };
-        ctx.spawn(connecting.into_actor(self).map(|res, act, ctx| match res {
-            Ok(conn) => act.established(conn, ctx),
-            Err(e) => act.fail(e, ctx),
-        }));
+        self.connect(ctx);
     }
 
-    fn stopped(&mut self, _: &mut Context<Self>) {
-        // Dropping the sender lets the writer deliver what is queued (a Terminate) and shut
-        // the socket down; an upstream that does not read gets `CLOSE_GRACE`.
-        self.writer = None;
-        if let Some(mut task) = self.writer_task.take() {
-            actix_rt::spawn(async move {
-                if tokio::time::timeout(CLOSE_GRACE, &mut task).await.is_err() {
-                    task.abort();
-                }
-            });
-        }
+    fn stopped(&mut self, ctx: &mut Context<Self>) {
+        self.close_connection(ctx);
         let reason = self
             .stop_reason
             .take()

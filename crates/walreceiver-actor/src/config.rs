@@ -1,6 +1,7 @@
 //! A walreceiver's configuration, with PostgreSQL's knob names.
 
 use protocol_codec::conninfo::ConnInfo;
+use wal_archive::ArchiveTarget;
 
 use crate::error::ReceiverError;
 use crate::session::SessionConfig;
@@ -23,6 +24,9 @@ pub struct ReceiverConfig {
     /// The most WAL received but not yet durable, in bytes; reading the socket pauses above
     /// it. At most 4 GiB.
     pub max_wal_in_flight: usize,
+    /// The archive a gap is filled from when the upstream has already removed the WAL this
+    /// node needs (`gap.rs`); `None` leaves such a gap an error.
+    pub archive: Option<ArchiveTarget>,
 }
 
 impl ReceiverConfig {
@@ -40,6 +44,7 @@ impl ReceiverConfig {
             application_name,
             session: SessionConfig::default(),
             max_wal_in_flight: DEFAULT_MAX_WAL_IN_FLIGHT,
+            archive: None,
         }
     }
 

@@ -97,6 +97,16 @@ pub enum ReceiverError {
     /// resumes from the durable end once it is back.
     #[error("on this node, {message}")]
     StorageRestarting { message: String },
+
+    /// The upstream has removed the WAL at `lsn` and the archive lacks it too: no source
+    /// holds it, and only an operator (a new base, a rejoin) can repair that.
+    #[error("the upstream has already removed the WAL at {lsn} and the archive lacks segment {segment}: this standby cannot continue from either")]
+    ArchiveGap { lsn: Lsn, segment: String },
+
+    /// Reading the archive for a gap failed: unreachable, or an object that did not match
+    /// its checksum.
+    #[error("filling a gap from the archive failed: {message}")]
+    Archive { message: String },
 }
 
 impl ReceiverError {

@@ -43,6 +43,14 @@
 //!   closes the socket. WAL already handed to storage still becomes durable: storage's writer
 //!   finishes it.
 //!
+//! When the upstream refuses the start because it has already removed the WAL there (58P01)
+//! and the configuration names an archive ([`ReceiverConfig::archive`]), the walreceiver
+//! does what PostgreSQL's standby does with `restore_command`: it ends the connection, fills
+//! the gap from the archive ([`gap::fill`], on the blocking pool: whole segments checked
+//! against their sidecars, written with `Wal::write` like streamed WAL, never past the
+//! timeline's switch point), and connects again at once from the new end. A gap the archive
+//! lacks too ends it with [`ReceiverError::ArchiveGap`].
+//!
 //! It also holds what makes a standby: [`fetch_upstream_identity`] and [`init_standby`] create
 //! a standby's data directory that adopts its upstream's system identifier, timeline history,
 //! segment size and kind of WAL.
@@ -67,6 +75,7 @@ mod actor;
 mod config;
 pub mod connect;
 mod error;
+pub mod gap;
 mod identity;
 mod low_water;
 pub mod messages;

@@ -80,8 +80,11 @@ pub enum ApplyReporting {
 pub struct LocalWal {
     pub system_id: SystemId,
     pub timeline: TimelineId,
-    /// The durable end of `timeline`: where streaming starts.
+    /// The durable end of `timeline`.
     pub flushed: Lsn,
+    /// The end of what storage was handed, at or past `flushed`: where streaming starts. It
+    /// is past `flushed` only after a fill from the archive that ended inside a record.
+    pub written: Lsn,
 }
 
 /// Storage work that touches files, for the actor to run on a blocking pool
@@ -204,7 +207,7 @@ impl Session {
             upstream_tli: local.timeline,
             histories: BTreeMap::new(),
             checked_local: local.timeline,
-            handed: local.flushed,
+            handed: local.written.max(local.flushed),
             flushed: local.flushed,
             reported: (Lsn::INVALID, Lsn::INVALID, Lsn::INVALID),
             last_status: now,
@@ -234,6 +237,11 @@ impl Session {
     /// The timeline storage is on.
     pub fn timeline(&self) -> TimelineId {
         self.timeline
+    }
+
+    /// The newest timeline the upstream has named.
+    pub fn upstream_timeline(&self) -> TimelineId {
+        self.upstream_tli
     }
 
     /// The end of the WAL handed to storage so far.

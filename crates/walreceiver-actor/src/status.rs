@@ -16,7 +16,8 @@ pub enum ReceiverState {
     Starting,
     /// In a COPY stream, receiving WAL.
     Streaming,
-    /// Between streams: a timeline ended and the next one is being followed.
+    /// Between streams: a timeline ended and the next one is being followed, or a gap the
+    /// upstream no longer has is being filled from the archive.
     Waiting,
     /// Asked to stop.
     Stopping,

@@ -18,13 +18,25 @@ use wal_storage::{Wal, WalError};
 use crate::session::{LocalWal, StorageDone, StorageOp};
 
 impl LocalWal {
-    /// What `wal` holds now. Memory only: no I/O.
+    /// What `wal` holds now, streaming to start at its durable end. Memory only: no I/O.
     pub fn of(wal: &Wal) -> LocalWal {
         let pos = wal.position();
         LocalWal {
             system_id: wal.system_id(),
             timeline: pos.timeline,
             flushed: pos.flushed,
+            written: pos.flushed,
+        }
+    }
+
+    /// What `wal` holds after a fill from the archive, streaming to start at its written
+    /// end: a filled segment can end inside a record, whose start the upstream may no longer
+    /// have, while every byte written is durable (the fill waited for it). Memory only.
+    pub fn after_fill(wal: &Wal) -> LocalWal {
+        let pos = wal.position();
+        LocalWal {
+            written: pos.written,
+            ..LocalWal::of(wal)
         }
     }
 }

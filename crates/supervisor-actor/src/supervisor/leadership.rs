@@ -51,6 +51,7 @@ fn same_upstream(a: &ReceiverConfig, b: &ReceiverConfig) -> bool {
         && a.application_name == b.application_name
         && a.session == b.session
         && a.max_wal_in_flight == b.max_wal_in_flight
+        && a.archive == b.archive
 }
 
 /// The conninfo `standby.signal` keeps for a restart that names none, password included

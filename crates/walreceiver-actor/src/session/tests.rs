@@ -33,6 +33,7 @@ impl Harness {
             system_id: SYSTEM,
             timeline: TimelineId(timeline),
             flushed: Lsn(flushed),
+            written: Lsn(flushed),
         };
         let status = ReceiverStatus::new("host=up".into(), cfg.slot_name.clone());
         Harness {

@@ -1,0 +1,120 @@
+//! A standby whose upstream has already removed the WAL it needs fills the gap from the
+//! archive, then streams: a primary archives to a directory with `wal_keep_size = 0`, so
+//! retention removes each segment once archived; a standby stopped meanwhile comes back
+//! behind the primary's oldest segment. A gap the archive lacks too stays an error that
+//! `/status` names, and the node goes on answering.
+
+use std::path::Path;
+
+use fault_harness::node::conninfo_at;
+use wal_storage::{segment_file_name, Lsn, TimelineId};
+
+use crate::common::*;
+
+const SEG: u64 = 1 << 20;
+
+/// A primary archiving to `archive` that keeps no segment it need not keep.
+fn primary(archive: &Path) -> TestNode {
+    TestNode::primary(&format!(
+        "archive_mode = \"on\"\narchive_target = \"file://{}\"\nwal_keep_size = 0\n",
+        archive.display()
+    ))
+}
+
+/// The settings of a standby of `primary` that reads `archive` (and does not archive); it
+/// keeps its segments, so that the test can compare them.
+fn standby_settings(primary: &TestNode, archive: &Path) -> String {
+    format!(
+        "primary_conninfo = {:?}\narchive_target = \"file://{}\"\nwal_keep_size = 64\n",
+        conninfo_at(primary.addr(), "s1"),
+        archive.display()
+    )
+}
+
+/// A standby of `primary` that streamed from it and was stopped; returns its directory and
+/// the end of its WAL.
+fn stopped_standby(primary: &TestNode, archive: &Path) -> (tempfile::TempDir, Lsn) {
+    let dir = tempfile::tempdir().unwrap();
+    walserver_node::init::init_standby(
+        &dir.path().join("data"),
+        &conninfo_at(primary.addr(), "s1"),
+        None,
+        None,
+    )
+    .expect("init the standby");
+    let standby = TestNode::start_in(dir, &standby_settings(primary, archive));
+    let end = primary.append(8, 32 << 10, 1);
+    wait_until("the standby to receive", || standby.wal().flushed() >= end);
+    let end = standby.wal().flushed();
+    (standby.stop(), end)
+}
+
+/// Appends past several segments on `primary` until its oldest segment is beyond `end`:
+/// archived, then removed.
+fn remove_past(primary: &TestNode, end: Lsn) {
+    for seed in 2..8 {
+        primary.append(32, 32 << 10, seed);
+    }
+    wait_until(
+        "the primary to archive and remove the standby's next segment",
+        || primary.wal().oldest_retained().segment_number(SEG) > end.segment_number(SEG) + 1,
+    );
+}
+
+#[test]
+fn a_standby_fills_its_gap_from_the_archive_then_streams() {
+    let archive = tempfile::tempdir().unwrap();
+    let primary = primary(archive.path());
+    let (dir, end) = stopped_standby(&primary, archive.path());
+    remove_past(&primary, end);
+    let standby = TestNode::start_in(dir, &standby_settings(&primary, archive.path()));
+    // Streaming resumes after the gap: WAL appended now reaches the standby.
+    let last = primary.append(8, 32 << 10, 9);
+    wait_until("the standby to fill its gap and stream", || {
+        standby.wal().flushed() >= last
+    });
+    // The standby's WAL is the primary's, byte for byte: the segments the primary removed as
+    // the archive holds them (which the archiver checked against the primary's own), the
+    // rest as the primary still has them.
+    let target = wal_archive::ArchiveTarget::Directory(archive.path().into());
+    let oldest = primary.wal().oldest_retained().segment_number(SEG);
+    let tli = TimelineId(1);
+    for segno in end.segment_number(SEG)..last.segment_number(SEG) {
+        let name = segment_file_name(tli, segno, SEG);
+        let ours = read_file(&standby.data_dir().join("pg_wal").join(&name));
+        let theirs = if segno < oldest {
+            target.get(&name).unwrap().expect("archived")
+        } else {
+            read_file(&primary.data_dir().join("pg_wal").join(&name))
+        };
+        assert!(ours == theirs, "{name} differs from the primary's");
+    }
+    let from = Lsn(last.segment_number(SEG) * SEG);
+    let len = (last.0 - from.0) as usize;
+    assert_eq!(
+        standby.wal().read(tli, from, len).unwrap(),
+        primary.wal().read(tli, from, len).unwrap(),
+        "the current segment differs"
+    );
+}
+
+#[test]
+fn a_gap_the_archive_also_lacks_is_an_error_in_status() {
+    let archive = tempfile::tempdir().unwrap();
+    let primary = primary(archive.path());
+    let (dir, end) = stopped_standby(&primary, archive.path());
+    remove_past(&primary, end);
+    // The segment the standby needs next is lost from the archive too.
+    let lost = segment_file_name(TimelineId(1), end.segment_number(SEG), SEG);
+    std::fs::remove_file(archive.path().join(&lost)).unwrap();
+    let standby = TestNode::start_in(dir, &standby_settings(&primary, archive.path()));
+    let expected = format!("the archive lacks segment {lost}");
+    wait_until("the gap in /status", || {
+        standby.http_get("/status").to_string().contains(&expected)
+    });
+    assert_eq!(
+        standby.wal().flushed(),
+        end,
+        "nothing was taken past the gap"
+    );
+}

@@ -43,6 +43,10 @@ pub fn new_system_id() -> SystemId {
 pub fn create_private_dir(dir: &Path) -> Result<(), NodeError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     if !dir.exists() {
+        // The directories this call creates, deepest first: each one's entry lives in its
+        // parent, which must be fsynced too, or a power loss right after init can take the
+        // whole data directory with it although every file in it was synced.
+        let created: Vec<&Path> = dir.ancestors().take_while(|d| !d.exists()).collect();
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -50,7 +54,20 @@ pub fn create_private_dir(dir: &Path) -> Result<(), NodeError> {
             .map_err(|source| NodeError::DataDir {
                 context: format!("cannot create {}", dir.display()),
                 source,
-            })
+            })?;
+        for made in created {
+            let parent = match made.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            std::fs::File::open(parent)
+                .and_then(|d| d.sync_all())
+                .map_err(|source| NodeError::DataDir {
+                    context: format!("cannot fsync {}", parent.display()),
+                    source,
+                })?;
+        }
+        Ok(())
     } else {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|source| {
             NodeError::DataDir {

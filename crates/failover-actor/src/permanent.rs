@@ -38,6 +38,7 @@ use crate::error::FailoverError;
 use crate::keys::PermanentSlotRecord;
 use crate::machine::LocalRole;
 use crate::messages::SlotsMoved;
+use crate::outage::Quoted;
 use crate::round::Rounds;
 use crate::slot_names::MEMBER_SLOT_PREFIX;
 use crate::slots::SLOT_RETRY;
@@ -199,11 +200,11 @@ impl FailoverActor {
                         }
                         Ok(Err(e)) => {
                             if !act.permanent.failing {
-                                warn!(error = %e, "failover: cannot keep the permanent slots; trying again every {SLOT_RETRY:?}");
+                                warn!(error = %Quoted(&e), "failover: cannot keep the permanent slots; trying again every {} s", SLOT_RETRY.as_secs());
                             }
                             failed = true;
                         }
-                        Err(e) => warn!(error = %e, "failover: the supervisor is gone"),
+                        Err(e) => warn!(error = %Quoted(&e), "failover: the supervisor is gone"),
                     }
                     let client = act.client.clone();
                     let keys = act.keys.clone();
@@ -225,7 +226,7 @@ impl FailoverActor {
                                 // Not ours any more, or no longer permanent: the watch says which.
                                 Ok(false) => {}
                                 Err(e) => {
-                                    warn!(slot = %name, error = %e, "failover: cannot write a permanent slot's position");
+                                    warn!(slot = %name, error = %Quoted(&e), "failover: cannot write a permanent slot's position");
                                     failed = true;
                                 }
                             }

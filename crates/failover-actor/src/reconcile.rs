@@ -418,8 +418,10 @@ async fn ensure_slots(supervisor: &Addr<supervisor_actor::Supervisor>, names: Ve
         Ok(Ok(slots)) => {
             info!(made = %slots.changed.join(","), held = %slots.held.join(","), "failover: member slots before leading")
         }
-        Ok(Err(e)) => warn!(error = %e, "failover: cannot make the member slots before leading"),
-        Err(e) => warn!(error = %e, "failover: the supervisor is gone"),
+        Ok(Err(e)) => {
+            warn!(error = %Quoted(&e), "failover: cannot make the member slots before leading")
+        }
+        Err(e) => warn!(error = %Quoted(&e), "failover: the supervisor is gone"),
     }
 }
 
@@ -444,7 +446,9 @@ async fn ensure_permanent_slots(
                 .collect();
             info!(made = %done.made.join(","), held = %held.join(","), "failover: permanent slots before leading");
         }
-        Ok(Err(e)) => warn!(error = %e, "failover: cannot make the permanent slots before leading"),
-        Err(e) => warn!(error = %e, "failover: the supervisor is gone"),
+        Ok(Err(e)) => {
+            warn!(error = %Quoted(&e), "failover: cannot make the permanent slots before leading")
+        }
+        Err(e) => warn!(error = %Quoted(&e), "failover: the supervisor is gone"),
     }
 }

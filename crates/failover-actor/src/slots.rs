@@ -35,6 +35,7 @@ use tracing::{info, warn};
 
 use crate::actor::FailoverActor;
 use crate::messages::SubscribeMemberSlots;
+use crate::outage::Quoted;
 use crate::slot_names::MEMBER_SLOT_PREFIX;
 
 /// How long a leader waits before trying again a slot operation that failed (storage full or
@@ -101,13 +102,13 @@ impl FailoverActor {
                         }
                         Ok(Err(e)) => {
                             if !act.slots.failing {
-                                warn!(error = %e, "failover: cannot make the member slots; trying again every {SLOT_RETRY:?}");
+                                warn!(error = %Quoted(&e), "failover: cannot make the member slots; trying again every {} s", SLOT_RETRY.as_secs());
                             }
                             act.slots.failed = true;
                             Vec::new()
                         }
                         Err(e) => {
-                            warn!(error = %e, "failover: the supervisor is gone");
+                            warn!(error = %Quoted(&e), "failover: the supervisor is gone");
                             Vec::new()
                         }
                     };
@@ -130,11 +131,11 @@ impl FailoverActor {
                         Some(Ok(Ok(slots))) => act.slots_changed("dropped", &slots),
                         Some(Ok(Err(e))) => {
                             if !act.slots.failing {
-                                warn!(error = %e, "failover: cannot drop a departed member's slot; trying again every {SLOT_RETRY:?}");
+                                warn!(error = %Quoted(&e), "failover: cannot drop a departed member's slot; trying again every {} s", SLOT_RETRY.as_secs());
                             }
                             act.slots.failed = true;
                         }
-                        Some(Err(e)) => warn!(error = %e, "failover: the supervisor is gone"),
+                        Some(Err(e)) => warn!(error = %Quoted(&e), "failover: the supervisor is gone"),
                         None => {}
                     }
                     let again = act.slots.round.finish();
@@ -233,7 +234,7 @@ impl FailoverActor {
             .into_actor(self)
             .map(|result: Result<MemberSlots, String>, act, _| match result {
                 Ok(slots) => act.slots_changed("dropped (following)", &slots),
-                Err(e) => warn!(error = %e, "failover: cannot drop the member slots of a follower"),
+                Err(e) => warn!(error = %Quoted(&e), "failover: cannot drop the member slots of a follower"),
             }),
         );
     }

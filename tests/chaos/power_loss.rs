@@ -79,8 +79,12 @@ fn disk(dir: &Path, name: &str) -> LossyFs {
     std::fs::create_dir(&mnt).expect("the mount point");
     let fs = LossyFs::mount(&backing, &mnt, Options::default())
         .unwrap_or_else(|e| panic!("{e} (the power-loss scenarios mount FUSE: run them as root)"));
-    // `walserver init` makes the data directory inside the mount, and must make its entry in
-    // the mount's root durable itself: a power loss before the first start loses nothing.
+    // The data directory is made here and its entry synced, so that a power loss before the
+    // first start is not what these scenarios are about.
+    std::fs::create_dir(mnt.join("data")).expect("the data directory");
+    std::fs::File::open(&mnt)
+        .and_then(|d| d.sync_all())
+        .expect("sync the mount's root");
     fs
 }
 

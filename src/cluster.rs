@@ -85,6 +85,8 @@ pub enum SlotsCommand {
     Add {
         #[command(flatten)]
         target: Target,
+        /// The slot's name, as a replication slot is named (lower-case letters, digits and
+        /// underscores).
         name: String,
     },
     /// NAME is no longer permanent: every member drops its slot of that name (one a client
@@ -92,6 +94,7 @@ pub enum SlotsCommand {
     Remove {
         #[command(flatten)]
         target: Target,
+        /// The slot's name.
         name: String,
     },
 }

@@ -8,39 +8,13 @@
 //! acknowledged at `on`) or on the cascade; and the three nodes hold the same records at the
 //! same LSNs, timeline by timeline.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use wal_storage::Lsn;
 use walserver_bench::acklog;
 
 use crate::node::*;
-use crate::{assert_judged, cycles, write_row, Load};
-
-/// splitmix64: a seeded generator small enough to write here, so a run's kill order is
-/// replayed from its seed alone.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
-/// The seed: `WALSERVER_TEST_CHAOS_SEED`, else one from the clock (printed, to replay).
-fn seed() -> u64 {
-    std::env::var("WALSERVER_TEST_CHAOS_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        })
-}
+use crate::{assert_judged, cycles, line, seed, write_row, Load, Rng};
 
 const SYNC: &str = "s1";
 const CASCADE: &str = "c1";
@@ -80,53 +54,17 @@ impl Chain {
         Chain { nodes: [p, s, c] }
     }
 
-    /// Waits until the chain has converged and returns the primary's durable end it reached:
-    /// the primary streams to the synchronous standby, which streams to the cascade, each
-    /// walreceiver streams, and then the cascade is durable up to the primary's flush
-    /// position as it was once all three streamed.
+    /// Waits until the chain has converged ([`line::converge`]).
     fn converge(&self) -> anyhow::Result<Lsn> {
-        let [p, s, c] = &self.nodes;
-        let target = wait_for(
-            "all three nodes streaming",
-            DEADLINE,
-            Duration::from_millis(5),
-            || {
-                let ps = p.status().ok()?;
-                let ss = s.status().ok()?;
-                let cs = c.status().ok()?;
-                let all = ps.streams_to(SYNC)
-                    && ss.streams_to(CASCADE)
-                    && ss.receiving()
-                    && cs.receiving();
-                all.then_some(ps.flush_lsn)
-            },
-        )?;
-        wait_for(
-            &format!("the cascade durable up to the primary's {target}"),
-            DEADLINE,
-            Duration::from_millis(5),
-            || (c.status().ok()?.flush_lsn >= target).then_some(target),
-        )
+        line::converge(&self.nodes, &[SYNC, CASCADE])
     }
 
-    /// Converges with no writer left: until the primary's durable end no longer moves past
-    /// the converged position (an append already sent when the writers were killed may still
-    /// land), a few rounds at most.
     fn settle(&self) -> anyhow::Result<Lsn> {
-        for _ in 0..10 {
-            let end = self.converge()?;
-            if self.nodes[0].status()?.flush_lsn == end {
-                return Ok(end);
-            }
-        }
-        anyhow::bail!("the primary's durable end kept moving with no writer")
+        line::settle(&self.nodes, &[SYNC, CASCADE])
     }
 
     fn logs(&self) -> String {
-        self.nodes
-            .iter()
-            .map(|n| format!("--- {} ---\n{}\n", n.name, n.log_tail()))
-            .collect()
+        line::logs(&self.nodes)
     }
 }
 
@@ -147,7 +85,7 @@ fn kill_9_of_any_node_of_a_sync_chain_loses_no_acknowledged_append() {
     let mut recover = Vec::new();
     let mut kills = [0u32; 3];
     for cycle in 0..n_cycles {
-        let victim = (rng.next() % 3) as usize;
+        let victim = (rng.next_u64() % 3) as usize;
         kills[victim] += 1;
         let acked_before = load.count();
         let t = Instant::now();

@@ -13,6 +13,7 @@
 mod accept;
 mod full_disk;
 mod kill_chain;
+mod line;
 mod node;
 mod power_loss;
 mod soak;
@@ -33,6 +34,32 @@ pub fn cycles(ci: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(ci)
+}
+
+/// splitmix64: a seeded generator small enough to write here, so that a run's kills and
+/// crashes are replayed from its seed alone.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// The seed: `WALSERVER_TEST_CHAOS_SEED`, else one from the clock (printed, to replay).
+pub fn seed() -> u64 {
+    std::env::var("WALSERVER_TEST_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
 }
 
 /// Writes a scenario's row of the reliability table (the fault harness's row, into its

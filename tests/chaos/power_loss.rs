@@ -20,7 +20,7 @@ use lossyfs::{LossyFs, Options};
 use wal_storage::Lsn;
 
 use crate::node::*;
-use crate::{assert_judged, cycles, Load, SEGMENT};
+use crate::{assert_judged, cycles, line, seed, Load, Rng, SEGMENT};
 
 const SYNC: &str = "s1";
 
@@ -48,19 +48,6 @@ enum Victims {
     Primary,
     Standby,
     Both,
-}
-
-/// splitmix64, so that a run's crashes are replayed from its seed alone.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
 }
 
 /// The pair. The nodes come before the mounts, so a failing test kills the processes before
@@ -116,56 +103,18 @@ impl Pair {
         }
     }
 
-    /// Waits until the primary streams to its synchronous standby and the standby is durable
-    /// up to the primary's end as it was then; returns that end.
+    /// Waits until the pair has converged ([`line::converge`]).
     fn converge(&self) -> anyhow::Result<Lsn> {
-        let [p, s] = &self.nodes;
-        let target = wait_for(
-            "the primary streaming to its synchronous standby",
-            DEADLINE,
-            Duration::from_millis(5),
-            || {
-                let ps = p.status().ok()?;
-                let ss = s.status().ok()?;
-                (ps.streams_to(SYNC) && ss.receiving()).then_some(ps.flush_lsn)
-            },
-        )?;
-        wait_for(
-            &format!("the standby durable up to the primary's {target}"),
-            DEADLINE,
-            Duration::from_millis(5),
-            || (s.status().ok()?.flush_lsn >= target).then_some(target),
-        )
+        line::converge(&self.nodes, &[SYNC])
     }
 
-    /// Converges with no writer left, until the primary's end no longer moves.
     fn settle(&self) -> anyhow::Result<Lsn> {
-        for _ in 0..10 {
-            let end = self.converge()?;
-            if self.nodes[0].status()?.flush_lsn == end {
-                return Ok(end);
-            }
-        }
-        anyhow::bail!("the primary's durable end kept moving with no writer")
+        line::settle(&self.nodes, &[SYNC])
     }
 
     fn logs(&self) -> String {
-        self.nodes
-            .iter()
-            .map(|n| format!("--- {} ---\n{}\n", n.name, n.log_tail()))
-            .collect()
+        line::logs(&self.nodes)
     }
-}
-
-fn seed() -> u64 {
-    std::env::var("WALSERVER_TEST_CHAOS_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        })
 }
 
 /// One scenario at a time: each runs two nodes and sixteen writers on two shared cores.
@@ -228,7 +177,7 @@ fn power_loss_cycles(victims: Victims, overlap: Overlap) {
             pair.nodes[i].kill9();
         }
         for &i in hit {
-            let crash_seed = rng.next();
+            let crash_seed = rng.next_u64();
             match pair.mounts[i].crash(crash_seed) {
                 Ok(r) => {
                     lost_writes += r.writes_lost;

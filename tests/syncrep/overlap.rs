@@ -2,11 +2,13 @@
 //! primary's fdatasync held at storage's fail point: the synchronous walserver standby gets
 //! the append and makes it durable while the primary's sync runs, the asynchronous one does
 //! not, readers on the primary see nothing beyond the commit point, and the append is
-//! acknowledged only once the primary's own flush is done.
+//! acknowledged only once the primary's own flush is done; and a primary that lost a tail its
+//! standby holds starts a new timeline at its durable end when it comes back (rule 5).
 
 use std::sync::mpsc::TryRecvError;
 
-use wal_storage::{TimelineId, FP_FSYNC};
+use common::cluster::Down;
+use wal_storage::{segment_file_name, Lsn, TimelineId, FP_FSYNC};
 
 use super::*;
 
@@ -15,25 +17,18 @@ fn a_synchronous_standby_makes_an_append_durable_while_the_primary_s_fdatasync_r
     let primary = TestNode::primary(
         "synchronous_standby_names = 'FIRST 1 (s1)'\nsynchronous_commit_overlap = true",
     );
+    // Rule 5 starts every start of such a primary on a new timeline, its first included.
+    let tli = primary.wal().timeline();
     let s1 = standby_of(&primary, "s1", "");
     let s2 = standby_of(&primary, "s2", "");
     wait_streaming(&primary, &["s1", "s2"]);
     let base = append(&primary, b"before", Durability::On).unwrap();
-    s2.wait_flushed(TimelineId(1), base);
+    s2.wait_flushed(tli, base);
     let records_before = primary.http_get_records_count();
 
-    let held = Held(primary.wal().clone());
-    primary.wal().failpoints().hold(FP_FSYNC);
-    let acked = append_in_background(&primary, b"overlapped", Durability::On);
-    assert!(
-        primary
-            .wal()
-            .failpoints()
-            .wait_until_held(FP_FSYNC, DEADLINE),
-        "the primary's fdatasync was never reached"
-    );
+    let (held, acked) = append_with_sync_held(&primary, b"overlapped");
     // The standby has it durable while the primary's own flush has not returned.
-    let at_s1 = s1.wait_flushed(TimelineId(1), base + 1);
+    let at_s1 = s1.wait_flushed(tli, base + 1);
     assert_eq!(primary.wal().flushed(), base, "the primary's sync is held");
     assert!(at_s1.flushed > base);
     // Not acknowledged: the commit point needs the primary's flush too.
@@ -49,8 +44,142 @@ fn a_synchronous_standby_makes_an_append_durable_while_the_primary_s_fdatasync_r
         .expect("an answer")
         .expect("acknowledged");
     assert_eq!(end, at_s1.flushed, "the standby held exactly the append");
-    s2.wait_flushed(TimelineId(1), end);
+    s2.wait_flushed(tli, end);
     assert_eq!(primary.http_get_records_count(), records_before + 1);
+}
+
+/// The case rule 5 exists for: the synchronous standby makes an append durable while the
+/// primary's fdatasync runs, the primary dies before its own flush returns and loses what it
+/// wrote (the bytes past its last sync are zeroed, as a power loss leaves a file that was
+/// preallocated), and starts again. It must start a new timeline at its durable end before it
+/// takes an append, so that the standby's longer copy of the old timeline is a fork, never
+/// the prefix of different bytes at the same LSNs; nothing acknowledged is lost.
+#[test]
+fn a_primary_that_lost_a_tail_its_standby_holds_restarts_on_a_new_timeline() {
+    let primary = TestNode::primary(
+        "synchronous_standby_names = 'FIRST 1 (s1)'\nsynchronous_commit_overlap = true",
+    );
+    let start_tli = primary.wal().timeline();
+    let s1 = standby_of(&primary, "s1", "");
+    wait_streaming(&primary, &["s1"]);
+    let base = append(&primary, b"acknowledged", Durability::On).expect("acknowledged");
+    s1.wait_flushed(start_tli, base);
+
+    let (held, lost) = append_with_sync_held(&primary, b"lost with the primary");
+    let at_s1 = s1.wait_flushed(start_tli, base + 1);
+    assert_eq!(at_s1.timeline, start_tli);
+    // The held sync fails: the primary never makes the tail durable, so the append is not
+    // acknowledged, and what it wrote lives only in the page cache, which the power loss
+    // below takes.
+    primary.wal().failpoints().set(FP_FSYNC, libc::EIO);
+    drop(held);
+    let answer = lost.recv_timeout(DEADLINE).expect("an answer");
+    assert!(
+        answer.is_err(),
+        "acknowledged without its own flush: {answer:?}"
+    );
+
+    let extra = primary.extra_toml();
+    let segment_size = primary.wal().segment_size();
+    let dir = primary.down(Down::Kill);
+    lose_unsynced(
+        &dir.path().join("data"),
+        start_tli,
+        segment_size,
+        base,
+        at_s1.flushed,
+    );
+    let port = std::fs::read_to_string(dir.path().join("port")).expect("the port");
+    let primary = TestNode::start_listening(dir, &format!("127.0.0.1:{}", port.trim()), &extra);
+
+    // Before any append: a new timeline whose history forks at the durable end.
+    let pos = primary.wal().position();
+    assert!(
+        pos.timeline > start_tli,
+        "the restarted primary resumed {start_tli}"
+    );
+    assert_eq!(pos.flushed, base, "recovery found the durable end");
+    let fork = primary
+        .wal()
+        .history()
+        .last()
+        .cloned()
+        .expect("a history entry");
+    assert_eq!((fork.parent, fork.switch_lsn), (start_tli, base));
+    let end = append(&primary, b"after the restart", Durability::Local).expect("appended");
+    assert_eq!(primary.wal().position().timeline, pos.timeline);
+    assert!(end > base);
+    // The acknowledged append is where it was, on the old timeline below the fork.
+    let records = primary
+        .wal()
+        .read_records(start_tli, Lsn(segment_size), usize::MAX)
+        .expect("read the old timeline");
+    assert!(records.iter().any(|r| &r.payload[..] == b"acknowledged"));
+
+    // The standby holds the old timeline past the fork: it must never take the new
+    // timeline's bytes as a continuation. Until standbys cut such a tail back at stream
+    // start, it refuses with the fork; once they do, it follows byte for byte.
+    let mut why = String::new();
+    wait_until("the standby to see the fork", || {
+        let info = s1.receiver();
+        why = info.restart.last_error.clone().unwrap_or_default();
+        why.contains("forked") || s1.wal().timeline() == pos.timeline
+    });
+    if s1.wal().timeline() == pos.timeline {
+        s1.wait_flushed(pos.timeline, end);
+        common::cluster::assert_same_wal(&primary, &s1, pos.timeline, base, end);
+    } else {
+        assert!(why.contains(&base.to_string()), "{why}");
+        assert_eq!(
+            s1.wal().flushed(),
+            at_s1.flushed,
+            "a refused standby keeps its WAL"
+        );
+    }
+}
+
+/// What a power loss takes from the primary's segments: every byte of timeline `tli` in
+/// `[from, to)`, which the node wrote but never synced, back to the zeros the preallocated
+/// segment held.
+fn lose_unsynced(data: &std::path::Path, tli: TimelineId, segment_size: u64, from: Lsn, to: Lsn) {
+    use std::os::unix::fs::FileExt;
+    let mut at = from.0;
+    while at < to.0 {
+        let segno = at / segment_size;
+        let offset = at % segment_size;
+        let n = (segment_size - offset).min(to.0 - at);
+        let path = data
+            .join("pg_wal")
+            .join(segment_file_name(tli, segno, segment_size));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+        file.write_all_at(&vec![0u8; n as usize], offset)
+            .expect("zero the unsynced bytes");
+        file.sync_data().expect("sync");
+        at += n;
+    }
+}
+
+/// Holds the primary's fdatasync and appends `payload` (`Durability::On`) in the background;
+/// returns once the sync is held, with the guard that releases it and the append's answer to
+/// come.
+fn append_with_sync_held(
+    primary: &TestNode,
+    payload: &'static [u8],
+) -> (Held, std::sync::mpsc::Receiver<Result<Lsn, String>>) {
+    let held = Held(primary.wal().clone());
+    primary.wal().failpoints().hold(FP_FSYNC);
+    let answer = append_in_background(primary, payload, Durability::On);
+    assert!(
+        primary
+            .wal()
+            .failpoints()
+            .wait_until_held(FP_FSYNC, DEADLINE),
+        "the primary's fdatasync was never reached"
+    );
+    (held, answer)
 }
 
 /// Releases the held fdatasync however the test ends, so that a failed assertion does not

@@ -426,11 +426,26 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
     let signals = standby_signal.is_some();
     let dir = data_dir.clone();
     let is_standby = standby.is_some();
+    // Rule 5 of the overlapped commit (`walsender_actor::overlap::starts_new_timeline`): a
+    // primary never resumes the timeline it was on before this start, because a synchronous
+    // standby may hold a tail of it that this node lost. Under failover the new timeline
+    // comes with the term the failover actor takes up, so the node here only opens.
+    let new_timeline = !is_standby
+        && !fence.is_managed()
+        && walsender_actor::overlap::starts_new_timeline(walsender.session.commit_overlap);
     let wal = tokio::task::spawn_blocking(move || {
         storage.segment_size = Wal::stored_segment_size(&data_dir)?;
         let wal = Wal::open(&data_dir, storage)?;
         if signals {
             settle_role(&data_dir, &wal, is_standby)?;
+        }
+        // Before the listener and the supervisor exist, so nothing is appended or streamed
+        // on the old timeline past what recovery found. Relayed PostgreSQL WAL takes no
+        // appends here, so it has no timeline to protect.
+        if new_timeline && wal.format() == WalFormat::Walserver {
+            let (timeline, switch_lsn) =
+                wal.promote("restarted under synchronous_commit_overlap")?;
+            tracing::info!(%timeline, switch = %switch_lsn, "a new timeline before the first append: the overlapped commit never resumes a primary's timeline");
         }
         Ok::<_, NodeError>(wal)
     })

@@ -44,6 +44,23 @@ pub fn send_limit(pos: &WalPosition, early: bool) -> Lsn {
     }
 }
 
+/// Rule 5: whether a node about to take appends as a primary (it starts as one, or takes up
+/// a failover term it already led in) must first start a new timeline at its own durable end
+/// instead of resuming the timeline it was on.
+///
+/// Under the overlapped commit a synchronous standby may hold a tail of the current timeline
+/// that this node wrote, sent, and then lost in a crash (or in a failed fdatasync that storage
+/// reopened past). Resuming the timeline would write different bytes at the same LSNs, and
+/// the standby, whose copy reaches further, would report flush positions that count for
+/// appends it never received. A new timeline from the durable end makes the standby's extra
+/// tail a fork that it cuts back at its next stream start, and it costs a history file per
+/// start. Everything acknowledged is at or below the durable end (the commit point needs this
+/// node's own flush), so the new timeline's start keeps it. With the switch off no standby
+/// holds WAL this node lacks, and the timeline is resumed as PostgreSQL does.
+pub fn starts_new_timeline(overlap: bool) -> bool {
+    overlap
+}
+
 /// Whether a client's value of [`protocol_codec::ACCEPTS_UNFLUSHED_PARAM`] says yes, in
 /// PostgreSQL's boolean spellings.
 pub fn accepts_unflushed(value: Option<&str>) -> bool {

@@ -106,7 +106,8 @@ pub fn start(
         return Ok(None);
     };
     let tls = settings.ssl_cert_file.is_some();
-    let config = f.failover_config(node.listen_addr, http, tls);
+    let mut config = f.failover_config(node.listen_addr, http, tls);
+    config.archive = walserver_node::archive::gap_archive(settings)?;
     tracing::info!(
         cluster = %config.cluster_name,
         node = %config.node_name,

@@ -52,6 +52,10 @@ pub struct FailoverConfig {
     /// How long the leader keeps the slot of a member whose key is gone; `None` is
     /// [`DEFAULT_MEMBER_SLOT_GRACE_TTLS`] times the ttl.
     pub member_slot_grace: Option<Duration>,
+    /// The archive a member's walreceiver fills a gap from when the leader it follows has
+    /// already removed the WAL it needs (a member behind a new leader's promotion point);
+    /// `None` without `archive_target`.
+    pub archive: Option<wal_archive::ArchiveTarget>,
 }
 
 impl FailoverConfig {
@@ -77,6 +81,7 @@ impl FailoverConfig {
             api_url: api_url.into(),
             use_slots: true,
             member_slot_grace: None,
+            archive: None,
         }
     }
 

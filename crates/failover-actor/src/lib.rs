@@ -24,7 +24,8 @@
 //!   names; at bootstrap only a primary), and what a node does on what it sees: lead (promote
 //!   with `PromoteForTerm` if it is a standby, record the term, grant the fence), follow the
 //!   member the leader key names (`FollowLeader` with that member's conninfo, its own name as
-//!   `application_name`; an older term is refused), or drop the fence.
+//!   `application_name`, and the archive, so that a member behind what the new leader keeps
+//!   fills the gap from it; an older term is refused), or drop the fence.
 //! - Whether this node is a member at all ([`GetFailoverStatus`], `membership.rs`): never
 //!   silently outside the cluster. Until its first join, while etcd is out of reach, once its
 //!   lease has gone a ttl without a renewal, and after its name was taken, it is not a

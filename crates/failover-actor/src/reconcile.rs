@@ -361,6 +361,7 @@ impl FailoverActor {
             }
         };
         upstream.application_name = self.config.node_name.clone();
+        upstream.archive = self.config.archive.clone();
         if self.config.use_slots {
             // Its slot on the leader keeps the WAL this member has not received yet.
             upstream.session.slot_name = crate::slot_names::member_slot_name(self.me());

@@ -13,6 +13,7 @@ use actix::prelude::*;
 use bytes::BytesMut;
 use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::WatchStream;
+use tokio_stream::StreamExt;
 use wal_storage::{format_history, segment_file_name, ArchiveBacklog, Role, Wal, WalPosition};
 use wal_types::{Lsn, TimelineId};
 
@@ -81,6 +82,9 @@ pub struct Archiver {
     stopping: Option<Vec<oneshot::Sender<()>>>,
     /// When the segments waiting for the archive were completed: the backlog's age.
     clock: BacklogClock,
+    /// Under automatic failover, whether this node holds the leader's fence now (`None`
+    /// without failover); see [`Archiver::start_fenced`].
+    fence: Option<watch::Receiver<bool>>,
 }
 
 impl Archiver {
@@ -89,6 +93,21 @@ impl Archiver {
     pub fn start(
         wal: Wal,
         config: ArchiveConfig,
+    ) -> (Addr<Archiver>, watch::Receiver<ArchiverStatus>) {
+        Archiver::start_fenced(wal, config, None)
+    }
+
+    /// As [`Archiver::start`], for a node under automatic failover: `fence` says whether
+    /// the node holds the leader's fence now. Under `archive_mode = on` a primary starts an
+    /// upload only while it does, so a leader that lost its lease (and has not been demoted
+    /// yet) stops adding to the archive the new leader writes; an upload already running
+    /// finishes, which is harmless, since a put never overwrites and two nodes putting the
+    /// same name with the same bytes both count it as archived. `always` ignores the fence:
+    /// there every node archives what it stores.
+    pub fn start_fenced(
+        wal: Wal,
+        config: ArchiveConfig,
+        fence: Option<watch::Receiver<bool>>,
     ) -> (Addr<Archiver>, watch::Receiver<ArchiverStatus>) {
         let (status, rx) = watch::channel(ArchiverStatus::default());
         let addr = Archiver {
@@ -101,6 +120,7 @@ impl Archiver {
             wake: None,
             stopping: None,
             clock: BacklogClock::default(),
+            fence,
         }
         .start();
         (addr, rx)
@@ -137,6 +157,7 @@ impl Archiver {
         // the archive does not have yet, and a new leader starts where the archive ends.
         let readable = !matches!(self.config.target, ArchiveTarget::Command(_));
         let target = self.config.target.clone();
+        let fenced_in = self.fenced_in();
         match (&mut self.schedule, archives) {
             // At a promotion the hold is where following the archive left it, a segment or
             // two behind the archive's end: those are put again, and each put compares with
@@ -177,6 +198,12 @@ impl Archiver {
             (None, false) => {}
             (Some(schedule), true) => {
                 let pos = self.wal.position();
+                let backlog = schedule.backlog(pos.flushed);
+                self.status.send_modify(|s| s.backlog_bytes = backlog);
+                if !fenced_in {
+                    // Not the leader's fence: no new upload; its next grant pumps again.
+                    return;
+                }
                 let history = self.wal.history();
                 let view = WalView {
                     timeline: pos.timeline,
@@ -184,8 +211,6 @@ impl Archiver {
                     flushed: pos.flushed,
                 };
                 let next = schedule.next(Instant::now(), view);
-                let backlog = schedule.backlog(pos.flushed);
-                self.status.send_modify(|s| s.backlog_bytes = backlog);
                 match next {
                     Next::Upload(item) => {
                         let config = self.config.clone();
@@ -210,6 +235,11 @@ impl Archiver {
                 }
             }
         }
+    }
+
+    /// Whether this node may start an upload as far as failover is concerned.
+    fn fenced_in(&self) -> bool {
+        self.config.mode == ArchiveMode::Always || self.fence.as_ref().is_none_or(|f| *f.borrow())
     }
 
     /// Tells storage whether what waits for the archive is past `archive_max_backlog`, at
@@ -482,6 +512,9 @@ impl Actor for Archiver {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.add_stream(WatchStream::new(self.wal.subscribe()));
+        if let Some(fence) = &self.fence {
+            ctx.add_stream(WatchStream::new(fence.clone()).map(FenceChanged));
+        }
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
@@ -498,6 +531,29 @@ impl StreamHandler<WalPosition> for Archiver {
 
     fn finished(&mut self, _: &mut Context<Self>) {
         // Storage's watch outlives every handle the archiver holds; it cannot end first.
+    }
+}
+
+/// The leader's fence was granted (`true`) or closed.
+struct FenceChanged(bool);
+
+impl StreamHandler<FenceChanged> for Archiver {
+    fn handle(&mut self, FenceChanged(held): FenceChanged, ctx: &mut Context<Self>) {
+        if self.config.mode == ArchiveMode::On && self.wal.role() != Some(Role::Standby) {
+            if held {
+                tracing::info!("the leader's fence is granted: archiving");
+            } else {
+                tracing::info!(
+                    "the leader's fence is closed: starting no upload until it is granted again"
+                );
+            }
+        }
+        self.pump(ctx);
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {
+        // The fence's sender goes with the node; without it nothing grants again, and the
+        // last value read stays.
     }
 }
 

@@ -233,6 +233,42 @@ async fn a_restart_resumes_from_the_durable_position() {
     addr.send(StopArchiver).await.unwrap();
 }
 
+#[actix_rt::test]
+async fn under_failover_only_the_holder_of_the_leaders_fence_starts_uploads() {
+    let data = tempfile::tempdir().unwrap();
+    let archive = tempfile::tempdir().unwrap();
+    let wal = new_wal(data.path());
+    let (fence, fenced) = watch::channel(false);
+    let (addr, mut rx) = Archiver::start_fenced(wal.clone(), config(archive.path()), Some(fenced));
+    wait_until(&mut rx, "the hold", |s| s.archived_lsn.is_some()).await;
+    fill(&wal, 2).await;
+    // It has seen both segments complete and decided; outside the fence that is nothing.
+    wait_until(&mut rx, "the backlog seen", |s| s.backlog_bytes == 2 * SEG).await;
+    assert_eq!(rx.borrow().archived_count, 0);
+    assert!(
+        names(archive.path()).is_empty(),
+        "{:?}",
+        names(archive.path())
+    );
+    // Granted: it archives from where the hold is, none skipped.
+    let granted = std::time::SystemTime::now();
+    fence.send_replace(true);
+    let s = wait_until(&mut rx, "both segments", |s| s.archived_count == 2).await;
+    assert!(s.last_archived_time.is_some_and(|t| t >= granted), "{s:?}");
+    // Closed again (the lease lost): the next segment waits, and storage keeps it.
+    fence.send_replace(false);
+    fill(&wal, 1).await;
+    wait_until(&mut rx, "the third segment seen", |s| {
+        s.backlog_bytes == SEG
+    })
+    .await;
+    assert!(!archive.path().join("000000010000000000000003").exists());
+    assert_eq!(wal.archived(), Some(Lsn(3 * SEG)));
+    fence.send_replace(true);
+    wait_until(&mut rx, "the third segment", |s| s.archived_count == 3).await;
+    addr.send(StopArchiver).await.unwrap();
+}
+
 /// Appends one small record and returns the flushed end after it.
 async fn append_one(wal: &Wal, byte: u8) -> Lsn {
     wal.append(vec![Bytes::from(vec![byte; 100])])

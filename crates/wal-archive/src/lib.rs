@@ -39,6 +39,10 @@
 //!   WAL brings the hold back to the cut. Promoted, it goes on from there, a segment or two
 //!   behind the archive's end, and each put compares with what is there: every segment of
 //!   every timeline is archived once, with the old timeline's `.partial`, and no gap.
+//!   Under automatic failover a primary starts an upload only while it holds the leader's
+//!   fence ([`Archiver::start_fenced`]): a leader that lost its lease stops adding to the
+//!   archive its successor writes, and an upload of its that was already running can only
+//!   find its own bytes there or put the same bytes first.
 //!
 //! File I/O runs on the blocking pool, one job at a time: the actor's thread only decides.
 //! An S3 target's requests run on a runtime of the target's own (`s3.rs`), which the

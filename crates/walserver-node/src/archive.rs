@@ -18,7 +18,9 @@
 
 use actix::Addr;
 use serde::Deserialize;
-use supervisor_actor::{Node, SuperviseService};
+use std::time::Instant;
+
+use supervisor_actor::{Fence, Node, SuperviseService};
 use tokio::sync::watch;
 use wal_archive::{
     ArchiveCommand, ArchiveConfig, ArchiveMode, ArchiveTarget, Archiver, ArchiverStatus,
@@ -152,6 +154,16 @@ pub fn archive_target(s: &Settings) -> Result<ArchiveTarget> {
     ArchiveTarget::parse_with(target, &options).map_err(|e| Error::Invalid(e.to_string()))
 }
 
+/// The archive a walreceiver fills a gap from, `None` without `archive_target`: a standby
+/// reads the archive it names whatever `archive_mode` says, and so does a member under
+/// `[failover]` following a new leader that has removed WAL the member still needs.
+pub fn gap_archive(s: &Settings) -> Result<Option<ArchiveTarget>> {
+    s.archive_target
+        .is_some()
+        .then(|| archive_target(s))
+        .transpose()
+}
+
 /// Starts the archiver the settings describe beside `node`, in the current actix System, and
 /// hands it to the node's supervisor, which stops it in the node's shutdown order (its upload
 /// in flight finishes first). Returns its address and status. With `archive_mode = off` it
@@ -174,7 +186,11 @@ pub fn start_archiver(
         return Ok(None);
     };
     tracing::info!(mode = ?config.mode, target = ?config.target, "starting the WAL archiver");
-    let (addr, status) = Archiver::start(node.wal.clone(), config);
+    let fence = node
+        .fence
+        .is_managed()
+        .then(|| leader_fence(node.fence.clone()));
+    let (addr, status) = Archiver::start_fenced(node.wal.clone(), config, fence);
     let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
     let archiver = addr.clone();
     node.supervisor.do_send(SuperviseService {
@@ -192,6 +208,26 @@ pub fn start_archiver(
         }),
     });
     Ok(Some((addr, status)))
+}
+
+/// Whether `fence` lets this node act as the leader, as a watch that changes only when that
+/// does: at a grant, a revocation, a new term, or the grant's deadline passing (the fence's
+/// own `next_change`, so nothing is polled). It ends when every receiver is gone.
+fn leader_fence(fence: Fence) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(fence.may_acknowledge(Instant::now()));
+    actix::spawn(async move {
+        loop {
+            // Armed before the fence is read, so that no change in between is missed.
+            let next = fence.next_change();
+            let held = fence.may_acknowledge(Instant::now());
+            tx.send_if_modified(|was| std::mem::replace(was, held) != held);
+            tokio::select! {
+                _ = next => {}
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    rx
 }
 
 #[cfg(test)]

@@ -154,11 +154,9 @@ pub fn receiver_config(s: &Settings, data_dir: &Path) -> Result<Option<ReceiverC
         .filter(|n| !n.is_empty());
     cfg.session.wal_receiver_timeout = s.wal_receiver_timeout;
     cfg.session.wal_receiver_status_interval = s.wal_receiver_status_interval;
-    // A standby reads the archive it names whatever `archive_mode` says: when the upstream
-    // has removed WAL this node needs, the walreceiver fills the gap from it.
-    if s.archive_target.is_some() {
-        cfg.archive = Some(crate::archive::archive_target(s)?);
-    }
+    // When the upstream has removed WAL this node needs, the walreceiver fills the gap from
+    // the archive.
+    cfg.archive = crate::archive::gap_archive(s)?;
     Ok(Some(cfg))
 }
 

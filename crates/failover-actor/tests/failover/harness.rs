@@ -85,7 +85,7 @@ pub(crate) async fn start_actor_with(
     etcd: &str,
     name: &str,
     node: Node,
-    configure: fn(&mut FailoverConfig),
+    configure: impl FnOnce(&mut FailoverConfig),
 ) -> Result<Member> {
     let mut config = FailoverConfig::new(
         vec![etcd.to_string()],

@@ -3,8 +3,9 @@
 //! is on an event (the actors' leadership watch, an etcd watch) under a deadline.
 //!
 //! One module per concern: [`harness`] starts the cluster and waits on it; [`election`],
-//! [`handover`], [`sync`], [`slots`], [`names`] and [`logs`] hold the tests.
+//! [`handover`], [`sync`], [`slots`], [`names`], [`logs`] and [`archive`] hold the tests.
 
+mod archive;
 mod election;
 mod handover;
 mod harness;

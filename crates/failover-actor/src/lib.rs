@@ -22,7 +22,8 @@
 //!   published position and no live peer more advanced by its admin API's `GET /status`,
 //!   ties to the primary, then priority, then name; synchronous mode: only the member `sync`
 //!   names; at bootstrap only a primary), and what a node does on what it sees: lead (promote
-//!   with `PromoteForTerm` if it is a standby, record the term, grant the fence), follow the
+//!   with `PromoteForTerm` if it is a standby or runs the overlapped commit, whose rule 5
+//!   gives every term a new timeline; record the term, grant the fence), follow the
 //!   member the leader key names (`FollowLeader` with that member's conninfo, its own name as
 //!   `application_name`, and the archive, so that a member behind what the new leader keeps
 //!   fills the gap from it; an older term is refused), or drop the fence.

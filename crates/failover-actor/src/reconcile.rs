@@ -195,9 +195,9 @@ impl FailoverActor {
     }
 
     /// Takes up the leader key won for `term`, in one future: promote the node if it is a
-    /// standby (or read where its timeline starts if it is a primary), make the members'
-    /// slots, hold appends in a synchronous mode, and record the term in the history (and,
-    /// in a synchronous mode, the term's own `sync`, naming no standby yet). The actor
+    /// standby or runs the overlapped commit (else read where its timeline starts), make the
+    /// members' slots, hold appends in a synchronous mode, and record the term in the history
+    /// (and, in a synchronous mode, the term's own `sync`, naming no standby yet). The actor
     /// returns to its state once, when all of it is done.
     ///
     /// The commit point is that return: only then does the actor lead in `term`, so no
@@ -219,6 +219,10 @@ impl FailoverActor {
         let slots = self.wanted_slots();
         let permanent = self.permanent_request(false);
         let synchronous = self.config.synchronous_mode != crate::SynchronousMode::Off;
+        // Under the overlapped commit a primary taking up a term starts a new timeline too
+        // (rule 5): the supervisor does it for `PromoteForTerm` on a primary.
+        let overlap = self.node.shared.settings().session.commit_overlap;
+        let promote = promote || walsender_actor::overlap::starts_new_timeline(overlap);
         let client = self.client.clone();
         let keys = self.keys.clone();
         let me = self.me().to_string();

@@ -21,7 +21,7 @@
 //!   timeline (rule 5, `walsender_actor::overlap::starts_new_timeline`): [`NodeBuilder`]
 //!   starts a new one at the durable end before the listener exists, because a synchronous
 //!   standby may hold a tail of the old one that this node lost; under a failover actor the
-//!   term it takes up brings the new timeline instead;
+//!   term it takes up brings the new timeline instead ([`PromoteForTerm`] on a primary);
 //! - a failover actor acts on the node only through the leadership messages: [`PromoteForTerm`]
 //!   (a promotion whose history reason names the term), [`FollowLeader`] (a standby
 //!   re-targets its walreceiver at once; a primary is demoted live: its fence closes, its

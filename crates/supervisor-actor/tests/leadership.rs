@@ -93,6 +93,55 @@ async fn flushed_on(node: &Node, timeline: TimelineId, lsn: Lsn) {
     .unwrap();
 }
 
+/// Rule 5 of the overlapped commit under failover: a primary that takes up a term (it led
+/// before and won the key again, say after a restart) starts a new timeline at its durable
+/// end, since a synchronous standby may hold a tail of the old one it lost. With the switch
+/// off it is refused as a primary, as before, and keeps its timeline.
+#[test]
+fn a_primary_taking_up_a_term_under_the_overlapped_commit_starts_a_new_timeline() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        for overlap in [false, true] {
+            let fence = Fence::closed();
+            let mut builder =
+                primary(&dir.path().join(format!("overlap-{overlap}"))).fence(fence.clone());
+            let mut session = (*builder.config_mut().walsender.session).clone();
+            session.commit_overlap = overlap;
+            builder.config_mut().walsender.session = std::sync::Arc::new(session);
+            let p = start(builder).await;
+            // Under failover the start leaves the timeline to the term.
+            assert_eq!(p.wal.timeline(), TimelineId(1));
+            fence.grant(2, lasting());
+            let end = append(&p, "term 2", Durability::Local).await;
+            fence.revoke();
+            let taken =
+                tokio::time::timeout(DEADLINE, p.supervisor.send(PromoteForTerm { term: 3 }))
+                    .await
+                    .expect("answered by the deadline")
+                    .unwrap();
+            if !overlap {
+                assert!(
+                    matches!(taken, Err(supervisor_actor::PromoteError::NotStandby)),
+                    "{taken:?}"
+                );
+                assert_eq!(p.wal.timeline(), TimelineId(1));
+                stop(p).await;
+                continue;
+            }
+            let taken = taken.expect("a new timeline");
+            assert_eq!((taken.timeline, taken.switch_lsn), (TimelineId(2), end));
+            let last = p.wal.history().last().cloned().expect("a history entry");
+            assert_eq!((last.parent, last.switch_lsn), (TimelineId(1), end));
+            assert!(last.reason.contains("term 3"), "{:?}", last.reason);
+            assert_eq!(role(&p).await, NodeRole::Primary);
+            fence.grant(3, lasting());
+            assert!(append(&p, "term 3", Durability::Local).await > end);
+            assert_eq!(p.wal.timeline(), TimelineId(2));
+            stop(p).await;
+        }
+    });
+}
+
 fn leader(node: &Node, name: &str) -> ReceiverConfig {
     ReceiverConfig::parse(&conninfo(node), Some(name)).unwrap()
 }

@@ -37,10 +37,16 @@ impl Handler<PromoteForTerm> for Supervisor {
         // The term is known from now, whatever the promotion's outcome; the fence stays closed
         // until the failover actor grants it, after the promotion.
         self.fence.observe_term(msg.term);
-        self.promote(format!(
-            "promoted by walserver failover for term {}",
-            msg.term
-        ))
+        let reason = format!("promoted by walserver failover for term {}", msg.term);
+        // Rule 5 of the overlapped commit: a primary taking up a term never resumes its
+        // timeline, since a synchronous standby may hold a tail of it that this node lost
+        // in a crash. With the switch off a primary is refused here, as before.
+        let overlap = self.shared.settings().session.commit_overlap;
+        if self.role == NodeRole::Primary && walsender_actor::overlap::starts_new_timeline(overlap)
+        {
+            return self.start_new_timeline(reason);
+        }
+        self.promote(reason)
     }
 }
 

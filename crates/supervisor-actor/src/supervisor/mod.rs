@@ -652,30 +652,34 @@ impl Handler<Promote> for Supervisor {
 }
 
 impl Supervisor {
+    /// Whether a new timeline may start now (`role_fits`: the node's role allows it), and
+    /// storage's handle to start it with.
+    fn may_switch_timeline(&self, role_fits: bool) -> Result<Wal, PromoteError> {
+        if self.shutting_down {
+            return Err(PromoteError::ShuttingDown);
+        }
+        if !role_fits {
+            return Err(PromoteError::NotStandby);
+        }
+        if self.promoting || self.following {
+            return Err(PromoteError::InProgress);
+        }
+        let wal = self.wal.clone().ok_or(PromoteError::ShuttingDown)?;
+        if wal.format() != WalFormat::Walserver {
+            return Err(PromoteError::Storage(WalError::PromotionNotSupported));
+        }
+        Ok(wal)
+    }
+
     /// Promotes this standby, with `reason` beside the new timeline in its history file.
     fn promote(
         &mut self,
         reason: String,
     ) -> ResponseActFuture<Self, Result<Promoted, PromoteError>> {
-        let refuse = |e| {
-            Box::pin(actix::fut::ready(Err(e)))
-                as ResponseActFuture<Self, Result<Promoted, PromoteError>>
+        let wal = match self.may_switch_timeline(self.role == NodeRole::Standby) {
+            Ok(wal) => wal,
+            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
         };
-        if self.shutting_down {
-            return refuse(PromoteError::ShuttingDown);
-        }
-        if self.role != NodeRole::Standby {
-            return refuse(PromoteError::NotStandby);
-        }
-        if self.promoting || self.following {
-            return refuse(PromoteError::InProgress);
-        }
-        let Some(wal) = self.wal.clone() else {
-            return refuse(PromoteError::ShuttingDown);
-        };
-        if wal.format() != WalFormat::Walserver {
-            return refuse(PromoteError::Storage(WalError::PromotionNotSupported));
-        }
         self.promoting = true;
         self.stop_receiver();
         let signal = self.standby_signal.clone();
@@ -717,6 +721,38 @@ impl Supervisor {
             act.publish_role();
             tracing::info!(timeline = %promoted.timeline, switch = %promoted.switch_lsn, "promoted to primary");
             Ok(promoted)
+        }))
+    }
+}
+
+impl Supervisor {
+    /// Starts a new timeline on this primary at its durable end, as a promotion does but with
+    /// no walreceiver to stop and no role to change; walsenders streaming the old timeline
+    /// end their copy at the switch, as after any promotion.
+    fn start_new_timeline(
+        &mut self,
+        reason: String,
+    ) -> ResponseActFuture<Self, Result<Promoted, PromoteError>> {
+        let wal = match self.may_switch_timeline(true) {
+            Ok(wal) => wal,
+            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
+        };
+        self.promoting = true;
+        let work = tokio::task::spawn_blocking(move || wal.promote(&reason));
+        Box::pin(work.into_actor(self).map(|res, act, _| {
+            act.promoting = false;
+            let (timeline, switch_lsn) = res.unwrap_or_else(|e| {
+                Err(WalError::Io {
+                    context: "starting a new timeline".into(),
+                    cause: std::io::Error::other(e.to_string()),
+                })
+            })?;
+            act.update_visibility();
+            tracing::info!(%timeline, switch = %switch_lsn, "a new timeline for the term: the overlapped commit never resumes a primary's timeline");
+            Ok(Promoted {
+                timeline,
+                switch_lsn,
+            })
         }))
     }
 }

@@ -6,7 +6,7 @@
 //! archived position in storage, before the job returns to the actor once. One job at a time;
 //! nothing on the actor's thread touches a file.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
@@ -19,6 +19,7 @@ use wal_types::{Lsn, TimelineId};
 
 use crate::compression::Compression;
 use crate::error::{ArchiveError, Result};
+use crate::known::Known;
 use crate::messages::{GetArchiverStatus, StopArchiver};
 use crate::read::ArchivedFile;
 use crate::schedule::{prefix_stem, timeline_of, Item, Next, Schedule, WalView};
@@ -85,6 +86,9 @@ pub struct Archiver {
     /// Under automatic failover, whether this node holds the leader's fence now (`None`
     /// without failover); see [`Archiver::start_fenced`].
     fence: Option<watch::Receiver<bool>>,
+    /// The archive's names as far as this archiver knows (`known.rs`); only one job at a
+    /// time uses it.
+    known: Arc<Mutex<Known>>,
 }
 
 impl Archiver {
@@ -121,6 +125,7 @@ impl Archiver {
             stopping: None,
             clock: BacklogClock::default(),
             fence,
+            known: Arc::default(),
         }
         .start();
         (addr, rx)
@@ -214,10 +219,16 @@ impl Archiver {
                 match next {
                     Next::Upload(item) => {
                         let config = self.config.clone();
+                        let known = self.known.clone();
                         self.run(ctx, move || {
-                            match upload(&wal, &config, item, pos.timeline) {
+                            let mut known = known.lock().unwrap_or_else(|p| p.into_inner());
+                            match upload(&wal, &config, &mut known, item, pos.timeline) {
                                 Ok(put) => Done::Uploaded(item, put),
-                                Err(e) => Done::Failed(item, e),
+                                Err(e) => {
+                                    // What failed may have half happened: look again.
+                                    known.forget();
+                                    Done::Failed(item, e)
+                                }
                             }
                         })
                     }
@@ -294,6 +305,11 @@ impl Archiver {
         match done {
             Done::Held(Some(at)) => {
                 tracing::info!(archived = %at, "archiving WAL from the archived position");
+                // Archiving starts (again): the archive is listed at the first need.
+                self.known
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .forget();
                 let timeout = self.config.archive_timeout;
                 let schedule = Schedule::new(seg, at, Some(timeout));
                 let covered = schedule.covered();
@@ -372,7 +388,13 @@ impl Archiver {
 /// Puts `item` into `target`, removes what it supersedes and, for a segment, stores the new
 /// archived position: the blocking job of one upload. `current` is the timeline whose view
 /// reads resolve through (below a switch point it reads the old timeline's bytes).
-fn upload(wal: &Wal, config: &ArchiveConfig, item: Item, current: TimelineId) -> Result<Put> {
+pub(crate) fn upload(
+    wal: &Wal,
+    config: &ArchiveConfig,
+    known: &mut Known,
+    item: Item,
+    current: TimelineId,
+) -> Result<Put> {
     let (target, compression) = (&config.target, config.compression);
     let seg = wal.segment_size();
     let name = item.file_name(seg);
@@ -392,13 +414,16 @@ fn upload(wal: &Wal, config: &ArchiveConfig, item: Item, current: TimelineId) ->
                     format_history(&history[..until])
                 }
             };
-            target.put(&name, &bytes, compression)
+            let put = target.put(&name, &bytes, compression)?;
+            known.put(&name, put);
+            Ok(put)
         }
         Item::Segment { tli, segno } => {
             let start = Lsn(segno * seg);
             let bytes = read_range(wal, current, start, Lsn(start.0 + seg), &name)?;
             let put = target.put(&name, &bytes, compression)?;
-            remove_prefixes(target, tli, segno, seg, None)?;
+            known.put(&name, put);
+            remove_prefixes(target, known, tli, segno, seg, None)?;
             wal.set_archived(Lsn(start.0 + seg))?;
             Ok(put)
         }
@@ -409,13 +434,15 @@ fn upload(wal: &Wal, config: &ArchiveConfig, item: Item, current: TimelineId) ->
             let mut bytes = read_range(wal, current, start, end, &name)?;
             bytes.resize(seg as usize, 0);
             let put = target.put(&name, &bytes, compression)?;
-            remove_prefixes(target, tli, segno, seg, None)?;
+            known.put(&name, put);
+            remove_prefixes(target, known, tli, segno, seg, None)?;
             Ok(put)
         }
         Item::Prefix { tli, segno, end } => {
             let bytes = read_range(wal, current, Lsn(segno * seg), end, &name)?;
             let put = target.put(&name, &bytes, compression)?;
-            remove_prefixes(target, tli, segno, seg, Some(end))?;
+            known.put(&name, put);
+            remove_prefixes(target, known, tli, segno, seg, Some(end))?;
             Ok(put)
         }
     }
@@ -425,7 +452,9 @@ fn upload(wal: &Wal, config: &ArchiveConfig, item: Item, current: TimelineId) ->
 /// holds under the name this node gives it, and returns the new position: a standby under
 /// `on` keeps what the leader has not archived yet, whatever its slots and `wal_keep_size`
 /// say, so that it can go on where the archive ends if it is promoted. Names are trusted
-/// here; the contents are compared when a leader puts.
+/// here; the contents are compared when a leader puts. It asks for each name rather than
+/// listing (`known.rs`): the hold trails the archive's end by a segment or two, so that is
+/// a few requests, whatever the archive's size.
 fn follow_archive(wal: &Wal, target: &ArchiveTarget, from: Lsn) -> Result<Lsn> {
     let seg = wal.segment_size();
     let pos = wal.position();
@@ -435,13 +464,11 @@ fn follow_archive(wal: &Wal, target: &ArchiveTarget, from: Lsn) -> Result<Lsn> {
         history: &history,
         flushed: pos.flushed,
     };
-    let names: std::collections::BTreeSet<String> =
-        target.list()?.into_iter().map(|o| o.name).collect();
     let mut at = from.segment_start(seg);
     while at.0 + seg <= pos.flushed.0 {
         let segno = at.segment_number(seg);
         let tli = timeline_of(Lsn(at.0 + seg - 1), view);
-        if !names.contains(&segment_file_name(tli, segno, seg)) {
+        if !target.contains(&segment_file_name(tli, segno, seg))? {
             break;
         }
         at = Lsn(at.0 + seg);
@@ -478,9 +505,11 @@ fn read_range(
 
 /// Removes the `archive_timeout` objects of segment `segno` of `tli` that end before
 /// `below` (all of them with `None`): a longer one, the `.partial` or the whole segment is
-/// in the archive now. Those of an earlier run or another node go too.
+/// in the archive now. Those of an earlier run or another node go too, as far as `known`
+/// knows them (it lists the archive when it does not).
 fn remove_prefixes(
     target: &ArchiveTarget,
+    known: &mut Known,
     tli: TimelineId,
     segno: u64,
     seg: u64,
@@ -491,18 +520,20 @@ fn remove_prefixes(
         return Ok(());
     }
     let stem = prefix_stem(tli, segno, seg);
-    for object in target.list()? {
-        if !object.name.starts_with(&stem) {
-            continue;
-        }
-        if let Some(ArchivedFile::Partial { end: Some(end), .. }) =
-            ArchivedFile::parse(&object.name, seg)
-        {
-            if below.is_none_or(|b| end < b) {
-                target.remove(&object.name)?;
-                tracing::debug!(file = %object.name, "removed a superseded partial segment");
-            }
-        }
+    let superseded: Vec<String> = known
+        .names(target)?
+        .range(stem.clone()..)
+        .take_while(|name| name.starts_with(&stem))
+        .filter(|name| {
+            matches!(ArchivedFile::parse(name, seg),
+                Some(ArchivedFile::Partial { end: Some(end), .. }) if below.is_none_or(|b| end < b))
+        })
+        .cloned()
+        .collect();
+    for name in superseded {
+        target.remove(&name)?;
+        known.removed(&name);
+        tracing::debug!(file = %name, "removed a superseded partial segment");
     }
     Ok(())
 }

@@ -483,3 +483,117 @@ async fn past_archive_max_backlog_appends_are_refused_until_the_archive_catches_
         .await
         .unwrap();
 }
+
+/// Archives segments `1..=n` of timeline 1 the way the schedule orders them, each after an
+/// `archive_timeout` prefix of it when `prefixes` says so; `list_each` makes every upload
+/// list the archive, as the archiver did before it kept what it knows. The time taken and
+/// the listings made.
+fn archive_segments(
+    wal: &Wal,
+    target: ArchiveTarget,
+    n: u64,
+    prefixes: bool,
+    list_each: bool,
+) -> (Duration, u64) {
+    use crate::known::Known;
+    use crate::schedule::Item;
+    let config = ArchiveConfig {
+        target,
+        ..config(Path::new("/unused"))
+    };
+    let tli = TimelineId(1);
+    let mut known = Known::default();
+    let mut items = Vec::new();
+    for segno in 1..=n {
+        if prefixes {
+            let end = Lsn(segno * SEG + SEG / 2);
+            items.push(Item::Prefix { tli, segno, end });
+        }
+        items.push(Item::Segment { tli, segno });
+    }
+    let started = std::time::Instant::now();
+    for item in items {
+        if list_each {
+            known.forget();
+        }
+        crate::actor::upload(wal, &config, &mut known, item, tli).unwrap();
+    }
+    (started.elapsed(), known.listings())
+}
+
+/// A data directory with `n` complete segments, all kept.
+async fn segments(dir: &Path, n: u64) -> Wal {
+    let wal = new_wal(dir);
+    wal.create_slot("keep", false, true).unwrap();
+    wal.hold_for_archive().unwrap();
+    fill(&wal, n).await;
+    wal
+}
+
+#[actix_rt::test]
+async fn uploads_list_the_archive_once_and_remove_prefixes_from_what_they_know() {
+    let data = tempfile::tempdir().unwrap();
+    let archive = tempfile::tempdir().unwrap();
+    let wal = segments(data.path(), 6).await;
+    let target = ArchiveTarget::Directory(archive.path().into());
+    // A prefix an earlier run left behind, which the listing at the start finds.
+    target
+        .put(
+            "000000010000000000000003.partial.00040000",
+            &vec![0u8; 0x40000],
+            crate::Compression::None,
+        )
+        .unwrap();
+    let (_, listings) = tokio::task::spawn_blocking(move || {
+        let listings = archive_segments(&wal, target, 6, true, false).1;
+        (wal, listings)
+    })
+    .await
+    .unwrap();
+    assert_eq!(listings, 1);
+    let left = names(archive.path());
+    assert!(!left.iter().any(|n| n.contains(".partial")), "{left:?}");
+    assert_eq!(left.len(), 12, "{left:?}");
+}
+
+/// The cost of listing per upload against a real S3 store, and that it is gone: `n`
+/// segments (`WALSERVER_TEST_ARCHIVE_SEGMENTS`, 8 by default; a few hundred for a
+/// measurement) archived to two prefixes of one SeaweedFS bucket, listing at each upload
+/// and listing once.
+#[actix_rt::test]
+async fn archiving_to_s3_lists_the_archive_once_however_many_segments() {
+    let n = std::env::var("WALSERVER_TEST_ARCHIVE_SEGMENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
+    let server = pg_testkit::SeaweedServer::start();
+    let options = crate::S3Options {
+        endpoint: Some(server.endpoint()),
+        allow_http: true,
+        access_key_id: Some(pg_testkit::SEAWEED_ACCESS_KEY_ID.into()),
+        secret_access_key: Some(pg_testkit::SEAWEED_SECRET_ACCESS_KEY.into()),
+        ..crate::S3Options::default()
+    };
+    let target = |prefix: &str| {
+        ArchiveTarget::parse_with(&format!("s3://{}/{prefix}", server.bucket()), &options).unwrap()
+    };
+    let (before, after) = (target("before"), target("after"));
+    let data = tempfile::tempdir().unwrap();
+    let wal = segments(data.path(), n).await;
+    let ((t_before, l_before), (t_after, l_after)) = tokio::task::spawn_blocking(move || {
+        (
+            archive_segments(&wal, before, n, false, true),
+            archive_segments(&wal, after, n, false, false),
+        )
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "{n} segments of {SEG} bytes to SeaweedFS: listing at each upload {t_before:?} \
+         ({l_before} listings, {:?} a segment), listing once {t_after:?} ({l_after}, {:?} a segment)",
+        t_before / n as u32,
+        t_after / n as u32,
+    );
+    assert_eq!(l_before, n);
+    assert_eq!(l_after, 1);
+}

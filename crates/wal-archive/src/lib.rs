@@ -32,6 +32,10 @@
 //!   The one removal: an `archive_timeout` prefix once a longer one, the `.partial` or the
 //!   whole segment is durable in the archive (a crash between leaves one behind, which the
 //!   next put of that segment removes; a reader takes the longest).
+//! - Cost: the archive is listed when archiving starts and after a failure, not per upload;
+//!   between those the archiver keeps the names it put and removed (`known.rs`), and lists
+//!   again when a put finds an object it did not know of (another node writes there too).
+//!   A standby under `on` asks for the few names it follows instead of listing.
 //!
 //! - Failover: under `archive_mode = on` a standby does not archive but keeps its WAL until
 //!   the archive has it, looking at the archive (its names) each time one of its own
@@ -62,6 +66,7 @@ mod catalog;
 mod command;
 mod compression;
 mod error;
+mod known;
 mod messages;
 mod read;
 mod s3;

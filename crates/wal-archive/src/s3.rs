@@ -205,6 +205,20 @@ impl S3Target {
         .map_err(|e| store_error(format!("putting {url}"), e))
     }
 
+    /// Whether the object `name` exists (a HEAD request). Blocking.
+    pub fn exists(&self, name: &str) -> Result<bool> {
+        let key = ObjectPath::from(self.key(name));
+        let url = self.url_of(name);
+        self.call(move |store| async move {
+            match store.head(&key).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })?
+        .map_err(|e| store_error(format!("looking up {url}"), e))
+    }
+
     /// Removes the object `name`; an absent one is not an error. Blocking.
     pub fn delete(&self, name: &str) -> Result<()> {
         let key = ObjectPath::from(self.key(name));

@@ -389,18 +389,7 @@ fn kill_9_while_archiving(archive: Store) {
     walserver_node::init::init_primary(&data, SEG).expect("init");
     let program = NodeProgram::Path(env!("CARGO_BIN_EXE_walserver").into());
     let settings = archive.settings("on");
-    let append = |node: &ChildNode| {
-        let out = Command::new(env!("CARGO_BIN_EXE_walserver"))
-            .args(["append", "--http", &node.http])
-            .args(["--count", "100", "--size", "32768"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let append = |node: &ChildNode| cli_append(node, 100, 32 << 10);
     let mut node = ChildNode::spawn(&program, &data, &settings).expect("start walserver run");
     append(&node);
     append(&node);
@@ -418,6 +407,20 @@ fn kill_9_while_archiving(archive: Store) {
         s.archived_lsn.is_some_and(|a| a >= complete) && s.failed_count == 0
     });
     assert_archived_byte_for_byte(&data.join("pg_wal"), &archive, 1, 1, complete.0);
+}
+
+/// `walserver append` of `count` records of `size` bytes to a child node, which must succeed.
+fn cli_append(node: &ChildNode, count: u32, size: u32) {
+    let out = Command::new(env!("CARGO_BIN_EXE_walserver"))
+        .args(["append", "--http", &node.http])
+        .args(["--count", &count.to_string(), "--size", &size.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// SeaweedFS stops while the node takes appends, then comes back: appends go on, the
@@ -636,4 +639,73 @@ fn a_standby_holds_what_the_archive_lacks_and_goes_on_where_it_ends_when_promote
     );
     assert!(names.contains(&partial), "{partial} in {names:?}");
     assert!(names.contains(&"00000002.history".to_string()), "{names:?}");
+}
+
+/// kill -9 of a node holding a multipart upload after its parts are stored and before its
+/// complete (the `failpoints` hold): no object under the segment's name, though every
+/// byte of it is in the store; restarted without the hold, the node archives the segment
+/// whole and `archive verify` passes. 8 MiB segments, so that with 5 MiB parts (S3's and
+/// SeaweedFS's minimum) the segment goes in two.
+#[cfg(feature = "failpoints")]
+#[test]
+fn kill_9_during_a_multipart_upload_leaves_no_object_and_archives_it_whole_after() {
+    const BIG_SEG: u64 = 8 << 20;
+    let archive = Store::s3();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    walserver_node::init::init_primary(&data, BIG_SEG).expect("init");
+    let mut settings = archive.settings("on");
+    settings.retain(|(k, _)| *k != "archive_compression");
+    settings.push(("archive.multipart_part_size", (5u64 << 20).to_string()));
+    let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let program = std::path::PathBuf::from(env!("CARGO_BIN_EXE_walserver"));
+    let mut node = ChildNode::on_loopback("node", &program, &data, &settings).unwrap();
+    node.env(wal_archive::FAILPOINT_HOLD_ENV, "1");
+    node.start().expect("start walserver run");
+    // Segment 1 completes (a new primary begins at its start).
+    cli_append(&node, 9, 1 << 20);
+    node.wait_line(wal_archive::FAILPOINT_HOLD_LINE)
+        .expect("the upload held");
+    node.kill9();
+
+    let seg1 = "000000010000000000000001";
+    assert_eq!(archive.raw(seg1), None, "a partial object is visible");
+    assert!(archive.target().get(seg1).unwrap().is_none());
+
+    node.env_remove(wal_archive::FAILPOINT_HOLD_ENV);
+    node.start().expect("restart walserver run");
+    let status = walserver_node::admin::get_json(&node.http, "/status", None).unwrap();
+    let flushed: wal_storage::Lsn = serde_json::from_value(status["flush_lsn"].clone()).unwrap();
+    let complete = flushed.segment_start(BIG_SEG);
+    wait_archiver(&node.http, "the segment archived after the restart", |s| {
+        s.archived_lsn.is_some_and(|a| a >= complete) && s.failed_count == 0
+    });
+    let own = read_file(&data.join("pg_wal").join(seg1));
+    assert_eq!(archive.raw(seg1).as_ref(), Some(&own), "{seg1} whole");
+    let Store::S3(server) = &archive else {
+        unreachable!()
+    };
+    let out = Command::new(&program)
+        .args(["archive", "verify"])
+        .args([
+            "-c",
+            &format!("archive_target=s3://{}/{S3_PREFIX}", server.bucket()),
+        ])
+        .args(["-c", &format!("archive.endpoint={}", server.endpoint())])
+        .args(["-c", "archive.allow_http=true"])
+        .args([
+            "-c",
+            &format!("archive.access_key_id={SEAWEED_ACCESS_KEY_ID}"),
+        ])
+        .args([
+            "-c",
+            &format!("archive.secret_access_key={SEAWEED_SECRET_ACCESS_KEY}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

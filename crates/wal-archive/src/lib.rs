@@ -50,7 +50,9 @@
 //!
 //! File I/O runs on the blocking pool, one job at a time: the actor's thread only decides.
 //! An S3 target's requests run on a runtime of the target's own (`s3.rs`), which the
-//! blocking job waits for, so an upload is still one job that returns to the actor once.
+//! blocking job waits for, so an upload is still one job that returns to the actor once;
+//! an object larger than `multipart_part_size` goes as a multipart upload, invisible until
+//! its complete, which carries the same create-only condition.
 //!
 //! Restore reads the archive back through the same [`ArchiveTarget`] (`read.rs`): `get`
 //! hands out an object only after it matched its sidecar (a missing object is `None`, a
@@ -81,7 +83,9 @@ pub use compression::Compression;
 pub use error::{ArchiveError, Result};
 pub use messages::{GetArchiverStatus, StopArchiver};
 pub use read::{ArchivedFile, Checksum, ObjectInfo, SIDECAR_SUFFIX};
-pub use s3::{S3Options, S3Target};
+pub use s3::{S3Options, S3Target, DEFAULT_PART_SIZE, MIN_PART_SIZE, PARALLEL_PARTS};
+#[cfg(feature = "failpoints")]
+pub use s3::{FAILPOINT_HOLD_ENV, FAILPOINT_HOLD_LINE};
 pub use schedule::{
     backoff, prefix_stem, Item, Next, Schedule, WalView, FIRST_BACKOFF, MAX_BACKOFF,
 };

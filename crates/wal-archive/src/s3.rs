@@ -8,9 +8,22 @@
 //! the caller reads a name before it creates it. A put counts once the store acknowledged
 //! it: the store's durability is the archive's.
 //!
-//! A segment goes as one PUT, not a multipart upload: the create-only condition belongs to
-//! a single request (object_store completes multipart uploads without it), and a 16 MiB body
-//! is well within one request's limits.
+//! An object larger than one part (`[archive] multipart_part_size`, 8 MiB by default) goes
+//! as a multipart upload: its parts travel [`PARALLEL_PARTS`] at a time and each is retried
+//! by itself, and S3 makes the object visible only when the upload is completed, so an
+//! upload that fails or is killed half-way never shows a partial object. A failed one is
+//! aborted at once; one abandoned by a kill -9 stays invisible (as S3 keeps it: only a
+//! bucket's `AbortIncompleteMultipartUpload` lifecycle rule frees its space), and the
+//! restarted archiver uploads the file again from its first part.
+//!
+//! The create-only rule holds on the complete too. object_store 0.13 completes a multipart
+//! upload without a condition in its public API, so the complete goes through a second
+//! client whose requests all carry `If-None-Match: *` (AWS S3 honours it on
+//! CompleteMultipartUpload since 2024 and answers 412; so does SeaweedFS 4.48, which the
+//! tests hold): a name taken while the parts travelled is never replaced. Before the complete
+//! the name is also looked up (a HEAD), and a taken name aborts the upload; on a store that
+//! ignored the header, that look-up is the whole check, and a writer that took the name
+//! between the HEAD and the complete would be overwritten.
 //!
 //! The calls are async; they run on a current-thread tokio runtime on a thread of this
 //! target's own, started at its first use and ended when the last handle goes, and the
@@ -22,9 +35,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use http::header::{HeaderMap, HeaderValue, IF_NONE_MATCH};
+
 use bytes::Bytes;
+use futures_util::StreamExt;
 use futures_util::TryStreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path as ObjectPath;
 use object_store::{
     BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
@@ -43,6 +60,23 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// longer is the archiver's backoff, which shows each failure in `/status`. Guesses.
 const RETRIES: usize = 3;
 const RETRY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The part size when `[archive] multipart_part_size` is unset: a 16 MiB segment, the common
+/// case, goes as two parts in parallel, and a zstd-compressed one mostly as one PUT; the
+/// choice is a guess.
+pub const DEFAULT_PART_SIZE: u64 = 8 << 20;
+/// The smallest `multipart_part_size` accepted: S3's minimum for every part but the last,
+/// which SeaweedFS enforces too (`EntityTooSmall` at the complete).
+pub const MIN_PART_SIZE: u64 = 5 << 20;
+/// Parts of one object in flight at once. A guess: enough to fill a link that one request
+/// does not, few enough that a 16 MiB segment's parts are all in flight.
+pub const PARALLEL_PARTS: usize = 4;
+/// Set (to anything) in a node's environment with the `failpoints` feature, it holds every
+/// multipart upload after its parts are stored and before it is completed, for the kill -9
+/// test; it logs `FAILPOINT_HOLD_LINE` when it starts holding.
+#[cfg(feature = "failpoints")]
+pub const FAILPOINT_HOLD_ENV: &str = "WALSERVER_TEST_FAILPOINT_ARCHIVE_HOLD_COMPLETE";
+#[cfg(feature = "failpoints")]
+pub const FAILPOINT_HOLD_LINE: &str = "fail point wal_archive::s3::complete::hold";
 
 /// The `[archive]` settings of an S3 target.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -60,6 +94,9 @@ pub struct S3Options {
     pub secret_access_key: Option<String>,
     /// A temporary credential's session token (`AWS_SESSION_TOKEN`).
     pub session_token: Option<String>,
+    /// Objects larger than this go as multipart uploads of parts this size;
+    /// [`DEFAULT_PART_SIZE`] when unset.
+    pub multipart_part_size: Option<u64>,
 }
 
 impl fmt::Debug for S3Options {
@@ -70,6 +107,7 @@ impl fmt::Debug for S3Options {
             .field("region", &self.region)
             .field("allow_http", &self.allow_http)
             .field("access_key_id", &self.access_key_id)
+            .field("multipart_part_size", &self.multipart_part_size)
             .finish_non_exhaustive()
     }
 }
@@ -105,10 +143,18 @@ impl fmt::Debug for S3Target {
 
 /// A made client and the thread its calls run on.
 struct Client {
-    store: AmazonS3,
+    stores: Stores,
     runtime: tokio::runtime::Handle,
     /// Dropping it ends the runtime's thread.
     _stop: oneshot::Sender<()>,
+}
+
+/// One bucket through two clients.
+#[derive(Clone)]
+struct Stores {
+    store: AmazonS3,
+    /// Every request carries `If-None-Match: *`; used only to complete multipart uploads.
+    if_absent: AmazonS3,
 }
 
 impl S3Target {
@@ -134,6 +180,13 @@ impl S3Target {
                 ))
             }
             _ => {}
+        }
+        if let Some(size) = options.multipart_part_size {
+            if size < MIN_PART_SIZE {
+                return Err(format!(
+                    "[archive] multipart_part_size {size} is below the smallest accepted, {MIN_PART_SIZE} bytes"
+                ));
+            }
         }
         // Without credentials object_store would ask the cloud's instance metadata service,
         // an address outside anything this node was configured to talk to.
@@ -176,8 +229,8 @@ impl S3Target {
     pub fn read(&self, name: &str) -> Result<Option<Bytes>> {
         let key = ObjectPath::from(self.key(name));
         let url = self.url_of(name);
-        self.call(move |store| async move {
-            match store.get(&key).await {
+        self.call(move |s| async move {
+            match s.store.get(&key).await {
                 Ok(got) => got.bytes().await.map(Some),
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(e),
@@ -187,16 +240,27 @@ impl S3Target {
     }
 
     /// Creates the object `name` holding `bytes` unless one exists: `true` if it was
-    /// created, `false` if the name was taken (the caller judges what is there). Blocking.
+    /// created, `false` if the name was taken (the caller judges what is there). An object
+    /// larger than one part goes as a multipart upload (see the module's story). Blocking.
     pub fn create(&self, name: &str, bytes: Vec<u8>) -> Result<bool> {
         let key = ObjectPath::from(self.key(name));
         let url = self.url_of(name);
-        self.call(move |store| async move {
+        let part_size = self
+            .options
+            .multipart_part_size
+            .unwrap_or(DEFAULT_PART_SIZE);
+        let part_size = usize::try_from(part_size).unwrap_or(usize::MAX);
+        if bytes.len() > part_size {
+            return self
+                .call(move |s| create_in_parts(s, key, Bytes::from(bytes), part_size))?
+                .map_err(|e| store_error(format!("putting {url} in parts"), e));
+        }
+        self.call(move |s| async move {
             let opts = PutOptions {
                 mode: PutMode::Create,
                 ..PutOptions::default()
             };
-            match store.put_opts(&key, PutPayload::from(bytes), opts).await {
+            match s.store.put_opts(&key, PutPayload::from(bytes), opts).await {
                 Ok(_) => Ok(true),
                 Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
                 Err(e) => Err(e),
@@ -209,8 +273,8 @@ impl S3Target {
     pub fn exists(&self, name: &str) -> Result<bool> {
         let key = ObjectPath::from(self.key(name));
         let url = self.url_of(name);
-        self.call(move |store| async move {
-            match store.head(&key).await {
+        self.call(move |s| async move {
+            match s.store.head(&key).await {
                 Ok(_) => Ok(true),
                 Err(object_store::Error::NotFound { .. }) => Ok(false),
                 Err(e) => Err(e),
@@ -223,8 +287,8 @@ impl S3Target {
     pub fn delete(&self, name: &str) -> Result<()> {
         let key = ObjectPath::from(self.key(name));
         let url = self.url_of(name);
-        self.call(move |store| async move {
-            match store.delete(&key).await {
+        self.call(move |s| async move {
+            match s.store.delete(&key).await {
                 Err(object_store::Error::NotFound { .. }) => Ok(()),
                 r => r,
             }
@@ -241,10 +305,10 @@ impl S3Target {
             format!("{}/", self.prefix)
         };
         let url = self.url_of("");
-        let metas =
-            self.call(move |store| async move {
-                store.list(prefix.as_ref()).try_collect::<Vec<_>>().await
-            })?
+        let metas = self
+            .call(
+                move |s| async move { s.store.list(prefix.as_ref()).try_collect::<Vec<_>>().await },
+            )?
             .map_err(|e| store_error(format!("listing {url}"), e))?;
         Ok(metas
             .into_iter()
@@ -259,12 +323,12 @@ impl S3Target {
     fn call<T, F, Fut>(&self, call: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(AmazonS3) -> Fut,
+        F: FnOnce(Stores) -> Fut,
         Fut: Future<Output = T> + Send + 'static,
     {
         let client = self.client()?;
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let fut = call(client.store.clone());
+        let fut = call(client.stores.clone());
         client.runtime.spawn(async move {
             let _ = tx.send(fut.await);
         });
@@ -287,13 +351,41 @@ impl S3Target {
     }
 
     fn make_client(&self) -> Result<Client> {
+        let store = self.build_store(ClientOptions::new())?;
+        let mut if_absent = HeaderMap::new();
+        if_absent.insert(IF_NONE_MATCH, HeaderValue::from_static("*"));
+        let if_absent = self.build_store(ClientOptions::new().with_default_headers(if_absent))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ArchiveError::io("starting the object store's runtime", e))?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("archive-s3".into())
+            .spawn(move || {
+                // Runs the calls until the last handle is dropped; the runtime is dropped
+                // here, on its own thread, never inside an async context.
+                runtime.block_on(async move {
+                    let _ = stopped.await;
+                });
+            })
+            .map_err(|e| ArchiveError::io("starting the object store's thread", e))?;
+        Ok(Client {
+            stores: Stores { store, if_absent },
+            runtime: handle,
+            _stop: stop,
+        })
+    }
+
+    fn build_store(&self, client: ClientOptions) -> Result<AmazonS3> {
         let o = &self.options;
         let mut b = AmazonS3Builder::new()
             .with_bucket_name(&self.bucket)
             .with_region(o.region.as_deref().unwrap_or("us-east-1"))
             .with_allow_http(o.allow_http)
             .with_client_options(
-                ClientOptions::new()
+                client
                     .with_allow_http(o.allow_http)
                     .with_connect_timeout(CONNECT_TIMEOUT)
                     .with_timeout(REQUEST_TIMEOUT),
@@ -312,30 +404,62 @@ impl S3Target {
         if let Some(token) = &o.session_token {
             b = b.with_token(token);
         }
-        let store = b
-            .build()
-            .map_err(|e| store_error(format!("configuring s3://{}", self.bucket), e))?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| ArchiveError::io("starting the object store's runtime", e))?;
-        let handle = runtime.handle().clone();
-        let (stop, stopped) = oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name("archive-s3".into())
-            .spawn(move || {
-                // Runs the calls until the last handle is dropped; the runtime is dropped
-                // here, on its own thread, never inside an async context.
-                runtime.block_on(async move {
-                    let _ = stopped.await;
-                });
-            })
-            .map_err(|e| ArchiveError::io("starting the object store's thread", e))?;
-        Ok(Client {
-            store,
-            runtime: handle,
-            _stop: stop,
+        b.build()
+            .map_err(|e| store_error(format!("configuring s3://{}", self.bucket), e))
+    }
+}
+
+/// Uploads `bytes` to `key` in parts of `part_size` and completes the upload only if `key`
+/// is absent: `true` if it was created, `false` if the name was taken. Anything but a
+/// completed upload is aborted (best effort: an abort that fails leaves an invisible upload).
+async fn create_in_parts(
+    s: Stores,
+    key: ObjectPath,
+    bytes: Bytes,
+    part_size: usize,
+) -> object_store::Result<bool> {
+    let id = s.store.create_multipart(&key).await?;
+    let done = upload_and_complete(&s, &key, &id, bytes, part_size).await;
+    if !matches!(done, Ok(true)) {
+        if let Err(e) = s.store.abort_multipart(&key, &id).await {
+            tracing::warn!(key = %key, error = %e, "could not abort a multipart upload; it stays invisible");
+        }
+    }
+    done
+}
+
+async fn upload_and_complete(
+    s: &Stores,
+    key: &ObjectPath,
+    id: &String,
+    bytes: Bytes,
+    part_size: usize,
+) -> object_store::Result<bool> {
+    let parts = bytes.len().div_ceil(part_size);
+    let parts: Vec<PartId> = futures_util::stream::iter(0..parts)
+        .map(|i| {
+            let part = bytes.slice(i * part_size..bytes.len().min((i + 1) * part_size));
+            s.store.put_part(key, id, i, PutPayload::from(part))
         })
+        .buffered(PARALLEL_PARTS)
+        .try_collect()
+        .await?;
+    #[cfg(feature = "failpoints")]
+    if std::env::var_os(FAILPOINT_HOLD_ENV).is_some() {
+        tracing::warn!(key = %key, "{FAILPOINT_HOLD_LINE}: every part stored, holding before the complete");
+        std::future::pending::<()>().await;
+    }
+    match s.store.head(key).await {
+        Ok(_) => return Ok(false),
+        Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    match s.if_absent.complete_multipart(key, id, parts).await {
+        Ok(_) => Ok(true),
+        Err(
+            object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. },
+        ) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -343,5 +467,76 @@ fn store_error(context: String, source: object_store::Error) -> ArchiveError {
     ArchiveError::Store {
         context,
         source: Box::new(source),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(server: &pg_testkit::SeaweedServer, part_size: u64) -> S3Target {
+        let options = S3Options {
+            endpoint: Some(server.endpoint()),
+            allow_http: true,
+            access_key_id: Some(pg_testkit::SEAWEED_ACCESS_KEY_ID.into()),
+            secret_access_key: Some(pg_testkit::SEAWEED_SECRET_ACCESS_KEY.into()),
+            multipart_part_size: Some(part_size),
+            ..S3Options::default()
+        };
+        S3Target::parse(&format!("{}/mp", server.bucket()), &options).unwrap()
+    }
+
+    /// An object larger than a part goes in parts and arrives whole; a taken name is never
+    /// replaced by an upload in parts, neither when it was taken before (the HEAD) nor while
+    /// the parts travelled (the complete's `If-None-Match: *`, which the store must honour).
+    #[test]
+    fn an_upload_in_parts_creates_once_and_never_overwrites() {
+        let server = pg_testkit::SeaweedServer::start();
+        let t = target(&server, MIN_PART_SIZE);
+        let raw = |name: &str| server.get_raw(&format!("mp/{name}")).unwrap();
+        // Three parts, the last one short.
+        let bytes: Vec<u8> = (0..(2 * MIN_PART_SIZE + 1000) as u32)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        assert!(t.create("a", bytes.clone()).unwrap());
+        assert_eq!(raw("a").as_deref(), Some(&bytes[..]));
+        assert!(!t.create("a", bytes.iter().map(|b| !b).collect()).unwrap());
+        assert_eq!(raw("a").as_deref(), Some(&bytes[..]));
+
+        // The name taken after the parts were stored: the conditional complete refuses.
+        let key = ObjectPath::from("mp/b");
+        let taken = t
+            .call(move |s2| async move {
+                let id = s2.store.create_multipart(&key).await?;
+                let part = s2
+                    .store
+                    .put_part(&key, &id, 0, PutPayload::from(vec![1u8; 100]))
+                    .await?;
+                s2.store
+                    .put(&key, PutPayload::from(b"foreign".to_vec()))
+                    .await?;
+                let done = s2.if_absent.complete_multipart(&key, &id, vec![part]).await;
+                let _ = s2.store.abort_multipart(&key, &id).await;
+                Ok::<_, object_store::Error>(done)
+            })
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(taken, Err(object_store::Error::Precondition { .. })),
+            "{taken:?}"
+        );
+        assert_eq!(raw("b").as_deref(), Some(&b"foreign"[..]));
+    }
+
+    #[test]
+    fn a_part_size_below_the_floor_is_refused() {
+        let o = S3Options {
+            access_key_id: Some("k".into()),
+            secret_access_key: Some("s".into()),
+            multipart_part_size: Some(MIN_PART_SIZE - 1),
+            ..S3Options::default()
+        };
+        let e = S3Target::parse("b/p", &o).unwrap_err();
+        assert!(e.contains("multipart_part_size"), "{e}");
     }
 }

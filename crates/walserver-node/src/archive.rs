@@ -7,7 +7,8 @@
 //! a directory, `file:///path`, or an S3 bucket and key prefix, `s3://bucket/prefix`, whose
 //! service the `[archive]` table describes (`endpoint`, `region`, `allow_http`) with its
 //! credentials (`access_key_id`, `secret_access_key`, else the standard `AWS_ACCESS_KEY_ID`,
-//! `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN` variables). `archive_command` instead
+//! `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN` variables) and the part size of its
+//! multipart uploads (`multipart_part_size`). `archive_command` instead
 //! hands each file to a shell command with PostgreSQL's `%p` / `%f` contract (WAL-G,
 //! pgBackRest, barman-cloud), staged in `DATA/archive_staging`. `archive_timeout` (seconds,
 //! 0 = off) bounds how long durable WAL may wait before the archive has it;
@@ -39,6 +40,7 @@ pub const ARCHIVE_KEYS: &[&str] = &[
     "allow_http",
     "access_key_id",
     "secret_access_key",
+    "multipart_part_size",
 ];
 
 /// The `[archive]` table as written: the object store of an `s3://` target.
@@ -58,6 +60,10 @@ pub struct ArchiveSettings {
     pub access_key_id: Option<String>,
     #[serde(default)]
     pub secret_access_key: Option<Password>,
+    /// Objects larger than this go as multipart uploads of parts this size (at least 5 MiB,
+    /// S3's minimum); 8 MiB when unset. Bare numbers are bytes.
+    #[serde(default, deserialize_with = "crate::units::some_size_bytes")]
+    pub multipart_part_size: Option<u64>,
 }
 
 impl ArchiveSettings {
@@ -82,6 +88,7 @@ impl ArchiveSettings {
             access_key_id,
             secret_access_key,
             session_token,
+            multipart_part_size: self.multipart_part_size,
         }
     }
 }
@@ -355,6 +362,7 @@ endpoint = "http://127.0.0.1:8333"
 allow_http = true
 access_key_id = "k"
 secret_access_key = "s"
+multipart_part_size = "16MB"
 "#;
         let s = load(file, &[("WALSERVER_ARCHIVE_REGION", "eu-west-1")], &[]).unwrap();
         let c = archive_config(&s).unwrap().unwrap();
@@ -370,6 +378,7 @@ secret_access_key = "s"
             access_key_id: Some("k".into()),
             secret_access_key: Some("s".into()),
             session_token: None,
+            multipart_part_size: Some(16 << 20),
         };
         assert_eq!(s.archive.as_ref().unwrap().s3_options(|_| None), want);
         // The secret stays out of every debug dump.

@@ -122,6 +122,11 @@ pub fn size_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         .ok_or_else(|| serde::de::Error::custom("-1 (unlimited) is not allowed here"))
 }
 
+/// An optional size whose bare numbers are bytes, for a key whose absence means a default.
+pub fn some_size_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    size_bytes(d).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -45,15 +45,17 @@ enum Command {
         #[arg(long)]
         start_lsn: Option<wal_storage::Lsn>,
         /// Make a primary from the WAL archive (archive_target, from --config or -c), up to
-        /// the end of its newest timeline or the --target-* given.
-        #[arg(long, conflicts_with_all = ["standby", "primary_conninfo", "start_lsn"])]
+        /// the end of its newest timeline or the --target-* given; with --standby, a standby
+        /// of --primary-conninfo restored as far as the archive and the upstream both go,
+        /// which streams from there.
+        #[arg(long, conflicts_with = "start_lsn")]
         from_archive: bool,
         /// With --from-archive: keep every record that ends at or before this LSN.
-        #[arg(long, requires = "from_archive")]
+        #[arg(long, requires = "from_archive", conflicts_with = "standby")]
         target_lsn: Option<wal_storage::Lsn>,
         /// With --from-archive: refused, since walserver records carry no time (the message
         /// says what to use instead).
-        #[arg(long, requires = "from_archive")]
+        #[arg(long, requires = "from_archive", conflicts_with = "standby")]
         target_time: Option<String>,
         /// With --from-archive: restore this timeline (default: the archive's newest).
         #[arg(long, requires = "from_archive")]
@@ -282,6 +284,37 @@ fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Init {
             data_dir,
+            from_archive: true,
+            standby: true,
+            primary_conninfo: Some(conninfo),
+            primary_slot_name,
+            config,
+            set,
+            ..
+        } => {
+            init_tracing("warn", LogFormat::Text)?;
+            let settings = Settings::load_without_data_dir(&sources(config, &set)?)?;
+            let target = walserver_node::archive::archive_target(&settings)?;
+            let r = walserver_node::from_archive::init_standby_from_archive(
+                &data_dir,
+                &target,
+                &conninfo,
+                primary_slot_name.as_deref(),
+            )?;
+            println!(
+                "initialised standby data directory {} from the archive (system identifier {}): WAL of timeline {} from {} to {}, {} objects read; it streams from there",
+                data_dir.display(),
+                r.system_id,
+                r.timeline.0,
+                r.start,
+                r.end,
+                r.objects,
+            );
+            Ok(())
+        }
+        Command::Init {
+            data_dir,
+            from_archive: false,
             standby: true,
             primary_conninfo: Some(conninfo),
             primary_slot_name,

@@ -73,13 +73,17 @@ fn a_standby_fills_its_gap_from_the_archive_then_streams() {
     wait_until("the standby to fill its gap and stream", || {
         standby.wal().flushed() >= last
     });
-    // The standby's WAL is the primary's, byte for byte: the segments the primary removed as
-    // the archive holds them (which the archiver checked against the primary's own), the
-    // rest as the primary still has them.
-    let target = wal_archive::ArchiveTarget::Directory(archive.path().into());
+    assert_same_wal(&standby, &primary, archive.path(), end, last);
+}
+
+/// The standby's WAL from `from`'s segment to `last` is the primary's, byte for byte: the
+/// segments the primary removed as the archive holds them (which the archiver checked
+/// against the primary's own), the rest as the primary still has them.
+fn assert_same_wal(standby: &TestNode, primary: &TestNode, archive: &Path, from: Lsn, last: Lsn) {
+    let target = wal_archive::ArchiveTarget::Directory(archive.into());
     let oldest = primary.wal().oldest_retained().segment_number(SEG);
     let tli = TimelineId(1);
-    for segno in end.segment_number(SEG)..last.segment_number(SEG) {
+    for segno in from.segment_number(SEG)..last.segment_number(SEG) {
         let name = segment_file_name(tli, segno, SEG);
         let ours = read_file(&standby.data_dir().join("pg_wal").join(&name));
         let theirs = if segno < oldest {
@@ -96,6 +100,58 @@ fn a_standby_fills_its_gap_from_the_archive_then_streams() {
         primary.wal().read(tli, from, len).unwrap(),
         "the current segment differs"
     );
+}
+
+/// `init --from-archive --standby`: a standby made from the archive of a primary that has
+/// already removed its first segments holds them as the archive does, and streams from the
+/// primary where the archive ends.
+#[test]
+fn a_standby_restored_from_the_archive_streams_from_where_it_ends() {
+    let archive = tempfile::tempdir().unwrap();
+    let primary = primary(archive.path());
+    let end = primary.append(100, 32 << 10, 1);
+    wait_until(
+        "the primary to archive and remove its first segment",
+        || primary.wal().oldest_retained().segment_number(SEG) > 1,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_walserver"))
+        .args([
+            "init",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--from-archive",
+        ])
+        .args(["--standby", "--primary-conninfo"])
+        .arg(conninfo_at(primary.addr(), "s1"))
+        .arg("-c")
+        .arg(format!(
+            "archive_target=file://{}",
+            archive.path().display()
+        ))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("initialised standby data directory"),
+        "{said}"
+    );
+    let standby = TestNode::start_in(dir, &standby_settings(&primary, archive.path()));
+    assert_eq!(standby.status().role, supervisor_actor::NodeRole::Standby);
+    let last = primary.append(8, 32 << 10, 9);
+    wait_until("the restored standby to stream", || {
+        standby.wal().flushed() >= last
+    });
+    // From the first segment, which only the archive still has.
+    assert_eq!(standby.wal().oldest_retained(), Lsn(SEG));
+    assert!(end.segment_number(SEG) > 2, "{end}");
+    assert_same_wal(&standby, &primary, archive.path(), Lsn(SEG), last);
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! `walserver init --from-archive`: a primary's data directory made from the WAL archive, up to
-//! a recovery target in PostgreSQL's words.
+//! a recovery target in PostgreSQL's words, or a standby's (`--standby`), which then streams
+//! from its upstream where the archive ends.
 //!
 //! The target timeline (`--target-timeline`, else the newest the archive has) gives the path
 //! through the timelines (`wal_archive::Catalog::plan`): its ancestors' segments below each
@@ -20,7 +21,17 @@
 //! is restored by PostgreSQL itself through `walserver restore-wal`; this command makes only
 //! walserver-format data directories.
 //!
-//! A restore that stops before the end of the archive's WAL, or on a timeline older than the
+//! A standby's restore (`init --from-archive --standby --primary-conninfo C`) adopts the
+//! upstream's identity as `init --standby` does (its system identifier, since the archive
+//! records none), restores the upstream's timeline to the archive's end or the upstream's
+//! flushed end, whichever is first, cut on a record boundary, and writes `standby.signal`;
+//! it never starts a timeline, so its WAL stays a prefix of the upstream's. The archive
+//! must agree with the upstream on what it can show: the segment size, walserver records,
+//! and the timeline's history (every switch point). Running, the walreceiver streams from
+//! the restored end, and if the upstream has already removed that WAL, fills the gap from
+//! the archive when the node names it (`gap.rs`).
+//!
+//! A primary's restore that stops before the end of the archive's WAL, or on a timeline older than the
 //! archive's newest, ends by starting a new timeline, as PostgreSQL ends a point-in-time
 //! recovery: otherwise the restored node would append under names the archive already holds
 //! with other bytes. When that new timeline's number is already taken in the archive the
@@ -33,9 +44,12 @@ use wal_archive::{ArchiveError, ArchiveTarget, Catalog, Plan};
 use wal_storage::{
     history_file_name, InitOptions, Lsn, Role, StorageConfig, SystemId, TimelineId, Wal, WalFormat,
 };
+use walreceiver_actor::UpstreamIdentity;
 
 use crate::error::{Error, Result};
-use crate::init::{check_new_data_dir, create_private_dir, new_system_id};
+use crate::init::{
+    check_new_data_dir, create_private_dir, new_system_id, upstream_identity, StandbySignal,
+};
 
 /// PostgreSQL's recovery target vocabulary.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -61,12 +75,59 @@ pub struct Restored {
     pub objects: usize,
 }
 
+/// How a restored node runs.
+enum RestoreAs {
+    /// With a new system identifier; a restore that ends early goes on as a new timeline.
+    Primary,
+    /// As a standby of the upstream `identity` describes, which `signal` names.
+    Standby {
+        identity: Box<UpstreamIdentity>,
+        signal: StandbySignal,
+    },
+}
+
 /// Makes a primary's data directory in `dir` from the archive `target` up to `to`.
 pub fn init_from_archive(
     dir: &Path,
     target: &ArchiveTarget,
     to: &RecoveryTarget,
 ) -> Result<Restored> {
+    restore(dir, target, to, RestoreAs::Primary)
+}
+
+/// Makes a standby's data directory in `dir` from the archive `target`: the upstream
+/// `primary_conninfo` names is asked for its identity, its timeline is restored as far as
+/// both the archive and the upstream go, and the standby streams from there when it runs.
+pub fn init_standby_from_archive(
+    dir: &Path,
+    target: &ArchiveTarget,
+    primary_conninfo: &str,
+    slot: Option<&str>,
+) -> Result<Restored> {
+    check_new_data_dir(dir)?;
+    let identity = Box::new(upstream_identity(primary_conninfo, slot)?);
+    let signal = StandbySignal {
+        primary_conninfo: Some(primary_conninfo.to_string()),
+        primary_slot_name: slot.map(str::to_string),
+        standby_since: None,
+    };
+    let to = RecoveryTarget {
+        timeline: Some(identity.timeline),
+        ..RecoveryTarget::default()
+    };
+    restore(dir, target, &to, RestoreAs::Standby { identity, signal })
+}
+
+fn restore(
+    dir: &Path,
+    target: &ArchiveTarget,
+    to: &RecoveryTarget,
+    restore_as: RestoreAs,
+) -> Result<Restored> {
+    let upstream = match &restore_as {
+        RestoreAs::Primary => None,
+        RestoreAs::Standby { identity, .. } => Some(identity.as_ref()),
+    };
     if let Some(time) = &to.time {
         return Err(refuse(format!(
             "--target-time {time}: walserver records carry no time, so no record can be placed \
@@ -92,6 +153,9 @@ pub fn init_from_archive(
             tli.0
         ))
     })?;
+    if let Some(id) = upstream {
+        check_upstream(id, seg, &history)?;
+    }
     let plan = catalog.plan(tli, &history);
     let (start, plan_end) = match (plan.start(), plan.end()) {
         (Some(s), Some(e)) => (s, e),
@@ -104,6 +168,14 @@ pub fn init_from_archive(
     };
     // Where the restore stops, and on which timeline of the path.
     let stop = to.lsn.map_or(plan_end, |l| l.min(plan_end));
+    // A standby never holds WAL its upstream lacks.
+    let stop = upstream.map_or(stop, |id| stop.min(id.xlogpos));
+    if stop <= start {
+        return Err(refuse(format!(
+            "the upstream's WAL ends at {stop}, before the archive's WAL of timeline {} starts at {start}",
+            tli.0
+        )));
+    }
     if let Some(l) = to.lsn {
         if l < start {
             return Err(refuse(format!(
@@ -123,7 +195,8 @@ pub fn init_from_archive(
         .iter()
         .find(|(_, end)| end.is_none_or(|e| stop < e))
         .map_or(tli, |(t, _)| *t);
-    let ends_early = stop < plan_end || stop_tli < newest;
+    // A standby follows its upstream's timelines; only a primary goes on as a new one.
+    let ends_early = upstream.is_none() && (stop < plan_end || stop_tli < newest);
     if ends_early && catalog.timelines.contains_key(&stop_tli.next()) {
         return Err(refuse(format!(
             "a restore to {stop} on timeline {} must go on as timeline {}, which the archive already has; \
@@ -151,7 +224,7 @@ pub fn init_from_archive(
         .take_while(|h| h.parent != start_tli)
         .cloned()
         .collect();
-    let system_id = new_system_id();
+    let system_id = upstream.map_or_else(new_system_id, |id| id.system_id);
     let cfg = StorageConfig {
         segment_size: seg,
         // Retention must not remove what the restore wrote a moment ago; the node's own
@@ -166,7 +239,10 @@ pub fn init_from_archive(
         start_lsn: Some(start),
         history: ancestry,
         history_files: Vec::new(),
-        role: Role::Primary,
+        role: match restore_as {
+            RestoreAs::Primary => Role::Primary,
+            RestoreAs::Standby { .. } => Role::Standby,
+        },
     };
     // Made beside `dir` and renamed into place whole, so that a restore that fails (a
     // damaged object met halfway) or a crash leaves no half-restored data directory that
@@ -186,6 +262,9 @@ pub fn init_from_archive(
         } else {
             None
         };
+        if let RestoreAs::Standby { signal, .. } = &restore_as {
+            signal.write(&staging)?;
+        }
         Ok((objects, end, new_timeline))
     })();
     let (objects, end, new_timeline) = match made {
@@ -213,6 +292,39 @@ pub fn init_from_archive(
         new_timeline,
         objects,
     })
+}
+
+/// Refuses an archive that cannot hold the upstream's WAL: another segment size, PostgreSQL
+/// WAL, or another history of the timeline (the archive records no system identifier, so
+/// these are what can be compared).
+fn check_upstream(
+    id: &UpstreamIdentity,
+    seg: u64,
+    history: &[wal_storage::HistoryEntry],
+) -> Result<()> {
+    if id.format != WalFormat::Walserver {
+        return Err(refuse(
+            "the upstream relays PostgreSQL WAL; make its standby with `walserver init --standby` \
+             (it fills a gap from the archive as it streams)"
+                .into(),
+        ));
+    }
+    if id.segment_size != seg {
+        return Err(refuse(format!(
+            "the archive's segments are {seg} bytes, the upstream's {}: not the upstream's archive",
+            id.segment_size
+        )));
+    }
+    let points = |h: &[wal_storage::HistoryEntry]| -> Vec<(TimelineId, Lsn)> {
+        h.iter().map(|e| (e.parent, e.switch_lsn)).collect()
+    };
+    if points(history) != points(&id.history) {
+        return Err(refuse(format!(
+            "the archive's history of timeline {} differs from the upstream's: not the upstream's archive",
+            id.timeline.0
+        )));
+    }
+    Ok(())
 }
 
 /// `.NAME.restoring` beside `dir`, emptied of what an earlier restore left there.

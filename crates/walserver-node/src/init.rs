@@ -65,18 +65,7 @@ pub fn init_standby(
     start_lsn: Option<wal_storage::Lsn>,
 ) -> Result<walreceiver_actor::UpstreamIdentity> {
     check_new_data_dir(dir)?;
-    let config = walreceiver_actor::ReceiverConfig::parse(primary_conninfo, None)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(Error::Runtime)?;
-    let mut identity = rt
-        .block_on(walreceiver_actor::fetch_upstream_identity(
-            &config.conninfo,
-            slot,
-            &config.application_name,
-        ))
-        .map_err(|e| Error::IdentifyUpstream(Box::new(e)))?;
+    let mut identity = upstream_identity(primary_conninfo, slot)?;
     if let Some(start) = start_lsn {
         if !(start.is_valid() && start <= identity.xlogpos) {
             return Err(Error::StartLsnOutOfRange {
@@ -97,6 +86,24 @@ pub fn init_standby(
     }
     .write(dir)?;
     Ok(identity)
+}
+
+/// The upstream's identity as a new standby of it adopts it (`slot`'s restart point too).
+pub fn upstream_identity(
+    primary_conninfo: &str,
+    slot: Option<&str>,
+) -> Result<walreceiver_actor::UpstreamIdentity> {
+    let config = walreceiver_actor::ReceiverConfig::parse(primary_conninfo, None)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::Runtime)?;
+    rt.block_on(walreceiver_actor::fetch_upstream_identity(
+        &config.conninfo,
+        slot,
+        &config.application_name,
+    ))
+    .map_err(|e| Error::IdentifyUpstream(Box::new(e)))
 }
 
 #[cfg(test)]

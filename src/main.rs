@@ -161,6 +161,14 @@ enum Command {
         /// Override a setting: -c key=value (repeatable).
         #[arg(short = 'c', value_name = "KEY=VALUE")]
         set: Vec<String>,
+        /// Also fetch the next N segments in the background into pg_wal/.walserver-prefetch,
+        /// checked, for the next calls to take (as WAL-G does); 0 turns it off.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        prefetch: u32,
+        /// Be the background fetch of --prefetch, for segments of this many bytes: fetch the N
+        /// segments after %f into the spool beside %p, and write nothing to %p.
+        #[arg(long, hide = true, value_name = "BYTES", requires = "prefetch")]
+        prefetch_worker: Option<u64>,
         /// The file's name in the archive (%f).
         file: String,
         /// Where to write it (%p).
@@ -202,9 +210,28 @@ fn main() {
         Command::RestoreWal {
             config,
             set,
+            prefetch,
+            prefetch_worker: Some(segment_size),
             file,
             path,
-        } => restore_wal(config, &set, &file, &path),
+        } => {
+            // In the background, with no one to read a message: a fetch that fails leaves the
+            // file to the next call, which reads the archive itself.
+            let _ = (|| {
+                let settings = Settings::load_without_data_dir(&sources(config, &set)?)?;
+                let target = walserver_node::archive::archive_target(&settings)?;
+                walserver::restore::prefetch(&target, &file, &path, prefetch, segment_size)
+            })();
+            0
+        }
+        Command::RestoreWal {
+            config,
+            set,
+            prefetch,
+            file,
+            path,
+            ..
+        } => restore_wal(config, &set, prefetch, &file, &path),
         command => match run(command) {
             Ok(()) => 0,
             Err(e) => {
@@ -229,22 +256,68 @@ fn sources(config: Option<PathBuf>, set: &[String]) -> anyhow::Result<Sources> {
     })
 }
 
-fn restore_wal(config: Option<PathBuf>, set: &[String], file: &str, path: &Path) -> i32 {
-    use walserver::restore::{restore_wal, Restored, EXIT_FAILED, EXIT_MISSING};
+fn restore_wal(
+    config: Option<PathBuf>,
+    set: &[String],
+    prefetch: u32,
+    file: &str,
+    path: &Path,
+) -> i32 {
+    use walserver::restore::{restore_wal_prefetching, Restored, EXIT_FAILED, EXIT_MISSING};
     let restored = (|| {
-        let settings = Settings::load_without_data_dir(&sources(config, set)?)?;
+        let settings = Settings::load_without_data_dir(&sources(config.clone(), set)?)?;
         let target = walserver_node::archive::archive_target(&settings)?;
-        restore_wal(&target, file, path)
+        restore_wal_prefetching(&target, file, path, prefetch)
     })();
     match restored {
-        Ok(Restored::Written(_)) => 0,
+        Ok((Restored::Written(_), start)) => {
+            if let Some(segment_size) = start {
+                start_prefetch(config.as_deref(), set, prefetch, segment_size, file, path);
+            }
+            0
+        }
         // PostgreSQL asks for files that do not exist as a matter of course: no message.
-        Ok(Restored::Missing) => EXIT_MISSING,
+        Ok((Restored::Missing, _)) => EXIT_MISSING,
         Err(e) => {
             eprintln!("walserver restore-wal: cannot restore {file}: {e:#}");
             EXIT_FAILED
         }
     }
+}
+
+/// Starts `walserver restore-wal --prefetch-worker` for the `count` segments after `file`,
+/// detached (its own process group, no output) so that PostgreSQL goes on at once. One that
+/// cannot start costs only speed.
+fn start_prefetch(
+    config: Option<&Path>,
+    set: &[String],
+    count: u32,
+    segment_size: u64,
+    file: &str,
+    path: &Path,
+) {
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let mut c = std::process::Command::new(exe);
+    c.arg("restore-wal");
+    if let Some(config) = config {
+        c.arg("--config").arg(config);
+    }
+    for s in set {
+        c.arg("-c").arg(s);
+    }
+    c.args(["--prefetch", &count.to_string()])
+        .args(["--prefetch-worker", &segment_size.to_string()])
+        .arg(file)
+        .arg(path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0);
+    let _ = c.spawn();
 }
 
 /// Sets up logging to standard error: `level` is a `log_level` filter (PostgreSQL's level names

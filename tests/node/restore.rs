@@ -240,3 +240,78 @@ fn check_refusals(archive: &Path, target: &str) {
     expect(&timed, false, "walserver records carry no time");
     assert!(!data.exists());
 }
+
+/// `restore-wal --prefetch 2`: the segment is served at once, and a background
+/// `restore-wal` spools the next two, checked; the next call takes its segment from the
+/// spool (the archive's copy removed meanwhile) and leaves no other file in `pg_wal`.
+#[test]
+fn restore_wal_prefetches_the_next_segments_into_a_spool() {
+    let work = tempfile::tempdir().unwrap();
+    let archive = work.path().join("archive");
+    std::fs::create_dir(&archive).unwrap();
+    let target = wal_archive::ArchiveTarget::Directory(archive.clone());
+    let names: Vec<String> = (1..=3)
+        .map(|segno| segment_file_name(TimelineId(1), segno, SEG))
+        .collect();
+    for (i, name) in names.iter().enumerate() {
+        let bytes = vec![i as u8 + 1; SEG as usize];
+        target
+            .put(name, &bytes, wal_archive::Compression::None)
+            .unwrap();
+    }
+    let pg_wal = work.path().join("data/pg_wal");
+    std::fs::create_dir_all(&pg_wal).unwrap();
+    let dest = pg_wal.join("RECOVERYXLOG");
+    let setting = format!("archive_target=file://{}", archive.display());
+    let restore = |name: &str| {
+        expect(
+            &[
+                "restore-wal",
+                "--prefetch",
+                "2",
+                "-c",
+                &setting,
+                name,
+                dest.to_str().unwrap(),
+            ],
+            true,
+            "",
+        );
+    };
+    restore(&names[0]);
+    assert_eq!(std::fs::read(&dest).unwrap(), vec![1u8; SEG as usize]);
+    let spool = pg_wal.join(walserver::restore::SPOOL_DIR);
+    let spooled = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&spool)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let want: Vec<String> = names[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            format!(
+                "{n}.{:08x}",
+                crc32c::crc32c(&vec![i as u8 + 2; SEG as usize])
+            )
+        })
+        .collect();
+    wait_until(
+        "the background fetch to spool the next two segments",
+        || spooled() == want,
+    );
+    std::fs::remove_file(archive.join(&names[1])).unwrap();
+    restore(&names[1]);
+    assert_eq!(std::fs::read(&dest).unwrap(), vec![2u8; SEG as usize]);
+    let mut in_pg_wal: Vec<_> = std::fs::read_dir(&pg_wal)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    in_pg_wal.sort();
+    assert_eq!(in_pg_wal, [walserver::restore::SPOOL_DIR, "RECOVERYXLOG"]);
+}

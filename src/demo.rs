@@ -4,7 +4,10 @@
 //! standby1 synchronous (`synchronous_standby_names = 'ANY 1 (standby1)'`), standby2
 //! cascading from standby1. It appends for a few seconds with a progress line, prints the
 //! replication status, promotes standby1 and shows standby2 following timeline 2, and ends
-//! with a summary. Then, when an etcd executable is found, it shows automatic failover with
+//! with a summary. The primary archives to a directory (`archive_timeout = 1`) meanwhile,
+//! and a node is restored from that archive to the LSN the primary had flushed halfway
+//! through the appends (`init --from-archive --target-lsn`): its WAL is compared with the
+//! primary's, and it takes an append on the new timeline the restore starts. Then, when an etcd executable is found, it shows automatic failover with
 //! three nodes as processes of their own ([`crate::demo_failover`]).
 
 use std::io::IsTerminal;
@@ -16,7 +19,9 @@ use bytes::Bytes;
 use supervisor_actor::{
     AppendRecords, Durability, GetNodeStatus, Node, NodeStatus, Promote, ShutdownNode,
 };
+use wal_archive::{ArchiveTarget, ArchiverStatus};
 use walserver_node::config::{Settings, Sources};
+use walserver_node::from_archive::{init_from_archive, RecoveryTarget};
 use walserver_node::{init, start_node};
 
 struct DemoNode {
@@ -85,6 +90,104 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+/// Restores a node from the primary's archive to `target` (an LSN, and when in the appends
+/// the primary had flushed it), shows that its WAL is the primary's up to there, and appends
+/// to it.
+async fn restore_from_archive(
+    dir: &std::path::Path,
+    primary: &DemoNode,
+    archive: &std::path::Path,
+    (target, when): (wal_storage::Lsn, Duration),
+) -> anyhow::Result<()> {
+    println!(
+        "\npoint-in-time restore from the archive to {target} (the primary's end {:.1} s into the appends) ...",
+        when.as_secs_f64()
+    );
+    // Sampling for the demo's own readiness: the archiver's status is a watch inside the
+    // admin API, and its uploads are a second apart (archive_timeout).
+    let http = primary.http.to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let covered = loop {
+        let h = http.clone();
+        let status = tokio::task::spawn_blocking(move || {
+            walserver_node::admin::get_json(&h, "/status", None)
+        })
+        .await??;
+        let archiver: Option<ArchiverStatus> = status
+            .get("archiver")
+            .and_then(|a| serde_json::from_value(a.clone()).ok());
+        if let Some(covered) = archiver
+            .and_then(|a| a.covered_lsn)
+            .filter(|c| *c >= target)
+        {
+            break covered;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the archive did not reach {target} in time"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let objects = std::fs::read_dir(archive)?.count();
+    println!("archive: {objects} files (segments, a prefix of the current one, checksums), WAL up to {covered}");
+    let data = dir.join("restored");
+    let from = ArchiveTarget::Directory(archive.to_path_buf());
+    let to = RecoveryTarget {
+        lsn: Some(target),
+        ..RecoveryTarget::default()
+    };
+    let r = tokio::task::spawn_blocking(move || init_from_archive(&data, &from, &to)).await??;
+    let restored = start_demo_node(dir, "restored", "").await?;
+    // The restored WAL is the primary's, byte for byte, from where it starts to its end.
+    let (theirs, ours) = (primary.node.wal.clone(), restored.node.wal.clone());
+    let same = tokio::task::spawn_blocking(move || {
+        anyhow::Ok(
+            read_range(&theirs, r.timeline, r.start, r.end)?
+                == read_range(&ours, r.timeline, r.start, r.end)?,
+        )
+    })
+    .await??;
+    ensure!(same, "the restored WAL differs from the primary's");
+    let appended = restored
+        .node
+        .supervisor
+        .send(AppendRecords {
+            records: vec![Bytes::from_static(b"after the restore")],
+            durability: Some(Durability::Local),
+        })
+        .await??;
+    let tli = restored.node.wal.timeline();
+    println!(
+        "restored: WAL {} to {} from {} objects, identical to the primary's; the last record \
+         ends at {} (at or before the target); it goes on as timeline {tli} and took an append at {}",
+        r.start, r.end, r.objects, r.end, appended.end_lsn
+    );
+    let _ = restored
+        .node
+        .supervisor
+        .send(ShutdownNode { immediate: false })
+        .await;
+    Ok(())
+}
+
+/// `wal`'s bytes of timeline `tli` from `start` to `end` (a read stops at each segment's end).
+fn read_range(
+    wal: &wal_storage::Wal,
+    tli: wal_storage::TimelineId,
+    start: wal_storage::Lsn,
+    end: wal_storage::Lsn,
+) -> anyhow::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut at = start;
+    while at < end {
+        let bytes = wal.read(tli, at, usize::try_from(end.0 - at.0)?)?;
+        ensure!(!bytes.is_empty(), "no WAL of timeline {tli} at {at}");
+        at = wal_storage::Lsn(at.0 + bytes.len() as u64);
+        out.extend_from_slice(&bytes);
+    }
+    Ok(out)
+}
+
 /// Runs the demo; `seconds` of appends.
 pub fn run(seconds: u64) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -113,15 +216,23 @@ async fn demo(dir: &std::path::Path, seconds: u64) -> anyhow::Result<()> {
         let p = dir.join("primary");
         tokio::task::spawn_blocking(move || init::init_primary(&p, 16 << 20).map(drop)).await??;
     }
+    let archive = dir.join("archive");
+    std::fs::create_dir(&archive)?;
     let primary = start_demo_node(
         dir,
         "primary",
-        "synchronous_standby_names = 'ANY 1 (standby1)'\nsynchronous_commit = 'on'",
+        &format!(
+            "synchronous_standby_names = 'ANY 1 (standby1)'\nsynchronous_commit = 'on'\n\
+             archive_mode = 'on'\narchive_target = 'file://{}'\narchive_timeout = 1",
+            archive.display()
+        ),
     )
     .await?;
     println!(
-        "primary   replication {}  admin http://{}",
-        primary.node.listen_addr, primary.http
+        "primary   replication {}  admin http://{}  (archiving to {})",
+        primary.node.listen_addr,
+        primary.http,
+        archive.display()
     );
     init_standby(dir, "standby1", &primary).await?;
     let standby1 = start_demo_node(dir, "standby1", "").await?;
@@ -186,8 +297,14 @@ async fn demo(dir: &std::path::Path, seconds: u64) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let flushed_at_start = primary.node.wal.flushed();
+    // The point in time the archive is restored to: the primary's flushed end halfway.
+    let halfway = started + Duration::from_secs(seconds) / 2;
+    let mut target = None;
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(200)).await;
+        if target.is_none() && Instant::now() >= halfway {
+            target = Some((primary.node.wal.flushed(), started.elapsed()));
+        }
         let bytes = primary.node.wal.flushed().saturating_sub(flushed_at_start);
         let secs = started.elapsed().as_secs_f64();
         if progress {
@@ -208,6 +325,7 @@ async fn demo(dir: &std::path::Path, seconds: u64) -> anyhow::Result<()> {
     let appended_secs = started.elapsed().as_secs_f64();
     let appended_bytes = primary.node.wal.flushed().saturating_sub(flushed_at_start);
     latencies.sort();
+    let target = target.unwrap_or((primary.node.wal.flushed(), started.elapsed()));
 
     // Everyone catches up, then the status table.
     let end = primary.node.wal.flushed();
@@ -227,6 +345,8 @@ async fn demo(dir: &std::path::Path, seconds: u64) -> anyhow::Result<()> {
         "\nstandby1 serves its cascading standby:\n{}",
         crate::cli::render_status(&serde_json::to_value(&s1)?, None, true)?
     );
+
+    restore_from_archive(dir, &primary, &archive, target).await?;
 
     // Promotion: standby1 takes over on timeline 2; standby2 follows without reconnecting.
     println!("\npromoting standby1 ...");

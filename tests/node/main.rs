@@ -689,7 +689,8 @@ fn hot_standby_feedback_is_shown_in_status() {
     assert_eq!(c.receive_until(start, end).len() as u64, end.0 - start.0);
 }
 
-/// The README's main command: the demo runs a cluster, promotes, and exits 0.
+/// The README's main command: the demo runs a cluster, promotes, restores from its archive, and
+/// exits 0.
 #[test]
 fn the_demo_runs_and_exits_zero() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_walserver"))
@@ -703,6 +704,10 @@ fn the_demo_runs_and_exits_zero() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("standby2 follows: timeline 2"), "{stdout}");
+    assert!(
+        stdout.contains("identical to the primary's; the last record"),
+        "{stdout}"
+    );
     assert!(stdout.contains("| standby1 "), "{stdout}");
     assert!(stdout.contains("quorum"), "{stdout}");
 }

@@ -214,7 +214,9 @@ async fn demo(dir: &std::path::Path, seconds: u64) -> anyhow::Result<()> {
     );
     {
         let p = dir.join("primary");
-        tokio::task::spawn_blocking(move || init::init_primary(&p, 16 << 20).map(drop)).await??;
+        // 1 MiB segments, so that even a short run completes some: a restore learns the
+        // segment size from a whole archived segment.
+        tokio::task::spawn_blocking(move || init::init_primary(&p, 1 << 20).map(drop)).await??;
     }
     let archive = dir.join("archive");
     std::fs::create_dir(&archive)?;

@@ -56,28 +56,13 @@ fn a_synchronous_standby_makes_an_append_durable_while_the_primary_s_fdatasync_r
 /// the prefix of different bytes at the same LSNs; nothing acknowledged is lost.
 #[test]
 fn a_primary_that_lost_a_tail_its_standby_holds_restarts_on_a_new_timeline() {
-    let primary = TestNode::primary(
-        "synchronous_standby_names = 'FIRST 1 (s1)'\nsynchronous_commit_overlap = true",
-    );
-    let start_tli = primary.wal().timeline();
-    let s1 = standby_of(&primary, "s1", "");
-    wait_streaming(&primary, &["s1"]);
-    let base = append(&primary, b"acknowledged", Durability::On).expect("acknowledged");
-    s1.wait_flushed(start_tli, base);
-
-    let (held, lost) = append_with_sync_held(&primary, b"lost with the primary");
-    let at_s1 = s1.wait_flushed(start_tli, base + 1);
-    assert_eq!(at_s1.timeline, start_tli);
-    // The held sync fails: the primary never makes the tail durable, so the append is not
-    // acknowledged, and what it wrote lives only in the page cache, which the power loss
-    // below takes.
-    primary.wal().failpoints().set(FP_FSYNC, libc::EIO);
-    drop(held);
-    let answer = lost.recv_timeout(DEADLINE).expect("an answer");
-    assert!(
-        answer.is_err(),
-        "acknowledged without its own flush: {answer:?}"
-    );
+    let Tail {
+        primary,
+        s1,
+        tli: start_tli,
+        base,
+        held_end,
+    } = a_tail_the_primary_failed_to_sync();
 
     let extra = primary.extra_toml();
     let segment_size = primary.wal().segment_size();
@@ -87,7 +72,7 @@ fn a_primary_that_lost_a_tail_its_standby_holds_restarts_on_a_new_timeline() {
         start_tli,
         segment_size,
         base,
-        at_s1.flushed,
+        held_end,
     );
     let port = std::fs::read_to_string(dir.path().join("port")).expect("the port");
     let primary = TestNode::start_listening(dir, &format!("127.0.0.1:{}", port.trim()), &extra);
@@ -116,25 +101,101 @@ fn a_primary_that_lost_a_tail_its_standby_holds_restarts_on_a_new_timeline() {
         .expect("read the old timeline");
     assert!(records.iter().any(|r| &r.payload[..] == b"acknowledged"));
 
-    // The standby holds the old timeline past the fork: it must never take the new
-    // timeline's bytes as a continuation. Until standbys cut such a tail back at stream
-    // start, it refuses with the fork; once they do, it follows byte for byte.
+    standby_sees_the_fork(&primary, &s1, base, end, held_end);
+}
+
+/// Rule 5 without a restart of the process: the primary's fdatasync fails after the
+/// synchronous standby made the append durable, and the supervisor reopens storage past its
+/// last good sync, dropping what the standby holds. It must go on on a new timeline from
+/// there, not resume the old one.
+#[test]
+fn a_primary_whose_storage_reopens_after_a_failed_sync_goes_on_on_a_new_timeline() {
+    let Tail {
+        primary,
+        s1,
+        tli,
+        base,
+        held_end,
+    } = a_tail_the_primary_failed_to_sync();
+    // The reopening's own syncs succeed (one that comes before this retries on backoff).
+    primary.wal().failpoints().clear(FP_FSYNC);
+
+    let pos = primary.wait_flushed(tli, Lsn(u64::MAX));
+    assert!(pos.timeline > tli, "storage reopened on {tli}");
+    let fork = primary
+        .wal()
+        .history()
+        .last()
+        .cloned()
+        .expect("a history entry");
+    assert_eq!((fork.parent, fork.switch_lsn), (tli, base));
+    let mut end = Lsn(0);
+    wait_until("an append after the reopening", || {
+        end = append(&primary, b"after the reopening", Durability::Local).unwrap_or(Lsn(0));
+        end > base
+    });
+    assert_eq!(primary.wal().timeline(), pos.timeline);
+    standby_sees_the_fork(&primary, &s1, base, end, held_end);
+}
+
+/// The standby holds the old timeline up to `held` past the primary's fork at `fork`: it
+/// must never take the new timeline's bytes as a continuation. Until standbys cut such a tail
+/// back at stream start, it refuses with the fork; once they do, it follows byte for byte up
+/// to the primary's `end`.
+fn standby_sees_the_fork(primary: &TestNode, s1: &TestNode, fork: Lsn, end: Lsn, held: Lsn) {
+    let new_tli = primary.wal().timeline();
     let mut why = String::new();
     wait_until("the standby to see the fork", || {
         let info = s1.receiver();
         why = info.restart.last_error.clone().unwrap_or_default();
-        why.contains("forked") || s1.wal().timeline() == pos.timeline
+        why.contains("forked") || s1.wal().timeline() == new_tli
     });
-    if s1.wal().timeline() == pos.timeline {
-        s1.wait_flushed(pos.timeline, end);
-        common::cluster::assert_same_wal(&primary, &s1, pos.timeline, base, end);
+    if s1.wal().timeline() == new_tli {
+        s1.wait_flushed(new_tli, end);
+        common::cluster::assert_same_wal(primary, s1, new_tli, fork, end);
     } else {
-        assert!(why.contains(&base.to_string()), "{why}");
-        assert_eq!(
-            s1.wal().flushed(),
-            at_s1.flushed,
-            "a refused standby keeps its WAL"
-        );
+        assert!(why.contains(&fork.to_string()), "{why}");
+        assert_eq!(s1.wal().flushed(), held, "a refused standby keeps its WAL");
+    }
+}
+
+/// A primary with the overlapped commit and its synchronous standby `s1`, after an append
+/// acknowledged at `base` on timeline `tli` and one more that `s1` made durable (up to
+/// `held_end`) while the primary's fdatasync was held, and which then failed: not
+/// acknowledged, and not durable on the primary.
+struct Tail {
+    primary: TestNode,
+    s1: TestNode,
+    tli: TimelineId,
+    base: Lsn,
+    held_end: Lsn,
+}
+
+fn a_tail_the_primary_failed_to_sync() -> Tail {
+    let primary = TestNode::primary(
+        "synchronous_standby_names = 'FIRST 1 (s1)'\nsynchronous_commit_overlap = true",
+    );
+    let tli = primary.wal().timeline();
+    let s1 = standby_of(&primary, "s1", "");
+    wait_streaming(&primary, &["s1"]);
+    let base = append(&primary, b"acknowledged", Durability::On).expect("acknowledged");
+    s1.wait_flushed(tli, base);
+    let (held, lost) = append_with_sync_held(&primary, b"never durable on the primary");
+    let at_s1 = s1.wait_flushed(tli, base + 1);
+    assert_eq!(at_s1.timeline, tli);
+    primary.wal().failpoints().set(FP_FSYNC, libc::EIO);
+    drop(held);
+    let answer = lost.recv_timeout(DEADLINE).expect("an answer");
+    assert!(
+        answer.is_err(),
+        "acknowledged without its own flush: {answer:?}"
+    );
+    Tail {
+        primary,
+        s1,
+        tli,
+        base,
+        held_end: at_s1.flushed,
     }
 }
 

@@ -21,7 +21,9 @@
 //!   timeline (rule 5, `walsender_actor::overlap::starts_new_timeline`): [`NodeBuilder`]
 //!   starts a new one at the durable end before the listener exists, because a synchronous
 //!   standby may hold a tail of the old one that this node lost; under a failover actor the
-//!   term it takes up brings the new timeline instead ([`PromoteForTerm`] on a primary);
+//!   term it takes up brings the new timeline instead ([`PromoteForTerm`] on a primary), and
+//!   a reopening of failed storage (which drops what was written after the last good sync)
+//!   brings one too, with appends refused and the walsenders held until it is made;
 //! - a failover actor acts on the node only through the leadership messages: [`PromoteForTerm`]
 //!   (a promotion whose history reason names the term), [`FollowLeader`] (a standby
 //!   re-targets its walreceiver at once; a primary is demoted live: its fence closes, its

@@ -30,6 +30,12 @@ impl Handler<AppendRecords> for Supervisor {
             Some(AppendError::RelayedPostgresWal)
         } else if self.role == NodeRole::Standby || self.promoting {
             Some(AppendError::Standby)
+        } else if self.storage.new_timeline {
+            // Storage reopens on a new timeline (rule 5 of the overlapped commit): nothing
+            // may be written on the old one in between.
+            Some(AppendError::Storage(wal_storage::WalError::StorageFailed {
+                reason: "storage is being reopened on a new timeline".into(),
+            }))
         } else if self.following || !self.fence.may_acknowledge(Instant::now()) {
             // Refused before anything is written: a record this node wrote without leading
             // could only be dropped again when it follows the leader.

@@ -2,15 +2,18 @@
 //! `health.rs`): storage's health watch is one of the supervisor's streams; a `failed` state
 //! plans a reopening on the restart schedule ([`StorageRestarts`]), run on a blocking thread
 //! with [`Wal::restart`](wal_storage::Wal::restart) and planned again while it fails; a
-//! return to `ok` starts a walreceiver at once if one waits.
+//! return to `ok` starts a walreceiver at once if one waits. Under the overlapped commit a
+//! primary's reopening also starts a new timeline (rule 5).
 
 use std::time::Instant;
 
 use actix::prelude::*;
-use wal_storage::{StorageHealth, StorageState};
+use wal_storage::{StorageHealth, StorageState, WalFormat};
+use walsender_actor::messages::{HoldWalSenders, ResumeWalSenders};
 
 use super::Supervisor;
 use crate::restart::StorageRestarts;
+use crate::status::NodeRole;
 
 /// The supervisor's side of storage's failures: the restart schedule and what is under way.
 #[derive(Default)]
@@ -20,6 +23,8 @@ pub(super) struct StorageSupervision {
     pub(super) timer: Option<SpawnHandle>,
     /// A reopening runs on a blocking thread.
     running: bool,
+    /// The reopening under way starts a new timeline (rule 5): appends wait for it.
+    pub(super) new_timeline: bool,
     /// The state last heard of.
     last: Option<StorageState>,
 }
@@ -94,9 +99,39 @@ impl Supervisor {
         }
         self.storage.running = true;
         let attempt = self.storage.restarts.attempts;
-        let work = tokio::task::spawn_blocking(move || wal.restart());
+        // Rule 5 of the overlapped commit: a primary whose storage is reopened past its last
+        // good sync has lost what it wrote after it, which a synchronous standby may hold; it
+        // goes on on a new timeline from its durable end, as at a start. Appends are refused
+        // until then (`reopening_on_new_timeline`), and the walsenders are held, so that no
+        // standby's report of the old timeline counts for an append of the new one.
+        let overlap = self.shared.settings().session.commit_overlap;
+        let new_timeline = self.role == NodeRole::Primary
+            && wal.format() == WalFormat::Walserver
+            && walsender_actor::overlap::starts_new_timeline(overlap);
+        self.storage.new_timeline = new_timeline;
+        let registry = self.registry.clone();
+        let work = async move {
+            if new_timeline && registry.send(HoldWalSenders).await.is_err() {
+                return Ok(Ok(None));
+            }
+            let reopened = tokio::task::spawn_blocking(move || {
+                let report = wal.restart()?;
+                if report.is_some() && new_timeline {
+                    let (timeline, switch) =
+                        wal.promote("storage reopened under synchronous_commit_overlap")?;
+                    tracing::info!(%timeline, %switch, "storage reopened on a new timeline: the overlapped commit never resumes a primary's timeline");
+                }
+                Ok::<_, wal_storage::WalError>(report)
+            })
+            .await;
+            if new_timeline {
+                registry.do_send(ResumeWalSenders);
+            }
+            reopened
+        };
         ctx.spawn(work.into_actor(self).map(move |res, act, ctx| {
             act.storage.running = false;
+            act.storage.new_timeline = false;
             match res {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => tracing::warn!(

@@ -7,7 +7,8 @@
 //! each directory since its last fsync. [`LossyFs::crash`] is the power loss: it unmounts,
 //! rewrites the backing directory into a state a power loss chosen by a seed could have left
 //! (what was synced, plus an arbitrary prefix of the rest, torn at any byte; `model.rs` writes
-//! the model out, the same as wal-storage's in-process recorder), and mounts that state again.
+//! the model out: its directory part is `powerloss-model`'s, the same as wal-storage's
+//! in-process recorder's), and mounts that state again.
 //! The same seed over the same operations gives the same state, so a failing seed replays.
 //!
 //! Each mount can also be a disk of its own: [`Options::sync_latency`] is added to every

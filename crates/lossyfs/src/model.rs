@@ -17,16 +17,9 @@
 //!   here), followed by a prefix of the changes made since, in their order: none, some or all,
 //!   the last one kept possibly cut at any byte. A size change (truncation, `fallocate` that
 //!   grows the file) is one change and survives whole or not at all.
-//! - The entries of a directory are those of its last fsync, followed by a prefix of the entry
-//!   changes made in it since (creations, links, renames, removals, new subdirectories),
-//!   chosen independently per directory. A rename between two directories survives only where
-//!   both prefixes keep it, and then whole. An fsync of a directory also makes durable every
-//!   change that precedes one of its changes in the other directory that change touched, so
-//!   that what is durable stays a prefix of every directory's changes.
-//! - A file no surviving name reaches is gone; an entry whose directory is gone is gone.
-//!
-//! One thing the recorder never needed and this model adds: renaming a directory moves its
-//! whole subtree, as one change in the parents of its two names.
+//! - The directory entries follow the model both share (`powerloss_model`, which writes it
+//!   down): each directory keeps the entries of its last fsync and a prefix of its changes
+//!   since; a file no surviving name reaches is gone.
 //!
 //! A write opened with `O_SYNC` or `O_DSYNC` is a write followed by an fdatasync of its file.
 
@@ -36,6 +29,9 @@ use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+pub use powerloss_model::{under, CrashReport, Node};
+use powerloss_model::{NameChange, Names, Rng};
+
 /// The directory, at the backing root, where files that lost their last name wait until no
 /// crash can bring a name of them back. The mount hides it.
 pub const GRAVEYARD: &str = ".lossyfs-graveyard";
@@ -43,12 +39,6 @@ pub const GRAVEYARD: &str = ".lossyfs-graveyard";
 /// A backing inode number: files keep theirs across renames and across the graveyard, so it
 /// names a file for as long as the model needs it.
 pub type Ino = u64;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Node {
-    File(Ino),
-    Dir,
-}
 
 /// One unsynced change of a file, with what undoes it.
 #[derive(Clone, Debug)]
@@ -69,95 +59,6 @@ enum Change {
     },
 }
 
-/// A change of directory entries not yet durable. Paths are relative to the backing root.
-#[derive(Clone, Debug)]
-enum NameChange {
-    Add(PathBuf, Node),
-    Remove(PathBuf),
-    Rename(PathBuf, PathBuf, Node),
-}
-
-/// `rest` inside `dir`, or `dir` itself when `rest` is empty (where `join` would add a
-/// trailing slash, which a file's path must not have).
-pub fn under(dir: &Path, rest: &Path) -> PathBuf {
-    if rest.as_os_str().is_empty() {
-        dir.to_path_buf()
-    } else {
-        dir.join(rest)
-    }
-}
-
-fn parent(p: &Path) -> PathBuf {
-    p.parent().map(Path::to_path_buf).unwrap_or_default()
-}
-
-impl NameChange {
-    /// The directories whose entries this changes.
-    fn dirs(&self) -> Vec<PathBuf> {
-        match self {
-            NameChange::Add(p, _) | NameChange::Remove(p) => vec![parent(p)],
-            NameChange::Rename(from, to, _) => {
-                let (a, b) = (parent(from), parent(to));
-                if a == b {
-                    vec![a]
-                } else {
-                    vec![a, b]
-                }
-            }
-        }
-    }
-
-    fn touches(&self, ino: Ino) -> bool {
-        match self {
-            NameChange::Add(_, n) | NameChange::Rename(_, _, n) => *n == Node::File(ino),
-            NameChange::Remove(_) => false,
-        }
-    }
-
-    fn apply(&self, names: &mut BTreeMap<PathBuf, Node>) {
-        match self {
-            NameChange::Add(p, n) => {
-                names.insert(p.clone(), *n);
-            }
-            NameChange::Remove(p) => {
-                names.remove(p);
-            }
-            NameChange::Rename(from, to, n) => {
-                names.remove(from);
-                if *n == Node::Dir {
-                    // The subtree moves with its directory.
-                    let inside: Vec<(PathBuf, Node)> = names
-                        .range(from.clone()..)
-                        .take_while(|(p, _)| p.starts_with(from))
-                        .map(|(p, n)| (p.clone(), *n))
-                        .collect();
-                    for (p, n) in inside {
-                        names.remove(&p);
-                        if let Ok(rest) = p.strip_prefix(from) {
-                            names.insert(under(to, rest), n);
-                        }
-                    }
-                }
-                names.insert(to.clone(), *n);
-            }
-        }
-    }
-}
-
-/// What a crash did, for a failing test to print.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CrashReport {
-    /// Entry changes that were not durable, and of those the ones the crash undid.
-    pub name_changes: usize,
-    pub name_changes_lost: usize,
-    /// Writes and size changes not synced (of the files that kept a name), and of those the
-    /// ones the crash lost in whole or in part.
-    pub writes: usize,
-    pub writes_lost: usize,
-    /// Files whose last surviving write was cut.
-    pub torn: usize,
-}
-
 /// Owner and mode of a directory, to make it again as it was.
 #[derive(Clone, Copy, Debug)]
 struct DirMeta {
@@ -170,9 +71,7 @@ struct DirMeta {
 #[derive(Debug)]
 pub struct Model {
     root: PathBuf,
-    durable: BTreeMap<PathBuf, Node>,
-    current: BTreeMap<PathBuf, Node>,
-    pending: Vec<NameChange>,
+    names: Names,
     /// Unsynced changes per file, oldest first.
     logs: HashMap<Ino, Vec<Change>>,
     /// Files in the graveyard.
@@ -191,13 +90,12 @@ impl Model {
         fs::create_dir(&grave)?;
         let mut m = Model {
             root: root.to_path_buf(),
-            durable: BTreeMap::new(),
-            current: BTreeMap::new(),
-            pending: Vec::new(),
+            names: Names::default(),
             logs: HashMap::new(),
             buried: HashSet::new(),
             dirs: HashMap::new(),
         };
+        let mut durable = BTreeMap::new();
         let mut stack = vec![PathBuf::new()];
         while let Some(rel) = stack.pop() {
             for entry in fs::read_dir(root.join(&rel))? {
@@ -208,15 +106,15 @@ impl Model {
                 let rel = rel.join(entry.file_name());
                 let meta = fs::symlink_metadata(entry.path())?;
                 if meta.is_dir() {
-                    m.durable.insert(rel.clone(), Node::Dir);
+                    durable.insert(rel.clone(), Node::Dir);
                     m.dirs.insert(rel.clone(), dir_meta(&meta));
                     stack.push(rel);
                 } else {
-                    m.durable.insert(rel, Node::File(meta.ino()));
+                    durable.insert(rel, Node::File(meta.ino()));
                 }
             }
         }
-        m.current = m.durable.clone();
+        m.names = Names::durable(durable);
         Ok(m)
     }
 
@@ -231,12 +129,17 @@ impl Model {
 
     /// The current node at `rel`.
     pub fn node(&self, rel: &Path) -> Option<Node> {
-        self.current.get(rel).copied()
+        self.names.get(rel)
     }
 
     /// A current name of file `ino`, or its place in the graveyard.
     pub fn path_of(&self, ino: Ino) -> Option<PathBuf> {
-        if let Some((p, _)) = self.current.iter().find(|(_, n)| **n == Node::File(ino)) {
+        if let Some((p, _)) = self
+            .names
+            .current()
+            .iter()
+            .find(|(_, n)| **n == Node::File(ino))
+        {
             return Some(p.clone());
         }
         self.buried
@@ -245,12 +148,12 @@ impl Model {
     }
 
     fn change_names(&mut self, change: NameChange) {
-        change.apply(&mut self.current);
-        self.pending.push(change);
+        self.names.change(change);
     }
 
     fn has_other_name(&self, ino: Ino, except: &Path) -> bool {
-        self.current
+        self.names
+            .current()
             .iter()
             .any(|(p, n)| *n == Node::File(ino) && p != except)
     }
@@ -383,45 +286,18 @@ impl Model {
     /// The directory `rel` was fsynced: its entry changes, and every change before one of
     /// them in another directory that change touched, are durable.
     pub fn synced_dir(&mut self, rel: &Path) {
-        let mut durable = vec![false; self.pending.len()];
-        let mut todo = vec![(rel.to_path_buf(), self.pending.len())];
-        while let Some((d, upto)) = todo.pop() {
-            for (i, c) in self.pending[..upto].iter().enumerate() {
-                let ds = c.dirs();
-                if !durable[i] && ds.contains(&d) {
-                    durable[i] = true;
-                    todo.extend(ds.into_iter().filter(|x| *x != d).map(|x| (x, i)));
-                }
-            }
-        }
-        let pending = std::mem::take(&mut self.pending);
-        for (change, durable) in pending.into_iter().zip(durable) {
-            if durable {
-                change.apply(&mut self.durable);
-            } else {
-                self.pending.push(change);
-            }
-        }
+        self.names.synced_dir(rel);
         self.bury_for_good();
     }
 
     /// Deletes the buried files no crash can bring back: no durable or current name and no
     /// pending change reaches them.
     fn bury_for_good(&mut self) {
-        let reached: HashSet<Ino> = self
-            .durable
-            .values()
-            .chain(self.current.values())
-            .filter_map(|n| match n {
-                Node::File(ino) => Some(*ino),
-                Node::Dir => None,
-            })
-            .collect();
         let gone: Vec<Ino> = self
             .buried
             .iter()
             .copied()
-            .filter(|ino| !reached.contains(ino) && !self.pending.iter().any(|c| c.touches(*ino)))
+            .filter(|ino| !self.names.reaches(*ino))
             .collect();
         for ino in gone {
             // A file that cannot be deleted stays buried; the next mount deletes it.
@@ -437,7 +313,7 @@ impl Model {
     /// the backing directory meanwhile.
     pub fn crash(self, seed: u64) -> io::Result<(Model, CrashReport)> {
         let mut rng = Rng(seed);
-        let (names, mut report) = self.surviving_names(&mut rng);
+        let (names, mut report) = self.names.surviving(&mut rng);
         // Each surviving file's fate: how many of its changes it keeps, and how many bytes of
         // the next one if that is a write.
         let mut fates: BTreeMap<Ino, (usize, usize)> = BTreeMap::new();
@@ -450,7 +326,7 @@ impl Model {
         }
         // Every file goes into the graveyard, every directory is removed, and the surviving
         // tree is made again from the graveyard.
-        for (rel, node) in &self.current {
+        for (rel, node) in self.names.current() {
             if let Node::File(ino) = *node {
                 let grave = self.grave(ino);
                 if self.buried.contains(&ino) || grave.exists() {
@@ -560,53 +436,6 @@ impl Model {
         }
         Ok(())
     }
-
-    /// The entries a crash leaves, with each directory keeping a prefix of its changes.
-    fn surviving_names(&self, rng: &mut Rng) -> (BTreeMap<PathBuf, Node>, CrashReport) {
-        let mut counts: BTreeMap<PathBuf, usize> = BTreeMap::new();
-        for change in &self.pending {
-            for d in change.dirs() {
-                *counts.entry(d).or_default() += 1;
-            }
-        }
-        let keep: BTreeMap<PathBuf, usize> = counts
-            .into_iter()
-            .map(|(d, n)| (d, rng.below(n as u64 + 1) as usize))
-            .collect();
-        let mut seen: BTreeMap<PathBuf, usize> = BTreeMap::new();
-        let mut broken: HashSet<PathBuf> = HashSet::new();
-        let mut names = self.durable.clone();
-        let mut report = CrashReport {
-            name_changes: self.pending.len(),
-            ..CrashReport::default()
-        };
-        for change in &self.pending {
-            let dirs = change.dirs();
-            let survives = dirs
-                .iter()
-                .all(|d| !broken.contains(d) && seen.get(d).copied().unwrap_or(0) < keep[d]);
-            for d in &dirs {
-                *seen.entry(d.clone()).or_default() += 1;
-                if !survives {
-                    broken.insert(d.clone());
-                }
-            }
-            if survives {
-                change.apply(&mut names);
-            } else {
-                report.name_changes_lost += 1;
-            }
-        }
-        // An entry whose directory is gone is gone; sorted order puts a directory first.
-        let mut kept: BTreeMap<PathBuf, Node> = BTreeMap::new();
-        for (rel, node) in names {
-            let parent = parent(&rel);
-            if parent.as_os_str().is_empty() || kept.get(&parent) == Some(&Node::Dir) {
-                kept.insert(rel, node);
-            }
-        }
-        (kept, report)
-    }
 }
 
 fn dir_meta(meta: &fs::Metadata) -> DirMeta {
@@ -614,24 +443,5 @@ fn dir_meta(meta: &fs::Metadata) -> DirMeta {
         mode: meta.mode() & 0o7777,
         uid: meta.uid(),
         gid: meta.gid(),
-    }
-}
-
-/// splitmix64: a crash must be reproducible from its seed alone.
-struct Rng(u64);
-
-impl Rng {
-    /// A number in `0..n`; 0 when `n` is 0.
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        if n == 0 {
-            0
-        } else {
-            z % n
-        }
     }
 }

@@ -103,8 +103,9 @@
 //! The kill -9 test in `tests/crash/main.rs` exercises all of this with a real child process
 //! for both kinds of WAL; the torn-tail table and the fault tests cover the rest. A kill -9
 //! loses nothing the kernel was given, so a power loss is simulated apart from it: under the
-//! `failpoints` feature a recorder in `io.rs` (`powerloss.rs`, which writes its model down)
-//! sees every file and directory operation, and `tests/storage/powerloss.rs` pulls the plug
+//! `failpoints` feature a recorder in `io.rs` (`powerloss.rs`, which writes its model down;
+//! the directory part is `powerloss-model`'s, shared with lossyfs) sees every file and
+//! directory operation, and `tests/storage/powerloss.rs` pulls the plug
 //! at a seeded moment, rewrites the directory into one state a power loss could leave
 //! (unsynced writes lost or cut, directory changes not fsynced through their directory
 //! undone), and checks every acknowledged record. This holds only because every file

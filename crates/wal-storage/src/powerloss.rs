@@ -17,13 +17,8 @@
 //!   made: none, some, or all of them, the last one kept possibly cut at any byte. A size
 //!   change (creation with truncation, `fallocate`) is one of those writes and survives whole
 //!   or not at all.
-//! - The entries of a directory are those of its last successful fsync, followed by a prefix
-//!   of the entry changes made in it since (creations, links, renames, removals, new
-//!   subdirectories), chosen independently per directory. A rename between two directories is
-//!   one change in both, and survives only where both prefixes keep it, and then whole: the
-//!   old name goes exactly when the new one appears. An fsync of a directory also makes
-//!   durable every change that precedes one of its changes in the other directory the change
-//!   touched, so that what is durable stays a prefix of every directory's changes.
+//! - The entries of directories follow the model shared with lossyfs (`powerloss_model`): each
+//!   directory keeps the entries of its last successful fsync and a prefix of its changes since.
 //! - A file no surviving name reaches is gone; an entry whose directory is gone is gone.
 //!
 //! Stricter than ext4 and xfs with default mount options, which journal metadata in one
@@ -47,14 +42,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
+pub use powerloss_model::CrashReport;
+use powerloss_model::{NameChange, Names, Node, Rng};
+
 /// A file of the model: one inode, whatever names reach it.
 type FileId = u64;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Node {
-    File(FileId),
-    Dir,
-}
 
 /// A change to a file's content or size not yet made durable by a sync of the file.
 #[derive(Clone, Debug)]
@@ -77,71 +69,13 @@ struct FileModel {
     unsynced: Vec<Change>,
 }
 
-/// A change of directory entries not yet made durable by a sync of its directories. Paths are
-/// relative to the recorded root.
-#[derive(Clone, Debug)]
-enum NameChange {
-    Add(PathBuf, Node),
-    Remove(PathBuf),
-    Rename(PathBuf, PathBuf, Node),
-}
-
-impl NameChange {
-    /// The directories whose entries this changes.
-    fn dirs(&self) -> Vec<PathBuf> {
-        let parent = |p: &Path| p.parent().map(Path::to_path_buf).unwrap_or_default();
-        match self {
-            NameChange::Add(p, _) | NameChange::Remove(p) => vec![parent(p)],
-            NameChange::Rename(from, to, _) => {
-                let (a, b) = (parent(from), parent(to));
-                if a == b {
-                    vec![a]
-                } else {
-                    vec![a, b]
-                }
-            }
-        }
-    }
-
-    fn apply(&self, names: &mut BTreeMap<PathBuf, Node>) {
-        match self {
-            NameChange::Add(p, n) => {
-                names.insert(p.clone(), *n);
-            }
-            NameChange::Remove(p) => {
-                names.remove(p);
-            }
-            NameChange::Rename(from, to, n) => {
-                names.remove(from);
-                names.insert(to.clone(), *n);
-            }
-        }
-    }
-}
-
-/// What [`PowerLoss::crash`] did, for a failing test to print.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CrashReport {
-    /// Entry changes that were not durable, and of those the ones the crash undid.
-    pub name_changes: usize,
-    pub name_changes_lost: usize,
-    /// Writes (and size changes) not synced, and of those the ones the crash lost in whole or
-    /// in part.
-    pub writes: usize,
-    pub writes_lost: usize,
-    /// Files whose last surviving write was cut.
-    pub torn: usize,
-}
-
 #[derive(Default)]
 struct Model {
     root: PathBuf,
     next_id: FileId,
     live: HashMap<(u64, u64), FileId>,
     files: HashMap<FileId, FileModel>,
-    durable: BTreeMap<PathBuf, Node>,
-    current: BTreeMap<PathBuf, Node>,
-    pending: Vec<NameChange>,
+    names: Names,
     /// Operations recorded so far, and the one from which every operation fails.
     ops: u64,
     plug: Option<u64>,
@@ -214,7 +148,7 @@ impl PowerLoss {
             return Err(io::Error::other(format!("the recorder lost track: {why}")));
         }
         let mut rng = Rng(seed);
-        let (names, mut report) = m.surviving_names(&mut rng);
+        let (names, mut report) = m.names.surviving(&mut rng);
         let mut contents = HashMap::new();
         for node in names.values() {
             if let Node::File(id) = node {
@@ -277,6 +211,7 @@ impl PowerLoss {
 impl Model {
     /// Takes what `root` holds as durable.
     fn load(&mut self) -> io::Result<()> {
+        let mut durable = BTreeMap::new();
         let mut stack = vec![PathBuf::new()];
         while let Some(rel) = stack.pop() {
             for entry in fs::read_dir(self.root.join(&rel))? {
@@ -284,17 +219,17 @@ impl Model {
                 let rel = rel.join(entry.file_name());
                 let meta = fs::symlink_metadata(entry.path())?;
                 if meta.is_dir() {
-                    self.durable.insert(rel.clone(), Node::Dir);
+                    durable.insert(rel.clone(), Node::Dir);
                     stack.push(rel);
                 } else if let Some(&id) = self.live.get(&ino(&meta)) {
-                    self.durable.insert(rel, Node::File(id));
+                    durable.insert(rel, Node::File(id));
                 } else {
                     let id = self.new_file(ino(&meta), fs::read(entry.path())?);
-                    self.durable.insert(rel, Node::File(id));
+                    durable.insert(rel, Node::File(id));
                 }
             }
         }
-        self.current = self.durable.clone();
+        self.names = Names::durable(durable);
         Ok(())
     }
 
@@ -319,14 +254,13 @@ impl Model {
     }
 
     fn change_names(&mut self, change: NameChange) {
-        change.apply(&mut self.current);
-        self.pending.push(change);
+        self.names.change(change);
     }
 
     /// Forgets the real inode of a file no current name reaches: the number may be reused.
     fn unlinked(&mut self, node: Option<Node>) {
         if let Some(Node::File(id)) = node {
-            if !self.current.values().any(|n| *n == Node::File(id)) {
+            if !self.names.current().values().any(|n| *n == Node::File(id)) {
                 let ino = self.files[&id].ino;
                 self.live.remove(&ino);
             }
@@ -342,54 +276,6 @@ impl Model {
             self.lost = Some("a write to a file created outside Io".to_string());
         }
         found
-    }
-
-    /// The entries a crash leaves, with each directory keeping a prefix of its changes.
-    fn surviving_names(&self, rng: &mut Rng) -> (BTreeMap<PathBuf, Node>, CrashReport) {
-        let mut counts: BTreeMap<PathBuf, usize> = BTreeMap::new();
-        for change in &self.pending {
-            for d in change.dirs() {
-                *counts.entry(d).or_default() += 1;
-            }
-        }
-        let keep: BTreeMap<PathBuf, usize> = counts
-            .into_iter()
-            .map(|(d, n)| (d, rng.below(n as u64 + 1) as usize))
-            .collect();
-        let mut seen: BTreeMap<PathBuf, usize> = BTreeMap::new();
-        let mut broken: BTreeMap<PathBuf, bool> = BTreeMap::new();
-        let mut names = self.durable.clone();
-        let mut report = CrashReport {
-            name_changes: self.pending.len(),
-            ..CrashReport::default()
-        };
-        for change in &self.pending {
-            let dirs = change.dirs();
-            let survives = dirs.iter().all(|d| {
-                !broken.get(d).copied().unwrap_or(false)
-                    && seen.get(d).copied().unwrap_or(0) < keep[d]
-            });
-            for d in &dirs {
-                *seen.entry(d.clone()).or_default() += 1;
-                if !survives {
-                    broken.insert(d.clone(), true);
-                }
-            }
-            if survives {
-                change.apply(&mut names);
-            } else {
-                report.name_changes_lost += 1;
-            }
-        }
-        // An entry whose directory is gone is gone; sorted order puts a directory first.
-        let mut kept: BTreeMap<PathBuf, Node> = BTreeMap::new();
-        for (rel, node) in names {
-            let parent = rel.parent().unwrap_or(Path::new(""));
-            if parent.as_os_str().is_empty() || kept.get(parent) == Some(&Node::Dir) {
-                kept.insert(rel, node);
-            }
-        }
-        (kept, report)
     }
 }
 
@@ -474,7 +360,7 @@ impl Recording<'_> {
         let mut at = PathBuf::new();
         for part in rel.components() {
             at.push(part);
-            if !m.current.contains_key(&at) {
+            if m.names.get(&at).is_none() {
                 m.change_names(NameChange::Add(at.clone(), Node::Dir));
             }
         }
@@ -485,11 +371,11 @@ impl Recording<'_> {
         let (Some(from), Some(to)) = (m.rel(from), m.rel(to)) else {
             return;
         };
-        let Some(&node) = m.current.get(&from) else {
+        let Some(node) = m.names.get(&from) else {
             m.lost = Some(format!("a rename of unknown {}", from.display()));
             return;
         };
-        let replaced = m.current.get(&to).copied();
+        let replaced = m.names.get(&to);
         m.change_names(NameChange::Rename(from, to, node));
         if replaced != Some(node) {
             m.unlinked(replaced);
@@ -501,7 +387,7 @@ impl Recording<'_> {
         let (Some(from), Some(to)) = (m.rel(from), m.rel(to)) else {
             return;
         };
-        let Some(&node) = m.current.get(&from) else {
+        let Some(node) = m.names.get(&from) else {
             m.lost = Some(format!("a link of unknown {}", from.display()));
             return;
         };
@@ -511,7 +397,7 @@ impl Recording<'_> {
     pub(crate) fn removed(&mut self, path: &Path) {
         let m = &mut self.0;
         let Some(rel) = m.rel(path) else { return };
-        let node = m.current.get(&rel).copied();
+        let node = m.names.get(&rel);
         m.change_names(NameChange::Remove(rel));
         m.unlinked(node);
     }
@@ -549,45 +435,7 @@ impl Recording<'_> {
     pub(crate) fn synced_dir(&mut self, dir: &Path) {
         let m = &mut self.0;
         let Some(rel) = m.rel(dir) else { return };
-        let mut durable = vec![false; m.pending.len()];
-        let mut todo = vec![(rel, m.pending.len())];
-        while let Some((d, upto)) = todo.pop() {
-            for (i, c) in m.pending[..upto].iter().enumerate() {
-                let ds = c.dirs();
-                if !durable[i] && ds.contains(&d) {
-                    durable[i] = true;
-                    todo.extend(ds.into_iter().filter(|x| *x != d).map(|x| (x, i)));
-                }
-            }
-        }
-        let pending = std::mem::take(&mut m.pending);
-        for (change, durable) in pending.into_iter().zip(durable) {
-            if durable {
-                change.apply(&mut m.durable);
-            } else {
-                m.pending.push(change);
-            }
-        }
-    }
-}
-
-/// A seeded xorshift generator: the crash must be reproducible from its seed alone.
-struct Rng(u64);
-
-impl Rng {
-    /// A number in `0..n`; 0 when `n` is 0.
-    fn below(&mut self, n: u64) -> u64 {
-        // splitmix64, so that neighbouring seeds give unrelated sequences.
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        if n == 0 {
-            0
-        } else {
-            z % n
-        }
+        m.names.synced_dir(&rel);
     }
 }
 

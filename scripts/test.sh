@@ -50,4 +50,10 @@ if [ -z "${WALSERVER_TEST_WEED_BIN:-}" ]; then
     export WALSERVER_TEST_WEED_BIN
 fi
 
+# Without arguments: every test binary of `cargo test --workspace --all-features`, three at a time
+# (scripts/run-tests.py says why and how). With arguments: `cargo test --workspace
+# --all-features ARGS`, one binary after another, as cargo runs them.
+if [ $# -eq 0 ]; then
+    exec python3 scripts/run-tests.py
+fi
 cargo test --workspace --all-features "$@"

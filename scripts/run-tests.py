@@ -106,9 +106,15 @@ def run_job(job, logdir, report):
     log = os.path.join(logdir, job["log"])
     start = time.monotonic()
     with open(log, "w") as out:
-        rc = subprocess.call(
-            job["cmd"], cwd=job["dir"], env=job["env"], stdout=out, stderr=subprocess.STDOUT
-        )
+        try:
+            rc = subprocess.call(
+                job["cmd"], cwd=job["dir"], env=job["env"], stdout=out, stderr=subprocess.STDOUT
+            )
+        except OSError as e:
+            # A binary the build listed and that cannot be started (removed since) is a
+            # failure of its job, reported with the others, not the end of the run.
+            out.write(f"run-tests: cannot start {job['cmd'][0]}: {e}\n")
+            rc = 1
     secs = time.monotonic() - start
     passed = failed = 0
     with open(log, errors="replace") as f:

@@ -64,6 +64,11 @@ pub struct Options {
     pub synchronous_mode: &'static str,
     /// Add a standby without `[failover]` (`x`) whose upstream is the member `n1`.
     pub cascade: bool,
+    /// Every member archives under `archive_mode = on` to a SeaweedFS on the client host
+    /// (`archive.rs`).
+    pub archive: bool,
+    /// The load's record size in bytes.
+    pub record_size: usize,
 }
 
 impl Default for Options {
@@ -72,6 +77,8 @@ impl Default for Options {
             ttl: ttl(),
             synchronous_mode: "on",
             cascade: false,
+            archive: false,
+            record_size: 100,
         }
     }
 }
@@ -81,28 +88,42 @@ pub struct Cluster {
     load: Option<Process>,
     pub nodes: Vec<WalNode>,
     pub cascade: Option<WalNode>,
+    /// The archive's store, with [`Options::archive`].
+    pub archive: Option<pg_testkit::SeaweedServer>,
     pub etcd: EtcdCluster,
     _net: Net,
     pub hosts: Vec<Host>,
     pub client: Host,
     pub ack_log: PathBuf,
     pub acks: LineWatch,
+    /// The name the cluster was started with.
+    pub label: String,
+    record_size: usize,
     pub started: Instant,
     /// Kept (not removed) when the test fails, for its logs and data directories.
     dir: Option<tempfile::TempDir>,
 }
 
-/// The `[failover]` table and the timeouts of member `name`.
-fn member_toml(name: &str, label: &str, etcd: &[String], opts: &Options) -> String {
+/// The `[failover]` table and the timeouts of member `name`, and its archiving
+/// (`archive`: top-level lines and a table, see `archive.rs`).
+fn member_toml(
+    name: &str,
+    label: &str,
+    etcd: &[String],
+    opts: &Options,
+    archive: &(String, String),
+) -> String {
     let endpoints: Vec<String> = etcd.iter().map(|u| format!("{u:?}")).collect();
     format!(
         "wal_sender_timeout = \"2s\"\nwal_receiver_timeout = \"2s\"\n\
-         wal_receiver_status_interval = \"1s\"\nwal_keep_size = \"1GB\"\n\
+         wal_receiver_status_interval = \"1s\"\nwal_keep_size = \"1GB\"\n{}\
          [failover]\netcd_endpoints = [{}]\ncluster_name = {label:?}\nnode_name = {name:?}\n\
-         ttl = \"{}ms\"\nsynchronous_mode = {:?}\n",
+         ttl = \"{}ms\"\nsynchronous_mode = {:?}\n{}",
+        archive.0,
         endpoints.join(", "),
         opts.ttl.as_millis(),
         opts.synchronous_mode,
+        archive.1,
     )
 }
 
@@ -125,6 +146,14 @@ impl Cluster {
             .cascade
             .then(|| net.add_host("x").expect("cascade host"));
         let etcd = EtcdCluster::start(&hosts, &dir.path().join("etcd")).expect("etcd");
+        let archive = opts.archive.then(|| {
+            pg_testkit::SeaweedServer::start_in(client.addr, client.enter_hook())
+                .unwrap_or_else(|e| panic!("SeaweedFS on the client host: {e}"))
+        });
+        let archiving = archive
+            .as_ref()
+            .map(|s| crate::archive::member_toml(s, label))
+            .unwrap_or_default();
         // Each member lists its own etcd member first.
         let urls = etcd.client_urls();
         let endpoints = |i: usize| -> Vec<String> {
@@ -147,7 +176,7 @@ impl Cluster {
             &dir.path().join("n0"),
             "n0",
             &["--wal-segment-size", "1MB"],
-            &member_toml("n0", label, &endpoints(0), &opts),
+            &member_toml("n0", label, &endpoints(0), &opts, &archiving),
             &admin,
         )
         .expect("n0");
@@ -161,7 +190,7 @@ impl Cluster {
                 &dir.path().join(&name),
                 &name,
                 &nodes[0].conninfo(&name),
-                &member_toml(&name, label, &endpoints(i), &opts),
+                &member_toml(&name, label, &endpoints(i), &opts, &archiving),
                 &admin,
             )
             .expect("standby member");
@@ -173,12 +202,15 @@ impl Cluster {
             load: None,
             nodes,
             cascade: None,
+            archive,
             etcd,
             _net: net,
             hosts,
             client,
             ack_log,
             acks,
+            label: label.to_string(),
+            record_size: opts.record_size,
             started,
             dir: Some(dir),
         };
@@ -294,7 +326,8 @@ impl Cluster {
             .arg(&self.ack_log)
             .args(["--keep-going", "--request-timeout"])
             .arg(format!("{}", REQUEST_TIMEOUT.as_secs_f64()))
-            .args(["--writers", &WRITERS.to_string(), "--size", "100"])
+            .args(["--writers", &WRITERS.to_string(), "--size"])
+            .arg(self.record_size.to_string())
             .args(["--durability", "on", "--seconds", "3600"]);
         let log = self.dir().join("load.log");
         self.load = Some(Process::spawn("load", cmd, &log).expect("start the load"));

@@ -14,10 +14,14 @@
 //! default). Each scenario writes one row (`walserver_bench::failover_table`) under
 //! `$CARGO_TARGET_DIR/failover/`, from which `walserver-bench failover-table` renders
 //! `benches/FAILOVER.md`. `load` tests the load tool itself against nodes without failover.
+//! `kill_9_of_the_primary_repeated` also archives (`archive.rs`): after its kills the
+//! archive verifies, and a node restored from it alone holds every acknowledged record.
 //!
-//! Needs root, nftables, iproute2 and etcd (`scripts/test.sh` installs them when missing).
+//! Needs root, nftables, iproute2, etcd and SeaweedFS (`scripts/test.sh` installs them when
+//! missing).
 //! The scenarios run one at a time (a lock), so that their timings are their own.
 
+mod archive;
 mod checks;
 mod cluster;
 mod load;
@@ -90,7 +94,17 @@ fn wait_failover(c: &mut Cluster, timeline: u32, t0: u64) -> Result<f64, String>
 fn kill_9_of_the_primary_repeated() {
     let _serial = serial();
     let cycles = env_u64("WALSERVER_TEST_FAILOVER_CYCLES", 5);
-    let mut c = under_load("kill", Options::default());
+    // Every member archives to SeaweedFS: the archive must stay whole through the kills.
+    // Records of 16 KiB make a megabyte or more of WAL per leader, so that each timeline
+    // has whole 1 MiB segments as well as its `.partial`.
+    let mut c = under_load(
+        "kill",
+        Options {
+            archive: true,
+            record_size: 16 << 10,
+            ..Options::default()
+        },
+    );
     let mut m = Measured::default();
     let mut problems = Vec::new();
     for cycle in 0..cycles {
@@ -141,6 +155,7 @@ fn kill_9_of_the_primary_repeated() {
         ));
     }
     let v = c.finish().with(problems);
+    let v = v.with(c.judge_archive());
     // Another ttl is another row beside the default's.
     let scenario = "kill_9_of_the_primary_repeated";
     let (file, ttl_env) = if ttl() == DEFAULT_TTL {

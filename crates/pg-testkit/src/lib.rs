@@ -30,7 +30,8 @@ mod seaweed;
 
 pub use pki::{PkiFiles, TestPki};
 pub use seaweed::{
-    find_weed, SeaweedServer, SEAWEED_ACCESS_KEY_ID, SEAWEED_SECRET_ACCESS_KEY, WEED_INSTALL_HINT,
+    find_weed, EnterNamespace, SeaweedServer, SEAWEED_ACCESS_KEY_ID, SEAWEED_SECRET_ACCESS_KEY,
+    WEED_INSTALL_HINT,
 };
 
 use std::fs;

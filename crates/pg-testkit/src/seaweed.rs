@@ -18,11 +18,18 @@
 //!
 //! A test that needs it fails, never skips, when `weed` is missing: the message says that
 //! `./scripts/test.sh` installs it.
+//!
+//! [`SeaweedServer::start_in`] runs it inside a network namespace instead (a host of a
+//! multi-host test), bound only to that namespace's address: the server enters the
+//! namespace between fork and exec, and the server's own requests (readiness, raw reads and
+//! writes) run on a thread that entered it.
 
 use std::fs::File;
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, TcpListener};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How to get `weed` when it is missing.
@@ -101,10 +108,48 @@ struct Ports {
     s3: u16,
 }
 
+/// Enters a network namespace, on the calling thread (setns, async-signal-safe, so it may
+/// also run between fork and exec).
+pub type EnterNamespace = Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>;
+
+/// Where the server runs: an address, and the namespace it is in (`None`: this process's).
+#[derive(Clone)]
+struct Place {
+    ip: Ipv4Addr,
+    enter: Option<EnterNamespace>,
+}
+
+impl std::fmt::Debug for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Place")
+            .field("ip", &self.ip)
+            .field("in_namespace", &self.enter.is_some())
+            .finish()
+    }
+}
+
+impl Place {
+    /// Runs `f` where the server is: on a thread that entered its namespace, if it has one.
+    fn run<T: Send>(&self, f: impl FnOnce() -> Result<T, String> + Send) -> Result<T, String> {
+        let Some(enter) = &self.enter else {
+            return f();
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                enter().map_err(|e| format!("cannot enter the server's namespace: {e}"))?;
+                f()
+            })
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+}
+
 /// A SeaweedFS server with one bucket; stopped, killed and removed on drop.
 #[derive(Debug)]
 pub struct SeaweedServer {
     weed: PathBuf,
+    place: Place,
     ports: Ports,
     bucket: String,
     child: Option<Child>,
@@ -120,6 +165,22 @@ impl SeaweedServer {
     }
 
     pub fn try_start() -> Result<SeaweedServer, String> {
+        SeaweedServer::start_at(Place {
+            ip: Ipv4Addr::LOCALHOST,
+            enter: None,
+        })
+    }
+
+    /// Starts a server as [`SeaweedServer::start`] does, inside the network namespace that
+    /// `enter` enters, bound only to `ip` there (an address of that namespace).
+    pub fn start_in(ip: Ipv4Addr, enter: EnterNamespace) -> Result<SeaweedServer, String> {
+        SeaweedServer::start_at(Place {
+            ip,
+            enter: Some(enter),
+        })
+    }
+
+    fn start_at(place: Place) -> Result<SeaweedServer, String> {
         let weed = find_weed()?;
         let mut last = String::new();
         for _ in 0..PORT_RETRIES {
@@ -129,6 +190,7 @@ impl SeaweedServer {
                 .map_err(|e| format!("cannot make a temporary directory: {e}"))?;
             let mut server = SeaweedServer {
                 weed: weed.clone(),
+                place: place.clone(),
                 ports: free_twin_ports()?,
                 bucket: "walserver-archive".into(),
                 child: None,
@@ -143,9 +205,10 @@ impl SeaweedServer {
         Err(last)
     }
 
-    /// The S3 endpoint, `http://127.0.0.1:PORT`.
+    /// The S3 endpoint, `http://127.0.0.1:PORT` (the namespace's address with
+    /// [`SeaweedServer::start_in`]).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.ports.s3)
+        format!("http://{}:{}", self.place.ip, self.ports.s3)
     }
 
     pub fn bucket(&self) -> &str {
@@ -186,37 +249,41 @@ impl SeaweedServer {
     /// test that damages an object or places a foreign one.
     pub fn put_raw(&self, key: &str, bytes: &[u8]) -> Result<(), String> {
         let url = self.filer_url(key);
-        let mut resp = agent()
-            .put(&url)
-            .send(bytes)
-            .map_err(|e| format!("PUT {url}: {e}"))?;
-        match resp.status().as_u16() {
-            200..=299 => Ok(()),
-            s => Err(format!(
-                "PUT {url}: {s} {}",
-                resp.body_mut().read_to_string().unwrap_or_default()
-            )),
-        }
+        self.place.run(|| {
+            let mut resp = agent()
+                .put(&url)
+                .send(bytes)
+                .map_err(|e| format!("PUT {url}: {e}"))?;
+            match resp.status().as_u16() {
+                200..=299 => Ok(()),
+                s => Err(format!(
+                    "PUT {url}: {s} {}",
+                    resp.body_mut().read_to_string().unwrap_or_default()
+                )),
+            }
+        })
     }
 
     /// Reads `key` in the bucket through the filer; `None` if there is no such object.
     pub fn get_raw(&self, key: &str) -> Result<Option<Vec<u8>>, String> {
         let url = self.filer_url(key);
-        let mut resp = agent()
-            .get(&url)
-            .call()
-            .map_err(|e| format!("GET {url}: {e}"))?;
-        match resp.status().as_u16() {
-            404 => Ok(None),
-            200..=299 => resp
-                .body_mut()
-                .with_config()
-                .limit(1 << 30)
-                .read_to_vec()
-                .map(Some)
-                .map_err(|e| format!("GET {url}: {e}")),
-            s => Err(format!("GET {url}: {s}")),
-        }
+        self.place.run(|| {
+            let mut resp = agent()
+                .get(&url)
+                .call()
+                .map_err(|e| format!("GET {url}: {e}"))?;
+            match resp.status().as_u16() {
+                404 => Ok(None),
+                200..=299 => resp
+                    .body_mut()
+                    .with_config()
+                    .limit(1 << 30)
+                    .read_to_vec()
+                    .map(Some)
+                    .map_err(|e| format!("GET {url}: {e}")),
+                s => Err(format!("GET {url}: {s}")),
+            }
+        })
     }
 
     /// The server's log so far, for failure messages.
@@ -228,7 +295,8 @@ impl SeaweedServer {
 
     fn filer_url(&self, key: &str) -> String {
         format!(
-            "http://127.0.0.1:{}/buckets/{}/{}",
+            "http://{}:{}/buckets/{}/{}",
+            self.place.ip,
             self.ports.filer,
             self.bucket,
             key.trim_start_matches('/')
@@ -264,12 +332,20 @@ impl SeaweedServer {
             .try_clone()
             .map_err(|e| format!("{}: {e}", log.display()))?;
         let p = self.ports;
-        let child = Command::new(&self.weed)
+        let mut cmd = Command::new(&self.weed);
+        if let Some(enter) = self.place.enter.clone() {
+            // SAFETY: the hook calls only setns, which is async-signal-safe, on a descriptor
+            // its owner keeps open.
+            unsafe {
+                cmd.pre_exec(move || enter());
+            }
+        }
+        let child = cmd
             .arg("server")
             .arg(format!("-dir={}", data.display()))
+            .arg(format!("-ip={}", self.place.ip))
+            .arg(format!("-ip.bind={}", self.place.ip))
             .args([
-                "-ip=127.0.0.1",
-                "-ip.bind=127.0.0.1",
                 "-master.telemetry=false",
                 "-s3",
                 "-s3.port.iceberg=0",
@@ -318,33 +394,34 @@ impl SeaweedServer {
     fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + START_DEADLINE;
         let mut backoff = Duration::from_millis(20);
-        let bucket_url = format!(
-            "http://127.0.0.1:{}/buckets/{}/",
-            self.ports.filer, self.bucket
-        );
+        let ip = self.place.ip;
+        let bucket_url = format!("http://{ip}:{}/buckets/{}/", self.ports.filer, self.bucket);
         let s3_url = format!("{}/{}", self.endpoint(), self.bucket);
-        let ready_url = format!("http://127.0.0.1:{}/testkit/ready", self.ports.filer);
+        let ready_url = format!("http://{ip}:{}/testkit/ready", self.ports.filer);
         let mut bucket = false;
         loop {
             if let Some(exit) = self.exited() {
                 return Err(exit);
             }
-            if !bucket {
+            let (made, ready) = self.place.run(|| {
                 // 201: made; 409: there already (a restart).
-                bucket = agent()
-                    .post(&bucket_url)
-                    .send_empty()
-                    .is_ok_and(|r| matches!(r.status().as_u16(), 201 | 409));
-            }
-            // A write outside the bucket means the master and a volume server take data; any
-            // S3 answer means the gateway serves (anonymous requests are refused).
-            if bucket
-                && agent()
-                    .put(&ready_url)
-                    .send(&b"ready"[..])
-                    .is_ok_and(|r| r.status().is_success())
-                && agent().head(&s3_url).call().is_ok()
-            {
+                let made = bucket
+                    || agent()
+                        .post(&bucket_url)
+                        .send_empty()
+                        .is_ok_and(|r| matches!(r.status().as_u16(), 201 | 409));
+                // A write outside the bucket means the master and a volume server take data;
+                // any S3 answer means the gateway serves (anonymous requests are refused).
+                let ready = made
+                    && agent()
+                        .put(&ready_url)
+                        .send(&b"ready"[..])
+                        .is_ok_and(|r| r.status().is_success())
+                    && agent().head(&s3_url).call().is_ok();
+                Ok((made, ready))
+            })?;
+            bucket = made;
+            if ready {
                 return Ok(());
             }
             if Instant::now() >= deadline {

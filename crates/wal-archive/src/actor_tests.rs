@@ -597,3 +597,68 @@ async fn archiving_to_s3_lists_the_archive_once_however_many_segments() {
     assert_eq!(l_before, n);
     assert_eq!(l_after, 1);
 }
+
+/// Two nodes putting the same names at the same time (an old leader not yet stopped and its
+/// successor, or two nodes under `always`) into one S3 archive: each put is a conditional
+/// create that judges what is there, so both count every segment as archived, neither
+/// fails or raises the alarm, and the archive holds each segment once, byte for byte.
+#[actix_rt::test]
+async fn two_nodes_archiving_the_same_wal_at_once_both_succeed() {
+    let server = pg_testkit::SeaweedServer::start();
+    let options = crate::S3Options {
+        endpoint: Some(server.endpoint()),
+        allow_http: true,
+        access_key_id: Some(pg_testkit::SEAWEED_ACCESS_KEY_ID.into()),
+        secret_access_key: Some(pg_testkit::SEAWEED_SECRET_ACCESS_KEY.into()),
+        ..crate::S3Options::default()
+    };
+    let target =
+        ArchiveTarget::parse_with(&format!("s3://{}/twice", server.bucket()), &options).unwrap();
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    // The same WAL on two nodes: one directory, copied while closed.
+    let wal = segments(a.path(), 4).await;
+    drop(wal);
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", a.path().display()))
+        .arg(b.path())
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let cfg = StorageConfig {
+        segment_size: SEG,
+        ..StorageConfig::default()
+    };
+    let (wa, wb) = (
+        Wal::open(a.path(), cfg.clone()).unwrap(),
+        Wal::open(b.path(), cfg).unwrap(),
+    );
+    let config = ArchiveConfig {
+        target: target.clone(),
+        ..config(Path::new("/unused"))
+    };
+    let (x, mut rx) = Archiver::start(wa.clone(), config.clone());
+    let (y, mut ry) = Archiver::start(wb.clone(), config);
+    for rx in [&mut rx, &mut ry] {
+        let s = wait_until(rx, "four segments", |s| {
+            s.archived_lsn == Some(Lsn(5 * SEG))
+        })
+        .await;
+        assert_eq!((s.failed_count, s.alarm), (0, None));
+    }
+    for segno in 1..=4u64 {
+        let name = format!("0000000100000000000000{segno:02X}");
+        let own = std::fs::read(a.path().join("pg_wal").join(&name)).unwrap();
+        let archived = tokio::task::spawn_blocking({
+            let (t, name) = (target.clone(), name.clone());
+            move || t.get(&name)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(archived.as_deref(), Some(&own[..]), "{name}");
+    }
+    x.send(StopArchiver).await.unwrap();
+    y.send(StopArchiver).await.unwrap();
+}

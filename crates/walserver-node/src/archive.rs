@@ -192,7 +192,11 @@ pub fn start_archiver(
         });
         return Ok(None);
     };
-    tracing::info!(mode = ?config.mode, target = ?config.target, "starting the WAL archiver");
+    let target = match &config.target {
+        ArchiveTarget::Command(_) => "archive_command".to_string(),
+        t => t.describe(""),
+    };
+    tracing::info!(mode = %settings.archive_mode, %target, "starting the WAL archiver");
     let fence = node
         .fence
         .is_managed()

@@ -53,8 +53,9 @@ enum Command {
         /// With --from-archive: keep every record that ends at or before this LSN.
         #[arg(long, requires = "from_archive", conflicts_with = "standby")]
         target_lsn: Option<wal_storage::Lsn>,
-        /// With --from-archive: refused, since walserver records carry no time (the message
-        /// says what to use instead).
+        /// With --from-archive: keep what the archive shows was durable at or before this
+        /// time, YYYY-MM-DD HH:MM:SS.ffffff+00 (UTC): up to the end of the last object stored
+        /// by then, so within one segment (or one archive_timeout prefix) of the time.
         #[arg(long, requires = "from_archive", conflicts_with = "standby")]
         target_time: Option<String>,
         /// With --from-archive: restore this timeline (default: the archive's newest).

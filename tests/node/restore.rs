@@ -193,7 +193,7 @@ fn expect(args: &[&str], ok: bool, needle: &str) -> Output {
 }
 
 /// A corrupted object and a removed segment, each refused by `verify`, `restore-wal` and
-/// `init --from-archive`; and `--target-time`, refused with what to use instead.
+/// `init --from-archive`; and a `--target-time` before anything was archived.
 fn check_refusals(archive: &Path, target: &str) {
     let verify = ["archive", "verify", "-c", target];
     expect(&verify, true, "ok: no corrupt object, no gap");
@@ -236,8 +236,8 @@ fn check_refusals(archive: &Path, target: &str) {
     expect(&init, false, &format!("the archive lacks {seg2}"));
 
     let mut timed = init.to_vec();
-    timed.extend(["--target-time", "2026-01-01 00:00:00+00"]);
-    expect(&timed, false, "walserver records carry no time");
+    timed.extend(["--target-time", "2000-01-01 00:00:00.000000+00"]);
+    expect(&timed, false, "was stored at or before it");
     assert!(!data.exists());
 }
 
@@ -314,4 +314,78 @@ fn restore_wal_prefetches_the_next_segments_into_a_spool() {
         .collect();
     in_pg_wal.sort();
     assert_eq!(in_pg_wal, [walserver::restore::SPOOL_DIR, "RECOVERYXLOG"]);
+}
+
+/// `init --from-archive --target-time T`: records appended before a noted time and after
+/// it; the restored node holds every record up to the end of the last object stored at or
+/// before T (at least the whole segments stored before it), and none appended after T.
+#[test]
+fn a_node_restored_to_a_target_time_holds_what_was_durable_by_then_and_nothing_after() {
+    let archive = tempfile::tempdir().unwrap();
+    let setting = format!("archive_target=file://{}", archive.path().display());
+    let node = TestNode::primary(&format!(
+        "archive_mode = \"on\"\narchive_target = \"file://{}\"\narchive_timeout = 1\nwal_keep_size = 64\n",
+        archive.path().display()
+    ));
+    let covered = |upto: Lsn| {
+        wait_until("the archive to cover the appends", || {
+            archiver(&node).is_some_and(|s| s.covered_lsn.is_some_and(|c| c >= upto))
+        })
+    };
+    let before = node.append(80, 32 << 10, 1);
+    covered(before);
+    let time = std::time::SystemTime::now();
+    // A file system stamps files with a clock that may lag the system's by a tick: wait
+    // until a file written now is stamped after the noted time, so that nothing stored
+    // after it can carry an earlier stamp.
+    let probe = archive.path().join("..probe");
+    wait_until("file times to pass the noted time", || {
+        std::fs::write(&probe, b"").unwrap();
+        std::fs::metadata(&probe).unwrap().modified().unwrap() > time
+    });
+    std::fs::remove_file(&probe).unwrap();
+    let after = node.append(80, 32 << 10, 2);
+    covered(after);
+    let http = node.http_addr.to_string();
+    let all = acklog::fetch_records(&http, None).expect("GET /wal of the primary");
+    drop(node);
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let when = wal_types::time::format_time(time);
+    expect(
+        &[
+            "init",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--from-archive",
+            "-c",
+            &setting,
+            "--target-time",
+            &when,
+        ],
+        true,
+        "initialised primary data directory",
+    );
+    let restored = TestNode::start_in(dir, "wal_keep_size = 64\n");
+    let records = acklog::fetch_records(&restored.http_addr.to_string(), None)
+        .expect("GET /wal of the restored node");
+    let end = records.last().expect("records").end;
+    // At least every record in the whole segments stored before the time; nothing past what
+    // was appended before it.
+    let whole = all
+        .iter()
+        .map(|r| r.end)
+        .filter(|e| *e <= before.segment_start(SEG))
+        .max()
+        .expect("records in whole segments");
+    assert!(
+        end >= whole && end <= before,
+        "restored to {end}; whole segments stored before the time hold records up to {whole}, \
+         appends before it end at {before}"
+    );
+    let expected: Vec<_> = all.iter().filter(|r| r.end <= end).cloned().collect();
+    assert_eq!(records, expected, "restored to {end}");
+    assert!(after > before);
+    assert_eq!(restored.status().timeline, TimelineId(2));
 }

@@ -254,6 +254,33 @@ impl ArchiveTarget {
         Ok(objects)
     }
 
+    /// When the file `name` (in whichever stored form) was stored: the directory entry's
+    /// modification time, or the S3 object's `Last-Modified`, on the store's clock. A file
+    /// is stored only after its bytes were durable on the node that stored it, so this is a
+    /// bound on when they became durable: at or before it. `None` if absent. Blocking.
+    pub fn stored_at(&self, name: &str) -> Result<Option<std::time::SystemTime>> {
+        for object in Compression::ALL.map(|c| c.object_name(name)) {
+            let at = match self {
+                ArchiveTarget::Directory(dir) => {
+                    let path = dir.join(&object);
+                    match fs::metadata(&path).and_then(|m| m.modified()) {
+                        Ok(t) => Some(t),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                        Err(e) => {
+                            return Err(ArchiveError::io(format!("reading {}", path.display()), e))
+                        }
+                    }
+                }
+                ArchiveTarget::S3(s3) => s3.stored_at(&object)?,
+                ArchiveTarget::Command(_) => return Err(crate::target::unreadable()),
+            };
+            if at.is_some() {
+                return Ok(at);
+            }
+        }
+        Ok(None)
+    }
+
     /// An object's stored bytes, unchecked; `None` if absent.
     fn get_raw(&self, name: &str) -> Result<Option<Vec<u8>>> {
         self.read(name)

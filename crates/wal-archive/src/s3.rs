@@ -283,6 +283,25 @@ impl S3Target {
         .map_err(|e| store_error(format!("looking up {url}"), e))
     }
 
+    /// The object `name`'s `Last-Modified` time, `None` if there is none. Blocking.
+    pub fn stored_at(&self, name: &str) -> Result<Option<std::time::SystemTime>> {
+        let key = ObjectPath::from(self.key(name));
+        let url = self.url_of(name);
+        let meta = self
+            .call(move |s| async move {
+                match s.store.head(&key).await {
+                    Ok(m) => Ok(Some(m)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })?
+            .map_err(|e| store_error(format!("looking up {url}"), e))?;
+        Ok(meta.map(|m| {
+            let secs = u64::try_from(m.last_modified.timestamp()).unwrap_or(0);
+            std::time::UNIX_EPOCH + Duration::new(secs, m.last_modified.timestamp_subsec_nanos())
+        }))
+    }
+
     /// Removes the object `name`; an absent one is not an error. Blocking.
     pub fn delete(&self, name: &str) -> Result<()> {
         let key = ObjectPath::from(self.key(name));

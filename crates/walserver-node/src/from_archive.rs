@@ -15,11 +15,19 @@
 //! records of bytes written to it, and the rest is cut with `truncate_to` after reading the
 //! records back. A gap in the archive below the target is refused, never crossed.
 //!
-//! `--target-time` is refused: walserver records carry no time (a record is its length, CRC,
-//! LSN and payload), and an archived object's time says only when it was uploaded, which may
-//! be long after its records were written. PostgreSQL WAL, whose commit records carry times,
-//! is restored by PostgreSQL itself through `walserver restore-wal`; this command makes only
-//! walserver-format data directories.
+//! `--target-time T` keeps what the archive shows was durable at or before T. walserver
+//! records carry no time (a record is its length, CRC, LSN and payload), so the marks are
+//! the archive's own: every object on the restore's path was stored after its bytes were
+//! durable on the node that stored it, so its stored time (`ArchiveTarget::stored_at`, the
+//! file's modification time or S3's `Last-Modified`) bounds when everything up to its end
+//! was durable. The restore goes to the largest end among the objects stored at or before T
+//! (then as `--target-lsn`), so it holds nothing made durable after T, and of what was
+//! durable before T it may miss up to one mark's spacing: a segment, or with
+//! `archive_timeout` the WAL since the last prefix kept (a prefix is removed once a longer
+//! one or its whole segment is stored, so older WAL is marked by segments only). The
+//! times are the store's clock (a directory's: this host's). PostgreSQL WAL, whose commit
+//! records carry times, is restored by PostgreSQL itself through `walserver restore-wal`;
+//! this command makes only walserver-format data directories.
 //!
 //! A standby's restore (`init --from-archive --standby --primary-conninfo C`) adopts the
 //! upstream's identity as `init --standby` does (its system identifier, since the archive
@@ -55,7 +63,8 @@ use crate::init::{
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryTarget {
     pub lsn: Option<Lsn>,
-    /// `--target-time` as given; refused (see the module's story).
+    /// `--target-time`, as `YYYY-MM-DD HH:MM:SS.ffffff+00` (UTC, as `walserver status`
+    /// shows times); see the module's story for what it keeps.
     pub time: Option<String>,
     pub timeline: Option<TimelineId>,
 }
@@ -128,14 +137,14 @@ fn restore(
         RestoreAs::Primary => None,
         RestoreAs::Standby { identity, .. } => Some(identity.as_ref()),
     };
-    if let Some(time) = &to.time {
-        return Err(refuse(format!(
-            "--target-time {time}: walserver records carry no time, so no record can be placed \
-             before or after it; use --target-lsn (POST /wal answers each append's LSN, GET /wal \
-             shows each record's). PostgreSQL WAL is restored by PostgreSQL with \
-             recovery_target_time and restore_command = 'walserver restore-wal ...'"
-        )));
-    }
+    let time = match &to.time {
+        Some(text) => Some(wal_types::time::parse_time(text).ok_or_else(|| {
+            refuse(format!(
+                "--target-time {text:?} is not a time as YYYY-MM-DD HH:MM:SS.ffffff+00 (UTC)"
+            ))
+        })?),
+        None => None,
+    };
     check_new_data_dir(dir)?;
     let objects = target.list().map_err(archive)?;
     let seg = target
@@ -168,6 +177,15 @@ fn restore(
     };
     // Where the restore stops, and on which timeline of the path.
     let stop = to.lsn.map_or(plan_end, |l| l.min(plan_end));
+    let stop = match time {
+        Some(t) => stop.min(durable_by(
+            target,
+            &plan,
+            t,
+            to.time.as_deref().unwrap_or(""),
+        )?),
+        None => stop,
+    };
     // A standby never holds WAL its upstream lacks.
     let stop = upstream.map_or(stop, |id| stop.min(id.xlogpos));
     if stop <= start {
@@ -291,6 +309,30 @@ fn restore(
         start,
         new_timeline,
         objects,
+    })
+}
+
+/// The largest end among the plan's objects stored at or before `time`: everything below it
+/// was durable by then (see the module's story). `text` is the time as given, for messages.
+fn durable_by(
+    target: &ArchiveTarget,
+    plan: &Plan,
+    time: std::time::SystemTime,
+    text: &str,
+) -> Result<Lsn> {
+    let mut best = None;
+    for piece in &plan.pieces {
+        let stored = target.stored_at(&piece.name).map_err(archive)?;
+        if stored.is_some_and(|at| at <= time) {
+            best = best.max(Some(piece.end));
+        }
+    }
+    best.ok_or_else(|| {
+        refuse(format!(
+            "--target-time {text}: no object of the archive's WAL of timeline {} was stored at or before it, \
+             so nothing is known to have been durable by then",
+            plan.timeline.0
+        ))
     })
 }
 

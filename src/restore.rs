@@ -365,7 +365,7 @@ mod tests {
         );
         assert!(!dest.exists());
         target
-            .put(name, b"segment bytes", wal_archive::Compression::None)
+            .put(name, &b"segment bytes"[..], wal_archive::Compression::None)
             .unwrap();
         assert_eq!(
             restore_wal(&target, name, &dest).unwrap(),
@@ -411,7 +411,7 @@ mod prefetch_tests {
         for (i, bytes) in segments.iter().enumerate() {
             let name = format!("0000000100000000000000{:02X}", i + 1);
             target
-                .put(&name, bytes, wal_archive::Compression::None)
+                .put(&name, bytes.clone(), wal_archive::Compression::None)
                 .unwrap();
         }
         let pg_wal = dir.path().join("data/pg_wal");

@@ -256,7 +256,7 @@ fn restore_wal_prefetches_the_next_segments_into_a_spool() {
     for (i, name) in names.iter().enumerate() {
         let bytes = vec![i as u8 + 1; SEG as usize];
         target
-            .put(name, &bytes, wal_archive::Compression::None)
+            .put(name, bytes, wal_archive::Compression::None)
             .unwrap();
     }
     let pg_wal = work.path().join("data/pg_wal");

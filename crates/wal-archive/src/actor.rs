@@ -5,12 +5,18 @@
 //! read the file through storage, put it into the target, and for a segment store the new
 //! archived position in storage, before the job returns to the actor once. One job at a time;
 //! nothing on the actor's thread touches a file.
+//!
+//! With a backlog, one job takes up to [`UPLOADS_IN_FLIGHT`] consecutive segments and runs
+//! them on as many threads, each reading, compressing, checksumming and putting its own, so
+//! compression, the store's round trips and its work overlap; the job then stores the
+//! archived position once, at the end of the segments that succeeded in order, and reports
+//! every outcome in that order.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::WatchStream;
 use tokio_stream::StreamExt;
@@ -54,14 +60,20 @@ pub struct ArchiveConfig {
     pub compression: Compression,
 }
 
+/// Segments uploaded at once when a backlog waits. A guess, as pgBackRest's `process-max`
+/// is: enough to overlap one segment's compression with others' requests on two cores, and
+/// at most this many segments (16 MiB each, and their compressed forms) in memory.
+pub const UPLOADS_IN_FLIGHT: usize = 4;
+
 /// What a blocking job did.
 enum Done {
     /// The hold was taken at this position, or released (`None`).
     Held(Option<Lsn>),
     /// A standby under `on` moved its hold past what the archive holds, to here.
     Followed(Lsn),
-    Uploaded(Item, Put),
-    Failed(Item, ArchiveError),
+    /// The outcome of each item of an upload job, in the order they were offered; the
+    /// items after a failure are not there.
+    Uploads(Vec<(Item, Result<Put>)>),
     /// Taking or releasing the hold failed.
     HoldFailed(ArchiveError),
 }
@@ -87,7 +99,7 @@ pub struct Archiver {
     /// without failover); see [`Archiver::start_fenced`].
     fence: Option<watch::Receiver<bool>>,
     /// The archive's names as far as this archiver knows (`known.rs`); only one job at a
-    /// time uses it.
+    /// time uses it (its uploads side by side lock it for their bookkeeping).
     known: Arc<Mutex<Known>>,
 }
 
@@ -218,18 +230,15 @@ impl Archiver {
                 let next = schedule.next(Instant::now(), view);
                 match next {
                     Next::Upload(item) => {
+                        let mut items = vec![item];
+                        // An archive_command runs one file at a time, as PostgreSQL runs it.
+                        if !matches!(self.config.target, ArchiveTarget::Command(_)) {
+                            items.extend(schedule.more(view, UPLOADS_IN_FLIGHT - 1));
+                        }
                         let config = self.config.clone();
                         let known = self.known.clone();
                         self.run(ctx, move || {
-                            let mut known = known.lock().unwrap_or_else(|p| p.into_inner());
-                            match upload(&wal, &config, &mut known, item, pos.timeline) {
-                                Ok(put) => Done::Uploaded(item, put),
-                                Err(e) => {
-                                    // What failed may have half happened: look again.
-                                    known.forget();
-                                    Done::Failed(item, e)
-                                }
-                            }
+                            Done::Uploads(upload_all(&wal, &config, &known, items, pos.timeline))
                         })
                     }
                     Next::WaitUntil(at) => {
@@ -338,60 +347,135 @@ impl Archiver {
                 self.status
                     .send_modify(|s| s.last_error = Some(e.to_string()));
             }
-            Done::Uploaded(item, put) => {
-                let Some(schedule) = self.schedule.as_mut() else {
-                    return;
-                };
-                let name = item.file_name(seg);
-                let archived = schedule.uploaded(item);
-                let covered = schedule.covered();
-                tracing::debug!(file = %name, ?put, "archived");
-                self.status.send_modify(|s| {
-                    s.archived_count += 1;
-                    s.last_archived_wal = Some(name);
-                    s.last_archived_time = Some(SystemTime::now());
-                    s.last_error = None;
-                    s.alarm = None;
-                    if let Some(a) = archived {
-                        s.archived_lsn = Some(a);
+            Done::Uploads(outcomes) => {
+                for (item, outcome) in outcomes {
+                    match outcome {
+                        Ok(put) => self.uploaded(item, put),
+                        Err(e) => self.failed(item, e),
                     }
-                    s.covered_lsn = Some(covered);
-                });
-            }
-            Done::Failed(item, e) => {
-                let Some(schedule) = self.schedule.as_mut() else {
-                    return;
-                };
-                let name = item.file_name(seg);
-                schedule.failed(item, Instant::now());
-                let tries = schedule.failures_in_a_row();
-                let mismatch = matches!(e, ArchiveError::Mismatch { .. });
-                if mismatch {
-                    tracing::error!(file = %name, error = %e, tries, "archiving is stuck: the archive holds other contents under this name");
-                } else {
-                    tracing::warn!(file = %name, error = %e, tries, "archiving failed; will retry");
                 }
-                self.status.send_modify(|s| {
-                    s.failed_count += 1;
-                    s.last_failed_wal = Some(name);
-                    s.last_failed_time = Some(SystemTime::now());
-                    s.last_error = Some(e.to_string());
-                    if mismatch {
-                        s.alarm = Some(e.to_string());
-                    }
-                });
             }
         }
     }
+
+    fn uploaded(&mut self, item: Item, put: Put) {
+        let seg = self.wal.segment_size();
+        let Some(schedule) = self.schedule.as_mut() else {
+            return;
+        };
+        let name = item.file_name(seg);
+        let archived = schedule.uploaded(item);
+        let covered = schedule.covered();
+        tracing::debug!(file = %name, ?put, "archived");
+        self.status.send_modify(|s| {
+            s.archived_count += 1;
+            s.last_archived_wal = Some(name);
+            s.last_archived_time = Some(SystemTime::now());
+            s.last_error = None;
+            s.alarm = None;
+            if let Some(a) = archived {
+                s.archived_lsn = Some(a);
+            }
+            s.covered_lsn = Some(covered);
+        });
+    }
+
+    fn failed(&mut self, item: Item, e: ArchiveError) {
+        let seg = self.wal.segment_size();
+        let Some(schedule) = self.schedule.as_mut() else {
+            return;
+        };
+        let name = item.file_name(seg);
+        schedule.failed(item, Instant::now());
+        let tries = schedule.failures_in_a_row();
+        let mismatch = matches!(e, ArchiveError::Mismatch { .. });
+        if mismatch {
+            tracing::error!(file = %name, error = %e, tries, "archiving is stuck: the archive holds other contents under this name");
+        } else {
+            tracing::warn!(file = %name, error = %e, tries, "archiving failed; will retry");
+        }
+        self.status.send_modify(|s| {
+            s.failed_count += 1;
+            s.last_failed_wal = Some(name);
+            s.last_failed_time = Some(SystemTime::now());
+            s.last_error = Some(e.to_string());
+            if mismatch {
+                s.alarm = Some(e.to_string());
+            }
+        });
+    }
 }
 
-/// Puts `item` into `target`, removes what it supersedes and, for a segment, stores the new
-/// archived position: the blocking job of one upload. `current` is the timeline whose view
-/// reads resolve through (below a switch point it reads the old timeline's bytes).
+/// Puts `items` (one file, or consecutive segments, each on a thread of its own) and stores
+/// the archived position at the end of the segments that succeeded in order: the blocking job
+/// of one round of uploads. Returns the outcomes in order, up to and including the first
+/// failure. `current` is the timeline whose view reads resolve through.
+fn upload_all(
+    wal: &Wal,
+    config: &ArchiveConfig,
+    known: &Mutex<Known>,
+    items: Vec<Item>,
+    current: TimelineId,
+) -> Vec<(Item, Result<Put>)> {
+    let mut outcomes: Vec<(Item, Result<Put>)> = match &items[..] {
+        [item] => vec![(*item, upload(wal, config, known, *item, current))],
+        _ => std::thread::scope(|scope| {
+            let handles: Vec<_> = items
+                .iter()
+                .map(|&item| {
+                    (
+                        item,
+                        scope.spawn(move || upload(wal, config, known, item, current)),
+                    )
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(item, h)| {
+                    let outcome = h.join().unwrap_or_else(|_| {
+                        Err(ArchiveError::io(
+                            format!("archiving {}", item.file_name(wal.segment_size())),
+                            std::io::Error::other("the upload's thread panicked"),
+                        ))
+                    });
+                    (item, outcome)
+                })
+                .collect()
+        }),
+    };
+    if let Some(failed) = outcomes.iter().position(|(_, o)| o.is_err()) {
+        outcomes.truncate(failed + 1);
+        // What failed may have half happened: look again.
+        lock(known).forget();
+    }
+    let seg = wal.segment_size();
+    let archived = outcomes
+        .iter()
+        .filter(|(_, o)| o.is_ok())
+        .filter_map(|(item, _)| match item {
+            Item::Segment { segno, .. } => Some(Lsn((segno + 1) * seg)),
+            _ => None,
+        })
+        .max();
+    if let Some(upto) = archived {
+        if let Err(e) = wal.set_archived(upto) {
+            // The objects are durable but the position is not: the first segment fails, and
+            // its retry (and the others') finds its own bytes in the archive.
+            let first = outcomes[0].0;
+            return vec![(first, Err(e.into()))];
+        }
+    }
+    outcomes
+}
+
+/// Puts `item` into `target` and removes what it supersedes. `current` is the timeline whose
+/// view reads resolve through (below a switch point it reads the old timeline's bytes).
+/// `known` is locked only around its own bookkeeping, so uploads side by side wait for each
+/// other only while one lists the archive.
 pub(crate) fn upload(
     wal: &Wal,
     config: &ArchiveConfig,
-    known: &mut Known,
+    known: &Mutex<Known>,
     item: Item,
     current: TimelineId,
 ) -> Result<Put> {
@@ -401,7 +485,7 @@ pub(crate) fn upload(
     match item {
         Item::History(tli) => {
             let bytes = match wal.history_file(tli)? {
-                Some(b) => b,
+                Some(b) => Bytes::from(b),
                 // A node that never stored this ancestor's file (a standby fetches the newest
                 // one) makes it from the ancestry: a timeline's history is the prefix of its
                 // descendants'.
@@ -411,41 +495,47 @@ pub(crate) fn upload(
                         .iter()
                         .position(|h| h.parent == tli)
                         .unwrap_or(history.len());
-                    format_history(&history[..until])
+                    Bytes::from(format_history(&history[..until]))
                 }
             };
-            let put = target.put(&name, &bytes, compression)?;
-            known.put(&name, put);
+            let put = target.put(&name, bytes, compression)?;
+            lock(known).put(&name, put);
             Ok(put)
         }
         Item::Segment { tli, segno } => {
             let start = Lsn(segno * seg);
             let bytes = read_range(wal, current, start, Lsn(start.0 + seg), &name)?;
-            let put = target.put(&name, &bytes, compression)?;
+            let put = target.put(&name, bytes, compression)?;
+            let mut known = lock(known);
             known.put(&name, put);
-            remove_prefixes(target, known, tli, segno, seg, None)?;
-            wal.set_archived(Lsn(start.0 + seg))?;
+            remove_prefixes(target, &mut known, tli, segno, seg, None)?;
             Ok(put)
         }
         Item::Partial { tli, segno, end } => {
             // PostgreSQL's shape: the old timeline's bytes, then zeros to the segment's size,
             // so that a restore can rename it into a segment file.
             let start = Lsn(segno * seg);
-            let mut bytes = read_range(wal, current, start, end, &name)?;
+            let mut bytes = BytesMut::from(read_range(wal, current, start, end, &name)?);
             bytes.resize(seg as usize, 0);
-            let put = target.put(&name, &bytes, compression)?;
+            let put = target.put(&name, bytes.freeze(), compression)?;
+            let mut known = lock(known);
             known.put(&name, put);
-            remove_prefixes(target, known, tli, segno, seg, None)?;
+            remove_prefixes(target, &mut known, tli, segno, seg, None)?;
             Ok(put)
         }
         Item::Prefix { tli, segno, end } => {
             let bytes = read_range(wal, current, Lsn(segno * seg), end, &name)?;
-            let put = target.put(&name, &bytes, compression)?;
+            let put = target.put(&name, bytes, compression)?;
+            let mut known = lock(known);
             known.put(&name, put);
-            remove_prefixes(target, known, tli, segno, seg, Some(end))?;
+            remove_prefixes(target, &mut known, tli, segno, seg, Some(end))?;
             Ok(put)
         }
     }
+}
+
+fn lock(known: &Mutex<Known>) -> std::sync::MutexGuard<'_, Known> {
+    known.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Moves a standby's hold from `from` past every completed segment the archive already
@@ -479,16 +569,16 @@ fn follow_archive(wal: &Wal, target: &ArchiveTarget, from: Lsn) -> Result<Lsn> {
     Ok(at.max(from))
 }
 
-/// The WAL in `[start, end)` through timeline `current`'s view.
-fn read_range(
-    wal: &Wal,
-    current: TimelineId,
-    start: Lsn,
-    end: Lsn,
-    name: &str,
-) -> Result<BytesMut> {
+/// The WAL in `[start, end)` through timeline `current`'s view: as storage read it when one
+/// read holds it all (a segment's usually does), without a copy.
+fn read_range(wal: &Wal, current: TimelineId, start: Lsn, end: Lsn, name: &str) -> Result<Bytes> {
     let len = end.0.saturating_sub(start.0) as usize;
+    let first = wal.read(current, start, len)?;
+    if first.len() == len {
+        return Ok(first);
+    }
     let mut bytes = BytesMut::with_capacity(len);
+    bytes.extend_from_slice(&first);
     while bytes.len() < len {
         let at = Lsn(start.0 + bytes.len() as u64);
         let chunk = wal.read(current, at, len - bytes.len())?;
@@ -500,7 +590,7 @@ fn read_range(
         }
         bytes.extend_from_slice(&chunk);
     }
-    Ok(bytes)
+    Ok(bytes.freeze())
 }
 
 /// Removes the `archive_timeout` objects of segment `segno` of `tli` that end before

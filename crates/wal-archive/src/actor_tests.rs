@@ -502,7 +502,7 @@ fn archive_segments(
         ..config(Path::new("/unused"))
     };
     let tli = TimelineId(1);
-    let mut known = Known::default();
+    let known = std::sync::Mutex::new(Known::default());
     let mut items = Vec::new();
     for segno in 1..=n {
         if prefixes {
@@ -514,11 +514,12 @@ fn archive_segments(
     let started = std::time::Instant::now();
     for item in items {
         if list_each {
-            known.forget();
+            known.lock().unwrap().forget();
         }
-        crate::actor::upload(wal, &config, &mut known, item, tli).unwrap();
+        crate::actor::upload(wal, &config, &known, item, tli).unwrap();
     }
-    (started.elapsed(), known.listings())
+    let listings = known.lock().unwrap().listings();
+    (started.elapsed(), listings)
 }
 
 /// A data directory with `n` complete segments, all kept.
@@ -540,7 +541,7 @@ async fn uploads_list_the_archive_once_and_remove_prefixes_from_what_they_know()
     target
         .put(
             "000000010000000000000003.partial.00040000",
-            &vec![0u8; 0x40000],
+            vec![0u8; 0x40000],
             crate::Compression::None,
         )
         .unwrap();
@@ -661,4 +662,45 @@ async fn two_nodes_archiving_the_same_wal_at_once_both_succeed() {
     }
     x.send(StopArchiver).await.unwrap();
     y.send(StopArchiver).await.unwrap();
+}
+
+/// A backlog goes several segments at a time, and the archived position still moves in
+/// order: a segment whose name holds foreign bytes stops it there, although the segment
+/// after it, put beside it, is already in the archive; once the name is cleared the retry
+/// goes on from there and finds that segment's own bytes.
+#[actix_rt::test]
+async fn a_backlog_goes_several_at_a_time_and_the_position_stops_at_a_failure() {
+    let data = tempfile::tempdir().unwrap();
+    let archive = tempfile::tempdir().unwrap();
+    let wal = new_wal(data.path());
+    wal.create_slot("keep", false, true).unwrap();
+    fill(&wal, 6).await;
+    let third = archive.path().join("000000010000000000000003");
+    std::fs::write(&third, b"foreign").unwrap();
+    let (_addr, mut rx) = start(&wal, archive.path());
+    let s = wait_until(&mut rx, "a failure", |s| s.failed_count > 0).await;
+    assert_eq!(s.archived_lsn, Some(Lsn(3 * SEG)), "{s:?}");
+    assert_eq!(wal.archived(), Some(Lsn(3 * SEG)));
+    assert!(s.alarm.is_some(), "{s:?}");
+    assert!(
+        archive.path().join("000000010000000000000004").exists(),
+        "the segment after the failure was not put beside it: {:?}",
+        names(archive.path())
+    );
+    std::fs::remove_file(&third).unwrap();
+    let s = wait_until(&mut rx, "the backlog archived", |s| {
+        s.archived_lsn == Some(Lsn(7 * SEG))
+    })
+    .await;
+    assert_eq!(wal.archived(), Some(Lsn(7 * SEG)));
+    assert!(s.alarm.is_none(), "{s:?}");
+    for n in 1..=6 {
+        let name = format!("0000000100000000000000{n:02X}");
+        let own = std::fs::read(data.path().join("pg_wal").join(&name)).unwrap();
+        assert_eq!(
+            std::fs::read(archive.path().join(&name)).unwrap(),
+            own,
+            "{name}"
+        );
+    }
 }

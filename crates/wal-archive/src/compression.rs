@@ -7,6 +7,8 @@
 
 use std::io::Read;
 
+use bytes::Bytes;
+
 use crate::error::{ArchiveError, Result};
 
 /// zstd's own default level, which pgBackRest also uses: a guess at the balance between an
@@ -49,11 +51,13 @@ impl Compression {
         format!("{name}{}", self.suffix())
     }
 
-    /// The stored form of `bytes`. CPU-bound: run it off an actor's thread.
-    pub fn encode(self, bytes: &[u8]) -> Result<Vec<u8>> {
+    /// The stored form of `bytes` (uncompressed, the same buffer). CPU-bound: run it off an
+    /// actor's thread.
+    pub fn encode(self, bytes: &Bytes) -> Result<Bytes> {
         match self {
-            Compression::None => Ok(bytes.to_vec()),
+            Compression::None => Ok(bytes.clone()),
             Compression::Zstd => zstd::bulk::compress(bytes, ZSTD_LEVEL)
+                .map(Bytes::from)
                 .map_err(|e| ArchiveError::io("compressing with zstd", e)),
         }
     }
@@ -94,7 +98,7 @@ mod tests {
 
     #[test]
     fn names_carry_the_suffix_and_round_trip() {
-        let bytes: Vec<u8> = (0..100_000u32).map(|i| (i % 7) as u8).collect();
+        let bytes: Bytes = (0..100_000u32).map(|i| (i % 7) as u8).collect();
         for c in Compression::ALL {
             let stored = c.encode(&bytes).unwrap();
             assert_eq!(c.decode(&stored, bytes.len() as u64).unwrap(), bytes);
@@ -112,7 +116,7 @@ mod tests {
 
     #[test]
     fn decoding_is_bounded_and_refuses_damage() {
-        let bytes = vec![0u8; 1 << 20];
+        let bytes = Bytes::from(vec![0u8; 1 << 20]);
         let stored = Compression::Zstd.encode(&bytes).unwrap();
         assert!(Compression::Zstd.decode(&stored, 1000).is_err());
         assert!(Compression::None.decode(&bytes, 1000).is_err());

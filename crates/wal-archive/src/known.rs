@@ -123,13 +123,13 @@ mod tests {
     fn names_are_listed_once_then_kept_until_another_writer_shows() {
         let dir = tempfile::tempdir().unwrap();
         let t = ArchiveTarget::Directory(dir.path().into());
-        t.put("000000010000000000000001", b"a", Compression::None)
+        t.put("000000010000000000000001", &b"a"[..], Compression::None)
             .unwrap();
         let mut k = Known::default();
         assert!(k.names(&t).unwrap().contains("000000010000000000000001"));
         for n in 2..20 {
             let name = format!("0000000100000000000000{n:02X}");
-            let put = t.put(&name, b"b", Compression::None).unwrap();
+            let put = t.put(&name, &b"b"[..], Compression::None).unwrap();
             k.put(&name, put);
             assert!(k.names(&t).unwrap().contains(&name));
         }
@@ -140,7 +140,7 @@ mod tests {
         k.names(&t).unwrap();
         assert_eq!(k.listings(), 1);
         // An object it did not know of: someone else writes here; the next look lists.
-        t.put("000000010000000000000030", b"c", Compression::None)
+        t.put("000000010000000000000030", &b"c"[..], Compression::None)
             .unwrap();
         k.put("000000010000000000000030", Put::AlreadyThere);
         assert!(k.names(&t).unwrap().contains("000000010000000000000030"));
@@ -154,9 +154,9 @@ mod tests {
     fn contains_sees_an_object_in_any_stored_form_and_not_a_lone_sidecar() {
         let dir = tempfile::tempdir().unwrap();
         let t = ArchiveTarget::Directory(dir.path().into());
-        t.put("000000010000000000000001", b"a", Compression::None)
+        t.put("000000010000000000000001", &b"a"[..], Compression::None)
             .unwrap();
-        t.put("000000010000000000000002", b"b", Compression::Zstd)
+        t.put("000000010000000000000002", &b"b"[..], Compression::Zstd)
             .unwrap();
         fs::write(
             dir.path().join("000000010000000000000003.crc32c"),

@@ -399,7 +399,7 @@ mod tests {
         // A crash between the sidecar and the object: still missing.
         fs::write(dir.path().join(format!("{name}.crc32c")), sidecar(b"abc")).unwrap();
         assert_eq!(t.get(name).unwrap(), None);
-        t.put(name, b"abc", Compression::None).unwrap();
+        t.put(name, &b"abc"[..], Compression::None).unwrap();
         assert_eq!(t.get(name).unwrap().as_deref(), Some(&b"abc"[..]));
 
         // A flipped byte, a damaged sidecar and a lost sidecar are each refused by name.
@@ -423,7 +423,7 @@ mod tests {
         let t = ArchiveTarget::Directory(dir.path().into());
         let name = "000000010000000000000001";
         let bytes = vec![7u8; 100_000];
-        t.put(name, &bytes, Compression::Zstd).unwrap();
+        t.put(name, bytes.clone(), Compression::Zstd).unwrap();
         assert!(!dir.path().join(name).exists());
         assert_eq!(t.get(name).unwrap(), Some(bytes.clone()));
         // Damaged: it does not decode, or decodes to other bytes; either is refused.
@@ -431,10 +431,22 @@ mod tests {
         let stored = fs::read(&zst).unwrap();
         fs::write(&zst, &stored[..stored.len() - 3]).unwrap();
         assert!(matches!(t.get(name), Err(ArchiveError::Corrupt { .. })));
-        fs::write(&zst, Compression::Zstd.encode(&[8u8; 100_000]).unwrap()).unwrap();
+        fs::write(
+            &zst,
+            Compression::Zstd
+                .encode(&bytes::Bytes::from(vec![8u8; 100_000]))
+                .unwrap(),
+        )
+        .unwrap();
         assert!(matches!(t.get(name), Err(ArchiveError::Corrupt { .. })));
         // More than the checksum's size is never decompressed.
-        fs::write(&zst, Compression::Zstd.encode(&[7u8; 200_000]).unwrap()).unwrap();
+        fs::write(
+            &zst,
+            Compression::Zstd
+                .encode(&bytes::Bytes::from(vec![7u8; 200_000]))
+                .unwrap(),
+        )
+        .unwrap();
         assert!(matches!(t.get(name), Err(ArchiveError::Corrupt { .. })));
     }
 
@@ -442,11 +454,11 @@ mod tests {
     fn list_shows_objects_without_sidecars_or_temporaries() {
         let dir = tempfile::tempdir().unwrap();
         let t = ArchiveTarget::Directory(dir.path().into());
-        t.put("000000010000000000000002", b"seg2", Compression::None)
+        t.put("000000010000000000000002", &b"seg2"[..], Compression::None)
             .unwrap();
         t.put(
             "00000002.history",
-            b"1\t0/2000000\tno recovery target\n",
+            &b"1\t0/2000000\tno recovery target\n"[..],
             Compression::Zstd,
         )
         .unwrap();
@@ -476,7 +488,7 @@ mod tests {
         );
         t.put(
             "000000010000000000000003",
-            &vec![0; 1 << 20],
+            vec![0; 1 << 20],
             Compression::None,
         )
         .unwrap();

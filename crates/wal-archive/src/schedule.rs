@@ -21,12 +21,20 @@
 //! is when this machine first saw the flushed end past what the archive covers; after a
 //! prefix it is when that prefix was read, so the wait is never understated.
 //!
+//! A backlog of completed segments goes several at a time: after [`Schedule::next`] offered a
+//! segment, [`Schedule::more`] offers the completed segments that follow it, up to a count,
+//! to upload beside it. Outcomes are told in the order offered, so `archived` still moves one
+//! segment at a time; a failure takes back every item after it, which is offered again after
+//! the failed one (its object, if it was stored, is then found with the same bytes). History
+//! files, `.partial`s, prefixes and a retry go alone.
+//!
 //! **Invariants:** `archived` is segment-aligned and only moves forward, one segment per
 //! completed upload; a segment is offered only if it is complete (wholly below the flushed
 //! end) and every history file of the ancestry was archived since this machine started;
-//! `covered >= archived`, and a prefix is offered only up to the flushed end.
+//! `covered >= archived`, and a prefix is offered only up to the flushed end; the items in
+//! flight are consecutive segments, or one item of another kind.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use wal_storage::{history_file_name, segment_file_name, HistoryEntry};
@@ -155,7 +163,8 @@ pub struct Schedule {
     histories: BTreeSet<TimelineId>,
     /// Timelines whose `.partial` was put since this machine started.
     partials: BTreeSet<TimelineId>,
-    in_flight: Option<Item>,
+    /// Offered and not yet told, in the order offered.
+    in_flight: VecDeque<Item>,
     /// The failed item, how many times in a row, and when to try it again.
     failing: Option<(Item, u32, Instant)>,
 }
@@ -174,7 +183,7 @@ impl Schedule {
             prefix_read_at: None,
             histories: BTreeSet::new(),
             partials: BTreeSet::new(),
-            in_flight: None,
+            in_flight: VecDeque::new(),
             failing: None,
         }
     }
@@ -205,7 +214,7 @@ impl Schedule {
             self.waiting_since = None;
             self.prefix_read_at = None;
         }
-        if self.in_flight.is_some() {
+        if !self.in_flight.is_empty() {
             return Next::Busy;
         }
         let due = match self.failing {
@@ -221,7 +230,7 @@ impl Schedule {
                 if let Item::Prefix { .. } = item {
                     self.prefix_read_at = Some(now);
                 }
-                self.in_flight = Some(item);
+                self.in_flight.push_back(item);
                 Next::Upload(item)
             }
             Err(Some(at)) => Next::WaitUntil(at),
@@ -279,12 +288,48 @@ impl Schedule {
         })
     }
 
-    /// The upload of the item in flight completed (or found the same bytes already there).
-    /// Returns the new archived position when a segment completed: the caller stores it
-    /// durably before it asks for more.
+    /// Up to `max` completed segments after the last one in flight, to upload beside it:
+    /// marked in flight, their outcomes told after its. Nothing while a retry or an item of
+    /// another kind is in flight, and nothing past a segment that holds a timeline switch
+    /// (its `.partial` goes first, alone).
+    pub fn more(&mut self, wal: WalView<'_>, max: usize) -> Vec<Item> {
+        let seg = self.segment_size;
+        let mut out = Vec::new();
+        let Some(&Item::Segment {
+            segno: mut last, ..
+        }) = self.in_flight.back()
+        else {
+            return out;
+        };
+        if self.failing.is_some() {
+            return out;
+        }
+        while out.len() < max {
+            let segno = last + 1;
+            let end = (segno + 1) * seg;
+            let switch_inside = wal.history.iter().any(|h| {
+                h.switch_lsn.segment_number(seg) == segno && h.switch_lsn.segment_offset(seg) != 0
+            });
+            if end > wal.flushed.0 || switch_inside {
+                break;
+            }
+            let item = Item::Segment {
+                tli: timeline_of(Lsn(end - 1), wal),
+                segno,
+            };
+            self.in_flight.push_back(item);
+            out.push(item);
+            last = segno;
+        }
+        out
+    }
+
+    /// The upload of the first item in flight completed (or found the same bytes already
+    /// there). Returns the new archived position when a segment completed: the caller stores
+    /// it durably before it asks for more.
     pub fn uploaded(&mut self, item: Item) -> Option<Lsn> {
-        debug_assert_eq!(self.in_flight, Some(item), "an outcome of another item");
-        self.in_flight = None;
+        let first = self.in_flight.pop_front();
+        debug_assert_eq!(first, Some(item), "an outcome out of order");
         self.failing = None;
         match item {
             Item::History(tli) => {
@@ -309,11 +354,16 @@ impl Schedule {
         }
     }
 
-    /// The upload of the item in flight failed: it is retried after a backoff, and nothing
-    /// else is uploaded before it succeeds. Returns when the retry is due.
+    /// The upload of the first item in flight failed: it is retried after a backoff, and
+    /// nothing else is uploaded before it succeeds; the items after it are taken back (their
+    /// outcomes are not told). Returns when the retry is due.
     pub fn failed(&mut self, item: Item, now: Instant) -> Instant {
-        debug_assert_eq!(self.in_flight, Some(item), "an outcome of another item");
-        self.in_flight = None;
+        debug_assert_eq!(
+            self.in_flight.front(),
+            Some(&item),
+            "an outcome out of order"
+        );
+        self.in_flight.clear();
         self.prefix_read_at = None;
         let tries = match self.failing {
             Some((prev, n, _)) if prev == item || (prev.is_prefix() && item.is_prefix()) => n + 1,
@@ -333,6 +383,23 @@ impl Schedule {
     pub fn check_invariants(&self) {
         debug_assert_eq!(self.archived.segment_offset(self.segment_size), 0);
         debug_assert!(self.covered >= self.archived);
+        let segments: Vec<u64> = self
+            .in_flight
+            .iter()
+            .filter_map(|i| match i {
+                Item::Segment { segno, .. } => Some(*segno),
+                _ => None,
+            })
+            .collect();
+        debug_assert!(
+            segments.len() == self.in_flight.len() || self.in_flight.len() <= 1,
+            "only segments go several at a time: {:?}",
+            self.in_flight
+        );
+        debug_assert!(
+            segments.windows(2).all(|w| w[1] == w[0] + 1),
+            "segments in flight are consecutive: {segments:?}"
+        );
     }
 }
 
@@ -501,6 +568,51 @@ mod tests {
         assert_eq!(s.uploaded(seg(1, 1)), Some(Lsn(2 * SEG)));
         assert_eq!(s.failures_in_a_row(), 0);
         assert_eq!(drain(&mut s, retry, wal), [seg(1, 2), seg(1, 3), seg(1, 4)]);
+    }
+
+    #[test]
+    fn a_backlog_goes_several_segments_at_once_and_a_failure_takes_back_those_after_it() {
+        let t0 = Instant::now();
+        let history = [entry(1, 7 * SEG + 100)];
+        let wal = WalView {
+            timeline: TimelineId(2),
+            history: &history,
+            flushed: Lsn(9 * SEG + 5),
+        };
+        let mut s = Schedule::new(SEG, Lsn(SEG), None);
+        assert_eq!(s.next(t0, wal), Next::Upload(Item::History(TimelineId(2))));
+        assert!(s.more(wal, 3).is_empty(), "a history file goes alone");
+        s.uploaded(Item::History(TimelineId(2)));
+        assert_eq!(s.next(t0, wal), Next::Upload(seg(1, 1)));
+        assert_eq!(s.more(wal, 3), [seg(1, 2), seg(1, 3), seg(1, 4)]);
+        s.check_invariants();
+        assert_eq!(s.next(t0, wal), Next::Busy);
+        // Outcomes in order: the archived position moves one segment at a time.
+        assert_eq!(s.uploaded(seg(1, 1)), Some(Lsn(2 * SEG)));
+        assert_eq!(s.uploaded(seg(1, 2)), Some(Lsn(3 * SEG)));
+        // The third fails: the fourth is taken back, and only the third is retried.
+        let retry = s.failed(seg(1, 3), t0);
+        assert_eq!(s.archived(), Lsn(3 * SEG));
+        assert_eq!(s.next(retry, wal), Next::Upload(seg(1, 3)));
+        assert!(s.more(wal, 3).is_empty(), "a retry goes alone");
+        s.uploaded(seg(1, 3));
+        // Then a batch again, up to the segment holding the switch: timeline 1's `.partial`
+        // goes alone before it.
+        assert_eq!(s.next(retry, wal), Next::Upload(seg(1, 4)));
+        assert_eq!(s.more(wal, 8), [seg(1, 5), seg(1, 6)]);
+        for n in 4..=6 {
+            s.uploaded(seg(1, n));
+        }
+        assert_eq!(
+            s.next(retry, wal),
+            Next::Upload(partial(1, 7, 7 * SEG + 100))
+        );
+        assert!(s.more(wal, 3).is_empty());
+        s.uploaded(partial(1, 7, 7 * SEG + 100));
+        // The switch segment and the next complete one, under timeline 2; 9 is the current.
+        assert_eq!(s.next(retry, wal), Next::Upload(seg(2, 7)));
+        assert_eq!(s.more(wal, 3), [seg(2, 8)]);
+        s.check_invariants();
     }
 
     #[test]

@@ -32,6 +32,8 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
+
 use crate::command::ArchiveCommand;
 use crate::compression::Compression;
 use crate::error::{ArchiveError, Result};
@@ -91,30 +93,37 @@ impl ArchiveTarget {
     }
 
     /// Puts the file `name` holding `bytes`, stored with `compression`, with its checksum
-    /// sidecar. Blocking: run it on a blocking pool.
-    pub fn put(&self, name: &str, bytes: &[u8], compression: Compression) -> Result<Put> {
+    /// sidecar. Blocking: run it on a blocking pool. Uncompressed, `bytes` themselves are the
+    /// request's body: a segment is not copied on its way to the store.
+    pub fn put(
+        &self,
+        name: &str,
+        bytes: impl Into<Bytes>,
+        compression: Compression,
+    ) -> Result<Put> {
+        let bytes: Bytes = bytes.into();
         if let ArchiveTarget::Command(cmd) = self {
             // PostgreSQL's contract hands the command the file as it is; the command keeps
             // its own checksums and compression.
-            return cmd.put(name, bytes);
+            return cmd.put(name, &bytes);
         }
         self.put_object(
             &format!("{name}.crc32c"),
-            sidecar(bytes).as_bytes(),
+            &Bytes::from(sidecar(&bytes)),
             Compression::None,
         )?;
         // The other stored forms first: one file, one object.
         for other in Compression::ALL.into_iter().filter(|c| *c != compression) {
-            if let Some(put) = self.judge(name, bytes, other)? {
+            if let Some(put) = self.judge(name, &bytes, other)? {
                 return Ok(put);
             }
         }
-        self.put_object(name, bytes, compression)
+        self.put_object(name, &bytes, compression)
     }
 
     /// Creates `name`'s object stored with `compression` unless it exists, and judges what
     /// is there if it does.
-    fn put_object(&self, name: &str, bytes: &[u8], compression: Compression) -> Result<Put> {
+    fn put_object(&self, name: &str, bytes: &Bytes, compression: Compression) -> Result<Put> {
         if let Some(put) = self.judge(name, bytes, compression)? {
             return Ok(put);
         }
@@ -289,7 +298,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let t = ArchiveTarget::Directory(dir.path().into());
         assert_eq!(
-            t.put("000000010000000000000001", b"abc", Compression::None)
+            t.put("000000010000000000000001", &b"abc"[..], Compression::None)
                 .unwrap(),
             Put::Stored
         );
@@ -303,13 +312,13 @@ mod tests {
         );
         // The same bytes again: archived already.
         assert_eq!(
-            t.put("000000010000000000000001", b"abc", Compression::None)
+            t.put("000000010000000000000001", &b"abc"[..], Compression::None)
                 .unwrap(),
             Put::AlreadyThere
         );
         // Other bytes: refused, and the object is untouched.
         let e = t
-            .put("000000010000000000000001", b"abd", Compression::None)
+            .put("000000010000000000000001", &b"abd"[..], Compression::None)
             .unwrap_err();
         assert!(matches!(e, ArchiveError::Mismatch { .. }), "{e}");
         assert_eq!(
@@ -330,7 +339,8 @@ mod tests {
         fs::write(dir.path().join("00000002.history.crc32c"), sidecar(b"h")).unwrap();
         let t = ArchiveTarget::Directory(dir.path().into());
         assert_eq!(
-            t.put("00000002.history", b"h", Compression::None).unwrap(),
+            t.put("00000002.history", &b"h"[..], Compression::None)
+                .unwrap(),
             Put::Stored
         );
         assert_eq!(fs::read(dir.path().join("00000002.history")).unwrap(), b"h");
@@ -341,7 +351,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let t = ArchiveTarget::Directory(dir.path().join("missing"));
         let e = t
-            .put("000000010000000000000001", b"abc", Compression::None)
+            .put("000000010000000000000001", &b"abc"[..], Compression::None)
             .unwrap_err();
         assert!(matches!(e, ArchiveError::Io { .. }), "{e}");
     }
@@ -410,7 +420,10 @@ mod tests {
         let t = ArchiveTarget::parse_with(&url, &s3_options(&server)).unwrap();
         let seg = "000000010000000000000001";
         let bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 13) as u8).collect();
-        assert_eq!(t.put(seg, &bytes, Compression::None).unwrap(), Put::Stored);
+        assert_eq!(
+            t.put(seg, bytes.clone(), Compression::None).unwrap(),
+            Put::Stored
+        );
         let raw = |key: &str| server.get_raw(&format!("cluster-a/{key}")).unwrap();
         assert_eq!(raw(seg).as_deref(), Some(&bytes[..]));
         assert_eq!(
@@ -418,33 +431,36 @@ mod tests {
             Some(sidecar(&bytes).as_bytes())
         );
         assert_eq!(
-            t.put(seg, &bytes, Compression::None).unwrap(),
+            t.put(seg, bytes.clone(), Compression::None).unwrap(),
             Put::AlreadyThere
         );
         // Stored uncompressed, it counts as archived with compression on too: one object.
         assert_eq!(
-            t.put(seg, &bytes, Compression::Zstd).unwrap(),
+            t.put(seg, bytes.clone(), Compression::Zstd).unwrap(),
             Put::AlreadyThere
         );
         assert_eq!(raw(&format!("{seg}.zst")), None);
         let mut other = bytes.clone();
         other[1000] ^= 1;
-        let e = t.put(seg, &other, Compression::None).unwrap_err();
+        let e = t.put(seg, other.clone(), Compression::None).unwrap_err();
         assert!(matches!(e, ArchiveError::Mismatch { .. }), "{e}");
         assert_eq!(raw(seg).as_deref(), Some(&bytes[..]));
 
         // Compressed: a .zst object, found equal by its contents.
         let seg2 = "000000010000000000000002";
-        assert_eq!(t.put(seg2, &bytes, Compression::Zstd).unwrap(), Put::Stored);
+        assert_eq!(
+            t.put(seg2, bytes.clone(), Compression::Zstd).unwrap(),
+            Put::Stored
+        );
         let stored = raw(&format!("{seg2}.zst")).unwrap();
         assert!(stored.len() < bytes.len() / 10);
         assert_eq!(raw(seg2), None);
         assert_eq!(
-            t.put(seg2, &bytes, Compression::Zstd).unwrap(),
+            t.put(seg2, bytes.clone(), Compression::Zstd).unwrap(),
             Put::AlreadyThere
         );
         assert_eq!(
-            t.put(seg2, &bytes, Compression::None).unwrap(),
+            t.put(seg2, bytes.clone(), Compression::None).unwrap(),
             Put::AlreadyThere
         );
         // A damaged compressed object is other bytes, and stays as it is.
@@ -455,7 +471,7 @@ mod tests {
             )
             .unwrap();
         for c in Compression::ALL {
-            let e = t.put(seg2, &bytes, c).unwrap_err();
+            let e = t.put(seg2, bytes.clone(), c).unwrap_err();
             assert!(matches!(e, ArchiveError::Mismatch { .. }), "{e}");
             assert!(
                 e.to_string().contains("s3://walserver-archive/cluster-a/"),
@@ -470,14 +486,14 @@ mod tests {
         server
             .put_raw(&format!("cluster-a/{seg3}"), b"foreign")
             .unwrap();
-        let e = t.put(seg3, &bytes, Compression::None).unwrap_err();
+        let e = t.put(seg3, bytes.clone(), Compression::None).unwrap_err();
         assert!(matches!(e, ArchiveError::Mismatch { .. }), "{e}");
         assert_eq!(raw(seg3).as_deref(), Some(&b"foreign"[..]));
         let ArchiveTarget::S3(s3) = &t else {
             unreachable!()
         };
         assert!(
-            !s3.create(seg3, bytes.clone()).unwrap(),
+            !s3.create(seg3, bytes.clone().into()).unwrap(),
             "a taken name was created"
         );
         assert_eq!(raw(seg3).as_deref(), Some(&b"foreign"[..]));
@@ -502,7 +518,7 @@ mod tests {
         };
         let t = ArchiveTarget::parse_with(&url, &wrong).unwrap();
         let e = t
-            .put("000000010000000000000004", b"x", Compression::None)
+            .put("000000010000000000000004", &b"x"[..], Compression::None)
             .unwrap_err();
         assert!(matches!(e, ArchiveError::Store { .. }), "{e}");
         assert_eq!(raw("000000010000000000000004"), None);

@@ -2,8 +2,8 @@
 # Runs every walserver test: unit, integration, fault-injection and the interop tests against
 # real PostgreSQL 15. Installs PostgreSQL 15 first if this machine lacks it, because the interop
 # tests fail (never skip) without it, nftables and iproute2 likewise for the network fault
-# tests (which, like CI, run as root), etcd for etcd-gateway's tests, and SeaweedFS for the
-# archive's S3 tests.
+# tests (which, like CI, run as root), etcd for etcd-gateway's tests, SeaweedFS for the
+# archive's S3 tests and pgBackRest for the archive_command peer test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +33,14 @@ if ! command -v nft >/dev/null || ! command -v tc >/dev/null || ! command -v ip 
     if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nftables iproute2 >/dev/null
+fi
+
+# tests/pgrelay's pgbackrest.rs runs pgBackRest as a relay's archive_command.
+if ! command -v pgbackrest >/dev/null; then
+    echo "scripts/test.sh: pgbackrest not found; installing pgbackrest" >&2
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq pgbackrest >/dev/null
 fi
 
 # The archive's S3 tests run their own SeaweedFS (pg-testkit's SeaweedServer): its `weed`

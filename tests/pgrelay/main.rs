@@ -2,11 +2,13 @@
 //! PostgreSQL primary under write load, and a real PostgreSQL standby streaming from that
 //! walserver standby, ending with the primary's rows; the PostgreSQL primary restarted, with
 //! the time from it accepting connections again to walserver streaming again measured; and
-//! the relaying standby refusing promotion and appends. They fail, never skip, when
-//! PostgreSQL 15 is missing.
+//! the relaying standby refusing promotion and appends; PostgreSQL's point-in-time recovery
+//! from a relay's archive (`pitr.rs`); pgBackRest as a relay's `archive_command`
+//! (`pgbackrest.rs`). They fail, never skip, when PostgreSQL 15 (or pgBackRest) is missing.
 
 #[path = "../common/mod.rs"]
 mod common;
+mod pgbackrest;
 mod pitr;
 
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType};
 
 /// A test CA and a server certificate for the given names, signed by it.
 pub struct TestPki {
@@ -26,8 +26,18 @@ impl TestPki {
         let ca_cert = ca.self_signed(&ca_key).expect("self-sign the CA");
         let key = KeyPair::generate().expect("generate a server key");
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let leaf = CertificateParams::new(names)
-            .expect("server certificate parameters")
+        let mut leaf =
+            CertificateParams::new(names.clone()).expect("server certificate parameters");
+        // An IP address also as a DNS name: pgBackRest 2.45 compares the host it connects to,
+        // as text, with the DNS names only.
+        for name in names
+            .iter()
+            .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+        {
+            let dns = rcgen::Ia5String::try_from(name.as_str()).expect("an ASCII name");
+            leaf.subject_alt_names.push(SanType::DnsName(dns));
+        }
+        let leaf = leaf
             .signed_by(&key, &ca_cert, &ca_key)
             .expect("sign the server certificate");
         TestPki {
@@ -56,6 +66,7 @@ impl TestPki {
 }
 
 /// Where [`TestPki::write_to`] put the files.
+#[derive(Debug)]
 pub struct PkiFiles {
     pub root: PathBuf,
     pub cert: PathBuf,

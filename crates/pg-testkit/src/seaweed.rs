@@ -16,6 +16,10 @@
 //! a server that exits first fails the start with its log. SeaweedFS may ignore SIGTERM for
 //! many seconds, so a stop sends SIGKILL after a short grace.
 //!
+//! [`SeaweedServer::start_with_https`] also serves S3 over https on a port of its own, with
+//! a certificate of a throwaway CA ([`TestPki`]) for `127.0.0.1`, for a client that speaks
+//! S3 only over TLS (pgBackRest).
+//!
 //! A test that needs it fails, never skips, when `weed` is missing: the message says that
 //! `./scripts/test.sh` installs it.
 //!
@@ -31,6 +35,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crate::{PkiFiles, TestPki};
 
 /// How to get `weed` when it is missing.
 pub const WEED_INSTALL_HINT: &str = "SeaweedFS's `weed` is required for the archive's S3 \
@@ -106,6 +112,8 @@ struct Ports {
     volume: u16,
     filer: u16,
     s3: u16,
+    /// The https port of the S3 gateway, with its certificate's files.
+    s3_tls: u16,
 }
 
 /// Enters a network namespace, on the calling thread (setns, async-signal-safe, so it may
@@ -152,6 +160,8 @@ pub struct SeaweedServer {
     place: Place,
     ports: Ports,
     bucket: String,
+    /// With https: the CA's and the server's files, in the server's directory.
+    tls: Option<PkiFiles>,
     child: Option<Child>,
     // Last, so that the process is gone before its files are.
     dir: tempfile::TempDir,
@@ -165,22 +175,38 @@ impl SeaweedServer {
     }
 
     pub fn try_start() -> Result<SeaweedServer, String> {
-        SeaweedServer::start_at(Place {
+        SeaweedServer::start_at(
+            Place {
+                ip: Ipv4Addr::LOCALHOST,
+                enter: None,
+            },
+            false,
+        )
+    }
+
+    /// Starts a server as [`SeaweedServer::start`] does that also serves S3 over https
+    /// ([`SeaweedServer::https_port`], trusted through [`SeaweedServer::ca_file`]).
+    pub fn start_with_https() -> SeaweedServer {
+        let place = Place {
             ip: Ipv4Addr::LOCALHOST,
             enter: None,
-        })
+        };
+        SeaweedServer::start_at(place, true).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Starts a server as [`SeaweedServer::start`] does, inside the network namespace that
     /// `enter` enters, bound only to `ip` there (an address of that namespace).
     pub fn start_in(ip: Ipv4Addr, enter: EnterNamespace) -> Result<SeaweedServer, String> {
-        SeaweedServer::start_at(Place {
-            ip,
-            enter: Some(enter),
-        })
+        SeaweedServer::start_at(
+            Place {
+                ip,
+                enter: Some(enter),
+            },
+            false,
+        )
     }
 
-    fn start_at(place: Place) -> Result<SeaweedServer, String> {
+    fn start_at(place: Place, https: bool) -> Result<SeaweedServer, String> {
         let weed = find_weed()?;
         let mut last = String::new();
         for _ in 0..PORT_RETRIES {
@@ -188,11 +214,13 @@ impl SeaweedServer {
                 .prefix("seaweed-testkit-")
                 .tempdir()
                 .map_err(|e| format!("cannot make a temporary directory: {e}"))?;
+            let tls = https.then(|| TestPki::new(&["127.0.0.1"]).write_to(dir.path()));
             let mut server = SeaweedServer {
                 weed: weed.clone(),
                 place: place.clone(),
                 ports: free_twin_ports()?,
                 bucket: "walserver-archive".into(),
+                tls,
                 child: None,
                 dir,
             };
@@ -213,6 +241,16 @@ impl SeaweedServer {
 
     pub fn bucket(&self) -> &str {
         &self.bucket
+    }
+
+    /// The S3 gateway's https port; `None` unless started with https.
+    pub fn https_port(&self) -> Option<u16> {
+        self.tls.as_ref().map(|_| self.ports.s3_tls)
+    }
+
+    /// The CA certificate the https port's certificate is signed by.
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|f| f.root.as_path())
     }
 
     /// Stops the server: SIGTERM, then SIGKILL after a short grace; reaps it and removes its
@@ -361,6 +399,13 @@ impl SeaweedServer {
             .arg(format!("-volume.port={}", p.volume))
             .arg(format!("-filer.port={}", p.filer))
             .arg(format!("-s3.port={}", p.s3))
+            .args(self.tls.iter().flat_map(|f| {
+                [
+                    format!("-s3.port.https={}", p.s3_tls),
+                    format!("-s3.cert.file={}", f.cert.display()),
+                    format!("-s3.key.file={}", f.key.display()),
+                ]
+            }))
             .env("TMPDIR", &tmp)
             .stdin(Stdio::null())
             .stdout(stdout)
@@ -466,14 +511,14 @@ fn agent() -> ureq::Agent {
         .into()
 }
 
-/// Four loopback ports below [`MAX_PORT`] whose twins (port + 10000) are free too, all bound
+/// Five loopback ports below [`MAX_PORT`] whose twins (port + 10000) are free too, all bound
 /// at once so none repeats, then freed for weed; another process may take one in between,
 /// which the caller retries.
 fn free_twin_ports() -> Result<Ports, String> {
     let mut held = Vec::new();
     let mut ports = Vec::new();
     for _ in 0..200 {
-        if ports.len() == 4 {
+        if ports.len() == 5 {
             break;
         }
         let l = TcpListener::bind("127.0.0.1:0")
@@ -492,13 +537,14 @@ fn free_twin_ports() -> Result<Ports, String> {
         }
     }
     match ports[..] {
-        [master, volume, filer, s3] => Ok(Ports {
+        [master, volume, filer, s3, s3_tls] => Ok(Ports {
             master,
             volume,
             filer,
             s3,
+            s3_tls,
         }),
-        _ => Err("cannot find four free loopback ports with free twins".into()),
+        _ => Err("cannot find five free loopback ports with free twins".into()),
     }
 }
 

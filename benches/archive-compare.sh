@@ -62,20 +62,20 @@ LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
 W="$(mktemp -d /tmp/archive-compare.XXXXXX)"
 chmod 755 "$W"
 PIDS=()
-CGROUPS=()
 cleanup() {
     set +e
     for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
     [ -d "$W/pghome/data" ] && runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$W/pghome/data" -m immediate stop >/dev/null 2>&1
     for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-    for c in "${CGROUPS[@]}"; do rmdir "$c" 2>/dev/null; done
+    # cg_make runs in command substitutions, so the cgroups are found by name.
+    for c in "$CG_ROOT"/archive-compare-$$-*; do [ -d "$c" ] && rmdir "$c" 2>/dev/null; done
     # The Unix sockets weed makes in /tmp, named by its ports and their twins.
     for port in "$MASTER_PORT" "$VOLUME_PORT" "$FILER_PORT" "$S3_PORT"; do
         rm -f /tmp/seaweedfs-*-"$port".sock /tmp/seaweedfs-*-"$((port + 10000))".sock
     done
     [ -n "${KEEP:-}" ] || rm -rf "$W"
 }
-MASTER_PORT=0 VOLUME_PORT=0 FILER_PORT=0 S3_PORT=0
+MASTER_PORT=0 VOLUME_PORT=0 FILER_PORT=0 S3_PORT=0 CG_ROOT=""
 trap cleanup EXIT
 
 # --- CPU accounting: one cpuacct cgroup (v1) or cgroup (v2) per measured party ----------------
@@ -85,7 +85,6 @@ else echo "archive-compare: no cpuacct cgroup (v1) or cgroup v2 mounted" >&2; ex
 cg_make() { # NAME -> path
     local c="$CG_ROOT/archive-compare-$$-$1"
     mkdir -p "$c"
-    CGROUPS+=("$c")
     echo "$c"
 }
 cg_ns() { # PATH -> CPU nanoseconds used by its processes so far

@@ -1,5 +1,6 @@
-//! CopyData payloads in both directions (XLogData, keepalive, status update, hot standby
-//! feedback, anything else), and the password-message parsers that read raw 'p' bodies.
+//! CopyData payloads in both directions (XLogData, keepalive, walserver's commit point,
+//! status update, hot standby feedback, anything else), and the password-message parsers that
+//! read raw 'p' bodies.
 #![no_main]
 
 use bytes::{Bytes, BytesMut};

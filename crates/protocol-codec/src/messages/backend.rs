@@ -27,7 +27,8 @@ use crate::wire::{put_cstr, write_frame, Body};
 /// 'v' NegotiateProtocolVersion Int32 newest version (3 << 16 | minor), Int32 n, n × String
 /// ```
 /// CopyData with sub-type `'w'` or `'k'` decodes to [`BackendMessage::XLogData`] or
-/// [`BackendMessage::PrimaryKeepalive`]; any other payload stays [`BackendMessage::CopyData`].
+/// [`BackendMessage::PrimaryKeepalive`], walserver's own `'C'` to
+/// [`BackendMessage::CommitPoint`]; any other payload stays [`BackendMessage::CopyData`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackendMessage {
     Authentication(AuthRequest),
@@ -49,6 +50,7 @@ pub enum BackendMessage {
     CopyBothResponse,
     XLogData(XLogData),
     PrimaryKeepalive(PrimaryKeepalive),
+    CommitPoint(CommitPoint),
     CopyData(Bytes),
     CopyDone,
     NegotiateProtocolVersion {
@@ -189,6 +191,28 @@ impl PrimaryKeepalive {
     pub const LEN: usize = 18;
 }
 
+/// walserver's report of the overlapped commit's commit point, sent only on a stream whose
+/// client set [`crate::ACCEPTS_UNFLUSHED_PARAM`] (PostgreSQL never sends sub-type `'C'`, and
+/// a PostgreSQL client is never sent it). `commit_point` is the highest LSN the sender knows
+/// to be acknowledged (durable on the primary and on its synchronous quorum); `flushed` is
+/// the sender's own durable end. The receiver serves its readers nothing beyond
+/// `commit_point`; WAL it holds past it may be cut back at its next stream start.
+///
+/// Format (CopyData payload, exactly 17 bytes):
+/// ```text
+/// Byte1 'C', Int64 commit_point, Int64 flushed
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitPoint {
+    pub commit_point: Lsn,
+    pub flushed: Lsn,
+}
+
+impl CommitPoint {
+    pub const TAG: u8 = b'C';
+    pub const LEN: usize = 17;
+}
+
 impl BackendMessage {
     pub const AUTHENTICATION: u8 = b'R';
     pub const PARAMETER_STATUS: u8 = b'S';
@@ -221,6 +245,7 @@ impl BackendMessage {
             BackendMessage::CopyBothResponse => "CopyBothResponse",
             BackendMessage::XLogData(_) => "XLogData",
             BackendMessage::PrimaryKeepalive(_) => "primary keepalive",
+            BackendMessage::CommitPoint(_) => "commit point",
             BackendMessage::CopyData(_) => "CopyData",
             BackendMessage::CopyDone => "CopyDone",
             BackendMessage::NegotiateProtocolVersion { .. } => "NegotiateProtocolVersion",
@@ -442,6 +467,12 @@ impl BackendMessage {
                 d.put_u8(k.reply_requested.into());
                 Ok(())
             }),
+            BackendMessage::CommitPoint(c) => write_frame(dst, Self::COPY_DATA, |d| {
+                d.put_u8(CommitPoint::TAG);
+                d.put_u64(c.commit_point.0);
+                d.put_u64(c.flushed.0);
+                Ok(())
+            }),
             BackendMessage::CopyData(data) => write_frame(dst, Self::COPY_DATA, |d| {
                 d.put_slice(data);
                 Ok(())
@@ -610,6 +641,19 @@ fn decode_copy_data(body: Bytes) -> Result<BackendMessage> {
                 wal_end: Lsn(b.u64()?),
                 send_time: PgTimestamp(b.i64()?),
                 reply_requested: b.u8()? != 0,
+            }))
+        }
+        Some(&CommitPoint::TAG) => {
+            if body.len() != CommitPoint::LEN {
+                return Err(CodecError::malformed(
+                    "commit point",
+                    format!("{} bytes, expected {}", body.len(), CommitPoint::LEN),
+                ));
+            }
+            let mut b = Body::new(body.slice(1..), "commit point");
+            Ok(BackendMessage::CommitPoint(CommitPoint {
+                commit_point: Lsn(b.u64()?),
+                flushed: Lsn(b.u64()?),
             }))
         }
         _ => Ok(BackendMessage::CopyData(body)),

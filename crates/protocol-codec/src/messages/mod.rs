@@ -8,7 +8,8 @@ mod frontend;
 mod startup;
 
 pub use backend::{
-    AuthRequest, BackendMessage, FieldDescription, PrimaryKeepalive, TransactionStatus, XLogData,
+    AuthRequest, BackendMessage, CommitPoint, FieldDescription, PrimaryKeepalive,
+    TransactionStatus, XLogData,
 };
 pub use fields::{ErrorFields, SqlState};
 pub use frontend::{

@@ -418,6 +418,25 @@ fn xlogdata_and_keepalive() {
 }
 
 #[test]
+fn commit_point() {
+    let c = CommitPoint {
+        commit_point: Lsn(0x0100_2000),
+        flushed: Lsn(0x0100_3000),
+    };
+    let bytes = hex("64 00000015 43 0000000001002000 0000000001003000");
+    assert_eq!(bytes.len() - 5, CommitPoint::LEN);
+    check_backend(BackendMessage::CommitPoint(c), &bytes);
+    // Any other size is malformed, as for a keepalive.
+    for bad in [
+        "64 00000014 43 0000000001002000 00000000010030",
+        "64 00000016 43 0000000001002000 0000000001003000 00",
+    ] {
+        let mut b = BytesMut::from(&hex(bad)[..]);
+        assert!(ClientCodec::new().decode(&mut b).is_err(), "{bad}");
+    }
+}
+
+#[test]
 fn xlogdata_decode_does_not_copy() {
     let x = XLogData {
         wal_start: Lsn(8192),

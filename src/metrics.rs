@@ -440,6 +440,34 @@ fn storage_families(out: &mut Families, node: &Node, s: &Snapshot) {
         "Reopenings of failed storage that failed (each is tried again later).",
     );
     out.sample(name, &[], health.failed_restarts);
+    let commit = &s.status.commit;
+    for (name, help, value) in [
+        (
+            "walserver_commit_tail_cuts_total",
+            "Unacknowledged tails (WAL past the commit point) cut back at a stream start.",
+            commit.tail_cuts,
+        ),
+        (
+            "walserver_commit_tail_cut_bytes_total",
+            "Bytes of unacknowledged WAL cut back at stream starts.",
+            commit.tail_cut_bytes,
+        ),
+        (
+            "walserver_commit_tail_cut_refusals_total",
+            "Cuts refused because the upstream shares less history than the commit point.",
+            commit.tail_cut_refusals,
+        ),
+    ] {
+        out.family(name, Kind::Counter, help);
+        out.sample(name, &[], value);
+    }
+    let name = "walserver_commit_alarm";
+    out.family(
+        name,
+        Kind::Gauge,
+        "1 while the walreceiver is stopped because its upstream lacks acknowledged WAL.",
+    );
+    out.sample(name, &[], u64::from(commit.alarm.is_some()));
 }
 
 fn connection_families(out: &mut Families, node: &Node, s: &Snapshot) {

@@ -261,3 +261,161 @@ impl TestNode {
         body.lines().filter(|l| !l.trim().is_empty()).count()
     }
 }
+
+/// The overlapped commit on every node of a chain: a primary, its synchronous standby, and
+/// a standby's own cascade.
+const OVERLAP: &str = "synchronous_commit_overlap = true";
+
+/// Rule 3: a standby given WAL past the commit point (the primary's fdatasync is held)
+/// passes none of it on, to a cascade or through `GET /wal`, until the commit point covers
+/// it; then both get it.
+#[test]
+fn a_standby_passes_on_nothing_past_the_commit_point_it_was_told() {
+    let primary = TestNode::primary(&format!(
+        "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}"
+    ));
+    let s1 = standby_of(&primary, "s1", OVERLAP);
+    let cascade = standby_of(&s1, "c1", OVERLAP);
+    wait_streaming(&primary, &["s1"]);
+    wait_streaming(&s1, &["c1"]);
+    let base = append(&primary, b"before", Durability::On).unwrap();
+    cascade.wait_flushed(TimelineId(1), base);
+    let told = wait_commit_point(&s1, base);
+    assert_eq!(told, base);
+    let records_before = s1.http_get_records_count();
+    assert_eq!(records_before, primary.http_get_records_count());
+
+    let held = Held(primary.wal().clone());
+    primary.wal().failpoints().hold(FP_FSYNC);
+    let acked = append_in_background(&primary, b"overlapped", Durability::On);
+    // The standby has the append durable, and the primary has heard so (a round trip over
+    // the same stream that would carry a new commit point), while its own flush is held.
+    let at_s1 = s1.wait_flushed(TimelineId(1), base + 1);
+    wait_until("the primary hears of the standby's flush", || {
+        (primary.status().replication.iter())
+            .any(|r| r.application_name == "s1" && r.flush_lsn == Some(at_s1.flushed))
+    });
+    assert_eq!(acked.try_recv().unwrap_err(), TryRecvError::Empty);
+    assert_eq!(s1.status().commit.commit_point, Some(base));
+    // Nobody on the standby reads past the commit point.
+    assert_eq!(s1.http_get_records_count(), records_before);
+    assert_eq!(cascade.wal().flushed(), base, "passed on to the cascade");
+
+    drop(held);
+    let end = acked
+        .recv_timeout(DEADLINE)
+        .expect("an answer")
+        .expect("acknowledged");
+    assert_eq!(end, at_s1.flushed);
+    // The commit point moved: the cascade and readers get it.
+    cascade.wait_flushed(TimelineId(1), end);
+    assert_eq!(wait_commit_point(&s1, end), end);
+    assert_eq!(s1.http_get_records_count(), records_before + 1);
+}
+
+/// Rule 4: a standby whose tail (sent early, never acknowledged) is longer than its new
+/// upstream's WAL on the same timeline is cut back to that upstream's end at stream start,
+/// counts the cut, and streams on.
+#[test]
+fn a_longer_unacknowledged_tail_is_cut_back_at_stream_start() {
+    let primary = TestNode::primary(&format!(
+        "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}"
+    ));
+    let s1 = standby_of(&primary, "s1", OVERLAP);
+    // An asynchronous standby: it gets only what the primary flushed.
+    let s2 = standby_of(&primary, "s2", OVERLAP);
+    wait_streaming(&primary, &["s1", "s2"]);
+    let base = append(&primary, b"before", Durability::On).unwrap();
+    s2.wait_flushed(TimelineId(1), base);
+    wait_commit_point(&s1, base);
+
+    let held = Held(primary.wal().clone());
+    primary.wal().failpoints().hold(FP_FSYNC);
+    let _pending = append_in_background(&primary, b"never acknowledged", Durability::On);
+    let tail_end = s1.wait_flushed(TimelineId(1), base + 1).flushed;
+    assert_eq!(s2.wal().flushed(), base);
+
+    // s1 now streams from s2, whose WAL on the same timeline ends at the commit point.
+    s1.reload_with(&format!(
+        "{OVERLAP}\nprimary_conninfo = '{}'",
+        s2.conninfo("s1")
+    ));
+    wait_streaming(&s2, &["s1"]);
+    let status = s1.status();
+    assert_eq!(status.commit.tail_cuts, 1, "{status:?}");
+    assert_eq!(status.commit.tail_cut_bytes, tail_end.0 - base.0);
+    assert_eq!(status.commit.tail_cut_refusals, 0);
+    assert_eq!(s1.wal().flushed(), base, "cut back to the shared point");
+    let metrics = s1.http_get_metrics();
+    assert!(
+        metrics.contains("walserver_commit_tail_cuts_total 1\n"),
+        "{metrics}"
+    );
+    // It streams on. The primary's commit point waits for s1, which left it: without a
+    // synchronous standby it is the primary's flush again, and what the primary makes
+    // durable reaches s1 through s2.
+    drop(held);
+    primary.reload_with(OVERLAP);
+    let next = append(&primary, b"after", Durability::On).unwrap();
+    s1.wait_flushed(TimelineId(1), next);
+    common::cluster::assert_same_wal(&s1, &primary, TimelineId(1), Lsn(1 << 20), next);
+}
+
+/// Rule 4's limit: a standby told a commit point above its new upstream's end refuses to
+/// cut (that upstream lacks acknowledged WAL), keeps its WAL, and alarms in `/status` and
+/// `/metrics`.
+#[test]
+fn a_cut_below_the_commit_point_is_refused_and_alarmed() {
+    let primary = TestNode::primary(&format!(
+        "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}"
+    ));
+    let s1 = standby_of(&primary, "s1", OVERLAP);
+    let s2 = standby_of(&primary, "s2", OVERLAP);
+    wait_streaming(&primary, &["s1", "s2"]);
+    let base = append(&primary, b"before", Durability::On).unwrap();
+    s2.wait_flushed(TimelineId(1), base);
+    // s2 stops following: its WAL ends at `base`.
+    s2.reload_with(&format!(
+        "{OVERLAP}\nprimary_conninfo = 'host=127.0.0.1 port=1 user=repl'"
+    ));
+    s2.wait_not_streaming();
+    let end = append(&primary, b"acknowledged", Durability::On).unwrap();
+    assert_eq!(wait_commit_point(&s1, end), end);
+
+    s1.reload_with(&format!(
+        "{OVERLAP}\nprimary_conninfo = '{}'",
+        s2.conninfo("s1")
+    ));
+    wait_until("the refusal's alarm", || s1.status().commit.alarm.is_some());
+    let status = s1.status();
+    assert!(status.commit.tail_cut_refusals >= 1);
+    assert_eq!(status.commit.tail_cuts, 0);
+    assert_eq!(s1.wal().flushed(), end, "nothing acknowledged was cut");
+    let metrics = s1.http_get_metrics();
+    assert!(metrics.contains("walserver_commit_alarm 1\n"), "{metrics}");
+}
+
+/// Waits until `node` knows a commit point at or past `lsn`; returns it.
+fn wait_commit_point(node: &TestNode, lsn: Lsn) -> Lsn {
+    let mut c = None;
+    wait_until(&format!("a commit point at {lsn}"), || {
+        c = node.status().commit.commit_point;
+        c.is_some_and(|c| c >= lsn)
+    });
+    c.expect("waited for")
+}
+
+impl TestNode {
+    fn http_get_metrics(&self) -> String {
+        let (code, body) = common::cluster::http_get_any(self.http_addr, "/metrics");
+        assert_eq!(code, 200, "{body}");
+        body
+    }
+
+    /// Waits until the walreceiver has stopped streaming (it failed and waits to retry).
+    fn wait_not_streaming(&self) {
+        wait_until("the walreceiver to stop streaming", || {
+            self.receiver().pid.is_none()
+        });
+    }
+}

@@ -454,6 +454,12 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
     // The overlapped commit needs each batch's written end announced before its sync; the
     // walsenders decide who may be sent it.
     wal.set_publish_written(walsender.session.commit_overlap);
+    if walsender.session.commit_overlap && is_standby {
+        // A standby under the overlapped commit knows no commit point until its upstream
+        // tells it one, so its readers wait for that rather than read a tail that may be
+        // cut back (the point is kept in memory only).
+        wal.set_told_commit_point(Some(wal_storage::Lsn::INVALID));
+    }
     let report = wal.recovery_report();
     tracing::info!(
         timeline = %report.timeline,
@@ -493,6 +499,7 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         &wal,
         crate::visibility::rule_of(standby.is_none(), &sync),
         registry.sync_positions(),
+        walsender.session.commit_overlap,
     );
     let registry = registry.start();
     let shared = Shared::new(

@@ -166,8 +166,8 @@ pub use records::{
 };
 pub use restart::{FailureLog, RestartPolicy, RestartState, RetrySchedule};
 pub use status::{
-    FailoverStatus, MembershipState, NodeRole, NodeState, NodeStatus, ServiceInfo, ServiceState,
-    WalReceiverInfo,
+    CommitStatus, FailoverStatus, MembershipState, NodeRole, NodeState, NodeStatus, ServiceInfo,
+    ServiceState, WalReceiverInfo,
 };
 pub use supervisor::Supervisor;
 pub use walsender_actor::session::ShutdownMode;

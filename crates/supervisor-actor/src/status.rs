@@ -65,6 +65,26 @@ pub struct NodeStatus {
     /// admin API) fills it in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverStatus>,
+    /// The overlapped commit on this node.
+    #[serde(default)]
+    pub commit: CommitStatus,
+}
+
+/// The overlapped commit (`synchronous_commit_overlap`) as one node sees it: the commit point
+/// it knows, what it cut back at stream starts, and the alarm of a refused cut.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitStatus {
+    /// The commit point this node knows (its own on a primary, its upstream's on a standby);
+    /// `None` where the flushed end is the commit point.
+    pub commit_point: Option<Lsn>,
+    /// Unacknowledged tails cut back at stream start since this node started, and their bytes.
+    pub tail_cuts: u64,
+    pub tail_cut_bytes: u64,
+    /// Cuts refused because the upstream's history shares less than the commit point.
+    pub tail_cut_refusals: u64,
+    /// Set while the walreceiver is stopped by such a refusal: the upstream lacks
+    /// acknowledged WAL this node holds, and an operator must choose the upstream.
+    pub alarm: Option<String>,
 }
 
 /// What the node does now, as [`Node::state`](crate::Node::state) publishes it at each
@@ -218,6 +238,13 @@ mod tests {
                 term: Some(9),
                 paused: false,
             }),
+            commit: CommitStatus {
+                commit_point: Some(Lsn(0x1ff_0000)),
+                tail_cuts: 1,
+                tail_cut_bytes: 4096,
+                tail_cut_refusals: 0,
+                alarm: None,
+            },
         };
         for _ in 0..2 {
             let json = serde_json::to_value(&status).unwrap();

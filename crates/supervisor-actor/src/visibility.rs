@@ -12,12 +12,17 @@
 //! synchronous standbys confirm again (they report their positions as soon as they stream).
 //! That is the safe side: nothing unacknowledged is shown.
 //!
+//! Under the overlapped commit (`synchronous_commit_overlap`) the acknowledged end is the
+//! commit point: on a primary it goes into storage as its own
+//! ([`Wal::set_own_commit_point`]), for its walsenders to tell its standbys; on a standby
+//! readers stop at the commit point its upstream told, since WAL past it may be cut back.
+//!
 //! The acknowledged end is a watch, recomputed on events only: a local flush, a confirmation
 //! of the synchronous standbys (the registry's watch), or a change of the rule (the
 //! supervisor's, on a change of role or of synchronous settings).
 
 use tokio::sync::watch;
-use wal_storage::{Lsn, Wal};
+use wal_storage::{CommitBound, Lsn, Wal, WalPosition};
 use walsender_actor::overlap::commit_point;
 use walsender_actor::syncrep::{SyncPositions, WaitLevel};
 
@@ -46,6 +51,10 @@ pub(crate) struct Visibility {
     /// they read up to the flush itself and never lag behind it.
     gate: std::sync::Arc<watch::Sender<Option<Lsn>>>,
     confirmed: watch::Receiver<SyncPositions>,
+    /// `synchronous_commit_overlap`: the acknowledged end goes into storage as this node's
+    /// own commit point ([`Wal::set_own_commit_point`]), which its walsenders tell the
+    /// standbys that can cut back and which bounds its archiver.
+    overlap: bool,
 }
 
 /// The commit point at the rule's level (`walsender_actor::overlap::commit_point`): never
@@ -60,21 +69,40 @@ fn acknowledged_end(flushed: Lsn, rule: Option<WaitLevel>, confirmed: &SyncPosit
     commit_point(flushed, quorum)
 }
 
+/// What readers stop at (`None`: the local flush): the acknowledged end at the rule's
+/// level on a primary, and on a standby whose upstream told it a commit point, that point
+/// (the overlapped commit's rule 3: nobody reads past it).
+fn readers_gate(
+    pos: &WalPosition,
+    rule: Option<WaitLevel>,
+    confirmed: &SyncPositions,
+) -> Option<Lsn> {
+    match pos.commit {
+        CommitBound::Told(_) => Some(pos.committed()),
+        CommitBound::None | CommitBound::Own(_) => {
+            rule.map(|_| acknowledged_end(pos.flushed, rule, confirmed))
+        }
+    }
+}
+
 impl Visibility {
     /// The rule `rule` from the start; `confirmed` is the registry's watch.
     pub(crate) fn new(
         wal: &Wal,
         rule: Option<WaitLevel>,
         confirmed: watch::Receiver<SyncPositions>,
+        overlap: bool,
     ) -> (Visibility, Acknowledged) {
-        let first = acknowledged_end(wal.flushed(), rule, &confirmed.borrow());
-        let (acknowledged, end) = watch::channel(first);
-        let (gate, gate_rx) = watch::channel(rule.map(|_| first));
+        let pos = wal.position();
+        let first_gate = readers_gate(&pos, rule, &confirmed.borrow());
+        let (acknowledged, end) = watch::channel(first_gate.unwrap_or(pos.flushed));
+        let (gate, gate_rx) = watch::channel(first_gate);
         let v = Visibility {
             rule: watch::channel(rule).0,
             acknowledged: std::sync::Arc::new(acknowledged),
             gate: std::sync::Arc::new(gate),
             confirmed,
+            overlap,
         };
         (v, Acknowledged { end, gate: gate_rx })
     }
@@ -102,25 +130,29 @@ impl Visibility {
         let mut rule = self.rule.subscribe();
         let acknowledged = self.acknowledged.clone();
         let gate = self.gate.clone();
+        let own = self.overlap.then(|| wal.clone());
         async move {
             loop {
                 let r = *rule.borrow_and_update();
-                let end = acknowledged_end(
-                    flushed.borrow_and_update().flushed,
-                    r,
-                    &confirmed.borrow_and_update(),
-                );
+                let pos = *flushed.borrow_and_update();
+                let g = readers_gate(&pos, r, &confirmed.borrow_and_update());
+                let end = g.unwrap_or(pos.flushed);
                 acknowledged.send_if_modified(|a| {
                     let changed = *a != end;
                     *a = end;
                     changed
                 });
-                let g = r.map(|_| end);
                 gate.send_if_modified(|x| {
                     let changed = *x != g;
                     *x = g;
                     changed
                 });
+                // Without a synchronous rule the flush itself is the commit point. Storage
+                // ignores this on a standby, which keeps what its upstream told; a change
+                // wakes this loop once more, to find nothing changed.
+                if let Some(wal) = &own {
+                    wal.set_own_commit_point(g);
+                }
                 let alive = tokio::select! {
                     r = flushed.changed() => r.is_ok(),
                     r = confirmed.changed() => r.is_ok(),

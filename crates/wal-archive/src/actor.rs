@@ -222,10 +222,13 @@ impl Archiver {
                     return;
                 }
                 let history = self.wal.history();
+                // What the archive may take is acknowledged WAL: the flushed end, or under
+                // the overlapped commit the commit point this node knows, since WAL past it
+                // may be cut back and an archived object is never replaced.
                 let view = WalView {
                     timeline: pos.timeline,
                     history: &history,
-                    flushed: pos.flushed,
+                    flushed: pos.committed(),
                 };
                 let next = schedule.next(Instant::now(), view);
                 match next {

@@ -182,7 +182,10 @@
 //! published is never beyond what open finds again; nothing is readable beyond the flushed
 //! end, except that under the overlapped commit [`Wal::read_cached_written`] serves the batch
 //! whose fdatasync runs (for synchronous walserver standbys, which cut back what was never
-//! acknowledged); a timeline's WAL below its switch point never changes.
+//! acknowledged); a timeline's WAL below its switch point never changes. Under the overlapped
+//! commit a node also holds, in memory only, the commit point it knows ([`CommitBound`]:
+//! its own on a primary, told by the upstream on a standby), published with the position
+//! ([`WalPosition::committed`], [`WalPosition::sendable`]) for its readers to stop at.
 
 mod archived;
 mod background;
@@ -237,5 +240,5 @@ pub use reader::RecordReader;
 pub use recovery::{InitOptions, RecoveryReport};
 pub use segments::WalFileRange;
 pub use slots::{validate_slot_name, SlotInfo, WalStatus};
-pub use state::WalPosition;
+pub use state::{CommitBound, WalPosition};
 pub use wal::{AppendTicket, SlotGuard, Ticket, Wal, WriteTicket};

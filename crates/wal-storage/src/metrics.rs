@@ -64,12 +64,43 @@ pub struct StorageMetrics {
     /// How long each fsync and fdatasync took (none are timed with `fsync = off`).
     pub fsync_seconds: Histogram,
     errors: [AtomicU64; StorageErrorKind::ALL.len()],
+    /// The overlapped commit's cut-backs of an unacknowledged tail at stream start: how
+    /// many, how many bytes, and how many were refused (below the commit point). Counted
+    /// here, on the one object every part of a node shares, since they outlive the
+    /// walreceiver that made them.
+    tail_cuts: AtomicU64,
+    tail_cut_bytes: AtomicU64,
+    tail_cut_refusals: AtomicU64,
 }
 
 impl StorageMetrics {
     /// Failed operations of this kind so far.
     pub fn errors(&self, kind: StorageErrorKind) -> u64 {
         self.errors[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// Counts a cut of `bytes` of unacknowledged WAL.
+    pub fn count_tail_cut(&self, bytes: u64) {
+        self.tail_cuts.fetch_add(1, Ordering::Relaxed);
+        self.tail_cut_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Counts a cut refused because it would have gone below the commit point.
+    pub fn count_tail_cut_refusal(&self) {
+        self.tail_cut_refusals.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Cuts of an unacknowledged tail so far, and their bytes.
+    pub fn tail_cuts(&self) -> (u64, u64) {
+        (
+            self.tail_cuts.load(Ordering::Relaxed),
+            self.tail_cut_bytes.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Cuts refused so far.
+    pub fn tail_cut_refusals(&self) -> u64 {
+        self.tail_cut_refusals.load(Ordering::Relaxed)
     }
 
     /// Counts `r`'s error, if it is one, under the kind `op` and its errno give.

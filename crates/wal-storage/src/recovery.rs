@@ -295,6 +295,9 @@ fn open_locked(
         written: control.durable_lsn,
         flushed: control.durable_lsn,
         role: control.role,
+        // A reopening after a storage failure keeps what the node was told; a first open
+        // knows nothing yet.
+        commit: prev.map(|(p, _)| p.state().commit).unwrap_or_default(),
     };
     let (on_disk, mut removed_segments) = segments_on_disk(&io, &pg_wal, seg, st.tli)?;
     let known = prev.and_then(|(_, (tli, end))| (tli == st.tli).then_some(end));

@@ -40,6 +40,50 @@ pub struct WalPosition {
     /// End of what is durable and found again by open after a crash; what walsenders send up
     /// to and a walreceiver reports upstream. Never ahead of `written`.
     pub flushed: Lsn,
+    /// The overlapped commit's commit point as this node knows it ([`CommitBound`]).
+    pub commit: CommitBound,
+}
+
+impl WalPosition {
+    /// Where readers that may see only acknowledged WAL stop: the commit point this node
+    /// knows, never beyond the flushed end; the flushed end when it knows none.
+    pub fn committed(&self) -> Lsn {
+        match self.commit {
+            CommitBound::None => self.flushed,
+            CommitBound::Own(c) | CommitBound::Told(c) => c.min(self.flushed),
+        }
+    }
+
+    /// Where a walsender that does not send early stops: the flushed end, except on a node
+    /// whose upstream told it a commit point, where every reader stops at that point (the
+    /// overlapped commit's rule 3: nobody reads past the commit point).
+    pub fn sendable(&self) -> Lsn {
+        match self.commit {
+            CommitBound::Told(_) => self.committed(),
+            CommitBound::None | CommitBound::Own(_) => self.flushed,
+        }
+    }
+}
+
+/// What a node knows of the overlapped commit's commit point C: the highest LSN durable on
+/// the primary and on its synchronous quorum. Under the overlapped commit a synchronous
+/// standby may hold WAL past C that its primary never made durable; such WAL may vanish
+/// (it is cut back at the standby's next stream start), so nothing past C is passed on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CommitBound {
+    /// None: the switch is off, or the upstream carries none; readers stop at the flushed end.
+    #[default]
+    None,
+    /// A primary's own commit point ([`Wal::set_own_commit_point`]): told to its standbys and
+    /// bounding its archive; its walsenders keep the flushed limit for clients that cannot
+    /// cut back.
+    ///
+    /// [`Wal::set_own_commit_point`]: crate::Wal::set_own_commit_point
+    Own(Lsn),
+    /// Told by the upstream ([`Wal::set_told_commit_point`]): every reader here stops at it.
+    ///
+    /// [`Wal::set_told_commit_point`]: crate::Wal::set_told_commit_point
+    Told(Lsn),
 }
 
 /// The parts of the state that change together (promotion, following, truncation, writes).
@@ -53,6 +97,8 @@ pub(crate) struct TimelineState {
     pub flushed: Lsn,
     /// The role the control data records; it changes with the timeline at a promotion.
     pub role: Option<Role>,
+    /// The commit point this node knows; memory only (a restarted node learns it again).
+    pub commit: CommitBound,
 }
 
 impl TimelineState {
@@ -68,6 +114,7 @@ impl TimelineState {
             timeline: self.tli,
             written: self.written,
             flushed: self.flushed,
+            commit: self.commit,
         }
     }
 
@@ -194,6 +241,18 @@ impl Inner {
     /// announces once, and that is what wakes the waiters that ride the watch.
     pub(crate) fn announce(&self) {
         self.pos_tx.send_modify(|_| {});
+    }
+
+    /// Changes the commit point this node knows with `f`, and publishes it if it changed.
+    pub(crate) fn update_commit(&self, f: impl FnOnce(CommitBound) -> CommitBound) {
+        let changed = {
+            let mut st = self.state_mut();
+            let next = f(st.commit);
+            std::mem::replace(&mut st.commit, next) != next
+        };
+        if changed {
+            self.publish();
+        }
     }
 
     pub(crate) fn oldest_retained(&self) -> Lsn {

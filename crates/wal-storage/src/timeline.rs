@@ -22,7 +22,7 @@ use crate::naming::{
     history_file_name, parse_history_file_name, parse_segment_file_name, segment_file_name,
 };
 use crate::scan::last_record_end;
-use crate::state::TimelineState;
+use crate::state::{CommitBound, TimelineState};
 use crate::writer::Writer;
 use crate::{HistoryEntry, Result, Role, WalError};
 
@@ -156,6 +156,12 @@ impl Writer {
             wal_start: old.wal_start,
             written: x,
             flushed: x,
+            // A promotion makes this node the one that decides the commit point; a follow
+            // keeps what the upstream told.
+            commit: match (role, old.commit) {
+                (Some(Role::Primary), CommitBound::Told(_)) => CommitBound::None,
+                (_, c) => c,
+            },
             role,
         };
         self.inner.write_control(&st)?;

@@ -38,7 +38,7 @@ use crate::reader::RecordReader;
 use crate::recovery::{self, InitOptions, Recovered, RecoveryReport};
 use crate::segments::WalFileRange;
 use crate::slots::SlotInfo;
-use crate::state::{BgRequest, Inner, WalPosition};
+use crate::state::{BgRequest, CommitBound, Inner, WalPosition};
 use crate::writer::{self, Request, Writer};
 use crate::{HistoryEntry, Result, Role, StorageConfig, WalError, WalFormat};
 
@@ -597,6 +597,31 @@ impl Wal {
         self.inner()
             .publish_written
             .store(on, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Sets this primary's own commit point (the overlapped commit: its flush AND its
+    /// synchronous quorum's), or `None` when its own flush is the commit point. Published in
+    /// the position ([`WalPosition::committed`]) for its walsenders to tell their standbys and
+    /// for its archiver; ignored while an upstream's told point is in force (a standby).
+    pub fn set_own_commit_point(&self, c: Option<Lsn>) {
+        self.inner().update_commit(|old| match (old, c) {
+            (CommitBound::Told(_), _) => old,
+            (_, Some(c)) => CommitBound::Own(c),
+            (_, None) => CommitBound::None,
+        });
+    }
+
+    /// Sets the commit point the upstream told this standby, or `None` for an upstream that
+    /// carries none (every byte it sends is acknowledged as far as it knows). Every reader
+    /// here stops at it ([`WalPosition::sendable`]). It never moves back while told: a
+    /// commit point is acknowledged WAL, and an upstream that knows less (one that lags) does
+    /// not make it less. A promotion forgets it.
+    pub fn set_told_commit_point(&self, c: Option<Lsn>) {
+        self.inner().update_commit(|old| match (old, c) {
+            (CommitBound::Told(o), Some(c)) => CommitBound::Told(o.max(c)),
+            (_, Some(c)) => CommitBound::Told(c),
+            (_, None) => CommitBound::None,
+        });
     }
 
     /// Where [`Wal::read`] would read: the segment file, offset and length of up to `max_len`

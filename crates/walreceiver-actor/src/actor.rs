@@ -304,6 +304,15 @@ impl WalReceiver {
                         start,
                     });
                 }
+                Output::CommitPoint(c) => self.wal.set_told_commit_point(c),
+                Output::Stop(e @ ReceiverError::BelowCommitPoint { .. }) => {
+                    // The alarm: an error in the log, the refusal in storage's metrics, the
+                    // reason in the owner's restart state (`/status`).
+                    tracing::error!(receiver = self.id.0, "{e}");
+                    self.wal.metrics().count_tail_cut_refusal();
+                    self.stop_reason.get_or_insert(StopReason::Failed(e));
+                    ctx.stop();
+                }
                 Output::Stop(e) => match &self.config.archive {
                     Some(archive)
                         if e.sqlstate() == Some("58P01") && self.stop_reason.is_none() =>

@@ -71,6 +71,17 @@ pub enum ReceiverError {
         local_end: Lsn,
     },
 
+    /// The overlapped commit's rule 4 refused to cut this node's tail: the upstream shares
+    /// its history only up to `shared`, below the commit point this node was told, so it
+    /// lacks WAL that was acknowledged; cutting would destroy the only copy here.
+    #[error("refusing to cut this node's WAL on timeline {timeline} back to {shared}, the point the upstream's history shares with it: WAL up to the commit point {commit_point} was acknowledged, and this node holds it (up to {local_end}); the upstream lacks acknowledged WAL")]
+    BelowCommitPoint {
+        timeline: TimelineId,
+        shared: Lsn,
+        commit_point: Lsn,
+        local_end: Lsn,
+    },
+
     #[error("terminating walreceiver due to timeout: no message from the upstream for {timeout_ms} ms (wal_receiver_timeout)")]
     Timeout { timeout_ms: u64 },
 

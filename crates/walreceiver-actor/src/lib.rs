@@ -14,7 +14,13 @@
 //! follow it, and goes on streaming on the same connection. Its startup packet sets
 //! `walserver.accept_unflushed=on` ([`protocol_codec::ACCEPTS_UNFLUSHED_PARAM`]): a walserver
 //! upstream with the overlapped commit may send it WAL before the upstream's own fdatasync
-//! ends; it reports as flushed only what its own storage has fdatasynced, as always.
+//! ends; it reports as flushed only what its own storage has fdatasynced, as always. Such an
+//! upstream also tells it the commit point ([`protocol_codec::messages::CommitPoint`]), which
+//! it hands to storage (`Wal::set_told_commit_point`) so that this node's readers stop there.
+//! It needs no mark from the upstream to flush at once: storage's writer syncs each batch as
+//! soon as it has it, and the status update follows that flush. With
+//! `synchronous_commit_overlap` on, a stream start first cuts back an unacknowledged tail
+//! ([`cutback`]).
 //!
 //! Its peer is the upstream's walsender, on the socket. Its owner is the node's supervisor,
 //! which starts it, stops it with [`messages::StopReceiver`], and is told of its life with
@@ -35,7 +41,8 @@
 //! - normally, never: it streams until told to stop;
 //! - on error: the upstream closes the connection or reports an error (with its SQLSTATE:
 //!   58P01 when it no longer has the WAL we need, 57P01 when it shuts down), the system
-//!   identifiers differ, this node's WAL forked from the upstream's history, the upstream
+//!   identifiers differ, this node's WAL forked from the upstream's history (with the
+//!   overlapped commit: below the commit point it was told), the upstream
 //!   stays silent for `wal_receiver_timeout`, the socket or the protocol breaks, or storage
 //!   fails. Each is a [`ReceiverError`] in [`StopReason::Failed`];
 //! - at shutdown (or when `primary_conninfo` changes, or at promotion): [`messages::StopReceiver`]
@@ -74,6 +81,7 @@
 mod actor;
 mod config;
 pub mod connect;
+pub mod cutback;
 mod error;
 pub mod gap;
 mod identity;

@@ -32,6 +32,7 @@ use wal_storage::{
     parse_history, HistoryEntry, Lsn, PgTimestamp, SystemId, TimelineId, WalError, WalPosition,
 };
 
+use crate::cutback::TailDecision;
 use crate::error::ReceiverError;
 use crate::query::{self, describe, QueryResult, ResultCollector};
 use crate::status::{ReceiverState, ReceiverStatus};
@@ -49,6 +50,10 @@ pub struct SessionConfig {
     pub wal_receiver_status_interval: Duration,
     /// What to report as applied.
     pub apply: ApplyReporting,
+    /// `synchronous_commit_overlap` on this node: at stream start, WAL beyond the point the
+    /// upstream's history shares with this node's is cut back ([`crate::cutback`]) instead
+    /// of refused as `Forked`.
+    pub commit_overlap: bool,
 }
 
 impl Default for SessionConfig {
@@ -58,6 +63,7 @@ impl Default for SessionConfig {
             wal_receiver_timeout: Duration::from_secs(60),
             wal_receiver_status_interval: Duration::from_secs(10),
             apply: ApplyReporting::FollowFlush,
+            commit_overlap: false,
         }
     }
 }
@@ -85,6 +91,8 @@ pub struct LocalWal {
     /// The end of what storage was handed, at or past `flushed`: where streaming starts. It
     /// is past `flushed` only after a fill from the archive that ended inside a record.
     pub written: Lsn,
+    /// The commit point an upstream told this node, if storage holds one.
+    pub commit_point: Option<Lsn>,
 }
 
 /// Storage work that touches files, for the actor to run on a blocking pool
@@ -105,6 +113,9 @@ pub enum StorageOp {
         history: Bytes,
         switch: Lsn,
     },
+    /// Drop the unacknowledged tail of `timeline` beyond `to` (`Wal::truncate_to`), counting
+    /// it in storage's metrics.
+    CutBack { timeline: TimelineId, to: Lsn },
 }
 
 /// What a [`StorageOp`] produced.
@@ -112,7 +123,15 @@ pub enum StorageOp {
 pub enum StorageDone {
     HistoryFiles(Vec<(TimelineId, Option<Bytes>)>),
     HistoryStored(TimelineId),
-    Followed { timeline: TimelineId, switch: Lsn },
+    Followed {
+        timeline: TimelineId,
+        switch: Lsn,
+    },
+    /// `bytes` beyond `to` were dropped.
+    CutBack {
+        to: Lsn,
+        bytes: u64,
+    },
 }
 
 /// Work for the actor.
@@ -126,6 +145,9 @@ pub enum Output {
     Run(StorageOp),
     /// A stream began: tell the owner.
     Streaming { timeline: TimelineId, start: Lsn },
+    /// The commit point the upstream told (`Wal::set_told_commit_point`); `None` for a
+    /// stream that carries none.
+    CommitPoint(Option<Lsn>),
     /// The connection is over: close it and tell the owner why.
     Stop(ReceiverError),
 }
@@ -188,6 +210,14 @@ pub struct Session {
     ping_sent: bool,
     /// The start of a stream not yet announced to the owner.
     unannounced: Option<Lsn>,
+    /// The highest commit point an upstream told this node, while storage holds one.
+    commit_point: Option<Lsn>,
+    /// The upstream's durable end on this node's timeline, from IDENTIFY_SYSTEM: the point
+    /// their histories share when this node's timeline is the upstream's.
+    upstream_end: Option<Lsn>,
+    /// Whether the current stream carries the commit point: unknown until its first message,
+    /// which is one if it does.
+    carries_commit_point: Option<bool>,
     status: ReceiverStatus,
 }
 
@@ -214,6 +244,9 @@ impl Session {
             last_receipt: now,
             ping_sent: false,
             unannounced: None,
+            commit_point: local.commit_point,
+            upstream_end: None,
+            carries_commit_point: None,
             status,
         }
     }
@@ -295,6 +328,7 @@ impl Session {
                     msg,
                     BackendMessage::PrimaryKeepalive(_)
                         | BackendMessage::XLogData(_)
+                        | BackendMessage::CommitPoint(_)
                         | BackendMessage::CopyData(_)
                 ) =>
             {
@@ -358,6 +392,7 @@ impl Session {
                     );
                 }
                 self.upstream_tli = id.timeline;
+                self.upstream_end = (id.timeline == self.timeline).then_some(id.xlogpos);
                 self.advance(now, out);
             }
             Command::TimelineHistory(tli) => {
@@ -405,6 +440,13 @@ impl Session {
                 }
             }
             Ok(StorageDone::HistoryStored(_)) => {}
+            Ok(StorageDone::CutBack { to, bytes }) => {
+                tracing::warn!(timeline = %self.timeline, %to, bytes, "cut back this node's unacknowledged WAL to the point its upstream's history shares");
+                self.handed = to;
+                self.flushed = self.flushed.min(to);
+                self.status.written_lsn = Some(self.handed);
+                self.status.flushed_lsn = Some(self.flushed);
+            }
             Ok(StorageDone::Followed { timeline, switch }) => {
                 tracing::info!(%timeline, %switch, "walreceiver followed the upstream to a new timeline");
                 self.timeline = timeline;
@@ -442,6 +484,11 @@ impl Session {
             return self.command(Command::TimelineHistory(tli), now, out);
         }
         if self.timeline == upstream {
+            if let Some(end) = self.upstream_end.filter(|_| self.config.commit_overlap) {
+                if self.cut_back_to(end, out) {
+                    return;
+                }
+            }
             return self.start_replication(now, out);
         }
         let entries = match parse_history(&self.histories[&upstream]) {
@@ -462,6 +509,10 @@ impl Session {
                 out,
             );
         };
+        if self.handed > switch && self.config.commit_overlap {
+            self.cut_back_to(switch, out);
+            return;
+        }
         if self.handed > switch {
             return self.fail(
                 ReceiverError::Forked {
@@ -494,6 +545,37 @@ impl Session {
         }));
     }
 
+    /// Rule 4 of the overlapped commit ([`crate::cutback`]): cuts this node's WAL back to
+    /// `shared`, the highest point its history shares with the upstream's, or refuses when
+    /// that is below the commit point it was told. Returns whether it did either (storage
+    /// work runs, or the connection ends).
+    fn cut_back_to(&mut self, shared: Lsn, out: &mut Vec<Output>) -> bool {
+        let commit_point = self.commit_point.unwrap_or(Lsn::INVALID);
+        match crate::cutback::decide(self.handed, shared, commit_point) {
+            TailDecision::Keep => false,
+            TailDecision::Cut { to, .. } => {
+                self.phase = Phase::Storage;
+                out.push(Output::Run(StorageOp::CutBack {
+                    timeline: self.timeline,
+                    to,
+                }));
+                true
+            }
+            TailDecision::Refuse => {
+                self.fail(
+                    ReceiverError::BelowCommitPoint {
+                        timeline: self.timeline,
+                        shared,
+                        commit_point,
+                        local_end: self.handed,
+                    },
+                    out,
+                );
+                true
+            }
+        }
+    }
+
     /// START_REPLICATION of this node's timeline from the end of what it has.
     fn start_replication(&mut self, now: Instant, out: &mut Vec<Output>) {
         let (timeline, start) = (self.timeline, self.handed);
@@ -513,6 +595,7 @@ impl Session {
         };
         self.phase = Phase::Streaming;
         self.unannounced = Some(start);
+        self.carries_commit_point = None;
         self.status.receive_start_lsn = Some(start);
         self.status.receive_start_tli = Some(self.timeline);
         self.status.written_lsn = Some(self.handed);
@@ -548,7 +631,20 @@ impl Session {
     }
 
     fn on_stream_message(&mut self, msg: BackendMessage, now: Instant, out: &mut Vec<Output>) {
+        if self.carries_commit_point.is_none() {
+            // An upstream that carries the commit point tells it before anything else.
+            let carries = matches!(msg, BackendMessage::CommitPoint(_));
+            self.carries_commit_point = Some(carries);
+            if !carries && self.commit_point.take().is_some() {
+                out.push(Output::CommitPoint(None));
+            }
+        }
         match msg {
+            BackendMessage::CommitPoint(c) => {
+                self.announce(out);
+                self.commit_point = Some(c.commit_point.max(self.commit_point.unwrap_or_default()));
+                out.push(Output::CommitPoint(Some(c.commit_point)));
+            }
             BackendMessage::XLogData(x) => {
                 self.announce(out);
                 self.on_sender_report(x.wal_end, x.send_time);

@@ -26,6 +26,10 @@ impl LocalWal {
             timeline: pos.timeline,
             flushed: pos.flushed,
             written: pos.flushed,
+            commit_point: match pos.commit {
+                wal_storage::CommitBound::Told(c) => Some(c),
+                _ => None,
+            },
         }
     }
 
@@ -59,6 +63,19 @@ pub fn run(op: StorageOp, wal: &Wal) -> Result<StorageDone, WalError> {
         } => wal
             .follow_timeline(timeline, history.to_vec(), switch)
             .map(|()| StorageDone::Followed { timeline, switch }),
+        StorageOp::CutBack { timeline, to } => {
+            // Only the timeline the session decided on: a storage that moved on meanwhile
+            // is the next connection's to judge.
+            if wal.timeline() != timeline {
+                return Err(WalError::BadTruncate {
+                    lsn: to,
+                    reason: format!("storage left timeline {timeline}"),
+                });
+            }
+            let bytes = wal.truncate_to(to)?;
+            wal.metrics().count_tail_cut(bytes);
+            Ok(StorageDone::CutBack { to, bytes })
+        }
     }
 }
 

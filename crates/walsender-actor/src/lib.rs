@@ -5,7 +5,9 @@
 //! CopyBoth sub-protocol, so pg_receivewal, a PostgreSQL standby and walserver's own
 //! walreceiver can all stream from it. Under the overlapped commit ([`overlap`],
 //! `synchronous_commit_overlap`) a synchronous walserver standby is sent WAL as soon as it is
-//! written, while this node's fdatasync runs; every other client only durable WAL. Its peer is the client on the socket; the node's other
+//! written, while this node's fdatasync runs; every other client only durable WAL. A client
+//! that can cut back is also told this node's commit point (rule 3), and on a standby told
+//! one by its upstream every stream stops there (`WalPosition::sendable`). Its peer is the client on the socket; the node's other
 //! actors reach it through the [`WalSenderRegistry`], which knows every connection, enforces
 //! `max_wal_senders`, shows `pg_stat_replication`, fans out shutdown, and runs synchronous
 //! replication ([`syncrep`]): on every standby reply it decides who is synchronous and

@@ -35,12 +35,13 @@ pub fn sends_early(overlap: bool, client_accepts_unflushed: bool, sync_state: &s
 }
 
 /// Where a stream of the current timeline stops for now: the written end for a walsender
-/// that [`sends_early`], else the flushed end.
+/// that [`sends_early`], else the flushed end, or on a standby told a commit point that
+/// point ([`WalPosition::sendable`]: nobody reads past it).
 pub fn send_limit(pos: &WalPosition, early: bool) -> Lsn {
     if early {
-        pos.written.max(pos.flushed)
+        pos.written.max(pos.sendable())
     } else {
-        pos.flushed
+        pos.sendable()
     }
 }
 
@@ -61,6 +62,13 @@ pub fn starts_new_timeline(overlap: bool) -> bool {
     overlap
 }
 
+/// Whether a stream carries the commit point ([`protocol_codec::messages::CommitPoint`]):
+/// the switch is on and the client said it can cut back, which only walserver's
+/// walreceiver says; PostgreSQL clients see PostgreSQL's protocol byte for byte.
+pub fn carries_commit_point(overlap: bool, client_accepts_unflushed: bool) -> bool {
+    overlap && client_accepts_unflushed
+}
+
 /// Whether a client's value of [`protocol_codec::ACCEPTS_UNFLUSHED_PARAM`] says yes, in
 /// PostgreSQL's boolean spellings.
 pub fn accepts_unflushed(value: Option<&str>) -> bool {
@@ -75,7 +83,7 @@ pub fn accepts_unflushed(value: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wal_storage::TimelineId;
+    use wal_storage::{CommitBound, TimelineId};
 
     #[test]
     fn the_commit_point_needs_the_primary_s_flush_and_the_quorum_s() {
@@ -106,13 +114,33 @@ mod tests {
 
     #[test]
     fn the_limit_is_the_written_end_only_for_an_early_sender() {
-        let pos = WalPosition {
+        let mut pos = WalPosition {
             timeline: TimelineId(1),
             written: Lsn(200),
             flushed: Lsn(120),
+            commit: CommitBound::None,
         };
         assert_eq!(send_limit(&pos, true), Lsn(200));
         assert_eq!(send_limit(&pos, false), Lsn(120));
+        // A primary's own commit point does not hold back its own walsenders (rule 2).
+        pos.commit = CommitBound::Own(Lsn(100));
+        assert_eq!(send_limit(&pos, false), Lsn(120));
+    }
+
+    #[test]
+    fn a_standby_told_a_commit_point_sends_nothing_past_it() {
+        let mut pos = WalPosition {
+            timeline: TimelineId(1),
+            written: Lsn(200),
+            flushed: Lsn(200),
+            commit: CommitBound::Told(Lsn(150)),
+        };
+        assert_eq!(send_limit(&pos, false), Lsn(150));
+        // Its own flush still bounds it.
+        pos.commit = CommitBound::Told(Lsn(300));
+        assert_eq!(send_limit(&pos, false), Lsn(200));
+        pos.commit = CommitBound::None;
+        assert_eq!(send_limit(&pos, false), Lsn(200));
     }
 
     #[test]

@@ -154,6 +154,7 @@ pub fn receiver_config(s: &Settings, data_dir: &Path) -> Result<Option<ReceiverC
         .filter(|n| !n.is_empty());
     cfg.session.wal_receiver_timeout = s.wal_receiver_timeout;
     cfg.session.wal_receiver_status_interval = s.wal_receiver_status_interval;
+    cfg.session.commit_overlap = s.synchronous_commit_overlap;
     // When the upstream has removed WAL this node needs, the walreceiver fills the gap from
     // the archive.
     cfg.archive = crate::archive::gap_archive(s)?;
@@ -301,9 +302,13 @@ impl Reloader {
         };
         let mut walsender = walsender_settings(&s, segment_size, wal_format, tls)?;
         // Storage was told at start whether to publish written WAL early; the walsenders
-        // keep the rule it was told.
+        // and the walreceiver keep the rule it was told.
         Arc::make_mut(&mut walsender.session).commit_overlap =
             self.running.synchronous_commit_overlap;
+        let receiver = receiver.map(|mut r| {
+            r.session.commit_overlap = self.running.synchronous_commit_overlap;
+            r
+        });
         Ok(Reconfigure {
             walsender,
             max_wal_senders: s.max_wal_senders,

@@ -22,13 +22,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use wal_storage::{Lsn, Wal, WalError, WalFormat};
+use wal_storage::{CommitBound, Lsn, Wal, WalError, WalFormat};
 use wal_types::time::format_time;
 use walreceiver_actor::messages::{
     Applied, GetReceiverStatus, ReceiverId, ReceiverOwner, ReceiverStopped, StopReceiver,
     StreamingStarted,
 };
-use walreceiver_actor::{ApplyReporting, ReceiverConfig, ReceiverStatus, StopReason, WalReceiver};
+use walreceiver_actor::{
+    ApplyReporting, ReceiverConfig, ReceiverError, ReceiverStatus, StopReason, WalReceiver,
+};
 use walsender_actor::messages::{
     GetReplicationStatus, SetMaxWalSenders, SetSyncStandbyNames, SettingsChanged,
     ShutdownWalSenders, StopAccepting,
@@ -45,7 +47,9 @@ use crate::messages::{
     SuperviseService,
 };
 use crate::restart::{FailureLog, RestartPolicy, RestartState};
-use crate::status::{NodeRole, NodeState, NodeStatus, ServiceInfo, ServiceState, WalReceiverInfo};
+use crate::status::{
+    CommitStatus, NodeRole, NodeState, NodeStatus, ServiceInfo, ServiceState, WalReceiverInfo,
+};
 use crate::visibility::{rule_of, Visibility};
 
 mod append;
@@ -72,6 +76,9 @@ struct Receiver {
     applied: Option<Lsn>,
     /// Waiting for the current walreceiver to stop (promotion).
     stop_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// The last walreceiver refused to cut this node's WAL below its commit point; cleared
+    /// when a stream starts.
+    tail_alarm: Option<String>,
 }
 
 impl Receiver {
@@ -88,6 +95,7 @@ impl Receiver {
             last_status: None,
             applied: None,
             stop_waiters: Vec::new(),
+            tail_alarm: None,
         }
     }
 }
@@ -387,6 +395,7 @@ impl Handler<StreamingStarted> for Supervisor {
             return; // A walreceiver already replaced.
         }
         r.streaming = true;
+        r.tail_alarm = None;
         let recovered = r.restart.on_streaming(Instant::now());
         self.publish_state();
         match recovered {
@@ -430,6 +439,9 @@ impl Handler<ReceiverStopped> for Supervisor {
                 tracing::info!(receiver = msg.receiver.0, "walreceiver stopped on request");
             }
             StopReason::Failed(e) => {
+                if matches!(e, ReceiverError::BelowCommitPoint { .. }) {
+                    r.tail_alarm = Some(e.to_string());
+                }
                 let now = Instant::now();
                 let delay = r.restart.on_failed(&policy, &e, now, rand::random::<f64>());
                 let upstream = r.config.conninfo.to_string_without_password();
@@ -578,6 +590,7 @@ impl Handler<GetNodeStatus> for Supervisor {
         let retry_schedule = self.policy.schedule();
         let term = self.fence.term();
         let acknowledged_lsn = self.visibility.acknowledged();
+        let tail_alarm = self.receiver.as_ref().and_then(|r| r.tail_alarm.clone());
         let receiver = self.receiver.as_ref().map(|r| {
             let not_streaming_reason = if r.streaming {
                 None
@@ -633,6 +646,7 @@ impl Handler<GetNodeStatus> for Supervisor {
                 services,
                 term,
                 failover: None,
+                commit: commit_status(&wal, tail_alarm),
             })
         })
     }
@@ -823,5 +837,22 @@ impl Handler<ReportApplied> for Supervisor {
                 addr.do_send(Applied { lsn: msg.lsn });
             }
         }
+    }
+}
+
+/// The overlapped commit's part of `/status`, from storage's position and counters.
+fn commit_status(wal: &Wal, alarm: Option<String>) -> CommitStatus {
+    let pos = wal.position();
+    let metrics = wal.metrics();
+    let (tail_cuts, tail_cut_bytes) = metrics.tail_cuts();
+    CommitStatus {
+        commit_point: match pos.commit {
+            CommitBound::None => None,
+            CommitBound::Own(_) | CommitBound::Told(_) => Some(pos.committed()),
+        },
+        tail_cuts,
+        tail_cut_bytes,
+        tail_cut_refusals: metrics.tail_cut_refusals(),
+        alarm,
     }
 }

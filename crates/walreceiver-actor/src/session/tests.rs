@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use protocol_codec::messages::{PrimaryKeepalive, TransactionStatus, XLogData};
+use protocol_codec::messages::{CommitPoint, PrimaryKeepalive, TransactionStatus, XLogData};
 use protocol_codec::{results, ClientCodec, ErrorFields, SqlState};
 use tokio_util::codec::Decoder;
-use wal_storage::format_history;
+use wal_storage::{format_history, CommitBound};
 
 use super::*;
 
@@ -23,6 +23,7 @@ fn config() -> SessionConfig {
         wal_receiver_timeout: Duration::from_secs(60),
         wal_receiver_status_interval: Duration::from_secs(10),
         apply: ApplyReporting::FollowFlush,
+        commit_overlap: false,
     }
 }
 
@@ -34,6 +35,7 @@ impl Harness {
             timeline: TimelineId(timeline),
             flushed: Lsn(flushed),
             written: Lsn(flushed),
+            commit_point: None,
         };
         let status = ReceiverStatus::new("host=up".into(), cfg.slot_name.clone());
         Harness {
@@ -70,6 +72,7 @@ impl Harness {
             timeline: TimelineId(timeline),
             written: Lsn(flushed),
             flushed: Lsn(flushed),
+            commit: CommitBound::None,
         };
         self.s.on_position(pos, self.now, &mut out);
         out
@@ -713,4 +716,156 @@ fn a_failed_follow_names_the_fork() {
             local_end: Lsn(0x290_0000)
         }
     );
+}
+
+/// A session of a standby under the overlapped commit whose WAL ends at `end` on timeline
+/// 1, told the commit point `told`.
+fn overlapped(end: u64, told: Option<u64>) -> Harness {
+    let mut h = Harness::new(
+        SessionConfig {
+            commit_overlap: true,
+            ..config()
+        },
+        1,
+        end,
+    );
+    h.s.commit_point = told.map(Lsn);
+    h
+}
+
+#[test]
+fn the_commit_point_on_the_wire_is_passed_to_storage() {
+    let mut h = overlapped(0x100_0000, None);
+    h.streaming_overlapped(0x100_0000);
+    let c = |c: u64| {
+        BackendMessage::CommitPoint(CommitPoint {
+            commit_point: Lsn(c),
+            flushed: Lsn(c + 10),
+        })
+    };
+    assert_eq!(
+        h.feed([c(0x100_0010)]),
+        [Output::CommitPoint(Some(Lsn(0x100_0010)))]
+    );
+    // A lower one (an upstream that knows less) does not lower what the session holds.
+    h.feed([c(0x100_0008)]);
+    assert_eq!(h.s.commit_point, Some(Lsn(0x100_0010)));
+}
+
+#[test]
+fn a_stream_that_does_not_start_with_a_commit_point_carries_none() {
+    let mut h = overlapped(0x100_0000, Some(0x80_0000));
+    h.connect();
+    h.identified(SYSTEM, 1, 0x100_0000);
+    h.feed([BackendMessage::CopyBothResponse]);
+    let out = h.feed([keepalive(0x100_0000, false)]);
+    assert_eq!(out[0], Output::CommitPoint(None), "{out:?}");
+    assert_eq!(h.s.commit_point, None);
+    // Without a told point the first message changes nothing in storage (the switch off).
+    let mut h = Harness::new(config(), 1, 0x100_0000);
+    h.streaming(1, 0x100_0000);
+}
+
+#[test]
+fn a_tail_longer_than_the_upstream_s_end_is_cut_back_at_stream_start() {
+    let mut h = overlapped(0x100_0100, Some(0x100_0000));
+    h.connect();
+    let out = h.identified(SYSTEM, 1, 0x100_0040);
+    assert_eq!(
+        out,
+        [Output::Run(StorageOp::CutBack {
+            timeline: TimelineId(1),
+            to: Lsn(0x100_0040)
+        })]
+    );
+    let out = h.done(Ok(StorageDone::CutBack {
+        to: Lsn(0x100_0040),
+        bytes: 0xc0,
+    }));
+    assert_eq!(out, [query("START_REPLICATION 0/1000040 TIMELINE 1")]);
+    assert_eq!(h.s.handed(), Lsn(0x100_0040));
+    // The switch off: no cut, today's start (the upstream refuses it).
+    let mut h = Harness::new(config(), 1, 0x100_0100);
+    h.connect();
+    let out = h.identified(SYSTEM, 1, 0x100_0040);
+    assert_eq!(out, [query("START_REPLICATION 0/1000100 TIMELINE 1")]);
+}
+
+#[test]
+fn a_cut_below_the_commit_point_is_refused() {
+    let mut h = overlapped(0x100_0100, Some(0x100_0080));
+    h.connect();
+    let out = h.identified(SYSTEM, 1, 0x100_0040);
+    assert_eq!(
+        *stop_of(&out),
+        ReceiverError::BelowCommitPoint {
+            timeline: TimelineId(1),
+            shared: Lsn(0x100_0040),
+            commit_point: Lsn(0x100_0080),
+            local_end: Lsn(0x100_0100),
+        }
+    );
+    assert!(!out.iter().any(|o| matches!(o, Output::Run(_))));
+}
+
+#[test]
+fn wal_beyond_a_switch_point_is_cut_back_to_it_under_the_overlapped_commit() {
+    let mut h = overlapped(0x500_0000, Some(0x400_0000));
+    h.connect();
+    h.identified(SYSTEM, 2, 0x900_0000);
+    let out = h.done(Ok(StorageDone::HistoryFiles(vec![(
+        TimelineId(2),
+        Some(history(&[(1, 0x4025A50)])),
+    )])));
+    assert_eq!(
+        out,
+        [Output::Run(StorageOp::CutBack {
+            timeline: TimelineId(1),
+            to: Lsn(0x4025A50)
+        })]
+    );
+    // Then it follows the switch as a node that ended there does.
+    let out = h.done(Ok(StorageDone::CutBack {
+        to: Lsn(0x4025A50),
+        bytes: 0x500_0000 - 0x4025A50,
+    }));
+    assert!(
+        matches!(&out[..], [Output::Run(StorageOp::FollowTimeline { switch, .. })] if *switch == Lsn(0x4025A50)),
+        "{out:?}"
+    );
+    // Below the commit point: refused.
+    let mut h = overlapped(0x500_0000, Some(0x450_0000));
+    h.connect();
+    h.identified(SYSTEM, 2, 0x900_0000);
+    let out = h.done(Ok(StorageDone::HistoryFiles(vec![(
+        TimelineId(2),
+        Some(history(&[(1, 0x4025A50)])),
+    )])));
+    assert!(matches!(
+        stop_of(&out),
+        ReceiverError::BelowCommitPoint { .. }
+    ));
+}
+
+impl Harness {
+    /// Like [`Harness::streaming`], on an upstream that carries the commit point.
+    fn streaming_overlapped(&mut self, start: u64) {
+        self.connect();
+        self.identified(SYSTEM, 1, start);
+        self.feed([BackendMessage::CopyBothResponse]);
+        let out = self.feed([BackendMessage::CommitPoint(CommitPoint {
+            commit_point: Lsn(start),
+            flushed: Lsn(start),
+        })]);
+        assert_eq!(
+            out,
+            [
+                Output::Streaming {
+                    timeline: TimelineId(1),
+                    start: Lsn(start)
+                },
+                Output::CommitPoint(Some(Lsn(start)))
+            ]
+        );
+    }
 }

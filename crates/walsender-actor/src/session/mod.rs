@@ -153,6 +153,9 @@ struct Stream {
     /// Whether a keepalive asking for a reply is outstanding.
     waiting_for_ping: bool,
     last_reply: Instant,
+    /// The commit point and flushed end last told the client, on a stream that carries them
+    /// ([`crate::overlap::carries_commit_point`]).
+    told: Option<(Lsn, Lsn)>,
 }
 
 enum Mode {

@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use protocol_codec::messages::{
-    HotStandbyFeedback, PrimaryKeepalive, StandbyStatusUpdate, XLogData,
+    CommitPoint, HotStandbyFeedback, PrimaryKeepalive, StandbyStatusUpdate, XLogData,
 };
 use protocol_codec::{results, BackendMessage, ErrorFields, SqlState, ACCEPTS_UNFLUSHED_PARAM};
 use wal_storage::{Lsn, PgTimestamp, TimelineId, WalError, WalPosition};
@@ -103,6 +103,7 @@ impl<S: StorageView> Session<S> {
             slot,
             waiting_for_ping: false,
             last_reply: now,
+            told: None,
         });
         // A historic timeline that ends exactly where the client starts has nothing to
         // stream: PostgreSQL answers with the next timeline at once, without COPY.
@@ -143,7 +144,37 @@ impl<S: StorageView> Session<S> {
         }
         self.mode = Mode::Streaming(stream);
         out.push(Output::StatusChanged);
+        // The commit point first, before any WAL: a walreceiver takes a stream whose first
+        // message is not one as a stream that carries none.
+        self.tell_commit_point(out);
         self.pump(usize::MAX, out);
+    }
+
+    /// Tells a client that can cut back the commit point this node knows and its flushed
+    /// end, when either moved (the overlapped commit's rule 3: the client serves its readers
+    /// nothing past it). Only on the current timeline: a historic one ends at its switch.
+    fn tell_commit_point(&mut self, out: &mut Vec<Output>) {
+        if !overlap::carries_commit_point(
+            self.config.commit_overlap,
+            overlap::accepts_unflushed(self.client.get(ACCEPTS_UNFLUSHED_PARAM)),
+        ) {
+            return;
+        }
+        let now = (self.position.committed(), self.position.flushed);
+        let Mode::Streaming(stream) = &mut self.mode else {
+            return;
+        };
+        if stream.end != StreamEnd::Current
+            || stream.timeline != self.position.timeline
+            || stream.told == Some(now)
+        {
+            return;
+        }
+        stream.told = Some(now);
+        out.push(Output::Msg(BackendMessage::CommitPoint(CommitPoint {
+            commit_point: now.0,
+            flushed: now.1,
+        })));
     }
 
     /// The node's WAL position changed: more WAL is durable, or the timeline switched.
@@ -168,6 +199,7 @@ impl<S: StorageView> Session<S> {
             }
         }
         self.pump(room, out);
+        self.tell_commit_point(out);
     }
 
     /// Where WAL of the current timeline ends for this stream now: the flushed end, or for a

@@ -1,0 +1,82 @@
+//! The overlapped commit's rule 4: an unacknowledged tail is cut only at stream start.
+//!
+//! Under the overlapped commit a synchronous standby is sent WAL while its primary's
+//! fdatasync runs, so it may hold a tail its primary lost in a crash: WAL past the commit
+//! point C, never acknowledged to anyone. Nothing past C was passed on (rule 3), so the tail
+//! may vanish. When the walreceiver (re)connects, its upstream names the highest point their
+//! histories share, and the standby cuts its tail back to it:
+//! - On the upstream's own timeline, that point is the upstream's durable end
+//!   (IDENTIFY_SYSTEM's `xlogpos`). One timeline has one writer, and a standby's bytes are a
+//!   prefix of what that writer wrote; they differ from the upstream's below its end only if
+//!   the writer wrote the same LSNs twice, which a restarted primary never does (it takes
+//!   appends only on a new timeline). So a standby's bytes up to the upstream's end are the
+//!   upstream's, and a longer tail is a lost unacknowledged one.
+//! - Where the upstream's history switched away from the standby's timeline, it is the
+//!   switch point (what `Forked` refuses with the switch off).
+//!
+//! Never below C: a shared point below the commit point this node was told means the
+//! upstream lacks acknowledged WAL (another cluster's copy, a restored backup, a standby that
+//! lags). Cutting would destroy the only copy of it, so the walreceiver refuses and alarms.
+//! The cut runs on storage's thread (`Wal::truncate_to`) before START_REPLICATION; readers
+//! on this node stop at C, so none holds the bytes it drops.
+
+use wal_storage::Lsn;
+
+/// What to do with this node's WAL beyond the point it shares with its upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TailDecision {
+    /// Nothing beyond the shared point: stream on.
+    Keep,
+    /// Drop `bytes` of unacknowledged WAL beyond `to`, then stream from `to`.
+    Cut { to: Lsn, bytes: u64 },
+    /// The shared point is below the commit point: the upstream lacks acknowledged WAL.
+    Refuse,
+}
+
+/// The decision for a node whose WAL ends at `local_end`, that shares its history with the
+/// upstream up to `shared`, and was told the commit point `commit_point`.
+pub fn decide(local_end: Lsn, shared: Lsn, commit_point: Lsn) -> TailDecision {
+    if local_end <= shared {
+        TailDecision::Keep
+    } else if shared < commit_point {
+        TailDecision::Refuse
+    } else {
+        TailDecision::Cut {
+            to: shared,
+            bytes: local_end.0 - shared.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tail_is_cut_to_the_shared_point_never_below_the_commit_point() {
+        // Nothing beyond the upstream's end: nothing to cut, whatever C says.
+        assert_eq!(decide(Lsn(100), Lsn(100), Lsn(100)), TailDecision::Keep);
+        assert_eq!(decide(Lsn(90), Lsn(100), Lsn(500)), TailDecision::Keep);
+        // A tail past C and past the shared point: cut to the shared point.
+        assert_eq!(
+            decide(Lsn(150), Lsn(120), Lsn(100)),
+            TailDecision::Cut {
+                to: Lsn(120),
+                bytes: 30
+            }
+        );
+        // Exactly to C is allowed: C itself is kept.
+        assert_eq!(
+            decide(Lsn(150), Lsn(100), Lsn(100)),
+            TailDecision::Cut {
+                to: Lsn(100),
+                bytes: 50
+            }
+        );
+        // The upstream lacks acknowledged WAL: refuse.
+        assert_eq!(decide(Lsn(150), Lsn(99), Lsn(100)), TailDecision::Refuse);
+        // A commit point beyond this node's own end (told before its flush caught up) still
+        // guards the cut.
+        assert_eq!(decide(Lsn(150), Lsn(120), Lsn(200)), TailDecision::Refuse);
+    }
+}

@@ -274,12 +274,14 @@ fn a_standby_passes_on_nothing_past_the_commit_point_it_was_told() {
     let primary = TestNode::primary(&format!(
         "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}"
     ));
+    // A primary with the switch on starts a new timeline at every start (rule 5).
+    let tli = primary.wal().timeline();
     let s1 = standby_of(&primary, "s1", OVERLAP);
     let cascade = standby_of(&s1, "c1", OVERLAP);
     wait_streaming(&primary, &["s1"]);
     wait_streaming(&s1, &["c1"]);
     let base = append(&primary, b"before", Durability::On).unwrap();
-    cascade.wait_flushed(TimelineId(1), base);
+    cascade.wait_flushed(tli, base);
     let told = wait_commit_point(&s1, base);
     assert_eq!(told, base);
     let records_before = s1.http_get_records_count();
@@ -290,7 +292,7 @@ fn a_standby_passes_on_nothing_past_the_commit_point_it_was_told() {
     let acked = append_in_background(&primary, b"overlapped", Durability::On);
     // The standby has the append durable, and the primary has heard so (a round trip over
     // the same stream that would carry a new commit point), while its own flush is held.
-    let at_s1 = s1.wait_flushed(TimelineId(1), base + 1);
+    let at_s1 = s1.wait_flushed(tli, base + 1);
     wait_until("the primary hears of the standby's flush", || {
         (primary.status().replication.iter())
             .any(|r| r.application_name == "s1" && r.flush_lsn == Some(at_s1.flushed))
@@ -308,7 +310,7 @@ fn a_standby_passes_on_nothing_past_the_commit_point_it_was_told() {
         .expect("acknowledged");
     assert_eq!(end, at_s1.flushed);
     // The commit point moved: the cascade and readers get it.
-    cascade.wait_flushed(TimelineId(1), end);
+    cascade.wait_flushed(tli, end);
     assert_eq!(wait_commit_point(&s1, end), end);
     assert_eq!(s1.http_get_records_count(), records_before + 1);
 }
@@ -321,18 +323,20 @@ fn a_longer_unacknowledged_tail_is_cut_back_at_stream_start() {
     let primary = TestNode::primary(&format!(
         "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}"
     ));
+    // A primary with the switch on starts a new timeline at every start (rule 5).
+    let tli = primary.wal().timeline();
     let s1 = standby_of(&primary, "s1", OVERLAP);
     // An asynchronous standby: it gets only what the primary flushed.
     let s2 = standby_of(&primary, "s2", OVERLAP);
     wait_streaming(&primary, &["s1", "s2"]);
     let base = append(&primary, b"before", Durability::On).unwrap();
-    s2.wait_flushed(TimelineId(1), base);
+    s2.wait_flushed(tli, base);
     wait_commit_point(&s1, base);
 
     let held = Held(primary.wal().clone());
     primary.wal().failpoints().hold(FP_FSYNC);
     let _pending = append_in_background(&primary, b"never acknowledged", Durability::On);
-    let tail_end = s1.wait_flushed(TimelineId(1), base + 1).flushed;
+    let tail_end = s1.wait_flushed(tli, base + 1).flushed;
     assert_eq!(s2.wal().flushed(), base);
 
     // s1 now streams from s2, whose WAL on the same timeline ends at the commit point.
@@ -357,8 +361,8 @@ fn a_longer_unacknowledged_tail_is_cut_back_at_stream_start() {
     drop(held);
     primary.reload_with(OVERLAP);
     let next = append(&primary, b"after", Durability::On).unwrap();
-    s1.wait_flushed(TimelineId(1), next);
-    common::cluster::assert_same_wal(&s1, &primary, TimelineId(1), Lsn(1 << 20), next);
+    s1.wait_flushed(tli, next);
+    common::cluster::assert_same_wal(&s1, &primary, tli, Lsn(1 << 20), next);
 }
 
 /// Rule 4's limit: a standby told a commit point above its new upstream's end refuses to
@@ -369,11 +373,13 @@ fn a_cut_below_the_commit_point_is_refused_and_alarmed() {
     let primary = TestNode::primary(&format!(
         "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}"
     ));
+    // A primary with the switch on starts a new timeline at every start (rule 5).
+    let tli = primary.wal().timeline();
     let s1 = standby_of(&primary, "s1", OVERLAP);
     let s2 = standby_of(&primary, "s2", OVERLAP);
     wait_streaming(&primary, &["s1", "s2"]);
     let base = append(&primary, b"before", Durability::On).unwrap();
-    s2.wait_flushed(TimelineId(1), base);
+    s2.wait_flushed(tli, base);
     // s2 stops following: its WAL ends at `base`.
     s2.reload_with(&format!(
         "{OVERLAP}\nprimary_conninfo = 'host=127.0.0.1 port=1 user=repl'"

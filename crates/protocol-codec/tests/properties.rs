@@ -7,9 +7,9 @@ use proptest::option;
 use proptest::prelude::*;
 use protocol_codec::command::{parse_command, ReplicationCommand};
 use protocol_codec::messages::{
-    parse_sasl_initial_response, FieldDescription, HotStandbyFeedback, PrimaryKeepalive,
-    StandbyStatusUpdate, TransactionStatus, XLogData, CANCEL_REQUEST_CODE, GSSENC_REQUEST_CODE,
-    SSL_REQUEST_CODE,
+    parse_sasl_initial_response, CommitPoint, FieldDescription, HotStandbyFeedback,
+    PrimaryKeepalive, StandbyStatusUpdate, TransactionStatus, XLogData, CANCEL_REQUEST_CODE,
+    GSSENC_REQUEST_CODE, SSL_REQUEST_CODE,
 };
 use protocol_codec::{
     AuthRequest, BackendMessage, ClientCodec, CodecError, ErrorFields, FrontendMessage,
@@ -120,7 +120,13 @@ fn backend_message() -> impl Strategy<Value = BackendMessage> {
                 reply_requested,
             })
         }),
-        other_copy_data(b"wk").prop_map(BackendMessage::CopyData),
+        (lsn(), lsn()).prop_map(|(commit_point, flushed)| {
+            BackendMessage::CommitPoint(CommitPoint {
+                commit_point,
+                flushed,
+            })
+        }),
+        other_copy_data(b"wkC").prop_map(BackendMessage::CopyData),
         Just(BackendMessage::CopyDone),
         (any::<u16>(), vec(text(), 0..3)).prop_map(|(newest_minor, unrecognized)| {
             BackendMessage::NegotiateProtocolVersion {

@@ -23,7 +23,7 @@
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use wal_storage::{Lsn, TimelineId, WalPosition};
+use wal_storage::{CommitBound, Lsn, TimelineId, WalPosition};
 use walsender_actor::overlap;
 
 /// Seeds a default run takes: well under a second, measured.
@@ -114,6 +114,7 @@ impl Storage {
             timeline: TimelineId(self.tli),
             written: Lsn(self.log.len() as u64),
             flushed: Lsn(self.flushed as u64),
+            commit: CommitBound::None,
         }
     }
 }

@@ -108,6 +108,11 @@ pub fn start(
     let tls = settings.ssl_cert_file.is_some();
     let mut config = f.failover_config(node.listen_addr, http, tls);
     config.archive = walserver_node::archive::gap_archive(settings)?;
+    // The walreceiver it starts for each leader runs on this node's own settings, as a
+    // standby's would.
+    config.receiver_session.wal_receiver_timeout = settings.wal_receiver_timeout;
+    config.receiver_session.wal_receiver_status_interval = settings.wal_receiver_status_interval;
+    config.receiver_session.commit_overlap = settings.synchronous_commit_overlap;
     tracing::info!(
         cluster = %config.cluster_name,
         node = %config.node_name,

@@ -56,6 +56,11 @@ pub struct FailoverConfig {
     /// already removed the WAL it needs (a member behind a new leader's promotion point);
     /// `None` without `archive_target`.
     pub archive: Option<wal_archive::ArchiveTarget>,
+    /// The session settings of the walreceiver this member starts when it follows a leader:
+    /// the node's own `wal_receiver_timeout`, `wal_receiver_status_interval` and
+    /// `synchronous_commit_overlap`. Its slot name is ignored: [`FailoverConfig::follow_config`]
+    /// picks the slot per leader.
+    pub receiver_session: walreceiver_actor::session::SessionConfig,
 }
 
 impl FailoverConfig {
@@ -82,7 +87,27 @@ impl FailoverConfig {
             use_slots: true,
             member_slot_grace: None,
             archive: None,
+            receiver_session: walreceiver_actor::session::SessionConfig::default(),
         }
+    }
+
+    /// The walreceiver's configuration for following the leader whose conninfo is
+    /// `conninfo`: named by this member's node name (the leader's synchronous standby choice
+    /// names it so), with this member's session settings and archive, through `slot` on the
+    /// leader.
+    pub fn follow_config(
+        &self,
+        conninfo: &str,
+        slot: Option<String>,
+    ) -> Result<walreceiver_actor::ReceiverConfig, walreceiver_actor::ReceiverError> {
+        let mut upstream = walreceiver_actor::ReceiverConfig::parse(conninfo, None)?;
+        upstream.application_name = self.node_name.clone();
+        upstream.archive = self.archive.clone();
+        upstream.session = walreceiver_actor::session::SessionConfig {
+            slot_name: slot,
+            ..self.receiver_session.clone()
+        };
+        Ok(upstream)
     }
 
     /// A client of etcd as the settings say (endpoints, TLS, user). Reads the TLS files
@@ -109,3 +134,47 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
 /// Patroni's default, 1 MiB.
 pub const DEFAULT_MAXIMUM_LAG_ON_FAILOVER: u64 = 1 << 20;
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_followed_leader_is_streamed_from_with_this_members_own_session_settings() {
+        let mut config = FailoverConfig::new(
+            vec!["http://127.0.0.1:2379".into()],
+            "main",
+            "n2",
+            "host=127.0.0.1 port=5433 user=repl",
+            "http://127.0.0.1:8433",
+        );
+        config.receiver_session.wal_receiver_timeout = Duration::from_millis(1500);
+        config.receiver_session.wal_receiver_status_interval = Duration::from_millis(200);
+        config.receiver_session.commit_overlap = true;
+        config.receiver_session.slot_name = Some("not_this_one".into());
+
+        let upstream = config
+            .follow_config(
+                "host=10.0.0.1 port=5432 user=repl",
+                Some("walserver_n2".into()),
+            )
+            .unwrap();
+        assert_eq!(upstream.application_name, "n2");
+        assert_eq!(
+            upstream.session.wal_receiver_timeout,
+            Duration::from_millis(1500)
+        );
+        assert_eq!(
+            upstream.session.wal_receiver_status_interval,
+            Duration::from_millis(200)
+        );
+        assert!(upstream.session.commit_overlap);
+        assert_eq!(upstream.session.slot_name.as_deref(), Some("walserver_n2"));
+
+        let upstream = config.follow_config("host=10.0.0.1", None).unwrap();
+        assert_eq!(upstream.session.slot_name, None);
+        assert!(config.follow_config("host='unterminated", None).is_err());
+    }
+}

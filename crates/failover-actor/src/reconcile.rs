@@ -357,19 +357,19 @@ impl FailoverActor {
         conninfo: String,
         term: u64,
     ) -> LocalBoxActorFuture<Self, ()> {
-        let mut upstream = match walreceiver_actor::ReceiverConfig::parse(&conninfo, None) {
+        // Its slot on the leader keeps the WAL this member has not received yet.
+        let slot = if self.config.use_slots {
+            crate::slot_names::member_slot_name(self.me())
+        } else {
+            None
+        };
+        let upstream = match self.config.follow_config(&conninfo, slot) {
             Ok(upstream) => upstream,
             Err(e) => {
                 warn!(%leader, error = %Quoted(&e), "failover: the leader's conninfo does not parse");
                 return Box::pin(fut::ready(()));
             }
         };
-        upstream.application_name = self.config.node_name.clone();
-        upstream.archive = self.config.archive.clone();
-        if self.config.use_slots {
-            // Its slot on the leader keeps the WAL this member has not received yet.
-            upstream.session.slot_name = crate::slot_names::member_slot_name(self.me());
-        }
         self.fence.observe_term(term);
         let supervisor = self.node.supervisor.clone();
         Box::pin(

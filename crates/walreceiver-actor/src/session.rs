@@ -38,7 +38,7 @@ use crate::query::{self, describe, QueryResult, ResultCollector};
 use crate::status::{ReceiverState, ReceiverStatus};
 
 /// The settings a session reads.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionConfig {
     /// `primary_slot_name`: stream through this physical slot on the upstream.
     pub slot_name: Option<String>,

@@ -219,8 +219,7 @@ fn main() {
             // In the background, with no one to read a message: a fetch that fails leaves the
             // file to the next call, which reads the archive itself.
             let _ = (|| {
-                let settings = Settings::load_without_data_dir(&sources(config, &set)?)?;
-                let target = walserver_node::archive::archive_target(&settings)?;
+                let target = archive_target(config, &set)?;
                 walserver::restore::prefetch(&target, &file, &path, prefetch, segment_size)
             })();
             0
@@ -257,6 +256,16 @@ fn sources(config: Option<PathBuf>, set: &[String]) -> anyhow::Result<Sources> {
     })
 }
 
+/// The archive named by the configuration file and `-c` overrides of an archive command
+/// (`restore-wal`, `archive`, `init --from-archive`), which need no data directory.
+fn archive_target(
+    config: Option<PathBuf>,
+    set: &[String],
+) -> anyhow::Result<wal_archive::ArchiveTarget> {
+    let settings = Settings::load_without_data_dir(&sources(config, set)?)?;
+    Ok(walserver_node::archive::archive_target(&settings)?)
+}
+
 fn restore_wal(
     config: Option<PathBuf>,
     set: &[String],
@@ -266,8 +275,7 @@ fn restore_wal(
 ) -> i32 {
     use walserver::restore::{restore_wal_prefetching, Restored, EXIT_FAILED, EXIT_MISSING};
     let restored = (|| {
-        let settings = Settings::load_without_data_dir(&sources(config.clone(), set)?)?;
-        let target = walserver_node::archive::archive_target(&settings)?;
+        let target = archive_target(config.clone(), set)?;
         restore_wal_prefetching(&target, file, path, prefetch)
     })();
     match restored {
@@ -367,8 +375,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             ..
         } => {
             init_tracing("warn", LogFormat::Text)?;
-            let settings = Settings::load_without_data_dir(&sources(config, &set)?)?;
-            let target = walserver_node::archive::archive_target(&settings)?;
+            let target = archive_target(config, &set)?;
             let r = walserver_node::from_archive::init_standby_from_archive(
                 &data_dir,
                 &target,
@@ -424,8 +431,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             ..
         } => {
             init_tracing("warn", LogFormat::Text)?;
-            let settings = Settings::load_without_data_dir(&sources(config, &set)?)?;
-            let target = walserver_node::archive::archive_target(&settings)?;
+            let target = archive_target(config, &set)?;
             let to = walserver_node::from_archive::RecoveryTarget {
                 lsn: target_lsn,
                 time: target_time,
@@ -522,8 +528,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             config,
             set,
         } => {
-            let settings = Settings::load_without_data_dir(&sources(config, &set)?)?;
-            let target = walserver_node::archive::archive_target(&settings)?;
+            let target = archive_target(config, &set)?;
             walserver::archive::run(&target, &command)
         }
         Command::RestoreWal { .. } => unreachable!("main runs restore-wal itself"),

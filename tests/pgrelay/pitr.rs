@@ -1,6 +1,7 @@
 //! PostgreSQL's point-in-time recovery from walserver's archive: a walserver relay of a
-//! PostgreSQL 15 primary archives what it relays; a base backup of the primary without WAL,
-//! restored with `restore_command = 'walserver restore-wal ...'` and a recovery target
+//! PostgreSQL 15 primary archives what it relays to a SeaweedFS bucket (S3, zstd-compressed);
+//! a base backup of the primary without WAL, restored with
+//! `restore_command = 'walserver restore-wal ...'` reading that bucket and a recovery target
 //! (an LSN, then a time), holds exactly the rows committed up to the target.
 //!
 //! A relay is a standby, so it archives only with `archive_mode = "always"`, as a PostgreSQL
@@ -9,7 +10,9 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use pg_testkit::{PgCluster, PgOptions};
+use pg_testkit::{
+    PgCluster, PgOptions, SeaweedServer, SEAWEED_ACCESS_KEY_ID, SEAWEED_SECRET_ACCESS_KEY,
+};
 use wal_storage::segment_file_name;
 
 use super::*;
@@ -17,8 +20,11 @@ use super::*;
 /// Rows with an id below this are committed before the targets; the rest after them.
 const BEFORE: i64 = 2_000;
 
-/// A temporary directory the `postgres` user can read, for the archive and the
-/// configuration `restore_command` reads.
+/// The key prefix of the relay's archive in the bucket.
+const PREFIX: &str = "relay";
+
+/// A temporary directory the `postgres` user can read, for the configuration
+/// `restore_command` reads.
 fn shared_tempdir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
@@ -54,16 +60,26 @@ fn recover(backup: &pg_testkit::BaseBackup, restore_command: &str, target: &[Str
 #[test]
 fn postgresql_recovers_to_an_lsn_and_a_time_from_a_relays_archive() {
     let pg = pg_primary();
-    let archive = shared_tempdir();
+    let store = SeaweedServer::start();
+    // The archive's settings, for the relay and for `restore-wal`: top-level lines, then the
+    // `[archive]` table.
+    let (top, table) = (
+        format!(
+            "archive_target = \"s3://{}/{PREFIX}\"\narchive_compression = \"zstd\"\n",
+            store.bucket()
+        ),
+        format!(
+            "[archive]\nendpoint = {:?}\nallow_http = true\naccess_key_id = \
+             {SEAWEED_ACCESS_KEY_ID:?}\nsecret_access_key = {SEAWEED_SECRET_ACCESS_KEY:?}\n",
+            store.endpoint()
+        ),
+    );
     let relay = TestNode::standby_from(
         &format!(
             "{} application_name=walserver connect_timeout=10",
             pg.conninfo("postgres", None)
         ),
-        &format!(
-            "archive_mode = \"always\"\narchive_target = \"file://{}\"\n",
-            archive.path().display()
-        ),
+        &format!("archive_mode = \"always\"\n{top}{table}"),
     );
     relay.wait_receiver("the relay to stream from PostgreSQL", |_| true);
     let backup = pg.base_backup();
@@ -81,16 +97,14 @@ fn postgresql_recovers_to_an_lsn_and_a_time_from_a_relays_archive() {
 
     // The segment holding the later rows is archived by the relay.
     let last_segment = segment_file_name(TL1, last.segment_number(PG_SEGMENT), PG_SEGMENT);
-    wait_until(&format!("the relay to archive {last_segment}"), || {
-        archive.path().join(&last_segment).exists()
+    let object = format!("{PREFIX}/{last_segment}.zst");
+    wait_until(&format!("the relay to archive {object}"), || {
+        store.get_raw(&object).is_ok_and(|o| o.is_some())
     });
 
-    let config = archive.path().join("restore.toml");
-    std::fs::write(
-        &config,
-        format!("archive_target = \"file://{}\"\n", archive.path().display()),
-    )
-    .expect("write the restore configuration");
+    let dir = shared_tempdir();
+    let config = dir.path().join("restore.toml");
+    std::fs::write(&config, format!("{top}{table}")).expect("write the restore configuration");
     let restore_command = format!(
         "{} restore-wal --config {} %f %p",
         env!("CARGO_BIN_EXE_walserver"),
@@ -113,12 +127,12 @@ fn postgresql_recovers_to_an_lsn_and_a_time_from_a_relays_archive() {
         );
     }
     drop(relay);
-    assert_restore_wal_exit_codes(archive.path(), &config, &last_segment);
+    assert_restore_wal_exit_codes(&store, &config, &last_segment);
 }
 
 /// `restore-wal` exits 1 for a file the archive lacks and 200 for a damaged one, writing
 /// nothing either time.
-fn assert_restore_wal_exit_codes(archive: &Path, config: &Path, segment: &str) {
+fn assert_restore_wal_exit_codes(store: &SeaweedServer, config: &Path, segment: &str) {
     let out = tempfile::tempdir().expect("tempdir");
     let dest = out.path().join("RECOVERYXLOG");
     let restore = |name: &str| {
@@ -133,10 +147,16 @@ fn assert_restore_wal_exit_codes(archive: &Path, config: &Path, segment: &str) {
     let missing = restore("00000009.history");
     assert_eq!(missing.status.code(), Some(1), "{missing:?}");
     assert!(!dest.exists());
-    let path = archive.join(segment);
-    let mut bytes = std::fs::read(&path).expect("the archived segment");
-    bytes[100] ^= 0x40;
-    std::fs::write(&path, bytes).expect("damage the archived segment");
+    let object = format!("{PREFIX}/{segment}.zst");
+    let mut bytes = store
+        .get_raw(&object)
+        .expect("read the archived segment")
+        .expect("the archived segment");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    store
+        .put_raw(&object, &bytes)
+        .expect("damage the archived segment");
     let damaged = restore(segment);
     assert_eq!(damaged.status.code(), Some(200), "{damaged:?}");
     let stderr = String::from_utf8_lossy(&damaged.stderr);

@@ -425,3 +425,45 @@ impl TestNode {
         });
     }
 }
+
+/// Rule 1's timeline filter: a synchronous standby that reported a flush on the old timeline
+/// past the point where this node's new timeline forks from it (it holds a tail sent early
+/// that the new timeline does not share) confirms nothing of the new timeline with that
+/// report, however high its number: an append there waits for a report made on it.
+#[test]
+fn a_flush_reported_on_the_old_timeline_releases_nothing_on_the_new_one() {
+    let primary = TestNode::primary(&format!(
+        "synchronous_standby_names = 'FIRST 1 (s1)'\nsynchronous_wait_timeout = '300ms'\n{OVERLAP}"
+    ));
+    let old = primary.wal().timeline();
+    let mut s1 = streaming_client(&primary, "s1");
+    wait_streaming(&primary, &["s1"]);
+    // The standby says it holds far more of this timeline than the primary wrote.
+    let far = primary.wal().flushed() + (1 << 20);
+    s1.reply(far, far, false);
+    wait_until("the primary hears of the standby's flush", || {
+        (primary.status().replication.iter())
+            .any(|r| r.application_name == "s1" && r.flush_lsn == Some(far))
+    });
+    // On its own timeline the report counts: an append is acknowledged at once.
+    append(&primary, b"on the old timeline", Durability::On).expect("acknowledged");
+
+    // A new timeline under the live stream, as a primary taking up a failover term starts.
+    let promoted = futures_executor::block_on(
+        primary
+            .node
+            .supervisor
+            .send(supervisor_actor::PromoteForTerm { term: 7 }),
+    )
+    .expect("supervisor")
+    .expect("a new timeline");
+    assert!(promoted.timeline > old);
+    assert!(promoted.switch_lsn < far);
+    let e = append(&primary, b"on the new timeline", Durability::On)
+        .expect_err("released by a report made on the old timeline");
+    assert!(
+        matches!(e, AppendError::NotConfirmed { .. }),
+        "{e:?}: expected the synchronous wait to time out"
+    );
+    drop(s1);
+}

@@ -494,7 +494,7 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         &session.show,
     ));
     walsender.session = Arc::new(session);
-    let registry = WalSenderRegistry::new(max_wal_senders);
+    let registry = WalSenderRegistry::new(max_wal_senders, wal.clone());
     let (visibility, acknowledged) = Visibility::new(
         &wal,
         crate::visibility::rule_of(standby.is_none(), &sync),

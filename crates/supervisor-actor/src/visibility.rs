@@ -22,9 +22,9 @@
 //! supervisor's, on a change of role or of synchronous settings).
 
 use tokio::sync::watch;
-use wal_storage::{CommitBound, Lsn, Wal, WalPosition};
-use walsender_actor::overlap::commit_point;
-use walsender_actor::syncrep::{SyncPositions, WaitLevel};
+use wal_storage::{CommitBound, Lsn, TimelineId, Wal, WalPosition};
+use walsender_actor::overlap::{commit_point, counted_up_to};
+use walsender_actor::syncrep::{Confirmed, WaitLevel};
 
 /// The rule of a node: what its synchronous settings make acknowledged, on a primary.
 pub(crate) fn rule_of(primary: bool, sync: &crate::durability::SyncSettings) -> Option<WaitLevel> {
@@ -50,7 +50,7 @@ pub(crate) struct Visibility {
     /// What readers stop at: `None` while the local flush is the acknowledged end, so that
     /// they read up to the flush itself and never lag behind it.
     gate: std::sync::Arc<watch::Sender<Option<Lsn>>>,
-    confirmed: watch::Receiver<SyncPositions>,
+    confirmed: watch::Receiver<Confirmed>,
     /// `synchronous_commit_overlap`: the acknowledged end goes into storage as this node's
     /// own commit point ([`Wal::set_own_commit_point`]), which its walsenders tell the
     /// standbys that can cut back and which bounds its archiver.
@@ -59,14 +59,27 @@ pub(crate) struct Visibility {
 
 /// The commit point at the rule's level (`walsender_actor::overlap::commit_point`): never
 /// beyond the local flush, also where a synchronous standby got WAL before it (the
-/// overlapped commit).
-fn acknowledged_end(flushed: Lsn, rule: Option<WaitLevel>, confirmed: &SyncPositions) -> Lsn {
+/// overlapped commit), and never past the switch point of a timeline the confirmation was
+/// made on if that is not `pos`'s (rule 1: the registry may not have heard of the switch
+/// yet when this node's first flush on the new timeline is announced); `ended_at` is
+/// `Wal::timeline_end`.
+fn acknowledged_end(
+    pos: &WalPosition,
+    rule: Option<WaitLevel>,
+    confirmed: &Confirmed,
+    ended_at: impl FnOnce(TimelineId) -> Option<Lsn>,
+) -> Lsn {
+    let confirmed = confirmed.positions.at_most(counted_up_to(
+        Some(confirmed.timeline),
+        pos.timeline,
+        ended_at,
+    ));
     let quorum = rule.map(|level| match level {
         WaitLevel::Write => confirmed.write,
         WaitLevel::Flush => confirmed.flush,
         WaitLevel::Apply => confirmed.apply,
     });
-    commit_point(flushed, quorum)
+    commit_point(pos.flushed, quorum)
 }
 
 /// What readers stop at (`None`: the local flush): the acknowledged end at the rule's
@@ -75,12 +88,13 @@ fn acknowledged_end(flushed: Lsn, rule: Option<WaitLevel>, confirmed: &SyncPosit
 fn readers_gate(
     pos: &WalPosition,
     rule: Option<WaitLevel>,
-    confirmed: &SyncPositions,
+    confirmed: &Confirmed,
+    ended_at: impl FnOnce(TimelineId) -> Option<Lsn>,
 ) -> Option<Lsn> {
     match pos.commit {
         CommitBound::Told(_) => Some(pos.committed()),
         CommitBound::None | CommitBound::Own(_) => {
-            rule.map(|_| acknowledged_end(pos.flushed, rule, confirmed))
+            rule.map(|_| acknowledged_end(pos, rule, confirmed, ended_at))
         }
     }
 }
@@ -90,11 +104,11 @@ impl Visibility {
     pub(crate) fn new(
         wal: &Wal,
         rule: Option<WaitLevel>,
-        confirmed: watch::Receiver<SyncPositions>,
+        confirmed: watch::Receiver<Confirmed>,
         overlap: bool,
     ) -> (Visibility, Acknowledged) {
         let pos = wal.position();
-        let first_gate = readers_gate(&pos, rule, &confirmed.borrow());
+        let first_gate = readers_gate(&pos, rule, &confirmed.borrow(), |t| wal.timeline_end(t));
         let (acknowledged, end) = watch::channel(first_gate.unwrap_or(pos.flushed));
         let (gate, gate_rx) = watch::channel(first_gate);
         let v = Visibility {
@@ -131,11 +145,13 @@ impl Visibility {
         let acknowledged = self.acknowledged.clone();
         let gate = self.gate.clone();
         let own = self.overlap.then(|| wal.clone());
+        let wal = wal.clone();
         async move {
             loop {
                 let r = *rule.borrow_and_update();
                 let pos = *flushed.borrow_and_update();
-                let g = readers_gate(&pos, r, &confirmed.borrow_and_update());
+                let c = *confirmed.borrow_and_update();
+                let g = readers_gate(&pos, r, &c, |t| wal.timeline_end(t));
                 let end = g.unwrap_or(pos.flushed);
                 acknowledged.send_if_modified(|a| {
                     let changed = *a != end;
@@ -169,26 +185,55 @@ impl Visibility {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use walsender_actor::syncrep::SyncPositions;
+
+    fn at(timeline: u32, flushed: u64) -> WalPosition {
+        WalPosition {
+            timeline: TimelineId(timeline),
+            written: Lsn(flushed),
+            flushed: Lsn(flushed),
+            commit: CommitBound::None,
+        }
+    }
+
+    fn no_history(_: TimelineId) -> Option<Lsn> {
+        None
+    }
 
     #[test]
     fn the_acknowledged_end_is_the_lower_of_the_flush_and_the_confirmation() {
-        let c = SyncPositions {
-            write: Lsn(30),
-            flush: Lsn(20),
-            apply: Lsn(10),
+        let c = Confirmed {
+            timeline: TimelineId(1),
+            positions: SyncPositions {
+                write: Lsn(30),
+                flush: Lsn(20),
+                apply: Lsn(10),
+            },
         };
-        assert_eq!(acknowledged_end(Lsn(25), None, &c), Lsn(25));
-        assert_eq!(
-            acknowledged_end(Lsn(25), Some(WaitLevel::Write), &c),
-            Lsn(25)
-        );
-        assert_eq!(
-            acknowledged_end(Lsn(25), Some(WaitLevel::Flush), &c),
-            Lsn(20)
-        );
-        assert_eq!(
-            acknowledged_end(Lsn(25), Some(WaitLevel::Apply), &c),
-            Lsn(10)
-        );
+        let pos = at(1, 25);
+        let end = |level| acknowledged_end(&pos, level, &c, no_history);
+        assert_eq!(end(None), Lsn(25));
+        assert_eq!(end(Some(WaitLevel::Write)), Lsn(25));
+        assert_eq!(end(Some(WaitLevel::Flush)), Lsn(20));
+        assert_eq!(end(Some(WaitLevel::Apply)), Lsn(10));
+    }
+
+    /// Rule 1: what the standbys confirmed on the old timeline counts on the new one only
+    /// below the switch point, also before the registry has heard of the switch.
+    #[test]
+    fn a_confirmation_of_the_old_timeline_stops_at_its_switch_point() {
+        let c = Confirmed {
+            timeline: TimelineId(1),
+            positions: SyncPositions {
+                write: Lsn(300),
+                flush: Lsn(300),
+                apply: Lsn(300),
+            },
+        };
+        let history = |t: TimelineId| (t == TimelineId(1)).then_some(Lsn(200));
+        let flush = Some(WaitLevel::Flush);
+        assert_eq!(acknowledged_end(&at(1, 250), flush, &c, history), Lsn(250));
+        assert_eq!(acknowledged_end(&at(2, 250), flush, &c, history), Lsn(200));
+        assert_eq!(acknowledged_end(&at(2, 250), flush, &c, no_history), Lsn(0));
     }
 }

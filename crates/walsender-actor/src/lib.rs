@@ -11,7 +11,8 @@
 //! actors reach it through the [`WalSenderRegistry`], which knows every connection, enforces
 //! `max_wal_senders`, shows `pg_stat_replication`, fans out shutdown, and runs synchronous
 //! replication ([`syncrep`]): on every standby reply it decides who is synchronous and
-//! releases the appends their positions cover, publishing what they confirmed as a watch
+//! releases the appends their positions cover (a report counts only as far as its stream's
+//! timeline is shared with the node's current one, [`overlap::counted_up_to`]), publishing what they confirmed as a watch
 //! (readers on the primary stop there). For a live demotion it ends every session and holds
 //! new ones ([`messages::HoldWalSenders`]) while WAL is dropped. The [`Listener`] accepts connections and
 //! starts walsenders. What happens before a connection reaches the registry (clients still

@@ -19,12 +19,36 @@
 //! was durable, etcd#14370); the supervisor waits for it before it waits for the standbys,
 //! and readers on the primary stop at the same point (`supervisor_actor`'s visibility).
 
-use wal_storage::{Lsn, WalPosition};
+use wal_storage::{Lsn, TimelineId, WalPosition};
 
 /// The commit point: the lowest of this node's flushed end and, when synchronous standbys
 /// must confirm, the position they confirmed together (`None`: no standby must confirm).
 pub fn commit_point(own_flushed: Lsn, quorum: Option<Lsn>) -> Lsn {
     quorum.map_or(own_flushed, |q| own_flushed.min(q))
+}
+
+/// Rule 1's timeline filter: up to where a position reported on timeline `reported_on` (the
+/// timeline the standby was streaming when it reported) counts toward the commit point of
+/// this node's `current` timeline; `ended_at` gives where an ancestor of the current
+/// timeline ended (`Wal::timeline_end`).
+///
+/// A report made on the current timeline counts whole. One made on an ancestor counts only
+/// up to that ancestor's switch point: below it both histories hold the same bytes, above it
+/// the standby holds the old timeline's WAL (a tail sent early that this node lost, or the
+/// other side of a promotion), which says nothing of this timeline's appends at the same
+/// LSNs. A report of no stream, or of a timeline outside the history, counts for nothing.
+/// With the switch off this changes nothing: a standby is sent only durable WAL, so a report
+/// on an ancestor never lies past its switch point.
+pub fn counted_up_to(
+    reported_on: Option<TimelineId>,
+    current: TimelineId,
+    ended_at: impl FnOnce(TimelineId) -> Option<Lsn>,
+) -> Lsn {
+    match reported_on {
+        Some(t) if t == current => Lsn(u64::MAX),
+        Some(t) => ended_at(t).unwrap_or(Lsn::INVALID),
+        None => Lsn::INVALID,
+    }
 }
 
 /// Whether a walsender may send WAL that is written but not yet durable on this node: the
@@ -95,6 +119,23 @@ mod tests {
         assert_eq!(commit_point(Lsn(100), None), Lsn(100));
         // A quorum that confirmed nothing yet holds everything back.
         assert_eq!(commit_point(Lsn(100), Some(Lsn(0))), Lsn(0));
+    }
+
+    #[test]
+    fn only_reports_on_the_current_timeline_count_past_its_switch_point() {
+        let history = |t: TimelineId| (t == TimelineId(1)).then_some(Lsn(100));
+        let current = TimelineId(2);
+        // Made on the current timeline: counted whole.
+        let limit = counted_up_to(Some(current), current, history);
+        assert_eq!(Lsn(500).min(limit), Lsn(500));
+        // Made on the ancestor, past the switch point (a tail this node lost): only the
+        // shared part counts, which is below every append of the new timeline.
+        let limit = counted_up_to(Some(TimelineId(1)), current, history);
+        assert_eq!(Lsn(500).min(limit), Lsn(100));
+        assert_eq!(Lsn(60).min(limit), Lsn(60));
+        // A timeline outside the history, or no stream: nothing.
+        assert_eq!(counted_up_to(Some(TimelineId(3)), current, history), Lsn(0));
+        assert_eq!(counted_up_to(None, current, history), Lsn(0));
     }
 
     #[test]

@@ -9,15 +9,25 @@
 //! What the synchronous standbys have confirmed, taken together, is also published as a watch
 //! ([`WalSenderRegistry::sync_positions`]), so that readers on the primary can stop at WAL
 //! acknowledged at the node's durability level.
+//!
+//! A standby's positions count only as far as they hold on the node's current timeline
+//! (the overlapped commit's rule 1, [`crate::overlap::counted_up_to`]): each report carries
+//! the timeline its stream was on, and the timeline is read from storage at each decision, so
+//! an append of a new timeline is never released by a report made on the old one, whichever
+//! of the two events reaches the registry first.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use actix::prelude::*;
 
 use crate::messages::*;
+use crate::overlap::counted_up_to;
 use crate::status::{lock, SharedStatus, WalSenderState};
-use crate::syncrep::{decide, StandbyPositions, SyncPositions, SyncStandbyNames, Waiters};
+use crate::syncrep::{
+    decide, Confirmed, StandbyPositions, SyncPositions, SyncStandbyNames, Waiters,
+};
 use crate::WalSender;
+use wal_storage::Wal;
 
 struct Entry {
     addr: Addr<WalSender>,
@@ -37,13 +47,20 @@ pub struct WalSenderRegistry {
     held: bool,
     /// Each waits for the connections open at its [`HoldWalSenders`] to close.
     hold_waiters: Vec<(BTreeSet<u32>, tokio::sync::oneshot::Sender<()>)>,
-    /// The highest positions the synchronous standbys ever confirmed together, each field on
-    /// its own: once acknowledged, WAL stays acknowledged whoever is synchronous later.
-    confirmed: tokio::sync::watch::Sender<SyncPositions>,
+    /// The highest positions the synchronous standbys ever confirmed together on the current
+    /// timeline, each field on its own: once acknowledged, WAL stays acknowledged whoever is
+    /// synchronous later. A new timeline keeps what lies below its switch point.
+    confirmed: tokio::sync::watch::Sender<Confirmed>,
+    /// The node's storage, for its current timeline and history at each decision.
+    wal: Wal,
 }
 
 impl WalSenderRegistry {
-    pub fn new(max_wal_senders: usize) -> WalSenderRegistry {
+    pub fn new(max_wal_senders: usize, wal: Wal) -> WalSenderRegistry {
+        let confirmed = Confirmed {
+            timeline: wal.timeline(),
+            positions: SyncPositions::default(),
+        };
         WalSenderRegistry {
             max_wal_senders,
             sync: None,
@@ -53,13 +70,14 @@ impl WalSenderRegistry {
             shutting_down: None,
             held: false,
             hold_waiters: Vec::new(),
-            confirmed: tokio::sync::watch::channel(SyncPositions::default()).0,
+            confirmed: tokio::sync::watch::channel(confirmed).0,
+            wal,
         }
     }
 
     /// What the synchronous standbys have confirmed, taken together (each position the
-    /// highest ever reached); zero until they first confirm anything.
-    pub fn sync_positions(&self) -> tokio::sync::watch::Receiver<SyncPositions> {
+    /// highest ever reached on the timeline it names); zero until they first confirm anything.
+    pub fn sync_positions(&self) -> tokio::sync::watch::Receiver<Confirmed> {
         self.confirmed.subscribe()
     }
 
@@ -74,17 +92,25 @@ impl WalSenderRegistry {
     /// standbys now cover. Runs on every event that can change either: a reply, a walsender
     /// coming or going, a new setting.
     fn recompute(&mut self) {
+        let current = self.wal.timeline();
+        let ended_at = |t| self.wal.timeline_end(t);
         let mut standbys = Vec::new();
         for (pid, e) in &self.connections {
             if let Some(st) = &e.status {
                 let st = lock(st);
+                let reported = SyncPositions {
+                    write: st.write_lsn.unwrap_or_default(),
+                    flush: st.flush_lsn.unwrap_or_default(),
+                    apply: st.replay_lsn.unwrap_or_default(),
+                }
+                .at_most(counted_up_to(st.reported_on, current, ended_at));
                 standbys.push(StandbyPositions {
                     pid: *pid,
                     application_name: st.application_name.clone(),
                     streaming: st.state == WalSenderState::Streaming,
-                    write: st.write_lsn.unwrap_or_default(),
-                    flush: st.flush_lsn.unwrap_or_default(),
-                    apply: st.replay_lsn.unwrap_or_default(),
+                    write: reported.write,
+                    flush: reported.flush,
+                    apply: reported.apply,
                 });
             }
         }
@@ -102,17 +128,26 @@ impl WalSenderRegistry {
             for w in self.waiters.release(p) {
                 let _ = w.send(());
             }
-            self.confirmed.send_if_modified(|c| {
-                let next = SyncPositions {
-                    write: c.write.max(p.write),
-                    flush: c.flush.max(p.flush),
-                    apply: c.apply.max(p.apply),
-                };
-                let changed = next != *c;
-                *c = next;
-                changed
-            });
         }
+        self.confirmed.send_if_modified(|c| {
+            let mut kept = c
+                .positions
+                .at_most(counted_up_to(Some(c.timeline), current, ended_at));
+            if let Some(p) = decision.positions {
+                kept = SyncPositions {
+                    write: kept.write.max(p.write),
+                    flush: kept.flush.max(p.flush),
+                    apply: kept.apply.max(p.apply),
+                };
+            }
+            let next = Confirmed {
+                timeline: current,
+                positions: kept,
+            };
+            let changed = next != *c;
+            *c = next;
+            changed
+        });
     }
 
     fn wake_if_empty(&mut self) {

@@ -41,6 +41,12 @@ pub struct WalSenderStatus {
     pub write_lsn: Option<Lsn>,
     pub flush_lsn: Option<Lsn>,
     pub replay_lsn: Option<Lsn>,
+    /// The timeline the client was streaming when it reported the three positions above:
+    /// the synchronous quorum counts them only on the node's current timeline (the
+    /// overlapped commit's rule 1, [`crate::overlap::counted_up_to`]). Not a column of
+    /// pg_stat_replication.
+    #[serde(skip)]
+    pub reported_on: Option<TimelineId>,
     #[serde(serialize_with = "ser_lag", deserialize_with = "de_lag")]
     pub write_lag: Option<Duration>,
     #[serde(serialize_with = "ser_lag", deserialize_with = "de_lag")]
@@ -91,6 +97,7 @@ impl WalSenderStatus {
             write_lsn: None,
             flush_lsn: None,
             replay_lsn: None,
+            reported_on: None,
             write_lag: None,
             flush_lag: None,
             replay_lag: None,

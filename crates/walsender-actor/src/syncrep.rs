@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use wal_storage::Lsn;
+use wal_storage::{Lsn, TimelineId};
 
 /// `FIRST` (priority) or `ANY` (quorum).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -283,6 +283,26 @@ pub struct SyncPositions {
     pub write: Lsn,
     pub flush: Lsn,
     pub apply: Lsn,
+}
+
+impl SyncPositions {
+    /// Each position no higher than `limit`.
+    pub fn at_most(self, limit: Lsn) -> SyncPositions {
+        SyncPositions {
+            write: self.write.min(limit),
+            flush: self.flush.min(limit),
+            apply: self.apply.min(limit),
+        }
+    }
+}
+
+/// What the synchronous standbys confirmed together, and the timeline on which it counts:
+/// a switch to a new timeline keeps of it only what lies below the switch point
+/// ([`crate::overlap::counted_up_to`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Confirmed {
+    pub timeline: TimelineId,
+    pub positions: SyncPositions,
 }
 
 /// The decision for the current set of standbys.

@@ -137,7 +137,7 @@ impl Primary {
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                     .await
                     .expect("bind");
-                let registry = WalSenderRegistry::new(10).start();
+                let registry = WalSenderRegistry::new(10, served.clone()).start();
                 let shared = Shared::new(served, settings, acceptor, registry.clone());
                 let listener = Listener::start(listener, shared, Vec::new()).expect("listen");
                 let addr = listener.send(GetListenAddr).await.expect("listener");

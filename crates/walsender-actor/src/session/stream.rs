@@ -331,6 +331,7 @@ impl<S: StorageView> Session<S> {
         st.write_lsn = Some(r.write);
         st.flush_lsn = Some(r.flush);
         st.replay_lsn = Some(r.apply);
+        st.reported_on = Some(stream.timeline);
         st.reply_time = Some(r.send_time.to_system_time());
         self.lags
             .on_reply(r.write, r.flush, r.apply, stream.sent, now_us);

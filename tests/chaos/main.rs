@@ -16,6 +16,7 @@ mod kill_chain;
 mod line;
 mod node;
 mod power_loss;
+mod reader;
 mod soak;
 
 use std::path::Path;

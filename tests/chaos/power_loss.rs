@@ -8,8 +8,13 @@
 //! the client's acknowledgement log ([`assert_judged`]): every acknowledged record on both
 //! nodes exactly once, both byte-identical up to the shorter end.
 //!
-//! Each scenario runs with the commit rule as a parameter ([`Overlap`]), so that the same
-//! cycles hold every rule the node offers. CI runs a few cycles; `WALSERVER_TEST_CHAOS_CYCLES`
+//! Each scenario runs with the commit rule as a parameter ([`Overlap`]): off, and the
+//! overlapped commit on both nodes, where the standby may hold a tail the primary lost (cut
+//! back at its next stream start) and the primary starts a new timeline at every start. A
+//! [`Reader`] follows each node's `GET /wal` through every cycle, and at the end every record
+//! either was given must be on both nodes: nobody read past the commit point (rule 3), which
+//! no power loss takes back. Each run prints the appends acknowledged, the tails the standby
+//! cut and the timelines the primary made. CI runs a few cycles; `WALSERVER_TEST_CHAOS_CYCLES`
 //! runs more and `WALSERVER_TEST_CHAOS_SEED` replays a run's kills and crashes. Needs root (a
 //! FUSE mount).
 
@@ -20,6 +25,7 @@ use lossyfs::{LossyFs, Options};
 use wal_storage::Lsn;
 
 use crate::node::*;
+use crate::reader::Reader;
 use crate::{assert_judged, cycles, line, seed, Load, Rng, SEGMENT};
 
 const SYNC: &str = "s1";
@@ -27,17 +33,24 @@ const SYNC: &str = "s1";
 /// The load: as many writers as the request asks, small records, so a cycle is short.
 const WRITERS: usize = 16;
 
-/// The commit rule the primary runs.
-#[derive(Clone, Copy, Debug)]
+/// The commit rule the pair runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Overlap {
     /// The primary flushes, then sends: a standby never holds WAL its primary lacks.
     Off,
+    /// The overlapped commit on both nodes (`synchronous_commit_overlap`): the primary sends
+    /// what it has written while its fdatasync runs, the standby (whose walreceiver then asks
+    /// for such WAL) cuts back an unacknowledged tail at stream start, and the primary starts
+    /// a new timeline at every start.
+    On,
 }
 
 impl Overlap {
+    /// The settings of every node of the pair.
     fn settings(self) -> Vec<(&'static str, &'static str)> {
         match self {
             Overlap::Off => Vec::new(),
+            Overlap::On => vec![("synchronous_commit_overlap", "true")],
         }
     }
 }
@@ -90,12 +103,9 @@ impl Pair {
         let sdata = mounts[1].mountpoint().join("data");
         walserver_node::init::init_standby(&sdata, &conninfo_at(p.listen, SYNC), None, None)
             .expect("init the standby");
-        let mut s = child_node(
-            "standby",
-            &sdata,
-            &[keep, ("wal_receiver_status_interval", "1")],
-        )
-        .with_log(&dir.join("standby.log"));
+        let mut settings = vec![keep, ("wal_receiver_status_interval", "1")];
+        settings.extend(overlap.settings());
+        let mut s = child_node("standby", &sdata, &settings).with_log(&dir.join("standby.log"));
         s.start().expect("start the standby");
         Pair {
             nodes: [p, s],
@@ -139,8 +149,19 @@ fn power_loss_cycles(victims: Victims, overlap: Overlap) {
         panic!("the writers: {e:#}\n--- load ---\n{tail}\n{}", pair.logs());
     }
 
+    // Readers on both nodes from the first record to the last, through every power loss.
+    let readers = [
+        Reader::follow(&pair.nodes[0]),
+        Reader::follow(&pair.nodes[1]),
+    ];
+    let first_timeline = pair.nodes[0]
+        .status()
+        .expect("the primary's status")
+        .timeline;
     let started = Instant::now();
     let mut lost_writes = 0;
+    // The standby's tail cuts, counted in /status since its process started.
+    let (mut tail_cuts, mut cuts_seen) = (0, 0);
     for cycle in 0..n_cycles {
         let mut at_risk = 0;
         let before = load.count();
@@ -213,6 +234,18 @@ fn power_loss_cycles(victims: Victims, overlap: Overlap) {
                 pair.logs()
             );
         }
+        let commit = pair.nodes[1].status().expect("the standby's status").commit;
+        if hit.contains(&1) {
+            cuts_seen = 0;
+        }
+        tail_cuts += commit.tail_cuts - cuts_seen.min(commit.tail_cuts);
+        cuts_seen = commit.tail_cuts;
+        if overlap == Overlap::Off {
+            assert_eq!(
+                commit.tail_cuts, 0,
+                "cycle {cycle}: a cut with the switch off"
+            );
+        }
         println!(
             "cycle {cycle}: power back after {:.0} ms",
             t.elapsed().as_secs_f64() * 1e3
@@ -222,9 +255,16 @@ fn power_loss_cycles(victims: Victims, overlap: Overlap) {
     pair.settle().expect("the pair to converge at the end");
     let [p, s] = &pair.nodes;
     let verdict = assert_judged(&[&acks], &[p, s]);
+    let [on_primary, on_standby] = readers;
+    let (read_p, read_s) = (on_primary.count(), on_standby.count());
+    on_primary.assert_survived(&[p, s]);
+    on_standby.assert_survived(&[p, s]);
+    let timelines = p.status().expect("the primary's status").timeline.0 - first_timeline.0;
     println!(
-        "{n_cycles} power losses of {victims:?} in {:.1} s: {} appends acknowledged, {} \
-         unsynced writes lost by the crashes; {}",
+        "{n_cycles} power losses of {victims:?} with overlap {overlap:?} in {:.1} s: {} appends \
+         acknowledged, {} unsynced writes lost by the crashes, {tail_cuts} tails cut, \
+         {timelines} timelines made, {read_p} and {read_s} records read on the primary and \
+         the standby; {}",
         started.elapsed().as_secs_f64(),
         acks.len(),
         lost_writes,
@@ -245,4 +285,19 @@ fn power_loss_of_the_synchronous_standby_loses_no_acknowledged_append() {
 #[test]
 fn power_loss_of_both_at_once_loses_no_acknowledged_append() {
     power_loss_cycles(Victims::Both, Overlap::Off);
+}
+
+#[test]
+fn power_loss_of_the_primary_with_the_overlapped_commit_loses_no_acknowledged_append() {
+    power_loss_cycles(Victims::Primary, Overlap::On);
+}
+
+#[test]
+fn power_loss_of_the_synchronous_standby_with_the_overlapped_commit_loses_no_acknowledged_append() {
+    power_loss_cycles(Victims::Standby, Overlap::On);
+}
+
+#[test]
+fn power_loss_of_both_at_once_with_the_overlapped_commit_loses_no_acknowledged_append() {
+    power_loss_cycles(Victims::Both, Overlap::On);
 }

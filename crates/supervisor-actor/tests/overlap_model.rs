@@ -5,8 +5,8 @@
 //! reorders (each direction's queue is delivered out of order at times), and crashes and
 //! restarts of either node at any step. The rules are the real pure pieces:
 //! `overlap::send_limit` and `sends_early` for what the primary sends, `overlap::commit_point`
-//! for what it acknowledges and tells, `overlap::starts_new_timeline` for its restart; the
-//! standby's cut-back at stream start is rule 4's decision as written below.
+//! for what it acknowledges and tells, `overlap::starts_new_timeline` for its restart, and
+//! the walreceiver's `cutback::decide` for the standby's cut-back at stream start (rule 4).
 //!
 //! After every step it checks: every acknowledged append is durable on the primary at its LSN
 //! and, once the standby held it durable, is never cut from it; no reader (the primary's at
@@ -24,6 +24,7 @@
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use wal_storage::{CommitBound, Lsn, TimelineId, WalPosition};
+use walreceiver_actor::cutback::{self, TailDecision};
 use walsender_actor::overlap;
 
 /// Seeds a default run takes: well under a second, measured.
@@ -49,32 +50,15 @@ impl Rng {
     }
 }
 
-/// Rule 4's decision at stream start: keep a tail the upstream shares, cut back to the
-/// shared point what it does not, but never below the commit point this node was told.
-#[derive(Debug, PartialEq, Eq)]
-enum Cut {
-    Keep,
-    To(Lsn),
-    Refuse,
-}
-
-fn cut_back(handed: Lsn, shared: Lsn, told: Lsn) -> Cut {
-    if handed <= shared {
-        Cut::Keep
-    } else if shared >= told {
-        Cut::To(shared)
-    } else {
-        Cut::Refuse
-    }
-}
-
 /// The rules a run follows: the real ones, or one broken on purpose to show the checks see
 /// it.
 #[derive(Clone, Copy)]
 struct Rules {
     commit_point: fn(Lsn, Option<Lsn>) -> Lsn,
     starts_new_timeline: fn(bool) -> bool,
-    cut_back: fn(Lsn, Lsn, Lsn) -> Cut,
+    /// Rule 4 at stream start, from the standby's end, the point it shares with the primary
+    /// and the commit point it was told.
+    cut_back: fn(Lsn, Lsn, Lsn) -> TailDecision,
     /// What the primary tells its standby as the commit point, from the commit point and
     /// its own flushed end.
     told: fn(Lsn, Lsn) -> Lsn,
@@ -83,7 +67,7 @@ struct Rules {
 const REAL: Rules = Rules {
     commit_point: overlap::commit_point,
     starts_new_timeline: overlap::starts_new_timeline,
-    cut_back,
+    cut_back: cutback::decide,
     told: |c, _| c,
 };
 
@@ -441,8 +425,8 @@ impl World {
         };
         let handed = Lsn(s.log.len() as u64);
         match (self.rules.cut_back)(handed, Lsn(shared as u64), Lsn(self.told as u64)) {
-            Cut::Keep => {}
-            Cut::To(to) => {
+            TailDecision::Keep => {}
+            TailDecision::Cut { to, .. } => {
                 let to = to.0 as usize;
                 if to < self.told_ever {
                     return Err(format!(
@@ -454,7 +438,7 @@ impl World {
                 self.standby.log.truncate(to);
                 self.standby.flushed = self.standby.flushed.min(to);
             }
-            Cut::Refuse => {
+            TailDecision::Refuse => {
                 return Err(format!(
                     "the standby refused to cut to {shared}: its upstream lacks WAL up to the commit point {} it was told",
                     self.told
@@ -582,7 +566,7 @@ fn the_overlapped_commit_keeps_its_rules_under_loss_reorder_and_crashes() {
 /// The checks can fail: each rule broken on purpose is caught by some seed of a default run.
 #[test]
 fn each_broken_rule_is_caught() {
-    let broken: [(&str, Rules); 3] = [
+    let broken: [(&str, Rules); 4] = [
         (
             "acknowledging before the primary's own flush",
             Rules {
@@ -594,6 +578,13 @@ fn each_broken_rule_is_caught() {
             "a restarted primary resuming its timeline",
             Rules {
                 starts_new_timeline: |_| false,
+                ..REAL
+            },
+        ),
+        (
+            "a standby keeping a tail its upstream does not share",
+            Rules {
+                cut_back: |_, _, _| TailDecision::Keep,
                 ..REAL
             },
         ),

@@ -467,3 +467,77 @@ fn a_flush_reported_on_the_old_timeline_releases_nothing_on_the_new_one() {
     );
     drop(s1);
 }
+
+/// Rule 3 for the primary's own archive: a segment the primary has made durable but its
+/// synchronous standby has not (its fdatasync is held) lies past the commit point, so the
+/// archiver leaves it alone until the standby's flush moves the commit point over it. An
+/// archived object is never replaced, so one archived past the commit point could hold WAL
+/// a failover drops.
+#[test]
+fn the_primary_archives_nothing_past_the_commit_point() {
+    let archive = tempfile::tempdir().expect("tempdir");
+    let primary = TestNode::primary(&format!(
+        "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}\narchive_mode = 'on'\narchive_target = \"file://{}\"",
+        archive.path().display()
+    ));
+    let tli = primary.wal().timeline();
+    let segment_size = primary.wal().segment_size();
+    let s1 = standby_of(&primary, "s1", OVERLAP);
+    wait_streaming(&primary, &["s1"]);
+    let base = append(&primary, b"before", Durability::On).expect("acknowledged");
+    let archiver = |what: &str| primary.http_get("/status")["archiver"][what].clone();
+    wait_until("the archiver's hold", || {
+        !archiver("archived_lsn").is_null()
+    });
+    let segment = segment_file_name(tli, base.segment_number(segment_size), segment_size);
+
+    let held = Held(s1.wal().clone());
+    s1.wal().failpoints().hold(FP_FSYNC);
+    // Enough to complete the segment, durable on the primary at once.
+    let acked = {
+        let sup = primary.node.supervisor.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let msg = AppendRecords {
+                records: (0..20).map(|_| Bytes::from(vec![7u8; 64 << 10])).collect(),
+                durability: Some(Durability::On),
+            };
+            let r = futures_executor::block_on(sup.send(msg)).expect("supervisor");
+            let _ = tx.send(r.map(|a| a.end_lsn).map_err(|e| e.to_string()));
+        });
+        rx
+    };
+    let boundary = Lsn((base.segment_number(segment_size) + 1) * segment_size);
+    primary.wait_flushed(tli, boundary);
+    // The archiver has seen the segment complete and decided (or, wrongly, uploaded it):
+    // past the commit point, no upload.
+    wait_until("the archiver sees the completed segment", || {
+        archiver("backlog_bytes").as_u64() >= Some(segment_size)
+            || archive.path().join(&segment).exists()
+    });
+    assert!(
+        !archive.path().join(&segment).exists(),
+        "archived past the commit point"
+    );
+    assert!(primary.status().commit.commit_point < Some(boundary));
+    assert_eq!(acked.try_recv().unwrap_err(), TryRecvError::Empty);
+
+    let released = std::time::SystemTime::now();
+    drop(held);
+    acked
+        .recv_timeout(DEADLINE)
+        .expect("an answer")
+        .expect("acknowledged");
+    let status = || -> wal_archive::ArchiverStatus {
+        serde_json::from_value(primary.http_get("/status")["archiver"].clone())
+            .expect("the archiver's status")
+    };
+    wait_until("the segment archived", || {
+        status().last_archived_wal.as_deref() == Some(segment.as_str())
+    });
+    let status = status();
+    assert!(
+        status.last_archived_time.is_some_and(|t| t >= released),
+        "uploaded before the standby's flush: {status:?}"
+    );
+}

@@ -109,6 +109,12 @@ impl Visibility {
     ) -> (Visibility, Acknowledged) {
         let pos = wal.position();
         let first_gate = readers_gate(&pos, rule, &confirmed.borrow(), |t| wal.timeline_end(t));
+        if overlap {
+            // Set before any reader starts (the archiver does beside the node, and a primary's
+            // archive is a reader too): until the task below first runs, storage's commit
+            // point would otherwise be none, which readers take as the flushed end.
+            wal.set_own_commit_point(first_gate);
+        }
         let (acknowledged, end) = watch::channel(first_gate.unwrap_or(pos.flushed));
         let (gate, gate_rx) = watch::channel(first_gate);
         let v = Visibility {

@@ -1,7 +1,8 @@
 //! `walserver archive list | verify`: what an archive holds, and whether a restore can trust it.
 //!
-//! `list` shows each timeline's WAL as a restore of it would read it (`wal_archive::Catalog`):
-//! where it starts and ends, from which objects, and the gaps. `verify` also reads every
+//! `list` shows the system the archive belongs to (`wal_archive::IDENTITY_FILE`) and each
+//! timeline's WAL as a restore of it would read it (`wal_archive::Catalog`): where it starts
+//! and ends, from which objects, and the gaps. `verify` also reads every
 //! object back against its checksum sidecar and checks each timeline's continuity: a history
 //! file for every timeline after the first, and no gap. It fails on a corrupt object, a
 //! missing or unreadable history file, or a gap; names that are no WAL file are shown, not
@@ -84,8 +85,13 @@ pub fn run(target: &ArchiveTarget, command: &ArchiveCommand) -> anyhow::Result<(
 
 /// `archive list`'s text.
 pub fn list(target: &ArchiveTarget, survey: &Survey) -> String {
+    let system = match target.system_id() {
+        Ok(Some(id)) => format!("system {id}"),
+        Ok(None) => "no system named".to_string(),
+        Err(e) => format!("system unreadable ({e})"),
+    };
     let mut out = format!(
-        "{} objects, segments of {} MiB\n",
+        "{} objects, segments of {} MiB, {system}\n",
         survey.objects.len(),
         survey.catalog.segment_size >> 20
     );

@@ -1,7 +1,8 @@
 //! Continuous archiving on a real node: every completed segment lands in the archive byte for
 //! byte, history files after a promotion, other contents under a name raise the alarm, a
 //! kill -9 of a `walserver run` in the middle of archiving skips nothing, and a backlog past
-//! `archive_max_backlog` refuses appends on a primary and pauses a relay until it falls.
+//! `archive_max_backlog` refuses appends on a primary and pauses a relay until it falls, and
+//! a node of another system than the one an archive names is refused by it.
 //! The first four run against a directory and against SeaweedFS (S3, zstd-compressed); an S3
 //! store that stops for a while and comes back costs nothing (`WALSERVER_TEST_S3_OUTAGE_SECS`
 //! sets how long it stays down, 3 s by default; 30 s is the manual run).
@@ -301,6 +302,83 @@ fn other_contents_raise_the_alarm(archive: Store) {
         .data_dir()
         .join("pg_wal/000000010000000000000001")
         .exists());
+}
+
+/// Two systems pointed at one S3 prefix: the first names its system in the archive; the
+/// second archives nothing there and raises the alarm naming both; `archive list` shows the
+/// first's; a standby of the second is refused a restore from it, and a primary restored
+/// from it keeps the first's identifier (so it may archive there on its new timeline).
+#[test]
+fn a_node_of_another_system_is_refused_by_the_archive_and_by_a_restore_from_it() {
+    let archive = Store::s3();
+    let first = TestNode::primary(&archive.toml("on"));
+    first.append(40, 32 << 10, 1);
+    wait_archiver(&first.http_addr.to_string(), "a segment archived", |s| {
+        s.archived_count >= 1
+    });
+    let first_id = first.wal().system_id();
+    let segment = "000000010000000000000001";
+    let archived = archive.raw(&format!("{segment}.zst"));
+    assert!(archived.is_some());
+    drop(first);
+
+    let second = TestNode::primary(&archive.toml("on"));
+    let second_id = second.wal().system_id();
+    assert_ne!(first_id, second_id);
+    second.append(40, 32 << 10, 2);
+    let s = wait_archiver(&second.http_addr.to_string(), "the alarm", |s| {
+        s.alarm.is_some()
+    });
+    let alarm = s.alarm.as_deref().unwrap();
+    assert!(
+        alarm.contains(&format!(
+            "belongs to system {first_id}, not to system {second_id}"
+        )),
+        "{alarm}"
+    );
+    assert_eq!(s.archived_count, 0, "{s:?}");
+    assert_eq!(
+        crate::metrics::scrape(&second).get("walserver_archive_alarm"),
+        1.0
+    );
+    // The first system's objects are untouched, and storage keeps the second's segment.
+    assert_eq!(archive.raw(&format!("{segment}.zst")), archived);
+    assert!(second.data_dir().join("pg_wal").join(segment).exists());
+
+    let mut args = vec!["archive".to_string(), "list".into()];
+    for (k, v) in archive.settings("on") {
+        args.extend(["-c".into(), format!("{k}={v}")]);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_walserver"))
+        .args(&args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains(&format!("system {first_id}\n")), "{stdout}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let refused = walserver_node::from_archive::init_standby_from_archive(
+        &dir.path().join("standby"),
+        &archive.target(),
+        &conninfo_at(second.addr(), "s1"),
+        None,
+    )
+    .expect_err("a standby of another system");
+    assert!(
+        refused
+            .to_string()
+            .contains(&format!("belongs to system {first_id}")),
+        "{refused}"
+    );
+    assert!(!dir.path().join("standby").exists());
+    let restored = walserver_node::from_archive::init_from_archive(
+        &dir.path().join("primary"),
+        &archive.target(),
+        &Default::default(),
+    )
+    .expect("a primary restored from the archive");
+    assert_eq!(restored.system_id, first_id);
 }
 
 #[test]

@@ -391,9 +391,12 @@ impl Archiver {
         let name = item.file_name(seg);
         schedule.failed(item, Instant::now());
         let tries = schedule.failures_in_a_row();
-        let mismatch = matches!(e, ArchiveError::Mismatch { .. });
+        let mismatch = matches!(
+            e,
+            ArchiveError::Mismatch { .. } | ArchiveError::OtherSystem { .. }
+        );
         if mismatch {
-            tracing::error!(file = %name, error = %e, tries, "archiving is stuck: the archive holds other contents under this name");
+            tracing::error!(file = %name, error = %e, tries, "archiving is stuck: the archive holds other contents than this system's");
         } else {
             tracing::warn!(file = %name, error = %e, tries, "archiving failed; will retry");
         }
@@ -420,6 +423,14 @@ fn upload_all(
     items: Vec<Item>,
     current: TimelineId,
 ) -> Vec<(Item, Result<Put>)> {
+    // The archive's identity is checked (and named, in a new archive) before this
+    // archiver's first upload, so no WAL of this system lands in another's archive.
+    if !matches!(config.target, ArchiveTarget::Command(_)) && !lock(known).claimed() {
+        if let Err(e) = config.target.claim(wal.system_id()) {
+            return vec![(items[0], Err(e))];
+        }
+        lock(known).set_claimed();
+    }
     let mut outcomes: Vec<(Item, Result<Put>)> = match &items[..] {
         [item] => vec![(*item, upload(wal, config, known, *item, current))],
         _ => std::thread::scope(|scope| {

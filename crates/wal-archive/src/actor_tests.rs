@@ -81,12 +81,15 @@ async fn wait_until(
     reached.unwrap_or_else(|| panic!("archiver never reached: {what}; status {:?}", *rx.borrow()))
 }
 
+/// The WAL files and sidecars in the archive directory `dir`, sorted, without the archive's
+/// identity file and its sidecar (which `identity.rs` and the first test here check).
 fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     v.sort();
+    v.retain(|n| !n.starts_with(crate::IDENTITY_FILE));
     v
 }
 
@@ -126,6 +129,9 @@ async fn every_completed_segment_and_history_file_is_archived_byte_for_byte() {
     // The current segment (4) is not complete: not archived.
     assert!(!archive.path().join("000000010000000000000004").exists());
     assert_eq!(wal.archived(), Some(Lsn(4 * SEG)));
+    // The archive names the node's system.
+    let target = ArchiveTarget::Directory(archive.path().into());
+    assert_eq!(target.system_id().unwrap(), Some(wal.system_id()));
 
     // A promotion: the history file goes before the switch segment.
     let (tli, _) = wal.promote("test").unwrap();

@@ -94,6 +94,9 @@ impl Catalog {
             ..Catalog::default()
         };
         for o in objects {
+            if o.name == crate::identity::IDENTITY_FILE {
+                continue;
+            }
             let Some(file) = ArchivedFile::parse(&o.name, segment_size) else {
                 c.unknown.push(o.name.clone());
                 continue;

@@ -18,6 +18,17 @@ pub enum ArchiveError {
     /// damaged, and either needs a person.
     #[error("{object} is already in the archive with different contents; it is not overwritten")]
     Mismatch { object: String },
+    /// The archive names another database system than this node's: its WAL is not this
+    /// node's to add to, or to restore from. Never crossed; it needs a person (another
+    /// cluster's `archive_target`, or a prefix reused).
+    #[error(
+        "the archive {archive} belongs to system {theirs}, not to system {ours}: refusing to mix          the WAL of two systems (give each cluster its own archive_target)"
+    )]
+    OtherSystem {
+        archive: String,
+        theirs: wal_types::SystemId,
+        ours: wal_types::SystemId,
+    },
     /// An archived object does not match its checksum sidecar, or its sidecar is missing or
     /// unreadable. Its bytes are never handed out.
     #[error("{name} in the archive is corrupt: {reason}")]

@@ -33,6 +33,9 @@ pub(crate) struct Known {
     names: Option<BTreeSet<String>>,
     /// How many times the archive was listed, for the tests and the measurement.
     listings: u64,
+    /// The archive was found to name this node's system (`identity.rs`). Kept through
+    /// [`Known::forget`]: an archive's identity is written once and never changes.
+    claimed: bool,
 }
 
 impl Known {
@@ -71,6 +74,14 @@ impl Known {
         if let Some(names) = self.names.as_mut() {
             names.remove(name);
         }
+    }
+
+    pub(crate) fn claimed(&self) -> bool {
+        self.claimed
+    }
+
+    pub(crate) fn set_claimed(&mut self) {
+        self.claimed = true;
     }
 
     /// Lists again at the next look: after a failure, or at the start of archiving.

@@ -32,6 +32,10 @@
 //!   The one removal: an `archive_timeout` prefix once a longer one, the `.partial` or the
 //!   whole segment is durable in the archive (a crash between leaves one behind, which the
 //!   next put of that segment removes; a reader takes the longest).
+//! - Identity: an archive holds one system's WAL. The first archiver names its system
+//!   identifier in [`IDENTITY_FILE`] (created only if absent, `identity.rs`); every
+//!   archiver reads it before its first upload, and one of another system archives nothing
+//!   there ([`ArchiveError::OtherSystem`], an alarm as a mismatch is).
 //! - Cost: the archive is listed when archiving starts and after a failure, not per upload;
 //!   between those the archiver keeps the names it put and removed (`known.rs`), and lists
 //!   again when a put finds an object it did not know of (another node writes there too).
@@ -71,6 +75,7 @@ mod catalog;
 mod command;
 mod compression;
 mod error;
+mod identity;
 mod known;
 mod messages;
 mod read;
@@ -84,6 +89,7 @@ pub use catalog::{Catalog, Gap, Piece, Plan, TimelineFiles};
 pub use command::ArchiveCommand;
 pub use compression::Compression;
 pub use error::{ArchiveError, Result};
+pub use identity::IDENTITY_FILE;
 pub use messages::{GetArchiverStatus, StopArchiver};
 pub use read::{ArchivedFile, Checksum, ObjectInfo, SIDECAR_SUFFIX};
 pub use s3::{S3Options, S3Target, DEFAULT_PART_SIZE, MIN_PART_SIZE, PARALLEL_PARTS};

@@ -29,9 +29,13 @@
 //! records carry times, is restored by PostgreSQL itself through `walserver restore-wal`;
 //! this command makes only walserver-format data directories.
 //!
+//! The archive names its system (`wal_archive::IDENTITY_FILE`); a primary's restore keeps
+//! that identifier (a new one only for an archive that names none), as PostgreSQL's
+//! point-in-time recovery keeps its own, so the restored node may go on archiving there.
+//!
 //! A standby's restore (`init --from-archive --standby --primary-conninfo C`) adopts the
-//! upstream's identity as `init --standby` does (its system identifier, since the archive
-//! records none), restores the upstream's timeline to the archive's end or the upstream's
+//! upstream's identity as `init --standby` does, refusing an archive that names another
+//! system than the upstream's, restores the upstream's timeline to the archive's end or the upstream's
 //! flushed end, whichever is first, cut on a record boundary, and writes `standby.signal`;
 //! it never starts a timeline, so its WAL stays a prefix of the upstream's. The archive
 //! must agree with the upstream on what it can show: the segment size, walserver records,
@@ -86,7 +90,8 @@ pub struct Restored {
 
 /// How a restored node runs.
 enum RestoreAs {
-    /// With a new system identifier; a restore that ends early goes on as a new timeline.
+    /// With the archive's system identifier (a new one if it names none); a restore that
+    /// ends early goes on as a new timeline.
     Primary,
     /// As a standby of the upstream `identity` describes, which `signal` names.
     Standby {
@@ -146,6 +151,23 @@ fn restore(
         None => None,
     };
     check_new_data_dir(dir)?;
+    // The system the archive names (`wal_archive::IDENTITY_FILE`): a standby's upstream must
+    // be that system, and a primary's restore keeps its identifier, as PostgreSQL's
+    // point-in-time recovery keeps its own, so the restored node may archive into the same
+    // archive on its new timeline.
+    let archived_system = target.system_id().map_err(archive)?;
+    if let (Some(theirs), Some(id)) = (archived_system, upstream) {
+        if theirs != id.system_id {
+            let other = ArchiveError::OtherSystem {
+                archive: target.describe(""),
+                theirs,
+                ours: id.system_id,
+            };
+            return Err(refuse(format!(
+                "the upstream's WAL cannot come from this archive: {other}"
+            )));
+        }
+    }
     let objects = target.list().map_err(archive)?;
     let seg = target
         .segment_size(&objects)
@@ -242,7 +264,10 @@ fn restore(
         .take_while(|h| h.parent != start_tli)
         .cloned()
         .collect();
-    let system_id = upstream.map_or_else(new_system_id, |id| id.system_id);
+    let system_id = upstream
+        .map(|id| id.system_id)
+        .or(archived_system)
+        .unwrap_or_else(new_system_id);
     let cfg = StorageConfig {
         segment_size: seg,
         // Retention must not remove what the restore wrote a moment ago; the node's own

@@ -244,9 +244,13 @@ fn name_held(name: &str, kv: &KeyValue) -> FailoverError {
     }
 }
 
-/// How long past the holder's lease a check of a member name waits for its key to go. A
-/// guess: etcd expires leases within about half a second of their time.
-const EXPIRY_MARGIN: Duration = Duration::from_secs(1);
+/// How long past the holder's lease's remaining time, as etcd answers it, a check of a member
+/// name waits for its key to go. etcd answers that time in whole seconds rounded down (up to a
+/// second short) and revokes expired leases from a loop that runs every 500 ms, then through
+/// its log: a second for the rounding and one for the revocation, a guess with room. With one
+/// second in all, a name whose process was killed a moment ago was refused as held when the
+/// rounding took most of a second.
+const EXPIRY_MARGIN: Duration = Duration::from_secs(2);
 
 /// Before a node starts: is `name` free in `cluster`? A process killed a moment ago leaves
 /// its member key until its lease runs out, so a key that goes within the lease's remaining

@@ -1,5 +1,6 @@
 //! One process per member name: a second process of a name is refused and never writes over
-//! the live member's key; a member whose key another process took stops acknowledging.
+//! the live member's key; a member whose key another process took stops acknowledging; a name
+//! whose process died a moment ago is free once its lease runs out.
 
 use etcd_gateway::{Client, EventKind, KeyRange, KeyValue, LeaseId, WatchRequest};
 use failover_actor::keys::Keys;
@@ -132,6 +133,36 @@ fn a_leader_whose_member_key_another_process_took_stops_acknowledging() -> Resul
         assert_eq!(now.lease, foreign, "a wrote over the other process's key");
         client.lease_revoke(LeaseId(foreign.0)).await?;
         shutdown([a, b, c]).await;
+        Ok(())
+    })
+}
+
+/// A member killed a moment ago leaves its key on a lease nobody renews: the check of a process
+/// started again at once waits for that lease to run out and lets it start, however much of a
+/// second etcd's answer of the remaining time rounded away. Each round puts the key on a fresh
+/// lease and checks at once, when the rounding loses most of a second.
+#[test]
+fn a_name_whose_process_just_died_is_free_once_its_lease_runs_out() -> Result<()> {
+    log();
+    let etcd = EtcdServer::start();
+    actix_rt::System::new().block_on(async move {
+        let client = etcd.client();
+        for round in 0..3 {
+            let lease = client.lease_grant(TTL.as_secs() as i64).await?.id;
+            // The check reads only the key's lease.
+            client
+                .put(
+                    Keys::new("test").member("dead").as_bytes(),
+                    b"{}",
+                    Some(lease),
+                )
+                .await?;
+            let started = Instant::now();
+            check_member_name(&client, "test", "dead")
+                .await
+                .with_context(|| format!("round {round}: the dead member's name is refused"))?;
+            eprintln!("round {round}: free after {:?}", started.elapsed());
+        }
         Ok(())
     })
 }

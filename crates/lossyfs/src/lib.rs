@@ -10,6 +10,8 @@
 //! the model out: its directory part is `powerloss-model`'s, the same as wal-storage's
 //! in-process recorder's), and mounts that state again.
 //! The same seed over the same operations gives the same state, so a failing seed replays.
+//! [`LossyFs::crash_to_synced`] is the worst case no seed is sure to choose: everything not
+//! synced is lost, for a scenario that must count on losing it.
 //!
 //! Each mount can also be a disk of its own: [`Options::sync_latency`] is added to every
 //! fsync and fdatasync (1 ms is what a network-attached cloud volume takes), while writes and
@@ -235,6 +237,16 @@ impl LossyFs {
     /// chosen by `seed` leaves, and mounts that state again. Whatever used the mount must
     /// have stopped (a process killed, its files closed) before.
     pub fn crash(&mut self, seed: u64) -> Result<CrashReport> {
+        self.power_loss(Some(seed))
+    }
+
+    /// [`LossyFs::crash`] at its worst: every write and entry change not synced is lost, none
+    /// kept torn, so that a scenario can count on losing what it has not synced.
+    pub fn crash_to_synced(&mut self) -> Result<CrashReport> {
+        self.power_loss(None)
+    }
+
+    fn power_loss(&mut self, seed: Option<u64>) -> Result<CrashReport> {
         self.set_syncs(Syncs::Fail);
         self.stop(UNMOUNT_WAIT)?;
         self.set_syncs(Syncs::Run);

@@ -309,18 +309,22 @@ impl Model {
     }
 
     /// Rewrites the backing directory into the state a power loss chosen by `seed` leaves
-    /// (module docs) and returns the model of that state, all of it durable. Nothing may use
-    /// the backing directory meanwhile.
-    pub fn crash(self, seed: u64) -> io::Result<(Model, CrashReport)> {
-        let mut rng = Rng(seed);
-        let (names, mut report) = self.names.surviving(&mut rng);
+    /// (module docs), or with `None` the state that keeps nothing unsynced (the worst case),
+    /// and returns the model of that state, all of it durable. Nothing may use the backing
+    /// directory meanwhile.
+    pub fn crash(self, seed: Option<u64>) -> io::Result<(Model, CrashReport)> {
+        let mut rng = seed.map(Rng);
+        let (names, mut report) = match &mut rng {
+            Some(rng) => self.names.surviving(rng),
+            None => self.names.durable_only(),
+        };
         // Each surviving file's fate: how many of its changes it keeps, and how many bytes of
         // the next one if that is a write.
         let mut fates: BTreeMap<Ino, (usize, usize)> = BTreeMap::new();
         for node in names.values() {
             if let Node::File(ino) = *node {
                 if let std::collections::btree_map::Entry::Vacant(e) = fates.entry(ino) {
-                    e.insert(self.fate(ino, &mut rng, &mut report));
+                    e.insert(self.fate(ino, rng.as_mut(), &mut report));
                 }
             }
         }
@@ -377,12 +381,16 @@ impl Model {
     }
 
     /// Chooses how much of file `ino`'s unsynced changes a crash keeps: a prefix of them, and
-    /// half the time part of the next one if it is a write.
-    fn fate(&self, ino: Ino, rng: &mut Rng, report: &mut CrashReport) -> (usize, usize) {
+    /// half the time part of the next one if it is a write; none without `rng`.
+    fn fate(&self, ino: Ino, rng: Option<&mut Rng>, report: &mut CrashReport) -> (usize, usize) {
         let log = self.logs.get(&ino).map(Vec::as_slice).unwrap_or_default();
         let n = log.len();
-        let keep = rng.below(n as u64 + 1) as usize;
         report.writes += n;
+        let Some(rng) = rng else {
+            report.writes_lost += n;
+            return (0, 0);
+        };
+        let keep = rng.below(n as u64 + 1) as usize;
         report.writes_lost += n - keep;
         let mut torn = 0;
         if let Some(Change::Write { new, .. }) = log.get(keep) {

@@ -86,6 +86,25 @@ fn unsynced_data_is_lost_or_a_prefix_synced_data_survives() {
     );
 }
 
+/// The worst case loses every unsynced write and entry, and keeps every synced one.
+#[test]
+fn a_crash_to_synced_keeps_exactly_what_was_synced() {
+    let (_dir, mut fs) = mounted(Options::default());
+    let m = fs.mountpoint().to_path_buf();
+    let mut f = File::create(m.join("f")).unwrap();
+    f.write_all(b"synced").unwrap();
+    f.sync_data().unwrap();
+    fsync_dir(&m);
+    f.write_all(b" and not").unwrap();
+    File::create(m.join("g")).unwrap().sync_all().unwrap();
+    drop(f);
+    let report = fs.crash_to_synced().expect("crash");
+    assert_eq!(fs::read(m.join("f")).expect("f survives"), b"synced");
+    assert!(!m.join("g").exists(), "an unsynced name survived");
+    assert_eq!((report.writes, report.writes_lost, report.torn), (1, 1, 0));
+    fs.unmount().expect("unmount");
+}
+
 #[test]
 fn a_file_never_synced_may_vanish_and_an_unsynced_overwrite_may_be_undone() {
     let seen = outcomes(

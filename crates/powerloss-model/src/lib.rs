@@ -6,7 +6,8 @@
 //! Each simulator keeps its files its own way (the recorder a copy of the synced content, the
 //! file system an undo log beside the real file) and shares here what is the same for both:
 //! the directory entries ([`Names`]), what a crash reports ([`CrashReport`]) and the seeded
-//! generator that chooses the crash ([`Rng`]).
+//! generator that chooses the crash ([`Rng`]); [`Names::durable_only`] is the crash no seed
+//! chooses, the worst case, for a test that must lose everything unsynced.
 //!
 //! # The model of directory entries
 //!
@@ -203,6 +204,20 @@ impl Names {
     /// The entries a crash leaves, with each directory keeping a prefix of its changes, and
     /// a report counting the name changes it kept and lost.
     pub fn surviving(&self, rng: &mut Rng) -> (BTreeMap<PathBuf, Node>, CrashReport) {
+        self.surviving_by(&mut |n| rng.below(n + 1))
+    }
+
+    /// The entries a crash that keeps no change not made durable leaves: the worst case.
+    pub fn durable_only(&self) -> (BTreeMap<PathBuf, Node>, CrashReport) {
+        self.surviving_by(&mut |_| 0)
+    }
+
+    /// The entries a crash leaves when each directory keeps `kept(n)` (at most `n`) of its
+    /// `n` pending changes.
+    fn surviving_by(
+        &self,
+        kept: &mut dyn FnMut(u64) -> u64,
+    ) -> (BTreeMap<PathBuf, Node>, CrashReport) {
         let mut counts: BTreeMap<PathBuf, usize> = BTreeMap::new();
         for change in &self.pending {
             for d in change.dirs() {
@@ -211,7 +226,7 @@ impl Names {
         }
         let keep: BTreeMap<PathBuf, usize> = counts
             .into_iter()
-            .map(|(d, n)| (d, rng.below(n as u64 + 1) as usize))
+            .map(|(d, n)| (d, kept(n as u64) as usize))
             .collect();
         let mut seen: BTreeMap<PathBuf, usize> = BTreeMap::new();
         let mut broken: BTreeSet<PathBuf> = BTreeSet::new();
@@ -320,6 +335,19 @@ mod tests {
         .into_iter()
         .collect();
         assert_eq!(outcomes, expect);
+    }
+
+    /// The worst case keeps what a directory fsync made durable and nothing else.
+    #[test]
+    fn a_crash_to_the_durable_state_keeps_no_pending_change() {
+        let mut names = Names::durable(BTreeMap::from([(p("d"), Node::Dir)]));
+        names.change(NameChange::Add(p("x"), Node::File(1)));
+        names.change(NameChange::Add(p("y"), Node::File(2)));
+        names.change(NameChange::Add(p("d/z"), Node::File(3)));
+        names.synced_dir(Path::new("d"));
+        let (kept, report) = names.durable_only();
+        assert_eq!(kept.keys().collect::<Vec<_>>(), vec![&p("d"), &p("d/z")]);
+        assert_eq!((report.name_changes, report.name_changes_lost), (2, 2));
     }
 
     #[test]

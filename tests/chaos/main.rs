@@ -1,8 +1,9 @@
 //! Crash and resource faults against real `walserver run` processes on loopback, judged against
 //! what the client saw acknowledged: kill -9 of any node of a primary → synchronous standby →
 //! cascade chain under writers, a full disk on a primary and on a standby, a log that cannot be
-//! written, accept failing with EMFILE, power loss of whole nodes on `lossyfs` mounts (root);
-//! and the soak bench at a tiny scale. Each fault scenario but the power losses writes a row of
+//! written, accept failing with EMFILE, power loss of whole nodes on `lossyfs` mounts (root),
+//! of a pair and of three members under `[failover]` on etcd; and the soak bench at a tiny
+//! scale. Each fault scenario but the power losses writes a row of
 //! the reliability table (`walserver-bench reliability-table`, `benches/RELIABILITY.md`).
 //!
 //! CI runs them short. `WALSERVER_TEST_CHAOS_CYCLES=N` runs N cycles of each;
@@ -11,12 +12,19 @@
 //! variables, accept them in their environment.
 
 mod accept;
+mod failover_power_loss;
 mod full_disk;
 mod kill_chain;
 mod line;
+mod lossy;
 mod node;
 mod power_loss;
 mod reader;
+// The relay the other suites put between a node and a peer, here between a member and etcd
+// or its standbys; these scenarios do not ask when it connected.
+#[path = "../common/relay.rs"]
+#[allow(dead_code)]
+mod relay;
 mod soak;
 
 use std::path::Path;
@@ -228,10 +236,23 @@ impl Load {
         size: usize,
         durability: &str,
     ) -> Load {
+        Load::start_on(&node.http_str(), dir, writers, batch, size, durability)
+    }
+
+    /// As [`Load::start`], against the admin APIs `http` (comma-separated: the writers follow
+    /// whichever of them is the primary).
+    pub fn start_on(
+        http: &str,
+        dir: &Path,
+        writers: usize,
+        batch: usize,
+        size: usize,
+        durability: &str,
+    ) -> Load {
         let ack_log = dir.join("acks.jsonl");
         let stderr = std::fs::File::create(dir.join("load.log")).expect("the load's log");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_walserver"))
-            .args(["bench", "append", "--http", &node.http_str(), "--ack-log"])
+            .args(["bench", "append", "--http", http, "--ack-log"])
             .arg(&ack_log)
             .args(["--keep-going", "--request-timeout", "10", "--json"])
             .args(["--writers", &writers.to_string()])

@@ -19,11 +19,12 @@
 //! FUSE mount).
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lossyfs::{LossyFs, Options};
 use wal_storage::Lsn;
 
+use crate::lossy::{disk, pull_plugs, serial, Overlap};
 use crate::node::*;
 use crate::reader::Reader;
 use crate::{assert_judged, cycles, line, seed, Load, Rng, SEGMENT};
@@ -32,28 +33,6 @@ const SYNC: &str = "s1";
 
 /// The load: as many writers as the request asks, small records, so a cycle is short.
 const WRITERS: usize = 16;
-
-/// The commit rule the pair runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Overlap {
-    /// The primary flushes, then sends: a standby never holds WAL its primary lacks.
-    Off,
-    /// The overlapped commit on both nodes (`synchronous_commit_overlap`): the primary sends
-    /// what it has written while its fdatasync runs, the standby (whose walreceiver then asks
-    /// for such WAL) cuts back an unacknowledged tail at stream start, and the primary starts
-    /// a new timeline at every start.
-    On,
-}
-
-impl Overlap {
-    /// The settings of every node of the pair.
-    fn settings(self) -> Vec<(&'static str, &'static str)> {
-        match self {
-            Overlap::Off => Vec::new(),
-            Overlap::On => vec![("synchronous_commit_overlap", "true")],
-        }
-    }
-}
 
 /// Which nodes lose power in a cycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,27 +49,12 @@ struct Pair {
     mounts: [LossyFs; 2],
 }
 
-/// A lossy mount at `dir/NAME.mnt` over `dir/NAME.backing`; the node's data directory is
-/// `data` inside it.
-fn disk(dir: &Path, name: &str) -> LossyFs {
-    let backing = dir.join(format!("{name}.backing"));
-    let mnt = dir.join(format!("{name}.mnt"));
-    std::fs::create_dir(&backing).expect("the backing directory");
-    std::fs::create_dir(&mnt).expect("the mount point");
-    let fs = LossyFs::mount(&backing, &mnt, Options::default())
-        .unwrap_or_else(|e| panic!("{e} (the power-loss scenarios mount FUSE: run them as root)"));
-    // The data directory is made here and its entry synced, so that a power loss before the
-    // first start is not what these scenarios are about.
-    std::fs::create_dir(mnt.join("data")).expect("the data directory");
-    std::fs::File::open(&mnt)
-        .and_then(|d| d.sync_all())
-        .expect("sync the mount's root");
-    fs
-}
-
 impl Pair {
     fn start(dir: &Path, overlap: Overlap) -> Pair {
-        let mounts = [disk(dir, "primary"), disk(dir, "standby")];
+        let mounts = [
+            disk(dir, "primary", Options::default()),
+            disk(dir, "standby", Options::default()),
+        ];
         let pdata = mounts[0].mountpoint().join("data");
         walserver_node::init::init_primary(&pdata, SEGMENT).expect("init the primary");
         // Both keep all their WAL, so that the two can be compared from the first record.
@@ -127,11 +91,8 @@ impl Pair {
     }
 }
 
-/// One scenario at a time: each runs two nodes and sixteen writers on two shared cores.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn power_loss_cycles(victims: Victims, overlap: Overlap) {
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = serial();
     let n_cycles = cycles(3);
     let seed = seed();
     println!(
@@ -163,7 +124,6 @@ fn power_loss_cycles(victims: Victims, overlap: Overlap) {
     // The standby's tail cuts, counted in /status since its process started.
     let (mut tail_cuts, mut cuts_seen) = (0, 0);
     for cycle in 0..n_cycles {
-        let mut at_risk = 0;
         let before = load.count();
         let t = Instant::now();
         let hit: &[usize] = match victims {
@@ -171,51 +131,10 @@ fn power_loss_cycles(victims: Victims, overlap: Overlap) {
             Victims::Standby => &[1],
             Victims::Both => &[1, 0],
         };
-        // The plug is pulled between a write and its sync: the victims' syncs are held
-        // until one of them has written something it has not synced (the writers are always
-        // appending), then all go down before any comes back ("both at once").
-        for &i in hit {
-            pair.mounts[i].hold_syncs();
+        match pull_plugs(&mut pair.nodes, &mut pair.mounts, hit, &mut rng) {
+            Ok(o) => lost_writes += o.lost,
+            Err(e) => panic!("cycle {cycle}: {e:#}\n{}", pair.logs()),
         }
-        if let Err(e) = wait_for(
-            "a write that waits for its sync",
-            DEADLINE,
-            Duration::from_millis(1),
-            || {
-                hit.iter()
-                    .any(|&i| pair.mounts[i].unsynced_changes() > 0)
-                    .then_some(())
-            },
-        ) {
-            panic!("cycle {cycle}: {e:#}\n{}", pair.logs());
-        }
-        // A held fsync keeps the inode locked and a writer of the node in the kernel, where
-        // SIGKILL waits: the plug is pulled (the syncs fail) before the kill.
-        for &i in hit {
-            pair.mounts[i].pull_plug();
-        }
-        for &i in hit {
-            pair.nodes[i].kill9();
-        }
-        for &i in hit {
-            let crash_seed = rng.next_u64();
-            match pair.mounts[i].crash(crash_seed) {
-                Ok(r) => {
-                    lost_writes += r.writes_lost;
-                    at_risk += r.writes;
-                    println!(
-                        "cycle {cycle}: {} crashed (seed {crash_seed}): {r:?}",
-                        pair.nodes[i].name
-                    );
-                }
-                Err(e) => panic!("cycle {cycle}: crash {}: {e}", pair.nodes[i].name),
-            }
-        }
-        // A power loss with nothing unsynced would prove nothing.
-        assert!(
-            at_risk > 0,
-            "cycle {cycle}: the crash found no unsynced write"
-        );
         for &i in hit.iter().rev() {
             if let Err(e) = pair.nodes[i].start() {
                 panic!(

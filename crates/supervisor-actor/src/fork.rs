@@ -76,26 +76,79 @@ pub struct CutBack {
 }
 
 /// Drops this node's WAL beyond the point where `upstream`'s history forked from it, durably
-/// ([`Wal::truncate_to`]). Blocks on storage's thread: call it from a blocking thread. Nobody
-/// may be reading the WAL beyond the fork (see [`Wal::truncate_to`]).
+/// ([`Wal::truncate_beyond`]). Blocks on storage's thread: call it from a blocking thread.
+/// Nobody may be reading the WAL beyond the fork (see [`Wal::truncate_to`]).
+///
+/// Whether anything lies beyond the fork is storage's decision, not [`ForkPoint::must_cut`]'s:
+/// a walreceiver stopped a moment ago may have writes still landing, and a cut decided from
+/// the flushed end read before they did left their tail in place, past the leader's fork.
 pub fn cut_back_to_fork(wal: &Wal, upstream: &UpstreamIdentity) -> Result<CutBack, FollowError> {
     let point = fork_point(wal, upstream)?;
     let dropped_bytes = match point.fork {
-        Some(fork) if point.must_cut() => {
-            let dropped = wal.truncate_to(fork)?;
-            tracing::warn!(
-                timeline = %point.timeline,
-                %fork,
-                local_end = %point.local_end,
-                dropped_bytes = dropped,
-                "dropped this node's WAL beyond the fork from the leader's history"
-            );
+        Some(fork) => {
+            let dropped = wal.truncate_beyond(fork)?;
+            if dropped > 0 {
+                tracing::warn!(
+                    timeline = %point.timeline,
+                    %fork,
+                    local_end = %(fork + dropped),
+                    dropped_bytes = dropped,
+                    "dropped this node's WAL beyond the fork from the leader's history"
+                );
+            }
             dropped
         }
-        _ => 0,
+        None => 0,
     };
     Ok(CutBack {
         point,
         dropped_bytes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use wal_storage::{HistoryEntry, InitOptions, StorageConfig, SystemId, TimelineId, WalFormat};
+
+    use super::*;
+
+    /// A write queued before the cut (a stopped walreceiver's last one, still landing) is cut
+    /// with the rest: the flushed end read before it landed says there is nothing to cut.
+    #[test]
+    fn a_write_still_landing_is_cut_back_to_the_fork() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = StorageConfig {
+            segment_size: 1 << 20,
+            ..StorageConfig::default()
+        };
+        let opts = InitOptions::primary(SystemId(7), WalFormat::Walserver);
+        let wal = Wal::init(dir.path(), cfg, opts).expect("init");
+        let fork = wal.flushed();
+        let leader = UpstreamIdentity {
+            system_id: SystemId(7),
+            timeline: TimelineId(2),
+            xlogpos: fork,
+            segment_size: 1 << 20,
+            format: WalFormat::Walserver,
+            server_version: String::new(),
+            history_files: Vec::new(),
+            history: vec![HistoryEntry {
+                parent: wal.timeline(),
+                switch_lsn: fork,
+                reason: "the leader's promotion".into(),
+            }],
+            slot_restart: None,
+        };
+        for round in 0..20 {
+            let landing = wal
+                .append(vec![Bytes::from(vec![round as u8; 512])])
+                .expect("append");
+            let cut = cut_back_to_fork(&wal, &leader).expect("cut");
+            assert!(cut.dropped_bytes > 0, "round {round}: {cut:?}");
+            assert_eq!(wal.flushed(), fork, "round {round}");
+            // The append itself was durable before the cut took it back.
+            landing.wait().expect("the append");
+        }
+    }
 }

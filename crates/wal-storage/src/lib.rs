@@ -178,7 +178,8 @@
 //! rule for small durable files as storage does.
 //!
 //! **Invariants:** `flushed <= written` and the flushed end of a timeline never moves back,
-//! not even across a crash, except by an explicit [`Wal::truncate_to`]; the flushed end
+//! not even across a crash, except by an explicit [`Wal::truncate_to`] (or
+//! [`Wal::truncate_beyond`], which decides on the writer's thread); the flushed end
 //! published is never beyond what open finds again; nothing is readable beyond the flushed
 //! end, except that under the overlapped commit [`Wal::read_cached_written`] serves the batch
 //! whose fdatasync runs (for synchronous walserver standbys, which cut back what was never

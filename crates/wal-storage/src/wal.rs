@@ -742,16 +742,40 @@ impl Wal {
     /// [`WalError::ReadWalDropped`] when they see their position beyond the new end.
     pub fn truncate_to(&self, lsn: Lsn) -> Result<u64> {
         let cut = self.control(move |w| w.truncate(lsn))?;
-        // The archive's hold comes back to the cut's segment: what follows it is a new
-        // history the archive may not have yet (`archived.rs`).
+        self.rewind_archive_to(lsn)?;
+        Ok(cut)
+    }
+
+    /// [`Wal::truncate_to`] if this node holds WAL beyond `lsn`, decided on storage's thread
+    /// after every write queued before the call has been made durable (a write still landing
+    /// when the caller read [`Wal::flushed`] is cut with the rest); 0 when nothing lies beyond.
+    pub fn truncate_beyond(&self, lsn: Lsn) -> Result<u64> {
+        let cut = self.control(move |w| {
+            if lsn >= w.durable_end() && !w.dirty_beyond(lsn) {
+                Ok(None)
+            } else {
+                w.truncate(lsn).map(Some)
+            }
+        })?;
+        match cut {
+            None => Ok(0),
+            Some(dropped) => {
+                self.rewind_archive_to(lsn)?;
+                Ok(dropped)
+            }
+        }
+    }
+
+    /// After a cut at `lsn`, the archive's hold comes back to the cut's segment: what follows
+    /// it is a new history the archive may not have yet (`archived.rs`).
+    fn rewind_archive_to(&self, lsn: Lsn) -> Result<()> {
         let inner = self.inner();
         let rewound = inner.archive().rewind(
             &inner.io,
             &inner.tmp,
             lsn.segment_start(self.segment_size()),
         );
-        rewound?;
-        Ok(cut)
+        rewound
     }
 
     /// Creates a physical slot. With `reserve_wal` its restart LSN is the current flushed end.

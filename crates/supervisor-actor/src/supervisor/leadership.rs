@@ -202,7 +202,10 @@ impl Supervisor {
             };
             // A walsender may have read (or be about to send) WAL beyond the fork, and a
             // cascading standby of a demoted primary must reconnect to see the new history.
-            let hold = demoting || point.must_cut();
+            // Held whenever the leader's history forks from this node's timeline, not only
+            // when the flushed end read here is past the fork: a write of the stopped
+            // walreceiver may still be landing, and the cut (storage's decision) takes it.
+            let hold = demoting || point.fork.is_some();
             if hold && registry.send(HoldWalSenders).await.is_err() {
                 return (false, Err(FollowError::ShuttingDown));
             }

@@ -4,9 +4,10 @@
 //! Objects are created with `If-None-Match: *` (`PutMode::Create`), so a name that exists is
 //! never replaced, not even by a retried request whose first attempt was stored: the store
 //! answers 412 and the caller reads what is there. AWS S3 and SeaweedFS (4.48, the tests'
-//! store) honour the header; a store that ignored it would overwrite only in a race, because
-//! the caller reads a name before it creates it. A put counts once the store acknowledged
-//! it: the store's durability is the archive's.
+//! store) honour the header, and the archive needs a store that does: the caller creates
+//! without reading first (a failed create is how it learns a name exists), so a store that
+//! ignored the header would let a retry or a second writer replace an object. A put counts
+//! once the store acknowledged it: the store's durability is the archive's.
 //!
 //! An object larger than one part (`[archive] multipart_part_size`, 8 MiB by default) goes
 //! as a multipart upload: its parts travel [`PARALLEL_PARTS`] at a time and each is retried

@@ -14,11 +14,11 @@
 //! and keeps the sidecar of the bytes before compression.
 //!
 //! Every target offers the same two steps, and [`ArchiveTarget::put`] builds the rule from
-//! them: read what a name holds, and create a name only if it is absent. A name that exists
-//! (found before the create, or taken by someone between the read and the create) is judged
-//! by its contents after decompression: the same bytes count as archived (a retry after a
-//! crash, or a second node archiving the same WAL), other bytes are
-//! [`ArchiveError::Mismatch`]. One file has one stored form: with compression on, a file the
+//! them: create a name only if it is absent, and read what a name holds. A name that exists
+//! (the create found it taken) is judged by its contents after decompression: the same
+//! bytes count as archived (a retry after a crash, or a second node archiving the same WAL),
+//! other bytes are [`ArchiveError::Mismatch`]. A put of a new file costs one read (of its
+//! other stored form) and two creates (sidecar, object). One file has one stored form: with compression on, a file the
 //! archive already holds uncompressed counts as archived if its bytes are the same (and the
 //! other way round), instead of a second object beside it.
 //!
@@ -122,11 +122,10 @@ impl ArchiveTarget {
     }
 
     /// Creates `name`'s object stored with `compression` unless it exists, and judges what
-    /// is there if it does.
+    /// is there if it does. The create comes first, without a read before it: a create-only
+    /// put that fails says the name exists, so the usual case (a new name) costs one request,
+    /// and only a retry or a second writer reads.
     fn put_object(&self, name: &str, bytes: &Bytes, compression: Compression) -> Result<Put> {
-        if let Some(put) = self.judge(name, bytes, compression)? {
-            return Ok(put);
-        }
         let object = compression.object_name(name);
         let stored = compression.encode(bytes)?;
         let created = match self {
@@ -137,7 +136,7 @@ impl ArchiveTarget {
         if created {
             return Ok(Put::Stored);
         }
-        // Someone put it between the read and the create: judge what is there.
+        // The name exists: judge what is there.
         self.judge(name, bytes, compression)?.ok_or_else(|| {
             ArchiveError::io(
                 format!("archiving {object}"),
@@ -163,6 +162,8 @@ impl ArchiveTarget {
 
     /// The object `object`'s stored bytes, `None` if there is none. Blocking.
     pub fn read(&self, object: &str) -> Result<Option<Vec<u8>>> {
+        #[cfg(test)]
+        tests::READS.with(|r| r.set(r.get() + 1));
         match self {
             ArchiveTarget::Directory(dir) => {
                 let path = dir.join(object);
@@ -273,6 +274,31 @@ fn create_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// How many reads this thread's puts made, to hold a put of a new file to its cost.
+        pub(super) static READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    fn reads_during<T>(f: impl FnOnce() -> T) -> (T, u64) {
+        let before = READS.with(|r| r.get());
+        let out = f();
+        (out, READS.with(|r| r.get()) - before)
+    }
+
+    #[test]
+    fn a_put_of_a_new_file_reads_only_its_other_stored_form() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = ArchiveTarget::Directory(dir.path().into());
+        for c in Compression::ALL {
+            let name = format!("0000000100000000000000{:02X}", c as u8 + 1);
+            let (put, reads) = reads_during(|| t.put(&name, &b"abc"[..], c).unwrap());
+            assert_eq!((put, reads), (Put::Stored, 1), "{c:?}");
+            // Again: both creates find their names taken and read what is there.
+            let (put, reads) = reads_during(|| t.put(&name, &b"abc"[..], c).unwrap());
+            assert_eq!((put, reads), (Put::AlreadyThere, 3), "{c:?}");
+        }
+    }
 
     #[test]
     fn targets_parse_as_urls() {

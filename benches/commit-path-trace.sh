@@ -9,7 +9,9 @@
 # `perf record` of the system-call tracepoints (every call of the process: about forty per
 # commit, each slowed by a microsecond or so), and prints the median and 10th/90th
 # percentiles of each stage between the calls that mark them (pwritev, fdatasync, writev,
-# sendto, recvfrom; benches/commit-path-trace.py).
+# sendto, recvfrom; benches/commit-path-trace.py), and the calls that mark hand-offs per commit.
+# With --commit-overlap among the arguments the stages are those of the overlapped commit,
+# with how often the standby's write began before the primary's fdatasync ended.
 # PIN=CPU runs it on that one CPU (taskset). Needs perf and python3; see benches/commit-path.md
 # (benches/commit-path-pg.sh traces PostgreSQL's commit the same way).
 set -eu
@@ -27,5 +29,7 @@ perf record -q -o "$out/perf.data" -e raw_syscalls:sys_enter -e raw_syscalls:sys
     2>/dev/null || true
 wait "$b"
 perf script -i "$out/perf.data" -F comm,tid,time,event,trace > "$out/trace" 2>/dev/null
-python3 "$(dirname "$0")/commit-path-trace.py" "$out/trace"
+mode=""
+for a in "$@"; do [ "$a" = --commit-overlap ] && mode=--overlap; done
+python3 "$(dirname "$0")/commit-path-trace.py" $mode "$out/trace"
 grep -E 'throughput|latency' "$out/bench"

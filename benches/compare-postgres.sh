@@ -24,7 +24,10 @@
 #       each system's processes and threads, and its client, on one CPU (--pin-cpu N, the last
 #       by default), where no hand-off waits for an idle CPU to wake; and the disk's latency
 #       of one 8 KiB write + fdatasync, with the ceiling two of them in sequence put on one
-#       client's commits;
+#       client's commits; walserver's rows twice: as PostgreSQL commits (a standby is sent
+#       only WAL its primary has flushed), and with the overlapped commit (`--commit-overlap`,
+#       `synchronous_commit_overlap`: the standby is sent each batch once the primary has
+#       written it, so the two flushes overlap), each with its ratio to PostgreSQL;
 #   (d) fan-out: 16 and 64 pg_receivewal processes at once (PostgreSQL with max_wal_senders =
 #       70), aggregate MB/s, memory per walsender, and the CPU per MB of the server and of the
 #       receivers, after one unrecorded fan-out of each size of each system;
@@ -37,7 +40,9 @@
 #       standby, at the live end) while 64 pg_receivewal catch up from the server at once:
 #       commits/s and p50/p99 latency;
 #   (g) (c)'s 1 and 16 clients with each node on a disk of its own: every data directory on a
-#       lossyfs mount whose fsyncs take --own-disk-ms (1 by default); needs root (FUSE).
+#       lossyfs mount whose fsyncs take --own-disk-ms (1 by default); needs root (FUSE); the
+#       overlapped commit off and on, as in (c).
+# `--only "c g"` runs the commit sections alone, without the 1 GiB fill the others stream.
 # The sections run in the order a, b, e, c, g, d, f: the fan-outs last, since 64 receivers
 # leave the load average high for minutes.
 #
@@ -201,6 +206,10 @@ settle() {
 # Whether --only keeps section $1 (every section without it), and the runs of that section.
 wanted() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 runs_of() { if wanted "$1"; then seq 1 "$RUNS"; fi; }
+# Whether a section that reads the stored WAL runs: only (a), (b), (d), (e) and (f) need the
+# slots and the MIB of WAL behind them. (c) and (g) need neither, so `--only "c g"` skips the
+# fill, which takes minutes and leaves the load average high for the first section.
+needs_fill() { wanted a || wanted b || wanted d || wanted e || wanted f; }
 
 # CPU seconds (user + system) of a process so far, from /proc/PID/stat; with a second argument
 # `children`, also those of the children it has waited for (PostgreSQL's postmaster reaps every
@@ -321,7 +330,17 @@ repl_ws() { "$PG_BIN/psql" -X -A -t -q -v ON_ERROR_STOP=1 "host=127.0.0.1 port=$
 # only (f) starts: every other section appends at durability local, which waits for no standby.
 log "slots and standbys made before the load"
 for r in $(seq 0 "$RUNS"); do
-    # Run 0 is (a)'s warm-up, not recorded.
+    # Run 0 is (a)'s warm-up, not recorded; (c) needs only run 1's PostgreSQL standby.
+    if ! needs_fill; then
+        [ "$r" = 1 ] || continue
+        d="$WORK/pg-standby-$r"
+        mkdir -p "$d"; own_pg "$d"; chmod 700 "$d"
+        as_pg "$PG_BIN/pg_basebackup" -D "$d" -h 127.0.0.1 -p "$PG_PORT" -U postgres -X stream -R \
+            -C -S "stby_$r" -c fast >/dev/null 2>&1
+        PG_DIRS+=("$d")
+        printf 'port = %s\ncluster_name = %s\n' "$(free_port)" "pgstby$r" >> "$d/postgresql.conf"
+        continue
+    fi
     for slot in recv plain; do
         psql_pg "SELECT pg_create_physical_replication_slot('${slot}_$r', true)" >/dev/null
         repl_ws "CREATE_REPLICATION_SLOT ${slot}_$r PHYSICAL RESERVE_WAL"
@@ -362,27 +381,32 @@ for r in $(seq 0 "$RUNS"); do
     done
 done
 
-log "generating ${MIB} MiB of WAL in PostgreSQL (INSERTs)"
-psql_pg "CREATE TABLE fill (id int, filler text)"
-PG_START=$(seg_start "$(lsn2int "$(psql_pg "SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'recv_1'")")")
-target=$(( PG_START + (MIB << 20) ))
-n=0
-while [ "$(lsn2int "$(psql_pg "SELECT pg_current_wal_lsn()")")" -lt "$target" ]; do
-    psql_pg "INSERT INTO fill SELECT g, repeat('y', 500) FROM generate_series($n, $n + 49999) g"
-    n=$((n + 50000))
-done
-PG_END_LSN=$(psql_pg "SELECT pg_current_wal_flush_lsn()")
-PG_END=$(lsn2int "$PG_END_LSN")
-PG_BYTES=$(( PG_END - PG_START ))
+if needs_fill; then
+    log "generating ${MIB} MiB of WAL in PostgreSQL (INSERTs)"
+    psql_pg "CREATE TABLE fill (id int, filler text)"
+    PG_START=$(seg_start "$(lsn2int "$(psql_pg "SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'recv_1'")")")
+    target=$(( PG_START + (MIB << 20) ))
+    n=0
+    while [ "$(lsn2int "$(psql_pg "SELECT pg_current_wal_lsn()")")" -lt "$target" ]; do
+        psql_pg "INSERT INTO fill SELECT g, repeat('y', 500) FROM generate_series($n, $n + 49999) g"
+        n=$((n + 50000))
+    done
+    PG_END_LSN=$(psql_pg "SELECT pg_current_wal_flush_lsn()")
+    PG_END=$(lsn2int "$PG_END_LSN")
+    PG_BYTES=$(( PG_END - PG_START ))
 
-log "appending the same volume to walserver"
-WS_START=$(seg_start "$(lsn2int "$(curl -sf "http://127.0.0.1:$WS_HTTP/slots" | jq -r '.[] | select(.slot_name == "recv_1") | .restart_lsn')")")
-"$WS" bench append --http "127.0.0.1:$WS_HTTP" --durability local --size 8192 --batch 128 --writers 2 \
-    --bytes "$PG_BYTES" --json > "$WORK/ws-fill.json"
-WS_END_LSN=$(curl -sf "http://127.0.0.1:$WS_HTTP/status" | jq -r .flush_lsn)
-WS_END=$(lsn2int "$WS_END_LSN")
-WS_BYTES=$(( WS_END - WS_START ))
-log "PostgreSQL: $(int2lsn "$PG_START") .. $PG_END_LSN ($PG_BYTES bytes); walserver: $(int2lsn "$WS_START") .. $WS_END_LSN ($WS_BYTES bytes)"
+    log "appending the same volume to walserver"
+    WS_START=$(seg_start "$(lsn2int "$(curl -sf "http://127.0.0.1:$WS_HTTP/slots" | jq -r '.[] | select(.slot_name == "recv_1") | .restart_lsn')")")
+    "$WS" bench append --http "127.0.0.1:$WS_HTTP" --durability local --size 8192 --batch 128 --writers 2 \
+        --bytes "$PG_BYTES" --json > "$WORK/ws-fill.json"
+    WS_END_LSN=$(curl -sf "http://127.0.0.1:$WS_HTTP/status" | jq -r .flush_lsn)
+    WS_END=$(lsn2int "$WS_END_LSN")
+    WS_BYTES=$(( WS_END - WS_START ))
+    log "PostgreSQL: $(int2lsn "$PG_START") .. $PG_END_LSN ($PG_BYTES bytes); walserver: $(int2lsn "$WS_START") .. $WS_END_LSN ($WS_BYTES bytes)"
+else
+    PG_BYTES=0 WS_BYTES=0
+    log "no WAL to fill: only sections that need none run (--only)"
+fi
 psql_pg "CHECKPOINT"
 sync
 
@@ -725,14 +749,31 @@ c_pg() { # clients key
     record "${key}_p99_ms" pg "$(awk -v k=$(( (n * 99 + 99) / 100 )) 'NR == k { printf "%.3f", $1 / 1000 }' "$WORK/pgbench/lat")"
 }
 
-c_ws() { # clients key [directory of the cluster's data directories]
-    local c=$1 key=$2 dir=${3:-$WORK} j
+# c_ws's system is ws (the overlapped commit off, today's rule) or wso (`--commit-overlap`:
+# the primary sends each batch to its standby once written, while its own fdatasync runs).
+c_ws() { # clients key system [directory of the cluster's data directories]
+    local c=$1 key=$2 sys=$3 dir=${4:-$WORK} j flag=()
+    [ "$sys" = wso ] && flag=(--commit-overlap)
     j=$("${PIN[@]}" "$WS" bench append --cluster 1 --durability on --size 100 --writers "$c" --seconds "$PGBENCH_SECS" \
-        --dir "$dir" --latency-out "$WORK/c-latency-ws.txt" --json)
-    if [ "$key" = c1 ]; then cat "$WORK/c-latency-ws.txt" >> "$WORK/c1-latency-ws.txt"; fi
-    record "${key}_tps" ws "$(jq -r '.appends_per_s | floor' <<< "$j")"
-    record "${key}_p50_ms" ws "$(jq -r '.latency.p50_ms' <<< "$j")"
-    record "${key}_p99_ms" ws "$(jq -r '.latency.p99_ms' <<< "$j")"
+        "${flag[@]}" --dir "$dir" --latency-out "$WORK/c-latency-ws.txt" --json)
+    if [ "$key" = c1 ]; then cat "$WORK/c-latency-ws.txt" >> "$WORK/c1-latency-$sys.txt"; fi
+    # A row that says overlap must have run it: only then is the standby told a commit point.
+    if [ "$sys" = wso ] && [ "$(jq -r '.standby_told_commit_point' <<< "$j")" = null ]; then
+        echo "($key) --commit-overlap ran without the overlapped commit: the standby was told no commit point" >&2
+        exit 1
+    fi
+    record "${key}_tps" "$sys" "$(jq -r '.appends_per_s | floor' <<< "$j")"
+    record "${key}_p50_ms" "$sys" "$(jq -r '.latency.p50_ms' <<< "$j")"
+    record "${key}_p99_ms" "$sys" "$(jq -r '.latency.p99_ms' <<< "$j")"
+}
+# The three of a pair of (c) or (g): PostgreSQL first in odd runs, last in even ones.
+c_three() { # run clients key [directory of walserver's cluster] (PG_PORT: PostgreSQL's primary)
+    local r=$1 c=$2 key=$3 dir=${4:-$WORK}
+    if [ $((r % 2)) = 1 ]; then
+        c_pg "$c" "$key"; c_ws "$c" "$key" ws "$dir"; c_ws "$c" "$key" wso "$dir"
+    else
+        c_ws "$c" "$key" wso "$dir"; c_ws "$c" "$key" ws "$dir"; c_pg "$c" "$key"
+    fi
 }
 
 # Every process of PostgreSQL's primary and standby 1 (postmasters and their children; later
@@ -776,15 +817,13 @@ section c "(c) pgbench vs walserver bench append, ${PGBENCH_SECS}s each, $RUNS r
 for r in $(runs_of c); do
     start_run "$r"
     flush_floor
-    for c in 1 16; do
-        if [ $((r % 2)) = 1 ]; then c_pg "$c" "c$c"; c_ws "$c" "c$c"; else c_ws "$c" "c$c"; c_pg "$c" "c$c"; fi
-    done
+    for c in 1 16; do c_three "$r" "$c" "c$c"; done
     # One client again with each system's every thread and process on one CPU (PIN_CPU), so
     # that no hand-off of the commit waits for an idle CPU to wake: the two servers' own costs
     # without the scheduler's placement (see benches/commit-path.md).
     PIN=(taskset -c "$PIN_CPU")
     pg_affinity "$PIN_CPU"
-    if [ $((r % 2)) = 1 ]; then c_pg 1 c1pin; c_ws 1 c1pin; else c_ws 1 c1pin; c_pg 1 c1pin; fi
+    c_three "$r" 1 c1pin
     pg_affinity "0-$(( $(nproc) - 1 ))"
     PIN=()
 done
@@ -845,13 +884,7 @@ fi
 section g "(g) sync commit with each node on a disk of its own (lossyfs, ${OWN_DISK_MS} ms per fsync), $RUNS runs"
 for r in $(runs_of g); do
     start_run "$r"
-    for c in 1 16; do
-        if [ $((r % 2)) = 1 ]; then
-            PG_PORT=$G_PORT c_pg "$c" "g$c"; c_ws "$c" "g$c" "$WORK/disk-ws"
-        else
-            c_ws "$c" "g$c" "$WORK/disk-ws"; PG_PORT=$G_PORT c_pg "$c" "g$c"
-        fi
-    done
+    for c in 1 16; do PG_PORT=$G_PORT c_three "$r" "$c" "g$c" "$WORK/disk-ws"; done
 done
 if wanted g; then
     as_pg "$PG_BIN/pg_ctl" -D "$GS" -m fast -w stop >/dev/null
@@ -1056,11 +1089,19 @@ function cell(key,    m) {
     if (lo[key] == hi[key]) return sprintf("%g", m)
     return sprintf("%g [%g..%g]", m, lo[key], hi[key])
 }
-function row(label, key, better,    w, p, r) {
-    w = (key SUBSEP "ws") in vals ? median(key SUBSEP "ws") : ""
+# sys is ws unless given: wso is walserver with the overlapped commit (--commit-overlap).
+function row(label, key, better, sys,    w, p, r) {
+    if (sys == "") sys = "ws"
+    w = (key SUBSEP sys) in vals ? median(key SUBSEP sys) : ""
     p = (key SUBSEP "pg") in vals ? median(key SUBSEP "pg") : ""
     r = (w != "" && p != "" && p + 0 != 0) ? sprintf("%.2f", w / p) : "-"
-    printf "| %-56s | %-22s | %-22s | %-6s | %s |\n", label, cell(key SUBSEP "ws"), cell(key SUBSEP "pg"), r, better
+    printf "| %-56s | %-22s | %-22s | %-6s | %s |\n", label, cell(key SUBSEP sys), cell(key SUBSEP "pg"), r, better
+}
+# A row of (c) or (g) twice: walserver as PostgreSQL commits (a standby gets only flushed WAL),
+# then with the overlapped commit, each with its ratio to PostgreSQL.
+function row2(label, key, better) {
+    row(label, key, better)
+    row(label ", overlap", key, better, "wso")
 }
 { k = $1 SUBSEP $2; vals[k] = (k in vals) ? vals[k] " " $3 : $3 }
 END {
@@ -1082,21 +1123,21 @@ END {
     printf "| %-56s | %-22s | %-22s | %-6s | %s |\n", "(b) disk: 16 MiB write+fdatasync, overwrite, MB/s", cell("disk_overwrite_mbps" SUBSEP "disk"), "", "", ""
     printf "| %-56s | %-22s | %-22s | %-6s | %s |\n", "(c) disk: 8 KiB write+fdatasync, p50 ms", cell("c_flush_p50_ms" SUBSEP "disk"), "", "", ""
     printf "| %-56s | %-22s | %-22s | %-6s | %s |\n", "(c) ceiling at 1 client: 1 / two such flushes, commits/s", cell("c_flush_ceiling_tps" SUBSEP "disk"), "", "", ""
-    row("(c) sync commit, 1 client, commits/s", "c1_tps", "higher")
-    row("(c) sync commit, 1 client, p50 ms", "c1_p50_ms", "lower")
-    row("(c) sync commit, 1 client, p99 ms", "c1_p99_ms", "lower")
-    row("(c) sync commit, 1 client, all on one CPU, commits/s", "c1pin_tps", "higher")
-    row("(c) sync commit, 1 client, all on one CPU, p50 ms", "c1pin_p50_ms", "lower")
-    row("(c) sync commit, 1 client, all on one CPU, p99 ms", "c1pin_p99_ms", "lower")
-    row("(c) sync commit, 16 clients, commits/s", "c16_tps", "higher")
-    row("(c) sync commit, 16 clients, p50 ms", "c16_p50_ms", "lower")
-    row("(c) sync commit, 16 clients, p99 ms", "c16_p99_ms", "lower")
-    row("(g) own disks: sync commit, 1 client, commits/s", "g1_tps", "higher")
-    row("(g) own disks: sync commit, 1 client, p50 ms", "g1_p50_ms", "lower")
-    row("(g) own disks: sync commit, 1 client, p99 ms", "g1_p99_ms", "lower")
-    row("(g) own disks: sync commit, 16 clients, commits/s", "g16_tps", "higher")
-    row("(g) own disks: sync commit, 16 clients, p50 ms", "g16_p50_ms", "lower")
-    row("(g) own disks: sync commit, 16 clients, p99 ms", "g16_p99_ms", "lower")
+    row2("(c) sync commit, 1 client, commits/s", "c1_tps", "higher")
+    row2("(c) sync commit, 1 client, p50 ms", "c1_p50_ms", "lower")
+    row2("(c) sync commit, 1 client, p99 ms", "c1_p99_ms", "lower")
+    row2("(c) sync commit, 1 client, all on one CPU, commits/s", "c1pin_tps", "higher")
+    row2("(c) sync commit, 1 client, all on one CPU, p50 ms", "c1pin_p50_ms", "lower")
+    row2("(c) sync commit, 1 client, all on one CPU, p99 ms", "c1pin_p99_ms", "lower")
+    row2("(c) sync commit, 16 clients, commits/s", "c16_tps", "higher")
+    row2("(c) sync commit, 16 clients, p50 ms", "c16_p50_ms", "lower")
+    row2("(c) sync commit, 16 clients, p99 ms", "c16_p99_ms", "lower")
+    row2("(g) own disks: sync commit, 1 client, commits/s", "g1_tps", "higher")
+    row2("(g) own disks: sync commit, 1 client, p50 ms", "g1_p50_ms", "lower")
+    row2("(g) own disks: sync commit, 1 client, p99 ms", "g1_p99_ms", "lower")
+    row2("(g) own disks: sync commit, 16 clients, commits/s", "g16_tps", "higher")
+    row2("(g) own disks: sync commit, 16 clients, p50 ms", "g16_p50_ms", "lower")
+    row2("(g) own disks: sync commit, 16 clients, p99 ms", "g16_p99_ms", "lower")
     for (n = 1; n <= nfan; n++) {
         row(sprintf("(d) fan-out to %d pg_receivewal, aggregate MB/s", fan[n]), "d" fan[n] "_fanout_mbps", "higher")
         row(sprintf("(d) memory per walsender at %d, KiB", fan[n]), "d" fan[n] "_mem_per_walsender_kib", "lower")
@@ -1133,9 +1174,12 @@ if [ -n "$SAVE" ]; then
     cp "$WORK/table.md" "$SAVE/table.md"
     if wanted c; then
         cp "$WORK/c1-latency-ws.txt" "$SAVE/c1-latency-walserver.txt"
+        cp "$WORK/c1-latency-wso.txt" "$SAVE/c1-latency-walserver-overlap.txt"
         cp "$WORK/c1-latency-pg.txt" "$SAVE/c1-latency-postgresql.txt"
         "$WS" bench latency-plot --title "synchronous commit, 1 client, 1 synchronous standby — $MACHINE_DATE" \
-            --series "walserver=$SAVE/c1-latency-walserver.txt" --series "PostgreSQL 15=$SAVE/c1-latency-postgresql.txt" \
+            --series "walserver=$SAVE/c1-latency-walserver.txt" \
+            --series "walserver (overlap)=$SAVE/c1-latency-walserver-overlap.txt" \
+            --series "PostgreSQL 15=$SAVE/c1-latency-postgresql.txt" \
             --out "$SAVE/commit-latency-1-client.svg" >&2
     fi
     log "saved the raw values, the table and the latency plot in $SAVE"

@@ -63,6 +63,11 @@ pub struct AppendArgs {
     /// Turn fdatasync off on the in-process nodes (to see what the disk costs).
     #[arg(long)]
     pub no_fsync: bool,
+    /// `synchronous_commit_overlap` on the in-process nodes: the primary sends its
+    /// synchronous standby each batch once written, while its own fdatasync runs, and
+    /// acknowledges at the commit point (its own flush and the standby's).
+    #[arg(long, conflicts_with = "http")]
+    pub commit_overlap: bool,
     /// Threads that run the in-process writers (tasks on current-thread runtimes).
     #[arg(long, default_value_t = 1)]
     pub writer_threads: usize,
@@ -125,6 +130,8 @@ pub struct LagSummary {
 pub struct AppendReport {
     pub target: String,
     pub standbys: Option<usize>,
+    /// `synchronous_commit_overlap` on the in-process nodes.
+    pub commit_overlap: bool,
     pub writers: usize,
     pub size: usize,
     pub batch: usize,
@@ -143,6 +150,9 @@ pub struct AppendReport {
     pub fsyncs_per_append: Option<f64>,
     /// The same on the synchronous standby (in-process clusters only).
     pub standby_fsyncs_per_append: Option<f64>,
+    /// The commit point the synchronous standby was last told in its stream (in-process
+    /// clusters only): set only under the overlapped commit, where the primary carries it.
+    pub standby_told_commit_point: Option<String>,
     pub peak_rss: Vec<PeakRss>,
     pub lag: LagSummary,
     pub samples: Vec<Sample>,
@@ -168,6 +178,16 @@ impl Target {
                 c.standbys.first().map(|s| s.wal.fsync_count()),
             ),
             Target::Http { url, token } => (remote_fsyncs(url, token.as_deref()), None),
+        }
+    }
+
+    fn standby_told_commit_point(&self) -> Option<wal_storage::Lsn> {
+        match self {
+            Target::Cluster(c) => match c.standbys.first()?.wal.position().commit {
+                wal_storage::CommitBound::Told(c) => Some(c),
+                _ => None,
+            },
+            Target::Http { .. } => None,
         }
     }
 
@@ -413,6 +433,7 @@ pub fn measure(args: &AppendArgs) -> anyhow::Result<AppendReport> {
                 fsync: !args.no_fsync,
                 base_dir: args.dir.clone(),
                 io_threads: args.io_threads,
+                commit_overlap: args.commit_overlap,
                 ..ClusterOptions::default()
             };
             let c = Cluster::start(&opts).context("cannot start the in-process cluster")?;
@@ -531,6 +552,7 @@ pub fn measure(args: &AppendArgs) -> anyhow::Result<AppendReport> {
             Target::Cluster(c) => Some(c.standbys.len()),
             Target::Http { .. } => None,
         },
+        commit_overlap: args.commit_overlap,
         writers: args.writers,
         size: args.size,
         batch: args.batch.max(1),
@@ -547,6 +569,7 @@ pub fn measure(args: &AppendArgs) -> anyhow::Result<AppendReport> {
         latency: Percentiles::of(&s.total),
         fsyncs_per_append: per_append(fsync0, fsync1),
         standby_fsyncs_per_append: per_append(sfsync0, sfsync1),
+        standby_told_commit_point: target.standby_told_commit_point().map(|c| c.to_string()),
         peak_rss,
         lag,
         samples,
@@ -565,8 +588,14 @@ pub fn summary(r: &AppendReport) -> String {
         r.batch,
         r.durability,
         r.target,
-        r.standbys
-            .map_or(String::new(), |k| format!(" (primary + {k} standbys)"))
+        r.standbys.map_or(String::new(), |k| format!(
+            " (primary + {k} standbys{})",
+            if r.commit_overlap {
+                ", overlapped commit"
+            } else {
+                ""
+            }
+        ))
     ));
     out.push_str(&format!(
         "  {:.1} s: {} appends, {} records, {}; {} errors\n",
@@ -728,6 +757,41 @@ mod tests {
         assert!(r.standby_fsyncs_per_append.unwrap() > 0.0);
         assert_eq!(r.durability, "on");
         assert!(summary(&r).contains("p99.9"));
+        assert!(!r.commit_overlap);
+        assert_eq!(r.standby_told_commit_point, None, "the switch is off");
+    }
+
+    /// The same with `--commit-overlap`: the nodes run the overlapped commit, so the primary
+    /// tells its standby the commit point in the stream (only then), and the commit point
+    /// it told covers the appends acknowledged.
+    #[test]
+    fn runs_an_in_process_cluster_with_the_overlapped_commit() {
+        use clap::Parser;
+        let cli = Cli::try_parse_from([
+            "bench",
+            "--cluster",
+            "1",
+            "--commit-overlap",
+            "--writers",
+            "4",
+            "--size",
+            "64",
+            "--bytes",
+            "16kB",
+        ])
+        .unwrap();
+        let r = measure(&cli.args).unwrap();
+        assert_eq!(r.errors, 0, "{:?}", r.first_error);
+        assert!(r.appends >= 250, "{}", r.appends);
+        assert!(r.commit_overlap);
+        let told: wal_storage::Lsn = r
+            .standby_told_commit_point
+            .as_deref()
+            .expect("the standby was told a commit point")
+            .parse()
+            .unwrap();
+        assert!(told > wal_storage::Lsn(0), "{told}");
+        assert!(summary(&r).contains("overlapped commit"));
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub struct ClusterOptions {
     /// Threads for each node's walsenders and walreceiver (`NodeConfig::io_threads`); 0 runs
     /// them on the node's own System thread, beside its supervisor and registry.
     pub io_threads: usize,
+    /// `synchronous_commit_overlap` on every node: the primary sends its synchronous standby
+    /// each batch once written, while its fdatasync runs, and the standby says it accepts
+    /// such WAL (and cuts back a tail its primary lost, at stream start).
+    pub commit_overlap: bool,
 }
 
 impl Default for ClusterOptions {
@@ -46,6 +50,7 @@ impl Default for ClusterOptions {
             base_dir: None,
             segment_size: 16 << 20,
             io_threads: 0,
+            commit_overlap: false,
         }
     }
 }
@@ -100,6 +105,10 @@ impl Cluster {
             ("synchronous_standby_names", sync),
             ("max_wal_senders", (opts.standbys + 4).to_string()),
             ("wal_keep_size", "1024".into()),
+            (
+                "synchronous_commit_overlap",
+                opts.commit_overlap.to_string(),
+            ),
         ])?;
         let primary_system = SystemThread::spawn("bench-primary")?;
         let primary = start_node_on(&primary_system.arbiter, &s, &data, |cfg| {
@@ -117,15 +126,12 @@ impl Cluster {
         for i in 0..opts.standbys {
             let data = c._dir.path().join(standby_name(i));
             let system = SystemThread::spawn(&format!("bench-{}", standby_name(i)))?;
-            let node = start_standby_on(
-                &system.arbiter,
-                c.primary.listen_addr,
-                &data,
-                &standby_name(i),
-                opts.fsync,
-                None,
-                opts.io_threads,
-            )?;
+            init_standby_dir(c.primary.listen_addr, &data, &standby_name(i), None)?;
+            let node = start_standby_with(&system.arbiter, &data, |s| {
+                s.fsync = opts.fsync;
+                s.io_threads = opts.io_threads;
+                s.commit_overlap = opts.commit_overlap;
+            })?;
             c.standbys.push(node);
             c.standby_systems.push(system);
         }
@@ -179,20 +185,6 @@ pub fn start_node_on(
     Ok(rx.recv().context("the cluster thread ended")??)
 }
 
-/// `walserver init --standby` of `upstream` in `data`, then the node started on `arbiter`.
-pub fn start_standby_on(
-    arbiter: &actix_rt::ArbiterHandle,
-    upstream: SocketAddr,
-    data: &Path,
-    name: &str,
-    fsync: bool,
-    start: Option<Lsn>,
-    io_threads: usize,
-) -> anyhow::Result<Node> {
-    init_standby_dir(upstream, data, name, start)?;
-    start_standby_node(arbiter, data, fsync, io_threads)
-}
-
 /// `walserver init --standby` of `upstream` in `data` (which must not exist), starting at
 /// `start` (default: the upstream's current segment); `name` is its application_name.
 pub fn init_standby_dir(
@@ -217,14 +209,42 @@ pub fn start_standby_node(
     fsync: bool,
     io_threads: usize,
 ) -> anyhow::Result<Node> {
+    start_standby_with(arbiter, data, |s| {
+        s.fsync = fsync;
+        s.io_threads = io_threads;
+    })
+}
+
+/// How [`start_standby_with`] runs a standby: the default is fsync on, the walreceiver on the
+/// node's own thread, the overlapped commit off.
+pub struct StandbyOptions {
+    pub fsync: bool,
+    pub io_threads: usize,
+    pub commit_overlap: bool,
+}
+
+/// Runs the standby whose data directory `init_standby_dir` made, on `arbiter`, with the
+/// options `adjust` sets.
+pub fn start_standby_with(
+    arbiter: &actix_rt::ArbiterHandle,
+    data: &Path,
+    adjust: impl FnOnce(&mut StandbyOptions),
+) -> anyhow::Result<Node> {
+    let mut o = StandbyOptions {
+        fsync: true,
+        io_threads: 0,
+        commit_overlap: false,
+    };
+    adjust(&mut o);
     let s = settings(&[
         ("data_dir", data.display().to_string()),
         ("listen", "127.0.0.1:0".into()),
         ("wal_receiver_status_interval", "1".into()),
+        ("synchronous_commit_overlap", o.commit_overlap.to_string()),
     ])?;
     start_node_on(arbiter, &s, data, |cfg| {
-        cfg.storage.fsync = fsync;
-        cfg.io_threads = io_threads;
+        cfg.storage.fsync = o.fsync;
+        cfg.io_threads = o.io_threads;
     })
 }
 

@@ -3,7 +3,8 @@
 //!
 //! - `append`: N writers appending records at a durability level, against an in-process
 //!   cluster (the embedding path) or a running node's `POST /wal`; throughput, latency
-//!   percentiles from an HDR histogram, fsyncs per append, peak RSS, replication lag over time.
+//!   percentiles from an HDR histogram, fsyncs per append, peak RSS, replication lag over time;
+//!   the in-process cluster runs the overlapped commit with `--commit-overlap`.
 //!   Given several admin APIs, its writers follow the leader (`GET /primary`); appends whose
 //!   outcome is unknown are logged as indeterminate, never as acknowledged.
 //! - `stream`: catch-up of one or K standbys (walserver standbys, plain codec clients or

@@ -154,7 +154,7 @@ struct Stream {
     waiting_for_ping: bool,
     last_reply: Instant,
     /// The commit point and flushed end last told the client, on a stream that carries them
-    /// ([`crate::overlap::carries_commit_point`]).
+    /// ([`crate::overlap::carries_commit_point`]); told again when the commit point moves.
     told: Option<(Lsn, Lsn)>,
 }
 

@@ -150,9 +150,13 @@ impl<S: StorageView> Session<S> {
         self.pump(usize::MAX, out);
     }
 
-    /// Tells a client that can cut back the commit point this node knows and its flushed
-    /// end, when either moved (the overlapped commit's rule 3: the client serves its readers
-    /// nothing past it). Only on the current timeline: a historic one ends at its switch.
+    /// Tells a client that can cut back the commit point this node knows, with its flushed
+    /// end, when the commit point moved (the overlapped commit's rule 3: the client serves
+    /// its readers nothing past it). A move of the flushed end alone is no news to the
+    /// client, which acts on the commit point only; under the overlapped commit the flushed
+    /// end moves once per commit before the commit point does, and telling it cost a message
+    /// and a wake-up of the standby's thread per commit. Only on the current timeline: a
+    /// historic one ends at its switch.
     fn tell_commit_point(&mut self, out: &mut Vec<Output>) {
         if !overlap::carries_commit_point(
             self.config.commit_overlap,
@@ -166,7 +170,7 @@ impl<S: StorageView> Session<S> {
         };
         if stream.end != StreamEnd::Current
             || stream.timeline != self.position.timeline
-            || stream.told == Some(now)
+            || stream.told.is_some_and(|(c, _)| c == now.0)
         {
             return;
         }

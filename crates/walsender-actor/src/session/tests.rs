@@ -628,9 +628,8 @@ fn show_session_authorization_is_the_connections_user() {
 }
 
 /// A session of a client that says whether it accepts unflushed WAL, on a node with the
-/// overlapped commit on or off, streaming from the flushed end; then storage announces a
-/// written end 100 bytes beyond it. Returns the length of the read the session asks for.
-fn early_read(overlap: bool, accepts: Option<&str>, sync_state: &str) -> Option<usize> {
+/// overlapped commit on or off, in `sync_state`.
+fn overlap_fixture(overlap: bool, accepts: Option<&str>, sync_state: &str) -> Fixture {
     let mut f = fixture();
     let mut config = (*f.session.config).clone();
     config.commit_overlap = overlap;
@@ -642,6 +641,13 @@ fn early_read(overlap: bool, accepts: Option<&str>, sync_state: &str) -> Option<
     f.session = Session::new(f.wal.clone(), Arc::new(config), status.clone())
         .with_client_settings(ClientSettings::from_startup(&params).unwrap());
     lock(&status).sync_state = sync_state.to_string();
+    f
+}
+
+/// [`overlap_fixture`]'s session streaming from the flushed end; then storage announces a
+/// written end 100 bytes beyond it. Returns the length of the read the session asks for.
+fn early_read(overlap: bool, accepts: Option<&str>, sync_state: &str) -> Option<usize> {
+    let mut f = overlap_fixture(overlap, accepts, sync_state);
     let end = f.append(1, 100);
     let out = f.query(&format!("START_REPLICATION {end}"));
     f.serve_reads(out);
@@ -656,6 +662,47 @@ fn early_read(overlap: bool, accepts: Option<&str>, sync_state: &str) -> Option<
         }
         _ => None,
     })
+}
+
+/// The commit points a session's outputs tell.
+fn told(out: &[Output]) -> Vec<Lsn> {
+    msgs(out)
+        .into_iter()
+        .filter_map(|m| match m {
+            BackendMessage::CommitPoint(c) => Some(c.commit_point),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Under the overlapped commit a synchronous standby's stream opens with the commit point,
+/// and tells it again each time it moves, and only then: the primary's flush moving ahead
+/// of it (once per commit, before the standby's reply moves the commit point) is no news
+/// to the standby, and a message for it cost the standby's thread a wake-up per commit.
+#[test]
+fn the_commit_point_is_told_when_it_moves_and_only_then() {
+    let mut f = overlap_fixture(true, Some("on"), "sync");
+    let end = f.append(1, 100);
+    let out = f.query(&format!("START_REPLICATION {end}"));
+    assert_eq!(told(&out), [end], "the stream opens with it");
+    f.serve_reads(out);
+    let step = |f: &mut Fixture, flushed: Lsn, commit: Lsn| {
+        let mut pos = f.wal.position();
+        pos.written = flushed;
+        pos.flushed = flushed;
+        pos.commit = wal_storage::CommitBound::Own(commit);
+        let mut out = Vec::new();
+        f.session.on_wal_position(pos, usize::MAX, &mut out);
+        told(&out)
+    };
+    // The primary's flush moved, the standby has not confirmed: nothing to tell.
+    assert_eq!(step(&mut f, end + 100, end), []);
+    // The standby confirmed: the commit point moved.
+    assert_eq!(step(&mut f, end + 100, end + 100), [end + 100]);
+    // Nothing moved.
+    assert_eq!(step(&mut f, end + 100, end + 100), []);
+    // Both moved at once (the standby confirmed first).
+    assert_eq!(step(&mut f, end + 200, end + 200), [end + 200]);
 }
 
 #[test]

@@ -231,7 +231,9 @@ impl LossyFilesystem {
         *g == Syncs::Run
     }
 
-    /// The device's flush time, paid after the model made the data durable.
+    /// The device's flush time, paid before an fsync makes anything durable: a power loss
+    /// while a sync runs loses what it was syncing, as on a device that has not answered
+    /// yet. (A write through `O_SYNC` is durable at once and then pays it.)
     fn flush_delay(&self) {
         if !self.sync_latency.is_zero() {
             std::thread::sleep(self.sync_latency);
@@ -576,6 +578,7 @@ impl Filesystem for LossyFilesystem {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.flush_delay();
         if !self.may_sync() {
             return reply.error(Errno::EIO);
         }
@@ -586,7 +589,6 @@ impl Filesystem for LossyFilesystem {
         };
         s.model.synced(ino);
         drop(s);
-        self.flush_delay();
         reply.ok();
     }
 
@@ -643,6 +645,7 @@ impl Filesystem for LossyFilesystem {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.flush_delay();
         if !self.may_sync() {
             return reply.error(Errno::EIO);
         }
@@ -652,7 +655,6 @@ impl Filesystem for LossyFilesystem {
             Err(e) => return reply.error(e),
         }
         drop(s);
-        self.flush_delay();
         reply.ok();
     }
 

@@ -15,7 +15,9 @@
 //!
 //! Each mount can also be a disk of its own: [`Options::sync_latency`] is added to every
 //! fsync and fdatasync (1 ms is what a network-attached cloud volume takes), while writes and
-//! reads go at the page cache's speed. The backing files themselves are never synced.
+//! reads go at the page cache's speed; what a sync covers becomes durable only when the
+//! latency has passed, so a power loss during it loses that. The backing files themselves
+//! are never synced.
 //!
 //! It runs as root (mounting FUSE by mount(2), with no fusermount) and is test
 //! infrastructure: the `walserver` binary does not link it. A mount is always unmounted: by

@@ -204,7 +204,44 @@ enum Command {
     },
 }
 
+/// The crash point a test's node dies at (`wal_storage::crash`): `POINT[:PASS]`.
+const CRASH_AT_VAR: &str = "WALSERVER_TEST_CRASH_AT";
+
+/// Arms the crash point [`CRASH_AT_VAR`] names, if any.
+fn arm_crash_point() -> anyhow::Result<()> {
+    match std::env::var_os(CRASH_AT_VAR) {
+        Some(spec) => arm_crash_point_at(&spec.to_string_lossy()),
+        None => Ok(()),
+    }
+}
+
+#[cfg(feature = "failpoints")]
+fn arm_crash_point_at(spec: &str) -> anyhow::Result<()> {
+    let names: Vec<&str> = (wal_storage::FAILPOINTS.iter().copied())
+        .chain(walsender_actor::overlap::CRASH_POINTS.iter().copied())
+        .chain([walreceiver_actor::CRASH_REPLY])
+        .collect();
+    match wal_storage::crash::parse(spec) {
+        Some((point, pass)) if names.contains(&point) => {
+            wal_storage::crash::arm(point, pass);
+            Ok(())
+        }
+        _ => anyhow::bail!("{CRASH_AT_VAR}={spec}: not POINT[:PASS] with POINT one of {names:?}"),
+    }
+}
+
+/// A build without the `failpoints` feature has no crash points and refuses the variable, so
+/// that a test never waits for a death that cannot come.
+#[cfg(not(feature = "failpoints"))]
+fn arm_crash_point_at(spec: &str) -> anyhow::Result<()> {
+    anyhow::bail!("{CRASH_AT_VAR}={spec}: this build has no crash points (feature `failpoints`)")
+}
+
 fn main() {
+    if let Err(e) = arm_crash_point() {
+        eprintln!("walserver: {e:#}");
+        std::process::exit(1);
+    }
     let cli = Cli::parse();
     let code = match cli.command {
         // restore_command's exit status is a contract with PostgreSQL, not just 0 or 1.

@@ -2,8 +2,9 @@
 //! what the client saw acknowledged: kill -9 of any node of a primary → synchronous standby →
 //! cascade chain under writers, a full disk on a primary and on a standby, a log that cannot be
 //! written, accept failing with EMFILE, power loss of whole nodes on `lossyfs` mounts (root),
-//! of a pair and of three members under `[failover]` on etcd; and the soak bench at a tiny
-//! scale. Each fault scenario but the power losses writes a row of
+//! of a pair and of three members under `[failover]` on etcd, and nodes killed at the commit
+//! path's crash points with their power lost there; and the soak bench at a tiny scale. Each
+//! fault scenario but the power losses and crash points writes a row of
 //! the reliability table (`walserver-bench reliability-table`, `benches/RELIABILITY.md`).
 //!
 //! CI runs them short. `WALSERVER_TEST_CHAOS_CYCLES=N` runs N cycles of each;
@@ -12,6 +13,7 @@
 //! variables, accept them in their environment.
 
 mod accept;
+mod crash_points;
 mod failover_power_loss;
 mod full_disk;
 mod kill_chain;

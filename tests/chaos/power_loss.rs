@@ -44,17 +44,22 @@ enum Victims {
 
 /// The pair. The nodes come before the mounts, so a failing test kills the processes before
 /// it unmounts their data directories.
-struct Pair {
-    nodes: [ChildNode; 2],
-    mounts: [LossyFs; 2],
+pub(crate) struct Pair {
+    pub(crate) nodes: [ChildNode; 2],
+    pub(crate) mounts: [LossyFs; 2],
 }
 
 impl Pair {
-    fn start(dir: &Path, overlap: Overlap) -> Pair {
-        let mounts = [
-            disk(dir, "primary", Options::default()),
-            disk(dir, "standby", Options::default()),
-        ];
+    /// Starts the pair on mounts with `options` (the primary's, the standby's); `prepare`
+    /// sees each node before its first start.
+    fn start(
+        dir: &Path,
+        overlap: Overlap,
+        options: [Options; 2],
+        mut prepare: impl FnMut(usize, &mut ChildNode),
+    ) -> Pair {
+        let [po, so] = options;
+        let mounts = [disk(dir, "primary", po), disk(dir, "standby", so)];
         let pdata = mounts[0].mountpoint().join("data");
         walserver_node::init::init_primary(&pdata, SEGMENT).expect("init the primary");
         // Both keep all their WAL, so that the two can be compared from the first record.
@@ -63,6 +68,7 @@ impl Pair {
         settings.extend(overlap.settings());
         // The logs live outside the lossy mounts: a crash must not take what explains it.
         let mut p = child_node("primary", &pdata, &settings).with_log(&dir.join("primary.log"));
+        prepare(0, &mut p);
         p.start().expect("start the primary");
         let sdata = mounts[1].mountpoint().join("data");
         walserver_node::init::init_standby(&sdata, &conninfo_at(p.listen, SYNC), None, None)
@@ -70,6 +76,7 @@ impl Pair {
         let mut settings = vec![keep, ("wal_receiver_status_interval", "1")];
         settings.extend(overlap.settings());
         let mut s = child_node("standby", &sdata, &settings).with_log(&dir.join("standby.log"));
+        prepare(1, &mut s);
         s.start().expect("start the standby");
         Pair {
             nodes: [p, s],
@@ -86,59 +93,107 @@ impl Pair {
         line::settle(&self.nodes, &[SYNC])
     }
 
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         line::logs(&self.nodes)
     }
 }
 
-fn power_loss_cycles(victims: Victims, overlap: Overlap) {
-    let _one = serial();
-    let n_cycles = cycles(3);
-    let seed = seed();
-    println!(
-        "{victims:?} with overlap {overlap:?}: seed {seed} (WALSERVER_TEST_CHAOS_SEED={seed} \
-         replays these crashes)"
-    );
-    let mut rng = Rng(seed);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut pair = Pair::start(dir.path(), overlap);
-    pair.converge().expect("the pair to stream");
-    let load = Load::start(&pair.nodes[0], dir.path(), WRITERS, 1, 128, "on");
-    if let Err(e) = load.wait_acks_beyond(50, DEADLINE) {
-        let client = std::fs::read_to_string(dir.path().join("load.log")).unwrap_or_default();
-        let tail: String = client.lines().rev().take(20).collect::<Vec<_>>().join("\n");
-        panic!("the writers: {e:#}\n--- load ---\n{tail}\n{}", pair.logs());
+/// A scenario on the pair under the writers, from its start to its judgement: the
+/// pair, the load, a [`Reader`] on each node, the seeded generator of its crashes, and what it
+/// counts. Fields drop in order: the writers and the nodes go before the mounts and the
+/// directory.
+pub(crate) struct Run {
+    pub(crate) load: Load,
+    readers: [Reader; 2],
+    pub(crate) pair: Pair,
+    pub(crate) rng: Rng,
+    overlap: Overlap,
+    first_timeline: u32,
+    started: Instant,
+    /// Unsynced writes the crashes took back, and those they found.
+    pub(crate) lost_writes: usize,
+    pub(crate) at_risk: usize,
+    /// The standby's tail cuts, and how many its process had counted at the last look.
+    tail_cuts: u64,
+    cuts_seen: u64,
+    _dir: tempfile::TempDir,
+}
+
+impl Run {
+    /// Starts the pair ([`Pair::start`]), the writers, and the readers once appends are
+    /// acknowledged; `what` names the scenario in its seed line.
+    pub(crate) fn start(
+        what: &str,
+        overlap: Overlap,
+        options: [Options; 2],
+        prepare: impl FnMut(usize, &mut ChildNode),
+    ) -> Run {
+        let seed = seed();
+        println!(
+            "{what} with overlap {overlap:?}: seed {seed} (WALSERVER_TEST_CHAOS_SEED={seed} \
+             replays these crashes)"
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pair = Pair::start(dir.path(), overlap, options, prepare);
+        pair.converge().expect("the pair to stream");
+        let load = Load::start(&pair.nodes[0], dir.path(), WRITERS, 1, 128, "on");
+        if let Err(e) = load.wait_acks_beyond(50, DEADLINE) {
+            let client = std::fs::read_to_string(dir.path().join("load.log")).unwrap_or_default();
+            let tail: String = client.lines().rev().take(20).collect::<Vec<_>>().join("\n");
+            panic!("the writers: {e:#}\n--- load ---\n{tail}\n{}", pair.logs());
+        }
+        // Readers on both nodes from the first record to the last, through every fault.
+        let readers = [
+            Reader::follow(&pair.nodes[0]),
+            Reader::follow(&pair.nodes[1]),
+        ];
+        let first_timeline = pair.nodes[0]
+            .status()
+            .expect("the primary's status")
+            .timeline
+            .0;
+        Run {
+            load,
+            readers,
+            pair,
+            rng: Rng(seed),
+            overlap,
+            first_timeline,
+            started: Instant::now(),
+            lost_writes: 0,
+            at_risk: 0,
+            tail_cuts: 0,
+            cuts_seen: 0,
+            _dir: dir,
+        }
     }
 
-    // Readers on both nodes from the first record to the last, through every power loss.
-    let readers = [
-        Reader::follow(&pair.nodes[0]),
-        Reader::follow(&pair.nodes[1]),
-    ];
-    let first_timeline = pair.nodes[0]
-        .status()
-        .expect("the primary's status")
-        .timeline;
-    let started = Instant::now();
-    let mut lost_writes = 0;
-    // The standby's tail cuts, counted in /status since its process started.
-    let (mut tail_cuts, mut cuts_seen) = (0, 0);
-    for cycle in 0..n_cycles {
-        let before = load.count();
-        let t = Instant::now();
-        let hit: &[usize] = match victims {
-            Victims::Primary => &[0],
-            Victims::Standby => &[1],
-            Victims::Both => &[1, 0],
-        };
-        match pull_plugs(&mut pair.nodes, &mut pair.mounts, hit, &mut rng) {
-            Ok(o) => lost_writes += o.lost,
-            Err(e) => panic!("cycle {cycle}: {e:#}\n{}", pair.logs()),
+    /// The power loss of node `i`'s mount, whose node no longer runs: what was not synced is
+    /// lost or torn, as the next seed of the run decides.
+    pub(crate) fn crash(&mut self, i: usize, cycle: u64) {
+        let crash_seed = self.rng.next_u64();
+        match self.pair.mounts[i].crash(crash_seed) {
+            Ok(r) => {
+                self.lost_writes += r.writes_lost;
+                self.at_risk += r.writes;
+                println!(
+                    "cycle {cycle}: {} crashed (seed {crash_seed}): {r:?}",
+                    self.pair.nodes[i].name
+                );
+            }
+            Err(e) => panic!("cycle {cycle}: crash {}: {e}", self.pair.nodes[i].name),
         }
+    }
+
+    /// Starts the nodes `hit` again (the last first), waits until the pair streams again and
+    /// the writers have more than `before + 16` acknowledgements, and counts the standby's
+    /// tail cuts.
+    pub(crate) fn recover(&mut self, hit: &[usize], cycle: u64, before: usize) {
+        let pair = &mut self.pair;
         for &i in hit.iter().rev() {
             if let Err(e) = pair.nodes[i].start() {
                 panic!(
-                    "cycle {cycle}: restarting {} after its power loss: {e:#}\n{}",
+                    "cycle {cycle}: restarting {}: {e:#}\n{}",
                     pair.nodes[i].name,
                     pair.logs()
                 );
@@ -147,7 +202,7 @@ fn power_loss_cycles(victims: Victims, overlap: Overlap) {
         if let Err(e) = pair.converge() {
             panic!("cycle {cycle}: {e:#}\n{}", pair.logs());
         }
-        if let Err(e) = load.wait_acks_beyond(before + 16, DEADLINE) {
+        if let Err(e) = self.load.wait_acks_beyond(before + 16, DEADLINE) {
             panic!(
                 "cycle {cycle}: appends did not resume: {e:#}\n{}",
                 pair.logs()
@@ -155,40 +210,78 @@ fn power_loss_cycles(victims: Victims, overlap: Overlap) {
         }
         let commit = pair.nodes[1].status().expect("the standby's status").commit;
         if hit.contains(&1) {
-            cuts_seen = 0;
+            self.cuts_seen = 0;
         }
-        tail_cuts += commit.tail_cuts - cuts_seen.min(commit.tail_cuts);
-        cuts_seen = commit.tail_cuts;
-        if overlap == Overlap::Off {
+        self.tail_cuts += commit.tail_cuts - self.cuts_seen.min(commit.tail_cuts);
+        self.cuts_seen = commit.tail_cuts;
+        if self.overlap == Overlap::Off {
             assert_eq!(
                 commit.tail_cuts, 0,
                 "cycle {cycle}: a cut with the switch off"
             );
         }
+    }
+
+    /// Stops the writers, waits for the pair to settle and judges it: the acknowledgement
+    /// log against both nodes ([`assert_judged`]), and every record a reader was given
+    /// against both nodes ([`Reader::assert_survived`]). Prints what the run counted.
+    pub(crate) fn finish(self, what: &str, n_cycles: u64) {
+        let acks = self.load.stop();
+        let pair = &self.pair;
+        pair.settle().expect("the pair to converge at the end");
+        let [p, s] = &pair.nodes;
+        let verdict = assert_judged(&[&acks], &[p, s]);
+        let [on_primary, on_standby] = self.readers;
+        let read = [
+            on_primary.assert_survived(&[p, s]),
+            on_standby.assert_survived(&[p, s]),
+        ];
+        let timeline = p.status().expect("the primary's status").timeline.0;
+        println!(
+            "{n_cycles} {what} with overlap {:?} in {:.1} s: {} appends acknowledged, {} \
+             unsynced writes lost by the crashes, {} tails cut, {} timelines made, {} and {} \
+             records read on the primary and the standby; {}",
+            self.overlap,
+            self.started.elapsed().as_secs_f64(),
+            acks.len(),
+            self.lost_writes,
+            self.tail_cuts,
+            timeline - self.first_timeline,
+            read[0],
+            read[1],
+            verdict.describe().join("; ")
+        );
+    }
+}
+
+fn power_loss_cycles(victims: Victims, overlap: Overlap) {
+    let _one = serial();
+    let n_cycles = cycles(3);
+    let what = format!("power losses of {victims:?}");
+    let mut run = Run::start(&what, overlap, Default::default(), |_, _| {});
+    for cycle in 0..n_cycles {
+        let before = run.load.count();
+        let t = Instant::now();
+        let hit: &[usize] = match victims {
+            Victims::Primary => &[0],
+            Victims::Standby => &[1],
+            Victims::Both => &[1, 0],
+        };
+        let pair = &mut run.pair;
+        match pull_plugs(&mut pair.nodes, &mut pair.mounts, hit, &mut run.rng) {
+            Ok(o) => {
+                run.lost_writes += o.lost;
+                run.at_risk += o.at_risk;
+            }
+            Err(e) => panic!("cycle {cycle}: {e:#}\n{}", pair.logs()),
+        }
+        run.recover(hit, cycle, before);
         println!(
             "cycle {cycle}: power back after {:.0} ms",
             t.elapsed().as_secs_f64() * 1e3
         );
     }
-    let acks = load.stop();
-    pair.settle().expect("the pair to converge at the end");
-    let [p, s] = &pair.nodes;
-    let verdict = assert_judged(&[&acks], &[p, s]);
-    let [on_primary, on_standby] = readers;
-    let (read_p, read_s) = (on_primary.count(), on_standby.count());
-    on_primary.assert_survived(&[p, s]);
-    on_standby.assert_survived(&[p, s]);
-    let timelines = p.status().expect("the primary's status").timeline.0 - first_timeline.0;
-    println!(
-        "{n_cycles} power losses of {victims:?} with overlap {overlap:?} in {:.1} s: {} appends \
-         acknowledged, {} unsynced writes lost by the crashes, {tail_cuts} tails cut, \
-         {timelines} timelines made, {read_p} and {read_s} records read on the primary and \
-         the standby; {}",
-        started.elapsed().as_secs_f64(),
-        acks.len(),
-        lost_writes,
-        verdict.describe().join("; ")
-    );
+    run.finish(&what, n_cycles);
 }
 
 #[test]

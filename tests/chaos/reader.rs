@@ -63,11 +63,6 @@ impl Reader {
         }
     }
 
-    /// How many records the reader has been given.
-    pub fn count(&self) -> usize {
-        self.given.lock().map(|g| g.records.len()).unwrap_or(0)
-    }
-
     /// Stops the reader and asserts that every record it was given is among `nodes`' records
     /// now (each node's `GET /wal?from=earliest`); returns how many it was given.
     pub fn assert_survived(self, nodes: &[&ChildNode]) -> usize {

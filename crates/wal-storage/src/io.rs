@@ -169,7 +169,10 @@ impl Io {
     #[inline(always)]
     pub(crate) fn check(&self, point: &'static str) -> io::Result<()> {
         #[cfg(feature = "failpoints")]
-        self.failpoints.check(point)?;
+        {
+            crate::crash::reached(point);
+            self.failpoints.check(point)?;
+        }
         Ok(())
     }
 

@@ -162,7 +162,7 @@
 //! Each module imports only modules below it in this order, never one that imports it back:
 //!
 //! ```text
-//! metrics, powerloss ← io                                    counters; the power-loss recorder
+//! metrics, powerloss, crash ← io                             counters; power loss; crash points
 //! kind, naming, tail, io ← error ← config, history, format   types, names, formats, file ops
 //! health                                                     the state of the failure policy
 //! io ← durable ← files ← slots, archived                     small durable files, slot rules
@@ -191,6 +191,8 @@
 mod archived;
 mod background;
 mod config;
+#[cfg(feature = "failpoints")]
+pub mod crash;
 pub mod durable;
 mod error;
 mod files;

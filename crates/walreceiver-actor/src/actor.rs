@@ -560,6 +560,10 @@ impl StreamHandler<Result<Inbound, CodecError>> for WalReceiver {
 
 impl StreamHandler<WalPosition> for WalReceiver {
     fn handle(&mut self, pos: WalPosition, ctx: &mut Context<Self>) {
+        #[cfg(feature = "failpoints")]
+        if (self.session.status().flushed_lsn).is_some_and(|f| pos.flushed > f) {
+            wal_storage::crash::reached(crate::CRASH_REPLY);
+        }
         let mut out = Vec::new();
         self.session.on_position(pos, Instant::now(), &mut out);
         self.apply(out, None, ctx);

@@ -77,6 +77,9 @@
 //! receive low-water mark is raised only while the upstream has promised far more WAL than
 //! is buffered, and is lowered when a message does not come within a grace period
 //! (`low_water.rs`), so no small message waits on it.
+//!
+//! Under the `failpoints` feature a new durable position not yet reported upstream is a crash
+//! point ([`CRASH_REPLY`], `wal_storage::crash`).
 
 mod actor;
 mod config;
@@ -91,6 +94,10 @@ pub mod query;
 pub mod session;
 pub mod status;
 pub mod storage_ops;
+
+/// Crash point (`wal_storage::crash`, feature `failpoints`): storage made more of the stream
+/// durable and the walreceiver has not yet reported it upstream. Passed before the report.
+pub const CRASH_REPLY: &str = "walreceiver_actor::reply::crash";
 
 pub use actor::WalReceiver;
 pub use config::{ReceiverConfig, DEFAULT_MAX_WAL_IN_FLIGHT};

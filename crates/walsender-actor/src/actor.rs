@@ -308,6 +308,12 @@ impl WalSender {
             self.held.push_back(msg);
             return;
         }
+        #[cfg(feature = "failpoints")]
+        if let FrontendMessage::StandbyStatusUpdate(r) = &msg {
+            if r.write > self.shared.wal.position().flushed {
+                wal_storage::crash::reached(crate::overlap::CRASH_SENT_EARLY);
+            }
+        }
         let mut out = Vec::new();
         session.on_message(msg, Instant::now(), &mut out);
         self.apply(out, ctx);

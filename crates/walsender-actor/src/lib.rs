@@ -47,6 +47,10 @@
 //! wait for the synchronous standbys), the wire format (`protocol-codec`, which also holds
 //! [`SERVER_VERSION`]), and the deadline timer and stream type it shares with the walreceiver
 //! (`actor-util`).
+//!
+//! Under the `failpoints` feature two places of the commit's path are crash points
+//! (`wal_storage::crash`, named in `overlap.rs`): a standby's report of WAL beyond this node's
+//! flushed end, and the registry's release of appends the commit point now covers.
 
 mod actor;
 pub mod connection;

@@ -21,6 +21,16 @@
 
 use wal_storage::{Lsn, TimelineId, WalPosition};
 
+/// Crash point (`wal_storage::crash`, feature `failpoints`): a standby reported WAL received
+/// beyond this node's flushed end, so an early send reached it while the local flush had not
+/// returned. Passed before the report is taken in.
+pub const CRASH_SENT_EARLY: &str = "walsender_actor::sent_early::crash";
+/// Crash point: the synchronous standbys' confirmation moved the commit point past waiting
+/// appends (their own flush came first), which are not answered yet.
+pub const CRASH_RELEASE: &str = "walsender_actor::release::crash";
+/// Every crash point of this crate.
+pub const CRASH_POINTS: &[&str] = &[CRASH_SENT_EARLY, CRASH_RELEASE];
+
 /// The commit point: the lowest of this node's flushed end and, when synchronous standbys
 /// must confirm, the position they confirmed together (`None`: no standby must confirm).
 pub fn commit_point(own_flushed: Lsn, quorum: Option<Lsn>) -> Lsn {

@@ -125,7 +125,12 @@ impl WalSenderRegistry {
             }
         }
         if let Some(p) = decision.positions {
-            for w in self.waiters.release(p) {
+            let released = self.waiters.release(p);
+            #[cfg(feature = "failpoints")]
+            if !released.is_empty() {
+                wal_storage::crash::reached(crate::overlap::CRASH_RELEASE);
+            }
+            for w in released {
                 let _ = w.send(());
             }
         }

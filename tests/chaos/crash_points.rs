@@ -1,0 +1,199 @@
+//! kill -9 at named places of the commit's path: the pair of the power-loss scenarios
+//! ([`Run`]: a primary and its synchronous standby as `walserver run` processes on `lossyfs`
+//! mounts, 16 writers, a reader on each node), where a node dies by itself at a crash point
+//! (`wal_storage::crash`, armed by `WALSERVER_TEST_CRASH_AT=POINT:PASS` in a build with
+//! `failpoints`: `std::process::abort`, nothing cleaned up, nobody answered), its mount then
+//! loses what was not synced, and it starts again. The points, each where a rule of the
+//! overlapped commit could break:
+//!
+//! - the primary after a write, before its fdatasync (`wal_storage::fsync::err`): nothing
+//!   of the batch may have been acknowledged (rule 1: the primary's own flush is required);
+//! - the primary after an early send reached the standby, before its own flush returned
+//!   (`walsender_actor::sent_early::crash`, with the switch on only, as only then is anything
+//!   sent early): the standby holds a tail the primary loses, which the primary's new
+//!   timeline makes a fork (rule 5) and the standby cuts back (rule 4);
+//! - the standby after its flush, before its reply (`walreceiver_actor::reply::crash`),
+//!   with the primary's power lost at once too: the standby may hold durable WAL its
+//!   primary lost and never heard of;
+//! - the primary after the commit point moved, before the clients were answered
+//!   (`walsender_actor::release::crash`): the appends are acknowledged to no one, and are
+//!   kept.
+//!
+//! Each point runs with the switch on and, where it is reached, off. After the last cycle
+//! the judge of every scenario ([`Run::finish`]): every acknowledged append on both nodes
+//! exactly once, both byte-identical up to the shorter end, and nothing a reader was given
+//! taken back. CI runs two deaths per point; `WALSERVER_TEST_CHAOS_CYCLES` runs more.
+
+use std::time::{Duration, Instant};
+
+use lossyfs::Options;
+use wal_storage::FP_FSYNC;
+use walreceiver_actor::CRASH_REPLY;
+use walsender_actor::overlap::{CRASH_RELEASE, CRASH_SENT_EARLY};
+
+use crate::cycles;
+use crate::lossy::{serial, Overlap};
+use crate::node::{wait_for, ChaosNode, DEADLINE};
+use crate::power_loss::Run;
+
+/// The variable the `walserver` binary arms its crash point from.
+const CRASH_AT: &str = "WALSERVER_TEST_CRASH_AT";
+
+/// The primary's mount takes this long for each sync, the standby's none, so that the
+/// standby's flush of a batch sent early usually returns before the primary's own: without
+/// it the point after an early send is seldom reached. A guess, a few times a local flush.
+const PRIMARY_SYNC_LATENCY: Duration = Duration::from_millis(20);
+
+/// The node that dies at a point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dies {
+    Primary,
+    /// The standby at the point, and the primary's power at once after it.
+    StandbyThenPrimary,
+}
+
+fn crash_point_cycles(point: &str, dies: Dies, overlap: Overlap) {
+    let _one = serial();
+    let n_cycles = cycles(2);
+    let armed = if dies == Dies::Primary { 0 } else { 1 };
+    let what = format!("deaths at {point}");
+    let options = [
+        Options {
+            sync_latency: PRIMARY_SYNC_LATENCY,
+        },
+        Options::default(),
+    ];
+    let mut run = Run::start(&what, overlap, options, |_, _| {});
+    for cycle in 0..n_cycles {
+        let before = run.load.count();
+        let t = Instant::now();
+        // The pass that dies: beyond what a start passes (a few syncs at most), near enough
+        // that a cycle stays short.
+        let pass = 20 + run.rng.next_u64() % 40;
+        let node = &mut run.pair.nodes[armed];
+        node.env(CRASH_AT, &format!("{point}:{pass}"));
+        // Armed by a clean restart (SIGTERM): the only death of the cycle is at the point.
+        let stopped = node.signal(libc::SIGTERM).and_then(|()| node.wait_exit());
+        // The log is kept across starts: only what this start writes counts.
+        let from = node.log_text().len();
+        if let Err(e) = stopped.and_then(|_| node.start()) {
+            panic!("cycle {cycle}: restarting {} armed: {e:#}", node.name);
+        }
+        // The power goes at the moment of the death: the plug is pulled as soon as the node
+        // says it dies, which comes before its threads are gone. A thread of the node inside
+        // an fsync of the mount keeps it from dying until the sync answers, and the pulled
+        // plug makes that answer a failure that made nothing durable.
+        let hit: &[usize] = match dies {
+            Dies::Primary => &[0],
+            Dies::StandbyThenPrimary => &[1, 0],
+        };
+        let line = format!("crash point {point}: pass {pass}");
+        let said = wait_for(&line, DEADLINE, Duration::from_millis(1), || {
+            let log = node.log_text();
+            log.get(from..)
+                .unwrap_or(&log)
+                .contains(&line)
+                .then_some(())
+        });
+        for &i in hit {
+            run.pair.mounts[i].pull_plug();
+        }
+        // The primary's power goes with the standby's.
+        if dies == Dies::StandbyThenPrimary {
+            run.pair.nodes[0].kill9();
+        }
+        let node = &mut run.pair.nodes[armed];
+        let exit = said.and_then(|()| node.wait_exit());
+        node.env_remove(CRASH_AT);
+        let name = node.name.clone();
+        match exit {
+            Ok(status) => println!("cycle {cycle}: {name} died at {point}: {status}"),
+            Err(e) => panic!(
+                "cycle {cycle}: {name} never died at {point} pass {pass}: {e:#}\n{}",
+                run.pair.logs()
+            ),
+        }
+        for &i in hit {
+            run.crash(i, cycle);
+        }
+        if dies == Dies::Primary {
+            hold_back_the_standby(&mut run, cycle);
+            run.recover(&[], cycle, before);
+        } else {
+            run.recover(hit, cycle, before);
+        }
+        println!(
+            "cycle {cycle}: back after {:.0} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    // Before its sync and while its sync runs, the primary holds a write it has not synced:
+    // a death there that its power loss found nothing to take from would prove nothing.
+    if [FP_FSYNC, CRASH_SENT_EARLY].contains(&point) {
+        assert!(
+            run.at_risk > 0,
+            "no death at {point} left an unsynced write\n{}",
+            run.pair.logs()
+        );
+    }
+    run.finish(&what, n_cycles);
+}
+
+/// Starts the primary again with its standby paused until the primary has written past the
+/// standby's end, so that whatever tail the standby kept of the primary's lost WAL overlaps
+/// the primary's new WAL by the time the standby connects: resumed on its old timeline, the
+/// primary would have put other bytes at those LSNs (rule 5 exists for this).
+fn hold_back_the_standby(run: &mut Run, cycle: u64) {
+    let [p, s] = &mut run.pair.nodes;
+    let standby_end = match s.status() {
+        Ok(st) => st.flush_lsn,
+        Err(e) => panic!("cycle {cycle}: the standby's status: {e:#}"),
+    };
+    if let Err(e) = s.pause().and_then(|()| p.start()) {
+        panic!("cycle {cycle}: restarting the primary: {e:#}");
+    }
+    let past = wait_for(
+        "the primary's durable end past the standby's",
+        DEADLINE,
+        Duration::from_millis(5),
+        || (p.status().ok()?.flush_lsn > standby_end).then_some(()),
+    );
+    if let Err(e) = past.and_then(|()| s.resume()) {
+        panic!("cycle {cycle}: {e:#}\n{}", run.pair.logs());
+    }
+}
+
+#[test]
+fn the_primary_killed_between_its_write_and_its_fdatasync_loses_no_acknowledged_append() {
+    crash_point_cycles(FP_FSYNC, Dies::Primary, Overlap::Off);
+}
+
+#[test]
+fn the_primary_killed_between_its_write_and_its_fdatasync_with_the_overlapped_commit() {
+    crash_point_cycles(FP_FSYNC, Dies::Primary, Overlap::On);
+}
+
+#[test]
+fn the_primary_killed_after_an_early_send_before_its_own_flush_loses_no_acknowledged_append() {
+    crash_point_cycles(CRASH_SENT_EARLY, Dies::Primary, Overlap::On);
+}
+
+#[test]
+fn the_standby_killed_between_its_flush_and_its_reply_loses_no_acknowledged_append() {
+    crash_point_cycles(CRASH_REPLY, Dies::StandbyThenPrimary, Overlap::Off);
+}
+
+#[test]
+fn the_standby_killed_between_its_flush_and_its_reply_with_the_overlapped_commit() {
+    crash_point_cycles(CRASH_REPLY, Dies::StandbyThenPrimary, Overlap::On);
+}
+
+#[test]
+fn the_primary_killed_after_the_commit_point_moved_before_answering_loses_nothing() {
+    crash_point_cycles(CRASH_RELEASE, Dies::Primary, Overlap::Off);
+}
+
+#[test]
+fn the_primary_killed_after_the_commit_point_moved_with_the_overlapped_commit() {
+    crash_point_cycles(CRASH_RELEASE, Dies::Primary, Overlap::On);
+}

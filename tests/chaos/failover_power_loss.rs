@@ -394,7 +394,8 @@ fn switch_point(node: &ChildNode, timeline: u32) -> anyhow::Result<Lsn> {
 
 /// The case the overlapped commit's rules exist for. The leader's syncs are held: its writer
 /// waits in the sync of a batch it has already sent, and the synchronous standby makes that
-/// batch durable. The standby is then kept from etcd (only the old leader, named in the
+/// batch durable; the leader, having heard so, acknowledges nothing past its own durable end
+/// (rule 1). The standby is then kept from etcd (only the old leader, named in the
 /// published record, may take the next term: the third member is not the synchronous
 /// standby), and the leader loses power with everything unsynced lost
 /// ([`LossyFs::crash_to_synced`]: the lost tail is certain) and starts again at once, while
@@ -431,6 +432,29 @@ fn a_leader_that_lost_a_tail_its_standby_holds_comes_back_in_a_new_term() {
         Ok(end) => end,
         Err(e) => panic!("{e:#}\n{}", m.logs()),
     };
+    // Rule 1: once the leader has heard the standby's flush past its own durable end, it
+    // still acknowledges nothing past that end (its own flush is always required).
+    let (own_end, acknowledged) = match wait_for(
+        "the leader to hear the standby's flush",
+        DEADLINE,
+        Duration::from_millis(2),
+        || {
+            let l = m.status(leader).ok()?;
+            let heard = l
+                .replication
+                .iter()
+                .find(|r| r.application_name == name(sync))?
+                .flush_lsn?;
+            (heard >= tail_end).then_some((l.flush_lsn, l.acknowledged_lsn))
+        },
+    ) {
+        Ok(ends) => ends,
+        Err(e) => panic!("{e:#}\n{}", m.logs()),
+    };
+    assert!(
+        acknowledged <= own_end,
+        "n{leader} acknowledges up to {acknowledged} with only {own_end} durable on it (rule 1)"
+    );
     // The standby loses etcd before the leader goes, so that it cannot campaign.
     m.etcd_links[sync].close();
     m.etcd_links[sync].cut();

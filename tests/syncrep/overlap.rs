@@ -541,3 +541,41 @@ fn the_primary_archives_nothing_past_the_commit_point() {
         "uploaded before the standby's flush: {status:?}"
     );
 }
+
+/// Rule 4 across a restart: the commit point a standby was told is on its disk before its
+/// readers are served up to it, so a standby restarted with a tail longer than its new
+/// upstream's WAL, whose end lies below that point, refuses the cut and alarms before any
+/// upstream has told it a commit point again.
+#[test]
+fn a_restarted_standby_refuses_to_cut_below_the_commit_point_it_stored() {
+    let primary = TestNode::primary(&format!(
+        "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}"
+    ));
+    let tli = primary.wal().timeline();
+    let s1 = standby_of(&primary, "s1", OVERLAP);
+    let s2 = standby_of(&primary, "s2", OVERLAP);
+    wait_streaming(&primary, &["s1", "s2"]);
+    let base = append(&primary, b"before", Durability::On).unwrap();
+    s2.wait_flushed(tli, base);
+    // s2 stops following: its WAL ends at `base`.
+    s2.reload_with(&format!(
+        "{OVERLAP}\nprimary_conninfo = 'host=127.0.0.1 port=1 user=repl'"
+    ));
+    s2.wait_not_streaming();
+    let end = append(&primary, b"acknowledged", Durability::On).unwrap();
+    // What s1 shows (and serves its readers up to) is the point it stored.
+    assert_eq!(wait_commit_point(&s1, end), end);
+    drop(primary);
+
+    let dir = s1.down(Down::Immediate);
+    let s1 = TestNode::start_in(
+        dir,
+        &format!("{OVERLAP}\nprimary_conninfo = '{}'", s2.conninfo("s1")),
+    );
+    wait_until("the refusal's alarm", || s1.status().commit.alarm.is_some());
+    let status = s1.status();
+    assert!(status.commit.tail_cut_refusals >= 1, "{status:?}");
+    assert_eq!(status.commit.tail_cuts, 0);
+    assert_eq!(status.commit.commit_point, Some(end));
+    assert_eq!(s1.wal().flushed(), end, "nothing acknowledged was cut");
+}

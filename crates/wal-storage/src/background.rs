@@ -41,7 +41,7 @@ use wal_types::{Lsn, TimelineId};
 use crate::io::{on_tmpfs, Io, FP_PREALLOC};
 use crate::naming::{parse_segment_file_name, segment_file_name};
 use crate::slots::{keep_segno, SlotPaths, SlotTable};
-use crate::state::{BgRequest, Inner};
+use crate::state::{BgRequest, CommitBound, Inner};
 use crate::{Result, WalError};
 
 /// Starts the background thread, which serves `rx` until it reads `Shutdown`.
@@ -64,7 +64,24 @@ fn bg_main(inner: Arc<Inner>, rx: Receiver<BgRequest>) {
                 }
             }
             BgRequest::PersistSlots => persist_dirty_slots(&inner),
+            BgRequest::PersistCommitPoint => persist_commit_point(&inner),
             BgRequest::Shutdown => break,
+        }
+    }
+}
+
+/// Writes the newest commit point the upstream told and publishes it once it is durable
+/// (`told.rs`). A failure leaves the published point where it was, the safe side; the next
+/// point told queues another try.
+fn persist_commit_point(inner: &Inner) {
+    match inner.told.persist(&inner.io, &inner.tmp) {
+        Ok(Some(c)) => inner.update_commit(|old| match old {
+            CommitBound::Told(o) => CommitBound::Told(o.max(c)),
+            other => other,
+        }),
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "could not store the commit point; readers stay at the last one stored")
         }
     }
 }

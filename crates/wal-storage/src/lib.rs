@@ -165,12 +165,12 @@
 //! metrics, powerloss, crash ← io                             counters; power loss; crash points
 //! kind, naming, tail, io ← error ← config, history, format   types, names, formats, file ops
 //! health                                                     the state of the failure policy
-//! io ← durable ← files ← slots, archived                     small durable files, slot rules
+//! io ← durable ← files ← slots, archived, told               small durable files, slot rules
 //! io ← segments ← scan ← staged                             segment files, record boundaries
-//! files, slots, segments, tail ← state                       Inner, positions, reads
+//! files, slots, segments, tail, told ← state                 Inner, positions, reads
 //! state ← background, reader                                 prealloc, retention; records
 //! state, background, scan, staged ← writer ← timeline        group commit; promote, truncate
-//! state, scan, files, slots, background ← recovery           init, open, tail scan, report
+//! state, scan, files, slots, told, background ← recovery     init, open, tail scan, report
 //! recovery, writer, timeline, reader ← wal                   the `Wal` handle
 //! ```
 //!
@@ -184,9 +184,11 @@
 //! end, except that under the overlapped commit [`Wal::read_cached_written`] serves the batch
 //! whose fdatasync runs (for synchronous walserver standbys, which cut back what was never
 //! acknowledged); a timeline's WAL below its switch point never changes. Under the overlapped
-//! commit a node also holds, in memory only, the commit point it knows ([`CommitBound`]:
-//! its own on a primary, told by the upstream on a standby), published with the position
-//! ([`WalPosition::committed`], [`WalPosition::sendable`]) for its readers to stop at.
+//! commit a node also holds the commit point it knows ([`CommitBound`]: its own on a primary,
+//! in memory only; told by the upstream on a standby, published only once it is durable in
+//! `DATA/commit_point` (`told.rs`), so a restarted standby still knows it), published with
+//! the position ([`WalPosition::committed`], [`WalPosition::sendable`]) for its readers to
+//! stop at.
 
 mod archived;
 mod background;
@@ -215,6 +217,7 @@ mod staged;
 mod state;
 mod tail;
 mod timeline;
+mod told;
 mod wal;
 mod writer;
 

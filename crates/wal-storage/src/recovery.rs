@@ -35,6 +35,7 @@ use crate::scan::{find_scan_start, first_boundary_from, FileSource};
 use crate::segments::{SegmentFiles, View};
 use crate::slots::SlotTable;
 use crate::state::{BgRequest, Inner, TimelineState, WalPosition};
+use crate::told::ToldCommit;
 use crate::{HistoryEntry, Result, Role, StorageConfig, WalError, WalFormat};
 
 /// How to make a new data directory.
@@ -347,6 +348,7 @@ fn open_locked(
         oldest_retained: AtomicU64::new(oldest.0),
         slots: carried.slots,
         archive: carried.archive,
+        told: carried.told,
         bg_tx,
         tail: Default::default(),
         recycled,
@@ -564,6 +566,7 @@ fn oldest_retained(on_disk: &OnDisk, view: &View, seg: u64, end: Lsn, wal_start:
 struct Carried {
     slots: Arc<Mutex<SlotTable>>,
     archive: Arc<Mutex<ArchiveHold>>,
+    told: Arc<ToldCommit>,
     pos_tx: watch::Sender<WalPosition>,
     slot_released: watch::Sender<u64>,
     slots_moved: watch::Sender<u64>,
@@ -590,6 +593,7 @@ fn carry_over(
             Carried {
                 slots: p.slots.clone(),
                 archive: p.archive.clone(),
+                told: p.told.clone(),
                 pos_tx: p.pos_tx.clone(),
                 slot_released: p.slot_released.clone(),
                 slots_moved: p.slots_moved.clone(),
@@ -600,6 +604,7 @@ fn carry_over(
         None => Carried {
             slots: Arc::new(Mutex::new(SlotTable::load(io, slots_dir)?)),
             archive: Arc::new(Mutex::new(ArchiveHold::load(io, dir)?)),
+            told: Arc::new(ToldCommit::load(io, dir)?),
             pos_tx: watch::channel(st.position()).0,
             slot_released: watch::channel(0).0,
             slots_moved: watch::channel(0).0,

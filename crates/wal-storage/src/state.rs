@@ -29,6 +29,7 @@ use crate::recycle::RecyclePool;
 use crate::segments::{SegmentFiles, View, WalFileRange};
 use crate::slots::{SlotPaths, SlotTable};
 use crate::tail::TailCache;
+use crate::told::ToldCommit;
 use crate::{HistoryEntry, Result, Role, StorageConfig, WalError, WalFormat};
 
 /// Where the WAL stands: what the writer thread publishes after each write and each fsync.
@@ -97,7 +98,7 @@ pub(crate) struct TimelineState {
     pub flushed: Lsn,
     /// The role the control data records; it changes with the timeline at a promotion.
     pub role: Option<Role>,
-    /// The commit point this node knows; memory only (a restarted node learns it again).
+    /// The commit point this node knows: a told one as far as it is durable (`told.rs`).
     pub commit: CommitBound,
 }
 
@@ -141,6 +142,8 @@ pub(crate) enum BgRequest {
     Retain,
     /// Write the slots whose restart point moved to disk.
     PersistSlots,
+    /// Write the newest commit point the upstream told, then publish it (`told.rs`).
+    PersistCommitPoint,
     Shutdown,
 }
 
@@ -168,6 +171,8 @@ pub(crate) struct Inner {
     pub slots: Arc<Mutex<SlotTable>>,
     /// The archive's hold on retention (`archived.rs`); shared with a reopening like the slots.
     pub archive: Arc<Mutex<ArchiveHold>>,
+    /// The commit point the upstream told, on disk and wanted there; shared with a reopening.
+    pub told: Arc<ToldCommit>,
     /// Feeds the background thread (preallocation, retention, slot persistence).
     pub bg_tx: Sender<BgRequest>,
     /// The last small durable batches, for readers at the end of WAL.

@@ -613,13 +613,27 @@ impl Wal {
 
     /// Sets the commit point the upstream told this standby, or `None` for an upstream that
     /// carries none (every byte it sends is acknowledged as far as it knows). Every reader
-    /// here stops at it ([`WalPosition::sendable`]). It never moves back while told: a
+    /// here stops at it ([`WalPosition::sendable`]), as far as it is durable: the background
+    /// thread stores the newest one told in `DATA/commit_point` and publishes it then
+    /// (`told.rs`), so a restarted standby still knows the point it served readers up to.
+    /// Memory only here, for the walreceiver's thread. It never moves back while told: a
     /// commit point is acknowledged WAL, and an upstream that knows less (one that lags) does
     /// not make it less. A promotion forgets it.
     pub fn set_told_commit_point(&self, c: Option<Lsn>) {
-        self.inner().update_commit(|old| match (old, c) {
-            (CommitBound::Told(o), Some(c)) => CommitBound::Told(o.max(c)),
-            (_, Some(c)) => CommitBound::Told(c),
+        let inner = self.inner();
+        let stored = match c {
+            Some(c) => {
+                let (stored, queue) = inner.told.want(c);
+                if queue {
+                    let _ = inner.bg_tx.send(BgRequest::PersistCommitPoint);
+                }
+                Some(stored.unwrap_or(Lsn::INVALID))
+            }
+            None => None,
+        };
+        inner.update_commit(|old| match (old, stored) {
+            (CommitBound::Told(o), Some(s)) => CommitBound::Told(o.max(s)),
+            (_, Some(s)) => CommitBound::Told(s),
             (_, None) => CommitBound::None,
         });
     }

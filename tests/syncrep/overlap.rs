@@ -579,3 +579,48 @@ fn a_restarted_standby_refuses_to_cut_below_the_commit_point_it_stored() {
     assert_eq!(status.commit.commit_point, Some(end));
     assert_eq!(s1.wal().flushed(), end, "nothing acknowledged was cut");
 }
+
+/// Rule 5's one exception: after a clean shutdown (the mark written after the last flush) a
+/// primary goes on on its timeline, and its standby follows with nothing to cut; after a
+/// kill -9 it begins a new one, also when the run before the kill had itself started after a
+/// clean shutdown and appended nothing durable (the mark, taken at that start, names the same
+/// end: only its removal keeps that kill from passing for clean).
+#[test]
+fn a_clean_restart_keeps_the_timeline_and_a_killed_one_begins_a_new_one() {
+    let primary = TestNode::primary(&format!(
+        "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}"
+    ));
+    let extra = primary.extra_toml();
+    let tli = primary.wal().timeline();
+    let s1 = standby_of(&primary, "s1", OVERLAP);
+    wait_streaming(&primary, &["s1"]);
+    let end = append(&primary, b"before the clean shutdown", Durability::On).unwrap();
+    let port = primary.addr().port();
+    let listen = format!("127.0.0.1:{port}");
+    let restart = |primary: TestNode, how: Down| {
+        let dir = primary.down(how);
+        TestNode::start_listening(dir, &listen, &extra)
+    };
+
+    let primary = restart(primary, Down::Immediate);
+    let pos = primary.wal().position();
+    assert_eq!(
+        (pos.timeline, pos.flushed),
+        (tli, end),
+        "resumed where it stopped"
+    );
+    // The standby follows on the same timeline, with nothing to cut.
+    wait_streaming(&primary, &["s1"]);
+    let next = append(&primary, b"after the clean restart", Durability::On).unwrap();
+    s1.wait_flushed(tli, next);
+    common::cluster::assert_same_wal(&primary, &s1, tli, Lsn(1 << 20), next);
+    assert_eq!(s1.status().commit.tail_cuts, 0);
+
+    // Clean again, then killed before any append: the start between took the mark.
+    let primary = restart(primary, Down::Immediate);
+    assert_eq!(primary.wal().timeline(), tli);
+    let primary = restart(primary, Down::Kill);
+    let pos = primary.wal().position();
+    assert!(pos.timeline > tli, "a killed primary resumed {tli}");
+    assert_eq!(pos.flushed, next);
+}

@@ -439,10 +439,16 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         if signals {
             settle_role(&data_dir, &wal, is_standby)?;
         }
+        // Taken at every start, before anything is appended, so that a crash after this
+        // start is never taken for a clean shutdown. After a clean one no standby holds a
+        // byte this node lacks, and the timeline goes on (`Supervisor`'s `ShutdownDone`).
+        let clean = wal.take_clean_shutdown_mark()?;
         // Before the listener and the supervisor exist, so nothing is appended or streamed
         // on the old timeline past what recovery found. Relayed PostgreSQL WAL takes no
         // appends here, so it has no timeline to protect.
-        if new_timeline && wal.format() == WalFormat::Walserver {
+        if new_timeline && clean {
+            tracing::info!(timeline = %wal.timeline(), "the last shutdown was clean: the timeline goes on");
+        } else if new_timeline && wal.format() == WalFormat::Walserver {
             let (timeline, switch_lsn) =
                 wal.promote("restarted under synchronous_commit_overlap")?;
             tracing::info!(%timeline, switch = %switch_lsn, "a new timeline before the first append: the overlapped commit never resumes a primary's timeline");

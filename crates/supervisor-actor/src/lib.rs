@@ -20,7 +20,9 @@
 //! - under the overlapped commit (`synchronous_commit_overlap`) a primary never resumes its
 //!   timeline (rule 5, `walsender_actor::overlap::starts_new_timeline`): [`NodeBuilder`]
 //!   starts a new one at the durable end before the listener exists, because a synchronous
-//!   standby may hold a tail of the old one that this node lost; under a failover actor the
+//!   standby may hold a tail of the old one that this node lost, unless the last shutdown was
+//!   clean (storage's mark, written at `ShutdownNode` after the last flush and taken at every
+//!   start, `Wal::take_clean_shutdown_mark`); under a failover actor the
 //!   term it takes up brings the new timeline instead ([`PromoteForTerm`] on a primary), and
 //!   a reopening of failed storage (which drops what was written after the last good sync)
 //!   brings one too, with appends refused and the walsenders held until it is made;

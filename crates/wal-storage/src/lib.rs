@@ -165,13 +165,13 @@
 //! metrics, powerloss, crash ← io                             counters; power loss; crash points
 //! kind, naming, tail, io ← error ← config, history, format   types, names, formats, file ops
 //! health                                                     the state of the failure policy
-//! io ← durable ← files ← slots, archived, told               small durable files, slot rules
+//! io ← durable ← files ← slots, archived, told, clean        small durable files, slot rules
 //! io ← segments ← scan ← staged                             segment files, record boundaries
 //! files, slots, segments, tail, told ← state                 Inner, positions, reads
 //! state ← background, reader                                 prealloc, retention; records
-//! state, background, scan, staged ← writer ← timeline        group commit; promote, truncate
+//! state, background, scan, staged, clean ← writer ← timeline group commit; promote, truncate
 //! state, scan, files, slots, told, background ← recovery     init, open, tail scan, report
-//! recovery, writer, timeline, reader ← wal                   the `Wal` handle
+//! recovery, writer, timeline, reader, clean ← wal            the `Wal` handle
 //! ```
 //!
 //! [`durable`] is public: the standby signal and the supervisor's removal of it use the same
@@ -192,6 +192,7 @@
 
 mod archived;
 mod background;
+mod clean;
 mod config;
 #[cfg(feature = "failpoints")]
 pub mod crash;

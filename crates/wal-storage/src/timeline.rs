@@ -125,6 +125,14 @@ impl Writer {
         Ok(())
     }
 
+    /// Writes the clean-shutdown mark (`clean.rs`) at the durable end, which between batches
+    /// is the end of everything written.
+    pub(crate) fn mark_clean_shutdown(&mut self) -> Result<()> {
+        let tli = self.inner.state().tli;
+        let end = self.durable_end();
+        crate::clean::write(&self.inner.io, &self.inner.tmp, &self.inner.dir, tli, end)
+    }
+
     pub(crate) fn store_history(&mut self, tli: TimelineId, bytes: &[u8]) -> Result<()> {
         let target = self.inner.pg_wal().join(history_file_name(tli));
         write_atomic_with(&self.inner.io, &self.inner.tmp, &target, bytes)

@@ -711,6 +711,25 @@ impl Wal {
         rx.recv().map_err(|_| WalError::Closed)?
     }
 
+    /// Records a clean shutdown (`clean.rs`): on the writer thread, after everything written
+    /// so far is durable, the timeline and durable end go into `DATA/clean_shutdown`. Call it
+    /// once nothing more will be appended or sent. Refused when storage has failed: that
+    /// shutdown was not clean. Blocks until done.
+    pub fn mark_clean_shutdown(&self) -> Result<()> {
+        self.control(|w| w.mark_clean_shutdown())
+    }
+
+    /// Takes the clean-shutdown mark, removing it durably, and says whether it records exactly
+    /// this opening's timeline and durable end: whether the last run ended cleanly. Call it at
+    /// every start before anything is appended, so that a crash after this start is never
+    /// taken for clean. Blocks (it removes a file and syncs the directory).
+    pub fn take_clean_shutdown_mark(&self) -> Result<bool> {
+        let inner = self.inner();
+        let mark = crate::clean::take(&inner.io, &inner.dir)?;
+        let pos = inner.state().position();
+        Ok(mark == Some((pos.timeline, pos.flushed)))
+    }
+
     /// Starts a new timeline at the end of the last complete record at or below the durable
     /// end, writes its history file, and publishes it. The control data records the new
     /// timeline and the role [`Role::Primary`] in one atomic write, the promotion's commit

@@ -543,12 +543,30 @@ impl Handler<ShutdownDone> for Supervisor {
     fn handle(&mut self, _: ShutdownDone, ctx: &mut Context<Self>) {
         // Storage last: every acknowledged write is already durable; dropping the supervisor's
         // handle lets the writer thread finish once the other holders are gone.
-        self.wal = None;
+        let wal = self.wal.take();
+        // A primary under the overlapped commit records the clean shutdown, so that its next
+        // start may go on on its timeline (rule 5): the walsenders are gone and nothing more
+        // is appended, and storage writes the mark after everything written is durable.
+        let mark = wal.filter(|_| {
+            self.role == NodeRole::Primary
+                && !self.promoting
+                && self.shared.settings().session.commit_overlap
+        });
         // The arbiters' threads hold the walsenders' and the walreceiver's storage handles
         // until their event loops end: wait for that (off this thread) before answering, so
         // that a node reopened on the same data directory right after finds it unlocked.
         let arbiters = std::mem::take(&mut self.arbiters);
-        let joined = tokio::task::spawn_blocking(move || join_arbiters(arbiters));
+        let joined = tokio::task::spawn_blocking(move || {
+            if let Some(wal) = mark {
+                match wal.mark_clean_shutdown() {
+                    Ok(()) => tracing::info!("recorded a clean shutdown"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not record a clean shutdown; the next start begins a new timeline")
+                    }
+                }
+            }
+            join_arbiters(arbiters)
+        });
         ctx.spawn(joined.into_actor(self).map(|_, act, ctx| {
             for w in act.shutdown_waiters.drain(..) {
                 let _ = w.send(());

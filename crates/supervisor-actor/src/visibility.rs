@@ -142,7 +142,9 @@ impl Visibility {
     }
 
     /// Keeps the acknowledged end current until storage or the supervisor is gone. Each turn
-    /// waits for an event; none polls.
+    /// waits for an event; none polls. It holds storage only while a turn runs: the task
+    /// ends with the supervisor's context, after the supervisor has answered its shutdown,
+    /// and a node reopened on the same data directory at once must find it unlocked.
     pub(crate) fn run(&self, wal: &Wal) -> impl std::future::Future<Output = ()> + 'static {
         // Through the thread's relay, shared with the walsenders or the walreceiver on it.
         let mut flushed = actor_util::relayed(wal.subscribe());
@@ -150,10 +152,13 @@ impl Visibility {
         let mut rule = self.rule.subscribe();
         let acknowledged = self.acknowledged.clone();
         let gate = self.gate.clone();
-        let own = self.overlap.then(|| wal.clone());
-        let wal = wal.clone();
+        let overlap = self.overlap;
+        let weak = wal.downgrade();
         async move {
             loop {
+                let Some(wal) = weak.upgrade() else {
+                    return;
+                };
                 let r = *rule.borrow_and_update();
                 let pos = *flushed.borrow_and_update();
                 let c = *confirmed.borrow_and_update();
@@ -172,9 +177,10 @@ impl Visibility {
                 // Without a synchronous rule the flush itself is the commit point. Storage
                 // ignores this on a standby, which keeps what its upstream told; a change
                 // wakes this loop once more, to find nothing changed.
-                if let Some(wal) = &own {
+                if overlap {
                     wal.set_own_commit_point(g);
                 }
+                drop(wal);
                 let alive = tokio::select! {
                     r = flushed.changed() => r.is_ok(),
                     r = confirmed.changed() => r.is_ok(),

@@ -248,4 +248,4 @@ pub use recovery::{InitOptions, RecoveryReport};
 pub use segments::WalFileRange;
 pub use slots::{validate_slot_name, SlotInfo, WalStatus};
 pub use state::{CommitBound, WalPosition};
-pub use wal::{AppendTicket, SlotGuard, Ticket, Wal, WriteTicket};
+pub use wal::{AppendTicket, SlotGuard, Ticket, Wal, WeakWal, WriteTicket};

@@ -49,6 +49,21 @@ pub struct Wal {
     shared: Arc<Shared>,
 }
 
+/// A handle on a [`Wal`] that does not keep it open: a task that lives as long as its actor,
+/// not as long as storage, holds this, so that storage (and the data directory's lock) goes
+/// with the last real handle and not whenever that task happens to be dropped.
+#[derive(Clone, Debug)]
+pub struct WeakWal {
+    shared: std::sync::Weak<Shared>,
+}
+
+impl WeakWal {
+    /// The storage, while some [`Wal`] still holds it open.
+    pub fn upgrade(&self) -> Option<Wal> {
+        self.shared.upgrade().map(|shared| Wal { shared })
+    }
+}
+
 /// What every clone shares, for the life of the handle.
 #[derive(Debug)]
 struct Shared {
@@ -401,6 +416,13 @@ impl Wal {
         (inner.io)
             .read_file_if_exists(&path)
             .map_err(|e| WalError::io(format!("reading {}", path.display()), e))
+    }
+
+    /// A handle that does not keep this storage open.
+    pub fn downgrade(&self) -> WeakWal {
+        WeakWal {
+            shared: Arc::downgrade(&self.shared),
+        }
     }
 
     /// Where timeline `tli` ended, if it is an ancestor of the current one.

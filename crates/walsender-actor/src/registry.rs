@@ -27,7 +27,7 @@ use crate::syncrep::{
     decide, Confirmed, StandbyPositions, SyncPositions, SyncStandbyNames, Waiters,
 };
 use crate::WalSender;
-use wal_storage::Wal;
+use wal_storage::{Wal, WeakWal};
 
 struct Entry {
     addr: Addr<WalSender>,
@@ -51,8 +51,10 @@ pub struct WalSenderRegistry {
     /// timeline, each field on its own: once acknowledged, WAL stays acknowledged whoever is
     /// synchronous later. A new timeline keeps what lies below its switch point.
     confirmed: tokio::sync::watch::Sender<Confirmed>,
-    /// The node's storage, for its current timeline and history at each decision.
-    wal: Wal,
+    /// The node's storage, for its current timeline and history at each decision. Weak: the
+    /// registry may outlive the node's shutdown by a moment, and storage (with the data
+    /// directory's lock) must go with the node's last real handle.
+    wal: WeakWal,
 }
 
 impl WalSenderRegistry {
@@ -71,7 +73,7 @@ impl WalSenderRegistry {
             held: false,
             hold_waiters: Vec::new(),
             confirmed: tokio::sync::watch::channel(confirmed).0,
-            wal,
+            wal: wal.downgrade(),
         }
     }
 
@@ -92,8 +94,12 @@ impl WalSenderRegistry {
     /// standbys now cover. Runs on every event that can change either: a reply, a walsender
     /// coming or going, a new setting.
     fn recompute(&mut self) {
-        let current = self.wal.timeline();
-        let ended_at = |t| self.wal.timeline_end(t);
+        // Storage gone: the node has shut down, and nothing is left to decide.
+        let Some(wal) = self.wal.upgrade() else {
+            return;
+        };
+        let current = wal.timeline();
+        let ended_at = |t| wal.timeline_end(t);
         let mut standbys = Vec::new();
         for (pid, e) in &self.connections {
             if let Some(st) = &e.status {

@@ -213,7 +213,6 @@ fn a_restarted_old_leader_follows_the_new_one() -> Result<()> {
         let (winner, new_term) = first_to_lead(&mut b, &mut c, SETTLE).await?;
         // The storage lock goes with the last handle of the old node's storage.
         drop(a);
-        wait_unlocked(&dir.join("a"), SETTLE).await?;
         let node = start_primary(&dir.join("a")).await?;
         assert!(
             !node.fence.may_acknowledge(Instant::now()),

@@ -241,25 +241,6 @@ pub(crate) async fn stop(m: &Member, release: bool) -> Result<Instant> {
     Ok(stopped)
 }
 
-/// Waits until no task of a stopped node holds its data directory's lock, at most `within`.
-/// The supervisor answers `ShutdownNode` before the futures it spawned (each holding the
-/// node's storage) are dropped, and nothing reports when they are; so this tries the lock, as
-/// the next node will, yielding to the System between tries so those futures can end.
-pub(crate) async fn wait_unlocked(data_dir: &Path, within: Duration) -> Result<()> {
-    let lock = std::fs::OpenOptions::new()
-        .write(true)
-        .open(data_dir.join("walserver.lock"))
-        .context("open the data directory's lock file")?;
-    let deadline = Instant::now() + within;
-    while lock.try_lock().is_err() {
-        if Instant::now() > deadline {
-            bail!("the stopped node still holds {}", data_dir.display());
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    Ok(())
-}
-
 /// Whichever of `b` and `c` leads first, and its term.
 pub(crate) async fn first_to_lead(
     b: &mut Member,

@@ -34,9 +34,9 @@ use serde::{Deserialize, Serialize};
 use wal_types::Lsn;
 
 use crate::durable::{remove_with, write_atomic_with};
-use crate::files::{decode_envelope, encode_envelope, FILE_VERSION};
+use crate::files::{decode_envelope, encode_envelope, read_if_exists, FILE_VERSION};
 use crate::io::Io;
-use crate::{Result, WalError};
+use crate::Result;
 
 const KIND: &str = "archive";
 
@@ -67,10 +67,7 @@ impl ArchiveHold {
     /// Reads `DATA/archive_status`, if there is one.
     pub(crate) fn load(io: &Io, dir: &Path) -> Result<ArchiveHold> {
         let path = dir.join("archive_status");
-        let archived = match io
-            .read_file_if_exists(&path)
-            .map_err(|e| WalError::io(format!("reading {}", path.display()), e))?
-        {
+        let archived = match read_if_exists(io, &path)? {
             Some(bytes) => Some(decode_envelope::<ArchiveFile>(KIND, &path, &bytes)?.archived),
             None => None,
         };
@@ -141,6 +138,7 @@ impl ArchiveHold {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::WalError;
 
     #[test]
     fn hold_advances_forward_only_and_survives_reload() {

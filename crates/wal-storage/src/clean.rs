@@ -21,9 +21,9 @@ use serde::{Deserialize, Serialize};
 use wal_types::{Lsn, TimelineId};
 
 use crate::durable::{remove_with, write_atomic_with};
-use crate::files::{decode_envelope, encode_envelope, FILE_VERSION};
+use crate::files::{decode_envelope, encode_envelope, read_if_exists, FILE_VERSION};
 use crate::io::Io;
-use crate::{Result, WalError};
+use crate::Result;
 
 const KIND: &str = "clean";
 const FILE: &str = "clean_shutdown";
@@ -49,10 +49,7 @@ pub(crate) fn write(io: &Io, tmp: &Path, dir: &Path, timeline: TimelineId, end: 
 /// and counts as none: the safe side is a new timeline.
 pub(crate) fn take(io: &Io, dir: &Path) -> Result<Option<(TimelineId, Lsn)>> {
     let path = dir.join(FILE);
-    let Some(bytes) = io
-        .read_file_if_exists(&path)
-        .map_err(|e| WalError::io(format!("reading {}", path.display()), e))?
-    else {
+    let Some(bytes) = read_if_exists(io, &path)? else {
         return Ok(None);
     };
     let mark = decode_envelope::<MarkFile>(KIND, &path, &bytes).ok();

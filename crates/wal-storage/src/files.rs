@@ -20,6 +20,13 @@ pub(crate) const FILE_VERSION: u32 = 1;
 // The CRC32C (8 hex digits) covers the JSON body bytes. The body carries `"version": 1`; an
 // unknown version is refused with an error naming it.
 
+/// The bytes of a small file beside `pg_wal`, or `None` if there is none; an error names the
+/// file.
+pub(crate) fn read_if_exists(io: &Io, path: &Path) -> Result<Option<Vec<u8>>> {
+    io.read_file_if_exists(path)
+        .map_err(|e| WalError::io(format!("reading {}", path.display()), e))
+}
+
 pub(crate) fn encode_envelope<T: Serialize>(kind: &str, body: &T) -> Vec<u8> {
     let json = serde_json::to_vec_pretty(body).expect("control data serializes");
     let mut out = format!("walserver-{kind} crc32c={:08x}\n", crc32c::crc32c(&json)).into_bytes();

@@ -28,9 +28,9 @@ use serde::{Deserialize, Serialize};
 use wal_types::Lsn;
 
 use crate::durable::write_atomic_with;
-use crate::files::{decode_envelope, encode_envelope, FILE_VERSION};
+use crate::files::{decode_envelope, encode_envelope, read_if_exists, FILE_VERSION};
 use crate::io::Io;
-use crate::{Result, WalError};
+use crate::Result;
 
 const KIND: &str = "commit";
 
@@ -59,10 +59,7 @@ impl ToldCommit {
     /// Reads `DATA/commit_point`, if there is one.
     pub(crate) fn load(io: &Io, dir: &Path) -> Result<ToldCommit> {
         let path = dir.join("commit_point");
-        let persisted = match io
-            .read_file_if_exists(&path)
-            .map_err(|e| WalError::io(format!("reading {}", path.display()), e))?
-        {
+        let persisted = match read_if_exists(io, &path)? {
             Some(bytes) => Some(decode_envelope::<CommitFile>(KIND, &path, &bytes)?.commit_point),
             None => None,
         };
@@ -121,6 +118,7 @@ impl ToldCommit {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::WalError;
 
     #[test]
     fn the_newest_wanted_point_is_written_once_and_survives_reload() {

@@ -413,9 +413,7 @@ impl Wal {
     pub fn history_file(&self, tli: TimelineId) -> Result<Option<Vec<u8>>> {
         let inner = self.inner();
         let path = inner.pg_wal().join(history_file_name(tli));
-        (inner.io)
-            .read_file_if_exists(&path)
-            .map_err(|e| WalError::io(format!("reading {}", path.display()), e))
+        crate::files::read_if_exists(&inner.io, &path)
     }
 
     /// A handle that does not keep this storage open.

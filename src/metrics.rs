@@ -183,6 +183,14 @@ fn receiver_families(out: &mut Families, s: &Snapshot) {
             out.sample(name, &[], l.0);
         }
     }
+    let name = "walserver_walreceiver_archive_alarm";
+    out.family(
+        name,
+        Kind::Gauge,
+        "1 while the walreceiver is stopped because the archive it would fill a gap from \
+         belongs to another system.",
+    );
+    out.sample(name, &[], u8::from(info.archive_alarm.is_some()));
     let name = "walserver_walreceiver_last_message_age_seconds";
     out.family(
         name,

@@ -17,6 +17,13 @@
 //!   target would then end early at WAL the archive holds and fork a new timeline over it;
 //!   above 125 PostgreSQL stops recovery with an error instead, which a person can act on.
 //!
+//! It does not read the archive's identity (`wal_archive::IDENTITY_FILE`), as walserver's
+//! own readers do: it has no system identifier to compare with (the data directory is
+//! PostgreSQL's), and PostgreSQL compares its own with the one every segment's first page
+//! header carries, refusing a segment of another system ("WAL file is from different
+//! database system"); an archive that PostgreSQL's `archive_command` filled, without an
+//! identity, is served as any other.
+//!
 //! Prefetch (`--prefetch N`, as WAL-G does): PostgreSQL asks for one segment at a time and
 //! waits for each, so a restore from a remote store pays a round trip per segment. With
 //! `--prefetch N`, a segment served also starts a background `walserver restore-wal` (its

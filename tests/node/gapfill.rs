@@ -2,7 +2,8 @@
 //! archive, then streams: a primary archives to a directory with `wal_keep_size = 0`, so
 //! retention removes each segment once archived; a standby stopped meanwhile comes back
 //! behind the primary's oldest segment. A gap the archive lacks too stays an error that
-//! `/status` names, and the node goes on answering.
+//! `/status` names, and the node goes on answering. An archive of another system fills
+//! nothing, however well its names fit.
 
 use std::path::Path;
 
@@ -34,6 +35,15 @@ fn standby_settings(primary: &TestNode, archive: &Path) -> String {
 /// A standby of `primary` that streamed from it and was stopped; returns its directory and
 /// the end of its WAL.
 fn stopped_standby(primary: &TestNode, archive: &Path) -> (tempfile::TempDir, Lsn) {
+    stopped_standby_after(primary, archive, 8)
+}
+
+/// As [`stopped_standby`], after `records` appends of 32 KiB on `primary`.
+fn stopped_standby_after(
+    primary: &TestNode,
+    archive: &Path,
+    records: usize,
+) -> (tempfile::TempDir, Lsn) {
     let dir = tempfile::tempdir().unwrap();
     walserver_node::init::init_standby(
         &dir.path().join("data"),
@@ -43,7 +53,7 @@ fn stopped_standby(primary: &TestNode, archive: &Path) -> (tempfile::TempDir, Ls
     )
     .expect("init the standby");
     let standby = TestNode::start_in(dir, &standby_settings(primary, archive));
-    let end = primary.append(8, 32 << 10, 1);
+    let end = primary.append(records, 32 << 10, 1);
     wait_until("the standby to receive", || standby.wal().flushed() >= end);
     let end = standby.wal().flushed();
     (standby.stop(), end)
@@ -176,4 +186,75 @@ fn a_gap_the_archive_also_lacks_is_an_error_in_status() {
         end,
         "nothing was taken past the gap"
     );
+}
+
+/// An archive that names another system holds WAL under the same names: a standby whose
+/// `archive_target` points there takes nothing from it, neither to fill its gap nor (under
+/// `archive_mode = on`) to let its hold go, and says so in `/status` and `/metrics`; pointed
+/// at its own archive, it fills the gap and streams.
+#[test]
+fn a_standby_takes_nothing_from_another_system_s_archive_and_alarms() {
+    let archive = tempfile::tempdir().unwrap();
+    let primary = primary(archive.path());
+    // Past two segments, so that the standby's hold has whole segments to follow.
+    let (dir, end) = stopped_standby_after(&primary, archive.path(), 80);
+    assert!(end.segment_number(SEG) >= 3, "{end}");
+    remove_past(&primary, end);
+    // Another system's archive: its identity names another system; its objects are this
+    // primary's, so that only the identity tells them apart (a fill from it would succeed).
+    let ours = primary.wal().system_id();
+    let theirs = wal_types::SystemId(ours.0 ^ 0x5a5a);
+    let foreign = tempfile::tempdir().unwrap();
+    wal_archive::ArchiveTarget::Directory(foreign.path().into())
+        .claim(theirs)
+        .expect("name the other system");
+    for entry in std::fs::read_dir(archive.path()).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if !name.starts_with(wal_archive::IDENTITY_FILE) {
+            std::fs::copy(archive.path().join(&name), foreign.path().join(&name)).unwrap();
+        }
+    }
+    let settings = |archive: &Path| {
+        format!(
+            "{}archive_mode = \"on\"\n",
+            standby_settings(&primary, archive)
+        )
+    };
+    let standby = TestNode::start_in(dir, &settings(foreign.path()));
+    let receiver_said = format!("belongs to system {theirs}, not to this node's system {ours}");
+    let archiver_said = format!("belongs to system {theirs}, not to system {ours}");
+    wait_until(
+        "the walreceiver's and the archiver's alarms in /status",
+        || {
+            let status = standby.http_get("/status");
+            let says = |alarm: &serde_json::Value, what: &str| {
+                alarm.as_str().is_some_and(|a| a.contains(what))
+            };
+            says(&status["wal_receiver"]["archive_alarm"], &receiver_said)
+                && says(&status["archiver"]["alarm"], &archiver_said)
+        },
+    );
+    let m = crate::metrics::scrape(&standby);
+    assert_eq!(m.get("walserver_walreceiver_archive_alarm"), 1.0);
+    assert_eq!(m.get("walserver_archive_alarm"), 1.0);
+    assert_eq!(standby.wal().flushed(), end, "nothing was filled from it");
+    let held = standby.wal().archived().expect("a standby under on holds");
+    assert!(
+        held < end.segment_start(SEG),
+        "the hold followed another system's archive to {held}"
+    );
+    let dir = standby.stop();
+
+    let standby = TestNode::start_in(dir, &settings(archive.path()));
+    let last = primary.append(8, 32 << 10, 9);
+    wait_until("the standby to fill its gap from its own archive", || {
+        standby.wal().flushed() >= last
+    });
+    assert_same_wal(&standby, &primary, archive.path(), end, last);
+    wait_until("the alarms to clear", || {
+        let status = standby.http_get("/status");
+        status["wal_receiver"]["archive_alarm"].is_null() && status["archiver"]["alarm"].is_null()
+    });
+    let m = crate::metrics::scrape(&standby);
+    assert_eq!(m.get("walserver_walreceiver_archive_alarm"), 0.0);
 }

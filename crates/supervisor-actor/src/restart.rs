@@ -135,7 +135,8 @@ pub fn is_persistent(e: &ReceiverError) -> bool {
         | ReceiverError::Authentication { .. }
         | ReceiverError::Tls { .. }
         | ReceiverError::Storage { .. }
-        | ReceiverError::ArchiveGap { .. } => true,
+        | ReceiverError::ArchiveGap { .. }
+        | ReceiverError::OtherSystemArchive { .. } => true,
         // Refused logins (28xxx), a missing slot (42704), removed WAL (58P01): an operator's
         // matter. A shutting-down upstream (57P01) and the like fix themselves.
         ReceiverError::Upstream { sqlstate, .. } => {

@@ -36,6 +36,10 @@ pub struct WalReceiverInfo {
     pub restart: RestartState,
     /// When a failed walreceiver is retried (`wal_retrieve_retry_interval` and the rest).
     pub retry_schedule: RetrySchedule,
+    /// Set while the walreceiver is stopped because the archive it would fill a gap from
+    /// names another system (it took nothing from it); cleared when a stream starts.
+    #[serde(default)]
+    pub archive_alarm: Option<String>,
 }
 
 /// What `/status` shows.
@@ -222,6 +226,7 @@ mod tests {
                 not_streaming_reason: None,
                 restart,
                 retry_schedule: RestartPolicy::default().schedule(),
+                archive_alarm: None,
             }),
             storage: StorageHealth::default(),
             services: vec![ServiceInfo {

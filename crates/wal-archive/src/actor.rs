@@ -200,11 +200,12 @@ impl Archiver {
                 let segno = wal.flushed().segment_number(wal.segment_size());
                 if self.followed != Some(segno) {
                     self.followed = Some(segno);
+                    let known = self.known.clone();
                     self.run(ctx, move || {
                         match wal
                             .hold_for_archive()
                             .map_err(ArchiveError::from)
-                            .and_then(|at| follow_archive(&wal, &target, at))
+                            .and_then(|at| follow_archive(&wal, &target, &known, at))
                         {
                             Ok(at) => Done::Followed(at),
                             Err(e) => Done::HoldFailed(e),
@@ -341,7 +342,21 @@ impl Archiver {
             }
             Done::Followed(at) => {
                 tracing::debug!(archived = %at, "the archive holds the WAL below this position");
-                self.status.send_modify(|s| s.archived_lsn = Some(at));
+                self.status.send_modify(|s| {
+                    s.archived_lsn = Some(at);
+                    s.last_error = None;
+                    s.alarm = None;
+                });
+            }
+            Done::HoldFailed(e @ ArchiveError::OtherSystem { .. }) => {
+                // A standby under `on` found another system's archive: its names say nothing
+                // of this node's WAL, so the hold stays where it is (the WAL is kept) until a
+                // person points archive_target at this cluster's archive.
+                tracing::error!(error = %e, "not following the archive: it holds another system's WAL");
+                self.status.send_modify(|s| {
+                    s.last_error = Some(e.to_string());
+                    s.alarm = Some(e.to_string());
+                });
             }
             Done::HoldFailed(e) => {
                 // Retried at the next change of position; a storage failure is also shown by
@@ -558,8 +573,19 @@ fn lock(known: &Mutex<Known>) -> std::sync::MutexGuard<'_, Known> {
 /// say, so that it can go on where the archive ends if it is promoted. Names are trusted
 /// here; the contents are compared when a leader puts. It asks for each name rather than
 /// listing (`known.rs`): the hold trails the archive's end by a segment or two, so that is
-/// a few requests, whatever the archive's size.
-fn follow_archive(wal: &Wal, target: &ArchiveTarget, from: Lsn) -> Result<Lsn> {
+/// a few requests, whatever the archive's size. Names are trusted only in an archive of
+/// this node's system (read once, then remembered in `known`): another system's archive
+/// holds the same names for other WAL, and following it would drop WAL this node's leader
+/// has not archived.
+fn follow_archive(
+    wal: &Wal,
+    target: &ArchiveTarget,
+    known: &Mutex<Known>,
+    from: Lsn,
+) -> Result<Lsn> {
+    if !lock(known).claimed() && target.check_system(wal.system_id())?.is_some() {
+        lock(known).set_claimed();
+    }
     let seg = wal.segment_size();
     let pos = wal.position();
     let history = wal.history();

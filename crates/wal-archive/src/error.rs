@@ -22,7 +22,8 @@ pub enum ArchiveError {
     /// node's to add to, or to restore from. Never crossed; it needs a person (another
     /// cluster's `archive_target`, or a prefix reused).
     #[error(
-        "the archive {archive} belongs to system {theirs}, not to system {ours}: refusing to mix          the WAL of two systems (give each cluster its own archive_target)"
+        "the archive {archive} belongs to system {theirs}, not to system {ours}: refusing to mix \
+         the WAL of two systems (give each cluster its own archive_target)"
     )]
     OtherSystem {
         archive: String,

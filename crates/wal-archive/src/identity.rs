@@ -13,6 +13,11 @@
 //! sidecar, never overwritten), by the first archiver that archives there, before its first
 //! upload; every later archiver reads it and refuses to archive into an archive of another
 //! system ([`ArchiveError::OtherSystem`], an alarm that needs a person, as a mismatch is).
+//! Every reader that feeds a node's WAL checks it too ([`ArchiveTarget::check_system`]): a
+//! standby under `on` following the archive, a walreceiver filling a gap, and
+//! `init --from-archive --standby`; WAL names alone would let system A take system B's WAL.
+//! An archive that names no system is read as before: PostgreSQL's `archive_command`
+//! (`cp`, WAL-G, pgBackRest into a directory) writes none.
 //! A relay of PostgreSQL carries its upstream's identifier, so its archive names the
 //! PostgreSQL system. An archive made before this file existed gets it at its next
 //! archiver's start. `archive_command` targets are not read back and carry none: the
@@ -73,6 +78,17 @@ impl ArchiveTarget {
         }
     }
 
+    /// Whether a reader of system `ours` may take WAL from the archive: the system it names
+    /// if that is `ours`, `None` if it names none (nothing to check against: an archive
+    /// PostgreSQL's `archive_command` filled, or one whose archiver has not restarted since
+    /// identities began), [`ArchiveError::OtherSystem`] if it names another. Blocking.
+    pub fn check_system(&self, ours: SystemId) -> Result<Option<SystemId>> {
+        match self.system_id()? {
+            Some(theirs) => self.same_system(theirs, ours).map(|_| Some(theirs)),
+            None => Ok(None),
+        }
+    }
+
     fn same_system(&self, theirs: SystemId, ours: SystemId) -> Result<Put> {
         if theirs == ours {
             return Ok(Put::AlreadyThere);
@@ -94,7 +110,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let t = ArchiveTarget::Directory(dir.path().into());
         assert_eq!(t.system_id().unwrap(), None);
+        // A reader of any system may read an archive that names none.
+        assert_eq!(t.check_system(SystemId(8)).unwrap(), None);
         assert_eq!(t.claim(SystemId(7)).unwrap(), Put::Stored);
+        assert_eq!(t.check_system(SystemId(7)).unwrap(), Some(SystemId(7)));
+        assert!(matches!(
+            t.check_system(SystemId(8)),
+            Err(ArchiveError::OtherSystem {
+                theirs: SystemId(7),
+                ours: SystemId(8),
+                ..
+            })
+        ));
         assert_eq!(t.claim(SystemId(7)).unwrap(), Put::AlreadyThere);
         assert_eq!(t.system_id().unwrap(), Some(SystemId(7)));
         let e = t.claim(SystemId(8)).unwrap_err();

@@ -225,6 +225,10 @@ impl WalReceiver {
                 act.connect(ctx);
             }
             Err(e) => {
+                if let ReceiverError::OtherSystemArchive { .. } = e {
+                    // The alarm's log line; the owner shows it in `/status` and `/metrics`.
+                    tracing::error!(receiver = act.id.0, "{e}");
+                }
                 act.stop_reason.get_or_insert(StopReason::Failed(e));
                 ctx.stop();
             }

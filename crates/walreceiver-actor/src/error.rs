@@ -114,6 +114,16 @@ pub enum ReceiverError {
     #[error("the upstream has already removed the WAL at {lsn} and the archive lacks segment {segment}: this standby cannot continue from either")]
     ArchiveGap { lsn: Lsn, segment: String },
 
+    /// The archive that would fill a gap names another database system: its segments have
+    /// this node's names and another system's WAL, so nothing is taken from it. An alarm:
+    /// `archive_target` names the wrong archive, and only a person can say which is right.
+    #[error("the archive {archive} belongs to system {theirs}, not to this node's system {ours}: no gap is filled from it (archive_target must name this cluster's archive)")]
+    OtherSystemArchive {
+        archive: String,
+        theirs: SystemId,
+        ours: SystemId,
+    },
+
     /// Reading the archive for a gap failed: unreachable, or an object that did not match
     /// its checksum.
     #[error("filling a gap from the archive failed: {message}")]

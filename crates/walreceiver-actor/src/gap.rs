@@ -11,13 +11,18 @@
 //! holds the switch point is read from the promotion's `.partial` (or from the next
 //! timeline's segment of the same number, PostgreSQL's copy) and written only up to it.
 //!
+//! Before any of that it reads the archive's identity (`wal_archive::IDENTITY_FILE`): an
+//! archive that names another system holds WAL under this node's names that is not this
+//! node's, and is refused ([`ReceiverError::OtherSystemArchive`]); one that names none
+//! (PostgreSQL's `archive_command` writes none) is read as before.
+//!
 //! It is blocking (archive reads, durable waits): the actor runs it on the blocking pool and
 //! retries streaming when it returns. Each fill either moves storage's end forward or fails
 //! with [`ReceiverError::ArchiveGap`], so a refused start is retried at most once per fill and
 //! never in a loop without progress.
 
 use bytes::Bytes;
-use wal_archive::ArchiveTarget;
+use wal_archive::{ArchiveError, ArchiveTarget};
 use wal_storage::{parse_history, segment_file_name, Lsn, TimelineId, Wal};
 
 use crate::error::ReceiverError;
@@ -39,6 +44,25 @@ pub fn fill(
     wal: &Wal,
     upstream_tli: TimelineId,
 ) -> Result<Filled, ReceiverError> {
+    match archive.check_system(wal.system_id()) {
+        Ok(_) => {}
+        Err(ArchiveError::OtherSystem {
+            archive,
+            theirs,
+            ours,
+        }) => {
+            return Err(ReceiverError::OtherSystemArchive {
+                archive,
+                theirs,
+                ours,
+            })
+        }
+        Err(e) => {
+            return Err(ReceiverError::Archive {
+                message: e.to_string(),
+            })
+        }
+    }
     let seg = wal.segment_size();
     let pos = wal.position();
     let tli = pos.timeline;

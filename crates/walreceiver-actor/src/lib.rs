@@ -56,7 +56,8 @@
 //! the gap from the archive ([`gap::fill`], on the blocking pool: whole segments checked
 //! against their sidecars, written with `Wal::write` like streamed WAL, never past the
 //! timeline's switch point), and connects again at once from the new end. A gap the archive
-//! lacks too ends it with [`ReceiverError::ArchiveGap`].
+//! lacks too ends it with [`ReceiverError::ArchiveGap`], and an archive that names another
+//! system than this node's with [`ReceiverError::OtherSystemArchive`], taking nothing.
 //!
 //! It also holds what makes a standby: [`fetch_upstream_identity`] and [`init_standby`] create
 //! a standby's data directory that adopts its upstream's system identifier, timeline history,

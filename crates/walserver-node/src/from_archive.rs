@@ -155,19 +155,15 @@ fn restore(
     // be that system, and a primary's restore keeps its identifier, as PostgreSQL's
     // point-in-time recovery keeps its own, so the restored node may archive into the same
     // archive on its new timeline.
-    let archived_system = target.system_id().map_err(archive)?;
-    if let (Some(theirs), Some(id)) = (archived_system, upstream) {
-        if theirs != id.system_id {
-            let other = ArchiveError::OtherSystem {
-                archive: target.describe(""),
-                theirs,
-                ours: id.system_id,
-            };
-            return Err(refuse(format!(
+    let archived_system = match upstream {
+        Some(id) => target.check_system(id.system_id).map_err(|e| match e {
+            other @ ArchiveError::OtherSystem { .. } => refuse(format!(
                 "the upstream's WAL cannot come from this archive: {other}"
-            )));
-        }
-    }
+            )),
+            e => archive(e),
+        })?,
+        None => target.system_id().map_err(archive)?,
+    };
     let objects = target.list().map_err(archive)?;
     let seg = target
         .segment_size(&objects)

@@ -79,6 +79,9 @@ struct Receiver {
     /// The last walreceiver refused to cut this node's WAL below its commit point; cleared
     /// when a stream starts.
     tail_alarm: Option<String>,
+    /// The last walreceiver refused to fill a gap from an archive of another system;
+    /// cleared when a stream starts.
+    archive_alarm: Option<String>,
 }
 
 impl Receiver {
@@ -96,6 +99,7 @@ impl Receiver {
             applied: None,
             stop_waiters: Vec::new(),
             tail_alarm: None,
+            archive_alarm: None,
         }
     }
 }
@@ -396,6 +400,7 @@ impl Handler<StreamingStarted> for Supervisor {
         }
         r.streaming = true;
         r.tail_alarm = None;
+        r.archive_alarm = None;
         let recovered = r.restart.on_streaming(Instant::now());
         self.publish_state();
         match recovered {
@@ -439,8 +444,12 @@ impl Handler<ReceiverStopped> for Supervisor {
                 tracing::info!(receiver = msg.receiver.0, "walreceiver stopped on request");
             }
             StopReason::Failed(e) => {
-                if matches!(e, ReceiverError::BelowCommitPoint { .. }) {
-                    r.tail_alarm = Some(e.to_string());
+                match e {
+                    ReceiverError::BelowCommitPoint { .. } => r.tail_alarm = Some(e.to_string()),
+                    ReceiverError::OtherSystemArchive { .. } => {
+                        r.archive_alarm = Some(e.to_string())
+                    }
+                    _ => {}
                 }
                 let now = Instant::now();
                 let delay = r.restart.on_failed(&policy, &e, now, rand::random::<f64>());
@@ -627,6 +636,7 @@ impl Handler<GetNodeStatus> for Supervisor {
                 r.last_status.clone(),
                 r.restart.clone(),
                 not_streaming_reason,
+                r.archive_alarm.clone(),
             )
         });
         Box::pin(async move {
@@ -635,7 +645,7 @@ impl Handler<GetNodeStatus> for Supervisor {
             let pos = wal.position();
             let wal_receiver = match receiver {
                 None => None,
-                Some((current, last, restart, not_streaming_reason)) => {
+                Some((current, last, restart, not_streaming_reason, archive_alarm)) => {
                     let (pid, status) = match current {
                         Some((id, addr)) => {
                             (Some(id.0), addr.send(GetReceiverStatus).await.ok().or(last))
@@ -648,6 +658,7 @@ impl Handler<GetNodeStatus> for Supervisor {
                         not_streaming_reason,
                         restart,
                         retry_schedule,
+                        archive_alarm,
                     })
                 }
             };

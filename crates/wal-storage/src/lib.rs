@@ -40,7 +40,10 @@
 //!
 //! [`Wal::write`] and [`Wal::append`] send a request over an unbounded crossbeam channel (a
 //! bounded send could block an actor's thread) to the writer thread and return a [`Ticket`].
-//! The writer takes what is queued as one batch, writes it with one `pwritev` (received
+//! The writer takes what is queued as one batch (right after a larger batch of appends it
+//! waits, at most about one sync's time, for as many, so that synchronous appenders coming
+//! back a few microseconds apart do not split into groups that each pay a sync: `gather.rs`),
+//! writes it with one `pwritev` (received
 //! buffers are written as they arrived, not copied), makes one `fdatasync` per segment file
 //! touched, stores the flush pointer when needed, keeps a copy of the batch if it is small
 //! (`tail.rs`: [`Wal::read_cached`] serves a reader at the end from memory), puts the new
@@ -200,6 +203,7 @@ pub mod durable;
 mod error;
 mod files;
 mod format;
+mod gather;
 mod health;
 mod history;
 mod io;

@@ -1,7 +1,8 @@
 //! The writer thread: group commit.
 //!
 //! The writer blocks on `recv()`, then drains whatever else is queued with `try_recv()` (up to
-//! [`MAX_BATCH_REQUESTS`] requests or [`MAX_BATCH_BYTES`]), stages every write and append of
+//! [`MAX_BATCH_REQUESTS`] requests or [`MAX_BATCH_BYTES`]; right after a larger batch of
+//! appends it waits, at most about one sync's time, for as many: `gather.rs`), stages every write and append of
 //! the batch into one buffer, writes it with `pwrite` into the segment file or files it spans,
 //! fdatasyncs each file touched once, stores the flush pointer when needed, puts the new position
 //! into the watch, completes every waiter and then announces the position: one wake-up per
@@ -38,6 +39,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
+use std::time::Instant;
 
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
@@ -48,6 +50,7 @@ use crate::background;
 use crate::error::is_full_errno;
 use crate::files::PointerFile;
 use crate::format::Framer;
+use crate::gather::Gather;
 use crate::health::{self, StorageState};
 use crate::io::{FP_FSYNC, FP_WRITE};
 use crate::naming::segment_file_name;
@@ -260,15 +263,28 @@ impl Writer {
 
     fn run(mut self, rx: Receiver<Request>) {
         let mut shutdown = false;
+        let mut gather = Gather::default();
         while !shutdown {
             let Ok(first) = rx.recv() else { break };
+            let woke = Instant::now();
             let mut next = Some(first);
             let mut taken = 0;
+            // Append requests in the batch, and whether it holds anything else: only a
+            // batch of appends alone waits for more (`gather.rs`).
+            let mut appends = 0;
+            let mut others = false;
             while let Some(req) = next.take() {
                 match req {
-                    Request::Write { start, data, reply } => self.stage_write(start, data, reply),
-                    Request::Append { payloads, reply } => self.stage_append(&payloads, reply),
+                    Request::Write { start, data, reply } => {
+                        others = true;
+                        self.stage_write(start, data, reply)
+                    }
+                    Request::Append { payloads, reply } => {
+                        appends += 1;
+                        self.stage_append(&payloads, reply)
+                    }
                     Request::Control(f) => {
+                        others = true;
                         self.commit();
                         f(&mut self);
                     }
@@ -282,8 +298,16 @@ impl Writer {
                     break;
                 }
                 next = rx.try_recv().ok();
+                if next.is_none() && !others {
+                    if let Some(until) = gather.wait_until(appends, woke) {
+                        next = rx.recv_deadline(until).ok();
+                    }
+                }
             }
+            let started = Instant::now();
             self.commit();
+            let now = Instant::now();
+            gather.committed(if others { 0 } else { appends }, now - started, now);
         }
         self.close();
     }

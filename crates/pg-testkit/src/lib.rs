@@ -23,7 +23,8 @@
 //! recovery target.
 //!
 //! Object storage: [`SeaweedServer`] runs SeaweedFS's S3 gateway with one bucket, for the
-//! archive's tests (`seaweed.rs`).
+//! archive's tests (`seaweed.rs`), and can stop and continue it (SIGSTOP) as a store that
+//! hangs.
 
 mod pki;
 mod seaweed;

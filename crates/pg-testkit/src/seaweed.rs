@@ -20,6 +20,9 @@
 //! a certificate of a throwaway CA ([`TestPki`]) for `127.0.0.1`, for a client that speaks
 //! S3 only over TLS (pgBackRest).
 //!
+//! [`SeaweedServer::pause`] and [`SeaweedServer::resume`] stop and continue its process
+//! (SIGSTOP, SIGCONT), for a test of a store that hangs while its clients go on.
+//!
 //! A test that needs it fails, never skips, when `weed` is missing: the message says that
 //! `./scripts/test.sh` installs it.
 //!
@@ -253,14 +256,42 @@ impl SeaweedServer {
         self.tls.as_ref().map(|f| f.root.as_path())
     }
 
+    /// Stops the server's process with SIGSTOP: it keeps its sockets, connections and data
+    /// but answers nothing (a request waits, as on a store that hangs) until
+    /// [`SeaweedServer::resume`].
+    pub fn pause(&self) -> Result<(), String> {
+        self.signal(libc::SIGSTOP, "SIGSTOP")
+    }
+
+    /// Lets a server stopped by [`SeaweedServer::pause`] run again (SIGCONT).
+    pub fn resume(&self) -> Result<(), String> {
+        self.signal(libc::SIGCONT, "SIGCONT")
+    }
+
+    fn signal(&self, signal: libc::c_int, name: &str) -> Result<(), String> {
+        let child = self
+            .child
+            .as_ref()
+            .ok_or_else(|| format!("{name}: the server is not running"))?;
+        // SAFETY: kill(2) on the pid of a child this value owns and has not reaped.
+        if unsafe { libc::kill(child.id() as libc::pid_t, signal) } != 0 {
+            return Err(format!("{name}: {}", std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
     /// Stops the server: SIGTERM, then SIGKILL after a short grace; reaps it and removes its
     /// sockets. Its data stays for [`SeaweedServer::restart`].
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        // SAFETY: kill(2) on the pid of a child this value owns and has not reaped.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        // SAFETY: kill(2) on the pid of a child this value owns and has not reaped. SIGCONT
+        // first, so that a paused server hears SIGTERM now rather than waits out the grace.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGCONT);
+            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        }
         let deadline = Instant::now() + STOP_GRACE;
         let mut backoff = Duration::from_millis(10);
         while Instant::now() < deadline {

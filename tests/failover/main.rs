@@ -16,6 +16,8 @@
 //! `benches/FAILOVER.md`. `load` tests the load tool itself against nodes without failover.
 //! `kill_9_of_the_primary_repeated` also archives (`archive.rs`): after its kills the
 //! archive verifies, and a node restored from it alone holds every acknowledged record.
+//! `kill_9_of_the_primary_with_its_archive_behind` kills leaders while the archive's store is
+//! stopped, with whole segments not yet uploaded, and judges the archive the same way.
 //!
 //! Needs root, nftables, iproute2, etcd and SeaweedFS (`scripts/test.sh` installs them when
 //! missing).
@@ -29,7 +31,8 @@ mod load;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use cluster::{ttl, Cluster, Measured, Options, DEADLINE, DEFAULT_TTL, MEMBERS};
+use archive::{wait_behind, wait_covered, BEHIND_SEGMENTS, KILLS_PER_STOP};
+use cluster::{ttl, Cluster, Measured, Options, Verdict, DEADLINE, DEFAULT_TTL, MEMBERS};
 use fault_harness::{etcd, fault};
 use walserver_bench::acklog::mono_ms;
 
@@ -90,21 +93,63 @@ fn wait_failover(c: &mut Cluster, timeline: u32, t0: u64) -> Result<f64, String>
     .ok_or_else(|| format!("no append acknowledged on a timeline above {timeline}"))
 }
 
-#[test]
-fn kill_9_of_the_primary_repeated() {
-    let _serial = serial();
-    let cycles = env_u64("WALSERVER_TEST_FAILOVER_CYCLES", 5);
-    // Every member archives to SeaweedFS: the archive must stay whole through the kills.
-    // Records of 16 KiB make a megabyte or more of WAL per leader, so that each timeline
-    // has whole 1 MiB segments as well as its `.partial`.
-    let mut c = under_load(
-        "kill",
+/// A cluster under load whose members archive to SeaweedFS, with records of 16 KiB: a
+/// megabyte or more of WAL per leader, so that each timeline has whole 1 MiB segments (64
+/// appends each, a second or so) as well as its `.partial`.
+fn archiving_under_load(label: &str) -> Cluster {
+    under_load(
+        label,
         Options {
             archive: true,
             record_size: 16 << 10,
             ..Options::default()
         },
-    );
+    )
+}
+
+/// The end of a scenario of `kills` kills of the leader under [`archiving_under_load`]: more
+/// appends, the log's measures into `m`, one leader change per kill, then the end state
+/// ([`Cluster::finish`]) and the archive ([`Cluster::judge_archive`]: the backlog drains,
+/// the archive verifies, and a node made from it alone holds every acknowledged record).
+fn judge_kills(
+    c: &mut Cluster,
+    m: &mut Measured,
+    mut problems: Vec<String>,
+    kills: u64,
+) -> Verdict {
+    let _ = c.wait_more_acks(AFTER, DEADLINE);
+    judge_log(c, m);
+    if m.promotions != kills {
+        problems.push(format!(
+            "{} leader changes seen for {kills} kills",
+            m.promotions
+        ));
+    }
+    let v = c.finish().with(problems);
+    v.with(c.judge_archive())
+}
+
+/// Kills `leader` with kill -9 and waits for the first acknowledgement on a newer timeline
+/// (its delay from the kill into `m`); then restarts the killed node, which must rejoin as a
+/// standby, and waits until every member follows the new leader. Returns the new leader.
+fn kill_and_rejoin(c: &mut Cluster, m: &mut Measured, leader: usize) -> Result<usize, String> {
+    let timeline = c.acked_timeline();
+    let t0 = mono_ms();
+    c.nodes[leader].kill9().expect("kill -9 the leader");
+    m.failover_ms.push(wait_failover(c, timeline, t0)?);
+    c.nodes[leader].start().expect("restart the killed node");
+    let new = c.wait_leader(DEADLINE, Some(leader))?;
+    c.wait_members_follow(new, DEADLINE)
+        .map_err(|e| format!("the members do not follow n{new}: {e}"))?;
+    Ok(new)
+}
+
+#[test]
+fn kill_9_of_the_primary_repeated() {
+    let _serial = serial();
+    let cycles = env_u64("WALSERVER_TEST_FAILOVER_CYCLES", 5);
+    // Every member archives to SeaweedFS: the archive must stay whole through the kills.
+    let mut c = archiving_under_load("kill");
     let mut m = Measured::default();
     let mut problems = Vec::new();
     for cycle in 0..cycles {
@@ -116,46 +161,19 @@ fn kill_9_of_the_primary_repeated() {
             }
         };
         c.wait_more_acks(20, DEADLINE).expect("the load flows");
-        let timeline = c.acked_timeline();
-        let t0 = mono_ms();
-        c.nodes[leader].kill9().expect("kill -9 the leader");
-        match wait_failover(&mut c, timeline, t0) {
-            Ok(ms) => m.failover_ms.push(ms),
-            Err(e) => {
-                problems.push(format!("cycle {cycle}: {e}"));
-                break;
-            }
-        }
-        // The killed node comes back and must rejoin as a standby of the new leader.
-        c.nodes[leader].start().expect("restart the killed node");
-        let new = match c.wait_leader(DEADLINE, Some(leader)) {
-            Ok(l) => l,
+        let new = match kill_and_rejoin(&mut c, &mut m, leader) {
+            Ok(new) => new,
             Err(e) => {
                 problems.push(format!("cycle {cycle}: {e}"));
                 break;
             }
         };
-        if let Err(e) = c.wait_members_follow(new, DEADLINE) {
-            problems.push(format!(
-                "cycle {cycle}: the members do not follow n{new}: {e}"
-            ));
-            break;
-        }
         eprintln!(
             "cycle {cycle}: n{leader} killed, n{new} leads, first ack after {:?} ms",
             m.failover_ms.last()
         );
     }
-    let _ = c.wait_more_acks(AFTER, DEADLINE);
-    judge_log(&c, &mut m);
-    if m.promotions != cycles {
-        problems.push(format!(
-            "{} leader changes seen for {cycles} kills",
-            m.promotions
-        ));
-    }
-    let v = c.finish().with(problems);
-    let v = v.with(c.judge_archive());
+    let v = judge_kills(&mut c, &mut m, problems, cycles);
     // Another ttl is another row beside the default's.
     let scenario = "kill_9_of_the_primary_repeated";
     let (file, ttl_env) = if ttl() == DEFAULT_TTL {
@@ -190,6 +208,82 @@ fn kill_9_of_the_primary_repeated() {
         let leaks = checks::debug_text(&log);
         assert!(leaks.is_empty(), "{}: {leaks:#?}", node.name);
     }
+}
+
+#[test]
+fn kill_9_of_the_primary_with_its_archive_behind() {
+    let _serial = serial();
+    let cycles = env_u64("WALSERVER_TEST_ARCHIVE_BEHIND_CYCLES", 1);
+    let mut c = archiving_under_load("behind");
+    let mut m = Measured::default();
+    let mut problems = Vec::new();
+    let kills = cycles * KILLS_PER_STOP as u64;
+    'cycles: for cycle in 0..cycles {
+        c.archive
+            .as_ref()
+            .expect("the cluster archives")
+            .pause()
+            .expect("stop the store");
+        for kill in 0..KILLS_PER_STOP {
+            let step = format!("cycle {cycle}, kill {kill}");
+            let leader = match c.wait_leader(DEADLINE, None) {
+                Ok(l) => l,
+                Err(e) => {
+                    problems.push(format!("{step}: {e}"));
+                    break 'cycles;
+                }
+            };
+            let archived = match wait_behind(&c, leader) {
+                Ok(a) => a,
+                Err(e) => {
+                    problems.push(format!("{step}: {e}"));
+                    break 'cycles;
+                }
+            };
+            let new = match kill_and_rejoin(&mut c, &mut m, leader) {
+                Ok(new) => new,
+                Err(e) => {
+                    problems.push(format!("{step}: {e}"));
+                    break 'cycles;
+                }
+            };
+            eprintln!(
+                "{step}: n{leader} killed with its archive at {archived}, n{new} leads, \
+                 first ack after {:?} ms",
+                m.failover_ms.last()
+            );
+        }
+        c.archive
+            .as_ref()
+            .expect("the cluster archives")
+            .resume()
+            .expect("continue the store");
+        // The backlog drains before the next stop, so that each cycle starts behind afresh.
+        if let Err(e) = c
+            .wait_leader(DEADLINE, None)
+            .and_then(|l| wait_covered(&c.nodes[l]))
+        {
+            problems.push(format!("cycle {cycle}: the backlog does not drain: {e}"));
+            break;
+        }
+    }
+    // A cycle that broke off left the store stopped; the judge reads the archive.
+    if let Some(store) = &c.archive {
+        store.resume().expect("continue the store");
+    }
+    let v = judge_kills(&mut c, &mut m, problems, kills);
+    c.row(
+        "kill_9_of_the_primary_with_its_archive_behind",
+        &format!(
+            "kill -9 of the primary {KILLS_PER_STOP} times in a row with the archive's store \
+             stopped ({BEHIND_SEGMENTS} segments behind at each kill), then resumed"
+        ),
+        kills,
+        &v,
+        &m,
+        &format!("WALSERVER_TEST_ARCHIVE_BEHIND_CYCLES={cycles} "),
+    );
+    v.assert_ok();
 }
 
 /// Faults that depose the leader without killing it: it must stop acknowledging before the

@@ -645,8 +645,9 @@ fn archive_families(out: &mut Families, s: &Snapshot) {
         ),
         (
             "walserver_archive_alarm",
-            "1 while the archive holds an object of a name being archived with other bytes: it \
-             is never overwritten, and archiving waits for a person.",
+            "1 while archiving waits for a person: the archive holds other bytes under a name \
+             being archived (never overwritten), names another system, or its store ignores \
+             If-None-Match.",
             u8::from(a.alarm.is_some()).into(),
         ),
         (

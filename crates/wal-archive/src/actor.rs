@@ -408,10 +408,12 @@ impl Archiver {
         let tries = schedule.failures_in_a_row();
         let mismatch = matches!(
             e,
-            ArchiveError::Mismatch { .. } | ArchiveError::OtherSystem { .. }
+            ArchiveError::Mismatch { .. }
+                | ArchiveError::OtherSystem { .. }
+                | ArchiveError::NoCreateIfAbsent { .. }
         );
         if mismatch {
-            tracing::error!(file = %name, error = %e, tries, "archiving is stuck: the archive holds other contents than this system's");
+            tracing::error!(file = %name, error = %e, tries, "archiving is stuck until a person looks");
         } else {
             tracing::warn!(file = %name, error = %e, tries, "archiving failed; will retry");
         }
@@ -438,6 +440,14 @@ fn upload_all(
     items: Vec<Item>,
     current: TimelineId,
 ) -> Vec<(Item, Result<Put>)> {
+    // The store's create-if-absent, on which every put's never-overwrite rests (the identity's
+    // own put included), is checked before this archiver's first upload.
+    if !lock(known).probed() {
+        if let Err(e) = config.target.check_create_if_absent(wal.system_id()) {
+            return vec![(items[0], Err(e))];
+        }
+        lock(known).set_probed();
+    }
     // The archive's identity is checked (and named, in a new archive) before this
     // archiver's first upload, so no WAL of this system lands in another's archive.
     if !matches!(config.target, ArchiveTarget::Command(_)) && !lock(known).claimed() {

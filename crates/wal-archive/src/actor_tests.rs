@@ -710,3 +710,37 @@ async fn a_backlog_goes_several_at_a_time_and_the_position_stops_at_a_failure() 
         );
     }
 }
+
+/// An S3 store that ignores `If-None-Match` (a real HTTP endpoint that stores every PUT) gets
+/// nothing but the probe: the archiver raises the alarm and archives nothing.
+#[actix_rt::test]
+async fn a_store_that_ignores_if_none_match_gets_nothing_and_raises_the_alarm() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = new_wal(dir.path());
+    fill(&wal, 2).await;
+    let store = crate::careless::CarelessStore::start();
+    let options = crate::S3Options {
+        endpoint: Some(store.endpoint()),
+        allow_http: true,
+        access_key_id: Some("k".into()),
+        secret_access_key: Some("s".into()),
+        ..crate::S3Options::default()
+    };
+    let config = ArchiveConfig {
+        target: ArchiveTarget::S3(crate::s3::S3Target::parse("b/p", &options).unwrap()),
+        ..config(dir.path())
+    };
+    let (addr, mut rx) = Archiver::start(wal.clone(), config);
+    let s = wait_until(&mut rx, "the alarm", |s| s.alarm.is_some()).await;
+    let alarm = s.alarm.unwrap_or_default();
+    assert!(alarm.contains("ignores If-None-Match"), "{alarm}");
+    assert_eq!(s.archived_count, 0);
+    addr.send(StopArchiver).await.unwrap();
+    let requests = store.requests();
+    assert!(
+        requests
+            .iter()
+            .all(|(_, path)| path.contains(crate::PROBE_PREFIX)),
+        "{requests:?}"
+    );
+}

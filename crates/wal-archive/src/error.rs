@@ -30,6 +30,16 @@ pub enum ArchiveError {
         theirs: wal_types::SystemId,
         ours: wal_types::SystemId,
     },
+    /// The object store does not honour `If-None-Match: *`: a second conditional create of
+    /// one name succeeded. Every put here creates first and reads only when the create
+    /// fails, so on such a store a retry or a second writer would replace an object; nothing
+    /// is archived there, and it needs a person (another store, or its setting).
+    #[error(
+        "the object store of {archive} ignores If-None-Match: * (a second create of the probe \
+         object {probe} succeeded): an object there could be overwritten, so nothing is \
+         archived to it"
+    )]
+    NoCreateIfAbsent { archive: String, probe: String },
     /// An archived object does not match its checksum sidecar, or its sidecar is missing or
     /// unreadable. Its bytes are never handed out.
     #[error("{name} in the archive is corrupt: {reason}")]

@@ -36,6 +36,9 @@ pub(crate) struct Known {
     /// The archive was found to name this node's system (`identity.rs`). Kept through
     /// [`Known::forget`]: an archive's identity is written once and never changes.
     claimed: bool,
+    /// The store was found to refuse a second create of a name (`target.rs`); a store's
+    /// behaviour is checked once per archiver.
+    probed: bool,
 }
 
 impl Known {
@@ -82,6 +85,14 @@ impl Known {
 
     pub(crate) fn set_claimed(&mut self) {
         self.claimed = true;
+    }
+
+    pub(crate) fn probed(&self) -> bool {
+        self.probed
+    }
+
+    pub(crate) fn set_probed(&mut self) {
+        self.probed = true;
     }
 
     /// Lists again at the next look: after a failure, or at the start of archiving.

@@ -29,6 +29,9 @@
 //! - Objects: created only if absent, durable before they count, never overwritten, each
 //!   with a CRC32C sidecar of its bytes for a restore to check (`target.rs`). An object of
 //!   the same name and other bytes is an alarm; archiving stops there until a person looks.
+//!   An S3 store must honour `If-None-Match: *` for that: before its first upload an
+//!   archiver creates a probe object twice and removes it, and archives nothing to a store
+//!   whose second create succeeds ([`ArchiveError::NoCreateIfAbsent`], an alarm).
 //!   The one removal: an `archive_timeout` prefix once a longer one, the `.partial` or the
 //!   whole segment is durable in the archive (a crash between leaves one behind, which the
 //!   next put of that segment removes; a reader takes the longest).
@@ -99,7 +102,9 @@ pub use schedule::{
     backoff, prefix_stem, Item, Next, Schedule, WalView, FIRST_BACKOFF, MAX_BACKOFF,
 };
 pub use status::ArchiverStatus;
-pub use target::{sidecar, ArchiveTarget, Put};
+pub use target::{sidecar, ArchiveTarget, Put, PROBE_PREFIX};
 
 #[cfg(test)]
 mod actor_tests;
+#[cfg(test)]
+mod careless;

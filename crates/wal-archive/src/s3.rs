@@ -270,6 +270,29 @@ impl S3Target {
         .map_err(|e| store_error(format!("putting {url}"), e))
     }
 
+    /// Whether the store honours `If-None-Match: *`, which every create here relies on:
+    /// creates `name` twice with the condition, then removes it, whatever happened. `true`
+    /// if the second create found the name taken; `false` if it succeeded, which a store
+    /// that ignores the header answers. Blocking.
+    pub fn honours_create_if_absent(&self, name: &str) -> Result<bool> {
+        let body = Bytes::from_static(b"a probe of the store's If-None-Match; removed at once\n");
+        let created = self.create(name, body.clone()).and_then(|first| {
+            if !first {
+                return Err(ArchiveError::io(
+                    format!("probing {}", self.url_of(name)),
+                    std::io::Error::other("the probe's name was taken before its first create"),
+                ));
+            }
+            self.create(name, body)
+        });
+        // A probe left behind is a small object of a name no reader takes; a failed removal
+        // does not change what the creates showed.
+        if let Err(e) = self.delete(name) {
+            tracing::warn!(error = %e, "could not remove the store's probe object");
+        }
+        Ok(!created?)
+    }
+
     /// Whether the object `name` exists (a HEAD request). Blocking.
     pub fn exists(&self, name: &str) -> Result<bool> {
         let key = ObjectPath::from(self.key(name));
@@ -555,6 +578,45 @@ mod tests {
             "{taken:?}"
         );
         assert_eq!(raw("b").as_deref(), Some(&b"foreign"[..]));
+    }
+
+    /// SeaweedFS honours `If-None-Match: *`: the probe passes and leaves nothing behind.
+    #[test]
+    fn a_store_that_honours_if_none_match_passes_the_probe_and_keeps_nothing() {
+        let server = pg_testkit::SeaweedServer::start();
+        let t = target(&server, MIN_PART_SIZE);
+        crate::ArchiveTarget::S3(t.clone())
+            .check_create_if_absent(wal_types::SystemId(7))
+            .unwrap();
+        assert_eq!(t.list().unwrap(), vec![]);
+    }
+
+    /// A store that lets a second create through is refused, and the probe is removed.
+    #[test]
+    fn a_store_that_ignores_if_none_match_is_refused_and_the_probe_removed() {
+        let store = crate::careless::CarelessStore::start();
+        let options = S3Options {
+            endpoint: Some(store.endpoint()),
+            allow_http: true,
+            access_key_id: Some("k".into()),
+            secret_access_key: Some("s".into()),
+            ..S3Options::default()
+        };
+        let t = crate::ArchiveTarget::S3(S3Target::parse("b/p", &options).unwrap());
+        let e = t
+            .check_create_if_absent(wal_types::SystemId(7))
+            .unwrap_err();
+        let ArchiveError::NoCreateIfAbsent { probe, .. } = &e else {
+            panic!("{e}")
+        };
+        assert!(probe.starts_with("walserver.probe.7."), "{probe}");
+        assert!(e.to_string().contains("ignores If-None-Match"), "{e}");
+        let key = format!("/b/p/{probe}");
+        let req = |m: &str| (m.to_string(), key.clone());
+        assert_eq!(
+            store.requests(),
+            vec![req("PUT"), req("PUT"), req("DELETE")]
+        );
     }
 
     #[test]

@@ -40,8 +40,9 @@ pub struct ArchiverStatus {
     pub backpressure: bool,
     /// The last failure's message, until an upload succeeds.
     pub last_error: Option<String>,
-    /// Set when the archive holds an object of the same name with other bytes: it is never
-    /// overwritten, and archiving stays stuck on it until a person looks.
+    /// Set when the archive holds an object of the same name with other bytes (it is never
+    /// overwritten), names another system, or sits on a store that ignores `If-None-Match`:
+    /// archiving stays stuck until a person looks.
     pub alarm: Option<String>,
 }
 

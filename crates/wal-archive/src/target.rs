@@ -26,7 +26,13 @@
 //! the target directory, fsyncing it, linking it to its name (`link` fails if the name
 //! exists, so nothing is replaced), removing the temporary name and fsyncing the directory:
 //! only then is the put reported. An S3 target (`s3://bucket/prefix`, `s3.rs`) creates with a
-//! conditional PUT.
+//! conditional PUT, which the store must honour: before its first upload an archiver checks
+//! that it does ([`ArchiveTarget::check_create_if_absent`]), and archives nothing to a store
+//! that does not.
+
+/// The name of the create-if-absent probe's objects, `walserver.probe.<system>.<random>`:
+/// no WAL file has a name of this shape, and each probe has a name of its own.
+pub const PROBE_PREFIX: &str = "walserver.probe.";
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
@@ -176,6 +182,25 @@ impl ArchiveTarget {
             ArchiveTarget::S3(s3) => Ok(s3.read(object)?.map(|b| b.to_vec())),
             ArchiveTarget::Command(_) => Err(unreadable()),
         }
+    }
+
+    /// Checks that the target creates a name only if it is absent, as every put here assumes:
+    /// on S3, a probe object (named for `system_id`, with a random suffix) is created twice
+    /// with `If-None-Match: *` and removed; a second create that succeeds is
+    /// [`ArchiveError::NoCreateIfAbsent`]. A directory's `link(2)` never replaces a name, and
+    /// an `archive_command` keeps its own rule: nothing to check. Blocking.
+    pub fn check_create_if_absent(&self, system_id: wal_types::SystemId) -> Result<()> {
+        let ArchiveTarget::S3(s3) = self else {
+            return Ok(());
+        };
+        let probe = format!("{PROBE_PREFIX}{system_id}.{:016x}", rand::random::<u64>());
+        if s3.honours_create_if_absent(&probe)? {
+            return Ok(());
+        }
+        Err(ArchiveError::NoCreateIfAbsent {
+            archive: self.describe(""),
+            probe,
+        })
     }
 
     /// Where the object `object` is, for messages: a path or an `s3://` URL.

@@ -3,9 +3,8 @@
 //! write waits for its sync.
 
 use std::path::Path;
-use std::time::Duration;
 
-use lossyfs::{LossyFs, Options};
+use lossyfs::{LossyFs, Options, UnsyncedWatch};
 
 use crate::node::*;
 use crate::Rng;
@@ -81,16 +80,11 @@ pub fn pull_plugs(
     for &i in hit {
         mounts[i].hold_syncs();
     }
-    wait_for(
-        "a write that waits for its sync",
-        DEADLINE,
-        Duration::from_millis(1),
-        || {
-            hit.iter()
-                .any(|&i| mounts[i].unsynced_changes() > 0)
-                .then_some(())
-        },
-    )?;
+    let victims: Vec<&LossyFs> = hit.iter().map(|&i| &mounts[i]).collect();
+    anyhow::ensure!(
+        UnsyncedWatch::on(&victims).wait(DEADLINE),
+        "timed out after {DEADLINE:?} waiting for a write that waits for its sync"
+    );
     power_off(nodes, mounts, hit, Some(rng))
 }
 

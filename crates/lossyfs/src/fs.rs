@@ -46,6 +46,8 @@ pub(crate) struct State {
     paths: HashMap<Ino, PathBuf>,
     handles: HashMap<u64, Handle>,
     next_fh: u64,
+    /// Waits for an unsynced change ([`crate::UnsyncedWatch`]), woken by the next one.
+    pub(crate) waiters: Vec<Arc<Waiter>>,
 }
 
 impl State {
@@ -57,6 +59,7 @@ impl State {
             paths: HashMap::new(),
             handles: HashMap::new(),
             next_fh: 1,
+            waiters: Vec::new(),
         })
     }
 
@@ -144,6 +147,17 @@ impl State {
         self.model.unsynced()
     }
 
+    /// The model may have recorded an unsynced change of a file: wakes who waits for one, if
+    /// one is there. Called under the state's lock, as a watch registers under it, so that no
+    /// change falls between a watch's look and its wait.
+    fn changed(&mut self) {
+        if self.model.unsynced() > 0 {
+            for w in self.waiters.drain(..) {
+                w.wake();
+            }
+        }
+    }
+
     fn add_handle(&mut self, file: File, ino: Ino, flags: i32) -> FileHandle {
         let fh = self.next_fh;
         self.next_fh += 1;
@@ -201,6 +215,30 @@ pub(crate) enum Syncs {
 
 /// The switch for fsyncs, shared with the mount's handle.
 pub(crate) type SyncGate = Arc<(Mutex<Syncs>, Condvar)>;
+
+/// One wait for an unsynced change, registered with one or more mounts' states.
+#[derive(Default)]
+pub(crate) struct Waiter {
+    woken: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Waiter {
+    fn wake(&self) {
+        *self.woken.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits until woken or `timeout` has passed; whether it was woken.
+    pub(crate) fn wait(&self, timeout: Duration) -> bool {
+        let woken = self.woken.lock().unwrap_or_else(|e| e.into_inner());
+        let (woken, _) = self
+            .cv
+            .wait_timeout_while(woken, timeout, |woken| !*woken)
+            .unwrap_or_else(|e| e.into_inner());
+        *woken
+    }
+}
 
 /// The file system the kernel talks to.
 pub(crate) struct LossyFilesystem {
@@ -293,6 +331,7 @@ impl Filesystem for LossyFilesystem {
                 let f = s.writable(ino, fh)?;
                 let backing = s.backing_ino(ino);
                 s.model.set_len(backing, &f, len).map_err(errno)?;
+                s.changed();
             }
             if let Some(mode) = mode {
                 fs::set_permissions(&path, fs::Permissions::from_mode(mode & 0o7777))
@@ -531,6 +570,7 @@ impl Filesystem for LossyFilesystem {
             if sync {
                 s.model.synced(ino);
             }
+            s.changed();
             Ok(sync)
         })();
         drop(s);
@@ -718,6 +758,7 @@ impl Filesystem for LossyFilesystem {
             }
             let new_len = file.metadata().map_err(errno)?.len();
             s.model.grew(ino, old_len, new_len);
+            s.changed();
             Ok(())
         })();
         match result {

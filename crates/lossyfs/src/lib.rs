@@ -12,6 +12,9 @@
 //! The same seed over the same operations gives the same state, so a failing seed replays.
 //! [`LossyFs::crash_to_synced`] is the worst case no seed is sure to choose: everything not
 //! synced is lost, for a scenario that must count on losing it.
+//! A power loss is worth landing only when something is at stake: an [`UnsyncedWatch`] blocks
+//! until one of its mounts holds an unsynced change of a file, woken by the request that
+//! records it, with a deadline.
 //!
 //! Each mount can also be a disk of its own: [`Options::sync_latency`] is added to every
 //! fsync and fdatasync (1 ms is what a network-attached cloud volume takes), while writes and
@@ -38,7 +41,7 @@ use std::time::Duration;
 
 pub use model::{CrashReport, GRAVEYARD};
 
-use fs::{LossyFilesystem, State, SyncGate, Syncs};
+use fs::{LossyFilesystem, State, SyncGate, Syncs, Waiter};
 use model::Model;
 
 /// What can go wrong with a mount.
@@ -228,11 +231,10 @@ impl LossyFs {
         cv.notify_all();
     }
 
-    /// How many writes and size changes of files are not synced yet.
+    /// How many writes and size changes of files are not synced yet (to wait for the first,
+    /// an [`UnsyncedWatch`]).
     pub fn unsynced_changes(&self) -> usize {
-        self.state.as_ref().map_or(0, |s| {
-            s.lock().unwrap_or_else(|e| e.into_inner()).unsynced()
-        })
+        self.state.as_ref().map_or(0, |s| lock(s).unsynced())
     }
 
     /// Pulls the plug: unmounts, rewrites the backing directory into the state a power loss
@@ -276,6 +278,57 @@ impl LossyFs {
         self.set_syncs(Syncs::Fail);
         self.stop(UNMOUNT_WAIT)
     }
+}
+
+/// A wait for the first unsynced change of a file on any of some mounts. It looks when it is
+/// made: a change made after that wakes it, so a test can watch, then cause the change, then
+/// wait. It borrows the mounts, so none can crash or unmount while it waits.
+pub struct UnsyncedWatch<'a> {
+    mounts: Vec<&'a LossyFs>,
+    waiter: Arc<Waiter>,
+    /// A mount already held an unsynced change when the watch was made.
+    held: bool,
+}
+
+impl<'a> UnsyncedWatch<'a> {
+    pub fn on(mounts: &[&'a LossyFs]) -> UnsyncedWatch<'a> {
+        let mut watch = UnsyncedWatch {
+            mounts: mounts.to_vec(),
+            waiter: Arc::new(Waiter::default()),
+            held: false,
+        };
+        for state in watch.mounts.iter().filter_map(|m| m.state.as_ref()) {
+            let mut s = lock(state);
+            if s.unsynced() > 0 {
+                watch.held = true;
+                break;
+            }
+            s.waiters.push(watch.waiter.clone());
+        }
+        watch
+    }
+
+    /// Waits up to `timeout` until one of the mounts holds an unsynced change of a file;
+    /// whether one does.
+    pub fn wait(self, timeout: Duration) -> bool {
+        self.held || self.waiter.wait(timeout)
+    }
+}
+
+impl Drop for UnsyncedWatch<'_> {
+    fn drop(&mut self) {
+        for state in self.mounts.iter().filter_map(|m| m.state.as_ref()) {
+            lock(state)
+                .waiters
+                .retain(|w| !Arc::ptr_eq(w, &self.waiter));
+        }
+    }
+}
+
+/// A panic under the state's lock leaves at worst one operation unrecorded (see the file
+/// system's own lock).
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Drop for LossyFs {

@@ -10,7 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use lossyfs::{LossyFs, Options};
+use lossyfs::{LossyFs, Options, UnsyncedWatch};
 
 const SEEDS: u64 = 24;
 
@@ -258,4 +258,39 @@ fn a_drop_leaves_no_mount_even_with_a_file_open() {
     );
     drop(held);
     drop(dir);
+}
+
+#[test]
+fn a_watch_is_woken_by_the_first_unsynced_write_on_any_of_its_mounts() {
+    const QUIET: Duration = Duration::from_millis(200);
+    const LONG: Duration = Duration::from_secs(30);
+    let (_a_dir, a) = mounted(Options::default());
+    let (_b_dir, b) = mounted(Options::default());
+    let mut f = File::create(b.mountpoint().join("f")).unwrap();
+    f.write_all(b"synced").unwrap();
+    f.sync_data().unwrap();
+    // A name made but no unsynced write: nothing wakes the watch, and it gives up in time.
+    let started = Instant::now();
+    assert!(
+        !UnsyncedWatch::on(&[&a, &b]).wait(QUIET),
+        "a watch woke with nothing unsynced"
+    );
+    assert!(started.elapsed() >= QUIET, "the watch did not wait");
+    // Made before the write, the watch is woken by it (the write's request records it).
+    let watch = UnsyncedWatch::on(&[&a, &b]);
+    f.write_all(b" and not").unwrap();
+    let started = Instant::now();
+    assert!(watch.wait(LONG), "the unsynced write woke no watch");
+    assert!(
+        started.elapsed() < LONG / 2,
+        "the watch waited out its deadline"
+    );
+    // Made after it, the watch finds it held at once.
+    assert!(UnsyncedWatch::on(&[&b]).wait(Duration::ZERO));
+    // Synced again, it waits anew.
+    f.sync_data().unwrap();
+    assert!(!UnsyncedWatch::on(&[&b]).wait(QUIET));
+    drop(f);
+    a.unmount().unwrap();
+    b.unmount().unwrap();
 }

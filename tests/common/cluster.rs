@@ -225,20 +225,25 @@ impl TestNode {
 
 /// Waits until no thread of a stopped node holds its data directory's lock. The System's
 /// arbiters (the admin API's worker among them, which holds a `Node`) end after the System's
-/// own thread, and nothing reports when; so this tries the lock, as the next node will.
+/// own thread, and nothing reports when but the lock's release itself: a blocking lock on a
+/// thread of its own, so that the deadline bounds the wait, is woken by it and lets go at
+/// once for the next node.
 fn wait_unlocked(data_dir: &Path) {
     let lock = std::fs::OpenOptions::new()
         .write(true)
         .open(data_dir.join("walserver.lock"))
         .expect("open the data directory's lock file");
-    let start = Instant::now();
-    while lock.try_lock().is_err() {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "the stopped node still holds {}",
-            data_dir.display()
-        );
-        std::thread::sleep(Duration::from_millis(1));
+    let (taken, released) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let result = lock.lock();
+        // Closing the file lets the lock go before anyone hears it was taken.
+        drop(lock);
+        let _ = taken.send(result);
+    });
+    match released.recv_timeout(DEADLINE) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("locking {}: {e}", data_dir.display()),
+        Err(_) => panic!("the stopped node still holds {}", data_dir.display()),
     }
 }
 

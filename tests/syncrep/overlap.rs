@@ -14,16 +14,8 @@ use super::*;
 
 #[test]
 fn a_synchronous_standby_makes_an_append_durable_while_the_primary_s_fdatasync_runs() {
-    let primary = TestNode::primary(
-        "synchronous_standby_names = 'FIRST 1 (s1)'\nsynchronous_commit_overlap = true",
-    );
-    // Rule 5 starts every start of such a primary on a new timeline, its first included.
-    let tli = primary.wal().timeline();
-    let s1 = standby_of(&primary, "s1", "");
-    let s2 = standby_of(&primary, "s2", "");
-    wait_streaming(&primary, &["s1", "s2"]);
-    let base = append(&primary, b"before", Durability::On).unwrap();
-    s2.wait_flushed(tli, base);
+    let (primary, tli, [s1, s2]) = overlapped("", "");
+    let base = acknowledged(&primary, b"before", tli, &s2);
     let records_before = primary.http_get_records_count();
 
     let (held, acked) = append_with_sync_held(&primary, b"overlapped");
@@ -172,14 +164,8 @@ struct Tail {
 }
 
 fn a_tail_the_primary_failed_to_sync() -> Tail {
-    let primary = TestNode::primary(
-        "synchronous_standby_names = 'FIRST 1 (s1)'\nsynchronous_commit_overlap = true",
-    );
-    let tli = primary.wal().timeline();
-    let s1 = standby_of(&primary, "s1", "");
-    wait_streaming(&primary, &["s1"]);
-    let base = append(&primary, b"acknowledged", Durability::On).expect("acknowledged");
-    s1.wait_flushed(tli, base);
+    let (primary, tli, [s1]) = overlapped("", "");
+    let base = acknowledged(&primary, b"acknowledged", tli, &s1);
     let (held, lost) = append_with_sync_held(&primary, b"never durable on the primary");
     let at_s1 = s1.wait_flushed(tli, base + 1);
     assert_eq!(at_s1.timeline, tli);
@@ -266,22 +252,40 @@ impl TestNode {
 /// a standby's own cascade.
 const OVERLAP: &str = "synchronous_commit_overlap = true";
 
+/// The rule tests' start: a primary with the overlapped commit (and `extra` settings) and `N`
+/// walserver standbys of it with `standby` settings, named `s1`, `s2`, ..., all streaming;
+/// `s1` is the synchronous one, the others asynchronous. Also the primary's timeline, which
+/// is new at every start of such a primary, its first included (rule 5).
+fn overlapped<const N: usize>(extra: &str, standby: &str) -> (TestNode, TimelineId, [TestNode; N]) {
+    let primary = TestNode::primary(&format!(
+        "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}\n{extra}"
+    ));
+    let tli = primary.wal().timeline();
+    let names: [String; N] = std::array::from_fn(|i| format!("s{}", i + 1));
+    let standbys = names
+        .each_ref()
+        .map(|name| standby_of(&primary, name, standby));
+    wait_streaming(&primary, &names.each_ref().map(String::as_str));
+    (primary, tli, standbys)
+}
+
+/// Appends `payload` to `primary`, acknowledged, and waits until `standby` holds it on
+/// timeline `tli`; returns its end.
+fn acknowledged(primary: &TestNode, payload: &[u8], tli: TimelineId, standby: &TestNode) -> Lsn {
+    let end = append(primary, payload, Durability::On).expect("acknowledged");
+    standby.wait_flushed(tli, end);
+    end
+}
+
 /// Rule 3: a standby given WAL past the commit point (the primary's fdatasync is held)
 /// passes none of it on, to a cascade or through `GET /wal`, until the commit point covers
 /// it; then both get it.
 #[test]
 fn a_standby_passes_on_nothing_past_the_commit_point_it_was_told() {
-    let primary = TestNode::primary(&format!(
-        "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}"
-    ));
-    // A primary with the switch on starts a new timeline at every start (rule 5).
-    let tli = primary.wal().timeline();
-    let s1 = standby_of(&primary, "s1", OVERLAP);
+    let (primary, tli, [s1]) = overlapped("", OVERLAP);
     let cascade = standby_of(&s1, "c1", OVERLAP);
-    wait_streaming(&primary, &["s1"]);
     wait_streaming(&s1, &["c1"]);
-    let base = append(&primary, b"before", Durability::On).unwrap();
-    cascade.wait_flushed(tli, base);
+    let base = acknowledged(&primary, b"before", tli, &cascade);
     let told = wait_commit_point(&s1, base);
     assert_eq!(told, base);
     let records_before = s1.http_get_records_count();
@@ -320,17 +324,9 @@ fn a_standby_passes_on_nothing_past_the_commit_point_it_was_told() {
 /// counts the cut, and streams on.
 #[test]
 fn a_longer_unacknowledged_tail_is_cut_back_at_stream_start() {
-    let primary = TestNode::primary(&format!(
-        "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}"
-    ));
-    // A primary with the switch on starts a new timeline at every start (rule 5).
-    let tli = primary.wal().timeline();
-    let s1 = standby_of(&primary, "s1", OVERLAP);
-    // An asynchronous standby: it gets only what the primary flushed.
-    let s2 = standby_of(&primary, "s2", OVERLAP);
-    wait_streaming(&primary, &["s1", "s2"]);
-    let base = append(&primary, b"before", Durability::On).unwrap();
-    s2.wait_flushed(tli, base);
+    // s2 is asynchronous: it gets only what the primary flushed.
+    let (primary, tli, [s1, s2]) = overlapped("", OVERLAP);
+    let base = acknowledged(&primary, b"before", tli, &s2);
     wait_commit_point(&s1, base);
 
     let held = Held(primary.wal().clone());
@@ -370,24 +366,7 @@ fn a_longer_unacknowledged_tail_is_cut_back_at_stream_start() {
 /// `/metrics`.
 #[test]
 fn a_cut_below_the_commit_point_is_refused_and_alarmed() {
-    let primary = TestNode::primary(&format!(
-        "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}"
-    ));
-    // A primary with the switch on starts a new timeline at every start (rule 5).
-    let tli = primary.wal().timeline();
-    let s1 = standby_of(&primary, "s1", OVERLAP);
-    let s2 = standby_of(&primary, "s2", OVERLAP);
-    wait_streaming(&primary, &["s1", "s2"]);
-    let base = append(&primary, b"before", Durability::On).unwrap();
-    s2.wait_flushed(tli, base);
-    // s2 stops following: its WAL ends at `base`.
-    s2.reload_with(&format!(
-        "{OVERLAP}\nprimary_conninfo = 'host=127.0.0.1 port=1 user=repl'"
-    ));
-    s2.wait_not_streaming();
-    let end = append(&primary, b"acknowledged", Durability::On).unwrap();
-    assert_eq!(wait_commit_point(&s1, end), end);
-
+    let (_primary, s1, s2, end) = s1_told_past_s2();
     s1.reload_with(&format!(
         "{OVERLAP}\nprimary_conninfo = '{}'",
         s2.conninfo("s1")
@@ -399,6 +378,21 @@ fn a_cut_below_the_commit_point_is_refused_and_alarmed() {
     assert_eq!(s1.wal().flushed(), end, "nothing acknowledged was cut");
     let metrics = s1.http_get_metrics();
     assert!(metrics.contains("walserver_commit_alarm 1\n"), "{metrics}");
+}
+
+/// Rule 4's refusals start here: the primary, its synchronous standby `s1` and `s2`, which
+/// stopped following after the first append; `s1` holds and was told as the commit point the
+/// end of a second one, acknowledged, which `s2` lacks.
+fn s1_told_past_s2() -> (TestNode, TestNode, TestNode, Lsn) {
+    let (primary, tli, [s1, s2]) = overlapped("", OVERLAP);
+    acknowledged(&primary, b"before", tli, &s2);
+    s2.reload_with(&format!(
+        "{OVERLAP}\nprimary_conninfo = 'host=127.0.0.1 port=1 user=repl'"
+    ));
+    s2.wait_not_streaming();
+    let end = append(&primary, b"acknowledged", Durability::On).unwrap();
+    assert_eq!(wait_commit_point(&s1, end), end);
+    (primary, s1, s2, end)
 }
 
 /// Waits until `node` knows a commit point at or past `lsn`; returns it.
@@ -476,14 +470,14 @@ fn a_flush_reported_on_the_old_timeline_releases_nothing_on_the_new_one() {
 #[test]
 fn the_primary_archives_nothing_past_the_commit_point() {
     let archive = tempfile::tempdir().expect("tempdir");
-    let primary = TestNode::primary(&format!(
-        "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}\narchive_mode = 'on'\narchive_target = \"file://{}\"",
-        archive.path().display()
-    ));
-    let tli = primary.wal().timeline();
+    let (primary, tli, [s1]) = overlapped(
+        &format!(
+            "archive_mode = 'on'\narchive_target = \"file://{}\"",
+            archive.path().display()
+        ),
+        OVERLAP,
+    );
     let segment_size = primary.wal().segment_size();
-    let s1 = standby_of(&primary, "s1", OVERLAP);
-    wait_streaming(&primary, &["s1"]);
     let base = append(&primary, b"before", Durability::On).expect("acknowledged");
     let archiver = |what: &str| primary.http_get("/status")["archiver"][what].clone();
     wait_until("the archiver's hold", || {
@@ -548,23 +542,8 @@ fn the_primary_archives_nothing_past_the_commit_point() {
 /// upstream has told it a commit point again.
 #[test]
 fn a_restarted_standby_refuses_to_cut_below_the_commit_point_it_stored() {
-    let primary = TestNode::primary(&format!(
-        "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}"
-    ));
-    let tli = primary.wal().timeline();
-    let s1 = standby_of(&primary, "s1", OVERLAP);
-    let s2 = standby_of(&primary, "s2", OVERLAP);
-    wait_streaming(&primary, &["s1", "s2"]);
-    let base = append(&primary, b"before", Durability::On).unwrap();
-    s2.wait_flushed(tli, base);
-    // s2 stops following: its WAL ends at `base`.
-    s2.reload_with(&format!(
-        "{OVERLAP}\nprimary_conninfo = 'host=127.0.0.1 port=1 user=repl'"
-    ));
-    s2.wait_not_streaming();
-    let end = append(&primary, b"acknowledged", Durability::On).unwrap();
     // What s1 shows (and serves its readers up to) is the point it stored.
-    assert_eq!(wait_commit_point(&s1, end), end);
+    let (primary, s1, s2, end) = s1_told_past_s2();
     drop(primary);
 
     let dir = s1.down(Down::Immediate);
@@ -587,13 +566,8 @@ fn a_restarted_standby_refuses_to_cut_below_the_commit_point_it_stored() {
 /// end: only its removal keeps that kill from passing for clean).
 #[test]
 fn a_clean_restart_keeps_the_timeline_and_a_killed_one_begins_a_new_one() {
-    let primary = TestNode::primary(&format!(
-        "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}"
-    ));
+    let (primary, tli, [s1]) = overlapped("", OVERLAP);
     let extra = primary.extra_toml();
-    let tli = primary.wal().timeline();
-    let s1 = standby_of(&primary, "s1", OVERLAP);
-    wait_streaming(&primary, &["s1"]);
     let end = append(&primary, b"before the clean shutdown", Durability::On).unwrap();
     let port = primary.addr().port();
     let listen = format!("127.0.0.1:{port}");

@@ -138,7 +138,7 @@ impl ArchiveHold {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::WalError;
+    use crate::files::assert_damaged_envelope_refused;
 
     #[test]
     fn hold_advances_forward_only_and_survives_reload() {
@@ -166,17 +166,12 @@ mod tests {
 
     #[test]
     fn a_damaged_file_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("archive_status");
         let body = ArchiveFile {
             version: FILE_VERSION,
             archived: Lsn(7),
         };
-        let mut bytes = encode_envelope(KIND, &body);
-        let last = bytes.len() - 2;
-        bytes[last] ^= 1;
-        std::fs::write(&path, &bytes).unwrap();
-        let e = ArchiveHold::load(&Io::new(true), dir.path()).unwrap_err();
-        assert!(matches!(e, WalError::BadFile { .. }), "{e}");
+        assert_damaged_envelope_refused("archive_status", KIND, &body, |dir| {
+            ArchiveHold::load(&Io::new(true), dir)
+        });
     }
 }

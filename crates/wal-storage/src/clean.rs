@@ -60,6 +60,7 @@ pub(crate) fn take(io: &Io, dir: &Path) -> Result<Option<(TimelineId, Lsn)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::files::damage_envelope;
 
     #[test]
     fn a_mark_is_taken_once_and_a_damaged_one_counts_as_none() {
@@ -76,10 +77,7 @@ mod tests {
         assert_eq!(take(&io, dir.path()).unwrap(), None, "taken");
         write(&io, &tmp, dir.path(), TimelineId(3), Lsn(500)).unwrap();
         let path = dir.path().join(FILE);
-        let mut bytes = std::fs::read(&path).unwrap();
-        let last = bytes.len() - 2;
-        bytes[last] ^= 1;
-        std::fs::write(&path, &bytes).unwrap();
+        damage_envelope(&path);
         assert_eq!(take(&io, dir.path()).unwrap(), None);
         assert!(!path.exists(), "a damaged mark is removed too");
     }

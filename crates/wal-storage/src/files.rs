@@ -34,6 +34,34 @@ pub(crate) fn encode_envelope<T: Serialize>(kind: &str, body: &T) -> Vec<u8> {
     out
 }
 
+/// For tests: flips one bit of the JSON body of the envelope file at `path`, as a torn or
+/// rotten write would, so that its CRC no longer matches.
+#[cfg(test)]
+pub(crate) fn damage_envelope(path: &Path) {
+    let mut bytes = std::fs::read(path).expect("read the file to damage");
+    let last = bytes.len() - 2;
+    bytes[last] ^= 1;
+    std::fs::write(path, &bytes).expect("write the damaged file");
+}
+
+/// For tests: writes `body` as the `kind` file `name` of a fresh directory, damaged, and
+/// checks that `load` (given the directory) refuses it as a bad file rather than taking it
+/// as absent or as something else.
+#[cfg(test)]
+pub(crate) fn assert_damaged_envelope_refused<T: Serialize, L: std::fmt::Debug>(
+    name: &str,
+    kind: &str,
+    body: &T,
+    load: impl FnOnce(&Path) -> Result<L>,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(name);
+    std::fs::write(&path, encode_envelope(kind, body)).expect("write the file");
+    damage_envelope(&path);
+    let e = load(dir.path()).expect_err("a damaged file loaded");
+    assert!(matches!(e, WalError::BadFile { .. }), "{e}");
+}
+
 pub(crate) fn decode_envelope<T: DeserializeOwned>(
     kind: &str,
     path: &Path,

@@ -118,7 +118,7 @@ impl ToldCommit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::WalError;
+    use crate::files::assert_damaged_envelope_refused;
 
     #[test]
     fn the_newest_wanted_point_is_written_once_and_survives_reload() {
@@ -144,17 +144,12 @@ mod tests {
 
     #[test]
     fn a_damaged_file_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("commit_point");
         let body = CommitFile {
             version: FILE_VERSION,
             commit_point: Lsn(7),
         };
-        let mut bytes = encode_envelope(KIND, &body);
-        let last = bytes.len() - 2;
-        bytes[last] ^= 1;
-        std::fs::write(&path, &bytes).unwrap();
-        let e = ToldCommit::load(&Io::new(true), dir.path()).unwrap_err();
-        assert!(matches!(e, WalError::BadFile { .. }), "{e}");
+        assert_damaged_envelope_refused("commit_point", KIND, &body, |dir| {
+            ToldCommit::load(&Io::new(true), dir)
+        });
     }
 }

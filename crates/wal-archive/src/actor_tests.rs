@@ -64,9 +64,31 @@ async fn start_holding(
     wal: &Wal,
     target: &Path,
 ) -> (Addr<Archiver>, watch::Receiver<ArchiverStatus>) {
-    let (addr, mut rx) = start(wal, target);
+    start_holding_with(wal, config(target)).await
+}
+
+/// [`start_holding`] with a configuration of the test's own.
+async fn start_holding_with(
+    wal: &Wal,
+    config: ArchiveConfig,
+) -> (Addr<Archiver>, watch::Receiver<ArchiverStatus>) {
+    let (addr, mut rx) = Archiver::start(wal.clone(), config);
     wait_until(&mut rx, "the hold", |s| s.archived_lsn.is_some()).await;
     (addr, rx)
+}
+
+/// What a test starts from: its storage's data directory, a directory for the archive (the
+/// archive itself, or where the test makes one later) and the storage. With `keep`, a slot
+/// keeps every segment, for a test that compares the node's own files with what was
+/// archived. A test binds the directories it does not use to `_` names, so that they live as
+/// long as it runs.
+fn setup(keep: bool) -> (tempfile::TempDir, tempfile::TempDir, Wal) {
+    let data = tempfile::tempdir().unwrap();
+    let wal = new_wal(data.path());
+    if keep {
+        wal.create_slot("keep", false, true).unwrap();
+    }
+    (data, tempfile::tempdir().unwrap(), wal)
 }
 
 async fn wait_until(
@@ -95,11 +117,8 @@ fn names(dir: &Path) -> Vec<String> {
 
 #[actix_rt::test]
 async fn every_completed_segment_and_history_file_is_archived_byte_for_byte() {
-    let data = tempfile::tempdir().unwrap();
-    let archive = tempfile::tempdir().unwrap();
-    let wal = new_wal(data.path());
     // A slot keeps the node's own files to compare with once they are archived.
-    wal.create_slot("keep", false, true).unwrap();
+    let (data, archive, wal) = setup(true);
     let (addr, mut rx) = start_holding(&wal, archive.path()).await;
     fill(&wal, 3).await;
     let pg_wal = data.path().join("pg_wal");
@@ -156,10 +175,8 @@ async fn every_completed_segment_and_history_file_is_archived_byte_for_byte() {
 
 #[actix_rt::test]
 async fn a_failing_target_is_retried_without_skipping_and_shows_in_status() {
-    let data = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
+    let (_data, root, wal) = setup(false);
     let archive = root.path().join("archive");
-    let wal = new_wal(data.path());
     // The target directory does not exist yet: every put fails.
     let (addr, mut rx) = start_holding(&wal, &archive).await;
     fill(&wal, 2).await;
@@ -191,9 +208,7 @@ async fn a_failing_target_is_retried_without_skipping_and_shows_in_status() {
 
 #[actix_rt::test]
 async fn other_contents_under_a_segments_name_are_kept_and_raise_the_alarm() {
-    let data = tempfile::tempdir().unwrap();
-    let archive = tempfile::tempdir().unwrap();
-    let wal = new_wal(data.path());
+    let (_data, archive, wal) = setup(false);
     let foreign = archive.path().join("000000010000000000000001");
     std::fs::write(&foreign, b"another cluster's segment").unwrap();
     let (addr, mut rx) = start_holding(&wal, archive.path()).await;
@@ -219,9 +234,7 @@ async fn other_contents_under_a_segments_name_are_kept_and_raise_the_alarm() {
 
 #[actix_rt::test]
 async fn a_restart_resumes_from_the_durable_position() {
-    let data = tempfile::tempdir().unwrap();
-    let archive = tempfile::tempdir().unwrap();
-    let wal = new_wal(data.path());
+    let (_data, archive, wal) = setup(false);
     let (addr, mut rx) = start_holding(&wal, archive.path()).await;
     fill(&wal, 2).await;
     wait_until(&mut rx, "two segments", |s| s.archived_count == 2).await;
@@ -241,9 +254,7 @@ async fn a_restart_resumes_from_the_durable_position() {
 
 #[actix_rt::test]
 async fn under_failover_only_the_holder_of_the_leaders_fence_starts_uploads() {
-    let data = tempfile::tempdir().unwrap();
-    let archive = tempfile::tempdir().unwrap();
-    let wal = new_wal(data.path());
+    let (_data, archive, wal) = setup(false);
     let (fence, fenced) = watch::channel(false);
     let (addr, mut rx) = Archiver::start_fenced(wal.clone(), config(archive.path()), Some(fenced));
     wait_until(&mut rx, "the hold", |s| s.archived_lsn.is_some()).await;
@@ -286,19 +297,16 @@ async fn append_one(wal: &Wal, byte: u8) -> Lsn {
 
 #[actix_rt::test]
 async fn archive_timeout_puts_the_durable_prefix_and_the_whole_segment_replaces_it() {
-    let data = tempfile::tempdir().unwrap();
-    let archive = tempfile::tempdir().unwrap();
-    let wal = new_wal(data.path());
-    wal.create_slot("keep", false, true).unwrap();
-    let (addr, mut rx) = Archiver::start(
-        wal.clone(),
+    let (data, archive, wal) = setup(true);
+    let (addr, mut rx) = start_holding_with(
+        &wal,
         ArchiveConfig {
             // Short, so the test takes a fraction of a second.
             archive_timeout: Duration::from_millis(100),
             ..config(archive.path())
         },
-    );
-    wait_until(&mut rx, "the hold", |s| s.archived_lsn.is_some()).await;
+    )
+    .await;
     let first = append_one(&wal, 1).await;
     wait_until(&mut rx, "the first prefix", |s| {
         s.covered_lsn == Some(first)
@@ -343,9 +351,7 @@ async fn archive_timeout_puts_the_durable_prefix_and_the_whole_segment_replaces_
 
 #[actix_rt::test]
 async fn a_promotion_puts_the_old_timelines_last_segment_as_its_partial() {
-    let data = tempfile::tempdir().unwrap();
-    let archive = tempfile::tempdir().unwrap();
-    let wal = new_wal(data.path());
+    let (_data, archive, wal) = setup(false);
     let (addr, mut rx) = start_holding(&wal, archive.path()).await;
     fill(&wal, 1).await;
     let switch = append_one(&wal, 3).await;
@@ -376,13 +382,10 @@ async fn a_promotion_puts_the_old_timelines_last_segment_as_its_partial() {
 
 #[actix_rt::test]
 async fn archive_command_gets_every_file_by_postgres_s_contract_and_is_retried() {
-    let data = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
+    let (data, root, wal) = setup(true);
     let out = root.path().join("out");
-    let wal = new_wal(data.path());
-    wal.create_slot("keep", false, true).unwrap();
-    let (addr, mut rx) = Archiver::start(
-        wal.clone(),
+    let (addr, mut rx) = start_holding_with(
+        &wal,
         ArchiveConfig {
             target: ArchiveTarget::Command(crate::ArchiveCommand {
                 // PostgreSQL's documented example with a sync, as a real command must.
@@ -394,8 +397,8 @@ async fn archive_command_gets_every_file_by_postgres_s_contract_and_is_retried()
             }),
             ..config(root.path())
         },
-    );
-    wait_until(&mut rx, "the hold", |s| s.archived_lsn.is_some()).await;
+    )
+    .await;
     fill(&wal, 2).await;
     // The destination is missing: the command fails and says why, and is retried.
     let s = wait_until(&mut rx, "a failure", |s| s.failed_count >= 1).await;
@@ -453,19 +456,17 @@ async fn append_until_refused(wal: &Wal, bound: u64) -> wal_storage::WalError {
 
 #[actix_rt::test]
 async fn past_archive_max_backlog_appends_are_refused_until_the_archive_catches_up() {
-    let data = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
+    let (_data, root, wal) = setup(false);
     let archive = root.path().join("archive");
-    let wal = new_wal(data.path());
     // The target directory does not exist yet: nothing can be archived.
-    let (addr, mut rx) = Archiver::start(
-        wal.clone(),
+    let (addr, mut rx) = start_holding_with(
+        &wal,
         ArchiveConfig {
             max_backlog: 2 * SEG,
             ..config(&archive)
         },
-    );
-    wait_until(&mut rx, "the hold", |s| s.archived_lsn.is_some()).await;
+    )
+    .await;
     let e = append_until_refused(&wal, 2 * SEG).await;
     assert!(e.is_archive_backlog(), "{e}");
     let s = wait_until(&mut rx, "backpressure shown", |s| s.backpressure).await;
@@ -563,6 +564,18 @@ async fn uploads_list_the_archive_once_and_remove_prefixes_from_what_they_know()
     assert_eq!(left.len(), 12, "{left:?}");
 }
 
+/// The archive under `prefix` of `server`'s bucket.
+fn s3_target(server: &pg_testkit::SeaweedServer, prefix: &str) -> ArchiveTarget {
+    let options = crate::S3Options {
+        endpoint: Some(server.endpoint()),
+        allow_http: true,
+        access_key_id: Some(pg_testkit::SEAWEED_ACCESS_KEY_ID.into()),
+        secret_access_key: Some(pg_testkit::SEAWEED_SECRET_ACCESS_KEY.into()),
+        ..crate::S3Options::default()
+    };
+    ArchiveTarget::parse_with(&format!("s3://{}/{prefix}", server.bucket()), &options).unwrap()
+}
+
 /// The cost of listing per upload against a real S3 store, and that it is gone: `n`
 /// segments (`WALSERVER_TEST_ARCHIVE_SEGMENTS`, 8 by default; a few hundred for a
 /// measurement) archived to two prefixes of one SeaweedFS bucket, listing at each upload
@@ -574,17 +587,7 @@ async fn archiving_to_s3_lists_the_archive_once_however_many_segments() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(8);
     let server = pg_testkit::SeaweedServer::start();
-    let options = crate::S3Options {
-        endpoint: Some(server.endpoint()),
-        allow_http: true,
-        access_key_id: Some(pg_testkit::SEAWEED_ACCESS_KEY_ID.into()),
-        secret_access_key: Some(pg_testkit::SEAWEED_SECRET_ACCESS_KEY.into()),
-        ..crate::S3Options::default()
-    };
-    let target = |prefix: &str| {
-        ArchiveTarget::parse_with(&format!("s3://{}/{prefix}", server.bucket()), &options).unwrap()
-    };
-    let (before, after) = (target("before"), target("after"));
+    let (before, after) = (s3_target(&server, "before"), s3_target(&server, "after"));
     let data = tempfile::tempdir().unwrap();
     let wal = segments(data.path(), n).await;
     let ((t_before, l_before), (t_after, l_after)) = tokio::task::spawn_blocking(move || {
@@ -612,15 +615,7 @@ async fn archiving_to_s3_lists_the_archive_once_however_many_segments() {
 #[actix_rt::test]
 async fn two_nodes_archiving_the_same_wal_at_once_both_succeed() {
     let server = pg_testkit::SeaweedServer::start();
-    let options = crate::S3Options {
-        endpoint: Some(server.endpoint()),
-        allow_http: true,
-        access_key_id: Some(pg_testkit::SEAWEED_ACCESS_KEY_ID.into()),
-        secret_access_key: Some(pg_testkit::SEAWEED_SECRET_ACCESS_KEY.into()),
-        ..crate::S3Options::default()
-    };
-    let target =
-        ArchiveTarget::parse_with(&format!("s3://{}/twice", server.bucket()), &options).unwrap();
+    let target = s3_target(&server, "twice");
     let a = tempfile::tempdir().unwrap();
     let b = tempfile::tempdir().unwrap();
     // The same WAL on two nodes: one directory, copied while closed.
@@ -676,10 +671,7 @@ async fn two_nodes_archiving_the_same_wal_at_once_both_succeed() {
 /// goes on from there and finds that segment's own bytes.
 #[actix_rt::test]
 async fn a_backlog_goes_several_at_a_time_and_the_position_stops_at_a_failure() {
-    let data = tempfile::tempdir().unwrap();
-    let archive = tempfile::tempdir().unwrap();
-    let wal = new_wal(data.path());
-    wal.create_slot("keep", false, true).unwrap();
+    let (data, archive, wal) = setup(true);
     fill(&wal, 6).await;
     let third = archive.path().join("000000010000000000000003");
     std::fs::write(&third, b"foreign").unwrap();

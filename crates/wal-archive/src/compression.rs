@@ -59,9 +59,9 @@ impl Compression {
     pub fn encode(self, bytes: &Bytes) -> Result<Bytes> {
         match self {
             Compression::None => Ok(bytes.clone()),
-            Compression::Zstd => zstd::bulk::compress(bytes, ZSTD_LEVEL)
-                .map(Bytes::from)
-                .map_err(|e| ArchiveError::io("compressing with zstd", e)),
+            Compression::Zstd => {
+                compress_zstd(bytes).map_err(|e| ArchiveError::io("compressing with zstd", e))
+            }
         }
     }
 
@@ -86,6 +86,25 @@ impl Compression {
             }
         }
     }
+}
+
+thread_local! {
+    /// Each upload thread's zstd output buffer, of the bound for the largest input it met, kept
+    /// between objects. A fresh 16 MiB buffer per segment cost its pages' first-touch faults
+    /// (and their return at free) on every segment: about 9% of the archiver's CPU in a
+    /// profile of a zstd backlog drain. Only the compressed bytes are copied out.
+    static ZSTD_OUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One zstd frame of `bytes`, compressed through this thread's output buffer.
+fn compress_zstd(bytes: &[u8]) -> std::io::Result<Bytes> {
+    ZSTD_OUT.with_borrow_mut(|out| {
+        out.clear();
+        out.reserve(zstd::zstd_safe::compress_bound(bytes.len()));
+        let mut compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL)?;
+        compressor.compress_to_buffer(bytes, out)?;
+        Ok(Bytes::copy_from_slice(out))
+    })
 }
 
 fn too_long(limit: u64) -> ArchiveError {
@@ -115,6 +134,21 @@ mod tests {
         assert_eq!(Compression::parse("zstd").unwrap(), Compression::Zstd);
         assert_eq!(Compression::parse("none").unwrap(), Compression::None);
         assert!(Compression::parse("gzip").is_err());
+    }
+
+    #[test]
+    fn one_thread_compresses_objects_of_any_size_one_after_another() {
+        // The thread's output buffer serves every object: a smaller one after a larger must
+        // come out as itself, with nothing of the one before.
+        let large: Bytes = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let small: Bytes = (0..1_000u32).map(|i| (i % 13) as u8).collect();
+        for bytes in [&large, &small, &large] {
+            let stored = Compression::Zstd.encode(bytes).unwrap();
+            let back = Compression::Zstd
+                .decode(&stored, bytes.len() as u64)
+                .unwrap();
+            assert_eq!(&back[..], &bytes[..]);
+        }
     }
 
     #[test]

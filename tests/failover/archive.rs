@@ -232,7 +232,7 @@ pub const BEHIND_SEGMENTS: u64 = 2;
 
 /// The archive of `c`'s leader `leader` once it has completed [`BEHIND_SEGMENTS`] more whole
 /// segments than it held when this was called (the store stopped before then, so the
-/// archive has none of them): its archived position, or what went wrong.
+/// archive has none of them): the archived position it holds, or what went wrong.
 pub fn wait_behind(c: &Cluster, leader: usize) -> Result<Lsn, String> {
     let node = &c.nodes[leader];
     let from = node.status().map_err(|e| e.to_string())?.flush_lsn;
@@ -246,11 +246,15 @@ pub fn wait_behind(c: &Cluster, leader: usize) -> Result<Lsn, String> {
     let status = node.get_json("/status").map_err(|e| e.to_string())?;
     let archiver = serde_json::from_value::<ArchiverStatus>(status["archiver"].clone())
         .map_err(|e| format!("n{leader}'s archiver status: {e}"))?;
-    match archiver.archived_lsn {
-        Some(a) if a.0 + BEHIND_SEGMENTS * SEGMENT <= want.0 => Ok(a),
-        other => Err(format!(
+    // None: this node has not yet looked at the archive since it started (its look waits
+    // for the stopped store), so it counts nothing as archived.
+    let archived = archiver.archived_lsn.unwrap_or(Lsn(0));
+    if archived.0 + BEHIND_SEGMENTS * SEGMENT <= want.0 {
+        Ok(archived)
+    } else {
+        Err(format!(
             "n{leader}'s archive is not {BEHIND_SEGMENTS} segments behind its WAL ({want}): \
-             archived up to {other:?}, so the store did not hold its uploads"
-        )),
+             archived up to {archived}, so the store did not hold its uploads"
+        ))
     }
 }

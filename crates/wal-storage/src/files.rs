@@ -201,12 +201,18 @@ pub(crate) struct PointerFile {
 }
 
 impl PointerFile {
-    /// Creates the file with both slots holding `initial`, durably (the caller fsyncs the dir).
-    pub(crate) fn create(io: &Io, path: &Path, initial: FlushPointer) -> Result<()> {
+    /// The bytes of a new file whose both slots hold `initial`.
+    pub(crate) fn layout(initial: FlushPointer) -> Vec<u8> {
         let mut buf = vec![0u8; 2 * POINTER_SLOT as usize];
         let enc = initial.encode();
         buf[..36].copy_from_slice(&enc);
         buf[POINTER_SLOT as usize..POINTER_SLOT as usize + 36].copy_from_slice(&enc);
+        buf
+    }
+
+    /// Creates the file with both slots holding `initial`, durably (the caller fsyncs the dir).
+    pub(crate) fn create(io: &Io, path: &Path, initial: FlushPointer) -> Result<()> {
+        let buf = Self::layout(initial);
         let f = io
             .create(path)
             .map_err(|e| WalError::io(format!("creating {}", path.display()), e))?;

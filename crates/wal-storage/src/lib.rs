@@ -18,6 +18,7 @@
 //! DATA/pg_wal/          only segment files (TTTTTTTTXXXXXXXXYYYYYYYY) and TTTTTTTT.history files
 //! DATA/slots/NAME       one file per persistent physical slot, replaced atomically (slots.rs)
 //! DATA/archive_status   the archived position while archiving is on, replaced atomically (archived.rs)
+//! DATA/commit_point     a standby's told commit point: two CRC'd slots updated in place (told.rs)
 //! DATA/tmp/             temp files of atomic replacements and preallocation; emptied at open
 //! ```
 //!

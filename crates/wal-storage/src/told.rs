@@ -6,34 +6,47 @@
 //! to the commit point it knows. What it keeps must cover what it served, or a restart could
 //! let it cut WAL a reader already took. So the point readers see is the one on disk: a told
 //! point is first wanted ([`ToldCommit::want`]), the background thread writes the newest one
-//! wanted (file, fsync, rename, directory fsync), and only then is it published in the
-//! position. Writes are not made per message: at most one is queued, and it writes whatever
-//! is newest when it runs, so under a stream of commit points the published one trails the
-//! told one by about one write. That staleness is safe: readers stop at the published point,
-//! and a cut-back after a restart may go down to it, no lower; WAL between it and the told
-//! point was acknowledged, but is also durable on the primary and its quorum, and no reader
-//! here was given it.
+//! wanted, and only then is it published in the position. Writes are not made per message: at
+//! most one is queued, and it writes whatever is newest when it runs, so under a stream of
+//! commit points the published one trails the told one by about one write. That staleness is
+//! safe: readers stop at the published point, and a cut-back after a restart may go down to
+//! it, no lower; WAL between it and the told point was acknowledged, but is also durable on
+//! the primary and its quorum, and no reader here was given it.
+//!
+//! A standby under load stores a point about once per commit, on the same disk as its WAL, so
+//! a store is one write in place and one fdatasync: the file has the flush pointer's layout
+//! (two CRC'd slots, the newer sequence wins, a torn write damages only the slot it went to;
+//! `files.rs`), with the point as its end. Made whole once and renamed into place, it then
+//! changes no file-system metadata. (Written file, fsync, rename and directory fsync per
+//! point, as at first, it cost two flushes and a journal commit per commit on a standby's
+//! disk.) A file in the envelope form of earlier versions is read once and replaced at the
+//! first store.
 //!
 //! **Invariant:** the persisted point never moves back, and it is published only after its
 //! file is durable.
 
-// Format of DATA/commit_point (the control file's envelope, `files.rs`):
+// Format of DATA/commit_point: the flush pointer's two slots (`files.rs`), the end LSN the
+// commit point, the timeline 0. Earlier versions wrote the control file's envelope, which is
+// still read:
 //
 //   walserver-commit crc32c=XXXXXXXX\n{"version": 1, "commit_point": "X/X"}
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
-use wal_types::Lsn;
+use wal_types::{Lsn, TimelineId};
 
 use crate::durable::write_atomic_with;
-use crate::files::{decode_envelope, encode_envelope, read_if_exists, FILE_VERSION};
+use crate::files::{decode_envelope, read_if_exists, FlushPointer, PointerFile};
 use crate::io::Io;
 use crate::Result;
 
 const KIND: &str = "commit";
+/// How a file in the envelope form begins.
+const ENVELOPE_START: &[u8] = b"walserver-commit ";
 
+/// The envelope form of earlier versions.
 #[derive(Serialize, Deserialize)]
 struct CommitFile {
     version: u32,
@@ -45,6 +58,9 @@ struct CommitFile {
 pub(crate) struct ToldCommit {
     path: PathBuf,
     marks: Mutex<Marks>,
+    /// The file, open for stores in place once it has the two-slot layout; only the
+    /// background thread stores.
+    file: Mutex<Option<PointerFile>>,
 }
 
 #[derive(Debug, Default)]
@@ -59,9 +75,16 @@ impl ToldCommit {
     /// Reads `DATA/commit_point`, if there is one.
     pub(crate) fn load(io: &Io, dir: &Path) -> Result<ToldCommit> {
         let path = dir.join("commit_point");
-        let persisted = match read_if_exists(io, &path)? {
-            Some(bytes) => Some(decode_envelope::<CommitFile>(KIND, &path, &bytes)?.commit_point),
-            None => None,
+        let (persisted, file) = match read_if_exists(io, &path)? {
+            None => (None, None),
+            Some(bytes) if bytes.starts_with(ENVELOPE_START) => {
+                let old = decode_envelope::<CommitFile>(KIND, &path, &bytes)?;
+                (Some(old.commit_point), None)
+            }
+            Some(_) => {
+                let file = PointerFile::open(io, &path)?;
+                (Some(file.last.end), Some(file))
+            }
         };
         Ok(ToldCommit {
             path,
@@ -69,10 +92,11 @@ impl ToldCommit {
                 persisted,
                 ..Marks::default()
             }),
+            file: Mutex::new(file),
         })
     }
 
-    fn marks(&self) -> std::sync::MutexGuard<'_, Marks> {
+    fn marks(&self) -> MutexGuard<'_, Marks> {
         self.marks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -104,11 +128,21 @@ impl ToldCommit {
                 _ => return Ok(None),
             }
         };
-        let body = CommitFile {
-            version: FILE_VERSION,
-            commit_point: target,
-        };
-        write_atomic_with(io, tmp, &self.path, &encode_envelope(KIND, &body))?;
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        match file.as_mut() {
+            Some(f) => f.store(io, TimelineId(0), target, false)?,
+            None => {
+                let first = FlushPointer {
+                    seq: 1,
+                    timeline: TimelineId(0),
+                    end: target,
+                    exact: false,
+                };
+                write_atomic_with(io, tmp, &self.path, &PointerFile::layout(first))?;
+                *file = Some(PointerFile::open(io, &self.path)?);
+            }
+        }
+        drop(file);
         let mut m = self.marks();
         m.persisted = m.persisted.max(Some(target));
         Ok(Some(target))
@@ -118,7 +152,7 @@ impl ToldCommit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::files::assert_damaged_envelope_refused;
+    use crate::files::{assert_damaged_envelope_refused, encode_envelope, FILE_VERSION};
 
     #[test]
     fn the_newest_wanted_point_is_written_once_and_survives_reload() {
@@ -143,7 +177,7 @@ mod tests {
     }
 
     #[test]
-    fn a_damaged_file_is_refused() {
+    fn a_damaged_file_of_earlier_versions_is_refused() {
         let body = CommitFile {
             version: FILE_VERSION,
             commit_point: Lsn(7),
@@ -151,5 +185,53 @@ mod tests {
         assert_damaged_envelope_refused("commit_point", KIND, &body, |dir| {
             ToldCommit::load(&Io::new(true), dir)
         });
+    }
+
+    #[test]
+    fn the_envelope_of_earlier_versions_is_read_and_replaced_at_the_first_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        let io = Io::new(true);
+        let body = CommitFile {
+            version: FILE_VERSION,
+            commit_point: Lsn(300),
+        };
+        let path = dir.path().join("commit_point");
+        std::fs::write(&path, encode_envelope(KIND, &body)).unwrap();
+        let told = ToldCommit::load(&io, dir.path()).unwrap();
+        assert_eq!(told.persisted(), Some(Lsn(300)));
+        assert_eq!(told.want(Lsn(400)), (Some(Lsn(300)), true));
+        assert_eq!(told.persist(&io, &tmp).unwrap(), Some(Lsn(400)));
+        assert!(!std::fs::read(&path).unwrap().starts_with(ENVELOPE_START));
+        // Later stores go in place, one slot after the other.
+        told.want(Lsn(500));
+        assert_eq!(told.persist(&io, &tmp).unwrap(), Some(Lsn(500)));
+        told.want(Lsn(600));
+        assert_eq!(told.persist(&io, &tmp).unwrap(), Some(Lsn(600)));
+        let again = ToldCommit::load(&io, dir.path()).unwrap();
+        assert_eq!(again.persisted(), Some(Lsn(600)));
+    }
+
+    #[test]
+    fn a_torn_slot_leaves_the_other_and_two_are_refused() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        let io = Io::new(true);
+        let told = ToldCommit::load(&io, dir.path()).unwrap();
+        for c in [100, 200] {
+            told.want(Lsn(c));
+            told.persist(&io, &tmp).unwrap();
+        }
+        // Sequence 2, the newest, went to the first slot (offset 0): damage it.
+        let path = dir.path().join("commit_point");
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&[0xff; 8], 24).unwrap();
+        let again = ToldCommit::load(&io, dir.path()).unwrap();
+        assert_eq!(again.persisted(), Some(Lsn(100)), "the older slot stands");
+        f.write_all_at(&[0xff; 8], 512 + 24).unwrap();
+        assert!(ToldCommit::load(&io, dir.path()).is_err());
     }
 }

@@ -138,14 +138,11 @@ impl ArchiveHold {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::files::assert_damaged_envelope_refused;
+    use crate::files::{assert_damaged_envelope_refused, scratch_dir};
 
     #[test]
     fn hold_advances_forward_only_and_survives_reload() {
-        let dir = tempfile::tempdir().unwrap();
-        let tmp = dir.path().join("tmp");
-        std::fs::create_dir(&tmp).unwrap();
-        let io = Io::new(true);
+        let (dir, tmp, io) = scratch_dir();
         let mut h = ArchiveHold::load(&io, dir.path()).unwrap();
         assert_eq!(h.archived(), None);
         assert!(

@@ -60,14 +60,11 @@ pub(crate) fn take(io: &Io, dir: &Path) -> Result<Option<(TimelineId, Lsn)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::files::damage_envelope;
+    use crate::files::{damage_envelope, scratch_dir};
 
     #[test]
     fn a_mark_is_taken_once_and_a_damaged_one_counts_as_none() {
-        let dir = tempfile::tempdir().unwrap();
-        let tmp = dir.path().join("tmp");
-        std::fs::create_dir(&tmp).unwrap();
-        let io = Io::new(true);
+        let (dir, tmp, io) = scratch_dir();
         assert_eq!(take(&io, dir.path()).unwrap(), None);
         write(&io, &tmp, dir.path(), TimelineId(3), Lsn(500)).unwrap();
         assert_eq!(

@@ -34,6 +34,16 @@ pub(crate) fn encode_envelope<T: Serialize>(kind: &str, body: &T) -> Vec<u8> {
     out
 }
 
+/// For tests: a fresh data directory with its `tmp/`, and an `Io` that fsyncs: what the
+/// small files beside pg_wal are written through.
+#[cfg(test)]
+pub(crate) fn scratch_dir() -> (tempfile::TempDir, PathBuf, Io) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).expect("create tmp");
+    (dir, tmp, Io::new(true))
+}
+
 /// For tests: flips one bit of the JSON body of the envelope file at `path`, as a torn or
 /// rotten write would, so that its CRC no longer matches.
 #[cfg(test)]

@@ -152,14 +152,13 @@ impl ToldCommit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::files::{assert_damaged_envelope_refused, encode_envelope, FILE_VERSION};
+    use crate::files::{
+        assert_damaged_envelope_refused, encode_envelope, scratch_dir, FILE_VERSION,
+    };
 
     #[test]
     fn the_newest_wanted_point_is_written_once_and_survives_reload() {
-        let dir = tempfile::tempdir().unwrap();
-        let tmp = dir.path().join("tmp");
-        std::fs::create_dir(&tmp).unwrap();
-        let io = Io::new(true);
+        let (dir, tmp, io) = scratch_dir();
         let told = ToldCommit::load(&io, dir.path()).unwrap();
         assert_eq!(told.persisted(), None);
         // The first point queues a write; those told before it runs ride on it.
@@ -189,10 +188,7 @@ mod tests {
 
     #[test]
     fn the_envelope_of_earlier_versions_is_read_and_replaced_at_the_first_store() {
-        let dir = tempfile::tempdir().unwrap();
-        let tmp = dir.path().join("tmp");
-        std::fs::create_dir(&tmp).unwrap();
-        let io = Io::new(true);
+        let (dir, tmp, io) = scratch_dir();
         let body = CommitFile {
             version: FILE_VERSION,
             commit_point: Lsn(300),
@@ -216,10 +212,7 @@ mod tests {
     #[test]
     fn a_torn_slot_leaves_the_other_and_two_are_refused() {
         use std::os::unix::fs::FileExt;
-        let dir = tempfile::tempdir().unwrap();
-        let tmp = dir.path().join("tmp");
-        std::fs::create_dir(&tmp).unwrap();
-        let io = Io::new(true);
+        let (dir, tmp, io) = scratch_dir();
         let told = ToldCommit::load(&io, dir.path()).unwrap();
         for c in [100, 200] {
             told.want(Lsn(c));

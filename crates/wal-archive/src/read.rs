@@ -225,9 +225,11 @@ impl ArchiveTarget {
         Ok(None)
     }
 
-    /// Every file in the archive, sidecars and temporary files left out, by name: a
-    /// compressed object is listed under its file's name (without `.zst`) and its stored
-    /// size. Blocking: run it on a blocking pool.
+    /// Every file in the archive, sidecars, temporary files and the store's create-if-absent
+    /// probes left out (a probe is removed at once, but an archiver killed or cut off from
+    /// its store between the probe's create and its removal leaves one behind, with no
+    /// sidecar: `target.rs`), by name: a compressed object is listed under its file's name
+    /// (without `.zst`) and its stored size. Blocking: run it on a blocking pool.
     pub fn list(&self) -> Result<Vec<ObjectInfo>> {
         let stored = match self {
             ArchiveTarget::Directory(dir) => list_dir(dir)?,
@@ -241,6 +243,7 @@ impl ArchiveTarget {
         };
         let mut objects: Vec<ObjectInfo> = stored
             .into_iter()
+            .filter(|o| !o.name.starts_with(crate::target::PROBE_PREFIX))
             .map(|o| ObjectInfo {
                 name: Compression::ALL
                     .iter()
@@ -451,7 +454,7 @@ mod tests {
     }
 
     #[test]
-    fn list_shows_objects_without_sidecars_or_temporaries() {
+    fn list_shows_objects_without_sidecars_temporaries_or_probes() {
         let dir = tempfile::tempdir().unwrap();
         let t = ArchiveTarget::Directory(dir.path().into());
         t.put("000000010000000000000002", &b"seg2"[..], Compression::None)
@@ -463,6 +466,7 @@ mod tests {
         )
         .unwrap();
         fs::write(dir.path().join(".000000010000000000000003.7.tmp"), b"x").unwrap();
+        fs::write(dir.path().join("walserver.probe.7.0123456789abcdef"), b"x").unwrap();
         fs::create_dir(dir.path().join("subdir")).unwrap();
         let names: Vec<_> = t.list().unwrap();
         assert_eq!(

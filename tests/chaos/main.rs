@@ -33,6 +33,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fault_harness::report::{RecoverMs, Row};
+use fault_harness::watch::LineWatch;
 use wal_storage::Lsn;
 use walserver_bench::acklog::{self, AckEntry};
 use walserver_bench::judge::{self, NodeWal};
@@ -224,8 +225,8 @@ impl Acks {
 pub struct Load {
     child: std::process::Child,
     pub ack_log: std::path::PathBuf,
-    /// How far [`Load::count`] has read the log, and the lines it found there.
-    counted: std::cell::Cell<(u64, usize)>,
+    /// The log's complete lines, counted as it grows and waited for through inotify.
+    acks: std::cell::RefCell<LineWatch>,
 }
 
 impl Load {
@@ -252,6 +253,8 @@ impl Load {
         durability: &str,
     ) -> Load {
         let ack_log = dir.join("acks.jsonl");
+        // Watched before the writers start, so that no line is written unseen.
+        let acks = LineWatch::new(&ack_log).expect("watch the acknowledgement log");
         let stderr = std::fs::File::create(dir.join("load.log")).expect("the load's log");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_walserver"))
             .args(["bench", "append", "--http", http, "--ack-log"])
@@ -271,7 +274,7 @@ impl Load {
         Load {
             child,
             ack_log,
-            counted: std::cell::Cell::new((0, 0)),
+            acks: std::cell::RefCell::new(acks),
         }
     }
 
@@ -287,35 +290,19 @@ impl Load {
     /// the last call stopped (the log only grows, a whole line per write), so that waiting on
     /// it costs the new bytes only, not a parse of the whole log each time.
     pub fn count(&self) -> usize {
-        use std::io::{Read, Seek};
-        let (mut offset, mut lines) = self.counted.get();
-        if let Ok(mut f) = std::fs::File::open(&self.ack_log) {
-            if f.seek(std::io::SeekFrom::Start(offset)).is_ok() {
-                let mut new = Vec::new();
-                if f.read_to_end(&mut new).is_ok() {
-                    // Only whole lines count; a line being written is counted next time.
-                    if let Some(last) = new.iter().rposition(|&b| b == b'\n') {
-                        lines += new[..=last].iter().filter(|&&b| b == b'\n').count();
-                        offset += last as u64 + 1;
-                    }
-                }
-            }
-        }
-        self.counted.set((offset, lines));
-        lines
+        self.acks
+            .borrow_mut()
+            .lines()
+            .expect("count the acknowledgement log")
     }
 
-    /// Waits until the log holds more than `n` acknowledged appends; returns how many.
+    /// Waits until the log holds more than `n` acknowledged appends, woken by its writes;
+    /// returns how many.
     pub fn wait_acks_beyond(&self, n: usize, deadline: Duration) -> anyhow::Result<usize> {
-        node::wait_for(
-            &format!("more than {n} acknowledged appends"),
-            deadline,
-            Duration::from_millis(5),
-            || {
-                let k = self.count();
-                (k > n).then_some(k)
-            },
-        )
+        self.acks
+            .borrow_mut()
+            .wait_lines(n + 1, deadline)
+            .map_err(|e| anyhow::anyhow!("waiting for more than {n} acknowledged appends: {e}"))
     }
 
     /// Stops the writers and returns the log.

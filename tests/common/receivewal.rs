@@ -4,10 +4,11 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
+use fault_harness::watch::DirWatch;
 use pg_testkit::PgBin;
 use wal_storage::{segment_file_name, TimelineId};
 
-use super::wait_until;
+use super::DEADLINE;
 
 /// pg_receivewal run against a node, in a directory of its own, with its log beside that
 /// directory. It is killed when dropped, and a failing test prints its log, because the
@@ -88,10 +89,16 @@ impl Receiver {
         let path = self
             .dir()
             .join(segment_file_name(TimelineId(1), segno, seg));
-        wait_until(
-            &format!("pg_receivewal to complete {}", path.display()),
-            || path.exists(),
-        );
+        // pg_receivewal completes a segment by renaming it into place: the rename wakes this.
+        DirWatch::new(&self.dir())
+            .and_then(|w| {
+                w.wait_until(
+                    &format!("pg_receivewal to complete {}", path.display()),
+                    DEADLINE,
+                    || path.exists(),
+                )
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Ends pg_receivewal with SIGKILL, as a crash would (PostgreSQL's documentation stops it
@@ -108,6 +115,7 @@ impl Receiver {
     pub fn kill_hard(&mut self, seg: u64) {
         let mut child = self.child.take().expect("pg_receivewal is running");
         let pid = child.id() as libc::pid_t;
+        let watch = DirWatch::new(&self.dir()).unwrap_or_else(|e| panic!("{e}"));
         loop {
             // SAFETY: kill(2) and waitpid(2) on our own child, which has not been reaped.
             let stopped = unsafe {
@@ -127,9 +135,15 @@ impl Receiver {
             }
             // SAFETY: as above.
             unsafe { libc::kill(pid, libc::SIGCONT) };
-            wait_until("pg_receivewal to finish padding a segment file", || {
-                self.short_partials(seg).is_empty()
-            });
+            // Its writes to the directory wake the wait, which was watching before the
+            // process went on.
+            watch
+                .wait_until(
+                    "pg_receivewal to finish padding a segment file",
+                    DEADLINE,
+                    || self.short_partials(seg).is_empty(),
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
         }
         let status = child.wait().unwrap();
         assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");

@@ -1,5 +1,6 @@
-//! Waiting for a file to grow, woken by inotify: a test waits for a load's acknowledgement
-//! log to reach a number of lines without polling it.
+//! Waiting for files, woken by inotify: a test waits for a load's acknowledgement log to
+//! reach a number of lines, or for a fact about the files of a directory another process
+//! writes (a segment renamed into place), without polling them.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -8,19 +9,15 @@ use std::time::{Duration, Instant};
 
 use crate::{Error, Result};
 
-/// Counts the lines of a file as it grows (complete lines only: a line counts once its
-/// newline is written).
-pub struct LineWatch {
-    path: PathBuf,
+/// The changes in one directory (a file made, written, closed, renamed in or out, removed),
+/// as inotify reports them.
+pub struct DirWatch {
     inotify: OwnedFd,
-    offset: u64,
-    lines: usize,
 }
 
-impl LineWatch {
-    /// Watches `path` (which may not exist yet: its directory is watched).
-    pub fn new(path: &Path) -> Result<LineWatch> {
-        let dir = path.parent().unwrap_or(Path::new("."));
+impl DirWatch {
+    /// Watches `dir`, which must exist.
+    pub fn new(dir: &Path) -> Result<DirWatch> {
         // SAFETY: inotify_init1 returns a new descriptor or -1.
         let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
         if fd < 0 {
@@ -35,15 +32,84 @@ impl LineWatch {
             libc::inotify_add_watch(
                 inotify.as_raw_fd(),
                 c.as_ptr(),
-                libc::IN_MODIFY | libc::IN_CREATE | libc::IN_CLOSE_WRITE,
+                libc::IN_MODIFY
+                    | libc::IN_CREATE
+                    | libc::IN_CLOSE_WRITE
+                    | libc::IN_MOVED_TO
+                    | libc::IN_MOVED_FROM
+                    | libc::IN_DELETE,
             )
         };
         if wd < 0 {
             return Err(io_error(&format!("watch {}", dir.display())));
         }
+        Ok(DirWatch { inotify })
+    }
+
+    /// Waits until `fact` holds, asking it now and again after each change in the directory,
+    /// up to `deadline`; `what` names the wait in the error.
+    pub fn wait_until(
+        &self,
+        what: &str,
+        deadline: Duration,
+        mut fact: impl FnMut() -> bool,
+    ) -> Result<()> {
+        let start = Instant::now();
+        while !fact() {
+            let left = deadline.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Err(Error::Timeout(format!("{what} after {deadline:?}")));
+            }
+            self.wait_event(left)?;
+        }
+        Ok(())
+    }
+
+    /// Blocks until the directory reports a change or `timeout` passes, and drains the
+    /// events.
+    fn wait_event(&self, timeout: Duration) -> Result<()> {
+        let mut pfd = libc::pollfd {
+            fd: self.inotify.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                return Ok(());
+            }
+            return Err(Error::Io {
+                what: "poll inotify".into(),
+                source: e,
+            });
+        }
+        let mut buf = [0u8; 4096];
+        // SAFETY: reading into a buffer of its length from our descriptor (non-blocking).
+        while unsafe { libc::read(self.inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) }
+            > 0
+        {}
+        Ok(())
+    }
+}
+
+/// Counts the lines of a file as it grows (complete lines only: a line counts once its
+/// newline is written).
+pub struct LineWatch {
+    path: PathBuf,
+    dir: DirWatch,
+    offset: u64,
+    lines: usize,
+}
+
+impl LineWatch {
+    /// Watches `path` (which may not exist yet: its directory is watched).
+    pub fn new(path: &Path) -> Result<LineWatch> {
         Ok(LineWatch {
             path: path.to_path_buf(),
-            inotify,
+            dir: DirWatch::new(path.parent().unwrap_or(Path::new(".")))?,
             offset: 0,
             lines: 0,
         })
@@ -91,37 +157,8 @@ impl LineWatch {
                     self.path.display()
                 )));
             }
-            self.wait_event(left)?;
+            self.dir.wait_event(left)?;
         }
-    }
-
-    /// Blocks until the directory reports a change or `timeout` passes, and drains the
-    /// events.
-    fn wait_event(&self, timeout: Duration) -> Result<()> {
-        let mut pfd = libc::pollfd {
-            fd: self.inotify.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                return Ok(());
-            }
-            return Err(Error::Io {
-                what: "poll inotify".into(),
-                source: e,
-            });
-        }
-        let mut buf = [0u8; 4096];
-        // SAFETY: reading into a buffer of its length from our descriptor (non-blocking).
-        while unsafe { libc::read(self.inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) }
-            > 0
-        {}
-        Ok(())
     }
 }
 

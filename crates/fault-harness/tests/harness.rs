@@ -273,6 +273,37 @@ fn a_line_watch_wakes_when_the_file_grows() {
 }
 
 #[test]
+fn a_dir_watch_asks_again_at_each_change_and_gives_up_at_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let (partial, done) = (dir.path().join("seg.partial"), dir.path().join("seg"));
+    std::fs::write(&partial, b"wal").unwrap();
+    let w = fault_harness::watch::DirWatch::new(dir.path()).unwrap();
+    // The first look finds nothing and renames the file into place, as a writer completing
+    // it would: only the rename's event can make the watch look again.
+    let mut looks = 0;
+    let started = Instant::now();
+    w.wait_until("the renamed file", Duration::from_secs(30), || {
+        looks += 1;
+        if looks == 1 {
+            std::fs::rename(&partial, &done).unwrap();
+            return false;
+        }
+        done.exists()
+    })
+    .expect("woken by the rename");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "it waited out its deadline"
+    );
+    let e = w
+        .wait_until("a file never made", Duration::from_millis(100), || {
+            dir.path().join("never").exists()
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("a file never made"), "{e}");
+}
+
+#[test]
 fn a_bandwidth_cap_slows_a_stream_until_removed() {
     let mut net = Net::new("tbf").unwrap();
     let a = net.add_host("a").unwrap();

@@ -14,7 +14,9 @@
 //! etcd cluster runs one member per host ([`etcd::EtcdCluster`]), for automatic failover.
 //! A fault scenario of the `faults` and `chaos` tests records its figures as one
 //! [`report::Row`] of the reliability table; the failover scenarios write the failover
-//! table's rows instead ([`report`] says which and where).
+//! table's rows instead ([`report`] says which and where). Files other processes write (a
+//! load's acknowledgement log, a directory pg_receivewal fills) are waited for through
+//! inotify ([`watch`]), never by polling them.
 //!
 //! Cleanup: every guard removes what it made when dropped, also while a test panics; a
 //! [`netns::Net`] kills whatever still runs in its namespaces before deleting them; and the

@@ -3,10 +3,12 @@
 //! `list` shows the system the archive belongs to (`wal_archive::IDENTITY_FILE`) and each
 //! timeline's WAL as a restore of it would read it (`wal_archive::Catalog`): where it starts
 //! and ends, from which objects, and the gaps. `verify` also reads every
-//! object back against its checksum sidecar and checks each timeline's continuity: a history
-//! file for every timeline after the first, and no gap. It fails on a corrupt object, a
-//! missing or unreadable history file, or a gap; names that are no WAL file are shown, not
-//! failed, since a person may keep notes beside the archive.
+//! object back against its checksum sidecar and checks each timeline's continuity along the
+//! path its history file describes, from the archive's start (`Catalog::plan`): every
+//! segment under the name of the timeline that wrote its last byte, at each switch inside a
+//! segment the old timeline's `.partial` of it, and the history file of each timeline of the
+//! path. It fails on a corrupt object, an unreadable history file, or a gap; names that are
+//! no WAL file are shown, not failed, since a person may keep notes beside the archive.
 
 use std::fmt::Write as _;
 
@@ -21,7 +23,17 @@ pub enum ArchiveCommand {
     /// The timelines, their segments and their gaps.
     List,
     /// Check every object against its checksum and each timeline's continuity; exits non-zero
-    /// on a corrupt object, a missing history file or a gap.
+    /// on a corrupt object or a gap.
+    ///
+    /// Continuity is checked along the path each timeline's history file describes, from the
+    /// archive's start (the lowest segment any of its WAL files holds) to the furthest of the
+    /// timeline's last whole segment and its last switch point: every segment under the name
+    /// of the timeline that wrote its last byte; at each switch inside a segment, the old
+    /// timeline's `.partial` of it (or a prefix reaching the switch, or the whole segment);
+    /// the history file of each timeline of the path whose WAL reaches the start. An archive
+    /// that begins after timeline 1's start (archive_mode turned on late, old WAL removed on
+    /// purpose) is no gap by that alone: nothing in it tells those apart from a loss, so its
+    /// first segment is where a restore can begin.
     Verify,
 }
 
@@ -103,8 +115,8 @@ pub fn list(target: &ArchiveTarget, survey: &Survey) -> String {
             }
             Ok(plan) => {
                 let _ = writeln!(out, "{}", describe(&plan));
-                for g in &plan.gaps {
-                    let _ = writeln!(out, "  gap: {}", gap(g));
+                for g in gaps(&plan) {
+                    let _ = writeln!(out, "  gap: {g}");
                 }
             }
         }
@@ -133,8 +145,8 @@ pub fn verify(target: &ArchiveTarget, survey: &Survey) -> (String, Vec<String>) 
         match plan {
             Err(why) => problems.push(format!("timeline {}: {why}", tli.0)),
             Ok(plan) => {
-                for g in &plan.gaps {
-                    problems.push(format!("timeline {}: {}", tli.0, gap(g)));
+                for g in gaps(plan) {
+                    problems.push(format!("timeline {}: {g}", tli.0));
                 }
             }
         }
@@ -169,6 +181,12 @@ fn describe(plan: &Plan) -> String {
         ),
         _ => "no WAL".to_string(),
     }
+}
+
+/// Each gap of `plan`, said: the runs of missing segments, then the other missing files.
+fn gaps(plan: &Plan) -> impl Iterator<Item = String> + '_ {
+    let missing = plan.missing.iter().map(ToString::to_string);
+    plan.gaps.iter().map(gap).chain(missing)
 }
 
 fn gap(g: &Gap) -> String {

@@ -2,19 +2,31 @@
 //!
 //! A restore of timeline T reads, for each segment, the copy named by the timeline of T's
 //! ancestry that wrote the segment's last byte: the archiver's naming rule (`schedule.rs`),
-//! which is also the file PostgreSQL finds first. The segments run from the lowest one of
-//! the path the archive holds to the highest, and every one between must be there: a missing
-//! one is a *gap*, which `archive verify` reports and a restore refuses to cross. After the
-//! last whole segment a restore may go on into the next one with its longest prefix: an
-//! `archive_timeout` prefix of the timeline that names it, or else a promotion's `.partial`
-//! of a timeline whose switch point lies inside it (its bytes count up to that point).
+//! which is also the file PostgreSQL finds first. After the last whole segment a restore may
+//! go on into the next one with its longest prefix: an `archive_timeout` prefix of the
+//! timeline that names it, or else a promotion's `.partial` of a timeline whose switch point
+//! lies inside it (its bytes count up to that point).
+//!
+//! Continuity is checked along the path T's history file describes, from the archive's start
+//! to the furthest of T's last whole segment in the archive and its last switch point. The
+//! archive's start is the lowest segment any of its WAL files holds, of any timeline: an
+//! archive that begins after timeline 1's start (`archive_mode` turned on late, old WAL
+//! removed on purpose) lacks nothing by that alone, and no listing could tell those apart
+//! from a loss. From there every segment must be present whole under its name (a missing run
+//! is a [`Gap`]); each switch point inside a segment at or after the start needs the old
+//! timeline's copy of that segment (its `.partial`, a prefix reaching the switch, or the
+//! whole segment), since only that holds the old timeline's WAL up to the switch under the
+//! old timeline's name; and each timeline of the path after the first whose WAL reaches the
+//! start needs its history file, since PostgreSQL looks for the newest timeline one history
+//! file at a time. A missing one of those is a [`Missing`] file. Both are gaps to `archive
+//! verify`; a restore refuses to cross a [`Gap`].
 //!
 //! Everything here is plain data: the listing and the history files come in, plans and gaps
 //! go out, so the rules are tested without an archive.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use wal_storage::{segment_file_name, HistoryEntry};
+use wal_storage::{history_file_name, segment_file_name, HistoryEntry};
 use wal_types::{Lsn, TimelineId};
 
 use crate::read::{ArchivedFile, ObjectInfo};
@@ -59,8 +71,10 @@ pub struct Plan {
     pub segment_size: u64,
     /// Whole segments, in order, then at most one prefix or `.partial`.
     pub pieces: Vec<Piece>,
-    /// Runs of segments missing between the first and the last whole one.
+    /// Runs of segments missing from the archive's start to the path's end.
     pub gaps: Vec<Gap>,
+    /// The path's history files and switch segments the archive lacks.
+    pub missing: Vec<Missing>,
 }
 
 /// A run of missing segments, inclusive, with the names a restore looked for.
@@ -72,7 +86,58 @@ pub struct Gap {
     pub last: String,
 }
 
+/// A file of the path, other than a whole segment, that the archive lacks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Missing {
+    /// The history file of a timeline of the path.
+    History { timeline: TimelineId, name: String },
+    /// The old timeline's copy of the segment its switch point lies inside, named as the
+    /// promotion's `.partial` (a prefix reaching the switch, or the whole segment, would do).
+    Switch {
+        timeline: TimelineId,
+        switch: Lsn,
+        name: String,
+    },
+}
+
+impl Missing {
+    /// The name the archive lacks.
+    pub fn name(&self) -> &str {
+        match self {
+            Missing::History { name, .. } | Missing::Switch { name, .. } => name,
+        }
+    }
+}
+
+impl std::fmt::Display for Missing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Missing::History { timeline, name } => {
+                write!(
+                    f,
+                    "{name}, timeline {}'s history file, is missing",
+                    timeline.0
+                )
+            }
+            Missing::Switch {
+                timeline,
+                switch,
+                name,
+            } => write!(
+                f,
+                "{name} is missing: timeline {}'s WAL up to its switch at {switch}",
+                timeline.0
+            ),
+        }
+    }
+}
+
 impl Plan {
+    /// Whether the path lacks nothing from the archive's start to its end.
+    pub fn is_complete(&self) -> bool {
+        self.gaps.is_empty() && self.missing.is_empty()
+    }
+
     /// Where the planned WAL starts (a segment start), if anything is planned.
     pub fn start(&self) -> Option<Lsn> {
         self.pieces
@@ -125,13 +190,29 @@ impl Catalog {
         c
     }
 
+    /// The archive's start: the lowest segment any of its WAL files holds, of any timeline.
+    pub fn first_segment(&self) -> Option<u64> {
+        self.timelines
+            .values()
+            .flat_map(|f| {
+                [
+                    f.segments.first(),
+                    f.partials.first(),
+                    f.prefixes.keys().next(),
+                ]
+            })
+            .flatten()
+            .min()
+            .copied()
+    }
+
     /// The newest timeline the archive has files of.
     pub fn newest_timeline(&self) -> Option<TimelineId> {
         self.timelines.keys().next_back().copied()
     }
 
     /// What a restore of `tli`, whose ancestry is `history` (oldest first, as its history
-    /// file lists it), reads.
+    /// file lists it), reads, and what the archive lacks of that path from its start.
     pub fn plan(&self, tli: TimelineId, history: &[HistoryEntry]) -> Plan {
         let seg = self.segment_size;
         // The timelines of the path with the end of each one's range (the last has none).
@@ -159,43 +240,93 @@ impl Catalog {
             segment_size: seg,
             pieces: Vec::new(),
             gaps: Vec::new(),
+            missing: Vec::new(),
         };
-        let (first, last) = match (whole.first(), whole.last()) {
-            (Some(&f), Some(&l)) => (f, l),
-            _ => {
-                // No whole segment: a restore can still begin with a tail piece of the
-                // timeline's first segment.
-                if let Some(piece) = self.tail(tli, &ranges, None) {
-                    plan.pieces.push(piece);
-                }
-                return plan;
-            }
+        let Some(start) = self.first_segment() else {
+            return plan;
         };
+        plan.missing = self.missing(&ranges, start);
+        // The path ends at its last whole segment, or further at a switch point past it: the
+        // history file says the WAL below a switch was written, so the archive must hold it.
+        let reach = whole
+            .last()
+            .map(|l| l + 1)
+            .into_iter()
+            .chain(history.iter().map(|h| h.switch_lsn.0 / seg))
+            .max()
+            .unwrap_or(start);
         let mut gap_start = None;
-        for segno in first..=last {
+        for segno in start..reach.max(start) {
             if whole.contains(&segno) {
                 if let Some(from) = gap_start.take() {
-                    let to = segno - 1;
-                    plan.gaps.push(Gap {
-                        from,
-                        to,
-                        first: segment_file_name(namer(from), from, seg),
-                        last: segment_file_name(namer(to), to, seg),
-                    });
+                    plan.gaps.push(self.gap(&namer, from, segno - 1));
                 }
-                plan.pieces.push(Piece {
-                    name: segment_file_name(namer(segno), segno, seg),
-                    segno,
-                    end: Lsn((segno + 1) * seg),
-                });
             } else if gap_start.is_none() {
                 gap_start = Some(segno);
             }
         }
-        if let Some(piece) = self.tail(tli, &ranges, Some(last + 1)) {
+        if let Some(from) = gap_start {
+            plan.gaps.push(self.gap(&namer, from, reach - 1));
+        }
+        plan.pieces = whole
+            .iter()
+            .map(|&segno| Piece {
+                name: segment_file_name(namer(segno), segno, seg),
+                segno,
+                end: Lsn((segno + 1) * seg),
+            })
+            .collect();
+        // With no whole segment a restore can still begin with a tail piece of the path's
+        // first segment.
+        if let Some(piece) = self.tail(tli, &ranges, whole.last().map(|l| l + 1)) {
             plan.pieces.push(piece);
         }
         plan
+    }
+
+    fn gap(&self, namer: &impl Fn(u64) -> TimelineId, from: u64, to: u64) -> Gap {
+        let seg = self.segment_size;
+        Gap {
+            from,
+            to,
+            first: segment_file_name(namer(from), from, seg),
+            last: segment_file_name(namer(to), to, seg),
+        }
+    }
+
+    /// The history files and switch segments of the path `ranges` (each timeline with the
+    /// end of its range) that the archive lacks, from segment `start` on.
+    fn missing(&self, ranges: &[(TimelineId, Option<Lsn>)], start: u64) -> Vec<Missing> {
+        let seg = self.segment_size;
+        let files = |t: TimelineId| self.timelines.get(&t);
+        let mut missing = Vec::new();
+        for &(t, end) in ranges {
+            let reaches_start = end.is_none_or(|e| e.0 > start * seg);
+            if t != TimelineId::FIRST && reaches_start && !files(t).is_some_and(|f| f.history) {
+                missing.push(Missing::History {
+                    timeline: t,
+                    name: history_file_name(t),
+                });
+            }
+            let Some(switch) = end else { continue };
+            let segno = switch.segment_number(seg);
+            if switch.segment_offset(seg) == 0 || segno < start {
+                continue;
+            }
+            let held = files(t).is_some_and(|f| {
+                f.partials.contains(&segno)
+                    || f.segments.contains(&segno)
+                    || f.prefixes.get(&segno).is_some_and(|&e| e >= switch)
+            });
+            if !held {
+                missing.push(Missing::Switch {
+                    timeline: t,
+                    switch,
+                    name: format!("{}.partial", segment_file_name(t, segno, seg)),
+                });
+            }
+        }
+        missing
     }
 
     /// The longest prefix of segment `segno` (or of the path's first segment with a prefix,
@@ -376,6 +507,130 @@ mod tests {
                 "000000010000000000000003",
                 "000000020000000000000004",
             ]
+        );
+    }
+
+    fn missing(plan: &Plan) -> Vec<&str> {
+        plan.missing.iter().map(Missing::name).collect()
+    }
+
+    #[test]
+    fn a_switch_inside_a_segment_needs_the_old_timelines_copy_of_it() {
+        let h = [switch(1, 3 * SEG + 0x80000)];
+        let path = [
+            "000000010000000000000001",
+            "000000010000000000000002",
+            "00000002.history",
+            "000000020000000000000003",
+            "000000020000000000000004",
+        ];
+        let p = catalog(&path).plan(TimelineId(2), &h);
+        assert!(p.gaps.is_empty());
+        assert_eq!(missing(&p), ["000000010000000000000003.partial"]);
+        assert!(!p.is_complete());
+        // The .partial, the whole segment (an old leader that went on), or an archive_timeout
+        // prefix reaching the switch each hold timeline 1's WAL up to it; a shorter prefix
+        // does not.
+        for copy in [
+            "000000010000000000000003.partial",
+            "000000010000000000000003",
+            "000000010000000000000003.partial.00080000",
+        ] {
+            let p = catalog(&[&path[..], &[copy]].concat()).plan(TimelineId(2), &h);
+            assert!(p.is_complete(), "{copy}: {p:?}");
+        }
+        let short = "000000010000000000000003.partial.00040000";
+        let p = catalog(&[&path[..], &[short]].concat()).plan(TimelineId(2), &h);
+        assert_eq!(missing(&p), ["000000010000000000000003.partial"]);
+        // A switch at a segment's boundary needs no copy.
+        let p = catalog(&path).plan(TimelineId(2), &[switch(1, 3 * SEG)]);
+        assert!(p.is_complete(), "{p:?}");
+    }
+
+    #[test]
+    fn a_missing_segment_of_an_ancestor_is_a_gap_up_to_the_switch() {
+        let h = [switch(1, 4 * SEG + 0x80000)];
+        // Segment 3 of timeline 1 is missing, between others of the path.
+        let p = catalog(&[
+            "000000010000000000000001",
+            "000000010000000000000002",
+            "000000010000000000000004.partial",
+            "00000002.history",
+            "000000020000000000000004",
+            "000000020000000000000005",
+        ])
+        .plan(TimelineId(2), &h);
+        assert_eq!(gaps(&p), [(3, 3)]);
+        assert_eq!(p.gaps[0].first, "000000010000000000000003");
+        // The same before the new timeline archived anything whole: the history file says
+        // timeline 1 went on to its switch, so its segment below is still lacking.
+        let p = catalog(&[
+            "000000010000000000000001",
+            "000000010000000000000002",
+            "000000010000000000000004.partial",
+            "00000002.history",
+        ])
+        .plan(TimelineId(2), &h);
+        assert_eq!(gaps(&p), [(3, 3)]);
+        assert!(p.missing.is_empty(), "{p:?}");
+    }
+
+    #[test]
+    fn a_missing_history_file_of_the_path_is_named() {
+        // Timeline 3 descends from 2, which the archive holds segments of but no history file.
+        let h = [switch(1, 2 * SEG), switch(2, 4 * SEG)];
+        let names = [
+            "000000010000000000000001",
+            "000000020000000000000002",
+            "000000020000000000000003",
+            "00000003.history",
+            "000000030000000000000004",
+        ];
+        let p = catalog(&names).plan(TimelineId(3), &h);
+        assert!(p.gaps.is_empty());
+        assert_eq!(missing(&p), ["00000002.history"]);
+        // Timeline 2 of an ancestry that has no file of it at all: its history file, its
+        // segments and the switch into timeline 3 are each lacking.
+        let h = [switch(1, 2 * SEG), switch(2, 4 * SEG + 0x100)];
+        let p = catalog(&[
+            "000000010000000000000001",
+            "00000003.history",
+            "000000030000000000000004",
+            "000000030000000000000005",
+        ])
+        .plan(TimelineId(3), &h);
+        assert_eq!(gaps(&p), [(2, 3)]);
+        assert_eq!(p.gaps[0].first, "000000020000000000000002");
+        assert_eq!(
+            missing(&p),
+            ["00000002.history", "000000020000000000000004.partial"]
+        );
+    }
+
+    #[test]
+    fn an_archive_that_starts_late_lacks_nothing_before_its_start() {
+        // Archiving began on timeline 3, at segment 6: the switches below lack nothing, and
+        // the history files of timelines that ended before it are not needed.
+        let h = [switch(1, 2 * SEG + 0x100), switch(2, 4 * SEG + 0x100)];
+        let p = catalog(&[
+            "00000003.history",
+            "000000030000000000000006",
+            "000000030000000000000007",
+        ])
+        .plan(TimelineId(3), &h);
+        assert!(p.is_complete(), "{p:?}");
+        assert_eq!(p.start(), Some(Lsn(6 * SEG)));
+        // From its start on, it does lack what is missing: here timeline 2's switch segment,
+        // the first the archive holds, and timeline 2's history file.
+        let p = catalog(&[
+            "00000003.history",
+            "000000030000000000000004",
+            "000000030000000000000005",
+        ])
+        .plan(TimelineId(3), &h);
+        assert_eq!(
+            missing(&p),
+            ["00000002.history", "000000020000000000000004.partial"]
         );
     }
 }

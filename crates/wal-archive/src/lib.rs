@@ -88,7 +88,7 @@ mod status;
 mod target;
 
 pub use actor::{ArchiveConfig, ArchiveMode, Archiver};
-pub use catalog::{Catalog, Gap, Piece, Plan, TimelineFiles};
+pub use catalog::{Catalog, Gap, Missing, Piece, Plan, TimelineFiles};
 pub use command::ArchiveCommand;
 pub use compression::Compression;
 pub use error::{ArchiveError, Result};

@@ -633,6 +633,8 @@ fn past_archive_max_backlog_a_relay_pauses_its_upstream_and_catches_up_after() {
     );
 }
 
+/// A standby under `on` keeps what the archive lacks and, promoted, archives it with the old
+/// timeline's `.partial`; `archive verify` passes, and names the `.partial` once it is removed.
 #[test]
 fn a_standby_holds_what_the_archive_lacks_and_goes_on_where_it_ends_when_promoted() {
     let root = tempfile::tempdir().unwrap();
@@ -717,6 +719,40 @@ fn a_standby_holds_what_the_archive_lacks_and_goes_on_where_it_ends_when_promote
     );
     assert!(names.contains(&partial), "{partial} in {names:?}");
     assert!(names.contains(&"00000002.history".to_string()), "{names:?}");
+
+    // `archive verify` passes; without the .partial, timeline 1's WAL from its last whole
+    // segment to the switch is nowhere under its name, and both commands name it.
+    let target = format!("archive_target=file://{}", archive.display());
+    let archive_command = |command: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_walserver"))
+            .args(["archive", command, "-c", &target])
+            .output()
+            .expect("run walserver archive");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), said)
+    };
+    let (ok, said) = archive_command("verify");
+    assert!(
+        ok && said.contains("ok: no corrupt object, no gap"),
+        "{said}"
+    );
+    std::fs::remove_file(archive.join(&partial)).unwrap();
+    std::fs::remove_file(archive.join(format!("{partial}.crc32c"))).unwrap();
+    let (ok, said) = archive_command("verify");
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains(&format!("problem: timeline 2: {partial} is missing")),
+        "{said}"
+    );
+    let (ok, said) = archive_command("list");
+    assert!(
+        ok && said.contains(&format!("gap: {partial} is missing")),
+        "{said}"
+    );
 }
 
 /// kill -9 of a node holding a multipart upload after its parts are stored and before its

@@ -65,8 +65,9 @@ fn settings(server: &SeaweedServer, label: &str) -> Vec<String> {
 /// `leader`'s WAL up to `end` (its flushed end, the whole archive's span since the cluster's
 /// first segment): each whole segment below `end`'s under the name of the timeline that
 /// wrote its last byte, each timeline's history file, and at each switch point inside a
-/// segment the old timeline's `.partial` of it. `archive verify` finds gaps between objects;
-/// this finds a missing end of a timeline too, named.
+/// segment the old timeline's `.partial` of it. `archive verify` checks the archive against
+/// its own history files; this checks it against the leader's WAL, so a missing end of the
+/// newest timeline is found too, named.
 fn files_of_the_path(
     server: &SeaweedServer,
     label: &str,

@@ -17,7 +17,7 @@ pub enum Overlap {
     /// The overlapped commit on every node (`synchronous_commit_overlap`): the primary sends
     /// what it has written while its fdatasync runs, a standby (whose walreceiver then asks
     /// for such WAL) cuts back an unacknowledged tail at stream start, and a primary starts a
-    /// new timeline at every start (or term).
+    /// new timeline at a start (or term) after it sent early.
     On,
 }
 

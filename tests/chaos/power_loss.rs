@@ -10,7 +10,8 @@
 //!
 //! Each scenario runs with the commit rule as a parameter ([`Overlap`]): off, and the
 //! overlapped commit on both nodes, where the standby may hold a tail the primary lost (cut
-//! back at its next stream start) and the primary starts a new timeline at every start. A
+//! back at its next stream start) and the primary starts a new timeline at a start after it
+//! sent early (its early-send mark names its timeline). A
 //! [`Reader`] follows each node's `GET /wal` through every cycle, and at the end every record
 //! either was given must be on both nodes: nobody read past the commit point (rule 3), which
 //! no power loss takes back. Each run prints the appends acknowledged, the tails the standby

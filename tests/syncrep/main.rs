@@ -7,6 +7,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 #[cfg(feature = "failpoints")]
+mod early_mark;
+#[cfg(feature = "failpoints")]
 mod overlap;
 
 use std::collections::HashSet;

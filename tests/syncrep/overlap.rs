@@ -212,7 +212,7 @@ fn lose_unsynced(data: &std::path::Path, tli: TimelineId, segment_size: u64, fro
 /// Holds the primary's fdatasync and appends `payload` (`Durability::On`) in the background;
 /// returns once the sync is held, with the guard that releases it and the append's answer to
 /// come.
-fn append_with_sync_held(
+pub(super) fn append_with_sync_held(
     primary: &TestNode,
     payload: &'static [u8],
 ) -> (Held, std::sync::mpsc::Receiver<Result<Lsn, String>>) {
@@ -231,7 +231,7 @@ fn append_with_sync_held(
 
 /// Releases the held fdatasync however the test ends, so that a failed assertion does not
 /// leave the primary's writer, and with it the node's shutdown, waiting forever.
-struct Held(wal_storage::Wal);
+pub(super) struct Held(wal_storage::Wal);
 
 impl Drop for Held {
     fn drop(&mut self) {
@@ -250,13 +250,15 @@ impl TestNode {
 
 /// The overlapped commit on every node of a chain: a primary, its synchronous standby, and
 /// a standby's own cascade.
-const OVERLAP: &str = "synchronous_commit_overlap = true";
+pub(super) const OVERLAP: &str = "synchronous_commit_overlap = true";
 
 /// The rule tests' start: a primary with the overlapped commit (and `extra` settings) and `N`
 /// walserver standbys of it with `standby` settings, named `s1`, `s2`, ..., all streaming;
-/// `s1` is the synchronous one, the others asynchronous. Also the primary's timeline, which
-/// is new at every start of such a primary, its first included (rule 5).
-fn overlapped<const N: usize>(extra: &str, standby: &str) -> (TestNode, TimelineId, [TestNode; N]) {
+/// `s1` is the synchronous one, the others asynchronous. Also the primary's timeline.
+pub(super) fn overlapped<const N: usize>(
+    extra: &str,
+    standby: &str,
+) -> (TestNode, TimelineId, [TestNode; N]) {
     let primary = TestNode::primary(&format!(
         "synchronous_standby_names = 'FIRST 1 (s1)'\n{OVERLAP}\n{extra}"
     ));
@@ -442,7 +444,12 @@ fn a_flush_reported_on_the_old_timeline_releases_nothing_on_the_new_one() {
     // On its own timeline the report counts: an append is acknowledged at once.
     append(&primary, b"on the old timeline", Durability::On).expect("acknowledged");
 
-    // A new timeline under the live stream, as a primary taking up a failover term starts.
+    // A new timeline under the live stream, as a primary that may have sent early starts
+    // when it takes up a failover term: its early-send mark, asked for as a walsender does.
+    primary.wal().mark_early_sends(old);
+    wait_until("the early-send mark", || {
+        primary.wal().early_sends_marked() == Some(old)
+    });
     let promoted = futures_executor::block_on(
         primary
             .node
@@ -559,11 +566,10 @@ fn a_restarted_standby_refuses_to_cut_below_the_commit_point_it_stored() {
     assert_eq!(s1.wal().flushed(), end, "nothing acknowledged was cut");
 }
 
-/// Rule 5's one exception: after a clean shutdown (the mark written after the last flush) a
-/// primary goes on on its timeline, and its standby follows with nothing to cut; after a
-/// kill -9 it begins a new one, also when the run before the kill had itself started after a
-/// clean shutdown and appended nothing durable (the mark, taken at that start, names the same
-/// end: only its removal keeps that kill from passing for clean).
+/// Rule 5 after a clean shutdown (the mark written after the last flush): a primary that
+/// sent early goes on on its timeline, and its standby follows with nothing to cut; the
+/// clean start also removes the early-send mark, so a kill before anything more was sent
+/// early lets the timeline go on too (`early_mark.rs` has the kill after an early send).
 #[test]
 fn a_clean_restart_keeps_the_timeline_and_a_killed_one_begins_a_new_one() {
     let (primary, tli, [s1]) = overlapped("", OVERLAP);
@@ -590,11 +596,12 @@ fn a_clean_restart_keeps_the_timeline_and_a_killed_one_begins_a_new_one() {
     common::cluster::assert_same_wal(&primary, &s1, tli, Lsn(1 << 20), next);
     assert_eq!(s1.status().commit.tail_cuts, 0);
 
-    // Clean again, then killed before any append: the start between took the mark.
+    // Clean again, then killed before any append: nothing was sent early since the clean
+    // start, which removed the early-send mark.
     let primary = restart(primary, Down::Immediate);
     assert_eq!(primary.wal().timeline(), tli);
+    assert_eq!(primary.wal().early_sends_marked(), None);
     let primary = restart(primary, Down::Kill);
     let pos = primary.wal().position();
-    assert!(pos.timeline > tli, "a killed primary resumed {tli}");
-    assert_eq!(pos.flushed, next);
+    assert_eq!((pos.timeline, pos.flushed), (tli, next));
 }

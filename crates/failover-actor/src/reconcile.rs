@@ -220,9 +220,13 @@ impl FailoverActor {
         let permanent = self.permanent_request(false);
         let synchronous = self.config.synchronous_mode != crate::SynchronousMode::Off;
         // Under the overlapped commit a primary taking up a term starts a new timeline too
-        // (rule 5): the supervisor does it for `PromoteForTerm` on a primary.
-        let overlap = self.node.shared.settings().session.commit_overlap;
-        let promote = promote || walsender_actor::overlap::starts_new_timeline(overlap);
+        // when it may have sent WAL early on the one it is on (rule 5): the supervisor does
+        // it for `PromoteForTerm` on a primary. Storage's in-memory mark, read as below.
+        let promote = promote
+            || walsender_actor::overlap::starts_new_timeline(
+                wal.early_sends_marked(),
+                wal.timeline(),
+            );
         let client = self.client.clone();
         let keys = self.keys.clone();
         let me = self.me().to_string();

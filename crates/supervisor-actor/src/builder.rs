@@ -427,12 +427,10 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
     let dir = data_dir.clone();
     let is_standby = standby.is_some();
     // Rule 5 of the overlapped commit (`walsender_actor::overlap::starts_new_timeline`): a
-    // primary never resumes the timeline it was on before this start, because a synchronous
-    // standby may hold a tail of it that this node lost. Under failover the new timeline
-    // comes with the term the failover actor takes up, so the node here only opens.
-    let new_timeline = !is_standby
-        && !fence.is_managed()
-        && walsender_actor::overlap::starts_new_timeline(walsender.session.commit_overlap);
+    // primary does not resume a timeline on which it may have sent a synchronous standby WAL
+    // it then lost. Under failover the new timeline comes with the term the failover actor
+    // takes up, so the node here only opens.
+    let primary_here = !is_standby && !fence.is_managed();
     let wal = tokio::task::spawn_blocking(move || {
         storage.segment_size = Wal::stored_segment_size(&data_dir)?;
         let wal = Wal::open(&data_dir, storage)?;
@@ -441,17 +439,21 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         }
         // Taken at every start, before anything is appended, so that a crash after this
         // start is never taken for a clean shutdown. After a clean one no standby holds a
-        // byte this node lacks, and the timeline goes on (`Supervisor`'s `ShutdownDone`).
+        // byte this node lacks: it removes the early-send mark, and the timeline goes on
+        // (`Supervisor`'s `ShutdownDone`).
         let clean = wal.take_clean_shutdown_mark()?;
+        let marked = wal.early_sends_marked();
         // Before the listener and the supervisor exist, so nothing is appended or streamed
         // on the old timeline past what recovery found. Relayed PostgreSQL WAL takes no
         // appends here, so it has no timeline to protect.
-        if new_timeline && clean {
+        if primary_here
+            && wal.format() == WalFormat::Walserver
+            && walsender_actor::overlap::starts_new_timeline(marked, wal.timeline())
+        {
+            let (timeline, switch_lsn) = wal.promote("restarted after early sends")?;
+            tracing::info!(%timeline, switch = %switch_lsn, "a new timeline before the first append: a synchronous standby may hold WAL of the old one that this node lost");
+        } else if primary_here && clean {
             tracing::info!(timeline = %wal.timeline(), "the last shutdown was clean: the timeline goes on");
-        } else if new_timeline && wal.format() == WalFormat::Walserver {
-            let (timeline, switch_lsn) =
-                wal.promote("restarted under synchronous_commit_overlap")?;
-            tracing::info!(%timeline, switch = %switch_lsn, "a new timeline before the first append: the overlapped commit never resumes a primary's timeline");
         }
         Ok::<_, NodeError>(wal)
     })

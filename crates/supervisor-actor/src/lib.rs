@@ -17,15 +17,17 @@
 //!   walreceiver, stop the services handed to it ([`SuperviseService`]: walserver's admin
 //!   API), release storage;
 //! - promotion stops the walreceiver, starts the next timeline and makes the node a primary;
-//! - under the overlapped commit (`synchronous_commit_overlap`) a primary never resumes its
-//!   timeline (rule 5, `walsender_actor::overlap::starts_new_timeline`): [`NodeBuilder`]
-//!   starts a new one at the durable end before the listener exists, because a synchronous
-//!   standby may hold a tail of the old one that this node lost, unless the last shutdown was
-//!   clean (storage's mark, written at `ShutdownNode` after the last flush and taken at every
-//!   start, `Wal::take_clean_shutdown_mark`); under a failover actor the
-//!   term it takes up brings the new timeline instead ([`PromoteForTerm`] on a primary), and
-//!   a reopening of failed storage (which drops what was written after the last good sync)
-//!   brings one too, with appends refused and the walsenders held until it is made;
+//! - under the overlapped commit (`synchronous_commit_overlap`) a primary never resumes a
+//!   timeline on which it may have sent a synchronous standby WAL it then lost (rule 5,
+//!   `walsender_actor::overlap::starts_new_timeline`, from storage's durable early-send mark,
+//!   written before the first early send on a timeline): [`NodeBuilder`] starts a new one at
+//!   the durable end before the listener exists when the mark names the timeline, unless
+//!   the last shutdown was clean (storage's clean-shutdown mark, written at `ShutdownNode`
+//!   after the last flush and taken at every start with the early-send mark,
+//!   `Wal::take_clean_shutdown_mark`); under a failover actor the term it takes up brings the
+//!   new timeline instead ([`PromoteForTerm`] on a primary), and a reopening of failed
+//!   storage (which drops what was written after the last good sync) brings one too, with
+//!   appends refused and the walsenders held until it is made;
 //! - a failover actor acts on the node only through the leadership messages: [`PromoteForTerm`]
 //!   (a promotion whose history reason names the term), [`FollowLeader`] (a standby
 //!   re-targets its walreceiver at once; a primary is demoted live: its fence closes, its

@@ -95,31 +95,44 @@ async fn flushed_on(node: &Node, timeline: TimelineId, lsn: Lsn) {
 
 /// Rule 5 of the overlapped commit under failover: a primary that takes up a term (it led
 /// before and won the key again, say after a restart) starts a new timeline at its durable
-/// end, since a synchronous standby may hold a tail of the old one it lost. With the switch
-/// off it is refused as a primary, as before, and keeps its timeline.
+/// end if its early-send mark names its timeline, since a synchronous standby may hold a tail
+/// of it that it lost. One that never sent early is refused as a primary, as with the switch
+/// off, and keeps its timeline.
 #[test]
-fn a_primary_taking_up_a_term_under_the_overlapped_commit_starts_a_new_timeline() {
+fn a_primary_taking_up_a_term_after_early_sends_starts_a_new_timeline() {
     let dir = tempfile::tempdir().unwrap();
     run(async {
-        for overlap in [false, true] {
+        for sent_early in [false, true] {
             let fence = Fence::closed();
             let mut builder =
-                primary(&dir.path().join(format!("overlap-{overlap}"))).fence(fence.clone());
+                primary(&dir.path().join(format!("early-{sent_early}"))).fence(fence.clone());
             let mut session = (*builder.config_mut().walsender.session).clone();
-            session.commit_overlap = overlap;
+            session.commit_overlap = true;
             builder.config_mut().walsender.session = std::sync::Arc::new(session);
             let p = start(builder).await;
             // Under failover the start leaves the timeline to the term.
             assert_eq!(p.wal.timeline(), TimelineId(1));
             fence.grant(2, lasting());
             let end = append(&p, "term 2", Durability::Local).await;
+            if sent_early {
+                // The mark, asked for as a walsender about to send early asks for it.
+                let mut announced = p.wal.subscribe();
+                p.wal.mark_early_sends(TimelineId(1));
+                tokio::time::timeout(DEADLINE, async {
+                    while p.wal.early_sends_marked() != Some(TimelineId(1)) {
+                        announced.changed().await.expect("storage is open");
+                    }
+                })
+                .await
+                .expect("the mark is durable by the deadline");
+            }
             fence.revoke();
             let taken =
                 tokio::time::timeout(DEADLINE, p.supervisor.send(PromoteForTerm { term: 3 }))
                     .await
                     .expect("answered by the deadline")
                     .unwrap();
-            if !overlap {
+            if !sent_early {
                 assert!(
                     matches!(taken, Err(supervisor_actor::PromoteError::NotStandby)),
                     "{taken:?}"

@@ -4,9 +4,12 @@
 //! the next open and is dropped like one never written), a link that loses (the connection drops) and
 //! reorders (each direction's queue is delivered out of order at times), and crashes and
 //! restarts of either node at any step. The rules are the real pure pieces:
-//! `overlap::send_limit` and `sends_early` for what the primary sends, `overlap::commit_point`
-//! for what it acknowledges and tells, `overlap::starts_new_timeline` for its restart, and
-//! the walreceiver's `cutback::decide` for the standby's cut-back at stream start (rule 4).
+//! `overlap::send_limit` and `sends_early` for what the primary sends, with
+//! `overlap::early_sends_marked` holding its first early send on a timeline until storage's
+//! durable early-send mark names it (a write that a crash may lose before it is done),
+//! `overlap::commit_point` for what it acknowledges and tells, `overlap::starts_new_timeline`
+//! for its restart, and the walreceiver's `cutback::decide` for the standby's cut-back at
+//! stream start (rule 4).
 //!
 //! After every step it checks: every acknowledged append is durable on the primary at its LSN
 //! and, once the standby held it durable, is never cut from it; no reader (the primary's at
@@ -55,7 +58,12 @@ impl Rng {
 #[derive(Clone, Copy)]
 struct Rules {
     commit_point: fn(Lsn, Option<Lsn>) -> Lsn,
-    starts_new_timeline: fn(bool) -> bool,
+    starts_new_timeline: fn(Option<TimelineId>, TimelineId) -> bool,
+    /// Whether an early send may go out, from the timeline the durable mark names and the
+    /// current one.
+    early_sends_marked: fn(Option<TimelineId>, TimelineId) -> bool,
+    /// Whether a walsender that wants to send early asks storage for the mark.
+    asks_for_mark: bool,
     /// Rule 4 at stream start, from the standby's end, the point it shares with the primary
     /// and the commit point it was told.
     cut_back: fn(Lsn, Lsn, Lsn) -> TailDecision,
@@ -67,6 +75,8 @@ struct Rules {
 const REAL: Rules = Rules {
     commit_point: overlap::commit_point,
     starts_new_timeline: overlap::starts_new_timeline,
+    early_sends_marked: overlap::early_sends_marked,
+    asks_for_mark: true,
     cut_back: cutback::decide,
     told: |c, _| c,
 };
@@ -108,6 +118,8 @@ enum Step {
     Append,
     PrimaryFlush,
     Send,
+    /// Storage's background thread makes the early-send mark asked for durable.
+    WriteMark,
     StandbyReceive,
     StandbyFlush,
     PrimaryHears,
@@ -133,6 +145,10 @@ struct World {
     rng: Rng,
     primary: Storage,
     standby: Storage,
+    /// The timeline the primary's durable early-send mark names; it survives crashes.
+    mark: Option<u32>,
+    /// The timeline a walsender asked the mark for, not yet durable; a crash loses it.
+    mark_wanted: Option<u32>,
     /// The ends of the appends waiting for the commit point.
     pending: Vec<usize>,
     next_id: u64,
@@ -166,6 +182,8 @@ impl World {
             rng: Rng(StdRng::seed_from_u64(seed)),
             primary: node.clone(),
             standby: node,
+            mark: None,
+            mark_wanted: None,
             pending: Vec::new(),
             next_id: 0,
             quorum: None,
@@ -226,6 +244,7 @@ impl World {
             (Step::Append, p_up, 20),
             (Step::PrimaryFlush, p_up, 12),
             (Step::Send, p_up && link, 14),
+            (Step::WriteMark, p_up && self.mark_wanted.is_some(), 10),
             (
                 Step::StandbyReceive,
                 s_up && link && !self.to_standby.is_empty(),
@@ -278,7 +297,15 @@ impl World {
                     .push(format!("primary flushes to {}", self.primary.flushed));
             }
             Step::Send => {
-                let early = overlap::sends_early(true, true, "sync");
+                let p = &self.primary;
+                let tli = TimelineId(p.tli);
+                let early =
+                    overlap::sends_early(true, true, "sync") && p.log.len() > p.flushed && {
+                        if self.rules.asks_for_mark && self.mark != Some(p.tli) {
+                            self.mark_wanted = Some(p.tli);
+                        }
+                        (self.rules.early_sends_marked)(self.mark.map(TimelineId), tli)
+                    };
                 let limit = overlap::send_limit(&self.primary.position(), early).0 as usize;
                 let start = self.sent.min(limit);
                 let told = (self.rules.told)(
@@ -295,6 +322,11 @@ impl World {
                     .push(format!("send {start}..{limit} told {told}"));
                 self.sent = limit.max(self.sent);
                 self.to_standby.push(data);
+            }
+            Step::WriteMark => {
+                self.mark = self.mark_wanted.take();
+                self.trace
+                    .push(format!("the mark names timeline {:?}", self.mark));
             }
             Step::StandbyReceive => {
                 // Mostly in order; now and then a later message first.
@@ -375,13 +407,14 @@ impl World {
             Step::PrimaryCrash => {
                 self.primary.crash(&mut self.rng);
                 self.pending.clear();
+                self.mark_wanted = None;
                 self.drop_link();
                 self.trace
                     .push(format!("primary crashes, keeps {}", self.primary.flushed));
             }
             Step::PrimaryStart => {
                 let p = &mut self.primary;
-                if (self.rules.starts_new_timeline)(true) {
+                if (self.rules.starts_new_timeline)(self.mark.map(TimelineId), TimelineId(p.tli)) {
                     p.history.push((p.tli, p.log.len()));
                     p.tli += 1;
                 }
@@ -492,8 +525,8 @@ impl World {
     fn settle(&mut self) -> Result<(), String> {
         if !self.primary.up {
             self.primary.up = true;
-            if (self.rules.starts_new_timeline)(true) {
-                let p = &mut self.primary;
+            let p = &mut self.primary;
+            if (self.rules.starts_new_timeline)(self.mark.map(TimelineId), TimelineId(p.tli)) {
                 p.history.push((p.tli, p.log.len()));
                 p.tli += 1;
             }
@@ -566,7 +599,7 @@ fn the_overlapped_commit_keeps_its_rules_under_loss_reorder_and_crashes() {
 /// The checks can fail: each rule broken on purpose is caught by some seed of a default run.
 #[test]
 fn each_broken_rule_is_caught() {
-    let broken: [(&str, Rules); 4] = [
+    let broken: [(&str, Rules); 6] = [
         (
             "acknowledging before the primary's own flush",
             Rules {
@@ -577,7 +610,22 @@ fn each_broken_rule_is_caught() {
         (
             "a restarted primary resuming its timeline",
             Rules {
-                starts_new_timeline: |_| false,
+                starts_new_timeline: |_, _| false,
+                ..REAL
+            },
+        ),
+        (
+            "sending early with no mark ever written",
+            Rules {
+                early_sends_marked: |_, _| true,
+                asks_for_mark: false,
+                ..REAL
+            },
+        ),
+        (
+            "sending early before the mark is durable",
+            Rules {
+                early_sends_marked: |_, _| true,
                 ..REAL
             },
         ),

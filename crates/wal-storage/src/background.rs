@@ -65,6 +65,7 @@ fn bg_main(inner: Arc<Inner>, rx: Receiver<BgRequest>) {
             }
             BgRequest::PersistSlots => persist_dirty_slots(&inner),
             BgRequest::PersistCommitPoint => persist_commit_point(&inner),
+            BgRequest::PersistEarlySends => persist_early_sends(&inner),
             BgRequest::Shutdown => break,
         }
     }
@@ -82,6 +83,23 @@ fn persist_commit_point(inner: &Inner) {
         Ok(None) => {}
         Err(e) => {
             tracing::warn!(error = %e, "could not store the commit point; readers stay at the last one stored")
+        }
+    }
+}
+
+/// Writes the early-send mark wanted (`early.rs`) and, once it is durable, wakes every
+/// subscriber of the position: a walsender held at the flushed end looks again and may now
+/// send early. A failure leaves the walsenders at the flushed end, the safe side; the next
+/// batch a walsender could send early asks again.
+fn persist_early_sends(inner: &Inner) {
+    match inner.early.persist(&inner.io, &inner.tmp) {
+        Ok(Some(tli)) => {
+            tracing::debug!(timeline = %tli, "recorded early sends");
+            inner.announce();
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "could not record early sends; walsenders keep the flushed limit")
         }
     }
 }

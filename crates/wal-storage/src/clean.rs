@@ -1,5 +1,6 @@
-//! The clean-shutdown mark: a primary under the overlapped commit begins a new timeline at
-//! every start (rule 5), except after a clean shutdown, which it records here.
+//! The clean-shutdown mark: a primary that may have sent early on its timeline (the
+//! early-send mark, `early.rs`) begins a new timeline at its next start (rule 5), except after
+//! a clean shutdown, which it records here; taking this mark then removes the early-send mark.
 //!
 //! A new timeline at start exists because a synchronous standby may hold WAL this node wrote,
 //! sent early and lost in a crash. After a clean shutdown that cannot be: appends were refused

@@ -169,13 +169,13 @@
 //! metrics, powerloss, crash ← io                             counters; power loss; crash points
 //! kind, naming, tail, io ← error ← config, history, format   types, names, formats, file ops
 //! health                                                     the state of the failure policy
-//! io ← durable ← files ← slots, archived, told, clean        small durable files, slot rules
+//! io ← durable ← files ← slots, archived, told, clean, early small durable files, slot rules
 //! io ← segments ← scan ← staged                             segment files, record boundaries
-//! files, slots, segments, tail, told ← state                 Inner, positions, reads
+//! files, slots, segments, tail, told, early ← state          Inner, positions, reads
 //! state ← background, reader                                 prealloc, retention; records
 //! state, background, scan, staged, clean ← writer ← timeline group commit; promote, truncate
-//! state, scan, files, slots, told, background ← recovery     init, open, tail scan, report
-//! recovery, writer, timeline, reader, clean ← wal            the `Wal` handle
+//! state, scan, files, slots, told, early, background ← recovery init, open, tail scan, report
+//! recovery, writer, timeline, reader, clean, early ← wal     the `Wal` handle
 //! ```
 //!
 //! [`durable`] is public: the standby signal and the supervisor's removal of it use the same
@@ -192,7 +192,8 @@
 //! in memory only; told by the upstream on a standby, published only once it is durable in
 //! `DATA/commit_point` (`told.rs`), so a restarted standby still knows it), published with
 //! the position ([`WalPosition::committed`], [`WalPosition::sendable`]) for its readers to
-//! stop at.
+//! stop at, and the early-send mark (`early.rs`): the timeline on which it may have sent WAL
+//! past its durable end, named only once durable ([`Wal::mark_early_sends`]).
 
 mod archived;
 mod background;
@@ -201,6 +202,7 @@ mod config;
 #[cfg(feature = "failpoints")]
 pub mod crash;
 pub mod durable;
+mod early;
 mod error;
 mod files;
 mod format;

@@ -22,6 +22,7 @@ use wal_types::{Lsn, SystemId, TimelineId};
 use crate::archived::ArchiveHold;
 use crate::background::create_segment;
 use crate::durable::write_atomic_with;
+use crate::early::EarlySends;
 use crate::files::{
     encode_envelope, read_control, ControlData, FlushPointer, PointerFile, FILE_VERSION,
 };
@@ -349,6 +350,7 @@ fn open_locked(
         slots: carried.slots,
         archive: carried.archive,
         told: carried.told,
+        early: carried.early,
         bg_tx,
         tail: Default::default(),
         recycled,
@@ -561,12 +563,13 @@ fn oldest_retained(on_disk: &OnDisk, view: &View, seg: u64, end: Lsn, wal_start:
         .max(wal_start)
 }
 
-/// The state that outlives a reopening: slots, the archive's hold, the position and slot
-/// watches, and health.
+/// The state that outlives a reopening: slots, the archive's hold, the told commit point, the
+/// early-send mark, the position and slot watches, and health.
 struct Carried {
     slots: Arc<Mutex<SlotTable>>,
     archive: Arc<Mutex<ArchiveHold>>,
     told: Arc<ToldCommit>,
+    early: Arc<EarlySends>,
     pos_tx: watch::Sender<WalPosition>,
     slot_released: watch::Sender<u64>,
     slots_moved: watch::Sender<u64>,
@@ -594,6 +597,7 @@ fn carry_over(
                 slots: p.slots.clone(),
                 archive: p.archive.clone(),
                 told: p.told.clone(),
+                early: p.early.clone(),
                 pos_tx: p.pos_tx.clone(),
                 slot_released: p.slot_released.clone(),
                 slots_moved: p.slots_moved.clone(),
@@ -605,6 +609,7 @@ fn carry_over(
             slots: Arc::new(Mutex::new(SlotTable::load(io, slots_dir)?)),
             archive: Arc::new(Mutex::new(ArchiveHold::load(io, dir)?)),
             told: Arc::new(ToldCommit::load(io, dir)?),
+            early: Arc::new(EarlySends::load(io, dir, st.tli)?),
             pos_tx: watch::channel(st.position()).0,
             slot_released: watch::channel(0).0,
             slots_moved: watch::channel(0).0,

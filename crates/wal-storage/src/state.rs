@@ -21,6 +21,7 @@ use wal_types::{Lsn, SystemId, TimelineId};
 
 use crate::archived::ArchiveHold;
 use crate::durable::write_atomic_with;
+use crate::early::EarlySends;
 use crate::files::{encode_envelope, ControlData, FILE_VERSION};
 use crate::health::HealthTx;
 use crate::io::Io;
@@ -144,6 +145,8 @@ pub(crate) enum BgRequest {
     PersistSlots,
     /// Write the newest commit point the upstream told, then publish it (`told.rs`).
     PersistCommitPoint,
+    /// Write the early-send mark wanted, then wake the position's subscribers (`early.rs`).
+    PersistEarlySends,
     Shutdown,
 }
 
@@ -173,6 +176,8 @@ pub(crate) struct Inner {
     pub archive: Arc<Mutex<ArchiveHold>>,
     /// The commit point the upstream told, on disk and wanted there; shared with a reopening.
     pub told: Arc<ToldCommit>,
+    /// The timeline early sends are marked durably on (`early.rs`); shared with a reopening.
+    pub early: Arc<EarlySends>,
     /// Feeds the background thread (preallocation, retention, slot persistence).
     pub bg_tx: Sender<BgRequest>,
     /// The last small durable batches, for readers at the end of WAL.

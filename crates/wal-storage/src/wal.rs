@@ -658,6 +658,27 @@ impl Wal {
         });
     }
 
+    /// Asks for the durable mark that this node sends WAL past its durable end on timeline
+    /// `tli` (the overlapped commit's early sends, `early.rs`), and returns the timeline the
+    /// mark on disk names now. A walsender sends early only while it names the timeline it
+    /// streams; until then it keeps the flushed limit. Memory only, for a walsender's thread:
+    /// the background thread writes the mark and then wakes the position's subscribers.
+    pub fn mark_early_sends(&self, tli: TimelineId) -> Option<TimelineId> {
+        let inner = self.inner();
+        let (marked, queue) = inner.early.want(tli);
+        if queue {
+            let _ = inner.bg_tx.send(BgRequest::PersistEarlySends);
+        }
+        marked
+    }
+
+    /// The timeline the durable early-send mark names: one on which this node may have sent a
+    /// standby WAL it did not hold durably (rule 5 of the overlapped commit asks it at a
+    /// start). Memory only.
+    pub fn early_sends_marked(&self) -> Option<TimelineId> {
+        self.inner().early.marked()
+    }
+
     /// Where [`Wal::read`] would read: the segment file, offset and length of up to `max_len`
     /// bytes of timeline `tli` at `start` (fewer at a segment end), with the same errors;
     /// `None` at the end. For senders that hand the file to the kernel instead of reading it.
@@ -742,12 +763,19 @@ impl Wal {
     /// Takes the clean-shutdown mark, removing it durably, and says whether it records exactly
     /// this opening's timeline and durable end: whether the last run ended cleanly. Call it at
     /// every start before anything is appended, so that a crash after this start is never
-    /// taken for clean. Blocks (it removes a file and syncs the directory).
+    /// taken for clean. After a clean shutdown every byte any standby was sent is durable
+    /// here, so the early-send mark is removed too ([`Wal::early_sends_marked`] is then
+    /// `None`) and this run's first early send writes it anew. Blocks (it removes files and
+    /// syncs the directory).
     pub fn take_clean_shutdown_mark(&self) -> Result<bool> {
         let inner = self.inner();
         let mark = crate::clean::take(&inner.io, &inner.dir)?;
         let pos = inner.state().position();
-        Ok(mark == Some((pos.timeline, pos.flushed)))
+        let clean = mark == Some((pos.timeline, pos.flushed));
+        if clean {
+            inner.early.forget(&inner.io)?;
+        }
+        Ok(clean)
     }
 
     /// Starts a new timeline at the end of the last complete record at or below the durable

@@ -79,21 +79,35 @@ pub fn send_limit(pos: &WalPosition, early: bool) -> Lsn {
     }
 }
 
-/// Rule 5: whether a node about to take appends as a primary (it starts as one, or takes up
-/// a failover term it already led in) must first start a new timeline at its own durable end
-/// instead of resuming the timeline it was on.
+/// Rule 5's mark, on the sending side: whether a walsender may send WAL of timeline `current`
+/// past this node's durable end, given the timeline storage's durable early-send mark names
+/// (`Wal::mark_early_sends`). Only once the mark is durable: a crash after the send then
+/// finds it, and [`starts_new_timeline`] says what the send requires.
+pub fn early_sends_marked(marked: Option<TimelineId>, current: TimelineId) -> bool {
+    marked == Some(current)
+}
+
+/// Rule 5: whether a node about to take appends as a primary (it starts as one, reopens
+/// failed storage, or takes up a failover term) must first start a new timeline at its own
+/// durable end instead of resuming `current`, the timeline it is on; `marked` is the timeline
+/// storage's durable early-send mark names (`Wal::early_sends_marked`; a clean shutdown
+/// removes it).
 ///
 /// Under the overlapped commit a synchronous standby may hold a tail of the current timeline
-/// that this node wrote, sent, and then lost in a crash (or in a failed fdatasync that storage
-/// reopened past). Resuming the timeline would write different bytes at the same LSNs, and
-/// the standby, whose copy reaches further, would report flush positions that count for
+/// that this node wrote, sent early, and then lost in a crash (or in a failed fdatasync that
+/// storage reopened past). Resuming the timeline would write different bytes at the same LSNs,
+/// and the standby, whose copy reaches further, would report flush positions that count for
 /// appends it never received. A new timeline from the durable end makes the standby's extra
-/// tail a fork that it cuts back at its next stream start, and it costs a history file per
-/// start. Everything acknowledged is at or below the durable end (the commit point needs this
-/// node's own flush), so the new timeline's start keeps it. With the switch off no standby
-/// holds WAL this node lacks, and the timeline is resumed as PostgreSQL does.
-pub fn starts_new_timeline(overlap: bool) -> bool {
-    overlap
+/// tail a fork that it cuts back at its next stream start, and it costs a history file.
+/// Everything acknowledged is at or below the durable end (the commit point needs this node's
+/// own flush), so the new timeline's start keeps it. That can only happen on a timeline the
+/// mark names, since the first early send on a timeline waits for the mark
+/// ([`early_sends_marked`]); on any other no standby holds WAL this node lacks, and the
+/// timeline is resumed as PostgreSQL does (always, with the switch off and never on before).
+/// A mark left by a run with the switch on counts after it is turned off too: the standby's
+/// tail does not go away with the switch.
+pub fn starts_new_timeline(marked: Option<TimelineId>, current: TimelineId) -> bool {
+    marked == Some(current)
 }
 
 /// Whether a stream carries the commit point ([`protocol_codec::messages::CommitPoint`]):
@@ -192,6 +206,21 @@ mod tests {
         assert_eq!(send_limit(&pos, false), Lsn(200));
         pos.commit = CommitBound::None;
         assert_eq!(send_limit(&pos, false), Lsn(200));
+    }
+
+    #[test]
+    fn only_a_timeline_the_mark_names_is_left_for_a_new_one() {
+        let (t1, t2) = (TimelineId(1), TimelineId(2));
+        // No early send was ever marked (the switch off, or no synchronous walserver
+        // standby, or a clean shutdown since): the timeline goes on.
+        assert!(!starts_new_timeline(None, t1));
+        assert!(!early_sends_marked(None, t1));
+        // A mark of an older timeline is stale.
+        assert!(!starts_new_timeline(Some(t1), t2));
+        assert!(!early_sends_marked(Some(t1), t2));
+        // Early sends may have happened on this timeline.
+        assert!(starts_new_timeline(Some(t2), t2));
+        assert!(early_sends_marked(Some(t2), t2));
     }
 
     #[test]

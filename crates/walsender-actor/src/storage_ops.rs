@@ -63,6 +63,10 @@ impl StorageView for Wal {
             Err(e) => Err(e),
         }
     }
+
+    fn mark_early_sends(&self, tli: TimelineId) -> Option<TimelineId> {
+        Wal::mark_early_sends(self, tli)
+    }
 }
 
 /// Carries out an `Output::Read`: `len` bytes of `timeline` from `start`, as bytes in memory,

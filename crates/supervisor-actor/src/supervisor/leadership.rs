@@ -38,11 +38,13 @@ impl Handler<PromoteForTerm> for Supervisor {
         // until the failover actor grants it, after the promotion.
         self.fence.observe_term(msg.term);
         let reason = format!("promoted by walserver failover for term {}", msg.term);
-        // Rule 5 of the overlapped commit: a primary taking up a term never resumes its
-        // timeline, since a synchronous standby may hold a tail of it that this node lost
-        // in a crash. With the switch off a primary is refused here, as before.
-        let overlap = self.shared.settings().session.commit_overlap;
-        if self.role == NodeRole::Primary && walsender_actor::overlap::starts_new_timeline(overlap)
+        // Rule 5 of the overlapped commit: a primary taking up a term does not resume a
+        // timeline on which it sent early, since a synchronous standby may hold a tail of it
+        // that this node lost in a crash. Any other primary is refused here, as before.
+        let marked = self.wal.as_ref().and_then(|w| w.early_sends_marked());
+        let timeline = self.wal.as_ref().map(|w| w.timeline());
+        if self.role == NodeRole::Primary
+            && timeline.is_some_and(|t| walsender_actor::overlap::starts_new_timeline(marked, t))
         {
             return self.start_new_timeline(reason);
         }

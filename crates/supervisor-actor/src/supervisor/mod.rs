@@ -553,13 +553,15 @@ impl Handler<ShutdownDone> for Supervisor {
         // Storage last: every acknowledged write is already durable; dropping the supervisor's
         // handle lets the writer thread finish once the other holders are gone.
         let wal = self.wal.take();
-        // A primary under the overlapped commit records the clean shutdown, so that its next
-        // start may go on on its timeline (rule 5): the walsenders are gone and nothing more
-        // is appended, and storage writes the mark after everything written is durable.
-        let mark = wal.filter(|_| {
+        // A primary under the overlapped commit (or one whose early-send mark a run with it
+        // left) records the clean shutdown, so that its next start removes the mark and goes
+        // on on its timeline (rule 5): the walsenders are gone and nothing more is appended,
+        // and storage writes the mark after everything written is durable.
+        let mark = wal.filter(|w| {
             self.role == NodeRole::Primary
                 && !self.promoting
-                && self.shared.settings().session.commit_overlap
+                && (self.shared.settings().session.commit_overlap
+                    || w.early_sends_marked().is_some())
         });
         // The arbiters' threads hold the walsenders' and the walreceiver's storage handles
         // until their event loops end: wait for that (off this thread) before answering, so
@@ -791,7 +793,7 @@ impl Supervisor {
                 })
             })?;
             act.update_visibility();
-            tracing::info!(%timeline, switch = %switch_lsn, "a new timeline for the term: the overlapped commit never resumes a primary's timeline");
+            tracing::info!(%timeline, switch = %switch_lsn, "a new timeline for the term: a synchronous standby may hold WAL of the old one that this node lost");
             Ok(Promoted {
                 timeline,
                 switch_lsn,

@@ -100,14 +100,16 @@ impl Supervisor {
         self.storage.running = true;
         let attempt = self.storage.restarts.attempts;
         // Rule 5 of the overlapped commit: a primary whose storage is reopened past its last
-        // good sync has lost what it wrote after it, which a synchronous standby may hold; it
-        // goes on on a new timeline from its durable end, as at a start. Appends are refused
-        // until then (`reopening_on_new_timeline`), and the walsenders are held, so that no
-        // standby's report of the old timeline counts for an append of the new one.
-        let overlap = self.shared.settings().session.commit_overlap;
+        // good sync has lost what it wrote after it, which a synchronous standby sent early
+        // may hold; it goes on on a new timeline from its durable end, as at a start. Appends
+        // are refused until then (`reopening_on_new_timeline`), and the walsenders are held,
+        // so that no standby's report of the old timeline counts for an append of the new one.
         let new_timeline = self.role == NodeRole::Primary
             && wal.format() == WalFormat::Walserver
-            && walsender_actor::overlap::starts_new_timeline(overlap);
+            && walsender_actor::overlap::starts_new_timeline(
+                wal.early_sends_marked(),
+                wal.timeline(),
+            );
         self.storage.new_timeline = new_timeline;
         let registry = self.registry.clone();
         let work = async move {
@@ -119,7 +121,7 @@ impl Supervisor {
                 if report.is_some() && new_timeline {
                     let (timeline, switch) =
                         wal.promote("storage reopened under synchronous_commit_overlap")?;
-                    tracing::info!(%timeline, %switch, "storage reopened on a new timeline: the overlapped commit never resumes a primary's timeline");
+                    tracing::info!(%timeline, %switch, "storage reopened on a new timeline: a synchronous standby may hold WAL of the old one that this node lost");
                 }
                 Ok::<_, wal_storage::WalError>(report)
             })

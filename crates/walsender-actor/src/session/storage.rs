@@ -42,6 +42,10 @@ pub trait StorageView {
     /// temporary (another session dropped ours and created a persistent one) is not ours and
     /// stays.
     fn drop_temporary_slot(&self, name: &str) -> Result<(), WalError>;
+    /// Asks storage for the durable mark of early sends on `tli` (it writes it off this
+    /// thread, then announces a position) and returns the timeline the mark on disk names
+    /// now ([`crate::overlap::early_sends_marked`]).
+    fn mark_early_sends(&self, tli: TimelineId) -> Option<TimelineId>;
 }
 
 /// WAL for the session to cut into messages: read into memory (`Wal::read`, or storage's

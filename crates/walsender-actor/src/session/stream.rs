@@ -207,14 +207,21 @@ impl<S: StorageView> Session<S> {
     }
 
     /// Where WAL of the current timeline ends for this stream now: the flushed end, or for a
-    /// synchronous standby under the overlapped commit the written end ([`crate::overlap`]).
+    /// synchronous standby under the overlapped commit the written end ([`crate::overlap`]),
+    /// once storage's early-send mark names the timeline: the first byte past the flushed
+    /// end waits for it (rule 5), and storage's announcement that it is durable pumps again.
     fn current_end(&self) -> Lsn {
+        let pos = &self.position;
         let early = overlap::sends_early(
             self.config.commit_overlap,
             overlap::accepts_unflushed(self.client.get(ACCEPTS_UNFLUSHED_PARAM)),
             &lock(&self.status).sync_state,
-        );
-        overlap::send_limit(&self.position, early)
+        ) && pos.written > pos.sendable()
+            && overlap::early_sends_marked(
+                self.storage.mark_early_sends(pos.timeline),
+                pos.timeline,
+            );
+        overlap::send_limit(pos, early)
     }
 
     /// Asks for more WAL if the stream wants it and `room` bytes may be queued.

@@ -644,24 +644,107 @@ fn overlap_fixture(overlap: bool, accepts: Option<&str>, sync_state: &str) -> Fi
     f
 }
 
+/// How long a test waits for storage's background thread.
+const DEADLINE: Duration = Duration::from_secs(10);
+
 /// [`overlap_fixture`]'s session streaming from the flushed end; then storage announces a
-/// written end 100 bytes beyond it. Returns the length of the read the session asks for.
+/// written end 100 bytes beyond it. Returns the length of the read the session asks for
+/// once storage's early-send mark is durable; before that it asks for none.
 fn early_read(overlap: bool, accepts: Option<&str>, sync_state: &str) -> Option<usize> {
     let mut f = overlap_fixture(overlap, accepts, sync_state);
-    let end = f.append(1, 100);
-    let out = f.query(&format!("START_REPLICATION {end}"));
-    f.serve_reads(out);
-    let mut pos = f.wal.position();
-    pos.written = end + 100;
-    let mut out = Vec::new();
-    f.session.on_wal_position(pos, usize::MAX, &mut out);
-    out.iter().find_map(|o| match o {
-        Output::Read { start, len, .. } => {
-            assert_eq!(*start, end);
-            Some(*len)
+    let (end, pos) = f.stream_with_unflushed_tail();
+    let mut announced = f.wal.subscribe();
+    assert_eq!(f.read_past(end, pos), None, "sent before the mark");
+    // The mark, asked for here too so that every case waits the same way.
+    f.wal.mark_early_sends(pos.timeline);
+    f.wait_marked(&mut announced);
+    f.read_past(end, pos)
+}
+
+impl Fixture {
+    /// Starts streaming at the flushed end; returns it, and a position whose written end is
+    /// 100 bytes beyond it (a batch whose fdatasync runs).
+    fn stream_with_unflushed_tail(&mut self) -> (Lsn, WalPosition) {
+        let end = self.append(1, 100);
+        let out = self.query(&format!("START_REPLICATION {end}"));
+        self.serve_reads(out);
+        let mut pos = self.wal.position();
+        pos.written = end + 100;
+        (end, pos)
+    }
+
+    /// Tells the session `pos`; returns the length of the read it asks for from `end`.
+    fn read_past(&mut self, end: Lsn, pos: WalPosition) -> Option<usize> {
+        let mut out = Vec::new();
+        self.session.on_wal_position(pos, usize::MAX, &mut out);
+        out.iter().find_map(|o| match o {
+            Output::Read { start, len, .. } => {
+                assert_eq!(*start, end);
+                Some(*len)
+            }
+            _ => None,
+        })
+    }
+
+    /// Waits, with a deadline, until storage's early-send mark names the current timeline,
+    /// looking at each position storage announces (`rx`, subscribed before the mark was
+    /// asked for: storage announces once it is durable).
+    fn wait_marked(&self, rx: &mut tokio::sync::watch::Receiver<WalPosition>) {
+        let tli = self.wal.timeline();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            tokio::time::timeout(DEADLINE, async {
+                while self.wal.early_sends_marked() != Some(tli) {
+                    rx.changed().await.expect("storage is open");
+                }
+            })
+            .await
+            .expect("the mark is durable in time")
+        });
+    }
+}
+
+/// Rule 5 holds only if a crash after an early send finds the mark: the first byte sent
+/// past the flushed end waits until the mark naming the timeline is durable. Its write is
+/// held inside storage's atomic write (the temp file, not yet synced or in place): nothing
+/// is sent early, however often the session looks; once it is done, storage's announcement
+/// lets the written tail go.
+#[cfg(feature = "failpoints")]
+#[test]
+fn an_early_send_waits_until_the_mark_is_durable() {
+    /// Releases the held point however the test ends, or storage's background thread,
+    /// waiting there, would keep the fixture's storage from closing.
+    struct Held(Arc<wal_storage::Failpoints>);
+    impl Drop for Held {
+        fn drop(&mut self) {
+            self.0.release(wal_storage::FP_ATOMIC);
         }
-        _ => None,
-    })
+    }
+    let mut f = overlap_fixture(true, Some("on"), "sync");
+    let tli = f.wal.timeline();
+    let fp = f.wal.failpoints();
+    let _held = Held(fp.clone());
+    fp.hold(wal_storage::FP_ATOMIC);
+    let (end, pos) = f.stream_with_unflushed_tail();
+    let mut announced = f.wal.subscribe();
+    assert_eq!(f.read_past(end, pos), None);
+    assert!(
+        fp.wait_until_held(wal_storage::FP_ATOMIC, DEADLINE),
+        "the session asked for the mark"
+    );
+    assert_eq!(
+        f.read_past(end, pos),
+        None,
+        "sent while the mark is written"
+    );
+    assert_eq!(f.wal.early_sends_marked(), None);
+    fp.release(wal_storage::FP_ATOMIC);
+    f.wait_marked(&mut announced);
+    assert_eq!(f.wal.early_sends_marked(), Some(tli));
+    assert_eq!(f.read_past(end, pos), Some(100));
 }
 
 /// The commit points a session's outputs tell.

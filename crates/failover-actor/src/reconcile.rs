@@ -219,14 +219,11 @@ impl FailoverActor {
         let slots = self.wanted_slots();
         let permanent = self.permanent_request(false);
         let synchronous = self.config.synchronous_mode != crate::SynchronousMode::Off;
-        // Under the overlapped commit a primary taking up a term starts a new timeline too
-        // when it may have sent WAL early on the one it is on (rule 5): the supervisor does
-        // it for `PromoteForTerm` on a primary. Storage's in-memory mark, read as below.
-        let promote = promote
-            || walsender_actor::overlap::starts_new_timeline(
-                wal.early_sends_marked(),
-                wal.timeline(),
-            );
+        // Under the overlapped commit a primary taking up a term asks the supervisor too: it
+        // starts a new timeline when it may have sent WAL early on the one it is on (rule 5),
+        // and else takes the term up on its timeline, deciding the commit point from now.
+        let overlap = self.node.shared.settings().session.commit_overlap;
+        let promote = promote || overlap;
         let client = self.client.clone();
         let keys = self.keys.clone();
         let me = self.me().to_string();

@@ -466,8 +466,8 @@ async fn start_actors(config: NodeConfig) -> Result<Node, NodeError> {
         // A standby under the overlapped commit knows no commit point until its upstream
         // tells it one, beyond the one it stored before (`DATA/commit_point`), so its readers
         // wait for that rather than read a tail that may be cut back. A primary under
-        // failover is in the same place until it takes up a term (a promotion, which forgets
-        // the told point) or follows a leader that tells it one: its tail past the commit
+        // failover is in the same place until it takes up a term (`PromoteForTerm`, which
+        // forgets the told point) or follows a leader that tells it one: its tail past the commit
         // point it knew before the restart may be past the next leader's fork, and is cut
         // when it follows.
         wal.set_told_commit_point(Some(wal_storage::Lsn::INVALID));

@@ -106,9 +106,11 @@ pub struct SuperviseService {
 
 /// Promote this standby as the leader of `term`: as [`Promote`](crate::Promote), with the
 /// term recorded beside the new timeline in its history, so that the timeline history is also
-/// the history of leadership. A primary whose early-send mark names its timeline takes it
-/// too, and starts a new timeline at its durable end (rule 5: it never resumes a timeline a
-/// standby may hold more of); any other primary is refused with [`PromoteError::NotStandby`].
+/// the history of leadership. Under the overlapped commit a primary takes it too: one whose
+/// early-send mark names its timeline starts a new timeline at its durable end (rule 5: it
+/// never resumes a timeline a standby may hold more of), any other takes the term up on its
+/// timeline (answering where that timeline starts) and decides the commit point from then;
+/// with the switch off a primary is refused with [`PromoteError::NotStandby`].
 #[derive(Message, Clone, Copy, Debug)]
 #[rtype(result = "Result<Promoted, PromoteError>")]
 pub struct PromoteForTerm {

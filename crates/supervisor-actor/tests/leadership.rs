@@ -15,7 +15,7 @@ use supervisor_actor::{
     LocalLevel, Node, NodeBuilder, NodeRole, PromoteForTerm, SetSyncStandbys,
 };
 use supervisor_actor::{Follow, RecordEvent};
-use wal_storage::{Lsn, TimelineId, WalError};
+use wal_storage::{CommitBound, Lsn, TimelineId, WalError};
 use walreceiver_actor::ReceiverConfig;
 
 /// A grant far beyond the tests' own deadline.
@@ -96,18 +96,19 @@ async fn flushed_on(node: &Node, timeline: TimelineId, lsn: Lsn) {
 /// Rule 5 of the overlapped commit under failover: a primary that takes up a term (it led
 /// before and won the key again, say after a restart) starts a new timeline at its durable
 /// end if its early-send mark names its timeline, since a synchronous standby may hold a tail
-/// of it that it lost. One that never sent early is refused as a primary, as with the switch
-/// off, and keeps its timeline.
+/// of it that it lost. One that never sent early takes the term up on its timeline and stops
+/// holding its readers at the commit point it started with (it now decides it). With the
+/// switch off a primary is refused, as before, and keeps its timeline.
 #[test]
-fn a_primary_taking_up_a_term_after_early_sends_starts_a_new_timeline() {
+fn a_primary_taking_up_a_term_starts_a_new_timeline_only_after_early_sends() {
     let dir = tempfile::tempdir().unwrap();
     run(async {
-        for sent_early in [false, true] {
+        for (overlap, sent_early) in [(false, false), (true, false), (true, true)] {
             let fence = Fence::closed();
             let mut builder =
-                primary(&dir.path().join(format!("early-{sent_early}"))).fence(fence.clone());
+                primary(&dir.path().join(format!("{overlap}-{sent_early}"))).fence(fence.clone());
             let mut session = (*builder.config_mut().walsender.session).clone();
-            session.commit_overlap = true;
+            session.commit_overlap = overlap;
             builder.config_mut().walsender.session = std::sync::Arc::new(session);
             let p = start(builder).await;
             // Under failover the start leaves the timeline to the term.
@@ -132,7 +133,7 @@ fn a_primary_taking_up_a_term_after_early_sends_starts_a_new_timeline() {
                     .await
                     .expect("answered by the deadline")
                     .unwrap();
-            if !sent_early {
+            if !overlap {
                 assert!(
                     matches!(taken, Err(supervisor_actor::PromoteError::NotStandby)),
                     "{taken:?}"
@@ -141,7 +142,20 @@ fn a_primary_taking_up_a_term_after_early_sends_starts_a_new_timeline() {
                 stop(p).await;
                 continue;
             }
-            let taken = taken.expect("a new timeline");
+            let taken = taken.expect("the term taken up");
+            if !sent_early {
+                assert_eq!((taken.timeline, taken.switch_lsn), (TimelineId(1), Lsn(0)));
+                assert!(p.wal.history().is_empty(), "no new timeline");
+                assert!(
+                    !matches!(p.wal.position().commit, CommitBound::Told(_)),
+                    "{:?}: readers still held at the commit point it started with",
+                    p.wal.position().commit
+                );
+                fence.grant(3, lasting());
+                assert!(append(&p, "term 3", Durability::Local).await > end);
+                stop(p).await;
+                continue;
+            }
             assert_eq!((taken.timeline, taken.switch_lsn), (TimelineId(2), end));
             let last = p.wal.history().last().cloned().expect("a history entry");
             assert_eq!((last.parent, last.switch_lsn), (TimelineId(1), end));

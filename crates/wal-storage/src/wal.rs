@@ -679,6 +679,17 @@ impl Wal {
         self.inner().early.marked()
     }
 
+    /// Forgets the commit point an upstream told, as a promotion does: for a primary that
+    /// takes up a failover term on the timeline it is on (it sent nothing early on it, so no
+    /// new timeline is needed), and from then decides the commit point itself. A primary's
+    /// own commit point stays. Memory only.
+    pub fn forget_told_commit_point(&self) {
+        self.inner().update_commit(|old| match old {
+            CommitBound::Told(_) => CommitBound::None,
+            other => other,
+        });
+    }
+
     /// Where [`Wal::read`] would read: the segment file, offset and length of up to `max_len`
     /// bytes of timeline `tli` at `start` (fewer at a segment end), with the same errors;
     /// `None` at the end. For senders that hand the file to the kernel instead of reading it.

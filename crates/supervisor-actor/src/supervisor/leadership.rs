@@ -14,7 +14,7 @@
 //! written and synced): which slots, and when, is the failover actor's decision.
 
 use actix::prelude::*;
-use wal_storage::{Role, Wal, WalError, WalFormat};
+use wal_storage::{Lsn, Role, Wal, WalError, WalFormat};
 use walreceiver_actor::messages::StopReceiver;
 use walreceiver_actor::{ReceiverConfig, UpstreamIdentity};
 use walsender_actor::messages::{HoldWalSenders, ResumeWalSenders, SetSyncStandbyNames};
@@ -40,13 +40,26 @@ impl Handler<PromoteForTerm> for Supervisor {
         let reason = format!("promoted by walserver failover for term {}", msg.term);
         // Rule 5 of the overlapped commit: a primary taking up a term does not resume a
         // timeline on which it sent early, since a synchronous standby may hold a tail of it
-        // that this node lost in a crash. Any other primary is refused here, as before.
-        let marked = self.wal.as_ref().and_then(|w| w.early_sends_marked());
-        let timeline = self.wal.as_ref().map(|w| w.timeline());
-        if self.role == NodeRole::Primary
-            && timeline.is_some_and(|t| walsender_actor::overlap::starts_new_timeline(marked, t))
-        {
-            return self.start_new_timeline(reason);
+        // that this node lost in a crash. Under the overlapped commit one that did not takes
+        // the term up on its timeline: it started told no commit point beyond the one it
+        // stored (`NodeBuilder`), reading nothing new, and decides the commit point from now,
+        // as a promotion would make it. With the switch off a primary is refused, as before.
+        let overlap = self.shared.settings().session.commit_overlap;
+        if let Some(wal) = self.wal.clone().filter(|_| self.role == NodeRole::Primary) {
+            let timeline = wal.timeline();
+            if walsender_actor::overlap::starts_new_timeline(wal.early_sends_marked(), timeline) {
+                return self.start_new_timeline(reason);
+            }
+            if overlap {
+                wal.forget_told_commit_point();
+                self.update_visibility();
+                let switch_lsn = wal.history().last().map_or(Lsn(0), |h| h.switch_lsn);
+                tracing::info!(%timeline, term = msg.term, "taking up the term on this timeline: nothing was sent early on it");
+                return Box::pin(actix::fut::ready(Ok(Promoted {
+                    timeline,
+                    switch_lsn,
+                })));
+            }
         }
         self.promote(reason)
     }

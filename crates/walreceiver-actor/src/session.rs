@@ -212,9 +212,10 @@ pub struct Session {
     unannounced: Option<Lsn>,
     /// The highest commit point an upstream told this node, while storage holds one.
     commit_point: Option<Lsn>,
-    /// The upstream's durable end on this node's timeline, from IDENTIFY_SYSTEM: the point
-    /// their histories share when this node's timeline is the upstream's.
-    upstream_end: Option<Lsn>,
+    /// The upstream's timeline and durable end, from IDENTIFY_SYSTEM: the point their
+    /// histories share while this node's timeline is that one. Once this node follows the
+    /// upstream to a later timeline on the same connection, the end says nothing of it.
+    upstream_end: Option<(TimelineId, Lsn)>,
     /// Whether the current stream carries the commit point: unknown until its first message,
     /// which is one if it does.
     carries_commit_point: Option<bool>,
@@ -392,7 +393,7 @@ impl Session {
                     );
                 }
                 self.upstream_tli = id.timeline;
-                self.upstream_end = (id.timeline == self.timeline).then_some(id.xlogpos);
+                self.upstream_end = Some((id.timeline, id.xlogpos));
                 self.advance(now, out);
             }
             Command::TimelineHistory(tli) => {
@@ -484,7 +485,8 @@ impl Session {
             return self.command(Command::TimelineHistory(tli), now, out);
         }
         if self.timeline == upstream {
-            if let Some(end) = self.upstream_end.filter(|_| self.config.commit_overlap) {
+            let shared = self.upstream_end.filter(|&(t, _)| t == self.timeline);
+            if let Some((_, end)) = shared.filter(|_| self.config.commit_overlap) {
                 if self.cut_back_to(end, out) {
                     return;
                 }

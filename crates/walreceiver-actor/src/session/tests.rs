@@ -624,12 +624,21 @@ fn captured_upstream_messages(name: &str) -> Vec<Vec<BackendMessage>> {
 /// The timeline switch as a real PostgreSQL 15 upstream did it (a cascading standby whose
 /// upstream was promoted): our session answers the same way PostgreSQL's walreceiver did, up
 /// to the restart on timeline 2, which it makes at the switch point instead of the segment
-/// start.
+/// start. The same under the overlapped commit: the upstream's end from IDENTIFY_SYSTEM is of
+/// timeline 1, and says nothing of where timeline 2 is shared, so nothing is cut there.
 #[test]
 fn follows_a_timeline_switch_as_postgresql_sends_it() {
+    follows_a_timeline_switch_with(config());
+    follows_a_timeline_switch_with(SessionConfig {
+        commit_overlap: true,
+        ..config()
+    });
+}
+
+fn follows_a_timeline_switch_with(config: SessionConfig) {
     let reads = captured_upstream_messages("pg15-cascade-timeline-switch.1.jsonl");
     let mut reads = reads.into_iter();
-    let mut h = Harness::new(config(), 1, 0x500_0000);
+    let mut h = Harness::new(config, 1, 0x500_0000);
     h.connect();
     // IDENTIFY_SYSTEM's answer, then START_REPLICATION as the standby sent it.
     let out = h.feed(reads.next().unwrap());

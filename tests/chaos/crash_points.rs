@@ -52,10 +52,28 @@ enum Dies {
     StandbyThenPrimary,
 }
 
+impl Dies {
+    /// The node armed with the crash point.
+    fn armed(self) -> usize {
+        match self {
+            Dies::Primary => 0,
+            Dies::StandbyThenPrimary => 1,
+        }
+    }
+
+    /// The nodes whose power goes, the armed one first.
+    fn hit(self) -> &'static [usize] {
+        match self {
+            Dies::Primary => &[0],
+            Dies::StandbyThenPrimary => &[1, 0],
+        }
+    }
+}
+
 fn crash_point_cycles(point: &str, dies: Dies, overlap: Overlap) {
     let _one = serial();
     let n_cycles = cycles(2);
-    let armed = if dies == Dies::Primary { 0 } else { 1 };
+    let (armed, hit) = (dies.armed(), dies.hit());
     let what = format!("deaths at {point}");
     let options = [
         Options {
@@ -75,26 +93,17 @@ fn crash_point_cycles(point: &str, dies: Dies, overlap: Overlap) {
         // Armed by a clean restart (SIGTERM): the only death of the cycle is at the point.
         let stopped = node.signal(libc::SIGTERM).and_then(|()| node.wait_exit());
         // The log is kept across starts: only what this start writes counts.
-        let from = node.log_text().len();
+        let from = node.log_len();
         if let Err(e) = stopped.and_then(|_| node.start()) {
             panic!("cycle {cycle}: restarting {} armed: {e:#}", node.name);
         }
         // The power goes at the moment of the death: the plug is pulled as soon as the node
-        // says it dies, which comes before its threads are gone. A thread of the node inside
-        // an fsync of the mount keeps it from dying until the sync answers, and the pulled
-        // plug makes that answer a failure that made nothing durable.
-        let hit: &[usize] = match dies {
-            Dies::Primary => &[0],
-            Dies::StandbyThenPrimary => &[1, 0],
-        };
+        // says it dies (its log's writes wake the wait), which comes before its threads are
+        // gone. A thread of the node inside an fsync of the mount keeps it from dying until
+        // the sync answers, and the pulled plug makes that answer a failure that made nothing
+        // durable.
         let line = format!("crash point {point}: pass {pass}");
-        let said = wait_for(&line, DEADLINE, Duration::from_millis(1), || {
-            let log = node.log_text();
-            log.get(from..)
-                .unwrap_or(&log)
-                .contains(&line)
-                .then_some(())
-        });
+        let said = node.wait_log(&line, DEADLINE, || node.log_since(from).contains(&line));
         for &i in hit {
             run.pair.mounts[i].pull_plug();
         }
@@ -152,6 +161,8 @@ fn hold_back_the_standby(run: &mut Run, cycle: u64) {
     if let Err(e) = s.pause().and_then(|()| p.start()) {
         panic!("cycle {cycle}: restarting the primary: {e:#}");
     }
+    // The primary's durable end is told only by its `/status`, which announces nothing: it
+    // is asked, up to the deadline.
     let past = wait_for(
         "the primary's durable end past the standby's",
         DEADLINE,

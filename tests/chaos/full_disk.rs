@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fault_harness::tmpfs::Tmpfs;
-use fault_harness::watch::DirWatch;
 use walserver_bench::acklog;
 
 use crate::node::*;
@@ -201,16 +200,11 @@ fn one_cycle(
         Full::Standby => {
             // The standby fails to write what it receives. It says so in its log; the test
             // waits for that only to know the fault has struck, woken by the log's writes.
-            let log_dir = (s.standby.log_path())
-                .and_then(Path::parent)
-                .expect("the standby logs to a file");
-            DirWatch::new(log_dir)
-                .and_then(|w| {
-                    w.wait_until("the standby to run out of space", DEADLINE, || {
-                        no_space_lines(&s.standby) > no_space_before
-                    })
+            s.standby
+                .wait_log("the standby to run out of space", DEADLINE, || {
+                    no_space_lines(&s.standby) > no_space_before
                 })
-                .unwrap_or_else(|e| panic!("{e}\n{}", s.logs()));
+                .unwrap_or_else(|e| panic!("{e:#}\n{}", s.logs()));
             // Its status, flush position included, reads whole.
             s.standby
                 .status()

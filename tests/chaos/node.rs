@@ -4,10 +4,12 @@
 //! and are killed and reaped on drop, so a failing test leaves no process behind. Each
 //! process's log goes to a file beside its data directory.
 
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use fault_harness::watch::DirWatch;
 use walserver_bench::acklog::NodeRecord;
 use walserver_bench::node::{Output, Ready};
 
@@ -43,6 +45,20 @@ pub trait ChaosNode {
     fn http_str(&self) -> String;
     /// The whole log so far (empty if it cannot be read).
     fn log_text(&self) -> String;
+    /// The log's length in bytes now (0 if it cannot be read): where the lines of a start
+    /// still to come begin.
+    fn log_len(&self) -> u64;
+    /// The log from byte `from` on (empty if it cannot be read).
+    fn log_since(&self, from: u64) -> String;
+    /// Waits until `fact` holds, asking it now and after each write to a file in the log's
+    /// directory (the node writes its log there itself, so a line it writes wakes the wait),
+    /// up to `deadline`; `what` names the wait in the failure.
+    fn wait_log(
+        &self,
+        what: &str,
+        deadline: Duration,
+        fact: impl FnMut() -> bool,
+    ) -> anyhow::Result<()>;
 }
 
 impl ChaosNode for ChildNode {
@@ -59,6 +75,39 @@ impl ChaosNode for ChildNode {
         self.log_path()
             .and_then(|p| std::fs::read_to_string(p).ok())
             .unwrap_or_default()
+    }
+
+    fn log_len(&self) -> u64 {
+        self.log_path()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map_or(0, |m| m.len())
+    }
+
+    fn log_since(&self, from: u64) -> String {
+        let read = |p: &Path| -> std::io::Result<String> {
+            let mut f = std::fs::File::open(p)?;
+            f.seek(SeekFrom::Start(from))?;
+            let mut bytes = Vec::new();
+            f.read_to_end(&mut bytes)?;
+            Ok(String::from_utf8_lossy(&bytes).into_owned())
+        };
+        self.log_path()
+            .and_then(|p| read(p).ok())
+            .unwrap_or_default()
+    }
+
+    fn wait_log(
+        &self,
+        what: &str,
+        deadline: Duration,
+        fact: impl FnMut() -> bool,
+    ) -> anyhow::Result<()> {
+        let dir = (self.log_path())
+            .and_then(Path::parent)
+            .ok_or_else(|| anyhow::anyhow!("{} logs to no file", self.name))?;
+        // Made before the first look, so that a line written after it wakes the wait.
+        let watch = DirWatch::new(dir)?;
+        Ok(watch.wait_until(what, deadline, fact)?)
     }
 }
 

@@ -34,13 +34,14 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use etcd_gateway::testkit::EtcdServer;
-use lossyfs::{LossyFs, Options};
+use lossyfs::{LossyFs, Options, UnsyncedWatch};
 use supervisor_actor::NodeStatus;
 use wal_storage::Lsn;
 use walserver_node::admin;
 
-use crate::lossy::{disk, power_off, pull_plugs, serial, Overlap};
+use crate::lossy::{disk, node_on, power_off, pull_plugs, serial, Overlap};
 use crate::node::*;
 use crate::reader::Reader;
 use crate::relay::Relay;
@@ -107,7 +108,7 @@ impl Members {
             );
             let node_name = name(i);
             let ttl = format!("{}ms", TTL.as_millis());
-            let mut settings: Vec<(&str, &str)> = vec![
+            let settings = [
                 // Every member keeps its WAL, so that all compare from the first record.
                 ("wal_keep_size", "4GB"),
                 ("wal_sender_timeout", "2s"),
@@ -120,10 +121,7 @@ impl Members {
                 ("failover.synchronous_mode", "on"),
                 ("failover.advertise_conninfo", &advertised),
             ];
-            settings.extend(overlap.settings());
-            // The logs live outside the lossy mounts: a crash must not take what explains it.
-            let mut node = child_node(&node_name, &data, &settings)
-                .with_log(&dir.join(format!("{node_name}.log")));
+            let mut node = node_on(dir, &mounts[i], &node_name, &settings, overlap);
             replication_links[i].set_upstream(node.listen);
             node.start()
                 .unwrap_or_else(|e| panic!("start {node_name}: {e:#}"));
@@ -140,6 +138,11 @@ impl Members {
 
     fn logs(&self) -> String {
         line::logs(&self.nodes)
+    }
+
+    /// `r`'s value; its error fails the test with every member's log.
+    fn or_logs<T>(&self, r: anyhow::Result<T>) -> T {
+        r.unwrap_or_else(|e| panic!("{e:#}\n{}", self.logs()))
     }
 
     fn status(&self, i: usize) -> anyhow::Result<NodeStatus> {
@@ -182,6 +185,13 @@ impl Members {
             },
         )?;
         Ok(leader)
+    }
+
+    /// The leader, once the others stream from it ([`Members::wait_led`]), and the
+    /// synchronous standby it has published.
+    fn wait_led_and_sync(&self) -> anyhow::Result<(usize, usize)> {
+        let leader = self.wait_led()?;
+        Ok((leader, self.wait_sync(leader)?))
     }
 
     /// The synchronous standby `leader` has published.
@@ -293,10 +303,7 @@ fn power_loss_cycles(victims: Victims, overlap: Overlap) {
     let mut lost_writes = 0;
     let mut recover_ms = Vec::new();
     for cycle in 0..n_cycles {
-        let (leader, sync) = match m.wait_led().and_then(|l| Ok((l, m.wait_sync(l)?))) {
-            Ok(ls) => ls,
-            Err(e) => panic!("cycle {cycle}: {e:#}\n{}", m.logs()),
-        };
+        let (leader, sync) = m.or_logs(m.wait_led_and_sync().context(format!("cycle {cycle}")));
         let before = load.count();
         let t = Instant::now();
         let hit = match victims {
@@ -304,19 +311,14 @@ fn power_loss_cycles(victims: Victims, overlap: Overlap) {
             Victims::Sync => vec![sync],
             Victims::Both => vec![sync, leader],
         };
-        match pull_plugs(&mut m.nodes, &mut m.mounts, &hit, &mut rng) {
-            Ok(o) => lost_writes += o.lost,
-            Err(e) => panic!("cycle {cycle}: {e:#}\n{}", m.logs()),
-        }
+        let outage = pull_plugs(&mut m.nodes, &mut m.mounts, &hit, &mut rng);
+        lost_writes += m.or_logs(outage.context(format!("cycle {cycle}"))).lost;
         for &i in hit.iter().rev() {
             m.restart(i, &format!("cycle {cycle}"));
         }
-        if let Err(e) = m.wait_led() {
-            panic!("cycle {cycle}: {e:#}\n{}", m.logs());
-        }
-        if let Err(e) = load.wait_acks_beyond(before + 16, DEADLINE) {
-            panic!("cycle {cycle}: appends did not resume: {e:#}\n{}", m.logs());
-        }
+        m.or_logs(m.wait_led().context(format!("cycle {cycle}")));
+        let resumed = load.wait_acks_beyond(before + 16, DEADLINE);
+        m.or_logs(resumed.context(format!("cycle {cycle}: appends did not resume")));
         recover_ms.push(t.elapsed().as_millis());
         println!(
             "cycle {cycle}: power lost by {hit:?} (leader n{leader}, synchronous n{sync}); \
@@ -410,13 +412,20 @@ fn a_leader_that_lost_a_tail_its_standby_holds_comes_back_in_a_new_term() {
     let mut m = Members::start(dir.path(), Overlap::On);
     let load = load_on(&m, dir.path());
     let started = Instant::now();
-    let (leader, sync) = match m.wait_led().and_then(|l| Ok((l, m.wait_sync(l)?))) {
-        Ok(ls) => ls,
-        Err(e) => panic!("{e:#}\n{}", m.logs()),
-    };
+    let (leader, sync) = m.or_logs(m.wait_led_and_sync());
     let before = m.status(leader).expect("the leader's status");
     m.mounts[leader].hold_syncs();
-    let tail_end = match wait_for(
+    // The leader's first write that waits for its sync, told by its mount as it is recorded.
+    assert!(
+        UnsyncedWatch::on(&[&m.mounts[leader]]).wait(DEADLINE),
+        "timed out after {DEADLINE:?} waiting for a write of n{leader} that waits for its sync\n{}",
+        m.logs()
+    );
+    // The standby's flush past the leader's is told only by the members' `/status`, which
+    // announces nothing: asked every 2 ms from that write on, up to the deadline. The mount
+    // is asked again with it, since a sync under way when the hold came may have covered
+    // that write.
+    let tail_end = m.or_logs(wait_for(
         "the synchronous standby durable past the leader's own durable end",
         DEADLINE,
         Duration::from_millis(2),
@@ -428,13 +437,10 @@ fn a_leader_that_lost_a_tail_its_standby_holds_comes_back_in_a_new_term() {
                 && s.flush_lsn > l.flush_lsn)
                 .then_some(s.flush_lsn)
         },
-    ) {
-        Ok(end) => end,
-        Err(e) => panic!("{e:#}\n{}", m.logs()),
-    };
+    ));
     // Rule 1: once the leader has heard the standby's flush past its own durable end, it
     // still acknowledges nothing past that end (its own flush is always required).
-    let (own_end, acknowledged) = match wait_for(
+    let (own_end, acknowledged) = m.or_logs(wait_for(
         "the leader to hear the standby's flush",
         DEADLINE,
         Duration::from_millis(2),
@@ -447,10 +453,7 @@ fn a_leader_that_lost_a_tail_its_standby_holds_comes_back_in_a_new_term() {
                 .flush_lsn?;
             (heard >= tail_end).then_some((l.flush_lsn, l.acknowledged_lsn))
         },
-    ) {
-        Ok(ends) => ends,
-        Err(e) => panic!("{e:#}\n{}", m.logs()),
-    };
+    ));
     assert!(
         acknowledged <= own_end,
         "n{leader} acknowledges up to {acknowledged} with only {own_end} durable on it (rule 1)"
@@ -459,9 +462,8 @@ fn a_leader_that_lost_a_tail_its_standby_holds_comes_back_in_a_new_term() {
     m.etcd_links[sync].close();
     m.etcd_links[sync].cut();
     let t = Instant::now();
-    if let Err(e) = power_off(&mut m.nodes, &mut m.mounts, &[leader], None) {
-        panic!("{e:#}\n{}", m.logs());
-    }
+    let outage = power_off(&mut m.nodes, &mut m.mounts, &[leader], None);
+    m.or_logs(outage);
     let restarted_after = t.elapsed();
     m.restart(leader, "the leader after its power loss");
     assert!(
@@ -473,7 +475,7 @@ fn a_leader_that_lost_a_tail_its_standby_holds_comes_back_in_a_new_term() {
          lease ({TTL:?}) while its key was still in etcd\n{}",
         m.logs()
     );
-    let after = match wait_for(
+    let after = m.or_logs(wait_for(
         &format!("n{leader} to lead again"),
         DEADLINE,
         Duration::from_millis(20),
@@ -481,10 +483,7 @@ fn a_leader_that_lost_a_tail_its_standby_holds_comes_back_in_a_new_term() {
             let s = m.status(leader).ok()?;
             (m.leads(leader) && s.timeline > before.timeline).then_some(s)
         },
-    ) {
-        Ok(s) => s,
-        Err(e) => panic!("{e:#}\n{}", m.logs()),
-    };
+    ));
     assert!(
         after.term > before.term,
         "n{leader} resumed term {:?}: now {:?}",
@@ -497,9 +496,7 @@ fn a_leader_that_lost_a_tail_its_standby_holds_comes_back_in_a_new_term() {
         "the fork {fork} is not below the tail {tail_end} the standby held"
     );
     m.etcd_links[sync].open();
-    if let Err(e) = m.wait_led() {
-        panic!("{e:#}\n{}", m.logs());
-    }
+    m.or_logs(m.wait_led());
     let commit = m.status(sync).expect("the standby's status").commit;
     assert!(
         commit.tail_cuts >= 1 && commit.tail_cut_bytes >= tail_end.0 - fork.0,
@@ -508,9 +505,8 @@ fn a_leader_that_lost_a_tail_its_standby_holds_comes_back_in_a_new_term() {
         m.logs()
     );
     let before_acks = load.count();
-    if let Err(e) = load.wait_acks_beyond(before_acks + 16, DEADLINE) {
-        panic!("appends did not resume: {e:#}\n{}", m.logs());
-    }
+    let resumed = load.wait_acks_beyond(before_acks + 16, DEADLINE);
+    m.or_logs(resumed.context("appends did not resume"));
     let acks = load.stop();
     m.judge(&acks);
     println!(
@@ -538,10 +534,7 @@ fn a_cut_off_leader_rejoins_cut_back_to_the_fork(overlap: Overlap) {
     let m = Members::start(dir.path(), overlap);
     let load = load_on(&m, dir.path());
     let started = Instant::now();
-    let (leader, sync) = match m.wait_led().and_then(|l| Ok((l, m.wait_sync(l)?))) {
-        Ok(ls) => ls,
-        Err(e) => panic!("{e:#}\n{}", m.logs()),
-    };
+    let (leader, sync) = m.or_logs(m.wait_led_and_sync());
     let before = m.status(leader).expect("the leader's status");
     // From etcd first: a leader that saw its standby go while it could still reach etcd
     // would unpublish it, and nobody could then take the next term.
@@ -556,7 +549,7 @@ fn a_cut_off_leader_rejoins_cut_back_to_the_fork(overlap: Overlap) {
     // rest.
     let mut probe = Acks::default();
     let probed = probe.try_append(&m.nodes[leader], 128, "", Some(Duration::from_secs(1)));
-    let standby_end = match wait_for(
+    let standby_end = m.or_logs(wait_for(
         "the synchronous standby to stop streaming",
         DEADLINE,
         Duration::from_millis(5),
@@ -564,11 +557,8 @@ fn a_cut_off_leader_rejoins_cut_back_to_the_fork(overlap: Overlap) {
             let s = m.status(sync).ok()?;
             (!s.receiving()).then_some(s.flush_lsn)
         },
-    ) {
-        Ok(end) => end,
-        Err(e) => panic!("{e:#}\n{}", m.logs()),
-    };
-    let tail_end = match wait_for(
+    ));
+    let tail_end = m.or_logs(wait_for(
         "the cut-off leader to write past its synchronous standby",
         DEADLINE,
         Duration::from_millis(5),
@@ -576,11 +566,8 @@ fn a_cut_off_leader_rejoins_cut_back_to_the_fork(overlap: Overlap) {
             let l = m.status(leader).ok()?;
             (l.flush_lsn > standby_end).then_some(l.flush_lsn)
         },
-    ) {
-        Ok(end) => end,
-        Err(e) => panic!("{e:#}\n{}", m.logs()),
-    };
-    let new = match wait_for(
+    ));
+    let new = m.or_logs(wait_for(
         &format!("n{sync} to take the next term"),
         DEADLINE,
         Duration::from_millis(20),
@@ -588,10 +575,7 @@ fn a_cut_off_leader_rejoins_cut_back_to_the_fork(overlap: Overlap) {
             let s = m.status(sync).ok()?;
             (m.leads(sync) && s.timeline > before.timeline).then_some(s)
         },
-    ) {
-        Ok(s) => s,
-        Err(e) => panic!("{e:#}\n{}", m.logs()),
-    };
+    ));
     let fork = switch_point(&m.nodes[sync], new.timeline.0).expect("the new timeline's fork");
     let old_end = m.status(leader).expect("the old leader's status").flush_lsn;
     assert!(
@@ -600,10 +584,7 @@ fn a_cut_off_leader_rejoins_cut_back_to_the_fork(overlap: Overlap) {
     );
     m.etcd_links[leader].open();
     m.replication_links[leader].open();
-    let led = match m.wait_led() {
-        Ok(l) => l,
-        Err(e) => panic!("{e:#}\n{}", m.logs()),
-    };
+    let led = m.or_logs(m.wait_led());
     assert_eq!(led, sync, "n{sync} took the term; n{led} leads");
     let rejoined = m.status(leader).expect("the old leader's status");
     assert_eq!(
@@ -611,9 +592,8 @@ fn a_cut_off_leader_rejoins_cut_back_to_the_fork(overlap: Overlap) {
         "n{leader} is not on the new timeline"
     );
     let before_acks = load.count();
-    if let Err(e) = load.wait_acks_beyond(before_acks + 16, DEADLINE) {
-        panic!("appends did not resume: {e:#}\n{}", m.logs());
-    }
+    let resumed = load.wait_acks_beyond(before_acks + 16, DEADLINE);
+    m.or_logs(resumed.context("appends did not resume"));
     let mut acks = load.stop();
     acks.extend(probe.entries().iter().cloned());
     m.judge(&acks);

@@ -58,6 +58,22 @@ pub fn disk(dir: &Path, name: &str, options: Options) -> LossyFs {
     fs
 }
 
+/// Node `name` with its data directory `data` on `mount` (made there by [`disk`]), under
+/// `settings` and `overlap`'s, not started. Its log is `dir/NAME.log`, outside the mount: a
+/// crash must not take what explains it.
+pub fn node_on(
+    dir: &Path,
+    mount: &LossyFs,
+    name: &str,
+    settings: &[(&str, &str)],
+    overlap: Overlap,
+) -> ChildNode {
+    let mut settings = settings.to_vec();
+    settings.extend(overlap.settings());
+    child_node(name, &mount.mountpoint().join("data"), &settings)
+        .with_log(&dir.join(format!("{name}.log")))
+}
+
 /// What one power loss took.
 #[derive(Debug, Default)]
 pub struct Outage {

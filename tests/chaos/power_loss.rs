@@ -25,7 +25,7 @@ use std::time::Instant;
 use lossyfs::{LossyFs, Options};
 use wal_storage::Lsn;
 
-use crate::lossy::{disk, pull_plugs, serial, Overlap};
+use crate::lossy::{disk, node_on, pull_plugs, serial, Overlap};
 use crate::node::*;
 use crate::reader::Reader;
 use crate::{assert_judged, cycles, line, seed, Load, Rng, SEGMENT};
@@ -65,18 +65,15 @@ impl Pair {
         walserver_node::init::init_primary(&pdata, SEGMENT).expect("init the primary");
         // Both keep all their WAL, so that the two can be compared from the first record.
         let keep = ("wal_keep_size", "4GB");
-        let mut settings = vec![keep, ("synchronous_standby_names", SYNC)];
-        settings.extend(overlap.settings());
-        // The logs live outside the lossy mounts: a crash must not take what explains it.
-        let mut p = child_node("primary", &pdata, &settings).with_log(&dir.join("primary.log"));
+        let settings = [keep, ("synchronous_standby_names", SYNC)];
+        let mut p = node_on(dir, &mounts[0], "primary", &settings, overlap);
         prepare(0, &mut p);
         p.start().expect("start the primary");
         let sdata = mounts[1].mountpoint().join("data");
         walserver_node::init::init_standby(&sdata, &conninfo_at(p.listen, SYNC), None, None)
             .expect("init the standby");
-        let mut settings = vec![keep, ("wal_receiver_status_interval", "1")];
-        settings.extend(overlap.settings());
-        let mut s = child_node("standby", &sdata, &settings).with_log(&dir.join("standby.log"));
+        let settings = [keep, ("wal_receiver_status_interval", "1")];
+        let mut s = node_on(dir, &mounts[1], "standby", &settings, overlap);
         prepare(1, &mut s);
         s.start().expect("start the standby");
         Pair {

@@ -135,13 +135,11 @@ impl EarlySends {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::files::{damage_envelope, scratch_dir};
 
     #[test]
     fn a_mark_is_written_once_per_timeline_and_survives_reload() {
-        let dir = tempfile::tempdir().unwrap();
-        let tmp = dir.path().join("tmp");
-        std::fs::create_dir(&tmp).unwrap();
-        let io = Io::new(true);
+        let (dir, tmp, io) = scratch_dir();
         let early = EarlySends::load(&io, dir.path(), TimelineId(1)).unwrap();
         assert_eq!(early.marked(), None);
         // The first wish queues a write; those made before it runs ride on it.
@@ -165,18 +163,11 @@ mod tests {
 
     #[test]
     fn a_damaged_mark_names_the_current_timeline() {
-        let dir = tempfile::tempdir().unwrap();
-        let tmp = dir.path().join("tmp");
-        std::fs::create_dir(&tmp).unwrap();
-        let io = Io::new(true);
+        let (dir, tmp, io) = scratch_dir();
         let early = EarlySends::load(&io, dir.path(), TimelineId(1)).unwrap();
         early.want(TimelineId(1));
         early.persist(&io, &tmp).unwrap();
-        let path = dir.path().join(FILE);
-        let mut bytes = std::fs::read(&path).unwrap();
-        let last = bytes.len() - 2;
-        bytes[last] ^= 1;
-        std::fs::write(&path, &bytes).unwrap();
+        damage_envelope(&dir.path().join(FILE));
         let again = EarlySends::load(&io, dir.path(), TimelineId(4)).unwrap();
         assert_eq!(again.marked(), Some(TimelineId(4)));
     }

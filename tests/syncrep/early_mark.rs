@@ -7,7 +7,7 @@
 use common::cluster::Down;
 use wal_storage::Lsn;
 
-use super::overlap::{append_with_sync_held, overlapped, OVERLAP};
+use super::overlap::{append_with_sync_held, assert_forked, overlapped, OVERLAP};
 use super::*;
 
 /// Kills `primary` (its System stops, nothing is shut down cleanly) and starts it again on
@@ -69,17 +69,9 @@ fn a_killed_primary_that_sent_early_begins_a_new_timeline() {
     assert_eq!(end, early);
 
     let primary = kill_and_restart(primary);
-    let pos = primary.wal().position();
-    assert!(pos.timeline > tli, "resumed {tli} after an early send");
-    let fork = primary
-        .wal()
-        .history()
-        .last()
-        .cloned()
-        .expect("a history entry");
-    assert_eq!((fork.parent, fork.switch_lsn), (tli, end));
+    let new_tli = assert_forked(&primary, tli, end);
     wait_streaming(&primary, &["s1"]);
     let next = append(&primary, b"after the kill", Durability::On).expect("acknowledged");
-    s1.wait_flushed(pos.timeline, next);
-    common::cluster::assert_same_wal(&primary, &s1, pos.timeline, end, next);
+    s1.wait_flushed(new_tli, next);
+    common::cluster::assert_same_wal(&primary, &s1, new_tli, end, next);
 }

@@ -70,21 +70,14 @@ fn a_primary_that_lost_a_tail_its_standby_holds_restarts_on_a_new_timeline() {
     let primary = TestNode::start_listening(dir, &format!("127.0.0.1:{}", port.trim()), &extra);
 
     // Before any append: a new timeline whose history forks at the durable end.
-    let pos = primary.wal().position();
-    assert!(
-        pos.timeline > start_tli,
-        "the restarted primary resumed {start_tli}"
+    let new_tli = assert_forked(&primary, start_tli, base);
+    assert_eq!(
+        primary.wal().flushed(),
+        base,
+        "recovery found the durable end"
     );
-    assert_eq!(pos.flushed, base, "recovery found the durable end");
-    let fork = primary
-        .wal()
-        .history()
-        .last()
-        .cloned()
-        .expect("a history entry");
-    assert_eq!((fork.parent, fork.switch_lsn), (start_tli, base));
     let end = append(&primary, b"after the restart", Durability::Local).expect("appended");
-    assert_eq!(primary.wal().position().timeline, pos.timeline);
+    assert_eq!(primary.wal().timeline(), new_tli);
     assert!(end > base);
     // The acknowledged append is where it was, on the old timeline below the fork.
     let records = primary
@@ -112,21 +105,15 @@ fn a_primary_whose_storage_reopens_after_a_failed_sync_goes_on_on_a_new_timeline
     // The reopening's own syncs succeed (one that comes before this retries on backoff).
     primary.wal().failpoints().clear(FP_FSYNC);
 
-    let pos = primary.wait_flushed(tli, Lsn(u64::MAX));
-    assert!(pos.timeline > tli, "storage reopened on {tli}");
-    let fork = primary
-        .wal()
-        .history()
-        .last()
-        .cloned()
-        .expect("a history entry");
-    assert_eq!((fork.parent, fork.switch_lsn), (tli, base));
+    // Past any flush on `tli`: the wait ends when the reopening moves to a new timeline.
+    primary.wait_flushed(tli, Lsn(u64::MAX));
+    let new_tli = assert_forked(&primary, tli, base);
     let mut end = Lsn(0);
     wait_until("an append after the reopening", || {
         end = append(&primary, b"after the reopening", Durability::Local).unwrap_or(Lsn(0));
         end > base
     });
-    assert_eq!(primary.wal().timeline(), pos.timeline);
+    assert_eq!(primary.wal().timeline(), new_tli);
     standby_sees_the_fork(&primary, &s1, base, end, held_end);
 }
 
@@ -227,6 +214,28 @@ pub(super) fn append_with_sync_held(
         "the primary's fdatasync was never reached"
     );
     (held, answer)
+}
+
+/// Asserts that `node` went to a new timeline forked from `parent` at `at` (the last entry
+/// of its history), and returns the new timeline.
+pub(super) fn assert_forked(node: &TestNode, parent: TimelineId, at: Lsn) -> TimelineId {
+    let tli = node.wal().timeline();
+    assert!(
+        tli > parent,
+        "resumed timeline {parent}, expected a fork at {at}"
+    );
+    let fork = node
+        .wal()
+        .history()
+        .last()
+        .cloned()
+        .expect("a history entry");
+    assert_eq!(
+        (fork.parent, fork.switch_lsn),
+        (parent, at),
+        "the fork that began timeline {tli}"
+    );
+    tli
 }
 
 /// Releases the held fdatasync however the test ends, so that a failed assertion does not

@@ -223,7 +223,10 @@ impl Acks {
 /// as a child process against a node until stopped: killed, as a client crashes, which loses
 /// at most the log line of an append in flight, never an earlier one.
 pub struct Load {
-    child: std::process::Child,
+    /// In a cell so that a wait that gives up can ask whether it exited.
+    child: std::cell::RefCell<std::process::Child>,
+    /// Its stderr: why it stopped, when it does.
+    log: std::path::PathBuf,
     pub ack_log: std::path::PathBuf,
     /// The log's complete lines, counted as it grows and waited for through inotify.
     acks: std::cell::RefCell<LineWatch>,
@@ -255,7 +258,8 @@ impl Load {
         let ack_log = dir.join("acks.jsonl");
         // Watched before the writers start, so that no line is written unseen.
         let acks = LineWatch::new(&ack_log).expect("watch the acknowledgement log");
-        let stderr = std::fs::File::create(dir.join("load.log")).expect("the load's log");
+        let log = dir.join("load.log");
+        let stderr = std::fs::File::create(&log).expect("the load's log");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_walserver"))
             .args(["bench", "append", "--http", http, "--ack-log"])
             .arg(&ack_log)
@@ -272,7 +276,8 @@ impl Load {
             .spawn()
             .expect("run walserver bench append");
         Load {
-            child,
+            child: std::cell::RefCell::new(child),
+            log,
             ack_log,
             acks: std::cell::RefCell::new(acks),
         }
@@ -297,25 +302,31 @@ impl Load {
     }
 
     /// Waits until the log holds more than `n` acknowledged appends, woken by its writes;
-    /// returns how many.
+    /// returns how many, or says whether the load tool is still running and what it logged.
     pub fn wait_acks_beyond(&self, n: usize, deadline: Duration) -> anyhow::Result<usize> {
         self.acks
             .borrow_mut()
             .wait_lines(n + 1, deadline)
-            .map_err(|e| anyhow::anyhow!("waiting for more than {n} acknowledged appends: {e}"))
+            .map_err(|e| {
+                let exited = self.child.borrow_mut().try_wait().ok().flatten();
+                let why = fault_harness::process::explain("the load tool", exited, &self.log);
+                anyhow::anyhow!("waiting for more than {n} acknowledged appends: {e}; {why}")
+            })
     }
 
     /// Stops the writers and returns the log.
     pub fn stop(mut self) -> Vec<AckEntry> {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let child = self.child.get_mut();
+        let _ = child.kill();
+        let _ = child.wait();
         self.acks()
     }
 }
 
 impl Drop for Load {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let child = self.child.get_mut();
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }

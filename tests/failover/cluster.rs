@@ -340,13 +340,20 @@ impl Cluster {
         }
     }
 
-    /// Waits until `n` more appends than now are acknowledged.
+    /// Waits until `n` more appends than now are acknowledged; if they are not, says whether
+    /// the load tool is still running and what it logged last.
     pub fn wait_more_acks(&mut self, n: usize, deadline: Duration) -> Result<(), String> {
         let now = self.acks.lines().map_err(|e| e.to_string())?;
         self.acks
             .wait_lines(now + n, deadline)
             .map(|_| ())
-            .map_err(|e| format!("the load's appends: {e}"))
+            .map_err(|e| {
+                let why = self
+                    .load
+                    .as_mut()
+                    .map_or("no load runs".into(), |p| p.explain());
+                format!("the load's appends: {e}; {why}")
+            })
     }
 
     /// The acknowledgement log so far.

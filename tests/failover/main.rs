@@ -57,7 +57,8 @@ fn under_load(label: &str, opts: Options) -> Cluster {
     let synchronous = opts.synchronous_mode != "off";
     let mut c = Cluster::start(label, opts);
     c.start_load();
-    c.wait_more_acks(50, DEADLINE).expect("the load runs");
+    c.wait_more_acks(50, DEADLINE)
+        .unwrap_or_else(|e| panic!("the load runs: {e}"));
     if synchronous {
         // Only a standby published as synchronous may be promoted: until the leader has
         // published one, a fault leaves the cluster without a candidate, by design.
@@ -160,7 +161,8 @@ fn kill_9_of_the_primary_repeated() {
                 break;
             }
         };
-        c.wait_more_acks(20, DEADLINE).expect("the load flows");
+        c.wait_more_acks(20, DEADLINE)
+            .unwrap_or_else(|e| panic!("the load flows: {e}"));
         let new = match kill_and_rejoin(&mut c, &mut m, leader) {
             Ok(new) => new,
             Err(e) => {
@@ -446,7 +448,8 @@ fn etcd_leader_killed_and_quorum_lost() {
     }
     // Watch for twice the ttl: the observation's length.
     std::thread::sleep(ttl() * 2);
-    c.wait_more_acks(50, DEADLINE).expect("appends go on");
+    c.wait_more_acks(50, DEADLINE)
+        .unwrap_or_else(|e| panic!("appends go on: {e}"));
     let now = c.leaders();
     if now != [leader] {
         problems.push(format!(

@@ -186,10 +186,13 @@ impl Cluster {
     /// Waits until `n` more appends than now are acknowledged; returns the count and when.
     pub fn wait_more_acks(&mut self, n: usize, deadline: Duration) -> (usize, Instant) {
         let now = self.acks.lines().expect("ack log");
-        let count = self
-            .acks
-            .wait_lines(now + n, deadline)
-            .unwrap_or_else(|e| panic!("the load's appends: {e}"));
+        let count = self.acks.wait_lines(now + n, deadline).unwrap_or_else(|e| {
+            let why = self
+                .load
+                .as_mut()
+                .map_or("no load runs".into(), |p| p.explain());
+            panic!("the load's appends: {e}; {why}")
+        });
         (count, Instant::now())
     }
 

@@ -5,7 +5,9 @@
 //! Traffic flows only between those namespaces; the namespace the test runs in is never
 //! changed. On the hosts it runs processes whose output goes to log files printed when the
 //! test fails: etcd, the load and other programs as [`process::Process`], and walserver nodes
-//! as [`node::WalNode`], the load tool's one `ChildNode` type entering the host's namespace. Faults are
+//! as [`node::WalNode`], the load tool's one `ChildNode` type entering the host's namespace. A
+//! wait for what a process should produce (a load's acknowledgements) that gives up says
+//! whether it exited and quotes the end of its log ([`process::explain`]). Faults are
 //! guards that undo themselves when dropped: link cuts, one-way drops and random loss
 //! (nftables in the receiving host), bandwidth caps (tc's token bucket) in [`fault`]; delay
 //! and jitter from a user-space proxy ([`proxy`], as this kernel's tc has no netem); cuts of

@@ -14,6 +14,9 @@ use crate::{Error, Result};
 
 /// How much of a log a failing test prints (its end).
 const LOG_TAIL: usize = 16 * 1024;
+/// How many lines of its log [`explain`] quotes: a guess at enough for an error with its
+/// causes and what came just before it, short enough to read in a panic message.
+const EXPLAIN_LINES: usize = 20;
 
 /// Lines a process printed, shared with the threads that read its output.
 #[derive(Default)]
@@ -251,6 +254,31 @@ impl Process {
     pub fn log_tail(&self) -> String {
         log_tail(&self.log)
     }
+
+    /// Why a process that should be making progress may not be, for a failure message:
+    /// whether it exited (and how), and the end of its log ([`explain`]).
+    pub fn explain(&mut self) -> String {
+        let exited = self.child.try_wait().ok().flatten();
+        explain(&self.name, exited, &self.log)
+    }
+}
+
+/// `name`'s exit status if it has exited (`None`: still running), and the last lines of its
+/// log at `log`: a wait for what a child should produce (a load's acknowledgements) that
+/// gives up says why, where otherwise the cause would be in that log only.
+pub fn explain(name: &str, exited: Option<ExitStatus>, log: &Path) -> String {
+    let state = match exited {
+        Some(status) => format!("{name} exited ({status})"),
+        None => format!("{name} is still running"),
+    };
+    let tail = log_tail(log);
+    let mut last: Vec<&str> = tail.lines().rev().take(EXPLAIN_LINES).collect();
+    last.reverse();
+    format!(
+        "{state}; the end of {}:\n{}",
+        log.display(),
+        last.join("\n")
+    )
 }
 
 /// The last 16 KiB of the file at `path`.
@@ -312,5 +340,24 @@ impl Drop for Process {
                 self.name
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explain_gives_the_exit_status_and_the_last_twenty_lines_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("child.log");
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "seq 1 30; exit 3"]);
+        let mut p = Process::spawn("child", cmd, &log).expect("spawn sh");
+        p.wait_exit(Duration::from_secs(30)).expect("sh exits");
+        let why = p.explain();
+        assert!(why.starts_with("child exited (exit status: 3);"), "{why}");
+        let last: Vec<String> = (11..=30).map(|i| i.to_string()).collect();
+        assert!(why.ends_with(&format!(":\n{}", last.join("\n"))), "{why}");
     }
 }

@@ -31,11 +31,15 @@ use walserver_node::config::Settings;
 use crate::failover::{FailoverSlot, FailoverState};
 use walserver_node::records::{join_records, split_records, RECORDS_CONTENT_TYPE};
 
-/// What `POST /reload` does: re-read the configuration and apply it to the node. The admin
-/// API is handed the action, not the reloader behind it (`walserver run` makes it from its
-/// `Reloader`), so it knows nothing of where a configuration comes from.
-pub type ReloadAction =
-    std::sync::Arc<dyn Fn() -> LocalBoxFuture<'static, anyhow::Result<()>> + Send + Sync>;
+/// What `POST /reload` does: re-read the configuration and apply it to the node, answering
+/// with the settings whose change waits for a restart. The admin API is handed the action,
+/// not the reloader behind it (`walserver run` makes it from its `Reloader`), so it knows
+/// nothing of where a configuration comes from.
+pub type ReloadAction = std::sync::Arc<
+    dyn Fn() -> LocalBoxFuture<'static, anyhow::Result<walserver_node::node::PendingRestart>>
+        + Send
+        + Sync,
+>;
 
 pub struct HttpConfig {
     pub addr: SocketAddr,
@@ -574,7 +578,12 @@ async fn reload(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
         );
     };
     match reload().await {
-        Ok(()) => HttpResponse::Ok().json(serde_json::json!({ "reloaded": true })),
+        // Settings that wait for a restart are named in the answer as well as in the log.
+        Ok(pending) => HttpResponse::Ok().json(serde_json::json!({
+            "reloaded": true,
+            "pending_restart": pending.0,
+            "warnings": pending.messages(),
+        })),
         Err(e) => HttpResponse::BadRequest().json(serde_json::json!({ "error": format!("{e:#}") })),
     }
 }

@@ -3,7 +3,7 @@
 //! `synchronous_standby_names` changes sync states and releases the appends it satisfies;
 //! SIGTERM is a fast shutdown that exits 0, and a second SIGTERM (or SIGQUIT) during it is
 //! immediate. A `primary_conninfo` without user or password takes them from the
-//! environment, as libpq does.
+//! environment, as libpq does. A reload names the settings that wait for a restart.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -212,6 +212,40 @@ fn a_reload_changes_the_upstream_without_a_restart() {
     let status = w.wait_exit().expect("the exit");
     eprintln!("SIGTERM: a standby exited in {:?}", t.elapsed());
     assert!(status.success(), "{status}");
+}
+
+/// A reload that changes `archive_target` applies the rest and says, in the log and in
+/// `POST /reload`'s answer, that the archive stays as it runs until a restart: the archiver
+/// and the walreceiver's gap fill read it as they started.
+#[test]
+fn a_reload_says_a_new_archive_target_waits_for_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    walserver_node::init::init_primary(&dir.path().join("data"), 1 << 20).expect("init");
+    let target = |name: &str| {
+        let url = format!("file://{}", dir.path().join(name).display());
+        format!("archive_target = {url:?}\n")
+    };
+    let config = write_config(dir.path(), &target("a"));
+    let mut w = run(&config);
+
+    write_config(dir.path(), &target("b"));
+    let (code, body) = http_post(http_of(&w), "/reload", b"");
+    assert_eq!(code, 200, "{body}");
+    let said = "parameter \"archive_target\" cannot be changed without restarting the server";
+    assert_eq!(
+        body["pending_restart"],
+        serde_json::json!(["archive_target"])
+    );
+    assert_eq!(body["warnings"], serde_json::json!([said]));
+    w.wait_line(said).expect("a warning in the log");
+    w.wait_line("configuration reloaded")
+        .expect("a line of the log");
+
+    // Back to the running value: nothing waits any more.
+    write_config(dir.path(), &target("a"));
+    let (code, body) = http_post(http_of(&w), "/reload", b"");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["pending_restart"], serde_json::json!([]));
 }
 
 /// A primary with a streaming standby that never confirms: SIGTERM starts the fast shutdown,

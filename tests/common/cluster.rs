@@ -219,7 +219,7 @@ impl TestNode {
             data_dir: self.data_dir(),
             running: self.settings.clone(),
         };
-        reloader.reconfigure().expect("reload")
+        reloader.reconfigure().expect("reload").0
     }
 }
 

@@ -8,7 +8,9 @@
 //! the `archive_*` settings and the `[archive]` table, and the archiver they start, in [`archive`]),
 //! data directories as `walserver init` makes them ([`init`], and from the WAL archive to a
 //! recovery target, [`from_archive`]), the `NodeConfig` a
-//! configuration gives, the reloader, and [`start_node`], the one function that brings a
+//! configuration gives, the reloader (it applies what a running node can take and names the
+//! settings that wait for a restart, as PostgreSQL does its `postmaster` parameters), and
+//! [`start_node`], the one function that brings a
 //! configured node to life ([`node`]). It also owns the two things the admin API's server
 //! and its clients must agree on: the body format of many records ([`records`]) and the
 //! client itself ([`admin`]).

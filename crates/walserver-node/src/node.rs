@@ -230,6 +230,23 @@ pub fn node_config(s: &Settings, data_dir: &Path) -> Result<NodeConfig> {
     Ok(cfg)
 }
 
+/// The settings a reload read a new value of but cannot apply, as PostgreSQL's
+/// `postmaster`-context parameters: the running values stay until the next restart.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PendingRestart(pub Vec<&'static str>);
+
+impl PendingRestart {
+    /// What the log and the reload's answer say of each, in PostgreSQL's words.
+    pub fn messages(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .map(|name| {
+                format!("parameter \"{name}\" cannot be changed without restarting the server")
+            })
+            .collect()
+    }
+}
+
 /// Re-reads the configuration for a reload (SIGHUP, `POST /reload`).
 pub struct Reloader {
     pub sources: Sources,
@@ -239,8 +256,11 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    pub fn reconfigure(&self) -> Result<Reconfigure> {
+    /// What the supervisor is to apply, and the settings whose change waits for a restart
+    /// (each logged as a warning).
+    pub fn reconfigure(&self) -> Result<(Reconfigure, PendingRestart)> {
         let s = Settings::load(&self.sources)?;
+        let mut pending = PendingRestart::default();
         for (name, changed) in [
             ("listen", s.listen != self.running.listen),
             ("http_listen", s.http_listen != self.running.http_listen),
@@ -285,8 +305,11 @@ impl Reloader {
             ),
         ] {
             if changed {
-                tracing::warn!("{name} changed: the new value takes effect at the next restart");
+                pending.0.push(name);
             }
+        }
+        for message in pending.messages() {
+            tracing::warn!("{message}: the running value stays until then");
         }
         let (segment_size, wal_format) = stored_facts(&self.data_dir)?;
         let tls = self.running.ssl_cert_file.is_some();
@@ -305,29 +328,36 @@ impl Reloader {
         // and the walreceiver keep the rule it was told.
         Arc::make_mut(&mut walsender.session).commit_overlap =
             self.running.synchronous_commit_overlap;
+        // The archive is read by the archiver and by the walreceiver's gap fill, and both keep
+        // the one they started with: a new upstream must not fill gaps from an archive the
+        // archiver does not write.
+        let archive = crate::archive::gap_archive(&self.running)?;
         let receiver = receiver.map(|mut r| {
             r.session.commit_overlap = self.running.synchronous_commit_overlap;
+            r.archive = archive;
             r
         });
-        Ok(Reconfigure {
+        let apply = Reconfigure {
             walsender,
             max_wal_senders: s.max_wal_senders,
             receiver,
             sync: sync_settings(&s)?,
-        })
+        };
+        Ok((apply, pending))
     }
 
-    /// Reloads and applies; errors leave the running settings as they were.
-    pub async fn reload(&self, node: &Node) -> Result<()> {
-        let r = self
+    /// Reloads and applies; errors leave the running settings as they were. Returns the
+    /// settings whose change waits for a restart.
+    pub async fn reload(&self, node: &Node) -> Result<PendingRestart> {
+        let (apply, pending) = self
             .reconfigure()
             .map_err(|e| Error::ReloadRefused(Box::new(e)))?;
         node.supervisor
-            .send(r)
+            .send(apply)
             .await
             .map_err(Error::SupervisorGone)?;
         tracing::info!("configuration reloaded");
-        Ok(())
+        Ok(pending)
     }
 }
 
@@ -410,10 +440,8 @@ mod tests {
         assert_eq!(code.max_wal_in_flight, file.max_wal_in_flight);
     }
 
-    /// A reload of a standby re-reads its upstream, but not under failover, where the
-    /// failover actor has pointed it at the leader.
-    #[test]
-    fn a_reload_under_failover_leaves_the_upstream_alone() {
+    /// A standby's data directory whose `standby.signal` names an upstream on port 5433.
+    fn standby_dir() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         crate::init::init_primary(dir.path(), 1 << 20).unwrap();
         StandbySignal {
@@ -423,16 +451,29 @@ mod tests {
         }
         .write(dir.path())
         .unwrap();
-        let reloader = |overrides: &[(&str, &str)]| {
-            let sources = Sources {
-                file: None,
-                overrides: [("data_dir", dir.path().to_str().unwrap())]
-                    .iter()
-                    .chain(overrides)
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                env: Some(Default::default()),
-            };
+        dir
+    }
+
+    /// Settings of the node on `data_dir` from `overrides` alone.
+    fn overrides(data_dir: &Path, overrides: &[(&str, &str)]) -> Sources {
+        Sources {
+            file: None,
+            overrides: [("data_dir", data_dir.to_str().unwrap())]
+                .iter()
+                .chain(overrides)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            env: Some(Default::default()),
+        }
+    }
+
+    /// A reload of a standby re-reads its upstream, but not under failover, where the
+    /// failover actor has pointed it at the leader.
+    #[test]
+    fn a_reload_under_failover_leaves_the_upstream_alone() {
+        let dir = standby_dir();
+        let reloader = |extra: &[(&str, &str)]| {
+            let sources = overrides(dir.path(), extra);
             let running = Settings::load(&sources).unwrap();
             Reloader {
                 sources,
@@ -440,7 +481,7 @@ mod tests {
                 running,
             }
         };
-        let plain = reloader(&[]).reconfigure().unwrap();
+        let (plain, _) = reloader(&[]).reconfigure().unwrap();
         assert!(
             plain.receiver.is_some(),
             "a standby's reload re-reads its upstream"
@@ -451,7 +492,49 @@ mod tests {
             ("failover.node_name", "n"),
         ])
         .reconfigure()
-        .unwrap();
+        .unwrap()
+        .0;
         assert!(under.receiver.is_none());
+    }
+
+    /// The archive is a restart setting for the walreceiver's gap fill as for the archiver: a
+    /// reload that changes it with the upstream gives the new walreceiver the running
+    /// archive, and names the setting as pending a restart.
+    #[test]
+    fn a_reload_keeps_the_running_archive_and_says_it_waits_for_a_restart() {
+        let dir = standby_dir();
+        let sources = |conninfo: &str, archive: &str| {
+            let extra = [("primary_conninfo", conninfo), ("archive_target", archive)];
+            overrides(dir.path(), &extra)
+        };
+        let running =
+            Settings::load(&sources("host=127.0.0.1 port=5433 user=r", "file:///a")).unwrap();
+        let reloader = |conninfo: &str, archive: &str| Reloader {
+            sources: sources(conninfo, archive),
+            data_dir: dir.path().to_path_buf(),
+            running: running.clone(),
+        };
+
+        let (same, pending) = reloader("host=127.0.0.1 port=5433 user=r", "file:///a")
+            .reconfigure()
+            .unwrap();
+        assert_eq!(pending, PendingRestart::default());
+        let started = same.receiver.expect("a standby").archive;
+        assert!(started.is_some());
+
+        let (apply, pending) = reloader("host=127.0.0.1 port=5434 user=r", "file:///b")
+            .reconfigure()
+            .unwrap();
+        let receiver = apply.receiver.expect("a standby");
+        assert_eq!(receiver.conninfo.port, [5434], "the new upstream applies");
+        assert_eq!(
+            receiver.archive, started,
+            "the gap fill kept the running archive"
+        );
+        assert_eq!(pending, PendingRestart(vec!["archive_target"]));
+        assert_eq!(
+            pending.messages(),
+            ["parameter \"archive_target\" cannot be changed without restarting the server"]
+        );
     }
 }

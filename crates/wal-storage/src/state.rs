@@ -227,9 +227,19 @@ impl Inner {
         &self.files.pg_wal
     }
 
+    /// Puts the current position into the watch and tells every receiver.
+    ///
+    /// The position is read inside the watch's lock, here and in
+    /// [`Inner::publish_quietly`]. Threads publish side by side (the writer its batches, the
+    /// supervisor's thread a primary's commit point, the background thread a standby's
+    /// stored one), and a position read before taking the lock could land after a newer one
+    /// and hide it: the writer's announcement of that batch already made, a waiter riding
+    /// the watch would never see its end, and on a node with one client nothing would
+    /// publish again. Read inside the lock, the value last put is the newest state. (The
+    /// lock order is the watch's, then the state's; nothing holds the state while it takes
+    /// the watch.)
     pub(crate) fn publish(&self) {
-        let pos = self.state().position();
-        self.pos_tx.send_replace(pos);
+        self.pos_tx.send_modify(|p| *p = self.state().position());
     }
 
     /// Puts the current position into the watch without waking anyone: a receiver that
@@ -239,9 +249,8 @@ impl Inner {
     /// when the announcement wakes it, and a waiter woken by its ticket already sees the
     /// new position in the watch.
     pub(crate) fn publish_quietly(&self) {
-        let pos = self.state().position();
         self.pos_tx.send_if_modified(|p| {
-            *p = pos;
+            *p = self.state().position();
             false
         });
     }

@@ -135,3 +135,63 @@ fn a_write_refused_by_a_full_disk_is_announced_to_its_rider() {
     let err = refused.expect("a write that needs a new segment is refused");
     assert!(err.is_disk_full(), "{err}");
 }
+
+/// The position watch never goes back to a value older than the state it publishes, also
+/// while another thread publishes a change of the commit point as the writer completes a
+/// batch: the overlapped commit sets a primary's own on the supervisor's thread after each
+/// flush, and a standby's told point is stored and published on the background thread. A
+/// publication that took the position before the writer's batch and put it into the watch
+/// after would hide the batch's flushed end: its announcement already made, a waiter riding
+/// the watch would never see its end, and with one client nothing else would publish again.
+///
+/// Each round holds the watch (a borrow) while both publish, so that both wait for it with
+/// their work done: the writer has moved the flushed end, and the other thread has asked to
+/// publish. Whichever goes first, the watch must end with the flushed end. A round in which
+/// the writer was still announcing the last batch (it then waits for the watch before it
+/// takes the new one) is let go and not counted.
+#[test]
+fn a_commit_point_published_beside_the_writer_never_hides_its_flushed_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wal = init_primary(tmp.path(), WalFormat::Walserver);
+    let position = wal.subscribe();
+    let mut counted = 0;
+    for i in 1..=60u64 {
+        let before = wal.position().flushed;
+        let held = position.borrow();
+        let (asked_tx, asked) = std::sync::mpsc::channel();
+        let publisher = {
+            let wal = wal.clone();
+            std::thread::spawn(move || {
+                let _ = asked_tx.send(());
+                wal.set_own_commit_point(Some(Lsn(i)));
+            })
+        };
+        asked.recv().unwrap();
+        let ticket = wal.append(vec![payload(i, 100)]).unwrap();
+        // The writer moves the state, then waits for the watch this thread holds.
+        let deadline = std::time::Instant::now() + Duration::from_millis(200);
+        let mut moved = false;
+        while !moved && std::time::Instant::now() < deadline {
+            moved = wal.position().flushed != before;
+            std::thread::yield_now();
+        }
+        drop(held);
+        let end = ticket.wait().unwrap()[0];
+        publisher.join().unwrap();
+        if !moved {
+            continue;
+        }
+        counted += 1;
+        let seen = *position.borrow();
+        assert!(
+            seen.flushed >= end,
+            "round {i}: the watch holds flushed end {} after an append to {end} was answered",
+            seen.flushed
+        );
+        assert_eq!(seen, wal.position(), "round {i}");
+    }
+    assert!(
+        counted >= 10,
+        "only {counted} rounds met the writer in time"
+    );
+}

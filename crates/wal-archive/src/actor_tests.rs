@@ -432,21 +432,38 @@ async fn archive_command_gets_every_file_by_postgres_s_contract_and_is_retried()
 
 /// Appends until storage refuses for the archive's backlog past `bound` (within a few
 /// segments, so a loop that never ends is a failure, not a wait); returns the refusal.
-async fn append_until_refused(wal: &Wal, bound: u64) -> wal_storage::WalError {
+/// `status` is the archiver's: the gate is judged against its archived position, which an
+/// upload still in flight when this starts moves later (storage's own position moves first,
+/// in the upload's job, and a baseline read from it can be stale by what that upload puts).
+async fn append_until_refused(
+    wal: &Wal,
+    status: &mut watch::Receiver<ArchiverStatus>,
+    bound: u64,
+) -> wal_storage::WalError {
     let mut gate = wal.archive_backlog();
-    let from = wal.archived().unwrap();
     for i in 0..(8 * SEG / (16 << 10)) {
         match wal.append(vec![Bytes::from(vec![i as u8; 16 << 10])]) {
             Ok(ticket) => {
                 ticket.await.unwrap();
-                // The archiver hears every flush: let it close the gate before the next
-                // append, as a client's next request would find it closed.
-                if wal.flushed().0 - from.0 > bound {
-                    tokio::time::timeout(DEADLINE, gate.wait_for(|g| g.is_some()))
-                        .await
-                        .expect("the gate closes past the bound")
-                        .unwrap();
-                }
+                // The archiver hears every flush and every upload's end: past the bound by its
+                // count, it closes the gate before the next append, as a client's next request
+                // would find it closed; an upload that ends first may bring the backlog back
+                // within the bound, and then appends go on.
+                let flushed = wal.flushed();
+                let within = |s: &ArchiverStatus| {
+                    s.archived_lsn
+                        .is_some_and(|a| flushed.0.saturating_sub(a.0) <= bound)
+                };
+                let judged = async {
+                    tokio::select! {
+                        closed = gate.wait_for(Option::is_some) => closed.map(drop),
+                        within = status.wait_for(within) => within.map(drop),
+                    }
+                };
+                tokio::time::timeout(DEADLINE, judged)
+                    .await
+                    .expect("the gate closes past the bound")
+                    .unwrap();
             }
             Err(e) => return e,
         }
@@ -467,7 +484,7 @@ async fn past_archive_max_backlog_appends_are_refused_until_the_archive_catches_
         },
     )
     .await;
-    let e = append_until_refused(&wal, 2 * SEG).await;
+    let e = append_until_refused(&wal, &mut rx, 2 * SEG).await;
     assert!(e.is_archive_backlog(), "{e}");
     let s = wait_until(&mut rx, "backpressure shown", |s| s.backpressure).await;
     assert_eq!(s.archived_count, 0);
@@ -480,9 +497,10 @@ async fn past_archive_max_backlog_appends_are_refused_until_the_archive_catches_
         .await
         .unwrap();
     // Refusing again, then stopped: a stopped archiver refuses nothing.
-    // (A rename takes the target away at once, whatever upload is in flight.)
+    // (A rename takes the target away at once; an upload whose put ended before it still
+    // moves the archived position afterwards, which `append_until_refused` allows for.)
     std::fs::rename(&archive, root.path().join("gone")).unwrap();
-    append_until_refused(&wal, 2 * SEG).await;
+    append_until_refused(&wal, &mut rx, 2 * SEG).await;
     addr.send(StopArchiver).await.unwrap();
     assert_eq!(*wal.archive_backlog().borrow(), None);
     wal.append(vec![Bytes::from_static(b"stopped")])

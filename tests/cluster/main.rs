@@ -66,15 +66,27 @@ fn rejoin_cli(data_dir: &std::path::Path, conninfo: &str) -> String {
 /// connection and keeps receiving what A takes; C, re-pointed at A by a reload, follows too;
 /// P, restarted as a standby of A, is refused for its fork (the error names the fork LSN)
 /// until `walserver rejoin` drops its divergent tail, and then follows A byte for byte.
-/// Appends on standbys are refused.
+/// Appends on standbys are refused. With the overlapped commit too: P was never told a
+/// commit point, and what it wrote as a primary is its floor (rule 4), so the refusal is an
+/// alarm, holds across a restart, and nothing is cut until the rejoin.
 #[test]
 fn a_cascade_promotes_follows_and_the_old_primary_rejoins() {
+    cascade_and_rejoin(false);
+}
+
+#[test]
+fn a_cascade_promotes_follows_and_the_old_primary_rejoins_with_the_overlapped_commit() {
+    cascade_and_rejoin(true);
+}
+
+fn cascade_and_rejoin(overlap: bool) {
     // Every node keeps its WAL, so it can be compared from the start.
-    let p = TestNode::primary(KEEP);
+    let conf = format!("{KEEP}synchronous_commit_overlap = {overlap}\n");
+    let p = TestNode::primary(&conf);
     let start = p.wal().flushed();
-    let a = TestNode::standby_of(p.addr(), "a", KEEP);
-    let b = TestNode::standby_of(a.addr(), "b", KEEP);
-    let c = TestNode::standby_of(p.addr(), "c", KEEP);
+    let a = TestNode::standby_of(p.addr(), "a", &conf);
+    let b = TestNode::standby_of(a.addr(), "b", &conf);
+    let c = TestNode::standby_of(p.addr(), "c", &conf);
 
     // Standbys refuse appends, through the supervisor and through the admin API.
     assert!(matches!(
@@ -150,7 +162,7 @@ fn a_cascade_promotes_follows_and_the_old_primary_rejoins() {
 
     // C, re-pointed at A by a reload (before P writes anything A does not have), follows
     // timeline 2 from A.
-    c.reload_with(&format!("{KEEP}primary_conninfo = {:?}\n", a.conninfo("c")));
+    c.reload_with(&format!("{conf}primary_conninfo = {:?}\n", a.conninfo("c")));
     c.wait_flushed(TL2, a_end);
     let info = c.wait_receiver("C to stream from A", |i| {
         i.status.as_ref().unwrap().sender_port == Some(a.addr().port())
@@ -171,7 +183,7 @@ fn a_cascade_promotes_follows_and_the_old_primary_rejoins() {
     }
     .write(&p_data)
     .unwrap();
-    let p = TestNode::start_in(p_dir, KEEP);
+    let p = TestNode::start_in(p_dir, &conf);
     // Refused, with the fork LSN named in /status; nothing of P's WAL is dropped.
     let mut last_error = String::new();
     wait_until("P to be refused for its fork", || {
@@ -190,6 +202,19 @@ fn a_cascade_promotes_follows_and_the_old_primary_rejoins() {
     assert_eq!(status.role, NodeRole::Standby);
     assert_eq!((status.timeline, status.flush_lsn), (TL1, p_end));
     assert!(status.wal_receiver.unwrap().restart.attempts >= 1);
+    let p = if overlap {
+        assert_tail_kept_and_alarmed(&p);
+        // Restarted once more, it still refuses: the floor is on disk.
+        let p = TestNode::start_in(p.down(Down::Immediate), &conf);
+        wait_until("P to be refused again", || {
+            p.status().commit.alarm.is_some()
+        });
+        assert_eq!(p.status().flush_lsn, p_end);
+        assert_tail_kept_and_alarmed(&p);
+        p
+    } else {
+        p
+    };
 
     // `walserver rejoin` drops the divergent tail and says how much.
     let p_dir = p.down(Down::Immediate);
@@ -199,7 +224,7 @@ fn a_cascade_promotes_follows_and_the_old_primary_rejoins() {
         said.contains(&format!("dropped {dropped} bytes")),
         "rejoin did not say it dropped {dropped} bytes: {said}"
     );
-    let p = TestNode::start_in(p_dir, KEEP);
+    let p = TestNode::start_in(p_dir, &conf);
     let a_end = a.append_records(32, 1000, 9).unwrap().end_lsn;
     p.wait_flushed(TL2, a_end);
     b.wait_flushed(TL2, a_end);
@@ -215,4 +240,25 @@ fn a_cascade_promotes_follows_and_the_old_primary_rejoins() {
     // The old primary is a standby now: it refuses appends.
     let (code, _) = http_post(p.http_addr, "/wal", b"record");
     assert_eq!(code, 409);
+}
+
+/// An old primary's refused cut under the overlapped commit: alarmed in `/status` and
+/// `/metrics`, nothing cut.
+fn assert_tail_kept_and_alarmed(p: &TestNode) {
+    let commit = p.status().commit;
+    let alarm = commit.alarm.as_deref().unwrap_or_default();
+    assert!(alarm.contains("rejoin"), "{commit:?}");
+    assert_eq!(
+        (commit.tail_cuts, commit.tail_cut_bytes),
+        (0, 0),
+        "{commit:?}"
+    );
+    assert!(commit.tail_cut_refusals >= 1, "{commit:?}");
+    let (code, metrics) = http_get_any(p.http_addr, "/metrics");
+    assert_eq!(code, 200, "{metrics}");
+    assert!(metrics.contains("walserver_commit_alarm 1\n"), "{metrics}");
+    assert_eq!(
+        metric_value(&metrics, "walserver_commit_tail_cuts_total"),
+        Some(0.0)
+    );
 }

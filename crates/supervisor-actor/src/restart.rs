@@ -131,6 +131,7 @@ pub fn is_persistent(e: &ReceiverError) -> bool {
         | ReceiverError::NotInUpstreamHistory { .. }
         | ReceiverError::Forked { .. }
         | ReceiverError::BelowCommitPoint { .. }
+        | ReceiverError::WroteAsPrimary { .. }
         | ReceiverError::InvalidConnInfo { .. }
         | ReceiverError::Authentication { .. }
         | ReceiverError::Tls { .. }

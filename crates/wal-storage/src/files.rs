@@ -135,6 +135,12 @@ pub(crate) struct ControlData {
     /// meaning they had: `standby.signal`'s presence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<Role>,
+    /// The durable end this node had when it stopped being a primary, until an explicit cut
+    /// (`Wal::truncate_to`, `Wal::truncate_beyond`) dropped WAL below it: the overlapped
+    /// commit's rule-4 floor for WAL this node wrote, and may have acknowledged, itself.
+    /// Absent in files of earlier versions and on nodes that never stopped being a primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_end: Option<Lsn>,
 }
 
 pub(crate) fn read_control(io: &Io, path: &Path) -> Result<ControlData> {

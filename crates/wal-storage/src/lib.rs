@@ -132,7 +132,10 @@
 //! durable end (a standby's end may be mid-record), writes `0000000N+1.history` listing every
 //! ancestor, and makes the new timeline's first segment a copy of the old one up to the switch
 //! point, as PostgreSQL does. The control file that then makes N+1 current also records the
-//! node's [`Role`] as primary: the role and the timeline change in one atomic write. Reads of a timeline resolve each LSN to the file of the timeline
+//! node's [`Role`] as primary: the role and the timeline change in one atomic write. A
+//! primary made a standby ([`Wal::set_role`]) records its durable end with the role, in the
+//! same write ([`Wal::primary_end`]): WAL it wrote as a primary, which the overlapped commit's
+//! cut at a stream start never drops; only an explicit cut below it ends it. Reads of a timeline resolve each LSN to the file of the timeline
 //! in its history that covers it, preferring the newest timeline's copy of a switch segment
 //! (`segments.rs`). [`Wal::follow_timeline`] does the standby's side and detects forks; both
 //! run on the writer thread (`timeline.rs`).

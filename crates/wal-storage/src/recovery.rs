@@ -215,6 +215,7 @@ pub(crate) fn init(dir: &Path, cfg: StorageConfig, opts: InitOptions, io: Io) ->
         wal_start: start,
         durable_lsn: start,
         role: Some(opts.role),
+        primary_end: None,
     };
     io.sync_dir(&pg_wal).map_err(io_err("syncing", &pg_wal))?;
     write_atomic_with(
@@ -300,6 +301,7 @@ fn open_locked(
         // A reopening after a storage failure keeps what the node was told; a first open
         // knows nothing yet.
         commit: prev.map(|(p, _)| p.state().commit).unwrap_or_default(),
+        primary_end: control.primary_end,
     };
     let (on_disk, mut removed_segments) = segments_on_disk(&io, &pg_wal, seg, st.tli)?;
     let known = prev.and_then(|(_, (tli, end))| (tli == st.tli).then_some(end));

@@ -101,6 +101,9 @@ pub(crate) struct TimelineState {
     pub role: Option<Role>,
     /// The commit point this node knows: a told one as far as it is durable (`told.rs`).
     pub commit: CommitBound,
+    /// The control data's `primary_end`: where the WAL this node wrote as a primary ended
+    /// when it became a standby, until an explicit cut went below it.
+    pub primary_end: Option<Lsn>,
 }
 
 impl TimelineState {
@@ -290,6 +293,7 @@ impl Inner {
             wal_start: st.wal_start,
             durable_lsn: st.flushed,
             role: st.role,
+            primary_end: st.primary_end,
         };
         write_atomic_with(
             &self.io,

@@ -117,11 +117,18 @@ impl Writer {
     }
 
     /// Records the node's role in the control data, atomically.
+    /// Records `role`. A primary that becomes a standby records its durable end with it, in
+    /// the same write: WAL it wrote as a primary, which only an explicit cut may drop.
     pub(crate) fn set_role(&mut self, role: Role) -> Result<()> {
         let mut st = self.inner.state().clone();
+        if st.role == Some(Role::Primary) && role == Role::Standby {
+            st.primary_end = Some(self.durable_end());
+        }
         st.role = Some(role);
         self.inner.write_control(&st)?;
-        self.inner.state_mut().role = Some(role);
+        let mut now = self.inner.state_mut();
+        now.role = st.role;
+        now.primary_end = st.primary_end;
         Ok(())
     }
 
@@ -171,6 +178,7 @@ impl Writer {
                 (_, c) => c,
             },
             role,
+            primary_end: old.primary_end,
         };
         self.inner.write_control(&st)?;
         self.store_pointer(new_tli, x, true)?;
@@ -288,8 +296,17 @@ impl Writer {
         let dropped = end.0 - lsn.0;
         self.resume_at(st.tli, lsn, false);
         self.inner.set_positions(lsn, lsn);
-        let st = self.inner.state().clone();
+        // A cut below the end this node wrote as a primary is an explicit one (a rejoin, a
+        // member following a new leader past the fork; rule 4 never cuts below it): what
+        // is left is shared with the new upstream's history, and the commit point it tells
+        // is the floor from now on. Written after the cut: a crash between keeps the floor,
+        // the side that refuses.
+        let mut st = self.inner.state().clone();
+        if st.primary_end.is_some_and(|e| lsn < e) {
+            st.primary_end = None;
+        }
         self.inner.write_control(&st)?;
+        self.inner.state_mut().primary_end = st.primary_end;
         tracing::warn!(lsn = %lsn, dropped, "truncated WAL");
         Ok(dropped)
     }

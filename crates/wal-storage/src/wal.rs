@@ -374,7 +374,23 @@ impl Wal {
         self.inner().state().role
     }
 
-    /// Records the node's role in the control data, durably and atomically. Blocks until done.
+    /// Where the WAL this node wrote as a primary ends: its durable end while the control
+    /// data says primary, else the end it had when it became a standby; `None` if it never
+    /// was one, or an explicit cut ([`Wal::truncate_to`], [`Wal::truncate_beyond`]) went
+    /// below that end since. The overlapped commit's rule 4 cuts no lower at a stream start:
+    /// that WAL may have been acknowledged, and it may be the only copy. Memory only.
+    pub fn primary_end(&self) -> Option<Lsn> {
+        let inner = self.inner();
+        let st = inner.state();
+        match st.role {
+            Some(Role::Primary) => Some(st.flushed),
+            _ => st.primary_end,
+        }
+    }
+
+    /// Records the node's role in the control data, durably and atomically; a primary that
+    /// becomes a standby records its durable end as [`Wal::primary_end`] in the same write.
+    /// Blocks until done.
     pub fn set_role(&self, role: Role) -> Result<()> {
         self.control(move |w| w.set_role(role))
     }

@@ -309,7 +309,10 @@ impl WalReceiver {
                     });
                 }
                 Output::CommitPoint(c) => self.wal.set_told_commit_point(c),
-                Output::Stop(e @ ReceiverError::BelowCommitPoint { .. }) => {
+                Output::Stop(
+                    e @ (ReceiverError::BelowCommitPoint { .. }
+                    | ReceiverError::WroteAsPrimary { .. }),
+                ) => {
                     // The alarm: an error in the log, the refusal in storage's metrics, the
                     // reason in the owner's restart state (`/status`).
                     tracing::error!(receiver = self.id.0, "{e}");

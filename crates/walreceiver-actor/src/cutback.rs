@@ -17,6 +17,13 @@
 //! Never below C: a shared point below the commit point this node was told means the
 //! upstream lacks acknowledged WAL (another cluster's copy, a restored backup, a standby that
 //! lags). Cutting would destroy the only copy of it, so the walreceiver refuses and alarms.
+//!
+//! Never below what this node wrote as a primary either ([`Floor::WroteAsPrimary`],
+//! `Wal::primary_end`): an old primary pointed at the new one holds appends it may have
+//! acknowledged itself, past the new timeline's fork, and was never told a commit point
+//! that covers them. PostgreSQL refuses to stream such a node until pg_rewind; here it is
+//! refused the same way until `walserver rejoin` (or, under failover, following the new
+//! leader, which cuts past the fork by design). Both are explicit cuts, and end that floor.
 //! The cut runs on storage's thread (`Wal::truncate_to`) before START_REPLICATION; readers
 //! on this node stop at C, so none holds the bytes it drops.
 
@@ -33,12 +40,42 @@ pub enum TailDecision {
     Refuse,
 }
 
+/// The lowest point a cut at stream start may reach, and what sets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Floor {
+    /// Nothing: told no commit point, and never a primary.
+    None,
+    /// The commit point this node was told.
+    Told(Lsn),
+    /// The end of the WAL this node wrote as a primary, above any commit point it was told.
+    WroteAsPrimary(Lsn),
+}
+
+impl Floor {
+    /// The floor of a node told the commit point `told` whose WAL written as a primary ends
+    /// at `primary_end` (`Wal::primary_end`): the higher of the two.
+    pub fn of(told: Option<Lsn>, primary_end: Option<Lsn>) -> Floor {
+        match (told, primary_end) {
+            (t, Some(p)) if Some(p) > t => Floor::WroteAsPrimary(p),
+            (Some(t), _) => Floor::Told(t),
+            (None, _) => Floor::None,
+        }
+    }
+
+    pub fn lsn(self) -> Lsn {
+        match self {
+            Floor::None => Lsn::INVALID,
+            Floor::Told(c) | Floor::WroteAsPrimary(c) => c,
+        }
+    }
+}
+
 /// The decision for a node whose WAL ends at `local_end`, that shares its history with the
-/// upstream up to `shared`, and was told the commit point `commit_point`.
-pub fn decide(local_end: Lsn, shared: Lsn, commit_point: Lsn) -> TailDecision {
+/// upstream up to `shared`, and may cut no lower than `floor` ([`Floor::lsn`]).
+pub fn decide(local_end: Lsn, shared: Lsn, floor: Lsn) -> TailDecision {
     if local_end <= shared {
         TailDecision::Keep
-    } else if shared < commit_point {
+    } else if shared < floor {
         TailDecision::Refuse
     } else {
         TailDecision::Cut {
@@ -78,5 +115,33 @@ mod tests {
         // A commit point beyond this node's own end (told before its flush caught up) still
         // guards the cut.
         assert_eq!(decide(Lsn(150), Lsn(120), Lsn(200)), TailDecision::Refuse);
+    }
+
+    #[test]
+    fn what_a_node_wrote_as_a_primary_is_a_floor_above_a_lower_told_point() {
+        assert_eq!(Floor::of(None, None), Floor::None);
+        assert_eq!(Floor::of(None, None).lsn(), Lsn::INVALID);
+        assert_eq!(Floor::of(Some(Lsn(100)), None), Floor::Told(Lsn(100)));
+        // An old primary never told a commit point, or told one before it was promoted.
+        assert_eq!(
+            Floor::of(None, Some(Lsn(150))),
+            Floor::WroteAsPrimary(Lsn(150))
+        );
+        assert_eq!(
+            Floor::of(Some(Lsn(100)), Some(Lsn(150))),
+            Floor::WroteAsPrimary(Lsn(150))
+        );
+        // Told a point past it since (it streamed the new upstream's WAL): the told one.
+        assert_eq!(
+            Floor::of(Some(Lsn(200)), Some(Lsn(150))),
+            Floor::Told(Lsn(200))
+        );
+        assert_eq!(
+            Floor::of(Some(Lsn(150)), Some(Lsn(150))),
+            Floor::Told(Lsn(150))
+        );
+        // An old primary's tail past the fork is kept.
+        let floor = Floor::of(None, Some(Lsn(150))).lsn();
+        assert_eq!(decide(Lsn(150), Lsn(120), floor), TailDecision::Refuse);
     }
 }

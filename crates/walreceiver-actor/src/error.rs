@@ -82,6 +82,17 @@ pub enum ReceiverError {
         local_end: Lsn,
     },
 
+    /// Rule 4 refused to cut WAL this node wrote as a primary (`Wal::primary_end`): the
+    /// upstream's history forked from it at `shared`, and the tail past that may hold appends
+    /// this node acknowledged. Only an explicit rejoin drops it.
+    #[error("this node's WAL forked from the upstream's history: the upstream shares timeline {timeline} up to {shared}, but this node holds WAL up to {local_end}, written up to {primary_end} while it was a primary and possibly acknowledged; refusing to cut it (rule 4 of the overlapped commit): run `walserver rejoin` to drop it and follow")]
+    WroteAsPrimary {
+        timeline: TimelineId,
+        shared: Lsn,
+        primary_end: Lsn,
+        local_end: Lsn,
+    },
+
     #[error("terminating walreceiver due to timeout: no message from the upstream for {timeout_ms} ms (wal_receiver_timeout)")]
     Timeout { timeout_ms: u64 },
 

@@ -20,7 +20,8 @@
 //! It needs no mark from the upstream to flush at once: storage's writer syncs each batch as
 //! soon as it has it, and the status update follows that flush. With
 //! `synchronous_commit_overlap` on, a stream start first cuts back an unacknowledged tail
-//! ([`cutback`]).
+//! ([`cutback`]), never below the commit point it was told nor below what this node wrote
+//! as a primary (`Wal::primary_end`: an old primary is refused until it rejoins).
 //!
 //! Its peer is the upstream's walsender, on the socket. Its owner is the node's supervisor,
 //! which starts it, stops it with [`messages::StopReceiver`], and is told of its life with

@@ -32,7 +32,7 @@ use wal_storage::{
     parse_history, HistoryEntry, Lsn, PgTimestamp, SystemId, TimelineId, WalError, WalPosition,
 };
 
-use crate::cutback::TailDecision;
+use crate::cutback::{Floor, TailDecision};
 use crate::error::ReceiverError;
 use crate::query::{self, describe, QueryResult, ResultCollector};
 use crate::status::{ReceiverState, ReceiverStatus};
@@ -93,6 +93,8 @@ pub struct LocalWal {
     pub written: Lsn,
     /// The commit point an upstream told this node, if storage holds one.
     pub commit_point: Option<Lsn>,
+    /// Where the WAL this node wrote as a primary ends (`Wal::primary_end`).
+    pub primary_end: Option<Lsn>,
 }
 
 /// Storage work that touches files, for the actor to run on a blocking pool
@@ -212,6 +214,9 @@ pub struct Session {
     unannounced: Option<Lsn>,
     /// The highest commit point an upstream told this node, while storage holds one.
     commit_point: Option<Lsn>,
+    /// Where the WAL this node wrote as a primary ends; only an explicit cut, never one
+    /// made here, ends it.
+    primary_end: Option<Lsn>,
     /// The upstream's timeline and durable end, from IDENTIFY_SYSTEM: the point their
     /// histories share while this node's timeline is that one. Once this node follows the
     /// upstream to a later timeline on the same connection, the end says nothing of it.
@@ -246,6 +251,7 @@ impl Session {
             ping_sent: false,
             unannounced: None,
             commit_point: local.commit_point,
+            primary_end: local.primary_end,
             upstream_end: None,
             carries_commit_point: None,
             status,
@@ -549,11 +555,11 @@ impl Session {
 
     /// Rule 4 of the overlapped commit ([`crate::cutback`]): cuts this node's WAL back to
     /// `shared`, the highest point its history shares with the upstream's, or refuses when
-    /// that is below the commit point it was told. Returns whether it did either (storage
-    /// work runs, or the connection ends).
+    /// that is below the commit point it was told or the end of what it wrote as a primary.
+    /// Returns whether it did either (storage work runs, or the connection ends).
     fn cut_back_to(&mut self, shared: Lsn, out: &mut Vec<Output>) -> bool {
-        let commit_point = self.commit_point.unwrap_or(Lsn::INVALID);
-        match crate::cutback::decide(self.handed, shared, commit_point) {
+        let floor = Floor::of(self.commit_point, self.primary_end);
+        match crate::cutback::decide(self.handed, shared, floor.lsn()) {
             TailDecision::Keep => false,
             TailDecision::Cut { to, .. } => {
                 self.phase = Phase::Storage;
@@ -564,15 +570,22 @@ impl Session {
                 true
             }
             TailDecision::Refuse => {
-                self.fail(
-                    ReceiverError::BelowCommitPoint {
-                        timeline: self.timeline,
+                let (timeline, local_end) = (self.timeline, self.handed);
+                let e = match floor {
+                    Floor::WroteAsPrimary(primary_end) => ReceiverError::WroteAsPrimary {
+                        timeline,
                         shared,
-                        commit_point,
-                        local_end: self.handed,
+                        primary_end,
+                        local_end,
                     },
-                    out,
-                );
+                    _ => ReceiverError::BelowCommitPoint {
+                        timeline,
+                        shared,
+                        commit_point: floor.lsn(),
+                        local_end,
+                    },
+                };
+                self.fail(e, out);
                 true
             }
         }

@@ -30,6 +30,7 @@ impl LocalWal {
                 wal_storage::CommitBound::Told(c) => Some(c),
                 _ => None,
             },
+            primary_end: wal.primary_end(),
         }
     }
 

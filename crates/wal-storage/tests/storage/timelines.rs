@@ -397,3 +397,50 @@ fn the_role_is_recorded_with_the_timeline() {
     old.promote("failover").unwrap();
     assert_eq!(old.role(), Some(Role::Primary));
 }
+
+/// A primary that becomes a standby keeps the end of what it wrote as its `primary_end`,
+/// durably; a cut at or above it keeps it, and only a cut below it (the explicit kind) ends
+/// it. A standby that never was a primary has none.
+#[test]
+fn a_demoted_primary_keeps_its_end_until_a_cut_goes_below_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (p_dir, s_dir) = (tmp.path().join("p"), tmp.path().join("s"));
+    let primary = init_primary(&p_dir, WalFormat::Walserver);
+    let ends = append(&primary, &[payload(1, 100), payload(2, 100)]);
+    let (first, end) = (ends[0], ends[1]);
+    assert_eq!(primary.primary_end(), Some(end), "a primary: all it holds");
+    primary.set_role(Role::Standby).unwrap();
+    assert_eq!(primary.primary_end(), Some(end));
+    drop(primary);
+    let demoted = Wal::open(&p_dir, cfg()).unwrap();
+    assert_eq!(demoted.primary_end(), Some(end), "kept across a restart");
+    // A second `set_role(Standby)` (a rejoin of a node already demoted) changes nothing.
+    demoted.set_role(Role::Standby).unwrap();
+    assert_eq!(demoted.primary_end(), Some(end));
+    // WAL received past it and cut back to it: the floor stands.
+    let more = end + 100;
+    demoted
+        .write(end, Bytes::from(vec![0u8; 100]))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(demoted.truncate_to(end).unwrap(), 100);
+    assert_eq!(demoted.primary_end(), Some(end));
+    assert!(demoted.flushed() < more);
+    // A cut below it ends it, durably.
+    demoted.truncate_to(first).unwrap();
+    assert_eq!(demoted.primary_end(), None);
+    drop(demoted);
+    assert_eq!(Wal::open(&p_dir, cfg()).unwrap().primary_end(), None);
+
+    let standby = init_standby_role(&s_dir);
+    assert_eq!(standby.primary_end(), None);
+    standby.set_role(Role::Standby).unwrap();
+    assert_eq!(standby.primary_end(), None, "never was a primary");
+}
+
+fn init_standby_role(dir: &std::path::Path) -> Wal {
+    let mut opts = InitOptions::primary(SystemId(7), WalFormat::Walserver);
+    opts.role = Role::Standby;
+    Wal::init(dir, cfg(), opts).unwrap()
+}

@@ -36,6 +36,7 @@ impl Harness {
             flushed: Lsn(flushed),
             written: Lsn(flushed),
             commit_point: None,
+            primary_end: None,
         };
         let status = ReceiverStatus::new("host=up".into(), cfg.slot_name.clone());
         Harness {
@@ -854,6 +855,59 @@ fn wal_beyond_a_switch_point_is_cut_back_to_it_under_the_overlapped_commit() {
         stop_of(&out),
         ReceiverError::BelowCommitPoint { .. }
     ));
+}
+
+/// An old primary pointed at the new one: what it wrote as a primary past the fork is never
+/// cut at stream start, told point or not; the refusal names the fork and asks for a rejoin.
+/// A tail past that end (received from an upstream since) is cut as any standby's.
+#[test]
+fn an_old_primary_s_tail_past_the_fork_is_refused_not_cut() {
+    let fork = 0x4025A50;
+    for told in [None, Some(0x400_0000)] {
+        let mut h = overlapped(0x500_0000, told);
+        h.s.primary_end = Some(Lsn(0x500_0000));
+        h.connect();
+        h.identified(SYSTEM, 2, 0x900_0000);
+        let out = h.done(Ok(StorageDone::HistoryFiles(vec![(
+            TimelineId(2),
+            Some(history(&[(1, fork)])),
+        )])));
+        let e = stop_of(&out);
+        assert_eq!(
+            *e,
+            ReceiverError::WroteAsPrimary {
+                timeline: TimelineId(1),
+                shared: Lsn(fork),
+                primary_end: Lsn(0x500_0000),
+                local_end: Lsn(0x500_0000),
+            }
+        );
+        assert!(e.to_string().contains("forked") && e.to_string().contains("rejoin"));
+        assert!(!out.iter().any(|o| matches!(o, Output::Run(_))));
+    }
+    // On the upstream's own timeline too: an upstream that lacks what it wrote.
+    let mut h = overlapped(0x100_0100, None);
+    h.s.primary_end = Some(Lsn(0x100_0080));
+    h.connect();
+    let out = h.identified(SYSTEM, 1, 0x100_0040);
+    assert!(matches!(
+        stop_of(&out),
+        ReceiverError::WroteAsPrimary { .. }
+    ));
+    // Past that end only what an upstream sent since: cut to the shared point.
+    let out = {
+        let mut h = overlapped(0x100_0100, None);
+        h.s.primary_end = Some(Lsn(0x100_0040));
+        h.connect();
+        h.identified(SYSTEM, 1, 0x100_0080)
+    };
+    assert_eq!(
+        out,
+        [Output::Run(StorageOp::CutBack {
+            timeline: TimelineId(1),
+            to: Lsn(0x100_0080)
+        })]
+    );
 }
 
 impl Harness {

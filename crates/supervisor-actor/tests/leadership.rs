@@ -33,6 +33,17 @@ async fn start(builder: NodeBuilder) -> Node {
     builder.start().await.unwrap()
 }
 
+/// Makes `node` the leader of `term` as the failover actor does: a standby, or a primary
+/// under the overlapped commit, takes the term up with `PromoteForTerm` (a primary under
+/// failover starts held at the commit point it stored, and from the term on decides it
+/// itself, so its walsenders send again), then the fence is granted.
+async fn lead(node: &Node, fence: &Fence, term: u64) {
+    if role(node).await == NodeRole::Standby || node.shared.settings().session.commit_overlap {
+        promote(node, term).await;
+    }
+    fence.grant(term, lasting());
+}
+
 async fn promote(node: &Node, term: u64) -> supervisor_actor::Promoted {
     tokio::time::timeout(DEADLINE, node.supervisor.send(PromoteForTerm { term }))
         .await
@@ -79,6 +90,18 @@ fn a_standby_promoted_for_a_term_records_it_in_its_history() {
         stop(s).await;
         stop(p).await;
     });
+}
+
+/// Waits until `node`'s readers see WAL up to `lsn` on `timeline`: flushed there and
+/// acknowledged, which on a standby under the overlapped commit is the commit point its
+/// upstream told it (readers trail the flush), and with the switch off the flush itself.
+async fn readable_on(node: &Node, timeline: TimelineId, lsn: Lsn) {
+    flushed_on(node, timeline, lsn).await;
+    let mut acknowledged = node.acknowledged();
+    tokio::time::timeout(DEADLINE, acknowledged.wait_for(|a| *a >= lsn))
+        .await
+        .unwrap_or_else(|_| panic!("readable to {lsn} by the deadline"))
+        .unwrap();
 }
 
 /// Waits until `node` holds WAL up to `lsn` on `timeline`.
@@ -192,8 +215,8 @@ fn a_demoted_primary_drops_exactly_its_divergent_tail_and_streams_from_the_new_l
     let dir = tempfile::tempdir().unwrap();
     run(async {
         let p_fence = Fence::closed();
-        p_fence.grant(1, lasting());
         let p = start(primary(&dir.path().join("p")).fence(p_fence.clone())).await;
+        lead(&p, &p_fence, 1).await;
         let from = p.wal.flushed();
         let mut shared_end = Lsn::INVALID;
         for i in 0..5 {
@@ -247,7 +270,7 @@ fn a_demoted_primary_drops_exactly_its_divergent_tail_and_streams_from_the_new_l
 
         // It streams from the new leader: what the leader appends now arrives too.
         let more = append(&s, "after the demotion", Durability::Local).await;
-        flushed_on(&p, TimelineId(2), more.max(s_end)).await;
+        readable_on(&p, TimelineId(2), more.max(s_end)).await;
         assert_eq!(p.wal.history(), s.wal.history());
         let on_p = records(&p, from).await;
         let on_s = records(&s, from).await;
@@ -288,7 +311,7 @@ fn a_standby_is_retargeted_at_the_new_leader_at_once() {
         assert_eq!(followed.dropped_bytes, 0);
         assert_eq!(b_fence.term(), Some(5));
         let a_end = append(&a, "on the new leader", Durability::Local).await;
-        flushed_on(&b, TimelineId(2), a_end).await;
+        readable_on(&b, TimelineId(2), a_end).await;
         assert_eq!(records(&b, from).await, records(&a, from).await);
         assert_eq!(b.wal.history(), a.wal.history());
         let signal = supervisor_actor::datadir::StandbySignal::read(&dir.path().join("b"))
@@ -388,8 +411,8 @@ fn a_cascading_standby_with_the_divergent_tail_drops_it_and_follows_the_new_hist
     let dir = tempfile::tempdir().unwrap();
     run(async {
         let p_fence = Fence::closed();
-        p_fence.grant(1, lasting());
         let p = start(primary(&dir.path().join("p")).fence(p_fence.clone())).await;
+        lead(&p, &p_fence, 1).await;
         let from = p.wal.flushed();
         let shared = append(&p, "shared", Durability::Local).await;
         let s_fence = Fence::closed();
@@ -416,7 +439,8 @@ fn a_cascading_standby_with_the_divergent_tail_drops_it_and_follows_the_new_hist
         assert_eq!(followed.fork, Some(promoted.switch_lsn));
         assert_eq!(followed.dropped_bytes, divergent);
         let s_end = append(&s, "on the new leader", Durability::Local).await;
-        flushed_on(&c, TimelineId(2), s_end).await;
+        readable_on(&c, TimelineId(2), s_end).await;
+        readable_on(&p, TimelineId(2), s_end).await;
         let on_s = records(&s, from).await;
         assert_eq!(records(&c, from).await, on_s);
         assert_eq!(records(&p, from).await, on_s);

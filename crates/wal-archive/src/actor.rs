@@ -6,12 +6,16 @@
 //! archived position in storage, before the job returns to the actor once. One job at a time;
 //! nothing on the actor's thread touches a file.
 //!
-//! With a backlog, one job takes up to [`UPLOADS_IN_FLIGHT`] consecutive segments and runs
-//! them on as many threads, each reading, compressing, checksumming and putting its own, so
-//! compression, the store's round trips and its work overlap; the job then stores the
-//! archived position once, at the end of the segments that succeeded in order, and reports
-//! every outcome in that order.
+//! With a backlog, one job (a round) takes up to [`ROUND_SEGMENTS`] consecutive segments and
+//! puts them through [`UPLOADS_IN_FLIGHT`] threads, each reading, compressing, checksumming
+//! and putting one segment and then taking the next not yet started, so one segment's
+//! compression overlaps others' requests and the store's work on them, and no thread waits
+//! for the slowest of a batch. The job then stores the archived position once, at the end of
+//! the segments that succeeded in order, and reports every outcome in that order. After a
+//! failure, a stop or the loss of the leader's fence, it starts no further segment; the
+//! actor takes back those it did not start.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -65,6 +69,12 @@ pub struct ArchiveConfig {
 /// at most this many segments (16 MiB each, and their compressed forms) in memory.
 pub const UPLOADS_IN_FLIGHT: usize = 4;
 
+/// Segments one round of uploads takes at most. Each round ends in a wait for its last
+/// upload, with fewer threads busy, and the archived position (retention, the backlog gate,
+/// `/status`) moves only at a round's end: a guess between the two, about a second of
+/// uploads on a store that takes twenty segments a second.
+pub const ROUND_SEGMENTS: usize = 4 * UPLOADS_IN_FLIGHT;
+
 /// What a blocking job did.
 enum Done {
     /// The hold was taken at this position, or released (`None`).
@@ -101,6 +111,21 @@ pub struct Archiver {
     /// The archive's names as far as this archiver knows (`known.rs`); only one job at a
     /// time uses it (its uploads side by side lock it for their bookkeeping).
     known: Arc<Mutex<Known>>,
+    /// Set when the archiver stops: the round in flight starts no further upload.
+    halted: Arc<AtomicBool>,
+}
+
+/// Whether a round of uploads may start its next one.
+pub(crate) struct MayStart {
+    pub(crate) halted: Arc<AtomicBool>,
+    /// The leader's fence when it governs uploads (`on` under failover).
+    pub(crate) fence: Option<watch::Receiver<bool>>,
+}
+
+impl MayStart {
+    fn now(&self) -> bool {
+        !self.halted.load(Ordering::Acquire) && self.fence.as_ref().is_none_or(|f| *f.borrow())
+    }
 }
 
 impl Archiver {
@@ -138,6 +163,7 @@ impl Archiver {
             clock: BacklogClock::default(),
             fence,
             known: Arc::default(),
+            halted: Arc::default(),
         }
         .start();
         (addr, rx)
@@ -237,12 +263,26 @@ impl Archiver {
                         let mut items = vec![item];
                         // An archive_command runs one file at a time, as PostgreSQL runs it.
                         if !matches!(self.config.target, ArchiveTarget::Command(_)) {
-                            items.extend(schedule.more(view, UPLOADS_IN_FLIGHT - 1));
+                            items.extend(schedule.more(view, ROUND_SEGMENTS - 1));
                         }
                         let config = self.config.clone();
                         let known = self.known.clone();
+                        let may_start = MayStart {
+                            halted: self.halted.clone(),
+                            fence: self
+                                .fence
+                                .clone()
+                                .filter(|_| self.config.mode == ArchiveMode::On),
+                        };
                         self.run(ctx, move || {
-                            Done::Uploads(upload_all(&wal, &config, &known, items, pos.timeline))
+                            Done::Uploads(upload_all(
+                                &wal,
+                                &config,
+                                &known,
+                                items,
+                                pos.timeline,
+                                &may_start,
+                            ))
                         })
                     }
                     Next::WaitUntil(at) => {
@@ -372,6 +412,10 @@ impl Archiver {
                         Err(e) => self.failed(item, e),
                     }
                 }
+                // What the round did not start (it stopped early) is offered again.
+                if let Some(schedule) = self.schedule.as_mut() {
+                    schedule.take_back();
+                }
             }
         }
     }
@@ -429,16 +473,18 @@ impl Archiver {
     }
 }
 
-/// Puts `items` (one file, or consecutive segments, each on a thread of its own) and stores
-/// the archived position at the end of the segments that succeeded in order: the blocking job
-/// of one round of uploads. Returns the outcomes in order, up to and including the first
-/// failure. `current` is the timeline whose view reads resolve through.
-fn upload_all(
+/// Puts `items` (one file, or consecutive segments through [`upload_round`]) and stores the
+/// archived position at the end of the segments that succeeded in order: the blocking job of
+/// one round of uploads. Returns the outcomes in order, up to and including the first
+/// failure, and only of the items the round started. `current` is the timeline whose view
+/// reads resolve through.
+pub(crate) fn upload_all(
     wal: &Wal,
     config: &ArchiveConfig,
     known: &Mutex<Known>,
     items: Vec<Item>,
     current: TimelineId,
+    may_start: &MayStart,
 ) -> Vec<(Item, Result<Put>)> {
     // The store's create-if-absent, on which every put's never-overwrite rests (the identity's
     // own put included), is checked before this archiver's first upload.
@@ -458,29 +504,7 @@ fn upload_all(
     }
     let mut outcomes: Vec<(Item, Result<Put>)> = match &items[..] {
         [item] => vec![(*item, upload(wal, config, known, *item, current))],
-        _ => std::thread::scope(|scope| {
-            let handles: Vec<_> = items
-                .iter()
-                .map(|&item| {
-                    (
-                        item,
-                        scope.spawn(move || upload(wal, config, known, item, current)),
-                    )
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|(item, h)| {
-                    let outcome = h.join().unwrap_or_else(|_| {
-                        Err(ArchiveError::io(
-                            format!("archiving {}", item.file_name(wal.segment_size())),
-                            std::io::Error::other("the upload's thread panicked"),
-                        ))
-                    });
-                    (item, outcome)
-                })
-                .collect()
-        }),
+        _ => upload_round(wal, config, known, &items, current, may_start),
     };
     if let Some(failed) = outcomes.iter().position(|(_, o)| o.is_err()) {
         outcomes.truncate(failed + 1);
@@ -502,6 +526,62 @@ fn upload_all(
             // its retry (and the others') finds its own bytes in the archive.
             let first = outcomes[0].0;
             return vec![(first, Err(e.into()))];
+        }
+    }
+    outcomes
+}
+
+/// Puts `items` through up to [`UPLOADS_IN_FLIGHT`] threads, each taking the next item not
+/// yet started as soon as its last one is done, until a failure, a stop or a closed fence
+/// ends the round. Returns the outcomes in the order of `items`, up to the first item without
+/// one (not started, or its thread panicked, which counts as its failure).
+fn upload_round(
+    wal: &Wal,
+    config: &ArchiveConfig,
+    known: &Mutex<Known>,
+    items: &[Item],
+    current: TimelineId,
+    may_start: &MayStart,
+) -> Vec<(Item, Result<Put>)> {
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let slots: Vec<Mutex<Option<Result<Put>>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    let worker = || {
+        while !failed.load(Ordering::Relaxed) && may_start.now() {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&item) = items.get(i) else {
+                return;
+            };
+            let outcome = upload(wal, config, known, item, current);
+            if outcome.is_err() {
+                failed.store(true, Ordering::Relaxed);
+            }
+            *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        }
+    };
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..UPLOADS_IN_FLIGHT.min(items.len()))
+            .map(|_| scope.spawn(worker))
+            .collect();
+        for t in threads {
+            // A thread that panicked left its item without an outcome: judged below.
+            let _ = t.join();
+        }
+    });
+    let started = next.into_inner().min(items.len());
+    let mut outcomes = Vec::with_capacity(started);
+    for (i, (&item, slot)) in items.iter().zip(slots).enumerate() {
+        match slot.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(outcome) => outcomes.push((item, outcome)),
+            None if i < started => {
+                let e = ArchiveError::io(
+                    format!("archiving {}", item.file_name(wal.segment_size())),
+                    std::io::Error::other("the upload's thread panicked"),
+                );
+                outcomes.push((item, Err(e)));
+                break;
+            }
+            None => break,
         }
     }
     outcomes
@@ -741,6 +821,7 @@ impl Handler<StopArchiver> for Archiver {
 
     fn handle(&mut self, _: StopArchiver, ctx: &mut Context<Self>) -> Self::Result {
         let (tx, rx) = oneshot::channel();
+        self.halted.store(true, Ordering::Release);
         let waiters = self.stopping.get_or_insert_with(Vec::new);
         if self.busy {
             // The upload in flight finishes (its position stored or not); then the actor stops.

@@ -710,14 +710,16 @@ async fn a_backlog_goes_several_at_a_time_and_the_position_stops_at_a_failure() 
     .await;
     assert_eq!(wal.archived(), Some(Lsn(7 * SEG)));
     assert!(s.alarm.is_none(), "{s:?}");
-    for n in 1..=6 {
-        let name = format!("0000000100000000000000{n:02X}");
-        let own = std::fs::read(data.path().join("pg_wal").join(&name)).unwrap();
-        assert_eq!(
-            std::fs::read(archive.path().join(&name)).unwrap(),
-            own,
-            "{name}"
-        );
+    assert_segments_archived_as_kept(data.path(), archive.path(), 6);
+}
+
+/// Segments 1 to `n` of timeline 1 are in the archive directory `archive` with the bytes
+/// the node's directory `data` keeps.
+fn assert_segments_archived_as_kept(data: &Path, archive: &Path, n: u64) {
+    for segno in 1..=n {
+        let name = format!("0000000100000000000000{segno:02X}");
+        let own = std::fs::read(data.join("pg_wal").join(&name)).unwrap();
+        assert_eq!(std::fs::read(archive.join(&name)).unwrap(), own, "{name}");
     }
 }
 
@@ -753,4 +755,66 @@ async fn a_store_that_ignores_if_none_match_gets_nothing_and_raises_the_alarm() 
             .all(|(_, path)| path.contains(crate::PROBE_PREFIX)),
         "{requests:?}"
     );
+}
+
+/// A round takes more segments than it has threads: a thread that finished one takes the
+/// next not yet started. A failure past the segments started at once still stops the position
+/// right there, each segment before it is in the archive and counted once, and the retry goes
+/// on from the failed one, in order, none skipped.
+#[actix_rt::test]
+async fn a_round_stops_at_a_failure_past_its_first_threads_and_goes_on_in_order() {
+    use crate::actor::{ROUND_SEGMENTS, UPLOADS_IN_FLIGHT};
+    let (data, archive, wal) = setup(true);
+    let n = ROUND_SEGMENTS as u64 - 2;
+    fill(&wal, n).await;
+    // Started only after two segments of each thread were done.
+    let bad = 2 * UPLOADS_IN_FLIGHT as u64 + 1;
+    let bad_path = archive
+        .path()
+        .join(format!("0000000100000000000000{bad:02X}"));
+    std::fs::write(&bad_path, b"foreign").unwrap();
+    let (_addr, mut rx) = start(&wal, archive.path());
+    let s = wait_until(&mut rx, "a failure", |s| s.failed_count > 0).await;
+    assert_eq!(s.archived_lsn, Some(Lsn(bad * SEG)), "{s:?}");
+    assert_eq!(s.archived_count, bad - 1, "{s:?}");
+    assert_eq!(wal.archived(), Some(Lsn(bad * SEG)));
+    std::fs::remove_file(&bad_path).unwrap();
+    let s = wait_until(&mut rx, "the backlog archived", |s| {
+        s.archived_lsn == Some(Lsn((n + 1) * SEG))
+    })
+    .await;
+    assert_eq!(s.archived_count, n, "each segment counted once: {s:?}");
+    assert_eq!(wal.archived(), Some(Lsn((n + 1) * SEG)));
+    assert_segments_archived_as_kept(data.path(), archive.path(), n);
+}
+
+/// A round asked to stop, or whose node lost the leader's fence, starts no upload: it reports
+/// nothing, stores no position and puts nothing.
+#[actix_rt::test]
+async fn a_round_that_may_not_start_puts_nothing() {
+    use crate::actor::{upload_all, MayStart};
+    use crate::schedule::Item;
+    let (_data, archive, wal) = setup(true);
+    fill(&wal, 6).await;
+    wal.hold_for_archive().unwrap();
+    let config = config(archive.path());
+    let known = std::sync::Mutex::new(crate::known::Known::default());
+    let tli = TimelineId(1);
+    let items: Vec<Item> = (1..=6).map(|segno| Item::Segment { tli, segno }).collect();
+    let (_fence_tx, fence) = watch::channel(false);
+    for may_start in [
+        MayStart {
+            halted: std::sync::Arc::new(true.into()),
+            fence: None,
+        },
+        MayStart {
+            halted: std::sync::Arc::default(),
+            fence: Some(fence),
+        },
+    ] {
+        let outcomes = upload_all(&wal, &config, &known, items.clone(), tli, &may_start);
+        assert!(outcomes.is_empty(), "{outcomes:?}");
+    }
+    assert_eq!(names(archive.path()), Vec::<String>::new());
+    assert_eq!(wal.archived(), Some(Lsn(SEG)));
 }

@@ -25,8 +25,9 @@
 //! segment, [`Schedule::more`] offers the completed segments that follow it, up to a count,
 //! to upload beside it. Outcomes are told in the order offered, so `archived` still moves one
 //! segment at a time; a failure takes back every item after it, which is offered again after
-//! the failed one (its object, if it was stored, is then found with the same bytes). History
-//! files, `.partial`s, prefixes and a retry go alone.
+//! the failed one (its object, if it was stored, is then found with the same bytes), and a
+//! round that ends early without a failure gives back what it did not start
+//! ([`Schedule::take_back`]). History files, `.partial`s, prefixes and a retry go alone.
 //!
 //! **Invariants:** `archived` is segment-aligned and only moves forward, one segment per
 //! completed upload; a segment is offered only if it is complete (wholly below the flushed
@@ -374,6 +375,13 @@ impl Schedule {
         at
     }
 
+    /// The items still in flight will not be told: a round of uploads ended before it
+    /// started them (the archiver is stopping, or lost the leader's fence). They are offered
+    /// again, from the first, at the next [`Schedule::next`]; nothing failed, so no backoff.
+    pub fn take_back(&mut self) {
+        self.in_flight.clear();
+    }
+
     /// Failures in a row of the item now failing.
     pub fn failures_in_a_row(&self) -> u32 {
         self.failing.map_or(0, |(_, n, _)| n)
@@ -613,6 +621,34 @@ mod tests {
         assert_eq!(s.next(retry, wal), Next::Upload(seg(2, 7)));
         assert_eq!(s.more(wal, 3), [seg(2, 8)]);
         s.check_invariants();
+    }
+
+    #[test]
+    fn segments_taken_back_are_offered_again_in_order_without_a_backoff() {
+        let t0 = Instant::now();
+        let wal = WalView {
+            timeline: TimelineId(1),
+            history: &[],
+            flushed: Lsn(9 * SEG),
+        };
+        let mut s = Schedule::new(SEG, Lsn(SEG), None);
+        assert_eq!(s.next(t0, wal), Next::Upload(seg(1, 1)));
+        assert_eq!(
+            s.more(wal, 5),
+            [seg(1, 2), seg(1, 3), seg(1, 4), seg(1, 5), seg(1, 6)]
+        );
+        s.uploaded(seg(1, 1));
+        s.uploaded(seg(1, 2));
+        // The round stopped before it started the rest: they come back from the third on.
+        s.take_back();
+        s.check_invariants();
+        assert_eq!(s.failures_in_a_row(), 0);
+        assert_eq!(s.archived(), Lsn(3 * SEG));
+        assert_eq!(s.next(t0, wal), Next::Upload(seg(1, 3)));
+        assert_eq!(
+            s.more(wal, 8),
+            [seg(1, 4), seg(1, 5), seg(1, 6), seg(1, 7), seg(1, 8)]
+        );
     }
 
     #[test]

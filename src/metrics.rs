@@ -452,17 +452,17 @@ fn storage_families(out: &mut Families, node: &Node, s: &Snapshot) {
     for (name, help, value) in [
         (
             "walserver_commit_tail_cuts_total",
-            "Unacknowledged tails (WAL past the commit point) cut back at a stream start.",
+            "Tails cut back at a stream start (WAL past the commit point) or past a new leader's fork.",
             commit.tail_cuts,
         ),
         (
             "walserver_commit_tail_cut_bytes_total",
-            "Bytes of unacknowledged WAL cut back at stream starts.",
+            "Bytes of WAL those cuts dropped.",
             commit.tail_cut_bytes,
         ),
         (
             "walserver_commit_tail_cut_refusals_total",
-            "Cuts refused because the upstream shares less history than the commit point.",
+            "Cuts refused because the upstream or leader shares less history than the commit point.",
             commit.tail_cut_refusals,
         ),
     ] {

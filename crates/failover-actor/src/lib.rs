@@ -26,7 +26,8 @@
 //!   gives every term a new timeline; record the term, grant the fence), follow the
 //!   member the leader key names (`FollowLeader` with that member's conninfo, its own name as
 //!   `application_name`, and the archive, so that a member behind what the new leader keeps
-//!   fills the gap from it; an older term is refused), or drop the fence.
+//!   fills the gap from it, and in a synchronous mode `synchronous`, so that a fork below
+//!   the commit point it was told is refused; an older term is refused), or drop the fence.
 //! - Whether this node is a member at all ([`GetFailoverStatus`], `membership.rs`): never
 //!   silently outside the cluster. Until its first join, while etcd is out of reach, once its
 //!   lease has gone a ttl without a renewal, and after its name was taken, it is not a

@@ -373,10 +373,17 @@ impl FailoverActor {
         };
         self.fence.observe_term(term);
         let supervisor = self.node.supervisor.clone();
+        // In a synchronous mode the leader holds everything acknowledged, so a fork below
+        // the commit point this member was told is refused rather than cut.
+        let synchronous = self.config.synchronous_mode != crate::SynchronousMode::Off;
         Box::pin(
             async move {
                 supervisor
-                    .send(supervisor_actor::FollowLeader { upstream, term })
+                    .send(supervisor_actor::FollowLeader {
+                        upstream,
+                        term,
+                        synchronous,
+                    })
                     .await
             }
             .into_actor(self)

@@ -98,6 +98,10 @@ pub enum FollowError {
         local: TimelineId,
         upstream: TimelineId,
     },
+    /// The overlapped commit's rule 4 for a fork cut: the leader, chosen to hold everything
+    /// acknowledged, forked from this node's history below the commit point it was told.
+    #[error("refusing to follow the leader: its history forked from this node's at {fork}, below the commit point {commit_point} this node was told; the leader lacks acknowledged WAL this node holds")]
+    BelowCommitPoint { fork: Lsn, commit_point: Lsn },
     #[error("cannot follow the leader: {0}")]
     Storage(#[from] WalError),
     #[error("cannot write standby.signal: {0}")]

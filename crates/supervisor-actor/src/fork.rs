@@ -67,6 +67,17 @@ pub fn fork_point(wal: &Wal, upstream: &UpstreamIdentity) -> Result<ForkPoint, F
     })
 }
 
+/// Whether following a leader whose history forked from this node's at `fork` would cut
+/// below the commit point `told` this node was told (as storage publishes it). Refused where
+/// the leader was chosen to hold everything acknowledged (`synchronous`): it then does not,
+/// and this node may hold the only copy. Elsewhere (an asynchronous failover) losing
+/// acknowledged WAL to a leader that lagged is the configured trade, bounded by
+/// `maximum_lag_on_failover`, so the cut goes on. Refused even when nothing here lies past
+/// the fork: readers here may already see up to `told`, which the leader's history lacks.
+pub fn forks_below_commit_point(fork: Option<Lsn>, told: Option<Lsn>, synchronous: bool) -> bool {
+    synchronous && matches!((fork, told), (Some(f), Some(c)) if f < c)
+}
+
 /// What [`cut_back_to_fork`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct CutBack {
@@ -115,6 +126,22 @@ mod tests {
 
     /// A write queued before the cut (a stopped walreceiver's last one, still landing) is cut
     /// with the rest: the flushed end read before it landed says there is nothing to cut.
+    #[test]
+    fn a_fork_below_the_told_commit_point_is_refused_only_in_a_synchronous_mode() {
+        let (f, c) = (Some(Lsn(100)), Some(Lsn(150)));
+        assert!(forks_below_commit_point(f, c, true));
+        assert!(
+            !forks_below_commit_point(f, c, false),
+            "the trade of an asynchronous mode"
+        );
+        assert!(
+            !forks_below_commit_point(f, Some(Lsn(100)), true),
+            "to C itself"
+        );
+        assert!(!forks_below_commit_point(f, None, true), "told nothing");
+        assert!(!forks_below_commit_point(None, c, true), "no fork");
+    }
+
     #[test]
     fn a_write_still_landing_is_cut_back_to_the_fork() {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -127,6 +127,10 @@ pub struct PromoteForTerm {
 pub struct FollowLeader {
     pub upstream: ReceiverConfig,
     pub term: u64,
+    /// The leader was chosen to hold everything acknowledged (a synchronous mode): a fork
+    /// below the commit point this node was told says it does not, and following is refused
+    /// ([`crate::fork::forks_below_commit_point`]).
+    pub synchronous: bool,
 }
 
 /// What following a leader did.

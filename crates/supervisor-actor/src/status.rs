@@ -81,10 +81,12 @@ pub struct CommitStatus {
     /// The commit point this node knows (its own on a primary, its upstream's on a standby);
     /// `None` where the flushed end is the commit point.
     pub commit_point: Option<Lsn>,
-    /// Unacknowledged tails cut back at stream start since this node started, and their bytes.
+    /// Tails cut back since this node started, and their bytes: unacknowledged ones at a
+    /// stream start (rule 4), and WAL past a new leader's fork when following it.
     pub tail_cuts: u64,
     pub tail_cut_bytes: u64,
-    /// Cuts refused because the upstream's history shares less than the commit point.
+    /// Cuts refused because the upstream's history (or, in a synchronous failover mode, the
+    /// new leader's) shares less than the commit point.
     pub tail_cut_refusals: u64,
     /// Set while the walreceiver is stopped by such a refusal: the upstream lacks
     /// acknowledged WAL this node holds, and an operator must choose the upstream.

@@ -33,6 +33,14 @@ async fn start(builder: NodeBuilder) -> Node {
     builder.start().await.unwrap()
 }
 
+/// `builder` with the overlapped commit switched `on` or off.
+fn with_overlap(mut builder: NodeBuilder, on: bool) -> NodeBuilder {
+    let mut session = (*builder.config_mut().walsender.session).clone();
+    session.commit_overlap = on;
+    builder.config_mut().walsender.session = std::sync::Arc::new(session);
+    builder
+}
+
 /// Makes `node` the leader of `term` as the failover actor does: a standby, or a primary
 /// under the overlapped commit, takes the term up with `PromoteForTerm` (a primary under
 /// failover starts held at the commit point it stored, and from the term on decides it
@@ -128,12 +136,9 @@ fn a_primary_taking_up_a_term_starts_a_new_timeline_only_after_early_sends() {
     run(async {
         for (overlap, sent_early) in [(false, false), (true, false), (true, true)] {
             let fence = Fence::closed();
-            let mut builder =
+            let builder =
                 primary(&dir.path().join(format!("{overlap}-{sent_early}"))).fence(fence.clone());
-            let mut session = (*builder.config_mut().walsender.session).clone();
-            session.commit_overlap = overlap;
-            builder.config_mut().walsender.session = std::sync::Arc::new(session);
-            let p = start(builder).await;
+            let p = start(with_overlap(builder, overlap)).await;
             // Under failover the start leaves the timeline to the term.
             assert_eq!(p.wal.timeline(), TimelineId(1));
             fence.grant(2, lasting());
@@ -202,6 +207,7 @@ async fn follow(node: &Node, upstream: &Node, name: &str, term: u64) -> Followed
         node.supervisor.send(FollowLeader {
             upstream: leader(upstream, name),
             term,
+            synchronous: false,
         }),
     )
     .await
@@ -406,31 +412,73 @@ fn new_synchronous_standbys_release_the_appends_they_satisfy() {
     });
 }
 
+/// [`stale_leader_with_a_standby`]'s nodes: P led term 1 from `from`, S was promoted for
+/// term 2, and P went on to `p_end` as a stale leader.
+struct Forked {
+    p: Node,
+    s: Node,
+    c: Node,
+    from: Lsn,
+    promoted: supervisor_actor::Promoted,
+    p_end: Lsn,
+}
+
+/// P leads term 1 (the overlapped commit `overlap`) with standbys S and C; S is promoted
+/// for term 2 and leads it, and P goes on as a stale leader with `divergent` appends,
+/// which C, still its standby, is sent too.
+async fn stale_leader_with_a_standby(
+    dir: &std::path::Path,
+    overlap: bool,
+    divergent: usize,
+) -> Forked {
+    let p_fence = Fence::closed();
+    let p = start(with_overlap(primary(&dir.join("p")), overlap).fence(p_fence.clone())).await;
+    lead(&p, &p_fence, 1).await;
+    let from = p.wal.flushed();
+    let shared = append(&p, "shared", Durability::Local).await;
+    let s_fence = Fence::closed();
+    let s = start(standby_of(&p, &dir.join("s"), "s").fence(s_fence.clone())).await;
+    let c = start(standby_of(&p, &dir.join("c"), "c").fence(Fence::closed())).await;
+    flushed_to(&s, shared).await;
+    flushed_to(&c, shared).await;
+    let promoted = promote(&s, 2).await;
+    s_fence.grant(2, lasting());
+    let mut p_end = Lsn::INVALID;
+    for i in 0..divergent {
+        p_end = append(&p, format!("divergent {i}"), Durability::Local).await;
+    }
+    Forked {
+        p,
+        s,
+        c,
+        from,
+        promoted,
+        p_end,
+    }
+}
+
 #[test]
 fn a_cascading_standby_with_the_divergent_tail_drops_it_and_follows_the_new_history() {
     let dir = tempfile::tempdir().unwrap();
     run(async {
-        let p_fence = Fence::closed();
-        let p = start(primary(&dir.path().join("p")).fence(p_fence.clone())).await;
-        lead(&p, &p_fence, 1).await;
-        let from = p.wal.flushed();
-        let shared = append(&p, "shared", Durability::Local).await;
-        let s_fence = Fence::closed();
-        let s = start(standby_of(&p, &dir.path().join("s"), "s").fence(s_fence.clone())).await;
         // C streams from P, before and after P's demotion (a cascade of it).
-        let c = start(standby_of(&p, &dir.path().join("c"), "c").fence(Fence::closed())).await;
-        flushed_to(&s, shared).await;
-        flushed_to(&c, shared).await;
-        let promoted = promote(&s, 2).await;
-        s_fence.grant(2, lasting());
-        let mut p_end = Lsn::INVALID;
-        for i in 0..10 {
-            p_end = append(&p, format!("divergent {i}"), Durability::Local).await;
-        }
+        let Forked {
+            p,
+            s,
+            c,
+            from,
+            promoted,
+            p_end,
+        } = stale_leader_with_a_standby(dir.path(), false, 10).await;
         // C holds the divergent tail as well.
         flushed_to(&c, p_end).await;
         let divergent = p_end.0 - promoted.switch_lsn.0;
         assert_eq!(follow(&p, &s, "p", 2).await.dropped_bytes, divergent);
+        assert_eq!(
+            tail_cuts(&p).await,
+            (1, divergent),
+            "counted as rule 4's cuts"
+        );
         // The same upstream as before, once it is on the new history, which forked from C's
         // WAL: C cuts back.
         flushed_on(&p, TimelineId(2), promoted.switch_lsn).await;
@@ -438,6 +486,7 @@ fn a_cascading_standby_with_the_divergent_tail_drops_it_and_follows_the_new_hist
         assert!(!followed.demoted);
         assert_eq!(followed.fork, Some(promoted.switch_lsn));
         assert_eq!(followed.dropped_bytes, divergent);
+        assert_eq!(tail_cuts(&c).await, (1, divergent));
         let s_end = append(&s, "on the new leader", Durability::Local).await;
         readable_on(&c, TimelineId(2), s_end).await;
         readable_on(&p, TimelineId(2), s_end).await;
@@ -448,6 +497,66 @@ fn a_cascading_standby_with_the_divergent_tail_drops_it_and_follows_the_new_hist
         stop(c).await;
         stop(p).await;
         stop(s).await;
+    });
+}
+
+/// The tails a node cut and their bytes, as `/status` shows them under `commit`.
+async fn tail_cuts(node: &Node) -> (u64, u64) {
+    let status = node.supervisor.send(GetNodeStatus).await.unwrap().unwrap();
+    (status.commit.tail_cuts, status.commit.tail_cut_bytes)
+}
+
+/// Rule 4 for the fork cut: a standby told a commit point by a stale leader refuses to
+/// follow a new leader whose history forked below it when the leader was chosen to hold
+/// everything acknowledged (a synchronous mode), keeps its WAL and counts the refusal; in an
+/// asynchronous mode it cuts past the fork, the configured trade.
+#[test]
+fn a_fork_below_the_told_commit_point_is_refused_in_a_synchronous_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        // C, still the stale leader's standby, is told its appends.
+        let Forked {
+            p,
+            s,
+            c,
+            promoted,
+            p_end,
+            ..
+        } = stale_leader_with_a_standby(dir.path(), true, 5).await;
+        let mut pos = c.wal.subscribe();
+        tokio::time::timeout(
+            DEADLINE,
+            pos.wait_for(|p| matches!(p.commit, CommitBound::Told(x) if x >= p_end)),
+        )
+        .await
+        .expect("told by the deadline")
+        .unwrap();
+        flushed_to(&c, p_end).await;
+        let held = c.wal.flushed();
+        let refused = c
+            .supervisor
+            .send(FollowLeader {
+                upstream: leader(&s, "c"),
+                term: 2,
+                synchronous: true,
+            })
+            .await
+            .unwrap();
+        assert!(
+            matches!(refused, Err(supervisor_actor::FollowError::BelowCommitPoint { fork, commit_point }) if fork == promoted.switch_lsn && commit_point >= p_end),
+            "{refused:?}"
+        );
+        assert_eq!(c.wal.flushed(), held, "nothing cut");
+        let status = c.supervisor.send(GetNodeStatus).await.unwrap().unwrap();
+        assert_eq!(status.commit.tail_cut_refusals, 1, "{:?}", status.commit);
+        assert_eq!(status.commit.tail_cuts, 0);
+        let followed = follow(&c, &s, "c", 2).await;
+        assert_eq!(followed.fork, Some(promoted.switch_lsn));
+        assert!(followed.dropped_bytes > 0);
+        assert_eq!(tail_cuts(&c).await, (1, followed.dropped_bytes));
+        stop(c).await;
+        stop(s).await;
+        stop(p).await;
     });
 }
 

@@ -14,7 +14,7 @@
 //! written and synced): which slots, and when, is the failover actor's decision.
 
 use actix::prelude::*;
-use wal_storage::{Lsn, Role, Wal, WalError, WalFormat};
+use wal_storage::{CommitBound, Lsn, Role, Wal, WalError, WalFormat};
 use walreceiver_actor::messages::StopReceiver;
 use walreceiver_actor::{ReceiverConfig, UpstreamIdentity};
 use walsender_actor::messages::{HoldWalSenders, ResumeWalSenders, SetSyncStandbyNames};
@@ -22,7 +22,7 @@ use walsender_actor::messages::{HoldWalSenders, ResumeWalSenders, SetSyncStandby
 use super::{Receiver, Supervisor};
 use crate::datadir::StandbySignal;
 use crate::error::{FollowError, PromoteError};
-use crate::fork::{cut_back_to_fork, fork_point, CutBack};
+use crate::fork::{cut_back_to_fork, fork_point, forks_below_commit_point, CutBack};
 use crate::messages::{
     DropMemberSlots, EnsureMemberSlots, FollowLeader, Followed, MemberSlots, PermanentSlots,
     PromoteForTerm, Promoted, SetSyncStandbys, SyncPermanentSlots,
@@ -140,9 +140,10 @@ impl Handler<FollowLeader> for Supervisor {
                 })
             }
         };
-        let work = identify
-            .into_actor(self)
-            .then(move |identity, act, _| act.follow_identified(identity, upstream, demoting));
+        let synchronous = msg.synchronous;
+        let work = identify.into_actor(self).then(move |identity, act, _| {
+            act.follow_identified(identity, upstream, demoting, synchronous)
+        });
         Box::pin(work.map(move |(held, res), act, ctx| {
             act.following = false;
             let result = res.map(|cut| match cut {
@@ -158,6 +159,14 @@ impl Handler<FollowLeader> for Supervisor {
                 if matches!(e, FollowError::NoSlot { .. }) {
                     // Expected while a new leader makes its members' slots; tried again.
                     tracing::info!("could not follow the leader yet: {e}");
+                } else if matches!(e, FollowError::BelowCommitPoint { .. }) {
+                    // The alarm, as rule 4's at a stream start: the log, the refusal in
+                    // storage's metrics (counted by `commit_follow`), and `/status` until the
+                    // walreceiver streams again.
+                    tracing::error!("{e}");
+                    if let Some(r) = act.receiver.as_mut() {
+                        r.tail_alarm = Some(e.to_string());
+                    }
                 } else {
                     tracing::warn!("could not follow the leader: {e}");
                 }
@@ -183,6 +192,7 @@ impl Supervisor {
         identity: Result<UpstreamIdentity, FollowError>,
         upstream: ReceiverConfig,
         demoting: bool,
+        synchronous: bool,
     ) -> std::pin::Pin<Box<dyn ActorFuture<Self, Output = FollowOutcome>>> {
         let done = |o: FollowOutcome| Box::pin(actix::fut::ready(o));
         let Some(wal) = self.wal.clone() else {
@@ -230,7 +240,7 @@ impl Supervisor {
                 standby_since: None,
             };
             let cut = tokio::task::spawn_blocking(move || {
-                commit_follow(&wal, &identity, &signal, &data_dir, demoting)
+                commit_follow(&wal, &identity, &signal, &data_dir, demoting, synchronous)
             })
             .await
             .unwrap_or_else(|e| {
@@ -248,14 +258,34 @@ impl Supervisor {
 /// The blocking part of following: the cut, then `standby.signal`, then (demoting) the
 /// role in the control data, the commit point: a crash before it leaves a primary's
 /// directory holding a signal, which the role rule of `datadir` makes a standby all the same.
+/// A cut below the commit point this node was told is refused where the leader was chosen
+/// to hold everything acknowledged (`forks_below_commit_point`); the refusal and a cut are
+/// counted with rule 4's at a stream start (`commit` in `/status` and `/metrics`).
 fn commit_follow(
     wal: &wal_storage::Wal,
     identity: &UpstreamIdentity,
     signal: &StandbySignal,
     data_dir: &std::path::Path,
     demoting: bool,
+    synchronous: bool,
 ) -> Result<CutBack, FollowError> {
+    let told = match wal.position().commit {
+        CommitBound::Told(c) => Some(c),
+        _ => None,
+    };
+    let fork = fork_point(wal, identity)?.fork;
+    if let (true, Some(fork), Some(commit_point)) = (
+        forks_below_commit_point(fork, told, synchronous),
+        fork,
+        told,
+    ) {
+        wal.metrics().count_tail_cut_refusal();
+        return Err(FollowError::BelowCommitPoint { fork, commit_point });
+    }
     let cut = cut_back_to_fork(wal, identity)?;
+    if cut.dropped_bytes > 0 {
+        wal.metrics().count_tail_cut(cut.dropped_bytes);
+    }
     signal
         .write(data_dir)
         .map_err(|e| FollowError::StandbySignal(e.to_string()))?;

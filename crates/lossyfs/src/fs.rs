@@ -14,6 +14,7 @@ use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -216,6 +217,10 @@ pub(crate) enum Syncs {
 /// The switch for fsyncs, shared with the mount's handle.
 pub(crate) type SyncGate = Arc<(Mutex<Syncs>, Condvar)>;
 
+/// The device's flush time in microseconds, shared with the mount's handle, which may change
+/// it while the mount serves.
+pub(crate) type SyncLatency = Arc<AtomicU64>;
+
 /// One wait for an unsynced change, registered with one or more mounts' states.
 #[derive(Default)]
 pub(crate) struct Waiter {
@@ -243,7 +248,7 @@ impl Waiter {
 /// The file system the kernel talks to.
 pub(crate) struct LossyFilesystem {
     pub(crate) state: Arc<Mutex<State>>,
-    pub(crate) sync_latency: Duration,
+    pub(crate) sync_latency: SyncLatency,
     pub(crate) gate: SyncGate,
 }
 
@@ -273,8 +278,9 @@ impl LossyFilesystem {
     /// while a sync runs loses what it was syncing, as on a device that has not answered
     /// yet. (A write through `O_SYNC` is durable at once and then pays it.)
     fn flush_delay(&self) {
-        if !self.sync_latency.is_zero() {
-            std::thread::sleep(self.sync_latency);
+        let latency = Duration::from_micros(self.sync_latency.load(Ordering::Relaxed));
+        if !latency.is_zero() {
+            std::thread::sleep(latency);
         }
     }
 }

@@ -17,7 +17,8 @@
 //! records it, with a deadline.
 //!
 //! Each mount can also be a disk of its own: [`Options::sync_latency`] is added to every
-//! fsync and fdatasync (1 ms is what a network-attached cloud volume takes), while writes and
+//! fsync and fdatasync (1 ms is what a network-attached cloud volume takes; changed while it
+//! serves by [`LossyFs::set_sync_latency`]), while writes and
 //! reads go at the page cache's speed; what a sync covers becomes durable only when the
 //! latency has passed, so a power loss during it loses that. The backing files themselves
 //! are never synced.
@@ -36,12 +37,13 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 pub use model::{CrashReport, GRAVEYARD};
 
-use fs::{LossyFilesystem, State, SyncGate, Syncs, Waiter};
+use fs::{LossyFilesystem, State, SyncGate, SyncLatency, Syncs, Waiter};
 use model::Model;
 
 /// What can go wrong with a mount.
@@ -72,6 +74,12 @@ pub struct Options {
     pub sync_latency: Duration,
 }
 
+/// `d` in whole microseconds, as the mount keeps its sync latency (saturating: a latency
+/// of half a million years is as good as forever).
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// Threads that serve the kernel's requests. A guess: enough that a few fsyncs waiting out
 /// the device's latency do not hold up the reads and writes of other threads of the node.
 const THREADS: usize = 8;
@@ -99,6 +107,8 @@ pub struct LossyFs {
     /// The mount's device, whose FUSE connection an unmount aborts if its requests hang.
     dev: u64,
     gate: SyncGate,
+    /// [`Options::sync_latency`] as it is now ([`LossyFs::set_sync_latency`]).
+    sync_latency: SyncLatency,
 }
 
 impl std::fmt::Debug for LossyFs {
@@ -125,11 +135,12 @@ impl LossyFs {
         let mut fs = LossyFs {
             backing: backing.to_path_buf(),
             mountpoint: mountpoint.to_path_buf(),
-            options,
+            options: options.clone(),
             state: Some(Arc::new(Mutex::new(state))),
             session: None,
             dev: 0,
             gate: Arc::new((Mutex::new(Syncs::Run), std::sync::Condvar::new())),
+            sync_latency: Arc::new(AtomicU64::new(micros(options.sync_latency))),
         };
         fs.start()?;
         Ok(fs)
@@ -143,6 +154,13 @@ impl LossyFs {
         &self.backing
     }
 
+    /// Makes every sync from now on take `latency` ([`Options::sync_latency`]), also after a
+    /// crash: a scenario whose nodes change roles gives the slow disk to whichever node it
+    /// wants slow now.
+    pub fn set_sync_latency(&self, latency: Duration) {
+        self.sync_latency.store(micros(latency), Ordering::Relaxed);
+    }
+
     fn start(&mut self) -> Result<()> {
         let state = self
             .state
@@ -150,7 +168,7 @@ impl LossyFs {
             .ok_or_else(|| Error::NotMounted(self.mountpoint.clone()))?;
         let filesystem = LossyFilesystem {
             state,
-            sync_latency: self.options.sync_latency,
+            sync_latency: self.sync_latency.clone(),
             gate: self.gate.clone(),
         };
         let mut config = fuser::Config::default();

@@ -245,6 +245,32 @@ fn the_sync_latency_is_paid_by_every_fsync_and_fdatasync() {
 }
 
 #[test]
+fn a_latency_set_on_a_mount_is_paid_from_the_next_sync_on_also_after_a_crash() {
+    const LATENCY: Duration = Duration::from_millis(20);
+    const SYNCS: u32 = 3;
+    let (_dir, mut fs) = mounted(Options::default());
+    fs.set_sync_latency(LATENCY);
+    let syncs = |fs: &LossyFs| {
+        let mut f = File::create(fs.mountpoint().join("f")).unwrap();
+        let started = Instant::now();
+        for i in 0..SYNCS {
+            f.write_all(&[i as u8; 512]).unwrap();
+            f.sync_data().unwrap();
+        }
+        started.elapsed()
+    };
+    let took = syncs(&fs);
+    assert!(took >= LATENCY * SYNCS, "{SYNCS} syncs took {took:?}");
+    fs.crash(7).unwrap();
+    let took = syncs(&fs);
+    assert!(
+        took >= LATENCY * SYNCS,
+        "after the crash {SYNCS} syncs took {took:?}"
+    );
+    fs.unmount().unwrap();
+}
+
+#[test]
 fn a_drop_leaves_no_mount_even_with_a_file_open() {
     let (dir, fs) = mounted(Options::default());
     let mnt = fs.mountpoint().to_path_buf();

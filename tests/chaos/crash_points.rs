@@ -33,7 +33,7 @@ use walsender_actor::overlap::{CRASH_RELEASE, CRASH_SENT_EARLY};
 
 use crate::cycles;
 use crate::lossy::{serial, Overlap};
-use crate::node::{wait_for, ChaosNode, DEADLINE};
+use crate::node::{ChaosNode, DEADLINE};
 use crate::power_loss::Run;
 
 /// The variable the `walserver` binary arms its crash point from.
@@ -126,7 +126,7 @@ fn crash_point_cycles(point: &str, dies: Dies, overlap: Overlap) {
             run.crash(i, cycle);
         }
         if dies == Dies::Primary {
-            hold_back_the_standby(&mut run, cycle);
+            run.hold_back_the_standby(cycle);
             run.recover(&[], cycle, before);
         } else {
             run.recover(hit, cycle, before);
@@ -146,32 +146,6 @@ fn crash_point_cycles(point: &str, dies: Dies, overlap: Overlap) {
         );
     }
     run.finish(&what, n_cycles);
-}
-
-/// Starts the primary again with its standby paused until the primary has written past the
-/// standby's end, so that whatever tail the standby kept of the primary's lost WAL overlaps
-/// the primary's new WAL by the time the standby connects: resumed on its old timeline, the
-/// primary would have put other bytes at those LSNs (rule 5 exists for this).
-fn hold_back_the_standby(run: &mut Run, cycle: u64) {
-    let [p, s] = &mut run.pair.nodes;
-    let standby_end = match s.status() {
-        Ok(st) => st.flush_lsn,
-        Err(e) => panic!("cycle {cycle}: the standby's status: {e:#}"),
-    };
-    if let Err(e) = s.pause().and_then(|()| p.start()) {
-        panic!("cycle {cycle}: restarting the primary: {e:#}");
-    }
-    // The primary's durable end is told only by its `/status`, which announces nothing: it
-    // is asked, up to the deadline.
-    let past = wait_for(
-        "the primary's durable end past the standby's",
-        DEADLINE,
-        Duration::from_millis(5),
-        || (p.status().ok()?.flush_lsn > standby_end).then_some(()),
-    );
-    if let Err(e) = past.and_then(|()| s.resume()) {
-        panic!("cycle {cycle}: {e:#}\n{}", run.pair.logs());
-    }
 }
 
 #[test]

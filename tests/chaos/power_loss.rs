@@ -11,7 +11,14 @@
 //! Each scenario runs with the commit rule as a parameter ([`Overlap`]): off, and the
 //! overlapped commit on both nodes, where the standby may hold a tail the primary lost (cut
 //! back at its next stream start) and the primary starts a new timeline at a start after it
-//! sent early (its early-send mark names its timeline). A
+//! sent early (its early-send mark names its timeline). With the switch on, every other cycle
+//! that takes the primary alone (the first among them) lands its power loss where rule 5
+//! matters ([`lose_a_tail_the_standby_holds`]) and keeps the standby paused until the
+//! restarted primary has written past the standby's end ([`Run::hold_back_the_standby`]):
+//! a primary that resumed its timeline would put other bytes under the standby's tail, which
+//! the judge finds, where a power loss at the primary's first unsynced write often leaves the
+//! standby no tail, and a standby that connects at once cuts its tail back to the primary's
+//! end (rule 4) before anything is written over it. A
 //! [`Reader`] follows each node's `GET /wal` through every cycle, and at the end every record
 //! either was given must be on both nodes: nobody read past the commit point (rule 3), which
 //! no power loss takes back. Each run prints the appends acknowledged, the tails the standby
@@ -20,12 +27,12 @@
 //! FUSE mount).
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use lossyfs::{LossyFs, Options};
+use lossyfs::{LossyFs, Options, UnsyncedWatch};
 use wal_storage::Lsn;
 
-use crate::lossy::{disk, node_on, pull_plugs, serial, Overlap};
+use crate::lossy::{disk, node_on, power_off, pull_plugs, serial, Outage, Overlap};
 use crate::node::*;
 use crate::reader::Reader;
 use crate::{assert_judged, cycles, line, seed, Load, Rng, SEGMENT};
@@ -181,6 +188,35 @@ impl Run {
         }
     }
 
+    /// Starts the primary again with its standby paused until the primary has written past
+    /// the standby's end, so that whatever tail the standby kept of the primary's lost WAL
+    /// overlaps the primary's new WAL by the time the standby connects: resumed on its old
+    /// timeline, the primary would have put other bytes at those LSNs (rule 5 exists for
+    /// this). A standby that connected at once would cut its tail back to the primary's end
+    /// on the same timeline (rule 4) before anything was written over it, and hide a
+    /// resumed timeline.
+    pub(crate) fn hold_back_the_standby(&mut self, cycle: u64) {
+        let [p, s] = &mut self.pair.nodes;
+        let standby_end = match s.status() {
+            Ok(st) => st.flush_lsn,
+            Err(e) => panic!("cycle {cycle}: the standby's status: {e:#}"),
+        };
+        if let Err(e) = s.pause().and_then(|()| p.start()) {
+            panic!("cycle {cycle}: restarting the primary: {e:#}");
+        }
+        // The primary's durable end is told only by its `/status`, which announces nothing:
+        // it is asked, up to the deadline.
+        let past = wait_for(
+            "the primary's durable end past the standby's",
+            DEADLINE,
+            Duration::from_millis(5),
+            || (p.status().ok()?.flush_lsn > standby_end).then_some(()),
+        );
+        if let Err(e) = past.and_then(|()| s.resume()) {
+            panic!("cycle {cycle}: {e:#}\n{}", self.pair.logs());
+        }
+    }
+
     /// Starts the nodes `hit` again (the last first), waits until the pair streams again and
     /// the writers have more than `before + 16` acknowledgements, and counts the standby's
     /// tail cuts.
@@ -250,6 +286,35 @@ impl Run {
     }
 }
 
+/// The primary's power loss at the moment rule 5 exists for: its syncs are held until its
+/// standby has made durable a batch sent early that the primary has not, then everything the
+/// primary had not synced is lost ([`LossyFs::crash_to_synced`]), so that the standby
+/// certainly holds a tail the primary lacks.
+fn lose_a_tail_the_standby_holds(pair: &mut Pair) -> anyhow::Result<Outage> {
+    pair.mounts[0].hold_syncs();
+    anyhow::ensure!(
+        UnsyncedWatch::on(&[&pair.mounts[0]]).wait(DEADLINE),
+        "timed out after {DEADLINE:?} waiting for a write of the primary that waits for its sync"
+    );
+    let [p, s] = &pair.nodes;
+    // The standby's flush past the primary's is told only by their `/status`, which
+    // announces nothing: asked every 2 ms up to the deadline, with the mount, since a sync
+    // under way when the hold came may have covered the write.
+    wait_for(
+        "the standby durable past the primary's durable end",
+        DEADLINE,
+        Duration::from_millis(2),
+        || {
+            let (ps, ss) = (p.status().ok()?, s.status().ok()?);
+            (pair.mounts[0].unsynced_changes() > 0
+                && ss.timeline == ps.timeline
+                && ss.flush_lsn > ps.flush_lsn)
+                .then_some(())
+        },
+    )?;
+    power_off(&mut pair.nodes, &mut pair.mounts, &[0], None)
+}
+
 fn power_loss_cycles(victims: Victims, overlap: Overlap) {
     let _one = serial();
     let n_cycles = cycles(3);
@@ -263,15 +328,27 @@ fn power_loss_cycles(victims: Victims, overlap: Overlap) {
             Victims::Standby => &[1],
             Victims::Both => &[1, 0],
         };
+        let tail_case = victims == Victims::Primary && cycle % 2 == 0;
         let pair = &mut run.pair;
-        match pull_plugs(&mut pair.nodes, &mut pair.mounts, hit, &mut run.rng) {
+        let outage = match overlap {
+            Overlap::On if tail_case => lose_a_tail_the_standby_holds(pair),
+            _ => pull_plugs(&mut pair.nodes, &mut pair.mounts, hit, &mut run.rng),
+        };
+        match outage {
             Ok(o) => {
                 run.lost_writes += o.lost;
                 run.at_risk += o.at_risk;
             }
             Err(e) => panic!("cycle {cycle}: {e:#}\n{}", pair.logs()),
         }
-        run.recover(hit, cycle, before);
+        // Every other cycle that takes the primary alone holds its standby back until the
+        // primary has written past it, the others let the standby connect at once.
+        if tail_case {
+            run.hold_back_the_standby(cycle);
+            run.recover(&[], cycle, before);
+        } else {
+            run.recover(hit, cycle, before);
+        }
         println!(
             "cycle {cycle}: power back after {:.0} ms",
             t.elapsed().as_secs_f64() * 1e3

@@ -24,7 +24,7 @@
 //! exactly once, both byte-identical up to the shorter end, and nothing a reader was given
 //! taken back. CI runs two deaths per point; `WALSERVER_TEST_CHAOS_CYCLES` runs more.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lossyfs::Options;
 use wal_storage::FP_FSYNC;
@@ -32,17 +32,12 @@ use walreceiver_actor::CRASH_REPLY;
 use walsender_actor::overlap::{CRASH_RELEASE, CRASH_SENT_EARLY};
 
 use crate::cycles;
-use crate::lossy::{serial, Overlap};
+use crate::lossy::{serial, Overlap, PRIMARY_SYNC_LATENCY};
 use crate::node::{ChaosNode, DEADLINE};
 use crate::power_loss::Run;
 
 /// The variable the `walserver` binary arms its crash point from.
 const CRASH_AT: &str = "WALSERVER_TEST_CRASH_AT";
-
-/// The primary's mount takes this long for each sync, the standby's none, so that the
-/// standby's flush of a batch sent early usually returns before the primary's own: without
-/// it the point after an early send is seldom reached. A guess, a few times a local flush.
-const PRIMARY_SYNC_LATENCY: Duration = Duration::from_millis(20);
 
 /// The node that dies at a point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

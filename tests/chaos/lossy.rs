@@ -3,6 +3,7 @@
 //! write waits for its sync.
 
 use std::path::Path;
+use std::time::Duration;
 
 use lossyfs::{LossyFs, Options, UnsyncedWatch};
 
@@ -31,6 +32,11 @@ impl Overlap {
         }
     }
 }
+
+/// The primary's mount takes this long for each sync where a scenario wants the standby's
+/// flush of a batch sent early to return before the primary's own (the standby's mount takes
+/// none): without it that moment is seldom reached. A guess, a few times a local flush.
+pub const PRIMARY_SYNC_LATENCY: Duration = Duration::from_millis(20);
 
 /// One power-loss scenario at a time: each runs its nodes and sixteen writers on two shared
 /// cores.

@@ -32,7 +32,9 @@ use std::time::{Duration, Instant};
 use lossyfs::{LossyFs, Options, UnsyncedWatch};
 use wal_storage::Lsn;
 
-use crate::lossy::{disk, node_on, power_off, pull_plugs, serial, Outage, Overlap};
+use crate::lossy::{
+    disk, node_on, power_off, pull_plugs, serial, Outage, Overlap, PRIMARY_SYNC_LATENCY,
+};
 use crate::node::*;
 use crate::reader::Reader;
 use crate::{assert_judged, cycles, line, seed, Load, Rng, SEGMENT};
@@ -291,27 +293,42 @@ impl Run {
 /// primary had not synced is lost ([`LossyFs::crash_to_synced`]), so that the standby
 /// certainly holds a tail the primary lacks.
 fn lose_a_tail_the_standby_holds(pair: &mut Pair) -> anyhow::Result<Outage> {
-    pair.mounts[0].hold_syncs();
-    anyhow::ensure!(
-        UnsyncedWatch::on(&[&pair.mounts[0]]).wait(DEADLINE),
-        "timed out after {DEADLINE:?} waiting for a write of the primary that waits for its sync"
-    );
     let [p, s] = &pair.nodes;
+    let disk = &pair.mounts[0];
     // The standby's flush past the primary's is told only by their `/status`, which
-    // announces nothing: asked every 2 ms up to the deadline, with the mount, since a sync
-    // under way when the hold came may have covered the write.
-    wait_for(
-        "the standby durable past the primary's durable end",
-        DEADLINE,
-        Duration::from_millis(2),
-        || {
+    // announces nothing: asked every 2 ms up to the deadline.
+    let ahead = |what: &str| {
+        wait_for(what, DEADLINE, Duration::from_millis(2), || {
             let (ps, ss) = (p.status().ok()?, s.status().ok()?);
-            (pair.mounts[0].unsynced_changes() > 0
+            (disk.unsynced_changes() > 0
                 && ss.timeline == ps.timeline
                 && ss.flush_lsn > ps.flush_lsn)
                 .then_some(())
-        },
-    )?;
+        })
+    };
+    // Early sends on a timeline begin only once the primary's early-send mark naming it is
+    // durable (just after a restart it may not be yet), which nothing outside is told: the
+    // primary's disk is slow until the standby has been seen durable past it, which only an
+    // early send allows, and only then are its syncs held. Held before the mark was durable,
+    // they would keep it from ever being so.
+    disk.set_sync_latency(PRIMARY_SYNC_LATENCY);
+    let held = ahead("an early send on the primary's timeline").and_then(|()| {
+        disk.hold_syncs();
+        anyhow::ensure!(
+            UnsyncedWatch::on(&[disk]).wait(DEADLINE),
+            "timed out after {DEADLINE:?} waiting for a write of the primary that waits for \
+             its sync"
+        );
+        // Asked with the mount, since a sync under way when the hold came may have covered
+        // the write.
+        ahead("the standby durable past the primary's durable end")
+    });
+    disk.set_sync_latency(Duration::ZERO);
+    if let Err(e) = held {
+        // A node with a thread in a held sync cannot be killed: the plug goes first.
+        disk.pull_plug();
+        return Err(e);
+    }
     power_off(&mut pair.nodes, &mut pair.mounts, &[0], None)
 }
 

@@ -33,11 +33,16 @@ async fn start(builder: NodeBuilder) -> Node {
     builder.start().await.unwrap()
 }
 
-/// `builder` with the overlapped commit switched `on` or off.
+/// `builder` with the overlapped commit switched `on` or off, for its walsenders and, on a
+/// standby, its walreceiver.
 fn with_overlap(mut builder: NodeBuilder, on: bool) -> NodeBuilder {
-    let mut session = (*builder.config_mut().walsender.session).clone();
+    let config = builder.config_mut();
+    let mut session = (*config.walsender.session).clone();
     session.commit_overlap = on;
-    builder.config_mut().walsender.session = std::sync::Arc::new(session);
+    config.walsender.session = std::sync::Arc::new(session);
+    if let Some(receiver) = config.standby.as_mut() {
+        receiver.session.commit_overlap = on;
+    }
     builder
 }
 
@@ -437,8 +442,14 @@ async fn stale_leader_with_a_standby(
     let from = p.wal.flushed();
     let shared = append(&p, "shared", Durability::Local).await;
     let s_fence = Fence::closed();
-    let s = start(standby_of(&p, &dir.join("s"), "s").fence(s_fence.clone())).await;
-    let c = start(standby_of(&p, &dir.join("c"), "c").fence(Fence::closed())).await;
+    // The standbys run the same switch, so that with it off C's walreceiver refuses P's
+    // fork rather than cut it at a stream start before it is told to follow.
+    let s =
+        start(with_overlap(standby_of(&p, &dir.join("s"), "s"), overlap).fence(s_fence.clone()))
+            .await;
+    let c =
+        start(with_overlap(standby_of(&p, &dir.join("c"), "c"), overlap).fence(Fence::closed()))
+            .await;
     flushed_to(&s, shared).await;
     flushed_to(&c, shared).await;
     let promoted = promote(&s, 2).await;

@@ -38,6 +38,7 @@ use wal_storage::{ArchiveBacklog, TimelineId, Wal, WalPosition, WriteTicket};
 
 use crate::config::ReceiverConfig;
 use crate::connect::{self, Connection, Io};
+use crate::cutback::UpstreamRole;
 use crate::error::{ReceiverError, StopReason};
 use crate::gap;
 use crate::low_water::{LowWater, LOW_WATER_GRACE};
@@ -243,6 +244,9 @@ impl WalReceiver {
             server_version = conn.param("server_version").unwrap_or("?"),
             "walreceiver connected"
         );
+        // A primary's end is the point its history shares with ours on its timeline; a
+        // standby's is not (`cutback`).
+        let role = UpstreamRole::of(conn.param("in_hot_standby"));
         let status = self.session.status_mut();
         status.sender_host = Some(conn.target.host.clone());
         status.sender_port = Some(conn.target.port);
@@ -277,7 +281,7 @@ impl WalReceiver {
         )));
         self.streams = vec![messages, positions];
         let mut out = Vec::new();
-        self.session.on_connected(Instant::now(), &mut out);
+        self.session.on_connected(role, Instant::now(), &mut out);
         self.apply(out, None, ctx);
     }
 

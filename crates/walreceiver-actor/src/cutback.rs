@@ -5,18 +5,27 @@
 //! point C, never acknowledged to anyone. Nothing past C was passed on (rule 3), so the tail
 //! may vanish. When the walreceiver (re)connects, its upstream names the highest point their
 //! histories share, and the standby cuts its tail back to it:
-//! - On the upstream's own timeline, that point is the upstream's durable end
+//! - On the upstream's own timeline, when the upstream is that timeline's writer (a primary:
+//!   it reported `in_hot_standby = off` at connection start), that point is its durable end
 //!   (IDENTIFY_SYSTEM's `xlogpos`). One timeline has one writer, and a standby's bytes are a
-//!   prefix of what that writer wrote; they differ from the upstream's below its end only if
-//!   the writer wrote the same LSNs twice, which a restarted primary never does (it takes
-//!   appends only on a new timeline). So a standby's bytes up to the upstream's end are the
-//!   upstream's, and a longer tail is a lost unacknowledged one.
+//!   prefix of what that writer wrote; they differ from the writer's below its end only if it
+//!   wrote the same LSNs twice, which a restarted primary never does (it takes appends only on
+//!   a new timeline). So a standby's bytes up to the writer's end are the writer's, and a
+//!   longer tail is a lost unacknowledged one. With rule 5 this cut is rare (an old leader
+//!   restarted under failover before it takes a term); it stays as a defence should rule 5
+//!   break.
+//! - On the upstream's own timeline when the upstream is a standby (or did not say): its end
+//!   is only how far it has received. A longer tail here is WAL it has not received yet, and
+//!   may hold appends acknowledged by this node's flush, so nothing is cut: the stream starts
+//!   at this node's end, which the upstream refuses until it has caught up, and the walreceiver
+//!   retries, as PostgreSQL's does.
 //! - Where the upstream's history switched away from the standby's timeline, it is the
 //!   switch point (what `Forked` refuses with the switch off).
 //!
 //! Never below C: a shared point below the commit point this node was told means the
-//! upstream lacks acknowledged WAL (another cluster's copy, a restored backup, a standby that
-//! lags). Cutting would destroy the only copy of it, so the walreceiver refuses and alarms.
+//! upstream lacks acknowledged WAL (another cluster's copy, a restored backup run as a
+//! primary, a primary promoted from a standby that lagged). Cutting would destroy the only
+//! copy of it, so the walreceiver refuses and alarms.
 //!
 //! Never below what this node wrote as a primary either ([`Floor::WroteAsPrimary`],
 //! `Wal::primary_end`): an old primary pointed at the new one holds appends it may have
@@ -32,7 +41,8 @@ use wal_storage::Lsn;
 /// What to do with this node's WAL beyond the point it shares with its upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TailDecision {
-    /// Nothing beyond the shared point: stream on.
+    /// Nothing beyond the shared point, or no shared point known: stream on from this node's
+    /// end.
     Keep,
     /// Drop `bytes` of unacknowledged WAL beyond `to`, then stream from `to`.
     Cut { to: Lsn, bytes: u64 },
@@ -82,6 +92,44 @@ pub fn decide(local_end: Lsn, shared: Lsn, floor: Lsn) -> TailDecision {
             to: shared,
             bytes: local_end.0 - shared.0,
         }
+    }
+}
+
+/// What the upstream said it is at connection start: PostgreSQL 14 and later, and walserver,
+/// report `in_hot_standby` in ParameterStatus.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamRole {
+    /// `in_hot_standby = off`: the writer of its timeline.
+    Primary,
+    /// `in_hot_standby = on`: it receives its timeline from elsewhere.
+    Standby,
+    /// It did not report `in_hot_standby` (an older server), or reported something else.
+    Unknown,
+}
+
+impl UpstreamRole {
+    /// The role an upstream's `in_hot_standby` ParameterStatus value names.
+    pub fn of(in_hot_standby: Option<&str>) -> UpstreamRole {
+        match in_hot_standby {
+            Some("off") => UpstreamRole::Primary,
+            Some("on") => UpstreamRole::Standby,
+            _ => UpstreamRole::Unknown,
+        }
+    }
+}
+
+/// The decision at a stream start on the upstream's own timeline, for a node whose WAL ends
+/// at `local_end`, with an upstream of `role` whose durable end is `upstream_end`: only a
+/// primary's end is a point their histories share; a standby's is where its receipt stands.
+pub fn decide_on_same_timeline(
+    local_end: Lsn,
+    role: UpstreamRole,
+    upstream_end: Lsn,
+    floor: Lsn,
+) -> TailDecision {
+    match role {
+        UpstreamRole::Primary => decide(local_end, upstream_end, floor),
+        UpstreamRole::Standby | UpstreamRole::Unknown => TailDecision::Keep,
     }
 }
 
@@ -143,5 +191,36 @@ mod tests {
         // An old primary's tail past the fork is kept.
         let floor = Floor::of(None, Some(Lsn(150))).lsn();
         assert_eq!(decide(Lsn(150), Lsn(120), floor), TailDecision::Refuse);
+    }
+
+    #[test]
+    fn on_the_same_timeline_only_a_primary_s_end_is_a_shared_point() {
+        assert_eq!(UpstreamRole::of(Some("off")), UpstreamRole::Primary);
+        assert_eq!(UpstreamRole::of(Some("on")), UpstreamRole::Standby);
+        assert_eq!(UpstreamRole::of(None), UpstreamRole::Unknown);
+        assert_eq!(UpstreamRole::of(Some("yes")), UpstreamRole::Unknown);
+        // The writer's end: a longer tail above the floor is cut, one below it refused.
+        let primary = UpstreamRole::Primary;
+        assert_eq!(
+            decide_on_same_timeline(Lsn(150), primary, Lsn(120), Lsn(100)),
+            TailDecision::Cut {
+                to: Lsn(120),
+                bytes: 30
+            }
+        );
+        assert_eq!(
+            decide_on_same_timeline(Lsn(150), primary, Lsn(90), Lsn(100)),
+            TailDecision::Refuse
+        );
+        // A standby's end, or an end nobody said whose it is: the tail is kept whether above
+        // the floor or not, and the stream starts at this node's end.
+        for role in [UpstreamRole::Standby, UpstreamRole::Unknown] {
+            for floor in [Lsn::INVALID, Lsn(100), Lsn(140)] {
+                assert_eq!(
+                    decide_on_same_timeline(Lsn(150), role, Lsn(120), floor),
+                    TailDecision::Keep
+                );
+            }
+        }
     }
 }

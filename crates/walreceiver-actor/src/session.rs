@@ -32,7 +32,7 @@ use wal_storage::{
     parse_history, HistoryEntry, Lsn, PgTimestamp, SystemId, TimelineId, WalError, WalPosition,
 };
 
-use crate::cutback::{Floor, TailDecision};
+use crate::cutback::{self, Floor, TailDecision, UpstreamRole};
 use crate::error::ReceiverError;
 use crate::query::{self, describe, QueryResult, ResultCollector};
 use crate::status::{ReceiverState, ReceiverStatus};
@@ -221,6 +221,9 @@ pub struct Session {
     /// histories share while this node's timeline is that one. Once this node follows the
     /// upstream to a later timeline on the same connection, the end says nothing of it.
     upstream_end: Option<(TimelineId, Lsn)>,
+    /// What the upstream said it is at connection start: only a primary's end is a point
+    /// their histories share on its own timeline.
+    upstream_role: UpstreamRole,
     /// Whether the current stream carries the commit point: unknown until its first message,
     /// which is one if it does.
     carries_commit_point: Option<bool>,
@@ -253,6 +256,7 @@ impl Session {
             commit_point: local.commit_point,
             primary_end: local.primary_end,
             upstream_end: None,
+            upstream_role: UpstreamRole::Unknown,
             carries_commit_point: None,
             status,
         }
@@ -300,9 +304,11 @@ impl Session {
         );
     }
 
-    /// The connection is authenticated: begin with IDENTIFY_SYSTEM.
-    pub fn on_connected(&mut self, now: Instant, out: &mut Vec<Output>) {
+    /// The connection is authenticated, to an upstream that said it is `role`: begin with
+    /// IDENTIFY_SYSTEM.
+    pub fn on_connected(&mut self, role: UpstreamRole, now: Instant, out: &mut Vec<Output>) {
         if matches!(self.phase, Phase::Connecting) {
+            self.upstream_role = role;
             self.command(Command::IdentifySystem, now, out);
         }
     }
@@ -493,7 +499,12 @@ impl Session {
         if self.timeline == upstream {
             let shared = self.upstream_end.filter(|&(t, _)| t == self.timeline);
             if let Some((_, end)) = shared.filter(|_| self.config.commit_overlap) {
-                if self.cut_back_to(end, out) {
+                let role = self.upstream_role;
+                if self.cut_back(
+                    end,
+                    |local, floor| cutback::decide_on_same_timeline(local, role, end, floor),
+                    out,
+                ) {
                     return;
                 }
             }
@@ -518,7 +529,11 @@ impl Session {
             );
         };
         if self.handed > switch && self.config.commit_overlap {
-            self.cut_back_to(switch, out);
+            self.cut_back(
+                switch,
+                |local, floor| cutback::decide(local, switch, floor),
+                out,
+            );
             return;
         }
         if self.handed > switch {
@@ -554,12 +569,18 @@ impl Session {
     }
 
     /// Rule 4 of the overlapped commit ([`crate::cutback`]): cuts this node's WAL back to
-    /// `shared`, the highest point its history shares with the upstream's, or refuses when
-    /// that is below the commit point it was told or the end of what it wrote as a primary.
-    /// Returns whether it did either (storage work runs, or the connection ends).
-    fn cut_back_to(&mut self, shared: Lsn, out: &mut Vec<Output>) -> bool {
+    /// the highest point its history shares with the upstream's, `shared`, as `decide` says
+    /// from this node's end and floor, or refuses when that is below the commit point it was
+    /// told or the end of what it wrote as a primary. Returns whether it did either (storage
+    /// work runs, or the connection ends).
+    fn cut_back(
+        &mut self,
+        shared: Lsn,
+        decide: impl FnOnce(Lsn, Lsn) -> TailDecision,
+        out: &mut Vec<Output>,
+    ) -> bool {
         let floor = Floor::of(self.commit_point, self.primary_end);
-        match crate::cutback::decide(self.handed, shared, floor.lsn()) {
+        match decide(self.handed, floor.lsn()) {
             TailDecision::Keep => false,
             TailDecision::Cut { to, .. } => {
                 self.phase = Phase::Storage;
@@ -646,8 +667,13 @@ impl Session {
     }
 
     fn on_stream_message(&mut self, msg: BackendMessage, now: Instant, out: &mut Vec<Output>) {
-        if self.carries_commit_point.is_none() {
-            // An upstream that carries the commit point tells it before anything else.
+        // An upstream that carries the commit point tells it before anything else. An error
+        // (a start refused inside the copy) says nothing of it, so the told point stays.
+        let content = !matches!(
+            msg,
+            BackendMessage::ErrorResponse(_) | BackendMessage::NoticeResponse(_)
+        );
+        if self.carries_commit_point.is_none() && content {
             let carries = matches!(msg, BackendMessage::CommitPoint(_));
             self.carries_commit_point = Some(carries);
             if !carries && self.commit_point.take().is_some() {

@@ -15,6 +15,8 @@ const SYSTEM: SystemId = SystemId(7713831534704266365);
 struct Harness {
     s: Session,
     now: Instant,
+    /// What the upstream says it is at connection start: a primary unless a test says not.
+    role: UpstreamRole,
 }
 
 fn config() -> SessionConfig {
@@ -42,13 +44,14 @@ impl Harness {
         Harness {
             s: Session::new(Arc::new(cfg), local, status, now),
             now,
+            role: UpstreamRole::Primary,
         }
     }
 
     /// Connected: IDENTIFY_SYSTEM must go out.
     fn connect(&mut self) {
         let mut out = Vec::new();
-        self.s.on_connected(self.now, &mut out);
+        self.s.on_connected(self.role, self.now, &mut out);
         assert_eq!(out, [query("IDENTIFY_SYSTEM")]);
     }
 
@@ -798,6 +801,45 @@ fn a_tail_longer_than_the_upstream_s_end_is_cut_back_at_stream_start() {
     let mut h = Harness::new(config(), 1, 0x100_0100);
     h.connect();
     let out = h.identified(SYSTEM, 1, 0x100_0040);
+    assert_eq!(out, [query("START_REPLICATION 0/1000100 TIMELINE 1")]);
+}
+
+/// A standby upstream (a cascading one, or any the operator points this node at) on this
+/// node's timeline has a shorter end only because it has not received the rest yet: this
+/// node's tail may hold acknowledged appends, so it is kept, above its floor or not, and the
+/// stream starts at its end, as with the switch off. The upstream refuses that start until it
+/// has caught up; the refusal is a stop the owner retries. An upstream that did not say what
+/// it is gets the same.
+#[test]
+fn a_tail_longer_than_a_standby_upstream_s_end_is_kept() {
+    for role in [UpstreamRole::Standby, UpstreamRole::Unknown] {
+        for told in [None, Some(0x100_0000), Some(0x100_0080)] {
+            let mut h = overlapped(0x100_0100, told);
+            h.role = role;
+            h.connect();
+            let out = h.identified(SYSTEM, 1, 0x100_0040);
+            assert_eq!(
+                out,
+                [query("START_REPLICATION 0/1000100 TIMELINE 1")],
+                "{role:?}, told {told:?}"
+            );
+            assert_eq!(h.s.handed(), Lsn(0x100_0100));
+            // As a walserver or PostgreSQL upstream refuses it: in copy mode.
+            h.feed([BackendMessage::CopyBothResponse]);
+            let out = h.feed([BackendMessage::ErrorResponse(ErrorFields::error(
+                SqlState::INTERNAL_ERROR,
+                "requested starting point 0/1000100 is ahead of the WAL flush position of this server 0/1000040",
+            ))]);
+            assert!(matches!(out[..], [Output::Stop(_)]), "{out:?}");
+            // The refusal said nothing of the commit point: the told one stays.
+            assert_eq!(h.s.commit_point, told.map(Lsn));
+        }
+    }
+    // A standby upstream that has caught up streams on from this node's end.
+    let mut h = overlapped(0x100_0100, Some(0x100_0080));
+    h.role = UpstreamRole::Standby;
+    h.connect();
+    let out = h.identified(SYSTEM, 1, 0x100_0200);
     assert_eq!(out, [query("START_REPLICATION 0/1000100 TIMELINE 1")]);
 }
 

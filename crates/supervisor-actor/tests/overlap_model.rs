@@ -8,8 +8,8 @@
 //! `overlap::early_sends_marked` holding its first early send on a timeline until storage's
 //! durable early-send mark names it (a write that a crash may lose before it is done),
 //! `overlap::commit_point` for what it acknowledges and tells, `overlap::starts_new_timeline`
-//! for its restart, and the walreceiver's `cutback::Floor::of` and `cutback::decide` for the
-//! standby's cut-back at stream start (rule 4).
+//! for its restart, and the walreceiver's `cutback::Floor::of`, `cutback::decide` and
+//! `cutback::decide_on_same_timeline` for the standby's cut-back at stream start (rule 4).
 //!
 //! The primary itself never names a shared point below rule 4's floor: its durable end holds
 //! everything acknowledged. So each seed also runs with the operator acting as in real
@@ -18,8 +18,9 @@
 //! points at the new one without a rejoin (its divergent tail may hold appends it acknowledged
 //! alone), answering a refusal with `walserver rejoin` (the explicit cut to the fork, which a
 //! member following a new leader past its fork also makes), and pointing the standby at a stale
-//! copy of the cluster's WAL (a restored backup, a standby that stopped following), which lacks what the
-//! standby was told is acknowledged. Without the operator a seed runs the schedule it ran
+//! copy of the cluster's WAL, which lacks what the standby was told is acknowledged: a restored
+//! backup run as a primary (it reports `in_hot_standby = off`), or a standby that stopped
+//! following (`on`), whose end on the standby's own timeline is no shared point. Without the operator a seed runs the schedule it ran
 //! before the operator was modelled, whose crash races rule 5 is about.
 //!
 //! After every step it checks: every acknowledged append is durable on the primary at its LSN
@@ -45,7 +46,7 @@
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use wal_storage::{CommitBound, Lsn, TimelineId, WalPosition};
-use walreceiver_actor::cutback::{self, Floor, TailDecision};
+use walreceiver_actor::cutback::{self, Floor, TailDecision, UpstreamRole};
 use walsender_actor::overlap;
 
 /// Seeds a default run takes, each twice: a few seconds, measured.
@@ -85,6 +86,9 @@ struct Rules {
     /// Rule 4 at stream start, from the standby's end, the point it shares with its upstream
     /// and its floor.
     cut_back: fn(Lsn, Lsn, Lsn) -> TailDecision,
+    /// Rule 4 at stream start on the upstream's own timeline, from the standby's end, what
+    /// the upstream said it is, its durable end and the standby's floor.
+    same_timeline: fn(Lsn, UpstreamRole, Lsn, Lsn) -> TailDecision,
     /// Rule 4's floor, from the commit point the standby was told and the end of what it
     /// wrote as a primary.
     floor: fn(Option<Lsn>, Option<Lsn>) -> Floor,
@@ -99,6 +103,7 @@ const REAL: Rules = Rules {
     early_sends_marked: overlap::early_sends_marked,
     asks_for_mark: true,
     cut_back: cutback::decide,
+    same_timeline: cutback::decide_on_same_timeline,
     floor: Floor::of,
     told: |c, _| c,
 };
@@ -195,8 +200,8 @@ enum Step {
     /// The operator promotes the standby, whatever its lag, and demotes the primary, live or
     /// at its next start, without a rejoin.
     Promote,
-    /// A copy of one node's durable WAL is kept aside: a backup, or a standby that stops
-    /// following here.
+    /// A copy of one node's durable WAL is kept aside: a backup the operator runs as a
+    /// primary, or a standby that stops following here.
     TakeCopy,
     /// The operator points the standby at that copy while its link is down.
     ConnectToCopy,
@@ -227,8 +232,8 @@ enum Upstream {
 enum Cut {
     /// Rule 4 at a stream start from the primary.
     StreamStart,
-    /// Rule 4 at a stream start from the stale copy: never below the floor, but the told
-    /// point trails the commit point, so it may drop appends acknowledged since.
+    /// Rule 4 at a stream start from the stale copy run as a primary: never below the floor,
+    /// but the told point trails the commit point, so it may drop appends acknowledged since.
     FromCopy,
     /// `walserver rejoin` (the same cut as following a new leader past the fork): the only
     /// cut that may go below what an old primary wrote.
@@ -256,6 +261,9 @@ struct Reached {
     cuts_to_floor: u64,
     /// Explicit cuts below what an old primary wrote.
     explicit_cuts: u64,
+    /// Stream starts from a standby's copy that ends short of the standby on its timeline: the
+    /// tail is kept and the copy refuses the start.
+    kept_from_standby_copy: u64,
     /// Acknowledged appends a cut from the stale copy dropped from the standby, above the
     /// commit point it was told.
     acked_cut_from_copy: u64,
@@ -269,6 +277,7 @@ impl Reached {
         self.cuts_to_floor += o.cuts_to_floor;
         self.explicit_cuts += o.explicit_cuts;
         self.acked_cut_from_copy += o.acked_cut_from_copy;
+        self.kept_from_standby_copy += o.kept_from_standby_copy;
     }
 }
 
@@ -304,8 +313,8 @@ struct World {
     /// Each node's WAL below its floor when the last step ended: only an explicit cut may
     /// change it.
     below_floor: [Vec<Entry>; 2],
-    /// The stale copy the operator may point the standby at.
-    copy: Option<Storage>,
+    /// The stale copy the operator may point the standby at, and what it says it is.
+    copy: Option<(Storage, UpstreamRole)>,
     /// The standby's walreceiver stopped on a refusal from the primary: a persistent error,
     /// not restarted until the node restarts or the operator rejoins it.
     refused: bool,
@@ -640,11 +649,16 @@ impl World {
                     history: of.history.clone(),
                     ..Storage::default()
                 };
+                let role = if self.rng.below(2) == 0 {
+                    UpstreamRole::Primary
+                } else {
+                    UpstreamRole::Standby
+                };
                 self.trace.push(format!(
-                    "a copy of node {} ends at {} on timeline {}",
+                    "a copy of node {} ends at {} on timeline {}, run as a {role:?}",
                     of.id, copy.flushed, copy.tli
                 ));
-                self.copy = Some(copy);
+                self.copy = Some((copy, role));
             }
             Step::ConnectToCopy => {
                 self.connect(Upstream::Copy)?;
@@ -779,8 +793,8 @@ impl World {
     /// part, cuts its tail back to that point or refuses (rule 4), takes the upstream's
     /// history and streams from its own end. Returns whether the stream started.
     fn connect(&mut self, from: Upstream) -> Result<bool, String> {
-        let up = match from {
-            Upstream::Primary => self.primary.clone(),
+        let (up, role) = match from {
+            Upstream::Primary => (self.primary.clone(), UpstreamRole::Primary),
             Upstream::Copy => self.copy.clone().expect("a copy to stream from"),
         };
         let before = self.standby.clone();
@@ -803,10 +817,32 @@ impl World {
         let told = (s.told > 0).then_some(Lsn(s.told as u64));
         let floor = (self.rules.floor)(told, s.primary_end.map(|e| Lsn(e as u64)));
         self.trace.push(format!(
-            "node {} ends at {end}, shares {shared} with the {from:?}, floor {floor:?}",
+            "node {} ends at {end}, shares {shared} with the {from:?} ({role:?}), floor {floor:?}",
             s.id
         ));
-        match (self.rules.cut_back)(Lsn(end as u64), Lsn(shared as u64), floor.lsn()) {
+        let (end_lsn, shared_lsn) = (Lsn(end as u64), Lsn(shared as u64));
+        let decision = if s.tli == up.tli {
+            (self.rules.same_timeline)(end_lsn, role, shared_lsn, floor.lsn())
+        } else {
+            (self.rules.cut_back)(end_lsn, shared_lsn, floor.lsn())
+        };
+        match decision {
+            TailDecision::Keep if end > shared => {
+                if role == UpstreamRole::Primary || s.tli != up.tli {
+                    return Err(format!(
+                        "node {} kept a tail from {shared} to {end} its upstream does not share",
+                        s.id
+                    ));
+                }
+                // A standby's end is where its receipt stands: START_REPLICATION from this
+                // node's end is refused until it catches up, which a stale copy never does.
+                self.reached.kept_from_standby_copy += 1;
+                self.trace.push(format!(
+                    "node {} keeps its tail past the standby copy's end {shared}; the copy refuses the start",
+                    s.id
+                ));
+                return Ok(false);
+            }
             TailDecision::Keep => {}
             TailDecision::Cut { to, .. } => {
                 let to = to.0 as usize;
@@ -825,9 +861,11 @@ impl World {
                 if to == s.floor() {
                     self.reached.cuts_to_floor += 1;
                 }
-                let why = match from {
-                    Upstream::Primary => Cut::StreamStart,
-                    Upstream::Copy => Cut::FromCopy,
+                // Only a cut from a copy run as a primary may drop what was acknowledged past
+                // the told point: a standby's copy is no point the histories share.
+                let why = match (from, role) {
+                    (Upstream::Copy, UpstreamRole::Primary) => Cut::FromCopy,
+                    _ => Cut::StreamStart,
                 };
                 self.cut(to, why);
             }
@@ -1053,7 +1091,8 @@ fn the_overlapped_commit_keeps_its_rules_under_loss_reorder_and_crashes() {
                 && r.refused_below_primary_end > 0
                 && r.kept_by_primary_end > 0
                 && r.cuts_to_floor > 0
-                && r.explicit_cuts > 0,
+                && r.explicit_cuts > 0
+                && r.kept_from_standby_copy > 0,
             "the seeds did not reach rule 4's floor: {r:?}"
         );
     }
@@ -1063,7 +1102,7 @@ fn the_overlapped_commit_keeps_its_rules_under_loss_reorder_and_crashes() {
 /// with the operator or without.
 #[test]
 fn each_broken_rule_is_caught() {
-    let broken: [(&str, Rules); 9] = [
+    let broken: [(&str, Rules); 10] = [
         (
             "acknowledging before the primary's own flush",
             Rules {
@@ -1097,6 +1136,7 @@ fn each_broken_rule_is_caught() {
             "a standby keeping a tail its upstream does not share",
             Rules {
                 cut_back: |_, _, _| TailDecision::Keep,
+                same_timeline: |_, _, _, _| TailDecision::Keep,
                 ..REAL
             },
         ),
@@ -1108,9 +1148,19 @@ fn each_broken_rule_is_caught() {
             },
         ),
         (
+            "a standby cutting its tail to a standby upstream's end",
+            Rules {
+                same_timeline: |end, _, shared, floor| cutback::decide(end, shared, floor),
+                ..REAL
+            },
+        ),
+        (
             "a cut at stream start that ignores its floor",
             Rules {
                 cut_back: |end, shared, _| cutback::decide(end, shared, Lsn::INVALID),
+                same_timeline: |end, role, shared, _| {
+                    cutback::decide_on_same_timeline(end, role, shared, Lsn::INVALID)
+                },
                 ..REAL
             },
         ),

@@ -21,7 +21,9 @@
 //! soon as it has it, and the status update follows that flush. With
 //! `synchronous_commit_overlap` on, a stream start first cuts back an unacknowledged tail
 //! ([`cutback`]), never below the commit point it was told nor below what this node wrote
-//! as a primary (`Wal::primary_end`: an old primary is refused until it rejoins).
+//! as a primary (`Wal::primary_end`: an old primary is refused until it rejoins); on the
+//! upstream's own timeline only if the upstream said it is that timeline's writer
+//! (`in_hot_standby = off`), since a standby's shorter end is WAL it has not received yet.
 //!
 //! Its peer is the upstream's walsender, on the socket. Its owner is the node's supervisor,
 //! which starts it, stops it with [`messages::StopReceiver`], and is told of its life with

@@ -331,27 +331,31 @@ fn a_standby_passes_on_nothing_past_the_commit_point_it_was_told() {
 }
 
 /// Rule 4: a standby whose tail (sent early, never acknowledged) is longer than its new
-/// upstream's WAL on the same timeline is cut back to that upstream's end at stream start,
-/// counts the cut, and streams on.
+/// upstream's WAL on the same timeline, where that upstream is the timeline's writer (a
+/// backup of the primary run as a primary), is cut back to the upstream's end at stream
+/// start, counts the cut, and streams on.
 #[test]
 fn a_longer_unacknowledged_tail_is_cut_back_at_stream_start() {
-    // s2 is asynchronous: it gets only what the primary flushed.
-    let (primary, tli, [s1, s2]) = overlapped("", OVERLAP);
-    let base = acknowledged(&primary, b"before", tli, &s2);
+    let (primary, tli, [s1]) = overlapped("", OVERLAP);
+    let base = acknowledged(&primary, b"before", tli, &s1);
+    let (primary, backup) = backup_of(primary);
+    wait_streaming(&primary, &["s1"]);
     wait_commit_point(&s1, base);
 
     let held = Held(primary.wal().clone());
     primary.wal().failpoints().hold(FP_FSYNC);
     let _pending = append_in_background(&primary, b"never acknowledged", Durability::On);
     let tail_end = s1.wait_flushed(tli, base + 1).flushed;
-    assert_eq!(s2.wal().flushed(), base);
 
-    // s1 now streams from s2, whose WAL on the same timeline ends at the commit point.
+    // s1 now streams from the backup, a primary whose WAL on the same timeline ends at the
+    // commit point.
+    let b = TestNode::start_in(backup, OVERLAP);
+    assert_eq!((b.wal().timeline(), b.wal().flushed()), (tli, base));
     s1.reload_with(&format!(
         "{OVERLAP}\nprimary_conninfo = '{}'",
-        s2.conninfo("s1")
+        b.conninfo("s1")
     ));
-    wait_streaming(&s2, &["s1"]);
+    wait_streaming(&b, &["s1"]);
     let status = s1.status();
     assert_eq!(status.commit.tail_cuts, 1, "{status:?}");
     assert_eq!(status.commit.tail_cut_bytes, tail_end.0 - base.0);
@@ -362,25 +366,89 @@ fn a_longer_unacknowledged_tail_is_cut_back_at_stream_start() {
         metrics.contains("walserver_commit_tail_cuts_total 1\n"),
         "{metrics}"
     );
-    // It streams on. The primary's commit point waits for s1, which left it: without a
-    // synchronous standby it is the primary's flush again, and what the primary makes
-    // durable reaches s1 through s2.
+    // It streams on: what the backup makes durable reaches s1.
     drop(held);
-    primary.reload_with(OVERLAP);
-    let next = append(&primary, b"after", Durability::On).unwrap();
+    let next = append(&b, b"after", Durability::On).unwrap();
     s1.wait_flushed(tli, next);
-    common::cluster::assert_same_wal(&s1, &primary, tli, Lsn(1 << 20), next);
+    common::cluster::assert_same_wal(&s1, &b, tli, Lsn(1 << 20), next);
 }
 
-/// Rule 4's limit: a standby told a commit point above its new upstream's end refuses to
-/// cut (that upstream lacks acknowledged WAL), keeps its WAL, and alarms in `/status` and
-/// `/metrics`.
+/// The same tail as above, with a standby as the new upstream (`s2`, asynchronous, behind
+/// by that tail): its shorter end is WAL it has not received yet, not a point the histories
+/// share, so s1 keeps its tail and counts no cut; s2 refuses the start until it has caught
+/// up, and then s1 streams on from it.
 #[test]
-fn a_cut_below_the_commit_point_is_refused_and_alarmed() {
-    let (_primary, s1, s2, end) = s1_told_past_s2();
+fn a_tail_longer_than_a_standby_upstream_s_end_is_kept_until_it_catches_up() {
+    // s2 is asynchronous: it gets only what the primary flushed.
+    let (primary, tli, [s1, s2]) = overlapped("", OVERLAP);
+    let base = acknowledged(&primary, b"before", tli, &s2);
+    wait_commit_point(&s1, base);
+
+    let held = Held(primary.wal().clone());
+    primary.wal().failpoints().hold(FP_FSYNC);
+    let pending = append_in_background(&primary, b"sent early", Durability::On);
+    let tail_end = s1.wait_flushed(tli, base + 1).flushed;
+    assert_eq!(s2.wal().flushed(), base);
+
     s1.reload_with(&format!(
         "{OVERLAP}\nprimary_conninfo = '{}'",
         s2.conninfo("s1")
+    ));
+    // s2 refuses the start from s1's end, and s1 tries again.
+    wait_until("s1's start refused by s2", || {
+        (s1.receiver().restart.last_error)
+            .is_some_and(|e| e.contains("ahead of the WAL flush position"))
+    });
+    let status = s1.status();
+    assert_eq!(status.commit.tail_cuts, 0, "{status:?}");
+    assert_eq!(status.commit.tail_cut_refusals, 0);
+    assert_eq!(s1.wal().flushed(), tail_end, "the tail is kept");
+
+    // The primary flushes the tail (s1 left it, so it acknowledges at its own flush), s2
+    // receives it, and s1 streams on from s2 at its own end.
+    drop(held);
+    primary.reload_with(OVERLAP);
+    let acked = pending
+        .recv_timeout(DEADLINE)
+        .expect("an answer")
+        .expect("acknowledged");
+    assert_eq!(acked, tail_end);
+    wait_streaming(&s2, &["s1"]);
+    let next = append(&primary, b"after", Durability::On).unwrap();
+    s1.wait_flushed(tli, next);
+    common::cluster::assert_same_wal(&s1, &primary, tli, Lsn(1 << 20), next);
+    assert_eq!(s1.status().commit.tail_cuts, 0);
+}
+
+/// A backup of `primary`: it goes down cleanly, its data directory is copied, and it starts
+/// again on the same port and timeline. The copy, run as a primary, resumes the timeline at
+/// the end the primary had (a clean shutdown leaves no early-send mark).
+fn backup_of(primary: TestNode) -> (TestNode, tempfile::TempDir) {
+    let extra = primary.extra_toml();
+    let port = primary.addr().port();
+    let dir = primary.down(Down::Immediate);
+    let backup = tempfile::tempdir().expect("tempdir");
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(dir.path().join("data"))
+        .arg(backup.path().join("data"))
+        .status()
+        .expect("cp");
+    assert!(copied.success(), "cp -a of the primary's data directory");
+    let primary = TestNode::start_listening(dir, &format!("127.0.0.1:{port}"), &extra);
+    (primary, backup)
+}
+
+/// Rule 4's limit: a standby told a commit point above its new upstream's end refuses to
+/// cut (that upstream, a primary, lacks acknowledged WAL), keeps its WAL, and alarms in
+/// `/status` and `/metrics`.
+#[test]
+fn a_cut_below_the_commit_point_is_refused_and_alarmed() {
+    let (_primary, s1, backup, end) = s1_told_past_a_backup();
+    let b = TestNode::start_in(backup, OVERLAP);
+    s1.reload_with(&format!(
+        "{OVERLAP}\nprimary_conninfo = '{}'",
+        b.conninfo("s1")
     ));
     wait_until("the refusal's alarm", || s1.status().commit.alarm.is_some());
     let status = s1.status();
@@ -391,19 +459,18 @@ fn a_cut_below_the_commit_point_is_refused_and_alarmed() {
     assert!(metrics.contains("walserver_commit_alarm 1\n"), "{metrics}");
 }
 
-/// Rule 4's refusals start here: the primary, its synchronous standby `s1` and `s2`, which
-/// stopped following after the first append; `s1` holds and was told as the commit point the
-/// end of a second one, acknowledged, which `s2` lacks.
-fn s1_told_past_s2() -> (TestNode, TestNode, TestNode, Lsn) {
-    let (primary, tli, [s1, s2]) = overlapped("", OVERLAP);
-    acknowledged(&primary, b"before", tli, &s2);
-    s2.reload_with(&format!(
-        "{OVERLAP}\nprimary_conninfo = 'host=127.0.0.1 port=1 user=repl'"
-    ));
-    s2.wait_not_streaming();
+/// Rule 4's refusals start here: the primary, its synchronous standby `s1`, and a backup of
+/// the primary taken after the first append (to run as a primary on the same timeline); `s1`
+/// holds and was told as the commit point the end of a second one, acknowledged, which the
+/// backup lacks.
+fn s1_told_past_a_backup() -> (TestNode, TestNode, tempfile::TempDir, Lsn) {
+    let (primary, tli, [s1]) = overlapped("", OVERLAP);
+    acknowledged(&primary, b"before", tli, &s1);
+    let (primary, backup) = backup_of(primary);
+    wait_streaming(&primary, &["s1"]);
     let end = append(&primary, b"acknowledged", Durability::On).unwrap();
     assert_eq!(wait_commit_point(&s1, end), end);
-    (primary, s1, s2, end)
+    (primary, s1, backup, end)
 }
 
 /// Waits until `node` knows a commit point at or past `lsn`; returns it.
@@ -421,13 +488,6 @@ impl TestNode {
         let (code, body) = common::cluster::http_get_any(self.http_addr, "/metrics");
         assert_eq!(code, 200, "{body}");
         body
-    }
-
-    /// Waits until the walreceiver has stopped streaming (it failed and waits to retry).
-    fn wait_not_streaming(&self) {
-        wait_until("the walreceiver to stop streaming", || {
-            self.receiver().pid.is_none()
-        });
     }
 }
 
@@ -559,13 +619,14 @@ fn the_primary_archives_nothing_past_the_commit_point() {
 #[test]
 fn a_restarted_standby_refuses_to_cut_below_the_commit_point_it_stored() {
     // What s1 shows (and serves its readers up to) is the point it stored.
-    let (primary, s1, s2, end) = s1_told_past_s2();
+    let (primary, s1, backup, end) = s1_told_past_a_backup();
     drop(primary);
+    let b = TestNode::start_in(backup, OVERLAP);
 
     let dir = s1.down(Down::Immediate);
     let s1 = TestNode::start_in(
         dir,
-        &format!("{OVERLAP}\nprimary_conninfo = '{}'", s2.conninfo("s1")),
+        &format!("{OVERLAP}\nprimary_conninfo = '{}'", b.conninfo("s1")),
     );
     wait_until("the refusal's alarm", || s1.status().commit.alarm.is_some());
     let status = s1.status();

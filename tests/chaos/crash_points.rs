@@ -22,7 +22,9 @@
 //! Each point runs with the switch on and, where it is reached, off. After the last cycle
 //! the judge of every scenario ([`Run::finish`]): every acknowledged append on both nodes
 //! exactly once, both byte-identical up to the shorter end, and nothing a reader was given
-//! taken back. CI runs two deaths per point; `WALSERVER_TEST_CHAOS_CYCLES` runs more.
+//! taken back. CI runs two deaths per point; `WALSERVER_TEST_CHAOS_CYCLES` runs more. The
+//! same points under `[failover]` are `failover_crash_points.rs`, which arms and waits for
+//! its deaths through the functions here.
 
 use std::time::Instant;
 
@@ -31,13 +33,13 @@ use wal_storage::FP_FSYNC;
 use walreceiver_actor::CRASH_REPLY;
 use walsender_actor::overlap::{CRASH_RELEASE, CRASH_SENT_EARLY};
 
-use crate::cycles;
 use crate::lossy::{serial, Overlap, PRIMARY_SYNC_LATENCY};
-use crate::node::{ChaosNode, DEADLINE};
+use crate::node::{ChaosNode, ChildNode, DEADLINE};
 use crate::power_loss::Run;
+use crate::{cycles, Rng};
 
 /// The variable the `walserver` binary arms its crash point from.
-const CRASH_AT: &str = "WALSERVER_TEST_CRASH_AT";
+pub(crate) const CRASH_AT: &str = "WALSERVER_TEST_CRASH_AT";
 
 /// The node that dies at a point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +67,55 @@ impl Dies {
     }
 }
 
+/// The pass that dies: beyond what a start passes (a few syncs at most), near enough that a
+/// cycle stays short.
+pub(crate) fn pass(rng: &mut Rng) -> u64 {
+    20 + rng.next_u64() % 40
+}
+
+/// Arms `node` to die at the `pass`-th passing of `point` by a clean restart (SIGTERM, then
+/// a start with [`CRASH_AT`]), so that the only death of the cycle is at the point; returns
+/// where the new start's lines begin in its log, which is kept across starts.
+pub(crate) fn restart_armed(node: &mut ChildNode, point: &str, pass: u64) -> anyhow::Result<u64> {
+    node.env(CRASH_AT, &format!("{point}:{pass}"));
+    node.signal(libc::SIGTERM)?;
+    node.wait_exit()?;
+    let from = node.log_len();
+    node.start()?;
+    Ok(from)
+}
+
+/// The line an armed node writes as it dies.
+pub(crate) fn death_line(point: &str, pass: u64) -> String {
+    format!("crash point {point}: pass {pass}")
+}
+
+/// Waits until `node`, armed by [`restart_armed`] (its start's lines from `from`), says it
+/// dies at the point, woken by its log's writes. The power goes at the moment of the death:
+/// the caller pulls the plug as soon as this returns, which comes before the node's threads
+/// are gone. A thread of the node inside an fsync of the mount keeps it from dying until the
+/// sync answers, and the pulled plug makes that answer a failure that made nothing durable.
+pub(crate) fn said_it_dies(
+    node: &ChildNode,
+    from: u64,
+    point: &str,
+    pass: u64,
+) -> anyhow::Result<()> {
+    let line = death_line(point, pass);
+    node.wait_log(&line, DEADLINE, || node.log_since(from).contains(&line))
+}
+
+/// After the plug is pulled: waits for the death [`said_it_dies`] announced and disarms the
+/// node for its next start.
+pub(crate) fn died(
+    node: &mut ChildNode,
+    said: anyhow::Result<()>,
+) -> anyhow::Result<std::process::ExitStatus> {
+    let exit = said.and_then(|()| node.wait_exit());
+    node.env_remove(CRASH_AT);
+    exit
+}
+
 fn crash_point_cycles(point: &str, dies: Dies, overlap: Overlap) {
     let _one = serial();
     let n_cycles = cycles(2);
@@ -80,25 +131,13 @@ fn crash_point_cycles(point: &str, dies: Dies, overlap: Overlap) {
     for cycle in 0..n_cycles {
         let before = run.load.count();
         let t = Instant::now();
-        // The pass that dies: beyond what a start passes (a few syncs at most), near enough
-        // that a cycle stays short.
-        let pass = 20 + run.rng.next_u64() % 40;
+        let pass = pass(&mut run.rng);
         let node = &mut run.pair.nodes[armed];
-        node.env(CRASH_AT, &format!("{point}:{pass}"));
-        // Armed by a clean restart (SIGTERM): the only death of the cycle is at the point.
-        let stopped = node.signal(libc::SIGTERM).and_then(|()| node.wait_exit());
-        // The log is kept across starts: only what this start writes counts.
-        let from = node.log_len();
-        if let Err(e) = stopped.and_then(|_| node.start()) {
-            panic!("cycle {cycle}: restarting {} armed: {e:#}", node.name);
-        }
-        // The power goes at the moment of the death: the plug is pulled as soon as the node
-        // says it dies (its log's writes wake the wait), which comes before its threads are
-        // gone. A thread of the node inside an fsync of the mount keeps it from dying until
-        // the sync answers, and the pulled plug makes that answer a failure that made nothing
-        // durable.
-        let line = format!("crash point {point}: pass {pass}");
-        let said = node.wait_log(&line, DEADLINE, || node.log_since(from).contains(&line));
+        let from = match restart_armed(node, point, pass) {
+            Ok(from) => from,
+            Err(e) => panic!("cycle {cycle}: restarting {} armed: {e:#}", node.name),
+        };
+        let said = said_it_dies(node, from, point, pass);
         for &i in hit {
             run.pair.mounts[i].pull_plug();
         }
@@ -107,10 +146,8 @@ fn crash_point_cycles(point: &str, dies: Dies, overlap: Overlap) {
             run.pair.nodes[0].kill9();
         }
         let node = &mut run.pair.nodes[armed];
-        let exit = said.and_then(|()| node.wait_exit());
-        node.env_remove(CRASH_AT);
         let name = node.name.clone();
-        match exit {
+        match died(node, said) {
             Ok(status) => println!("cycle {cycle}: {name} died at {point}: {status}"),
             Err(e) => panic!(
                 "cycle {cycle}: {name} never died at {point} pass {pass}: {e:#}\n{}",

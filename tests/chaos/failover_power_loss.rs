@@ -47,24 +47,28 @@ use crate::reader::Reader;
 use crate::relay::Relay;
 use crate::{assert_judged, cycles, line, seed, Acks, Load, Rng, SEGMENT};
 
-const MEMBERS: usize = 3;
+pub(crate) const MEMBERS: usize = 3;
 const WRITERS: usize = 16;
 /// The leader key's ttl: short, so that a cycle that waits for a lease takes seconds.
 const TTL: Duration = Duration::from_secs(3);
 
 /// The members, their disks and their links. The nodes come first, so that a failing test
 /// kills them before it unmounts their data directories.
-struct Members {
-    nodes: Vec<ChildNode>,
-    mounts: Vec<LossyFs>,
+pub(crate) struct Members {
+    pub(crate) nodes: Vec<ChildNode>,
+    pub(crate) mounts: Vec<LossyFs>,
     /// Member `i`'s way to etcd.
-    etcd_links: Vec<Relay>,
+    pub(crate) etcd_links: Vec<Relay>,
     /// The way to member `i`'s replication port, which it advertises to the others.
     replication_links: Vec<Relay>,
     _etcd: EtcdServer,
 }
 
-fn name(i: usize) -> String {
+/// What a scenario gives member `i` beyond the fixture's own: its mount's options and
+/// settings of its own.
+pub(crate) type Shape = fn(usize) -> (Options, &'static [(&'static str, &'static str)]);
+
+pub(crate) fn name(i: usize) -> String {
     format!("n{i}")
 }
 
@@ -72,6 +76,11 @@ impl Members {
     /// `n0` a primary, `n1` and `n2` its standbys, all members under `overlap`; returns once
     /// `n0` leads with a published synchronous standby.
     fn start(dir: &Path, overlap: Overlap) -> Members {
+        Members::start_shaped(dir, overlap, |_| (Options::default(), &[]))
+    }
+
+    /// As [`Members::start`], each member as `shape` says.
+    pub(crate) fn start_shaped(dir: &Path, overlap: Overlap, shape: Shape) -> Members {
         let etcd = EtcdServer::start();
         let etcd_addr = etcd
             .client_url()
@@ -79,7 +88,7 @@ impl Members {
             .parse()
             .expect("etcd's address");
         let mounts: Vec<LossyFs> = (0..MEMBERS)
-            .map(|i| disk(dir, &name(i), Options::default()))
+            .map(|i| disk(dir, &name(i), shape(i).0))
             .collect();
         let etcd_links: Vec<Relay> = (0..MEMBERS)
             .map(|_| {
@@ -108,7 +117,7 @@ impl Members {
             );
             let node_name = name(i);
             let ttl = format!("{}ms", TTL.as_millis());
-            let settings = [
+            let mut settings = vec![
                 // Every member keeps its WAL, so that all compare from the first record.
                 ("wal_keep_size", "4GB"),
                 ("wal_sender_timeout", "2s"),
@@ -121,6 +130,7 @@ impl Members {
                 ("failover.synchronous_mode", "on"),
                 ("failover.advertise_conninfo", &advertised),
             ];
+            settings.extend_from_slice(shape(i).1);
             let mut node = node_on(dir, &mounts[i], &node_name, &settings, overlap);
             replication_links[i].set_upstream(node.listen);
             node.start()
@@ -136,28 +146,28 @@ impl Members {
         }
     }
 
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         line::logs(&self.nodes)
     }
 
     /// `r`'s value; its error fails the test with every member's log.
-    fn or_logs<T>(&self, r: anyhow::Result<T>) -> T {
+    pub(crate) fn or_logs<T>(&self, r: anyhow::Result<T>) -> T {
         r.unwrap_or_else(|e| panic!("{e:#}\n{}", self.logs()))
     }
 
-    fn status(&self, i: usize) -> anyhow::Result<NodeStatus> {
+    pub(crate) fn status(&self, i: usize) -> anyhow::Result<NodeStatus> {
         self.nodes[i].status()
     }
 
     /// Whether member `i` runs and says it leads (`/primary` answers 200).
-    fn leads(&self, i: usize) -> bool {
+    pub(crate) fn leads(&self, i: usize) -> bool {
         self.nodes[i].is_running()
             && admin::get_text(&self.nodes[i].http_str(), "/primary", None).is_ok()
     }
 
     /// Waits until exactly one member leads and every other running member streams from it;
     /// which one.
-    fn wait_led(&self) -> anyhow::Result<usize> {
+    pub(crate) fn wait_led(&self) -> anyhow::Result<usize> {
         // The members announce an election to nobody outside: asked every 20 ms.
         let leader = wait_for(
             "a single leader",
@@ -189,28 +199,33 @@ impl Members {
 
     /// The leader, once the others stream from it ([`Members::wait_led`]), and the
     /// synchronous standby it has published.
-    fn wait_led_and_sync(&self) -> anyhow::Result<(usize, usize)> {
+    pub(crate) fn wait_led_and_sync(&self) -> anyhow::Result<(usize, usize)> {
         let leader = self.wait_led()?;
         Ok((leader, self.wait_sync(leader)?))
     }
 
     /// The synchronous standby `leader` has published.
-    fn wait_sync(&self, leader: usize) -> anyhow::Result<usize> {
+    pub(crate) fn wait_sync(&self, leader: usize) -> anyhow::Result<usize> {
         wait_for(
             &format!("n{leader} to publish a synchronous standby"),
             DEADLINE,
             Duration::from_millis(20),
-            || {
-                let v = admin::get_json(&self.nodes[leader].http_str(), "/cluster", None).ok()?;
-                let sync = v["sync_standby"].as_str()?;
-                (0..MEMBERS).find(|&i| name(i) == sync)
-            },
+            || self.published_sync(leader),
         )
+    }
+
+    /// The synchronous standby `leader`'s `/cluster` names now, if any.
+    pub(crate) fn published_sync(&self, leader: usize) -> Option<usize> {
+        let v = admin::get_json(&self.nodes[leader].http_str(), "/cluster", None).ok()?;
+        let sync = v["sync_standby"].as_str()?;
+        (0..MEMBERS).find(|&i| name(i) == sync)
     }
 
     /// With no writer left: waits until every member holds the leader's durable end on its
     /// timeline, and that end no longer moves (an append sent before the writers were killed
-    /// may still land); the leader.
+    /// may still land), and the leader's readers see up to it (a leader started again shows
+    /// nothing past what its synchronous standby has confirmed since, `visibility.rs`); the
+    /// leader.
     fn settle(&self) -> anyhow::Result<usize> {
         for _ in 0..10 {
             let leader = self.wait_led()?;
@@ -228,6 +243,12 @@ impl Members {
                 )?;
             }
             if self.status(leader)?.flush_lsn == end {
+                wait_for(
+                    &format!("n{leader}'s readers to see its durable end {end}"),
+                    DEADLINE,
+                    Duration::from_millis(5),
+                    || (self.status(leader).ok()?.acknowledged_lsn >= end).then_some(()),
+                )?;
                 return Ok(leader);
             }
         }
@@ -235,7 +256,7 @@ impl Members {
     }
 
     /// Judges every member against `acks`, after [`Members::settle`].
-    fn judge(&self, acks: &[walserver_bench::acklog::AckEntry]) -> String {
+    pub(crate) fn judge(&self, acks: &[walserver_bench::acklog::AckEntry]) -> String {
         if let Err(e) = self.settle() {
             panic!("the members to converge at the end: {e:#}\n{}", self.logs());
         }
@@ -244,7 +265,7 @@ impl Members {
     }
 
     /// Tails cut back at stream start, summed over the members.
-    fn tail_cuts(&self) -> u64 {
+    pub(crate) fn tail_cuts(&self) -> u64 {
         (0..MEMBERS)
             .filter_map(|i| self.status(i).ok())
             .map(|s| s.commit.tail_cuts)
@@ -252,7 +273,7 @@ impl Members {
     }
 
     /// Starts member `i` again, panicking with the logs if it cannot.
-    fn restart(&mut self, i: usize, what: &str) {
+    pub(crate) fn restart(&mut self, i: usize, what: &str) {
         if let Err(e) = self.nodes[i].start() {
             panic!("{what}: restarting n{i}: {e:#}\n{}", self.logs());
         }
@@ -260,7 +281,7 @@ impl Members {
 }
 
 /// The load on every member's admin API: the writers follow the leader.
-fn load_on(m: &Members, dir: &Path) -> Load {
+pub(crate) fn load_on(m: &Members, dir: &Path) -> Load {
     let http: Vec<String> = m.nodes.iter().map(|n| n.http_str()).collect();
     let load = Load::start_on(&http.join(","), dir, WRITERS, 1, 128, "on");
     if let Err(e) = load.wait_acks_beyond(50, DEADLINE) {

@@ -3,7 +3,8 @@
 //! cascade chain under writers, a full disk on a primary and on a standby, a log that cannot be
 //! written, accept failing with EMFILE, power loss of whole nodes on `lossyfs` mounts (root),
 //! of a pair and of three members under `[failover]` on etcd, and nodes killed at the commit
-//! path's crash points with their power lost there; and the soak bench at a tiny scale. Each
+//! path's crash points with their power lost there, as a pair and as members under
+//! `[failover]`; and the soak bench at a tiny scale. Each
 //! fault scenario but the power losses and crash points writes a row of
 //! the reliability table (`walserver-bench reliability-table`, `benches/RELIABILITY.md`).
 //!
@@ -14,6 +15,7 @@
 
 mod accept;
 mod crash_points;
+mod failover_crash_points;
 mod failover_power_loss;
 mod full_disk;
 mod kill_chain;

@@ -82,6 +82,21 @@ fn acknowledged_end(
     commit_point(pos.flushed, quorum)
 }
 
+/// This node's own commit point under the overlapped commit (`None`: its own flush): rule
+/// 1's C, durable here AND on the synchronous quorum, so the quorum's *flush* whatever level
+/// appends wait for. It is what the standbys are told and stop their readers at. At the
+/// rule's level it would be circular for `remote_apply`: a standby's apply consumer reads
+/// only up to the point it was told, and that point would move only once the consumer had
+/// applied. (`remote_write` would tell a standby a point it may not hold durably.)
+fn own_commit_point(
+    pos: &WalPosition,
+    rule: Option<WaitLevel>,
+    confirmed: &Confirmed,
+    ended_at: impl FnOnce(TimelineId) -> Option<Lsn>,
+) -> Option<Lsn> {
+    rule.map(|_| acknowledged_end(pos, Some(WaitLevel::Flush), confirmed, ended_at))
+}
+
 /// What readers stop at (`None`: the local flush): the acknowledged end at the rule's
 /// level on a primary, and on a standby whose upstream told it a commit point, that point
 /// (the overlapped commit's rule 3: nobody reads past it).
@@ -113,7 +128,8 @@ impl Visibility {
             // Set before any reader starts (the archiver does beside the node, and a primary's
             // archive is a reader too): until the task below first runs, storage's commit
             // point would otherwise be none, which readers take as the flushed end.
-            wal.set_own_commit_point(first_gate);
+            let c = own_commit_point(&pos, rule, &confirmed.borrow(), |t| wal.timeline_end(t));
+            wal.set_own_commit_point(c);
         }
         let (acknowledged, end) = watch::channel(first_gate.unwrap_or(pos.flushed));
         let (gate, gate_rx) = watch::channel(first_gate);
@@ -178,7 +194,9 @@ impl Visibility {
                 // ignores this on a standby, which keeps what its upstream told; a change
                 // wakes this loop once more, to find nothing changed.
                 if overlap {
-                    wal.set_own_commit_point(g);
+                    wal.set_own_commit_point(own_commit_point(&pos, r, &c, |t| {
+                        wal.timeline_end(t)
+                    }));
                 }
                 drop(wal);
                 let alive = tokio::select! {
@@ -228,6 +246,32 @@ mod tests {
         assert_eq!(end(Some(WaitLevel::Write)), Lsn(25));
         assert_eq!(end(Some(WaitLevel::Flush)), Lsn(20));
         assert_eq!(end(Some(WaitLevel::Apply)), Lsn(10));
+    }
+
+    /// The commit point told to standbys is the quorum's flush at every level: at
+    /// `remote_apply` a standby's apply consumer reads up to it before it applies, so a point
+    /// at the apply level would wait for itself.
+    #[test]
+    fn the_own_commit_point_is_the_quorum_s_flush_whatever_the_level() {
+        let c = Confirmed {
+            timeline: TimelineId(1),
+            positions: SyncPositions {
+                write: Lsn(30),
+                flush: Lsn(20),
+                apply: Lsn(10),
+            },
+        };
+        let pos = at(1, 25);
+        let own = |level| own_commit_point(&pos, level, &c, no_history);
+        assert_eq!(own(None), None, "no synchronous rule: the local flush");
+        for level in [WaitLevel::Write, WaitLevel::Flush, WaitLevel::Apply] {
+            assert_eq!(own(Some(level)), Some(Lsn(20)), "{level:?}");
+        }
+        // Never beyond this node's own flush.
+        assert_eq!(
+            own_commit_point(&at(1, 15), Some(WaitLevel::Apply), &c, no_history),
+            Some(Lsn(15))
+        );
     }
 
     /// Rule 1: what the standbys confirmed on the old timeline counts on the new one only

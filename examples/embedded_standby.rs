@@ -125,6 +125,17 @@ mod tests {
                     .await
                     .expect("the supervisor")
                     .expect("appended");
+                // Under the overlapped commit (the default) the standby's readers stop at the
+                // commit point the primary told it, which follows the acknowledgement by a
+                // message and a write: wait for it as a reader's wake-up would.
+                let mut seen = app.standby.wal.subscribe();
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(30),
+                    seen.wait_for(|p| p.sendable() >= appended.end_lsn),
+                )
+                .await
+                .expect("the standby is told the commit point")
+                .expect("the standby's storage is open");
                 tx.send((app.http, primary.wal.system_id(), from, appended.end_lsn))
                     .unwrap();
                 // Keep the application alive while the test runs.

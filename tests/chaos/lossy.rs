@@ -27,7 +27,7 @@ impl Overlap {
     /// unacknowledged tail only with the switch on.
     pub fn settings(self) -> Vec<(&'static str, &'static str)> {
         match self {
-            Overlap::Off => Vec::new(),
+            Overlap::Off => vec![("synchronous_commit_overlap", "false")],
             Overlap::On => vec![("synchronous_commit_overlap", "true")],
         }
     }

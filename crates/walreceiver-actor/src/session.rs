@@ -50,7 +50,7 @@ pub struct SessionConfig {
     pub wal_receiver_status_interval: Duration,
     /// What to report as applied.
     pub apply: ApplyReporting,
-    /// `synchronous_commit_overlap` on this node: at stream start, WAL beyond the point the
+    /// `synchronous_commit_overlap` on this node (on by default): at stream start, WAL beyond the point the
     /// upstream's history shares with this node's is cut back ([`crate::cutback`]) instead
     /// of refused as `Forked`.
     pub commit_overlap: bool,
@@ -63,7 +63,7 @@ impl Default for SessionConfig {
             wal_receiver_timeout: Duration::from_secs(60),
             wal_receiver_status_interval: Duration::from_secs(10),
             apply: ApplyReporting::FollowFlush,
-            commit_overlap: false,
+            commit_overlap: true,
         }
     }
 }

@@ -155,8 +155,8 @@ pub struct Settings {
     pub synchronous_wait_timeout: Duration,
     /// The overlapped commit: synchronous walserver standbys get WAL while this node's
     /// fdatasync runs, and an append is acknowledged once durable here and on the quorum.
-    /// Off (the default) is PostgreSQL's rule: only durable WAL is sent. Read at start.
-    #[serde(default)]
+    /// On by default; off is PostgreSQL's rule: only durable WAL is sent. Read at start.
+    #[serde(default = "default_true")]
     pub synchronous_commit_overlap: bool,
     /// libpq connection string of the upstream (standbys only).
     #[serde(default)]
@@ -242,6 +242,9 @@ fn default_archive_compression() -> String {
 
 fn default_wal_recycle() -> bool {
     wal_storage::StorageConfig::default().wal_recycle
+}
+fn default_true() -> bool {
+    true
 }
 fn default_synchronous_commit() -> String {
     "on".into()

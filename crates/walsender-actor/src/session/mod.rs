@@ -58,8 +58,8 @@ pub struct SessionConfig {
     pub wal_sender_timeout: Duration,
     /// What SHOW answers: canonical name and value text, matched case-insensitively.
     pub show: Arc<Vec<(String, String)>>,
-    /// `synchronous_commit_overlap`: a synchronous standby that can cut back is sent WAL
-    /// while this node's fdatasync runs ([`crate::overlap`]).
+    /// `synchronous_commit_overlap` (on by default): a synchronous standby that can cut back
+    /// is sent WAL while this node's fdatasync runs ([`crate::overlap`]).
     pub commit_overlap: bool,
 }
 
@@ -68,7 +68,7 @@ impl Default for SessionConfig {
         SessionConfig {
             wal_sender_timeout: Duration::from_secs(60),
             show: Arc::new(Vec::new()),
-            commit_overlap: false,
+            commit_overlap: true,
         }
     }
 }

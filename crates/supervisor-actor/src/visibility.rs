@@ -230,16 +230,21 @@ mod tests {
         None
     }
 
-    #[test]
-    fn the_acknowledged_end_is_the_lower_of_the_flush_and_the_confirmation() {
-        let c = Confirmed {
+    /// What the synchronous standbys confirmed on timeline 1.
+    fn confirmed_on_1(write: u64, flush: u64, apply: u64) -> Confirmed {
+        Confirmed {
             timeline: TimelineId(1),
             positions: SyncPositions {
-                write: Lsn(30),
-                flush: Lsn(20),
-                apply: Lsn(10),
+                write: Lsn(write),
+                flush: Lsn(flush),
+                apply: Lsn(apply),
             },
-        };
+        }
+    }
+
+    #[test]
+    fn the_acknowledged_end_is_the_lower_of_the_flush_and_the_confirmation() {
+        let c = confirmed_on_1(30, 20, 10);
         let pos = at(1, 25);
         let end = |level| acknowledged_end(&pos, level, &c, no_history);
         assert_eq!(end(None), Lsn(25));
@@ -253,14 +258,7 @@ mod tests {
     /// at the apply level would wait for itself.
     #[test]
     fn the_own_commit_point_is_the_quorum_s_flush_whatever_the_level() {
-        let c = Confirmed {
-            timeline: TimelineId(1),
-            positions: SyncPositions {
-                write: Lsn(30),
-                flush: Lsn(20),
-                apply: Lsn(10),
-            },
-        };
+        let c = confirmed_on_1(30, 20, 10);
         let pos = at(1, 25);
         let own = |level| own_commit_point(&pos, level, &c, no_history);
         assert_eq!(own(None), None, "no synchronous rule: the local flush");
@@ -278,14 +276,7 @@ mod tests {
     /// below the switch point, also before the registry has heard of the switch.
     #[test]
     fn a_confirmation_of_the_old_timeline_stops_at_its_switch_point() {
-        let c = Confirmed {
-            timeline: TimelineId(1),
-            positions: SyncPositions {
-                write: Lsn(300),
-                flush: Lsn(300),
-                apply: Lsn(300),
-            },
-        };
+        let c = confirmed_on_1(300, 300, 300);
         let history = |t: TimelineId| (t == TimelineId(1)).then_some(Lsn(200));
         let flush = Some(WaitLevel::Flush);
         assert_eq!(acknowledged_end(&at(1, 250), flush, &c, history), Lsn(250));

@@ -200,6 +200,9 @@ impl Acks {
             timeline: timeline as u32,
             end_lsn: end,
             hashes: vec![acklog::sha256_hex(&payload)],
+            // When it was acknowledged, as the load tool's log says it, so that the judge
+            // orders it among the writers' appends rather than after them all.
+            mono_ms: Some(acklog::mono_ms()),
             ..AckEntry::default()
         });
         Ok(end)

@@ -37,7 +37,7 @@ use crate::lossy::{
 };
 use crate::node::*;
 use crate::reader::Reader;
-use crate::{assert_judged, cycles, line, seed, Load, Rng, SEGMENT};
+use crate::{assert_judged, cycles, line, seed, Acks, Load, Rng, SEGMENT};
 
 const SYNC: &str = "s1";
 
@@ -111,6 +111,8 @@ impl Pair {
 /// directory.
 pub(crate) struct Run {
     pub(crate) load: Load,
+    /// The test's own appends ([`Run::hold_back_the_standby`]), judged with the writers'.
+    own: Acks,
     readers: [Reader; 2],
     pub(crate) pair: Pair,
     pub(crate) rng: Rng,
@@ -159,6 +161,7 @@ impl Run {
             .0;
         Run {
             load,
+            own: Acks::default(),
             readers,
             pair,
             rng: Rng(seed),
@@ -197,6 +200,12 @@ impl Run {
     /// this). A standby that connected at once would cut its tail back to the primary's end
     /// on the same timeline (rule 4) before anything was written over it, and hide a
     /// resumed timeline.
+    ///
+    /// The writers cannot take the primary past that end by themselves: each has one append
+    /// in flight, which waits for the paused standby, so they write 16 records, and the
+    /// standby's tail is often as long (each such cycle waited for their 10 s request
+    /// timeout). The test appends one record longer than the gap itself, at `local`, which
+    /// the primary acknowledges once it alone holds it durably.
     pub(crate) fn hold_back_the_standby(&mut self, cycle: u64) {
         let [p, s] = &mut self.pair.nodes;
         let standby_end = match s.status() {
@@ -206,16 +215,24 @@ impl Run {
         if let Err(e) = s.pause().and_then(|()| p.start()) {
             panic!("cycle {cycle}: restarting the primary: {e:#}");
         }
-        // The primary's durable end is told only by its `/status`, which announces nothing:
-        // it is asked, up to the deadline.
-        let past = wait_for(
-            "the primary's durable end past the standby's",
-            DEADLINE,
-            Duration::from_millis(5),
-            || (p.status().ok()?.flush_lsn > standby_end).then_some(()),
-        );
-        if let Err(e) = past.and_then(|()| s.resume()) {
-            panic!("cycle {cycle}: {e:#}\n{}", self.pair.logs());
+        let primary_end = match p.status() {
+            Ok(st) => st.flush_lsn,
+            Err(e) => panic!("cycle {cycle}: the restarted primary's status: {e:#}"),
+        };
+        let gap = standby_end.0.saturating_sub(primary_end.0) as usize + 1;
+        match self.own.try_append(p, gap, "local", Some(DEADLINE)) {
+            Ok(end) => assert!(
+                end > standby_end,
+                "cycle {cycle}: an append of {gap} bytes at {primary_end} ended at {end}, not \
+                 past the standby's end {standby_end}"
+            ),
+            Err((status, text)) => panic!(
+                "cycle {cycle}: the primary's own append: HTTP {status}: {text}\n{}",
+                self.pair.logs()
+            ),
+        }
+        if let Err(e) = self.pair.nodes[1].resume() {
+            panic!("cycle {cycle}: resuming the standby: {e:#}");
         }
     }
 
@@ -264,7 +281,7 @@ impl Run {
         let pair = &self.pair;
         pair.settle().expect("the pair to converge at the end");
         let [p, s] = &pair.nodes;
-        let verdict = assert_judged(&[&acks], &[p, s]);
+        let verdict = assert_judged(&[&acks, self.own.entries()], &[p, s]);
         let [on_primary, on_standby] = self.readers;
         let read = [
             on_primary.assert_survived(&[p, s]),
@@ -296,10 +313,16 @@ fn lose_a_tail_the_standby_holds(pair: &mut Pair) -> anyhow::Result<Outage> {
     let [p, s] = &pair.nodes;
     let disk = &pair.mounts[0];
     // The standby's flush past the primary's is told only by their `/status`, which
-    // announces nothing: asked every 2 ms up to the deadline.
+    // announces nothing: asked every 2 ms up to the deadline. The standby is asked first:
+    // the primary's flushed end only grows, so a standby seen past the primary's end as it
+    // was a moment later holds WAL sent early. Asked the other way round, a flush of the
+    // primary's and its ordinary send between the two questions looked the same, and the
+    // syncs below were then held before the early-send mark was durable, which kept it from
+    // ever being so.
     let ahead = |what: &str| {
         wait_for(what, DEADLINE, Duration::from_millis(2), || {
-            let (ps, ss) = (p.status().ok()?, s.status().ok()?);
+            let ss = s.status().ok()?;
+            let ps = p.status().ok()?;
             (disk.unsynced_changes() > 0
                 && ss.timeline == ps.timeline
                 && ss.flush_lsn > ps.flush_lsn)

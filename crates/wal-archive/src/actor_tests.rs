@@ -729,7 +729,6 @@ fn assert_segments_archived_as_kept(data: &Path, archive: &Path, n: u64) {
 async fn a_store_that_ignores_if_none_match_gets_nothing_and_raises_the_alarm() {
     let dir = tempfile::tempdir().unwrap();
     let wal = new_wal(dir.path());
-    fill(&wal, 2).await;
     let store = crate::careless::CarelessStore::start();
     let options = crate::S3Options {
         endpoint: Some(store.endpoint()),
@@ -743,6 +742,10 @@ async fn a_store_that_ignores_if_none_match_gets_nothing_and_raises_the_alarm() 
         ..config(dir.path())
     };
     let (addr, mut rx) = Archiver::start(wal.clone(), config);
+    // Filled only once the archiver holds the WAL: before, storage may already have removed
+    // the completed segments (nothing held them), leaving nothing to upload and so no probe.
+    wait_until(&mut rx, "the hold", |s| s.archived_lsn.is_some()).await;
+    fill(&wal, 2).await;
     let s = wait_until(&mut rx, "the alarm", |s| s.alarm.is_some()).await;
     let alarm = s.alarm.unwrap_or_default();
     assert!(alarm.contains("ignores If-None-Match"), "{alarm}");

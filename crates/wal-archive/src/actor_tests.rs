@@ -713,6 +713,42 @@ async fn a_backlog_goes_several_at_a_time_and_the_position_stops_at_a_failure() 
     assert_segments_archived_as_kept(data.path(), archive.path(), 6);
 }
 
+/// The archiver compresses at the configured zstd level: each object is that level's frame of
+/// the segment (not the default level's, not another's), and reads back as the segment.
+#[actix_rt::test]
+async fn objects_are_compressed_at_the_configured_level() {
+    use crate::Compression;
+    let (data, archive, wal) = setup(true);
+    fill(&wal, 2).await;
+    let (fast, strong) = (
+        Compression::Zstd { level: -7 },
+        Compression::Zstd { level: 19 },
+    );
+    let config = ArchiveConfig {
+        compression: strong,
+        ..config(archive.path())
+    };
+    let (_addr, mut rx) = Archiver::start(wal.clone(), config);
+    wait_until(&mut rx, "the segments archived", |s| {
+        s.archived_lsn == Some(Lsn(3 * SEG))
+    })
+    .await;
+    let target = ArchiveTarget::Directory(archive.path().into());
+    for segno in 1..=2u64 {
+        let name = format!("0000000100000000000000{segno:02X}");
+        let own = Bytes::from(std::fs::read(data.path().join("pg_wal").join(&name)).unwrap());
+        let stored = std::fs::read(archive.path().join(format!("{name}.zst"))).unwrap();
+        assert_eq!(stored, strong.encode(&own).unwrap(), "{name}");
+        assert_ne!(stored, fast.encode(&own).unwrap(), "{name}");
+        assert_ne!(
+            stored,
+            Compression::DEFAULT_ZSTD.encode(&own).unwrap(),
+            "{name}"
+        );
+        assert_eq!(target.get(&name).unwrap(), Some(own.to_vec()), "{name}");
+    }
+}
+
 /// Segments 1 to `n` of timeline 1 are in the archive directory `archive` with the bytes
 /// the node's directory `data` keeps.
 fn assert_segments_archived_as_kept(data: &Path, archive: &Path, n: u64) {

@@ -16,7 +16,12 @@ use crate::error::{ArchiveError, Result};
 /// about 17% more bytes, and both shrink such WAL tenfold or more. An archiver runs beside the
 /// database it serves, whose CPU is dearer than the store's bytes. Restore reads any level;
 /// `benches/archive-compare.sh` gives pgBackRest the same one.
-const ZSTD_LEVEL: i32 = 1;
+pub const DEFAULT_ZSTD_LEVEL: i32 = 1;
+
+/// The levels `archive_compression_level` takes: pgBackRest's range for zstd (2.45 refuses
+/// -8 and 23), so that a level chosen here can be given to it too. zstd's own fast levels go
+/// further down, to no use on WAL: below -3 they take as much CPU and store more bytes.
+pub const ZSTD_LEVELS: std::ops::RangeInclusive<i32> = -7..=22;
 
 /// How objects are stored.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -24,28 +29,57 @@ pub enum Compression {
     /// As they are.
     #[default]
     None,
-    /// zstd, one frame per object, under `NAME.zst`.
-    Zstd,
+    /// zstd, one frame per object, under `NAME.zst`, compressed at `level` (any level
+    /// reads back the same way).
+    Zstd { level: i32 },
 }
 
 impl Compression {
-    /// Every compression, for a reader that looks for a file under each name it may have.
-    pub const ALL: [Compression; 2] = [Compression::None, Compression::Zstd];
+    /// zstd at [`DEFAULT_ZSTD_LEVEL`].
+    pub const DEFAULT_ZSTD: Compression = Compression::Zstd {
+        level: DEFAULT_ZSTD_LEVEL,
+    };
 
-    /// Parses `archive_compression`: `none` or `zstd`.
-    pub fn parse(text: &str) -> Result<Compression> {
-        match text {
-            "none" => Ok(Compression::None),
-            "zstd" => Ok(Compression::Zstd),
-            other => Err(ArchiveError::BadCompression(other.to_string())),
+    /// Every stored form, for a reader that looks for a file under each name it may have.
+    pub const ALL: [Compression; 2] = [Compression::None, Compression::DEFAULT_ZSTD];
+
+    /// Parses `archive_compression` (`none` or `zstd`) with `archive_compression_level`
+    /// (zstd's level, in [`ZSTD_LEVELS`]; [`DEFAULT_ZSTD_LEVEL`] when `None`). A level with
+    /// `none` is refused rather than ignored.
+    pub fn parse(text: &str, level: Option<i32>) -> Result<Compression> {
+        match (text, level) {
+            ("none", None) => Ok(Compression::None),
+            ("none", Some(level)) => Err(ArchiveError::BadCompressionLevel {
+                level,
+                reason: "archive_compression = none compresses nothing".into(),
+            }),
+            ("zstd", None) => Ok(Compression::DEFAULT_ZSTD),
+            ("zstd", Some(level)) if ZSTD_LEVELS.contains(&level) => {
+                Ok(Compression::Zstd { level })
+            }
+            ("zstd", Some(level)) => Err(ArchiveError::BadCompressionLevel {
+                level,
+                reason: format!(
+                    "zstd's levels here run from {} to {}",
+                    ZSTD_LEVELS.start(),
+                    ZSTD_LEVELS.end()
+                ),
+            }),
+            (other, _) => Err(ArchiveError::BadCompression(other.to_string())),
         }
+    }
+
+    /// Whether `self` and `other` store under the same name and read back the same way,
+    /// whatever their levels.
+    pub fn same_form(self, other: Compression) -> bool {
+        self.suffix() == other.suffix()
     }
 
     /// The suffix a stored object's name carries.
     pub fn suffix(self) -> &'static str {
         match self {
             Compression::None => "",
-            Compression::Zstd => ".zst",
+            Compression::Zstd { .. } => ".zst",
         }
     }
 
@@ -59,9 +93,8 @@ impl Compression {
     pub fn encode(self, bytes: &Bytes) -> Result<Bytes> {
         match self {
             Compression::None => Ok(bytes.clone()),
-            Compression::Zstd => {
-                compress_zstd(bytes).map_err(|e| ArchiveError::io("compressing with zstd", e))
-            }
+            Compression::Zstd { level } => compress_zstd(bytes, level)
+                .map_err(|e| ArchiveError::io("compressing with zstd", e)),
         }
     }
 
@@ -71,7 +104,7 @@ impl Compression {
         match self {
             Compression::None if stored.len() as u64 > limit => Err(too_long(limit)),
             Compression::None => Ok(stored.to_vec()),
-            Compression::Zstd => {
+            Compression::Zstd { .. } => {
                 let decoder = zstd::stream::read::Decoder::new(stored)
                     .map_err(|e| ArchiveError::io("reading a zstd object", e))?;
                 let mut out = Vec::new();
@@ -97,11 +130,11 @@ thread_local! {
 }
 
 /// One zstd frame of `bytes`, compressed through this thread's output buffer.
-fn compress_zstd(bytes: &[u8]) -> std::io::Result<Bytes> {
+fn compress_zstd(bytes: &[u8], level: i32) -> std::io::Result<Bytes> {
     ZSTD_OUT.with_borrow_mut(|out| {
         out.clear();
         out.reserve(zstd::zstd_safe::compress_bound(bytes.len()));
-        let mut compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL)?;
+        let mut compressor = zstd::bulk::Compressor::new(level)?;
         compressor.compress_to_buffer(bytes, out)?;
         Ok(Bytes::copy_from_slice(out))
     })
@@ -128,12 +161,62 @@ mod tests {
                 .object_name("000000010000000000000001")
                 .starts_with("000000010000000000000001"));
         }
-        assert_eq!(Compression::Zstd.object_name("a"), "a.zst");
+        assert_eq!(Compression::DEFAULT_ZSTD.object_name("a"), "a.zst");
         assert_eq!(Compression::None.object_name("a"), "a");
-        assert!(Compression::Zstd.encode(&bytes).unwrap().len() < bytes.len() / 10);
-        assert_eq!(Compression::parse("zstd").unwrap(), Compression::Zstd);
-        assert_eq!(Compression::parse("none").unwrap(), Compression::None);
-        assert!(Compression::parse("gzip").is_err());
+        assert!(Compression::DEFAULT_ZSTD.encode(&bytes).unwrap().len() < bytes.len() / 10);
+        assert_eq!(
+            Compression::parse("zstd", None).unwrap(),
+            Compression::DEFAULT_ZSTD
+        );
+        assert_eq!(Compression::parse("none", None).unwrap(), Compression::None);
+        assert!(Compression::parse("gzip", None).is_err());
+    }
+
+    #[test]
+    fn the_level_is_parsed_checked_and_used() {
+        for level in [*ZSTD_LEVELS.start(), -2, 0, 1, *ZSTD_LEVELS.end()] {
+            assert_eq!(
+                Compression::parse("zstd", Some(level)).unwrap(),
+                Compression::Zstd { level }
+            );
+        }
+        for level in [ZSTD_LEVELS.start() - 1, ZSTD_LEVELS.end() + 1] {
+            let e = Compression::parse("zstd", Some(level)).unwrap_err();
+            assert!(e.to_string().contains(&level.to_string()), "{e}");
+        }
+        // A level says nothing to `none`: refused, not ignored.
+        assert!(Compression::parse("none", Some(1)).is_err());
+        // WAL-like bytes (runs, repeats at a distance and noise) differ in size at a fast and a
+        // strong level, and each reads back to the same bytes: the level is the one used.
+        let mut x = 7u32;
+        let bytes: Bytes = (0..1_000_000u32)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                if i % 64 < 40 {
+                    (i / 512 % 256) as u8
+                } else {
+                    (x % 16) as u8
+                }
+            })
+            .collect();
+        let fast = Compression::Zstd { level: -5 }.encode(&bytes).unwrap();
+        let strong = Compression::Zstd { level: 19 }.encode(&bytes).unwrap();
+        assert!(
+            fast.len() > strong.len() * 11 / 10,
+            "{} {}",
+            fast.len(),
+            strong.len()
+        );
+        for stored in [&fast, &strong] {
+            let back = Compression::DEFAULT_ZSTD
+                .decode(stored, bytes.len() as u64)
+                .unwrap();
+            assert_eq!(&back[..], &bytes[..]);
+        }
+        assert!(Compression::Zstd { level: -5 }.same_form(Compression::DEFAULT_ZSTD));
+        assert!(!Compression::None.same_form(Compression::DEFAULT_ZSTD));
     }
 
     #[test]
@@ -143,8 +226,8 @@ mod tests {
         let large: Bytes = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         let small: Bytes = (0..1_000u32).map(|i| (i % 13) as u8).collect();
         for bytes in [&large, &small, &large] {
-            let stored = Compression::Zstd.encode(bytes).unwrap();
-            let back = Compression::Zstd
+            let stored = Compression::DEFAULT_ZSTD.encode(bytes).unwrap();
+            let back = Compression::DEFAULT_ZSTD
                 .decode(&stored, bytes.len() as u64)
                 .unwrap();
             assert_eq!(&back[..], &bytes[..]);
@@ -154,12 +237,14 @@ mod tests {
     #[test]
     fn decoding_is_bounded_and_refuses_damage() {
         let bytes = Bytes::from(vec![0u8; 1 << 20]);
-        let stored = Compression::Zstd.encode(&bytes).unwrap();
-        assert!(Compression::Zstd.decode(&stored, 1000).is_err());
+        let stored = Compression::DEFAULT_ZSTD.encode(&bytes).unwrap();
+        assert!(Compression::DEFAULT_ZSTD.decode(&stored, 1000).is_err());
         assert!(Compression::None.decode(&bytes, 1000).is_err());
         let mut damaged = stored.clone();
         damaged.truncate(stored.len() / 2);
-        assert!(Compression::Zstd.decode(&damaged, 1 << 20).is_err());
-        assert!(Compression::Zstd.decode(b"not zstd", 1 << 20).is_err());
+        assert!(Compression::DEFAULT_ZSTD.decode(&damaged, 1 << 20).is_err());
+        assert!(Compression::DEFAULT_ZSTD
+            .decode(b"not zstd", 1 << 20)
+            .is_err());
     }
 }

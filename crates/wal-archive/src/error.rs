@@ -64,6 +64,9 @@ pub enum ArchiveError {
     /// `archive_compression` is not one this build knows.
     #[error("archive_compression must be none or zstd, not {0:?}")]
     BadCompression(String),
+    /// `archive_compression_level` is not one `archive_compression` takes.
+    #[error("archive_compression_level {level} is refused: {reason}")]
+    BadCompressionLevel { level: i32, reason: String },
     /// Reading the node's own WAL failed.
     #[error("reading WAL to archive: {0}")]
     Storage(#[from] wal_storage::WalError),

@@ -178,8 +178,12 @@ mod tests {
         let t = ArchiveTarget::Directory(dir.path().into());
         t.put("000000010000000000000001", &b"a"[..], Compression::None)
             .unwrap();
-        t.put("000000010000000000000002", &b"b"[..], Compression::Zstd)
-            .unwrap();
+        t.put(
+            "000000010000000000000002",
+            &b"b"[..],
+            Compression::DEFAULT_ZSTD,
+        )
+        .unwrap();
         fs::write(
             dir.path().join("000000010000000000000003.crc32c"),
             crate::sidecar(b"c"),

@@ -92,7 +92,7 @@ mod target;
 pub use actor::{ArchiveConfig, ArchiveMode, Archiver};
 pub use catalog::{Catalog, Gap, Missing, Piece, Plan, TimelineFiles};
 pub use command::ArchiveCommand;
-pub use compression::Compression;
+pub use compression::{Compression, DEFAULT_ZSTD_LEVEL, ZSTD_LEVELS};
 pub use error::{ArchiveError, Result};
 pub use identity::IDENTITY_FILE;
 pub use messages::{GetArchiverStatus, StopArchiver};

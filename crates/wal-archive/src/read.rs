@@ -426,7 +426,8 @@ mod tests {
         let t = ArchiveTarget::Directory(dir.path().into());
         let name = "000000010000000000000001";
         let bytes = vec![7u8; 100_000];
-        t.put(name, bytes.clone(), Compression::Zstd).unwrap();
+        t.put(name, bytes.clone(), Compression::DEFAULT_ZSTD)
+            .unwrap();
         assert!(!dir.path().join(name).exists());
         assert_eq!(t.get(name).unwrap(), Some(bytes.clone()));
         // Damaged: it does not decode, or decodes to other bytes; either is refused.
@@ -436,7 +437,7 @@ mod tests {
         assert!(matches!(t.get(name), Err(ArchiveError::Corrupt { .. })));
         fs::write(
             &zst,
-            Compression::Zstd
+            Compression::DEFAULT_ZSTD
                 .encode(&bytes::Bytes::from(vec![8u8; 100_000]))
                 .unwrap(),
         )
@@ -445,7 +446,7 @@ mod tests {
         // More than the checksum's size is never decompressed.
         fs::write(
             &zst,
-            Compression::Zstd
+            Compression::DEFAULT_ZSTD
                 .encode(&bytes::Bytes::from(vec![7u8; 200_000]))
                 .unwrap(),
         )
@@ -462,7 +463,7 @@ mod tests {
         t.put(
             "00000002.history",
             &b"1\t0/2000000\tno recovery target\n"[..],
-            Compression::Zstd,
+            Compression::DEFAULT_ZSTD,
         )
         .unwrap();
         fs::write(dir.path().join(".000000010000000000000003.7.tmp"), b"x").unwrap();

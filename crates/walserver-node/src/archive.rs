@@ -1,5 +1,6 @@
 //! `archive_mode`, `archive_target`, `archive_command`, `archive_timeout`,
-//! `archive_max_backlog`, `archive_compression` and the `[archive]` table: continuous archiving in the
+//! `archive_max_backlog`, `archive_compression`, `archive_compression_level` and the
+//! `[archive]` table: continuous archiving in the
 //! configuration's words, and the archiver a node runs beside its actors.
 //!
 //! `archive_mode` is PostgreSQL's: `off` (the default), `on` (a primary archives) or
@@ -15,7 +16,7 @@
 //! `archive_max_backlog` (bytes, 0 = unbounded) how much may wait: past it a primary refuses
 //! appends with a retryable error naming the archive and a relay stops reading from its
 //! upstream, until the archive catches up. `archive_compression` (`none` or `zstd`) is how
-//! objects are stored. All take effect at a restart.
+//! objects are stored, `archive_compression_level` zstd's level. All take effect at a restart.
 
 use actix::Addr;
 use serde::Deserialize;
@@ -133,8 +134,8 @@ pub fn archive_config(s: &Settings) -> Result<Option<ArchiveConfig>> {
             )))
         }
     };
-    let compression =
-        Compression::parse(&s.archive_compression).map_err(|e| Error::Invalid(e.to_string()))?;
+    let compression = Compression::parse(&s.archive_compression, s.archive_compression_level)
+        .map_err(|e| Error::Invalid(e.to_string()))?;
     Ok(Some(ArchiveConfig {
         mode,
         target,
@@ -328,6 +329,53 @@ mod tests {
     }
 
     #[test]
+    fn archive_compression_level_is_zstd_s_level_checked_at_load() {
+        let base = "data_dir = \"/d\"\narchive_mode = \"on\"\narchive_target = \"file:///a\"\narchive_compression = \"zstd\"\n";
+        let compression = |file: &str, env: &[(&str, &str)], c: &[(&str, &str)]| {
+            archive_config(&load(file, env, c).unwrap())
+                .unwrap()
+                .unwrap()
+                .compression
+        };
+        assert_eq!(compression(base, &[], &[]), Compression::DEFAULT_ZSTD);
+        let file = format!("{base}archive_compression_level = -3\n");
+        assert_eq!(
+            compression(&file, &[], &[]),
+            Compression::Zstd { level: -3 }
+        );
+        let env = [("WALSERVER_ARCHIVE_COMPRESSION_LEVEL", "-2")];
+        assert_eq!(
+            compression(base, &env, &[]),
+            Compression::Zstd { level: -2 }
+        );
+        let c = [("archive_compression_level", "19")];
+        assert_eq!(
+            compression(&file, &env, &c),
+            Compression::Zstd { level: 19 }
+        );
+        // Out of range, not a number, or given to `none`: refused at load, with the key named.
+        for overrides in [
+            vec![("archive_compression_level", "23")],
+            vec![("archive_compression_level", "-8")],
+            vec![("archive_compression_level", "fast")],
+            vec![
+                ("archive_compression", "none"),
+                ("archive_compression_level", "1"),
+            ],
+        ] {
+            let e = load(base, &[], &overrides)
+                .and_then(|s| Ok(archive_config(&s)?))
+                .map(|c| c.map(|c| c.compression))
+                .unwrap_err();
+            let e = format!("{e:#}");
+            assert!(
+                e.contains("archive_compression_level"),
+                "{overrides:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
     fn a_reader_of_the_archive_needs_a_target_but_no_data_directory() {
         let sources = |overrides: &[(&str, &str)]| Sources {
             file: None,
@@ -370,7 +418,7 @@ multipart_part_size = "16MB"
 "#;
         let s = load(file, &[("WALSERVER_ARCHIVE_REGION", "eu-west-1")], &[]).unwrap();
         let c = archive_config(&s).unwrap().unwrap();
-        assert_eq!(c.compression, Compression::Zstd);
+        assert_eq!(c.compression, Compression::DEFAULT_ZSTD);
         let ArchiveTarget::S3(t) = &c.target else {
             panic!("{:?}", c.target)
         };

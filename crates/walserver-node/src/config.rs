@@ -42,6 +42,7 @@ pub const KEYS: &[&str] = &[
     "archive_command",
     "archive_max_backlog",
     "archive_compression",
+    "archive_compression_level",
     "archive",
     "synchronous_standby_names",
     "synchronous_commit",
@@ -143,6 +144,10 @@ pub struct Settings {
     /// `archive_compression`: how archived objects are stored, `none` or `zstd`.
     #[serde(default = "default_archive_compression")]
     pub archive_compression: String,
+    /// `archive_compression_level`: zstd's level (`wal_archive::ZSTD_LEVELS`, negative ones
+    /// its fast levels); its default when unset.
+    #[serde(default)]
+    pub archive_compression_level: Option<i32>,
     /// The object store of an `s3://` archive_target.
     #[serde(default)]
     pub archive: Option<ArchiveSettings>,

@@ -294,6 +294,10 @@ impl Reloader {
                 "archive_compression",
                 s.archive_compression != self.running.archive_compression,
             ),
+            (
+                "archive_compression_level",
+                s.archive_compression_level != self.running.archive_compression_level,
+            ),
             ("[archive]", s.archive != self.running.archive),
             (
                 "archive_timeout",

@@ -87,7 +87,9 @@ pub struct CutBack {
 }
 
 /// Drops this node's WAL beyond the point where `upstream`'s history forked from it, durably
-/// ([`Wal::truncate_beyond`]). Blocks on storage's thread: call it from a blocking thread.
+/// ([`Wal::truncate_beyond`]), and lowers a told commit point above the fork to the fork,
+/// also when nothing lies beyond it: readers here then stop at the fork until the leader
+/// tells a point of its own. Blocks on storage's thread: call it from a blocking thread.
 /// Nobody may be reading the WAL beyond the fork (see [`Wal::truncate_to`]).
 ///
 /// Whether anything lies beyond the fork is storage's decision, not [`ForkPoint::must_cut`]'s:

@@ -34,7 +34,7 @@
 //!   walsender sessions end and new ones wait, its WAL beyond the leader's fork is dropped
 //!   ([`fork`], shared with `walserver rejoin`; counted with rule 4's cuts, and refused
 //!   below the commit point the node was told when the leader was chosen in a synchronous
-//!   mode), and it streams from the leader),
+//!   mode, elsewhere lowering that point to the fork), and it streams from the leader),
 //!   [`SetSyncStandbys`], [`EnsureMemberSlots`] / [`DropMemberSlots`] (the physical slots
 //!   a leader keeps for the other members, made or dropped on a blocking thread), and
 //!   [`SyncPermanentSlots`] (the cluster's permanent slots: made on the leader, copied with

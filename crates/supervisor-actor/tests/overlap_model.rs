@@ -718,7 +718,8 @@ impl World {
 
     /// `walserver rejoin` on the standby, stopped (its written WAL is on disk at the next
     /// open) and started again: its WAL beyond the fork from the primary's history is
-    /// dropped (`fork::cut_back_to_fork`).
+    /// dropped (`fork::cut_back_to_fork`), and a told commit point above the fork comes down
+    /// to it, also when nothing lies beyond (`Wal::truncate_beyond`).
     fn rejoin(&mut self) -> Result<(), String> {
         let s = &mut self.standby;
         s.flushed = s.log.len();
@@ -742,6 +743,9 @@ impl World {
         };
         self.trace
             .push(format!("rejoin node {} (fork {fork:?})", s.id));
+        if let Some(f) = fork {
+            s.told = s.told.min(f);
+        }
         if let Some(f) = fork.filter(|&f| s.log.len() > f) {
             self.cut(f, Cut::Explicit);
         }

@@ -76,8 +76,12 @@ fn bg_main(inner: Arc<Inner>, rx: Receiver<BgRequest>) {
 /// point told queues another try.
 fn persist_commit_point(inner: &Inner) {
     match inner.told.persist(&inner.io, &inner.tmp) {
-        Ok(Some(c)) => inner.update_commit(|old| match old {
-            CommitBound::Told(o) => CommitBound::Told(o.max(c)),
+        // The point on disk, read under the state's lock, not the one written: a cut
+        // (`told.rs`) may have lowered it since.
+        Ok(Some(_)) => inner.update_commit(|old| match old {
+            CommitBound::Told(o) => {
+                CommitBound::Told(o.max(inner.told.persisted().unwrap_or(Lsn::INVALID)))
+            }
             other => other,
         }),
         Ok(None) => {}

@@ -193,7 +193,8 @@
 //! acknowledged); a timeline's WAL below its switch point never changes. Under the overlapped
 //! commit a node also holds the commit point it knows ([`CommitBound`]: its own on a primary,
 //! in memory only; told by the upstream on a standby, published only once it is durable in
-//! `DATA/commit_point` (`told.rs`), so a restarted standby still knows it), published with
+//! `DATA/commit_point` (`told.rs`), so a restarted standby still knows it, and never lowered
+//! except by the fork cut, [`Wal::truncate_beyond`], to the cut, before it cuts), published with
 //! the position ([`WalPosition::committed`], [`WalPosition::sendable`]) for its readers to
 //! stop at, and the early-send mark (`early.rs`): the timeline on which it may have sent WAL
 //! past its durable end, named only once durable ([`Wal::mark_early_sends`]).

@@ -266,6 +266,8 @@ impl Inner {
     }
 
     /// Changes the commit point this node knows with `f`, and publishes it if it changed.
+    /// `f` runs inside the state's lock and may read the told point's marks (`told.rs`),
+    /// whose lock is taken after the state's and never holds another.
     pub(crate) fn update_commit(&self, f: impl FnOnce(CommitBound) -> CommitBound) {
         let changed = {
             let mut st = self.state_mut();

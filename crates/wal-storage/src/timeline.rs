@@ -7,7 +7,8 @@
 //! **Invariants:** the control file is the commit point of a switch (the history file and the
 //! switch segment are written first, and are harmless leftovers if a crash comes before it);
 //! a timeline number some history file names is never reused; a truncation stores an exact
-//! flush pointer before it cuts, so a crash in the middle redoes the same cut at open; the tail
+//! flush pointer before it cuts, so a crash in the middle redoes the same cut at open, and the
+//! fork cut lowers the told commit point to the cut before it cuts (`told.rs`); the tail
 //! cache is emptied before a truncation cuts and before a switch makes the new timeline current.
 
 use std::fs::OpenOptions;
@@ -239,17 +240,38 @@ impl Writer {
         result
     }
 
-    /// Drops the current timeline's WAL beyond `lsn`.
-    pub(crate) fn truncate(&mut self, lsn: Lsn) -> Result<u64> {
-        let seg = self.seg();
-        let st = self.inner.state().clone();
+    /// The fork cut (`Wal::truncate_beyond`): lowers the told commit point to `lsn`, then
+    /// drops the WAL beyond it if there is any (`None`: nothing lay beyond). The point first,
+    /// on disk and then in the position (`told.rs`): from the cut on the watch shows no
+    /// commit point above it, and a crash between leaves the point at the cut.
+    pub(crate) fn cut_beyond(&mut self, lsn: Lsn) -> Result<Option<u64>> {
+        let beyond = lsn < self.durable_end() || self.dirty_beyond(lsn);
+        if beyond {
+            self.check_truncate(lsn)?;
+        }
+        self.inner
+            .told
+            .cut_to(&self.inner.io, &self.inner.tmp, lsn)?;
+        self.inner.update_commit(|old| match old {
+            CommitBound::Told(c) => CommitBound::Told(c.min(lsn)),
+            CommitBound::Own(c) => CommitBound::Own(c.min(lsn)),
+            CommitBound::None => CommitBound::None,
+        });
+        if beyond {
+            self.truncate(lsn).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Refuses a cut at `lsn` that storage cannot make: beyond the durable end, before the
+    /// timeline's start, or into WAL already removed.
+    fn check_truncate(&self, lsn: Lsn) -> Result<()> {
+        let st = self.inner.state();
         let end = self.durable_end();
         let bad = |reason: String| WalError::BadTruncate { lsn, reason };
         if lsn > end {
             return Err(bad(format!("the WAL of timeline {} ends at {end}", st.tli)));
-        }
-        if lsn == end && !self.dirty_beyond(lsn) {
-            return Ok(0);
         }
         if lsn < st.timeline_start {
             return Err(bad(format!(
@@ -260,6 +282,18 @@ impl Writer {
         if lsn < self.inner.oldest_retained() {
             return Err(bad("that WAL was already removed".into()));
         }
+        Ok(())
+    }
+
+    /// Drops the current timeline's WAL beyond `lsn`.
+    pub(crate) fn truncate(&mut self, lsn: Lsn) -> Result<u64> {
+        let seg = self.seg();
+        let st = self.inner.state().clone();
+        let end = self.durable_end();
+        if lsn == end && !self.dirty_beyond(lsn) {
+            return Ok(0);
+        }
+        self.check_truncate(lsn)?;
         self.inner.tail.clear();
         // The exact pointer first: a crash in the middle of the cut redoes it at open.
         self.store_pointer(st.tli, lsn, true)?;

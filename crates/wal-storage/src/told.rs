@@ -22,8 +22,22 @@
 //! disk.) A file in the envelope form of earlier versions is read once and replaced at the
 //! first store.
 //!
-//! **Invariant:** the persisted point never moves back, and it is published only after its
-//! file is durable.
+//! An explicit cut (the fork cut, `Wal::truncate_beyond`: `walserver rejoin`, or a member
+//! following a new leader past its fork) may go below the told point, and then lowers it to
+//! the cut ([`ToldCommit::cut_to`]). Past the cut nothing is this node's history any more:
+//! what readers were served there belonged to the history the cut abandons, and the new
+//! leader's WAL that will take its place was told by no one yet. Left where it was, the old
+//! point would let readers here read that new WAL up to it, and would be a floor of rule 4
+//! taken from the old history. The point is lowered (on disk, then published) before the WAL
+//! is cut, so a crash between leaves a point at the cut above WAL not yet cut, never a point
+//! above the cut once new WAL follows it.
+//!
+//! **Invariant:** the persisted point never moves back, except to an explicit cut, which
+//! lowers it to the cut before the cut is made; it is published only after its file is
+//! durable, and a lowered one is published before the cut is done. Whoever publishes a told
+//! point reads the one on disk ([`ToldCommit::persisted`]) inside the state's lock, where a cut
+//! lowers it before it lowers the published one, so a point read before a cut never lands
+//! after it.
 
 // Format of DATA/commit_point: the flush pointer's two slots (`files.rs`), the end LSN the
 // commit point, the timeline 0. Earlier versions wrote the control file's envelope, which is
@@ -101,7 +115,6 @@ impl ToldCommit {
     }
 
     /// The commit point on disk.
-    #[cfg(test)]
     pub(crate) fn persisted(&self) -> Option<Lsn> {
         self.marks().persisted
     }
@@ -120,6 +133,9 @@ impl ToldCommit {
     /// Writes the newest point wanted, if it is ahead of the one on disk; returns it once it
     /// is durable (`None`: nothing to write). On the background thread only: it fsyncs.
     pub(crate) fn persist(&self, io: &Io, tmp: &Path) -> Result<Option<Lsn>> {
+        // The file's lock before the marks, held to the end: a cut waits for a store in
+        // flight, and a store never writes a point wanted before a cut after it.
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
         let target = {
             let mut m = self.marks();
             m.queued = false;
@@ -128,24 +144,48 @@ impl ToldCommit {
                 _ => return Ok(None),
             }
         };
+        self.store(&mut file, io, tmp, target)?;
+        let mut m = self.marks();
+        m.persisted = m.persisted.max(Some(target));
+        Ok(Some(target))
+    }
+
+    /// An explicit cut of the WAL at `cut`: lowers the point on disk to `cut` if it is above
+    /// it, and the point wanted with it, so that a store queued before the cut does not raise
+    /// it again. Returns whether the point on disk was lowered. On storage's threads only: it
+    /// fsyncs.
+    pub(crate) fn cut_to(&self, io: &Io, tmp: &Path, cut: Lsn) -> Result<bool> {
         let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let above = {
+            let mut m = self.marks();
+            m.wanted = m.wanted.map(|w| w.min(cut));
+            m.persisted.is_some_and(|p| p > cut)
+        };
+        if !above {
+            return Ok(false);
+        }
+        self.store(&mut file, io, tmp, cut)?;
+        self.marks().persisted = Some(cut);
+        Ok(true)
+    }
+
+    /// Stores `point` durably: in place once the file has the two-slot layout, else as a new
+    /// file made whole and renamed into place.
+    fn store(&self, file: &mut Option<PointerFile>, io: &Io, tmp: &Path, point: Lsn) -> Result<()> {
         match file.as_mut() {
-            Some(f) => f.store(io, TimelineId(0), target, false)?,
+            Some(f) => f.store(io, TimelineId(0), point, false),
             None => {
                 let first = FlushPointer {
                     seq: 1,
                     timeline: TimelineId(0),
-                    end: target,
+                    end: point,
                     exact: false,
                 };
                 write_atomic_with(io, tmp, &self.path, &PointerFile::layout(first))?;
                 *file = Some(PointerFile::open(io, &self.path)?);
+                Ok(())
             }
         }
-        drop(file);
-        let mut m = self.marks();
-        m.persisted = m.persisted.max(Some(target));
-        Ok(Some(target))
     }
 }
 
@@ -173,6 +213,36 @@ mod tests {
         // After a restart an upstream that knows less does not take it back.
         assert_eq!(again.want(Lsn(50)), (Some(Lsn(200)), false));
         assert_eq!(again.persist(&io, &tmp).unwrap(), None);
+    }
+
+    #[test]
+    fn a_cut_lowers_the_point_on_disk_and_the_one_wanted() {
+        let (dir, tmp, io) = scratch_dir();
+        let told = ToldCommit::load(&io, dir.path()).unwrap();
+        assert!(
+            !told.cut_to(&io, &tmp, Lsn(50)).unwrap(),
+            "told nothing yet"
+        );
+        told.want(Lsn(200));
+        told.persist(&io, &tmp).unwrap();
+        // A point told before the cut, not yet stored, is not stored after it.
+        assert_eq!(told.want(Lsn(300)), (Some(Lsn(200)), true));
+        assert!(told.cut_to(&io, &tmp, Lsn(120)).unwrap());
+        assert_eq!(told.persisted(), Some(Lsn(120)));
+        assert_eq!(
+            told.persist(&io, &tmp).unwrap(),
+            None,
+            "nothing above the cut"
+        );
+        assert_eq!(
+            ToldCommit::load(&io, dir.path()).unwrap().persisted(),
+            Some(Lsn(120)),
+            "durable"
+        );
+        assert!(!told.cut_to(&io, &tmp, Lsn(150)).unwrap(), "a cut above it");
+        // From the cut on it moves forward again.
+        assert_eq!(told.want(Lsn(130)), (Some(Lsn(120)), true));
+        assert_eq!(told.persist(&io, &tmp).unwrap(), Some(Lsn(130)));
     }
 
     #[test]

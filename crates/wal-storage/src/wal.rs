@@ -654,23 +654,26 @@ impl Wal {
     /// (`told.rs`), so a restarted standby still knows the point it served readers up to.
     /// Memory only here, for the walreceiver's thread. It never moves back while told: a
     /// commit point is acknowledged WAL, and an upstream that knows less (one that lags) does
-    /// not make it less. A promotion forgets it.
+    /// not make it less. A promotion forgets it; the fork cut ([`Wal::truncate_beyond`])
+    /// lowers it to the fork.
     pub fn set_told_commit_point(&self, c: Option<Lsn>) {
         let inner = self.inner();
-        let stored = match c {
-            Some(c) => {
-                let (stored, queue) = inner.told.want(c);
-                if queue {
-                    let _ = inner.bg_tx.send(BgRequest::PersistCommitPoint);
-                }
-                Some(stored.unwrap_or(Lsn::INVALID))
+        if let Some(c) = c {
+            let (_, queue) = inner.told.want(c);
+            if queue {
+                let _ = inner.bg_tx.send(BgRequest::PersistCommitPoint);
             }
-            None => None,
-        };
-        inner.update_commit(|old| match (old, stored) {
-            (CommitBound::Told(o), Some(s)) => CommitBound::Told(o.max(s)),
-            (_, Some(s)) => CommitBound::Told(s),
+        }
+        inner.update_commit(|old| match (old, c) {
             (_, None) => CommitBound::None,
+            (old, Some(_)) => {
+                // The point on disk, read under the state's lock (`told.rs`).
+                let stored = inner.told.persisted().unwrap_or(Lsn::INVALID);
+                match old {
+                    CommitBound::Told(o) => CommitBound::Told(o.max(stored)),
+                    _ => CommitBound::Told(stored),
+                }
+            }
         });
     }
 
@@ -847,7 +850,9 @@ impl Wal {
     /// and not yet sent would read the cut. `walserver rejoin` runs it on a stopped node; a
     /// live demotion (supervisor-actor) ends every walsender session first and holds new
     /// ones until the node is a standby, and its record readers end with
-    /// [`WalError::ReadWalDropped`] when they see their position beyond the new end.
+    /// [`WalError::ReadWalDropped`] when they see their position beyond the new end. It
+    /// leaves the told commit point as it is: the cut at a stream start (rule 4) never goes
+    /// below it, and the fork cut, which may, is [`Wal::truncate_beyond`].
     pub fn truncate_to(&self, lsn: Lsn) -> Result<u64> {
         let cut = self.control(move |w| w.truncate(lsn))?;
         self.rewind_archive_to(lsn)?;
@@ -857,14 +862,13 @@ impl Wal {
     /// [`Wal::truncate_to`] if this node holds WAL beyond `lsn`, decided on storage's thread
     /// after every write queued before the call has been made durable (a write still landing
     /// when the caller read [`Wal::flushed`] is cut with the rest); 0 when nothing lies beyond.
+    ///
+    /// The fork cut (`walserver rejoin`, a member following a new leader past its fork): the
+    /// WAL past `lsn` is another history than the upstream's. So a told commit point above
+    /// `lsn` is lowered to it, durably, before the WAL is cut, also when nothing lies beyond:
+    /// readers here stop at it until the new upstream tells a point of its own (`told.rs`).
     pub fn truncate_beyond(&self, lsn: Lsn) -> Result<u64> {
-        let cut = self.control(move |w| {
-            if lsn >= w.durable_end() && !w.dirty_beyond(lsn) {
-                Ok(None)
-            } else {
-                w.truncate(lsn).map(Some)
-            }
-        })?;
+        let cut = self.control(move |w| w.cut_beyond(lsn))?;
         match cut {
             None => Ok(0),
             Some(dropped) => {

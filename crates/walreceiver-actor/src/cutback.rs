@@ -32,7 +32,9 @@
 //! acknowledged itself, past the new timeline's fork, and was never told a commit point
 //! that covers them. PostgreSQL refuses to stream such a node until pg_rewind; here it is
 //! refused the same way until `walserver rejoin` (or, under failover, following the new
-//! leader, which cuts past the fork by design). Both are explicit cuts, and end that floor.
+//! leader, which cuts past the fork by design). Both are explicit cuts: they end that floor,
+//! and lower a told commit point above the fork to the fork (`Wal::truncate_beyond`), since
+//! the point was told of a history the cut abandons.
 //! The cut runs on storage's thread (`Wal::truncate_to`) before START_REPLICATION; readers
 //! on this node stop at C, so none holds the bytes it drops.
 

@@ -1,6 +1,7 @@
 //! Helpers shared by the test modules.
 
 use std::path::Path;
+use std::time::Duration;
 
 use bytes::Bytes;
 use wal_storage::*;
@@ -84,4 +85,19 @@ pub fn patch(dir: &Path, tli: TimelineId, lsn: Lsn, f: impl FnOnce(&mut [u8])) {
     let off = lsn.segment_offset(SEG) as usize;
     f(&mut bytes[off..]);
     std::fs::write(&path, bytes).unwrap();
+}
+
+/// Waits, woken by the position watch, until `cond` holds; panics after a deadline.
+pub fn wait_position(wal: &Wal, what: &str, cond: impl Fn(&WalPosition) -> bool) -> WalPosition {
+    let mut rx = wal.subscribe();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(20), rx.wait_for(|p| cond(p)))
+            .await
+            .map(|r| *r.expect("storage is open"))
+    })
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}; at {:?}", wal.position()))
 }

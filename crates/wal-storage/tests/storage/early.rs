@@ -26,21 +26,6 @@ impl Drop for Held {
     }
 }
 
-/// Waits, woken by the position watch, until `cond` holds; panics after a deadline.
-fn wait_position(wal: &Wal, what: &str, cond: impl Fn(&WalPosition) -> bool) -> WalPosition {
-    let mut rx = wal.subscribe();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(20), rx.wait_for(|p| cond(p)))
-            .await
-            .map(|r| *r.expect("storage is open"))
-    })
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}; at {:?}", wal.position()))
-}
-
 #[test]
 fn a_batch_is_readable_from_memory_while_its_fdatasync_runs() {
     let tmp = tempfile::tempdir().unwrap();

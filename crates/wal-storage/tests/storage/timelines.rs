@@ -201,6 +201,76 @@ fn follow_fork_and_rejoin() {
     ));
 }
 
+/// The fork cut (`truncate_beyond`: a rejoin, or a member following a new leader past its
+/// fork) lowers a told commit point above the fork to the fork, durably, also when nothing
+/// lay beyond it: as the new leader's WAL arrives past the fork, readers stop at the fork
+/// until the new leader tells a point of its own, not at the point the old history told,
+/// which is also no floor of rule 4 any more (the walreceiver's `Floor` reads the position).
+#[test]
+fn the_fork_cut_lowers_the_told_commit_point_to_the_fork() {
+    let tmp = tempfile::tempdir().unwrap();
+    let old = init_primary(&tmp.path().join("old"), WalFormat::Walserver);
+    let ends = append(
+        &old,
+        &(0..10).map(|i| payload(i, 20_000)).collect::<Vec<_>>(),
+    );
+    let fork = ends[4];
+    // The new leader had the old history up to the fork, and wrote past the old end.
+    let leader = init_standby(&tmp.path().join("leader"));
+    relay(&old, &leader, TimelineId(1), Lsn(SEG), fork);
+    let (tli, x) = leader.promote("failover").unwrap();
+    assert_eq!(x, fork);
+    append(
+        &leader,
+        &(20..35).map(|i| payload(i, 20_000)).collect::<Vec<_>>(),
+    );
+    assert!(leader.flushed() > ends[9]);
+    let hist = leader.history_file(tli).unwrap().unwrap();
+
+    // A standby told the old history's commit point: one that holds all of it, one that
+    // holds less than the fork (a commit point counts a quorum it need not be part of).
+    let told = |dir: &str, upto: Lsn| {
+        let s = init_standby_role(&tmp.path().join(dir));
+        relay(&old, &s, TimelineId(1), Lsn(SEG), upto);
+        s.set_told_commit_point(Some(ends[9]));
+        wait_position(&s, "the told point stored", |p| {
+            p.commit == CommitBound::Told(ends[9])
+        });
+        s
+    };
+    let s = told("s", ends[9]);
+    let behind = told("behind", ends[2]);
+
+    assert_eq!(s.truncate_beyond(fork).unwrap(), ends[9].0 - fork.0);
+    assert_eq!(s.position().commit, CommitBound::Told(fork));
+    assert_eq!(behind.truncate_beyond(fork).unwrap(), 0, "nothing beyond");
+    assert_eq!(behind.position().commit, CommitBound::Told(fork));
+
+    s.follow_timeline(tli, hist, fork).unwrap();
+    relay(&leader, &s, tli, fork, leader.flushed());
+    let pos = s.position();
+    assert_eq!(pos.flushed, leader.flushed());
+    assert_eq!(pos.committed(), fork, "readers stop at the fork");
+    assert_eq!(pos.sendable(), fork);
+
+    // Durable: reopened, and told nothing newer yet (as a node starts, `NodeBuilder`).
+    drop(s);
+    drop(behind);
+    for dir in ["s", "behind"] {
+        let again = Wal::open(tmp.path().join(dir), cfg()).unwrap();
+        again.set_told_commit_point(Some(Lsn::INVALID));
+        assert_eq!(again.position().commit, CommitBound::Told(fork), "{dir}");
+    }
+    // The new leader's point moves it on.
+    let s = Wal::open(tmp.path().join("s"), cfg()).unwrap();
+    let c = Lsn(ends[9].0 + 100);
+    s.set_told_commit_point(Some(c));
+    let pos = wait_position(&s, "the new point stored", |p| {
+        p.commit == CommitBound::Told(c)
+    });
+    assert_eq!(pos.committed(), c);
+}
+
 #[test]
 fn truncate_rules() {
     let tmp = tempfile::tempdir().unwrap();

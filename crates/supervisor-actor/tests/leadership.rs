@@ -520,7 +520,9 @@ async fn tail_cuts(node: &Node) -> (u64, u64) {
 /// Rule 4 for the fork cut: a standby told a commit point by a stale leader refuses to
 /// follow a new leader whose history forked below it when the leader was chosen to hold
 /// everything acknowledged (a synchronous mode), keeps its WAL and counts the refusal; in an
-/// asynchronous mode it cuts past the fork, the configured trade.
+/// asynchronous mode it cuts past the fork, the configured trade, and the cut lowers the
+/// told point to the fork (rule 3): the new leader's WAL past the fork is read by no one
+/// there until the new leader tells a point of its own, not up to the stale leader's point.
 #[test]
 fn a_fork_below_the_told_commit_point_is_refused_in_a_synchronous_mode() {
     let dir = tempfile::tempdir().unwrap();
@@ -561,10 +563,40 @@ fn a_fork_below_the_told_commit_point_is_refused_in_a_synchronous_mode() {
         let status = c.supervisor.send(GetNodeStatus).await.unwrap().unwrap();
         assert_eq!(status.commit.tail_cut_refusals, 1, "{:?}", status.commit);
         assert_eq!(status.commit.tail_cuts, 0);
+        // The new leader tells no point past the fork while the synchronous standby it names
+        // confirms nothing; its appends at `local` go on.
+        let names = walsender_actor::syncrep::parse_sync_standby_names("never_connects").unwrap();
+        s.supervisor.send(SetSyncStandbys { names }).await.unwrap();
         let followed = follow(&c, &s, "c", 2).await;
         assert_eq!(followed.fork, Some(promoted.switch_lsn));
         assert!(followed.dropped_bytes > 0);
         assert_eq!(tail_cuts(&c).await, (1, followed.dropped_bytes));
+        let mut s_end = Lsn::INVALID;
+        for i in 0..100 {
+            if s_end > p_end {
+                break;
+            }
+            s_end = append(&s, format!("on the new leader {i}"), Durability::Local).await;
+        }
+        assert!(
+            s_end > p_end,
+            "the new history reaches past the stale leader's"
+        );
+        flushed_on(&c, TimelineId(2), s_end).await;
+        let pos = c.wal.position();
+        assert!(
+            pos.committed() <= promoted.switch_lsn,
+            "readers on the new history stop at the fork, not at the stale point: {pos:?}"
+        );
+        assert!(*c.acknowledged().borrow() <= promoted.switch_lsn);
+        let past_fork = records(&c, promoted.switch_lsn).await;
+        assert!(past_fork.is_empty(), "{past_fork:?}");
+        // Once the new leader's point moves, readers follow it.
+        s.supervisor
+            .send(SetSyncStandbys { names: None })
+            .await
+            .unwrap();
+        readable_on(&c, TimelineId(2), s_end).await;
         stop(c).await;
         stop(s).await;
         stop(p).await;

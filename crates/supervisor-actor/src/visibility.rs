@@ -7,10 +7,14 @@
 //! apply consumers do not see it yet. Elsewhere (no synchronous standbys, `local`, a standby)
 //! the local flush is the acknowledged end, as before.
 //!
-//! What the standbys confirmed is not kept across a restart: a primary restarted with WAL it
-//! flushed but never had confirmed shows none of the WAL after its start until the
-//! synchronous standbys confirm again (they report their positions as soon as they stream).
-//! That is the safe side: nothing unacknowledged is shown.
+//! What the standbys confirmed is not kept across a restart: a primary restarted with
+//! synchronous standbys shows its readers nothing at all, not only nothing after its start
+//! (the acknowledged end is 0/0: no confirmation counts before one is heard), until they
+//! confirm again, which they do as soon as they stream. Under `[failover]` in a synchronous
+//! mode that is a leader restarted after a power loss, from the hold it sets while taking up
+//! its term (`SetSyncStandbys`) until its synchronous member confirms. That is the safe
+//! side: nothing unacknowledged is shown, and nothing shown is taken back, since a reader
+//! asks from its own position and is only held there until the confirmation comes.
 //!
 //! Under the overlapped commit (`synchronous_commit_overlap`) the acknowledged end is the
 //! commit point: on a primary it goes into storage as its own

@@ -65,9 +65,9 @@ impl Handler<PromoteForTerm> for Supervisor {
     }
 }
 
-/// Whether a walreceiver of `a` and one of `b` stream the same way (as `Reconfigure` decides
-/// whether to reconnect).
-fn same_upstream(a: &ReceiverConfig, b: &ReceiverConfig) -> bool {
+/// Whether a walreceiver of `a` and one of `b` stream the same way: `FollowLeader` and
+/// `Reconfigure` reconnect only when they do not.
+pub(super) fn same_upstream(a: &ReceiverConfig, b: &ReceiverConfig) -> bool {
     a.conninfo == b.conninfo
         && a.application_name == b.application_name
         && a.session == b.session

@@ -836,11 +836,7 @@ impl Handler<Reconfigure> for Supervisor {
         let (Some(r), Some(new)) = (self.receiver.as_mut(), msg.receiver) else {
             return;
         };
-        let changed = new.conninfo != r.config.conninfo
-            || new.application_name != r.config.application_name
-            || new.session != r.config.session
-            || new.max_wal_in_flight != r.config.max_wal_in_flight;
-        if !changed {
+        if leadership::same_upstream(&new, &r.config) {
             return;
         }
         tracing::info!(conninfo = %new.conninfo.to_string_without_password(), "walreceiver configuration changed; reconnecting");

@@ -90,17 +90,37 @@ fn main() -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use bytes::Bytes;
     use supervisor_actor::{AppendRecords, Durability};
     use wal_storage::Lsn;
 
-    fn get(url: &str) -> (u16, String) {
-        let mut resp = ureq::get(url)
-            .config()
+    /// How long the test waits for the application to start and append, and for each
+    /// request's answer: the example takes milliseconds for either, so a hang fails the test
+    /// here, saying what it waited for, rather than at the test run's limit. A guess, far
+    /// above the time taken.
+    const DEADLINE: Duration = Duration::from_secs(30);
+
+    /// A client whose requests give up after [`DEADLINE`] and take any status as an answer.
+    fn client() -> ureq::Agent {
+        ureq::Agent::config_builder()
             .http_status_as_error(false)
+            .timeout_global(Some(DEADLINE))
             .build()
+            .into()
+    }
+
+    /// Fails the test with the request that had no answer.
+    fn no_answer(what: &str, url: &str, e: ureq::Error) -> ! {
+        panic!("{what} {url} (waiting up to {} s): {e}", DEADLINE.as_secs())
+    }
+
+    fn get(url: &str) -> (u16, String) {
+        let mut resp = client()
+            .get(url)
             .call()
-            .expect("GET");
+            .unwrap_or_else(|e| no_answer("GET", url, e));
         let status = resp.status().as_u16();
         (status, resp.body_mut().read_to_string().expect("a body"))
     }
@@ -130,7 +150,7 @@ mod tests {
                 // message and a write: wait for it as a reader's wake-up would.
                 let mut seen = app.standby.wal.subscribe();
                 tokio::time::timeout(
-                    std::time::Duration::from_secs(30),
+                    DEADLINE,
                     seen.wait_for(|p| p.sendable() >= appended.end_lsn),
                 )
                 .await
@@ -143,9 +163,13 @@ mod tests {
                 std::future::pending::<()>().await;
             });
         });
-        let (http, system_id, from, end) = rx
-            .recv_timeout(std::time::Duration::from_secs(30))
-            .expect("the application started");
+        let (http, system_id, from, end) = rx.recv_timeout(DEADLINE).unwrap_or_else(|e| {
+            panic!(
+                "waited {} s for the application to start and its standby to confirm an \
+                 append: {e}",
+                DEADLINE.as_secs()
+            )
+        });
 
         let (code, body) = get(&format!("http://{http}/walserver/status"));
         assert_eq!(code, 200, "{body}");
@@ -171,22 +195,20 @@ mod tests {
 
         // POST /wal is mounted and takes bodies past actix-web's default limit (256 KiB): a
         // standby refuses the append itself, with a conflict, not a 413.
-        let append = ureq::post(&format!("http://{http}/walserver/wal"))
-            .config()
-            .http_status_as_error(false)
-            .build()
+        let wal = format!("http://{http}/walserver/wal");
+        let append = client()
+            .post(&wal)
             .send(&vec![b'x'; 1 << 20][..])
-            .expect("POST");
+            .unwrap_or_else(|e| no_answer("POST", &wal, e));
         assert_eq!(append.status().as_u16(), 409);
 
         // The application's own route, and no stand-alone-only route.
         assert_eq!(get(&format!("http://{http}/")).0, 200);
-        let promote = ureq::post(&format!("http://{http}/walserver/promote"))
-            .config()
-            .http_status_as_error(false)
-            .build()
+        let url = format!("http://{http}/walserver/promote");
+        let promote = client()
+            .post(&url)
             .send_empty()
-            .expect("POST");
+            .unwrap_or_else(|e| no_answer("POST", &url, e));
         assert_eq!(promote.status().as_u16(), 404);
     }
 }

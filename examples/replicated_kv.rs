@@ -162,6 +162,13 @@ fn main() -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    /// How long the test waits for the store to start, and for each request's answer: the
+    /// example takes milliseconds for either, so a hang fails the test here, saying what it
+    /// waited for, rather than at the test run's limit. A guess, far above the time taken.
+    const DEADLINE: Duration = Duration::from_secs(30);
+
     /// A read on the standby after a `remote_apply` write sees the value.
     #[test]
     fn a_read_on_the_standby_after_a_remote_apply_write_sees_it() {
@@ -175,19 +182,33 @@ mod tests {
                 std::future::pending::<()>().await;
             });
         });
-        let (writer, reader) = rx
-            .recv_timeout(std::time::Duration::from_secs(30))
-            .expect("store started");
+        let (writer, reader) = rx.recv_timeout(DEADLINE).unwrap_or_else(|e| {
+            panic!(
+                "waited {} s for the store to start: {e}",
+                DEADLINE.as_secs()
+            )
+        });
+        let http: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(DEADLINE))
+            .build()
+            .into();
+        let waited = |what: String, e: ureq::Error| -> ! {
+            panic!("{what} (waiting up to {} s): {e}", DEADLINE.as_secs())
+        };
         for i in 0..20 {
             let value = format!("value {i}");
-            let resp = ureq::put(&format!("http://{writer}/kv/k{}", i % 3))
+            let put = format!("http://{writer}/kv/k{}", i % 3);
+            let resp = http
+                .put(&put)
                 .send(value.as_bytes())
-                .expect("PUT");
+                .unwrap_or_else(|e| waited(format!("PUT {put}"), e));
             assert!(resp.status().is_success());
             // No waiting, no retry: remote_apply means the standby has applied it.
-            let mut got = ureq::get(&format!("http://{reader}/kv/k{}", i % 3))
+            let get = format!("http://{reader}/kv/k{}", i % 3);
+            let mut got = http
+                .get(&get)
                 .call()
-                .expect("GET");
+                .unwrap_or_else(|e| waited(format!("GET {get}"), e));
             assert_eq!(got.body_mut().read_to_string().unwrap(), value);
         }
     }

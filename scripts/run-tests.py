@@ -14,7 +14,12 @@ FUSE mounts are named after the test process's pid, ports are picked free, and e
 `serial()` lock only orders the scenarios inside it. The binaries in ALONE run by themselves
 at the end, because their scenarios time themselves against the clock.
 
+A binary still running after TIMEOUT seconds has hung: it is killed with everything it started
+(it runs in a process group of its own), and the run says which one and fails, rather than
+waiting for CI's own limit.
+
   scripts/run-tests.py [--jobs N]    (default: WALSERVER_TEST_JOBS, else 2)
+  WALSERVER_TEST_TIMEOUT=SECONDS     each binary's limit (default 900)
 
 Two workers on the 2-core CI machine: the long binaries mostly sleep, so two at once nearly
 halve the run; a third made the chaos scenarios miss their deadlines on a loaded machine.
@@ -23,6 +28,7 @@ halve the run; a third made the chaos scenarios miss their deadlines on a loaded
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -52,6 +58,10 @@ SLOW = {
 # clock (the tiny soak takes a sample every 0.25 s for 3 s and counts them), and beside another
 # binary's load on two cores they came up short.
 ALONE = {("walserver", "chaos")}
+# How long one binary may run. The slowest took 265 s on the 2-core CI machine beside another
+# binary (chaos, December 2026) and 96 s alone; a hang is told apart from that by this much.
+# A guess at several times the slowest, still far below CI's 90 minutes.
+TIMEOUT = int(os.environ.get("WALSERVER_TEST_TIMEOUT", "900"))
 # The doctests: rustdoc compiles each against the workspace before it runs, so the job is
 # longer than its few tests suggest (257 s on a machine loaded by six builds; the weight is a
 # guess at its place among the others on an idle one).
@@ -107,14 +117,32 @@ def run_job(job, logdir, report):
     start = time.monotonic()
     with open(log, "w") as out:
         try:
-            rc = subprocess.call(
-                job["cmd"], cwd=job["dir"], env=job["env"], stdout=out, stderr=subprocess.STDOUT
+            proc = subprocess.Popen(
+                job["cmd"],
+                cwd=job["dir"],
+                env=job["env"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         except OSError as e:
             # A binary the build listed and that cannot be started (removed since) is a
             # failure of its job, reported with the others, not the end of the run.
             out.write(f"run-tests: cannot start {job['cmd'][0]}: {e}\n")
+            proc = None
             rc = 1
+        if proc is not None:
+            try:
+                rc = proc.wait(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                # Its tests' children (nodes, etcd, PostgreSQL) share its process group
+                # unless they made their own, and go with it.
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = 1
+                hung = f"run-tests: {job['name']} hung: still running after {TIMEOUT} s; killed"
+                out.write(f"\n{hung}\n")
+                print(hung, flush=True)
     secs = time.monotonic() - start
     passed = failed = 0
     with open(log, errors="replace") as f:

@@ -433,7 +433,9 @@ fn a_leader_that_lost_a_tail_its_standby_holds_comes_back_in_a_new_term() {
     let started = Instant::now();
     let (leader, sync) = m.or_logs(m.wait_led_and_sync());
     let before = m.status(leader).expect("the leader's status");
-    m.mounts[leader].hold_syncs();
+    // Dropped before the members if a wait below fails, so that the held syncs run and the
+    // leader can be killed; the power loss ends the hold otherwise.
+    let _held = m.mounts[leader].hold_syncs();
     // The leader's first write that waits for its sync, told by its mount as it is recorded.
     assert!(
         UnsyncedWatch::on(&[&m.mounts[leader]]).wait(DEADLINE),

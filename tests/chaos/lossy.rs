@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use lossyfs::{LossyFs, Options, UnsyncedWatch};
+use lossyfs::{LossyFs, Options, SyncHold, UnsyncedWatch};
 
 use crate::node::*;
 use crate::Rng;
@@ -92,16 +92,15 @@ pub struct Outage {
 /// chosen by a seed from `rng`: their syncs are held until one of them has written something
 /// it has not synced (a node under load is always appending), then all go down before any
 /// comes back. Nothing is started again. A power loss with nothing unsynced would prove
-/// nothing, so that is an error.
+/// nothing, so that is an error, and the syncs then run again (the holds' drop), so that the
+/// failing scenario can kill its nodes.
 pub fn pull_plugs(
     nodes: &mut [ChildNode],
     mounts: &mut [LossyFs],
     hit: &[usize],
     rng: &mut Rng,
 ) -> anyhow::Result<Outage> {
-    for &i in hit {
-        mounts[i].hold_syncs();
-    }
+    let _held: Vec<SyncHold> = hit.iter().map(|&i| mounts[i].hold_syncs()).collect();
     let victims: Vec<&LossyFs> = hit.iter().map(|&i| &mounts[i]).collect();
     anyhow::ensure!(
         UnsyncedWatch::on(&victims).wait(DEADLINE),

@@ -335,8 +335,11 @@ fn lose_a_tail_the_standby_holds(pair: &mut Pair) -> anyhow::Result<Outage> {
     // early send allows, and only then are its syncs held. Held before the mark was durable,
     // they would keep it from ever being so.
     disk.set_sync_latency(PRIMARY_SYNC_LATENCY);
+    // Dropped on the way out, which ends the hold if the plug was not pulled: a node with a
+    // thread in a held sync cannot be killed.
+    let mut hold = None;
     let held = ahead("an early send on the primary's timeline").and_then(|()| {
-        disk.hold_syncs();
+        hold = Some(disk.hold_syncs());
         anyhow::ensure!(
             UnsyncedWatch::on(&[disk]).wait(DEADLINE),
             "timed out after {DEADLINE:?} waiting for a write of the primary that waits for \
@@ -347,11 +350,7 @@ fn lose_a_tail_the_standby_holds(pair: &mut Pair) -> anyhow::Result<Outage> {
         ahead("the standby durable past the primary's durable end")
     });
     disk.set_sync_latency(Duration::ZERO);
-    if let Err(e) = held {
-        // A node with a thread in a held sync cannot be killed: the plug goes first.
-        disk.pull_plug();
-        return Err(e);
-    }
+    held?;
     power_off(&mut pair.nodes, &mut pair.mounts, &[0], None)
 }
 

@@ -206,11 +206,12 @@ fn errno(e: io::Error) -> Errno {
 }
 
 /// What fsyncs do: their normal work, wait (the plug is about to be pulled with writes not
-/// yet synced), or fail without making anything durable (the plug was pulled).
+/// yet synced), or fail without making anything durable (the plug was pulled). A hold is
+/// numbered so that only its own `SyncHold` ends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Syncs {
     Run,
-    Hold,
+    Hold(u64),
     Fail,
 }
 
@@ -268,7 +269,7 @@ impl LossyFilesystem {
     fn may_sync(&self) -> bool {
         let (lock, cv) = &*self.gate;
         let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
-        while *g == Syncs::Hold {
+        while matches!(*g, Syncs::Hold(_)) {
             g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
         }
         *g == Syncs::Run

@@ -14,7 +14,9 @@
 //! synced is lost, for a scenario that must count on losing it.
 //! A power loss is worth landing only when something is at stake: an [`UnsyncedWatch`] blocks
 //! until one of its mounts holds an unsynced change of a file, woken by the request that
-//! records it, with a deadline.
+//! records it, with a deadline; [`LossyFs::hold_syncs`] keeps every sync waiting meanwhile,
+//! until the plug is pulled or the [`SyncHold`] it returns is dropped (so that a scenario
+//! that fails while holding them can still kill its nodes).
 //!
 //! Each mount can also be a disk of its own: [`Options::sync_latency`] is added to every
 //! fsync and fdatasync (1 ms is what a network-attached cloud volume takes; changed while it
@@ -230,9 +232,17 @@ impl LossyFs {
 
     /// From now on every fsync and fdatasync waits, until [`LossyFs::pull_plug`] or the next
     /// [`LossyFs::crash`] fails them without making anything durable: the moment between a
-    /// write and its sync, held open so that a power loss can be made to land in it.
-    pub fn hold_syncs(&self) {
-        self.set_syncs(Syncs::Hold);
+    /// write and its sync, held open so that a power loss can be made to land in it. If
+    /// neither comes first, dropping the returned [`SyncHold`] lets them run: a process with
+    /// a thread in a held sync cannot be killed, so a scenario that gives up while it holds
+    /// them (a wait that failed, a panic) must not leave them held for its teardown.
+    pub fn hold_syncs(&self) -> SyncHold {
+        let hold = Syncs::Hold(HOLDS.fetch_add(1, Ordering::Relaxed));
+        self.set_syncs(hold);
+        SyncHold {
+            gate: self.gate.clone(),
+            hold,
+        }
     }
 
     /// Pulls the plug without the crash yet: every fsync (also one held) and every change
@@ -339,6 +349,30 @@ impl Drop for UnsyncedWatch<'_> {
             lock(state)
                 .waiters
                 .retain(|w| !Arc::ptr_eq(w, &self.waiter));
+        }
+    }
+}
+
+/// The numbers of [`LossyFs::hold_syncs`]'s holds, unique in the process.
+static HOLDS: AtomicU64 = AtomicU64::new(0);
+
+/// Syncs held by [`LossyFs::hold_syncs`], let run when this is dropped unless the hold has
+/// ended already.
+#[must_use = "the syncs are held only until the hold is dropped"]
+pub struct SyncHold {
+    gate: SyncGate,
+    hold: Syncs,
+}
+
+impl Drop for SyncHold {
+    /// Only this hold is ended: a pulled plug or a crash has ended it already (the syncs then
+    /// fail, or run on the state after the crash), and a later hold is someone else's.
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.gate;
+        let mut syncs = lock.lock().unwrap_or_else(|e| e.into_inner());
+        if *syncs == self.hold {
+            *syncs = Syncs::Run;
+            cv.notify_all();
         }
     }
 }

@@ -142,8 +142,13 @@ fn failover_crash_point_cycles(point: &str, dies: Dies, overlap: Overlap) {
             Dies::SyncThenLeader => (sync, vec![sync, leader]),
         };
         let pass = pass(&mut rng);
+        // Arming restarts the armed member, and its armed process dies at the point: the
+        // tails each process cut are counted before it goes (an armed process that dies
+        // before arming returns is not asked, having barely started).
+        m.count_cuts(&[armed]);
         let from = arm(&mut m, armed, leader, sync, point, pass);
         let from = m.or_logs(from.context(format!("{c}: arming n{armed}")));
+        m.count_cuts(&hit);
         let said = said_it_dies(&m.nodes[armed], from, point, pass);
         for &i in &hit {
             m.mounts[i].pull_plug();

@@ -61,6 +61,8 @@ pub(crate) struct Members {
     pub(crate) etcd_links: Vec<Relay>,
     /// The way to member `i`'s replication port, which it advertises to the others.
     replication_links: Vec<Relay>,
+    /// The tails the members cut, across their restarts.
+    cuts: TailCuts,
     _etcd: EtcdServer,
 }
 
@@ -142,6 +144,7 @@ impl Members {
             mounts,
             etcd_links,
             replication_links,
+            cuts: TailCuts::default(),
             _etcd: etcd,
         }
     }
@@ -264,12 +267,24 @@ impl Members {
         assert_judged(&[acks], &nodes).describe().join("; ")
     }
 
-    /// Tails cut back at stream start, summed over the members.
-    pub(crate) fn tail_cuts(&self) -> u64 {
-        (0..MEMBERS)
-            .filter_map(|i| self.status(i).ok())
-            .map(|s| s.commit.tail_cuts)
-            .sum()
+    /// Tails cut back at stream start, summed over the members and their processes: each
+    /// running member's count now, and what those that died counted before.
+    pub(crate) fn tail_cuts(&mut self) -> u64 {
+        self.count_cuts(&[]);
+        self.cuts.total()
+    }
+
+    /// Counts each running member's tail cuts, just before the members `dying` are killed or
+    /// die by themselves: their counts are kept, and their next processes count from 0.
+    pub(crate) fn count_cuts(&mut self, dying: &[usize]) {
+        for i in 0..MEMBERS {
+            if let Ok(s) = self.status(i) {
+                self.cuts.saw(i, s.commit.tail_cuts);
+            }
+        }
+        for &i in dying {
+            self.cuts.died(i);
+        }
     }
 
     /// Starts member `i` again, panicking with the logs if it cannot.
@@ -330,6 +345,7 @@ fn power_loss_cycles(victims: Victims, overlap: Overlap) {
             Victims::Sync => vec![sync],
             Victims::Both => vec![sync, leader],
         };
+        m.count_cuts(&hit);
         let outage = pull_plugs(&mut m.nodes, &mut m.mounts, &hit, &mut rng);
         lost_writes += m.or_logs(outage.context(format!("cycle {cycle}"))).lost;
         for &i in hit.iter().rev() {

@@ -170,3 +170,65 @@ fn the_prefix_check_finds_any_difference() {
     b[1] = rec(1, 126, b"y");
     assert_eq!(first_difference(&a, &b[..2]), Some(1), "another LSN");
 }
+
+/// Tails cut back at stream start, summed over nodes and over each node's processes: a node's
+/// `/status` counts what its running process cut (`commit.tail_cuts`, from 0 at each start),
+/// so what a process had counted is kept when it goes ([`TailCuts::died`]).
+#[derive(Debug, Default)]
+pub struct TailCuts {
+    /// Per node: what its processes that are gone counted, and what the running one had
+    /// counted at the last look.
+    nodes: Vec<(u64, u64)>,
+}
+
+impl TailCuts {
+    /// Node `i`'s running process has counted `counted` cuts. A count below the last one
+    /// is a process started since without [`TailCuts::died`] told: the last one is kept.
+    pub fn saw(&mut self, i: usize, counted: u64) {
+        let node = self.node(i);
+        if counted < node.1 {
+            node.0 += node.1;
+        }
+        node.1 = counted;
+    }
+
+    /// Node `i`'s process is gone, or is about to be killed with nothing started since the
+    /// last look: its count at that look is kept, and the next process counts from 0.
+    pub fn died(&mut self, i: usize) {
+        let node = self.node(i);
+        node.0 += std::mem::take(&mut node.1);
+    }
+
+    pub fn total(&self) -> u64 {
+        self.nodes.iter().map(|(gone, now)| gone + now).sum()
+    }
+
+    fn node(&mut self, i: usize) -> &mut (u64, u64) {
+        if self.nodes.len() <= i {
+            self.nodes.resize(i + 1, (0, 0));
+        }
+        &mut self.nodes[i]
+    }
+}
+
+#[test]
+fn tail_cuts_add_up_over_each_node_s_processes() {
+    let mut cuts = TailCuts::default();
+    cuts.saw(0, 1);
+    cuts.saw(0, 2);
+    assert_eq!(cuts.total(), 2, "one process's count is not added twice");
+    cuts.died(0);
+    assert_eq!(cuts.total(), 2, "a killed process's count stays");
+    cuts.saw(0, 3);
+    assert_eq!(cuts.total(), 5, "the next process counts from 0");
+    cuts.saw(2, 4);
+    cuts.saw(2, 1);
+    assert_eq!(
+        cuts.total(),
+        10,
+        "a count that went down is a new process's"
+    );
+    cuts.died(2);
+    cuts.died(2);
+    assert_eq!(cuts.total(), 10, "a death told twice adds nothing");
+}

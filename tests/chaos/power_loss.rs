@@ -122,9 +122,8 @@ pub(crate) struct Run {
     /// Unsynced writes the crashes took back, and those they found.
     pub(crate) lost_writes: usize,
     pub(crate) at_risk: usize,
-    /// The standby's tail cuts, and how many its process had counted at the last look.
-    tail_cuts: u64,
-    cuts_seen: u64,
+    /// The standby's tail cuts, across its restarts.
+    cuts: TailCuts,
     _dir: tempfile::TempDir,
 }
 
@@ -170,8 +169,7 @@ impl Run {
             started: Instant::now(),
             lost_writes: 0,
             at_risk: 0,
-            tail_cuts: 0,
-            cuts_seen: 0,
+            cuts: TailCuts::default(),
             _dir: dir,
         }
     }
@@ -260,16 +258,23 @@ impl Run {
             );
         }
         let commit = pair.nodes[1].status().expect("the standby's status").commit;
-        if hit.contains(&1) {
-            self.cuts_seen = 0;
-        }
-        self.tail_cuts += commit.tail_cuts - self.cuts_seen.min(commit.tail_cuts);
-        self.cuts_seen = commit.tail_cuts;
+        self.cuts.saw(1, commit.tail_cuts);
         if self.overlap == Overlap::Off {
             assert_eq!(
                 commit.tail_cuts, 0,
                 "cycle {cycle}: a cut with the switch off"
             );
+        }
+    }
+
+    /// Counts the standby's tail cuts just before the nodes `dying` lose power: if it is one
+    /// of them, its count is kept and its next process counts from 0.
+    pub(crate) fn count_cuts(&mut self, dying: &[usize]) {
+        if let Ok(s) = self.pair.nodes[1].status() {
+            self.cuts.saw(1, s.commit.tail_cuts);
+        }
+        if dying.contains(&1) {
+            self.cuts.died(1);
         }
     }
 
@@ -296,7 +301,7 @@ impl Run {
             self.started.elapsed().as_secs_f64(),
             acks.len(),
             self.lost_writes,
-            self.tail_cuts,
+            self.cuts.total(),
             timeline - self.first_timeline,
             read[0],
             read[1],
@@ -368,6 +373,7 @@ fn power_loss_cycles(victims: Victims, overlap: Overlap) {
             Victims::Both => &[1, 0],
         };
         let tail_case = victims == Victims::Primary && cycle % 2 == 0;
+        run.count_cuts(hit);
         let pair = &mut run.pair;
         let outage = match overlap {
             Overlap::On if tail_case => lose_a_tail_the_standby_holds(pair),

@@ -35,7 +35,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fault_harness::report::{RecoverMs, Row};
-use fault_harness::watch::LineWatch;
+use fault_harness::watch::{ExitWatch, LineWatch};
 use wal_storage::Lsn;
 use walserver_bench::acklog::{self, AckEntry};
 use walserver_bench::judge::{self, NodeWal};
@@ -306,12 +306,14 @@ impl Load {
             .expect("count the acknowledgement log")
     }
 
-    /// Waits until the log holds more than `n` acknowledged appends, woken by its writes;
-    /// returns how many, or says whether the load tool is still running and what it logged.
+    /// Waits until the log holds more than `n` acknowledged appends, woken by its writes
+    /// and by the load tool's exit (which ends the wait at once); returns how many, or says
+    /// whether the load tool is still running and what it logged.
     pub fn wait_acks_beyond(&self, n: usize, deadline: Duration) -> anyhow::Result<usize> {
+        let writer = ExitWatch::of(self.child.borrow().id())?;
         self.acks
             .borrow_mut()
-            .wait_lines(n + 1, deadline)
+            .wait_lines_or_exit(n + 1, deadline, Some(&writer))
             .map_err(|e| {
                 let exited = self.child.borrow_mut().try_wait().ok().flatten();
                 let why = fault_harness::process::explain("the load tool", exited, &self.log);

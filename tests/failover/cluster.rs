@@ -344,8 +344,9 @@ impl Cluster {
     /// the load tool is still running and what it logged last.
     pub fn wait_more_acks(&mut self, n: usize, deadline: Duration) -> Result<(), String> {
         let now = self.acks.lines().map_err(|e| e.to_string())?;
+        let load = self.load.as_ref().and_then(|p| p.exit_watch().ok());
         self.acks
-            .wait_lines(now + n, deadline)
+            .wait_lines_or_exit(now + n, deadline, load.as_ref())
             .map(|_| ())
             .map_err(|e| {
                 let why = self
@@ -377,7 +378,15 @@ impl Cluster {
             }
             read = log.len();
             let left = deadline.saturating_sub(start.elapsed());
-            if left.is_zero() || self.acks.wait_lines(read + 1, left).is_err() {
+            if left.is_zero() {
+                return None;
+            }
+            // A load that exited writes no more: the wait ends then, not at the deadline.
+            let load = self.load.as_ref().and_then(|p| p.exit_watch().ok());
+            if (self.acks)
+                .wait_lines_or_exit(read + 1, left, load.as_ref())
+                .is_err()
+            {
                 return None;
             }
         }

@@ -186,7 +186,11 @@ impl Cluster {
     /// Waits until `n` more appends than now are acknowledged; returns the count and when.
     pub fn wait_more_acks(&mut self, n: usize, deadline: Duration) -> (usize, Instant) {
         let now = self.acks.lines().expect("ack log");
-        let count = self.acks.wait_lines(now + n, deadline).unwrap_or_else(|e| {
+        let load = self.load.as_ref().and_then(|p| p.exit_watch().ok());
+        let more = self
+            .acks
+            .wait_lines_or_exit(now + n, deadline, load.as_ref());
+        let count = more.unwrap_or_else(|e| {
             let why = self
                 .load
                 .as_mut()
@@ -216,7 +220,15 @@ impl Cluster {
                 return Some(Instant::now());
             }
             let left = deadline.saturating_sub(start.elapsed());
-            if left.is_zero() || self.acks.wait_lines(read + 1, left).is_err() {
+            if left.is_zero() {
+                return None;
+            }
+            // A load that exited writes no more: the wait ends then, not at the deadline.
+            let load = self.load.as_ref().and_then(|p| p.exit_watch().ok());
+            if (self.acks)
+                .wait_lines_or_exit(read + 1, left, load.as_ref())
+                .is_err()
+            {
                 return None;
             }
         }

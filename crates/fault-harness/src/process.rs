@@ -10,6 +10,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::watch::ExitWatch;
 use crate::{Error, Result};
 
 /// How much of a log a failing test prints (its end).
@@ -248,6 +249,12 @@ impl Process {
             // The pipes closed but the exit is not reaped yet: a few milliseconds at most.
             std::thread::sleep(Duration::from_millis(2));
         }
+    }
+
+    /// Its exit as an event ([`ExitWatch`]): a wait for what it should write can end when it
+    /// exits ([`crate::watch::LineWatch::wait_lines_or_exit`]).
+    pub fn exit_watch(&self) -> Result<ExitWatch> {
+        ExitWatch::of(self.child.id())
     }
 
     /// The end of the log, for a failure message.

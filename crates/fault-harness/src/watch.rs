@@ -1,6 +1,8 @@
 //! Waiting for files, woken by inotify: a test waits for a load's acknowledgement log to
 //! reach a number of lines, or for a fact about the files of a directory another process
-//! writes (a segment renamed into place), without polling them.
+//! writes (a segment renamed into place), without polling them. The process that writes a
+//! file can be watched beside it ([`ExitWatch`], a pidfd), so that a wait for lines it will
+//! never write ends when it exits, not at the wait's deadline.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -68,14 +70,24 @@ impl DirWatch {
     /// Blocks until the directory reports a change or `timeout` passes, and drains the
     /// events.
     fn wait_event(&self, timeout: Duration) -> Result<()> {
-        let mut pfd = libc::pollfd {
-            fd: self.inotify.as_raw_fd(),
+        self.wait_event_or_exit(timeout, None)
+    }
+
+    /// As [`DirWatch::wait_event`], and also returns when the process `exit` watches has
+    /// exited.
+    fn wait_event_or_exit(&self, timeout: Duration, exit: Option<&ExitWatch>) -> Result<()> {
+        let watched = |fd: &OwnedFd| libc::pollfd {
+            fd: fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
+        let mut pfds: Vec<libc::pollfd> = std::iter::once(&self.inotify)
+            .chain(exit.map(|e| &e.pidfd))
+            .map(watched)
+            .collect();
         let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        // SAFETY: a buffer of valid pollfds, with its length.
+        let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
         if r < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {
@@ -144,11 +156,33 @@ impl LineWatch {
 
     /// Waits until the file has at least `n` lines, up to `deadline`; returns the count.
     pub fn wait_lines(&mut self, n: usize, deadline: Duration) -> Result<usize> {
+        self.wait_lines_or_exit(n, deadline, None)
+    }
+
+    /// As [`LineWatch::wait_lines`], and gives up at once, with [`Error::Exited`], when the
+    /// process `writer` watches (the one that writes the file) has exited short of `n`
+    /// lines: the lines it wrote before it exited still count.
+    pub fn wait_lines_or_exit(
+        &mut self,
+        n: usize,
+        deadline: Duration,
+        writer: Option<&ExitWatch>,
+    ) -> Result<usize> {
         let start = Instant::now();
         loop {
+            // Asked before the count, so that a writer that exits in between has its last
+            // lines counted by the time its exit is believed.
+            let exited = writer.is_some_and(ExitWatch::exited);
             let have = self.lines()?;
             if have >= n {
                 return Ok(have);
+            }
+            if exited {
+                return Err(Error::Exited(format!(
+                    "{} has {have} lines, not {n}: its writer exited after {:?}",
+                    self.path.display(),
+                    start.elapsed()
+                )));
             }
             let left = deadline.saturating_sub(start.elapsed());
             if left.is_zero() {
@@ -157,8 +191,45 @@ impl LineWatch {
                     self.path.display()
                 )));
             }
-            self.dir.wait_event(left)?;
+            self.dir.wait_event_or_exit(left, writer)?;
         }
+    }
+}
+
+/// A process's exit as an event a wait can take beside a file's changes: a pidfd, readable
+/// once the process has exited.
+pub struct ExitWatch {
+    pidfd: OwnedFd,
+}
+
+impl ExitWatch {
+    /// Watches the process `pid`, a child of this process not reaped yet (so that the pid
+    /// still names it, even once it has exited).
+    pub fn of(pid: u32) -> Result<ExitWatch> {
+        let pid = libc::pid_t::try_from(pid)
+            .map_err(|_| Error::Invalid(format!("{pid} is not a process id")))?;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor (close-on-exec)
+        // or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io_error(&format!("pidfd_open({pid})")));
+        }
+        let fd = i32::try_from(fd).map_err(|_| Error::Invalid(format!("descriptor {fd}")))?;
+        // SAFETY: fd is the descriptor just returned, owned from here on.
+        Ok(ExitWatch {
+            pidfd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Whether the process has exited (asked without waiting).
+    pub fn exited(&self) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        unsafe { libc::poll(&mut pfd, 1, 0) > 0 }
     }
 }
 

@@ -272,6 +272,37 @@ fn a_line_watch_wakes_when_the_file_grows() {
     assert!(w.wait_lines(6, Duration::from_millis(100)).is_err());
 }
 
+/// A wait for lines from a writer that exits short of them ends at its exit, with the lines
+/// it wrote counted, not at the deadline; one that has them is answered as before.
+#[test]
+fn a_line_wait_ends_when_its_writer_exits() {
+    use fault_harness::watch::{ExitWatch, LineWatch};
+    const LONG: Duration = Duration::from_secs(60);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    let mut w = LineWatch::new(&path).unwrap();
+    let mut writer = std::process::Command::new("sh")
+        .args(["-c", "echo one >> \"$0\"; echo two >> \"$0\"; exit 3"])
+        .arg(&path)
+        .spawn()
+        .unwrap();
+    let exit = ExitWatch::of(writer.id()).unwrap();
+    let started = Instant::now();
+    let e = w.wait_lines_or_exit(3, LONG, Some(&exit)).unwrap_err();
+    assert!(
+        started.elapsed() < LONG / 2,
+        "the wait ran {:?} after its writer exited",
+        started.elapsed()
+    );
+    assert!(
+        matches!(e, fault_harness::Error::Exited(_)) && e.to_string().contains("has 2 lines"),
+        "{e}"
+    );
+    assert!(exit.exited());
+    assert_eq!(w.wait_lines_or_exit(2, LONG, Some(&exit)).unwrap(), 2);
+    assert_eq!(writer.wait().unwrap().code(), Some(3));
+}
+
 #[test]
 fn a_dir_watch_asks_again_at_each_change_and_gives_up_at_its_deadline() {
     let dir = tempfile::tempdir().unwrap();

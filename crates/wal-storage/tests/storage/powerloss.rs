@@ -279,3 +279,74 @@ fn records_after_a_pointer_at_a_segment_start_survive_removal_of_the_segment_bef
     let found: Vec<(Lsn, Bytes)> = records.into_iter().map(|r| (r.end, r.payload)).collect();
     assert_eq!(found, acked);
 }
+
+/// The fork cut (`truncate_beyond`) lowers the told commit point before it cuts the WAL: a
+/// power loss at any operation of it leaves either the WAL as it was, or a told point at or
+/// below the fork, never a cut WAL under the old history's point, which readers would read
+/// the new leader's WAL up to once it arrives.
+#[test]
+fn a_power_loss_in_the_fork_cut_never_leaves_the_told_point_above_the_cut() {
+    let (mut cut_whole, mut cut_not) = (0, 0);
+    let base = Path::new("/dev/shm");
+    // The cut takes about twenty operations, with the background thread's beside them.
+    for n in 0..32 {
+        let dir = if base.is_dir() {
+            tempfile::tempdir_in(base).unwrap()
+        } else {
+            tempfile::tempdir().unwrap()
+        };
+        let wal = Wal::init(
+            dir.path(),
+            cfg(),
+            InitOptions::primary(SystemId(7), WalFormat::Walserver),
+        )
+        .unwrap();
+        let ends = wal
+            .append((0..6).map(|i| payload(i, 2_000)).collect())
+            .unwrap()
+            .wait()
+            .unwrap();
+        let (fork, told) = (ends[1], ends[5]);
+        wal.set_told_commit_point(Some(told));
+        crate::common::wait_position(&wal, "the told point stored", |p| {
+            p.commit == CommitBound::Told(told)
+        });
+        drop(wal);
+
+        let fp = Arc::new(Failpoints::default());
+        let pl = fp.record_power_loss(dir.path()).unwrap();
+        let wal = Wal::open_with_failpoints(dir.path(), cfg(), fp).unwrap();
+        pl.pull_plug_after(n);
+        let done = wal.truncate_beyond(fork).is_ok();
+        drop(wal);
+        let report = pl.crash(n).unwrap();
+
+        let wal = Wal::open(dir.path(), cfg()).unwrap();
+        // As a node starts: readers stop at the point stored.
+        wal.set_told_commit_point(Some(Lsn::INVALID));
+        let pos = wal.position();
+        let CommitBound::Told(found) = pos.commit else {
+            panic!("after {n} operations: {pos:?}");
+        };
+        if pos.flushed <= fork {
+            assert!(
+                found <= fork,
+                "after {n} operations ({report:?}) the WAL is cut to {} under a told point \
+                 {found} above the fork {fork}",
+                pos.flushed
+            );
+        } else {
+            assert!(!done, "a cut reported done left the WAL to {}", pos.flushed);
+        }
+        if done {
+            cut_whole += 1;
+            assert_eq!(pos.committed(), fork);
+        } else if pos.flushed > fork {
+            cut_not += 1;
+        }
+    }
+    assert!(
+        cut_whole > 0 && cut_not > 0,
+        "the plug fell neither before the cut nor after it: {cut_not} and {cut_whole}"
+    );
+}

@@ -242,6 +242,93 @@ fn cascade_and_rejoin(overlap: bool) {
     assert_eq!(code, 409);
 }
 
+/// Two standbys of one primary promoted apart at the same point both make a timeline 2: the
+/// same number and switch point, other WAL after it. One pointed at the other is refused
+/// before anything is cut or streamed (the error names both histories' lines and is the
+/// commit alarm), and `walserver rejoin` refuses too; its WAL stays as it was.
+#[test]
+fn a_timeline_of_one_number_made_apart_is_refused_not_followed() {
+    let p = TestNode::primary(KEEP);
+    let a = TestNode::standby_of(p.addr(), "a", KEEP);
+    let c = TestNode::standby_of(p.addr(), "c", KEEP);
+    let end = append_mib(&p, 1, 1);
+    a.wait_flushed(TL1, end);
+    c.wait_flushed(TL1, end);
+    drop(p);
+    for n in [&a, &c] {
+        let (code, promoted) = http_post(n.http_addr, "/promote", b"");
+        assert_eq!(code, 200, "{promoted}");
+        assert_eq!(
+            (
+                promoted["timeline"].as_u64(),
+                promoted["switch_lsn"].as_str()
+            ),
+            (Some(2), Some(end.to_string().as_str()))
+        );
+    }
+    // Each takes appends of its own on its timeline 2; A more than C, so that C, streaming
+    // from A, would take A's bytes after its own.
+    let a_end = append_mib(&a, 2, 30);
+    let c_end = append_mib(&c, 1, 60);
+    assert!(a_end > c_end);
+    let c_dir = c.down(Down::Immediate);
+    let c_data = c_dir.path().join("data");
+    StandbySignal {
+        primary_conninfo: Some(a.conninfo("c")),
+        primary_slot_name: None,
+        standby_since: None,
+    }
+    .write(&c_data)
+    .unwrap();
+    let c = TestNode::start_in(c_dir, KEEP);
+    let mut last_error = String::new();
+    wait_until("C to be refused for a timeline made apart", || {
+        let s = c.http_get("/status");
+        last_error = s["wal_receiver"]["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        last_error.contains("made apart")
+    });
+    assert!(
+        last_error.contains("promoted by walserver at "),
+        "the error does not give the histories' lines: {last_error}"
+    );
+    let status = c.status();
+    assert_eq!(
+        (status.timeline, status.flush_lsn),
+        (TL2, c_end),
+        "C's WAL is as it was"
+    );
+    assert!(
+        status
+            .commit
+            .alarm
+            .as_deref()
+            .unwrap_or("")
+            .contains("made apart"),
+        "{:?}",
+        status.commit
+    );
+    // Nor does `walserver rejoin` cut it to A's.
+    let c_dir = c.down(Down::Immediate);
+    let out = Command::new(env!("CARGO_BIN_EXE_walserver"))
+        .arg("rejoin")
+        .arg("--data-dir")
+        .arg(c_dir.path().join("data"))
+        .arg("--primary-conninfo")
+        .arg(a.conninfo("c"))
+        .output()
+        .expect("run walserver rejoin");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "rejoin went on: {said}");
+    assert!(said.contains("made apart"), "{said}");
+}
+
 /// An old primary's refused cut under the overlapped commit: alarmed in `/status` and
 /// `/metrics`, nothing cut.
 fn assert_tail_kept_and_alarmed(p: &TestNode) {

@@ -98,6 +98,11 @@ pub enum FollowError {
         local: TimelineId,
         upstream: TimelineId,
     },
+    /// The leader's history names this node's timeline, but not this node's timeline of that
+    /// number: the two were made apart (`wal_storage::departs_from`), so no point of it is
+    /// known to be shared and nothing is cut.
+    #[error("this node's timeline {local} is not the leader's timeline of that number: {detail}; the two were made apart and their WAL may differ at the same LSNs, so nothing is cut: make this node again from the leader (walserver init --standby)")]
+    TimelineClash { local: TimelineId, detail: String },
     /// The overlapped commit's rule 4 for a fork cut: the leader, chosen to hold everything
     /// acknowledged, forked from this node's history below the commit point it was told.
     #[error("refusing to follow the leader: its history forked from this node's at {fork}, below the commit point {commit_point} this node was told; the leader lacks acknowledged WAL this node holds")]

@@ -9,7 +9,7 @@
 //! a timeline the leader never descended from) is refused: no WAL is dropped on a guess.
 
 use serde::Serialize;
-use wal_storage::{Lsn, TimelineId, Wal};
+use wal_storage::{departs_from, HistoryEntry, Lsn, TimelineId, Wal};
 use walreceiver_actor::UpstreamIdentity;
 
 use crate::error::FollowError;
@@ -58,6 +58,24 @@ pub fn fork_point(wal: &Wal, upstream: &UpstreamIdentity) -> Result<ForkPoint, F
         return Err(FollowError::NotInHistory {
             local: timeline,
             upstream: upstream.timeline,
+        });
+    }
+    let own = wal.history();
+    if let Some(i) = departs_from(&own, &upstream.history) {
+        let line = |e: Option<&HistoryEntry>| match e {
+            Some(e) => format!(
+                "timeline {} switched at {} ({})",
+                e.parent, e.switch_lsn, e.reason
+            ),
+            None => "nothing more".to_string(),
+        };
+        return Err(FollowError::TimelineClash {
+            local: timeline,
+            detail: format!(
+                "this node's history says {}, the leader's {}",
+                line(own.get(i)),
+                line(upstream.history.get(i))
+            ),
         });
     }
     Ok(ForkPoint {
@@ -142,6 +160,55 @@ mod tests {
         );
         assert!(!forks_below_commit_point(f, None, true), "told nothing");
         assert!(!forks_below_commit_point(None, c, true), "no fork");
+    }
+
+    /// A node that began its own timeline 2 is not cut to a leader's timeline 2 made apart,
+    /// even at the same switch point; the leader's own timeline 2 is followed.
+    #[test]
+    fn a_leader_on_a_timeline_of_this_node_s_number_made_apart_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = StorageConfig {
+            segment_size: 1 << 20,
+            ..StorageConfig::default()
+        };
+        let opts = InitOptions::primary(SystemId(7), WalFormat::Walserver);
+        let wal = Wal::init(dir.path(), cfg, opts).expect("init");
+        let (tli, switch) = wal.promote("restarted after early sends").expect("promote");
+        wal.append(vec![Bytes::from(vec![1u8; 512])])
+            .expect("append")
+            .wait()
+            .expect("durable");
+        let leader = |reason: &str| UpstreamIdentity {
+            system_id: SystemId(7),
+            timeline: tli,
+            xlogpos: switch,
+            segment_size: 1 << 20,
+            format: WalFormat::Walserver,
+            server_version: String::new(),
+            history_files: Vec::new(),
+            history: vec![HistoryEntry {
+                parent: TimelineId(1),
+                switch_lsn: switch,
+                reason: reason.into(),
+            }],
+            slot_restart: None,
+        };
+        let end = wal.flushed();
+        match cut_back_to_fork(&wal, &leader("promoted by walserver at another moment")) {
+            Err(FollowError::TimelineClash { local, detail }) => {
+                assert_eq!(local, tli);
+                assert!(
+                    detail.contains("restarted after early sends at "),
+                    "{detail}"
+                );
+            }
+            other => panic!("expected a clash, got {other:?}"),
+        }
+        assert_eq!(wal.flushed(), end, "nothing was cut");
+        let own = wal.history();
+        let same = leader(&own[0].reason);
+        let cut = cut_back_to_fork(&wal, &same).expect("the same timeline");
+        assert_eq!((cut.point.fork, cut.dropped_bytes), (None, 0));
     }
 
     #[test]

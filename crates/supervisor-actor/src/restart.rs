@@ -130,6 +130,7 @@ pub fn is_persistent(e: &ReceiverError) -> bool {
         | ReceiverError::UpstreamBehind { .. }
         | ReceiverError::NotInUpstreamHistory { .. }
         | ReceiverError::Forked { .. }
+        | ReceiverError::TimelineClash { .. }
         | ReceiverError::BelowCommitPoint { .. }
         | ReceiverError::WroteAsPrimary { .. }
         | ReceiverError::InvalidConnInfo { .. }

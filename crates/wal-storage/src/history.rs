@@ -74,6 +74,22 @@ pub fn format_history(entries: &[HistoryEntry]) -> Vec<u8> {
     out.into_bytes()
 }
 
+/// The first place where `theirs`, the ancestry of a timeline an upstream holds, departs from
+/// `own`, the ancestry of the timeline this node holds: the index of the first entry that
+/// differs (reasons included), or `own`'s length where `theirs` is shorter; `None` when
+/// `theirs` is `own` followed by possibly more. A timeline's history file begins with its
+/// parent's, so a descendant of this node's timeline continues its ancestry. Two timelines of
+/// one number made apart (an operator promotes a standby while the old primary, restarted,
+/// began a timeline of its own) differ in the entry that made them: in its switch point, or
+/// else in its reason, which names the moment it was made (`Wal::promote`).
+pub fn departs_from(own: &[HistoryEntry], theirs: &[HistoryEntry]) -> Option<usize> {
+    match own.iter().zip(theirs).position(|(o, t)| o != t) {
+        Some(i) => Some(i),
+        None if theirs.len() < own.len() => Some(theirs.len()),
+        None => None,
+    }
+}
+
 /// Checks that `entries` can be the history of timeline `tli`: every parent is older than `tli`.
 pub(crate) fn check_history_for(tli: TimelineId, entries: &[HistoryEntry]) -> Result<()> {
     if let Some(last) = entries.last() {
@@ -95,6 +111,31 @@ pub(crate) fn check_history_for(tli: TimelineId, entries: &[HistoryEntry]) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ancestry_is_continued_only_entry_for_entry_reasons_included() {
+        let own = [
+            entry(1, 0x100, "promoted"),
+            entry(2, 0x200, "restarted at t1"),
+        ];
+        assert_eq!(departs_from(&own, &own), None, "the same timeline");
+        let child = [own[0].clone(), own[1].clone(), entry(3, 0x300, "promoted")];
+        assert_eq!(departs_from(&own, &child), None, "a descendant");
+        assert_eq!(departs_from(&[], &child), None, "timeline 1 is everyone's");
+        let other_switch = [own[0].clone(), entry(2, 0x280, "promoted at t2")];
+        assert_eq!(departs_from(&own, &other_switch), Some(1));
+        let same_switch = [own[0].clone(), entry(2, 0x200, "promoted at t2")];
+        assert_eq!(
+            departs_from(&own, &same_switch),
+            Some(1),
+            "made apart at one point"
+        );
+        assert_eq!(
+            departs_from(&own, &own[..1]),
+            Some(1),
+            "an ancestor's ancestry"
+        );
+    }
 
     fn entry(tli: u32, lsn: u64, reason: &str) -> HistoryEntry {
         HistoryEntry {

@@ -52,10 +52,13 @@ impl Writer {
         }
         let new_tli = newest.next();
         let mut history = st.history.to_vec();
+        // The moment goes into the reason, so that a timeline of the same number made
+        // elsewhere at the same switch point still has another history (`departs_from`).
+        let made = wal_types::time::format_time(std::time::SystemTime::now());
         history.push(HistoryEntry {
             parent: st.tli,
             switch_lsn: x,
-            reason: reason.to_string(),
+            reason: format!("{reason} at {made}"),
         });
         let bytes = format_history(&history);
         self.switch_to(new_tli, history, &bytes, x, Some(Role::Primary))?;

@@ -811,7 +811,11 @@ impl Wal {
     /// Starts a new timeline at the end of the last complete record at or below the durable
     /// end, writes its history file, and publishes it. The control data records the new
     /// timeline and the role [`Role::Primary`] in one atomic write, the promotion's commit
-    /// point. Returns the new timeline and where it begins. Blocks until done.
+    /// point. The history's new line gives `reason` and the moment it was made, so that no
+    /// other timeline of that number has the same history ([`departs_from`]). Returns the new
+    /// timeline and where it begins. Blocks until done.
+    ///
+    /// [`departs_from`]: crate::departs_from
     pub fn promote(&self, reason: &str) -> Result<(TimelineId, Lsn)> {
         if self.shared.format != WalFormat::Walserver {
             return Err(WalError::PromotionNotSupported);

@@ -10,7 +10,8 @@
 //!   (IDENTIFY_SYSTEM's `xlogpos`). One timeline has one writer, and a standby's bytes are a
 //!   prefix of what that writer wrote; they differ from the writer's below its end only if it
 //!   wrote the same LSNs twice, which a restarted primary never does (it takes appends only on
-//!   a new timeline). So a standby's bytes up to the writer's end are the writer's, and a
+//!   a new timeline), or if the two hold timelines of one number made apart, which the
+//!   session refuses before any cut (`TimelineClash`: their history files differ). So a standby's bytes up to the writer's end are the writer's, and a
 //!   longer tail is a lost unacknowledged one. With rule 5 this cut is rare (an old leader
 //!   restarted under failover before it takes a term); it stays as a defence should rule 5
 //!   break.

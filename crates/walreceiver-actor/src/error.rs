@@ -71,6 +71,18 @@ pub enum ReceiverError {
         local_end: Lsn,
     },
 
+    /// The upstream's timeline does not descend from this node's, though it names it: the two
+    /// hold a timeline of one number made apart (an operator promoted a standby while the
+    /// old primary, restarted, began a timeline of its own), whose WAL may differ at the same
+    /// LSNs. Nothing is cut or streamed: no point of this node's timeline is known to be the
+    /// upstream's.
+    #[error("this node's timeline {timeline} is not the upstream's, though they share its number: this node's history says {local}, the upstream's {upstream}; the two were made apart and their WAL may differ at the same LSNs, so nothing is streamed: make this node again from the upstream (walserver init --standby)")]
+    TimelineClash {
+        timeline: TimelineId,
+        local: String,
+        upstream: String,
+    },
+
     /// The overlapped commit's rule 4 refused to cut this node's tail: the upstream shares
     /// its history only up to `shared`, below the commit point this node was told, so it
     /// lacks WAL that was acknowledged; cutting would destroy the only copy here.

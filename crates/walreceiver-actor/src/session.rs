@@ -8,7 +8,13 @@
 //! The command sequence is PostgreSQL 15's walreceiver's (walreceiver.c and
 //! libpqwalreceiver.c): `IDENTIFY_SYSTEM` (the system identifier must be ours), then
 //! `TIMELINE_HISTORY t` for each timeline in (ours, upstream's] not stored here, then
-//! `START_REPLICATION [SLOT "s"] X/X TIMELINE n`. The start is this node's durable end on its
+//! `START_REPLICATION [SLOT "s"] X/X TIMELINE n`. One check is walserver's own: the
+//! upstream's timeline must descend from this node's, history line for history line, so when
+//! both are on one timeline past the first its history file is asked for too
+//! (`TIMELINE_HISTORY` of our own timeline) and compared. A timeline of one number made on two
+//! nodes apart (an operator promoted a standby while the old primary, restarted after early
+//! sends, began one of its own) fails it, and the walreceiver refuses rather than take the
+//! upstream's bytes for a continuation of its own. The start is this node's durable end on its
 //! own timeline. When that timeline is an ancestor of the upstream's, the upstream streams it up
 //! to the switch point and ends the copy: CopyDone both ways, a `next_tli`/`next_tli_startpos`
 //! row, CommandComplete twice, ReadyForQuery. Then storage follows the switch and streaming goes
@@ -29,7 +35,8 @@ use protocol_codec::command::{quote_ident, ReplicationCommand};
 use protocol_codec::messages::{HotStandbyFeedback, StandbyStatusUpdate};
 use protocol_codec::{BackendMessage, FrontendMessage};
 use wal_storage::{
-    parse_history, HistoryEntry, Lsn, PgTimestamp, SystemId, TimelineId, WalError, WalPosition,
+    departs_from, parse_history, HistoryEntry, Lsn, PgTimestamp, SystemId, TimelineId, WalError,
+    WalPosition,
 };
 
 use crate::cutback::{self, Floor, TailDecision, UpstreamRole};
@@ -95,6 +102,8 @@ pub struct LocalWal {
     pub commit_point: Option<Lsn>,
     /// Where the WAL this node wrote as a primary ends (`Wal::primary_end`).
     pub primary_end: Option<Lsn>,
+    /// The ancestry of `timeline`, oldest first (`Wal::history`; empty on timeline 1).
+    pub history: Vec<HistoryEntry>,
 }
 
 /// Storage work that touches files, for the actor to run on a blocking pool
@@ -198,6 +207,12 @@ pub struct Session {
     histories: BTreeMap<TimelineId, Bytes>,
     /// Local history files have been looked for up to this timeline.
     checked_local: TimelineId,
+    /// The ancestry of `timeline`, which the upstream's must continue
+    /// ([`wal_storage::departs_from`]).
+    own_history: Vec<HistoryEntry>,
+    /// Whether the upstream's ancestry was found to continue `own_history`: asked once per
+    /// connection, of the upstream's history file of `timeline` when the upstream is on it.
+    own_checked: bool,
     /// The end of the WAL handed to storage.
     handed: Lsn,
     /// The durable end, as storage last reported it.
@@ -246,6 +261,8 @@ impl Session {
             upstream_tli: local.timeline,
             histories: BTreeMap::new(),
             checked_local: local.timeline,
+            own_checked: local.history.is_empty(),
+            own_history: local.history,
             handed: local.written.max(local.flushed),
             flushed: local.flushed,
             reported: (Lsn::INVALID, Lsn::INVALID, Lsn::INVALID),
@@ -413,11 +430,22 @@ impl Session {
                     Ok(c) => c,
                     Err(e) => return self.fail(e, out),
                 };
-                if let Err(e) = parse_history(&content) {
-                    return self.fail(
-                        ReceiverError::protocol(format!("history file of timeline {tli}: {e}")),
-                        out,
-                    );
+                let entries = match parse_history(&content) {
+                    Ok(entries) => entries,
+                    Err(e) => {
+                        return self.fail(
+                            ReceiverError::protocol(format!("history file of timeline {tli}: {e}")),
+                            out,
+                        )
+                    }
+                };
+                if tli == self.timeline {
+                    // Asked to compare with this node's own (`advance`), not to store.
+                    self.own_checked = true;
+                    if let Some(e) = self.clash(&entries) {
+                        return self.fail(e, out);
+                    }
+                    return self.advance(now, out);
                 }
                 self.histories.insert(tli, content.clone());
                 self.phase = Phase::Storage;
@@ -462,6 +490,10 @@ impl Session {
             }
             Ok(StorageDone::Followed { timeline, switch }) => {
                 tracing::info!(%timeline, %switch, "walreceiver followed the upstream to a new timeline");
+                // The upstream's own history of the timeline followed, stored as it is.
+                if let Some(Ok(entries)) = self.histories.get(&timeline).map(|h| parse_history(h)) {
+                    self.own_history = entries;
+                }
                 self.timeline = timeline;
                 self.handed = switch;
                 self.flushed = self.flushed.max(switch);
@@ -471,6 +503,25 @@ impl Session {
             }
         }
         self.advance(now, out);
+    }
+
+    /// The refusal of an upstream whose timeline's ancestry `theirs` does not continue this
+    /// node's: the two hold a timeline of one number made apart, whose WAL may differ at the
+    /// same LSNs, so no point of this node's timeline is known to be shared.
+    fn clash(&self, theirs: &[HistoryEntry]) -> Option<ReceiverError> {
+        let i = departs_from(&self.own_history, theirs)?;
+        let describe = |e: Option<&HistoryEntry>| match e {
+            Some(e) => format!(
+                "timeline {} switched at {} ({})",
+                e.parent, e.switch_lsn, e.reason
+            ),
+            None => "nothing more".to_string(),
+        };
+        Some(ReceiverError::TimelineClash {
+            timeline: self.timeline,
+            local: describe(self.own_history.get(i)),
+            upstream: describe(theirs.get(i)),
+        })
     }
 
     /// Decides the next step towards streaming: look for local history files, fetch the
@@ -497,6 +548,10 @@ impl Session {
             return self.command(Command::TimelineHistory(tli), now, out);
         }
         if self.timeline == upstream {
+            if !self.own_checked {
+                // Is the upstream's timeline of this number the one this node holds?
+                return self.command(Command::TimelineHistory(upstream), now, out);
+            }
             let shared = self.upstream_end.filter(|&(t, _)| t == self.timeline);
             if let Some((_, end)) = shared.filter(|_| self.config.commit_overlap) {
                 let role = self.upstream_role;
@@ -519,6 +574,9 @@ impl Session {
                 )
             }
         };
+        if let Some(e) = self.clash(&entries) {
+            return self.fail(e, out);
+        }
         let Some((switch, child)) = switch_from(&entries, self.timeline, upstream) else {
             return self.fail(
                 ReceiverError::NotInUpstreamHistory {

@@ -31,6 +31,7 @@ impl LocalWal {
                 _ => None,
             },
             primary_end: wal.primary_end(),
+            history: wal.history(),
         }
     }
 

@@ -446,7 +446,8 @@ impl Handler<ReceiverStopped> for Supervisor {
             StopReason::Failed(e) => {
                 match e {
                     ReceiverError::BelowCommitPoint { .. }
-                    | ReceiverError::WroteAsPrimary { .. } => r.tail_alarm = Some(e.to_string()),
+                    | ReceiverError::WroteAsPrimary { .. }
+                    | ReceiverError::TimelineClash { .. } => r.tail_alarm = Some(e.to_string()),
                     ReceiverError::OtherSystemArchive { .. } => {
                         r.archive_alarm = Some(e.to_string())
                     }

@@ -31,6 +31,16 @@ fn config() -> SessionConfig {
 
 impl Harness {
     fn new(cfg: SessionConfig, timeline: u32, flushed: u64) -> Harness {
+        Harness::with_history(cfg, timeline, flushed, Vec::new())
+    }
+
+    /// A node on `timeline`, whose ancestry is `history`.
+    fn with_history(
+        cfg: SessionConfig,
+        timeline: u32,
+        flushed: u64,
+        history: Vec<HistoryEntry>,
+    ) -> Harness {
         let now = Instant::now();
         let local = LocalWal {
             system_id: SYSTEM,
@@ -39,6 +49,7 @@ impl Harness {
             written: Lsn(flushed),
             commit_point: None,
             primary_end: None,
+            history,
         };
         let status = ReceiverStatus::new("host=up".into(), cfg.slot_name.clone());
         Harness {
@@ -336,6 +347,134 @@ fn a_timeline_outside_the_upstream_history_is_refused() {
             local: TimelineId(2),
             upstream: TimelineId(3)
         }
+    );
+}
+
+/// History entries with their reasons.
+fn entries(e: &[(u32, u64, &str)]) -> Vec<HistoryEntry> {
+    e.iter()
+        .map(|&(p, s, r)| HistoryEntry {
+            parent: TimelineId(p),
+            switch_lsn: Lsn(s),
+            reason: r.into(),
+        })
+        .collect()
+}
+
+/// A node that began timeline 2 itself at 0/4000000 (a primary restarted after early sends),
+/// now holding WAL up to 0/4800000 on it.
+fn restarted_on_2() -> Harness {
+    let own = entries(&[(1, 0x400_0000, "restarted after early sends at t1")]);
+    Harness::with_history(overlapped_config(), 2, 0x480_0000, own)
+}
+
+fn overlapped_config() -> SessionConfig {
+    SessionConfig {
+        commit_overlap: true,
+        ..config()
+    }
+}
+
+#[test]
+fn an_upstream_on_a_timeline_of_our_number_made_apart_is_refused_and_nothing_is_cut() {
+    let mut h = restarted_on_2();
+    h.connect();
+    // The upstream was promoted to its own timeline 2 at the same point, and is a primary
+    // whose end lies below ours: without the check this node would cut its tail to that end
+    // and stream the upstream's other bytes after its own.
+    let out = h.identified(SYSTEM, 2, 0x440_0000);
+    assert_eq!(out, [query("TIMELINE_HISTORY 2")]);
+    let theirs = entries(&[(1, 0x400_0000, "promoted by walserver at t2")]);
+    let file = Bytes::from(format_history(&theirs));
+    let out = h.feed(ready(results::timeline_history(TimelineId(2), file)));
+    assert!(
+        !out.iter().any(|o| matches!(
+            o,
+            Output::Run(StorageOp::CutBack { .. } | StorageOp::StoreHistoryFile { .. })
+        )),
+        "{out:?}"
+    );
+    let e = stop_of(&out);
+    assert!(
+        matches!(
+            e,
+            ReceiverError::TimelineClash {
+                timeline: TimelineId(2),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("restarted after early sends at t1")
+            && text.contains("promoted by walserver at t2"),
+        "{text}"
+    );
+    assert!(h.s.is_closed());
+}
+
+#[test]
+fn an_upstream_on_our_own_timeline_is_checked_once_then_streamed_from() {
+    let mut h = restarted_on_2();
+    h.connect();
+    let out = h.identified(SYSTEM, 2, 0x480_0000);
+    assert_eq!(out, [query("TIMELINE_HISTORY 2")]);
+    // The same file, byte for byte (the upstream fetched it from this node): compared, not
+    // stored again.
+    let own = entries(&[(1, 0x400_0000, "restarted after early sends at t1")]);
+    let file = Bytes::from(format_history(&own));
+    let out = h.feed(ready(results::timeline_history(TimelineId(2), file)));
+    assert_eq!(out, [query("START_REPLICATION 0/4800000 TIMELINE 2")]);
+}
+
+#[test]
+fn an_upstream_descended_from_a_timeline_of_our_number_made_apart_is_refused() {
+    let mut h = restarted_on_2();
+    h.connect();
+    h.identified(SYSTEM, 3, 0x900_0000);
+    // The upstream's timeline 3 descends from its own timeline 2, which switched from 1 where
+    // ours did: only the reason tells the two apart.
+    let theirs = entries(&[
+        (1, 0x400_0000, "promoted by walserver at t2"),
+        (2, 0x500_0000, "promoted by walserver at t3"),
+    ]);
+    let out = h.done(Ok(StorageDone::HistoryFiles(vec![(
+        TimelineId(3),
+        Some(Bytes::from(format_history(&theirs))),
+    )])));
+    assert!(
+        matches!(
+            stop_of(&out),
+            ReceiverError::TimelineClash {
+                timeline: TimelineId(2),
+                ..
+            }
+        ),
+        "{out:?}"
+    );
+    // A descendant of our own timeline 2 is followed as before.
+    let mut h = restarted_on_2();
+    h.connect();
+    h.identified(SYSTEM, 3, 0x900_0000);
+    let mut ours = entries(&[(1, 0x400_0000, "restarted after early sends at t1")]);
+    ours.push(HistoryEntry {
+        parent: TimelineId(2),
+        switch_lsn: Lsn(0x480_0000),
+        reason: "promoted".into(),
+    });
+    let h3 = Bytes::from(format_history(&ours));
+    let out = h.done(Ok(StorageDone::HistoryFiles(vec![(
+        TimelineId(3),
+        Some(h3.clone()),
+    )])));
+    assert_eq!(
+        out,
+        [Output::Run(StorageOp::FollowTimeline {
+            timeline: TimelineId(3),
+            history: h3,
+            switch: Lsn(0x480_0000)
+        })]
     );
 }
 

@@ -251,7 +251,11 @@ impl PendingRestart {
 pub struct Reloader {
     pub sources: Sources,
     pub data_dir: PathBuf,
-    /// The settings the node runs with, to say which changes need a restart.
+    /// The settings the node started with. Those a reload cannot change (the ones it names
+    /// as pending a restart) run with these values until the next start, so every reload
+    /// compares with these, never with a previous reload's file: a setting changed, reloaded,
+    /// changed back and reloaded again is pending after the first reload only. The settings
+    /// a reload does apply are compared where they run (the supervisor's `Reconfigure`).
     pub running: Settings,
 }
 
@@ -259,7 +263,7 @@ impl Reloader {
     /// What the supervisor is to apply, and the settings whose change waits for a restart
     /// (each logged as a warning).
     pub fn reconfigure(&self) -> Result<(Reconfigure, PendingRestart)> {
-        let s = Settings::load(&self.sources)?;
+        let mut s = Settings::load(&self.sources)?;
         let mut pending = PendingRestart::default();
         for (name, changed) in [
             ("listen", s.listen != self.running.listen),
@@ -315,6 +319,10 @@ impl Reloader {
         for message in pending.messages() {
             tracing::warn!("{message}: the running value stays until then");
         }
+        // Whether a failover actor runs was decided at start: it still chooses the upstream,
+        // and names this node to it, when the file no longer has [failover], and does not when
+        // the file has it now.
+        s.failover = self.running.failover.clone();
         let (segment_size, wal_format) = stored_facts(&self.data_dir)?;
         let tls = self.running.ssl_cert_file.is_some();
         // Under failover the failover actor chooses the upstream (the leader): a reload must
@@ -499,6 +507,57 @@ mod tests {
         .unwrap()
         .0;
         assert!(under.receiver.is_none());
+    }
+
+    /// A setting that waits for a restart is pending while the file's value differs from the
+    /// one the node started with: changed and reloaded it is, changed back and reloaded it is
+    /// not.
+    #[test]
+    fn a_restart_setting_changed_back_is_no_longer_pending() {
+        let dir = standby_dir();
+        let mut reloader = Reloader {
+            sources: overrides(dir.path(), &[("wal_retrieve_retry_interval", "5s")]),
+            data_dir: dir.path().to_path_buf(),
+            running: Settings::load(&overrides(dir.path(), &[])).unwrap(),
+        };
+        let (_, pending) = reloader.reconfigure().unwrap();
+        assert_eq!(pending, PendingRestart(vec!["wal_retrieve_retry_interval"]));
+        reloader.sources = overrides(dir.path(), &[]);
+        let (_, pending) = reloader.reconfigure().unwrap();
+        assert_eq!(pending, PendingRestart::default());
+    }
+
+    /// `[failover]` runs as the node started until a restart: a reload of a file without it
+    /// still leaves the upstream to the failover actor, and one of a file that has it now
+    /// still re-reads the upstream; both say it waits for a restart.
+    #[test]
+    fn a_reload_follows_the_running_failover_not_the_file_s() {
+        let dir = standby_dir();
+        let failover = [
+            ("failover.etcd_endpoints", "127.0.0.1:2379"),
+            ("failover.cluster_name", "c"),
+            ("failover.node_name", "n"),
+        ];
+        let reloader = |started: &[(&str, &str)], file: &[(&str, &str)]| Reloader {
+            sources: overrides(dir.path(), file),
+            data_dir: dir.path().to_path_buf(),
+            running: Settings::load(&overrides(dir.path(), started)).unwrap(),
+        };
+        let (removed, pending) = reloader(&failover, &[]).reconfigure().unwrap();
+        assert!(
+            removed.receiver.is_none(),
+            "a reload pointed a failover member's walreceiver at the file's upstream"
+        );
+        assert_eq!(pending, PendingRestart(vec!["[failover]"]));
+        let (added, pending) = reloader(&[], &failover).reconfigure().unwrap();
+        let receiver = added
+            .receiver
+            .expect("the upstream re-read without failover");
+        assert_ne!(
+            receiver.application_name, "n",
+            "named as the failover member it is not yet"
+        );
+        assert_eq!(pending, PendingRestart(vec!["[failover]"]));
     }
 
     /// The archive is a restart setting for the walreceiver's gap fill as for the archiver: a

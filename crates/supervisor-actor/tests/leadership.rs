@@ -567,6 +567,14 @@ fn a_fork_below_the_told_commit_point_is_refused_in_a_synchronous_mode() {
         // confirms nothing; its appends at `local` go on.
         let names = walsender_actor::syncrep::parse_sync_standby_names("never_connects").unwrap();
         s.supervisor.send(SetSyncStandbys { names }).await.unwrap();
+        let mut s_pos = s.wal.subscribe();
+        tokio::time::timeout(
+            DEADLINE,
+            s_pos.wait_for(|p| matches!(p.commit, CommitBound::Own(x) if x <= promoted.switch_lsn)),
+        )
+        .await
+        .expect("the new leader's own point by the deadline")
+        .unwrap();
         let followed = follow(&c, &s, "c", 2).await;
         assert_eq!(followed.fork, Some(promoted.switch_lsn));
         assert!(followed.dropped_bytes > 0);

@@ -41,7 +41,7 @@ use supervisor_actor::NodeStatus;
 use wal_storage::Lsn;
 use walserver_node::admin;
 
-use crate::lossy::{disk, node_on, power_off, pull_plugs, serial, Overlap};
+use crate::lossy::{disk, node_on, power_off, pull_plugs, serial, Overlap, PRIMARY_SYNC_LATENCY};
 use crate::node::*;
 use crate::reader::Reader;
 use crate::relay::Relay;
@@ -449,6 +449,24 @@ fn a_leader_that_lost_a_tail_its_standby_holds_comes_back_in_a_new_term() {
     let started = Instant::now();
     let (leader, sync) = m.or_logs(m.wait_led_and_sync());
     let before = m.status(leader).expect("the leader's status");
+    // Early sends on the leader's timeline begin only once its early-send mark naming it is
+    // durable, which nothing outside is told, and syncs held before that would keep it from
+    // ever being so. So the leader's disk is slow until an early send is seen: the standby
+    // durable past the leader, the standby asked first (the leader's flushed end only grows,
+    // so a standby past it as it was a moment later holds WAL sent early).
+    m.mounts[leader].set_sync_latency(PRIMARY_SYNC_LATENCY);
+    let early = wait_for(
+        "an early send on the leader's timeline",
+        DEADLINE,
+        Duration::from_millis(2),
+        || {
+            let s = m.status(sync).ok()?;
+            let l = m.status(leader).ok()?;
+            (s.timeline == l.timeline && s.flush_lsn > l.flush_lsn).then_some(())
+        },
+    );
+    m.mounts[leader].set_sync_latency(Duration::ZERO);
+    m.or_logs(early);
     // Dropped before the members if a wait below fails, so that the held syncs run and the
     // leader can be killed; the power loss ends the hold otherwise.
     let _held = m.mounts[leader].hold_syncs();

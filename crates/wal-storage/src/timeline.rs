@@ -116,6 +116,11 @@ impl Writer {
                 flushed: end,
             });
         }
+        // A told point above the switch belongs to the history left behind (a new primary
+        // that lacked WAL this node was told was acknowledged, and which this node never
+        // received): the new timeline's WAL past the switch has been told nothing yet, so
+        // readers here must not take it up to that old point.
+        self.lower_told_to(switch_lsn)?;
         let role = st.role;
         self.switch_to(new_tli, entries, &bytes, switch_lsn, role)
     }
@@ -252,6 +257,18 @@ impl Writer {
         if beyond {
             self.check_truncate(lsn)?;
         }
+        self.lower_told_to(lsn)?;
+        if beyond {
+            self.truncate(lsn).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Lowers the commit point to `lsn` if it is above: the told point on disk first, then
+    /// the published one, so that from here on the watch shows no commit point above `lsn`
+    /// and a crash in between leaves the point on disk at `lsn`.
+    fn lower_told_to(&mut self, lsn: Lsn) -> Result<()> {
         self.inner
             .told
             .cut_to(&self.inner.io, &self.inner.tmp, lsn)?;
@@ -260,11 +277,7 @@ impl Writer {
             CommitBound::Own(c) => CommitBound::Own(c.min(lsn)),
             CommitBound::None => CommitBound::None,
         });
-        if beyond {
-            self.truncate(lsn).map(Some)
-        } else {
-            Ok(None)
-        }
+        Ok(())
     }
 
     /// Refuses a cut at `lsn` that storage cannot make: beyond the durable end, before the

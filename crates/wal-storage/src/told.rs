@@ -33,7 +33,8 @@
 //! above the cut once new WAL follows it.
 //!
 //! **Invariant:** the persisted point never moves back, except to an explicit cut, which
-//! lowers it to the cut before the cut is made; it is published only after its file is
+//! lowers it to the cut before the cut is made, and to the switch point of a timeline this
+//! node follows that switched below it (the point belongs to the history left behind); it is published only after its file is
 //! durable, and a lowered one is published before the cut is done. Whoever publishes a told
 //! point reads the one on disk ([`ToldCommit::persisted`]) inside the state's lock, where a cut
 //! lowers it before it lowers the published one, so a point read before a cut never lands

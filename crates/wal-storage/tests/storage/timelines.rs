@@ -278,6 +278,50 @@ fn the_fork_cut_lowers_the_told_commit_point_to_the_fork() {
     assert_eq!(pos.committed(), c);
 }
 
+/// A standby that lags behind the old history's commit point follows a new primary that
+/// lacked part of it (a standby promoted by hand that lagged too): nothing to cut, but the
+/// told point above the switch belongs to the history left behind, so following lowers it to
+/// the switch, durably, and readers take nothing of the new timeline until it is told.
+#[test]
+fn following_a_switch_below_the_told_commit_point_lowers_it_to_the_switch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let old = init_primary(&tmp.path().join("old"), WalFormat::Walserver);
+    let ends = append(
+        &old,
+        &(0..10).map(|i| payload(i, 20_000)).collect::<Vec<_>>(),
+    );
+    let switch = ends[4];
+    let leader = init_standby(&tmp.path().join("leader"));
+    relay(&old, &leader, TimelineId(1), Lsn(SEG), switch);
+    let (tli, x) = leader.promote("by hand").unwrap();
+    assert_eq!(x, switch);
+    append(
+        &leader,
+        &(20..35).map(|i| payload(i, 20_000)).collect::<Vec<_>>(),
+    );
+    let hist = leader.history_file(tli).unwrap().unwrap();
+
+    // Told the old history's point, holding only up to the switch.
+    let s = init_standby_role(&tmp.path().join("s"));
+    relay(&old, &s, TimelineId(1), Lsn(SEG), switch);
+    s.set_told_commit_point(Some(ends[9]));
+    wait_position(&s, "the told point stored", |p| {
+        p.commit == CommitBound::Told(ends[9])
+    });
+    s.follow_timeline(tli, hist, switch).unwrap();
+    assert_eq!(s.position().commit, CommitBound::Told(switch));
+    relay(&leader, &s, tli, switch, leader.flushed());
+    let pos = s.position();
+    assert_eq!(pos.flushed, leader.flushed());
+    assert_eq!(pos.committed(), switch, "readers stop at the switch");
+
+    // Durable: reopened, and told nothing newer yet.
+    drop(s);
+    let again = Wal::open(tmp.path().join("s"), cfg()).unwrap();
+    again.set_told_commit_point(Some(Lsn::INVALID));
+    assert_eq!(again.position().commit, CommitBound::Told(switch));
+}
+
 #[test]
 fn truncate_rules() {
     let tmp = tempfile::tempdir().unwrap();

@@ -122,19 +122,36 @@ impl Compression {
 }
 
 thread_local! {
-    /// Each upload thread's zstd output buffer, of the bound for the largest input it met, kept
-    /// between objects. A fresh 16 MiB buffer per segment cost its pages' first-touch faults
-    /// (and their return at free) on every segment: about 9% of the archiver's CPU in a
-    /// profile of a zstd backlog drain. Only the compressed bytes are copied out.
-    static ZSTD_OUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each upload thread's zstd output buffer and context, kept between objects.
+    static ZSTD: std::cell::RefCell<ThreadZstd> = const {
+        std::cell::RefCell::new(ThreadZstd {
+            out: Vec::new(),
+            context: None,
+        })
+    };
 }
 
-/// One zstd frame of `bytes`, compressed through this thread's output buffer.
+struct ThreadZstd {
+    /// Of the bound for the largest input this thread met. A fresh 16 MiB buffer per segment
+    /// cost its pages' first-touch faults (and their return at free) on every segment: about
+    /// 9% of the archiver's CPU in a profile of a zstd backlog drain. Only the compressed
+    /// bytes are copied out.
+    out: Vec<u8>,
+    /// The context and the level it is set to. A fresh one per object allocated and faulted
+    /// in its tables each time; a reused one only resets them (`ZSTD_compress2` starts a new
+    /// frame with the same parameters, the same bytes out).
+    context: Option<(i32, zstd::bulk::Compressor<'static>)>,
+}
+
+/// One zstd frame of `bytes` at `level`, compressed through this thread's buffer and context.
 fn compress_zstd(bytes: &[u8], level: i32) -> std::io::Result<Bytes> {
-    ZSTD_OUT.with_borrow_mut(|out| {
+    ZSTD.with_borrow_mut(|ThreadZstd { out, context }| {
+        let compressor = match context {
+            Some((set, compressor)) if *set == level => compressor,
+            slot => &mut slot.insert((level, zstd::bulk::Compressor::new(level)?)).1,
+        };
         out.clear();
         out.reserve(zstd::zstd_safe::compress_bound(bytes.len()));
-        let mut compressor = zstd::bulk::Compressor::new(level)?;
         compressor.compress_to_buffer(bytes, out)?;
         Ok(Bytes::copy_from_slice(out))
     })
@@ -172,6 +189,23 @@ mod tests {
         assert!(Compression::parse("gzip", None).is_err());
     }
 
+    /// Runs, repeats at a distance and noise, which compress differently at each level.
+    fn wal_like(len: u32) -> Bytes {
+        let mut x = 7u32;
+        (0..len)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                if i % 64 < 40 {
+                    (i / 512 % 256) as u8
+                } else {
+                    (x % 16) as u8
+                }
+            })
+            .collect()
+    }
+
     #[test]
     fn the_level_is_parsed_checked_and_used() {
         for level in [*ZSTD_LEVELS.start(), -2, 0, 1, *ZSTD_LEVELS.end()] {
@@ -186,21 +220,9 @@ mod tests {
         }
         // A level says nothing to `none`: refused, not ignored.
         assert!(Compression::parse("none", Some(1)).is_err());
-        // WAL-like bytes (runs, repeats at a distance and noise) differ in size at a fast and a
-        // strong level, and each reads back to the same bytes: the level is the one used.
-        let mut x = 7u32;
-        let bytes: Bytes = (0..1_000_000u32)
-            .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                if i % 64 < 40 {
-                    (i / 512 % 256) as u8
-                } else {
-                    (x % 16) as u8
-                }
-            })
-            .collect();
+        // WAL-like bytes differ in size at a fast and a strong level, and each reads back to
+        // the same bytes: the level is the one used.
+        let bytes = wal_like(1_000_000);
         let fast = Compression::Zstd { level: -5 }.encode(&bytes).unwrap();
         let strong = Compression::Zstd { level: 19 }.encode(&bytes).unwrap();
         assert!(
@@ -221,12 +243,16 @@ mod tests {
 
     #[test]
     fn one_thread_compresses_objects_of_any_size_one_after_another() {
-        // The thread's output buffer serves every object: a smaller one after a larger must
-        // come out as itself, with nothing of the one before.
-        let large: Bytes = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-        let small: Bytes = (0..1_000u32).map(|i| (i % 13) as u8).collect();
-        for bytes in [&large, &small, &large] {
-            let stored = Compression::DEFAULT_ZSTD.encode(bytes).unwrap();
+        // The thread's output buffer and context serve every object: a smaller one after a
+        // larger must come out as itself, with nothing of the one before, and a level after
+        // another as that level's frame, what a new thread makes of it.
+        let large = wal_like(300_000);
+        let small = wal_like(1_000);
+        for (bytes, level) in [(&large, 1), (&small, 1), (&large, 19), (&large, 1)] {
+            let c = Compression::Zstd { level };
+            let stored = c.encode(bytes).unwrap();
+            let fresh = std::thread::scope(|s| s.spawn(|| c.encode(bytes).unwrap()).join());
+            assert_eq!(stored, fresh.unwrap(), "level {level}");
             let back = Compression::DEFAULT_ZSTD
                 .decode(&stored, bytes.len() as u64)
                 .unwrap();

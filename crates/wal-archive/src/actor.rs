@@ -624,7 +624,9 @@ pub(crate) fn upload(
         Item::Segment { tli, segno } => {
             let start = Lsn(segno * seg);
             let bytes = read_range(wal, current, start, Lsn(start.0 + seg), &name)?;
-            let put = target.put(&name, bytes, compression)?;
+            let put = target.put(&name, bytes.clone(), compression);
+            give_back(bytes);
+            let put = put?;
             let mut known = lock(known);
             known.put(&name, put);
             remove_prefixes(target, &mut known, tli, segno, seg, None)?;
@@ -699,28 +701,49 @@ fn follow_archive(
     Ok(at.max(from))
 }
 
-/// The WAL in `[start, end)` through timeline `current`'s view: as storage read it when one
-/// read holds it all (a segment's usually does), without a copy.
-fn read_range(wal: &Wal, current: TimelineId, start: Lsn, end: Lsn, name: &str) -> Result<Bytes> {
+thread_local! {
+    /// Each upload thread's read buffer, kept between segments: a fresh 16 MiB one per
+    /// segment had its pages faulted in by the read and returned at its free, every time.
+    static READ_BUFFER: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::new());
+}
+
+/// The WAL in `[start, end)` through timeline `current`'s view, read into this thread's kept
+/// buffer; [`give_back`] returns it once the bytes are no longer needed.
+pub(crate) fn read_range(
+    wal: &Wal,
+    current: TimelineId,
+    start: Lsn,
+    end: Lsn,
+    name: &str,
+) -> Result<Bytes> {
     let len = end.0.saturating_sub(start.0) as usize;
-    let first = wal.read(current, start, len)?;
-    if first.len() == len {
-        return Ok(first);
-    }
-    let mut bytes = BytesMut::with_capacity(len);
-    bytes.extend_from_slice(&first);
+    let mut bytes = READ_BUFFER.take();
+    bytes.clear();
+    bytes.reserve(len);
     while bytes.len() < len {
         let at = Lsn(start.0 + bytes.len() as u64);
-        let chunk = wal.read(current, at, len - bytes.len())?;
-        if chunk.is_empty() {
+        if wal.read_into(current, at, len - bytes.len(), &mut bytes)? == 0 {
             return Err(ArchiveError::io(
                 format!("reading {name}"),
                 std::io::Error::other(format!("WAL ends at {at}, before {end}")),
             ));
         }
-        bytes.extend_from_slice(&chunk);
     }
     Ok(bytes.freeze())
+}
+
+/// The room of this thread's kept read buffer (0 while a read holds it).
+#[cfg(test)]
+pub(crate) fn kept_read_buffer() -> usize {
+    READ_BUFFER.with_borrow(|b| b.capacity())
+}
+
+/// Hands `bytes` back as this thread's read buffer if nothing else holds them (a store
+/// client may still hold a body it sent; the next read then takes a new buffer).
+pub(crate) fn give_back(bytes: Bytes) {
+    if let Ok(buffer) = bytes.try_into_mut() {
+        READ_BUFFER.set(buffer);
+    }
 }
 
 /// Removes the `archive_timeout` objects of segment `segno` of `tli` that end before

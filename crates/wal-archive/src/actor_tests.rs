@@ -749,6 +749,41 @@ async fn objects_are_compressed_at_the_configured_level() {
     }
 }
 
+/// One upload thread keeps its read buffer between segments: a segment handed back is the
+/// next one's room, a read holds its own segment's bytes, and a buffer still held elsewhere is
+/// not kept (the next read takes new room).
+#[actix_rt::test]
+async fn a_thread_reads_each_segment_into_its_kept_buffer() {
+    use crate::actor::{give_back, kept_read_buffer, read_range};
+    let (data, _archive, wal) = setup(true);
+    fill(&wal, 3).await;
+    let own = |segno: u64| {
+        let name = format!("0000000100000000000000{segno:02X}");
+        std::fs::read(data.path().join("pg_wal").join(name)).unwrap()
+    };
+    let read = |segno: u64| {
+        let (start, end) = (Lsn(segno * SEG), Lsn((segno + 1) * SEG));
+        let bytes = read_range(&wal, TimelineId(1), start, end, "a segment").unwrap();
+        assert_eq!(&bytes[..], &own(segno)[..], "segment {segno}");
+        bytes
+    };
+    let first = read(1);
+    assert_eq!(kept_read_buffer(), 0, "the read holds the buffer");
+    give_back(first);
+    assert!(
+        kept_read_buffer() >= SEG as usize,
+        "the buffer was not kept"
+    );
+    let second = read(2);
+    let held = second.clone();
+    give_back(second);
+    assert_eq!(kept_read_buffer(), 0, "a buffer still held was kept");
+    let third = read(3);
+    assert_eq!(&held[..], &own(2)[..]);
+    give_back(third);
+    assert!(kept_read_buffer() >= SEG as usize);
+}
+
 /// Segments 1 to `n` of timeline 1 are in the archive directory `archive` with the bytes
 /// the node's directory `data` keeps.
 fn assert_segments_archived_as_kept(data: &Path, archive: &Path, n: u64) {

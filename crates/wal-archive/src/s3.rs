@@ -374,7 +374,11 @@ impl S3Target {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let fut = call(client.stores.clone());
         client.runtime.spawn(async move {
-            let _ = tx.send(fut.await);
+            // The finished future (and the request body it held, a segment's bytes that the
+            // caller's thread reuses once no one else holds them) is dropped before the
+            // answer wakes the caller.
+            let out = fut.await;
+            let _ = tx.send(out);
         });
         rx.recv().map_err(|_| {
             ArchiveError::io(

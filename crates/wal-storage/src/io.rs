@@ -2,9 +2,9 @@
 //! that fsync can be turned off for throwaway directories, fsyncs can be counted (the benches
 //! and the group-commit test prove batching with the count) and timed, failures are counted by
 //! kind ([`StorageMetrics`]), and, under the `failpoints` feature, faults can be injected at
-//! named points. Positional reads into fresh buffers ([`Io::pread_exact`]) live here too.
-//! Without the feature a point's check compiles to nothing, so the read path walsenders use is
-//! a bare `pread` and a counter touched only when it fails.
+//! named points. Positional reads into fresh or kept buffers ([`Io::pread_exact`],
+//! [`Io::pread_append`]) live here too. Without the feature a point's check compiles to nothing, so the read path
+//! walsenders use is a bare `pread` and a counter touched only when it fails.
 //!
 //! Fail points are per [`Wal`](crate::Wal) instance, not global, so tests that run in parallel in
 //! one process do not disturb each other; `Wal::open_with_failpoints` hands them to `open`, so
@@ -259,11 +259,26 @@ impl Io {
         self.run_unless(StorageErrorKind::Read, FP_READ, missing, || fs::read(path))
     }
 
-    /// Reads `n` bytes of `f` at `offset`; see [`pread_exact`].
+    /// Reads `n` bytes of `f` at `offset`; see [`pread_append`].
     #[inline]
     pub(crate) fn pread_exact(&self, f: &File, n: usize, offset: u64) -> io::Result<Bytes> {
+        let mut buf = BytesMut::new();
+        self.pread_append(f, n, offset, &mut buf)?;
+        Ok(buf.freeze())
+    }
+
+    /// Appends `n` bytes of `f` at `offset` to `buf`, for a reader that keeps its buffer; see
+    /// [`pread_append`].
+    #[inline]
+    pub(crate) fn pread_append(
+        &self,
+        f: &File,
+        n: usize,
+        offset: u64,
+        buf: &mut BytesMut,
+    ) -> io::Result<()> {
         self.run(StorageErrorKind::Read, FP_READ, || {
-            pread_exact(f, n, offset)
+            pread_append(f, n, offset, buf)
         })
     }
 
@@ -492,14 +507,15 @@ fn pwritev_all(f: &File, bufs: &[&[u8]], mut offset: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Reads `n` bytes at `offset` into a new buffer with one `pread` (more only on a short read),
-/// without zeroing the buffer first. Fewer bytes mean end of file.
-fn pread_exact(file: &File, n: usize, offset: u64) -> std::io::Result<Bytes> {
-    let mut buf = BytesMut::with_capacity(n);
+/// Appends `n` bytes at `offset` to `buf` with one `pread` (more only on a short read), without
+/// zeroing its spare room first. Fewer bytes mean end of file.
+fn pread_append(file: &File, n: usize, offset: u64, buf: &mut BytesMut) -> std::io::Result<()> {
+    buf.reserve(n);
     let fd = file.as_raw_fd();
-    while buf.len() < n {
-        let want = n - buf.len();
-        let done = buf.len() as u64;
+    let base = buf.len();
+    while buf.len() - base < n {
+        let want = n - (buf.len() - base);
+        let done = (buf.len() - base) as u64;
         let spare = buf.spare_capacity_mut();
         // SAFETY: `spare` is writable memory of at least `want` bytes owned by `buf`; pread
         // writes at most `want` bytes into it, and we mark only the bytes it wrote as initialized.
@@ -524,7 +540,7 @@ fn pread_exact(file: &File, n: usize, offset: u64) -> std::io::Result<Bytes> {
         // SAFETY: pread initialized `got` bytes past the current length.
         unsafe { buf.set_len(buf.len() + got as usize) };
     }
-    Ok(buf.freeze())
+    Ok(())
 }
 
 /// Named fault-injection points of one `Wal`. While a point is set, every operation passing it

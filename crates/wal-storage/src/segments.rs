@@ -25,7 +25,7 @@ use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use wal_types::{Lsn, TimelineId};
 
 use crate::io::Io;
@@ -258,28 +258,43 @@ impl SegmentFiles {
         limit: Lsn,
         max_len: usize,
     ) -> Result<Option<Bytes>> {
+        let mut buf = BytesMut::new();
+        let read = self.read_into(view, x, limit, max_len, &mut buf)?;
+        Ok(read.map(|_| buf.freeze()))
+    }
+
+    /// Like [`SegmentFiles::read`], but appends the bytes to `buf` and returns how many; on
+    /// an error `buf` is as it was.
+    pub(crate) fn read_into(
+        &self,
+        view: &View,
+        x: Lsn,
+        limit: Lsn,
+        max_len: usize,
+        buf: &mut BytesMut,
+    ) -> Result<Option<usize>> {
         if x >= limit || max_len == 0 {
-            return Ok(Some(Bytes::new()));
+            return Ok(Some(0));
         }
         let Some(found) = self.find(view, x, limit, max_len)? else {
             return Ok(None);
         };
-        let buf = self
+        let before = buf.len();
+        let read = self
             .io
-            .pread_exact(&found.file, found.len, found.offset)
-            .map_err(|e| {
-                WalError::io(
-                    format!(
-                        "reading {}",
-                        self.pg_wal.join(found.name(self.seg)).display()
-                    ),
-                    e,
-                )
-            })?;
-        if buf.len() < found.len {
-            return Err(found.short(found.offset + buf.len() as u64, self.seg));
+            .pread_append(&found.file, found.len, found.offset, buf);
+        let got = buf.len() - before;
+        // On a failure `buf` holds what it held before.
+        if let Err(e) = read {
+            buf.truncate(before);
+            let path = self.pg_wal.join(found.name(self.seg));
+            return Err(WalError::io(format!("reading {}", path.display()), e));
         }
-        Ok(Some(buf))
+        if got < found.len {
+            buf.truncate(before);
+            return Err(found.short(found.offset + got as u64, self.seg));
+        }
+        Ok(Some(got))
     }
 
     /// Like [`SegmentFiles::read`], but returns where the bytes are instead of reading them.

@@ -372,6 +372,23 @@ impl Inner {
         }
     }
 
+    /// Appends bytes of timeline `tli` at `start` to `buf`; see
+    /// [`Wal::read_into`](crate::Wal::read_into).
+    pub(crate) fn read_into(
+        &self,
+        tli: TimelineId,
+        start: Lsn,
+        max_len: usize,
+        buf: &mut bytes::BytesMut,
+    ) -> Result<usize> {
+        match self.find(tli, start, max_len, |files, view, limit| {
+            files.read_into(view, start, limit, max_len, buf)
+        })? {
+            Found::Empty => Ok(0),
+            Found::Here(n) => Ok(n),
+        }
+    }
+
     /// Where the bytes of timeline `tli` at `start` lie; see
     /// [`Wal::locate`](crate::Wal::locate).
     pub(crate) fn locate(

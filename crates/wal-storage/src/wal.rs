@@ -592,6 +592,20 @@ impl Wal {
         self.inner().read(tli, start, max_len)
     }
 
+    /// Like [`Wal::read`], but appends the bytes to `buf` and returns how many (0 at the
+    /// end), for a reader that keeps one buffer for many reads instead of a fresh one each
+    /// (whose pages the kernel faults in anew on every read).
+    /// On an error `buf` is as it was.
+    pub fn read_into(
+        &self,
+        tli: TimelineId,
+        start: Lsn,
+        max_len: usize,
+        buf: &mut bytes::BytesMut,
+    ) -> Result<usize> {
+        self.inner().read_into(tli, start, max_len, buf)
+    }
+
     /// Like [`Wal::read`], but only from memory: the last small batches made durable (at most
     /// 1 MiB, each at most 64 KiB), which is where a reader following the end of WAL reads.
     /// `None` when they do not hold `start` (the caller then runs [`Wal::read`] on a blocking

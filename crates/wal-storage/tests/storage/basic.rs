@@ -399,6 +399,26 @@ fn byte_stream_writes_and_reads() {
         wal.read(TimelineId(9), end, 100),
         Err(WalError::UnknownTimeline(_))
     ));
+    // `read_into` appends what `read` returns to a kept buffer, and leaves it as it was on an
+    // error; one buffer serves reads one after another.
+    let mut buf = bytes::BytesMut::from(&b"kept"[..]);
+    for at in [start, Lsn(2 * SEG - 10), start + 70_010] {
+        let want = wal.read(TimelineId(1), at, 1 << 20).unwrap();
+        buf.truncate(4);
+        assert_eq!(
+            wal.read_into(TimelineId(1), at, 1 << 20, &mut buf).unwrap(),
+            want.len()
+        );
+        assert_eq!(&buf[..4], b"kept");
+        assert_eq!(&buf[4..], &want[..]);
+    }
+    buf.truncate(4);
+    assert_eq!(wal.read_into(TimelineId(1), end, 100, &mut buf).unwrap(), 0);
+    assert!(matches!(
+        wal.read_into(TimelineId(1), end + 1, 100, &mut buf),
+        Err(WalError::BeyondEnd { .. })
+    ));
+    assert_eq!(&buf[..], b"kept");
 
     // A gap is an error.
     let err = wal

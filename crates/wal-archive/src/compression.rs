@@ -11,12 +11,25 @@ use bytes::Bytes;
 
 use crate::error::{ArchiveError, Result};
 
-/// zstd's level 1, not its default 3: on pgbench's WAL (16 MiB segments, this project's
-/// 2-core VM) level 1 took about 35% less CPU than 3 (36 ms against 55 ms a segment) for
-/// about 17% more bytes, and both shrink such WAL tenfold or more. An archiver runs beside the
-/// database it serves, whose CPU is dearer than the store's bytes. Restore reads any level;
-/// `benches/archive-compare.sh` gives pgBackRest the same one.
-pub const DEFAULT_ZSTD_LEVEL: i32 = 1;
+/// zstd's level when `archive_compression_level` is unset: -1, its first fast level. On
+/// PostgreSQL 15's WAL from pgbench (16 MiB segments, one core of this project's 2-core VM):
+///
+/// ```text
+/// level                       3      1     -1     -2     -3
+/// pgbench -i, ms/segment     18.0   14.0   11.0    9.8    9.7   (zstd -b, a quiet machine)
+///             MiB/segment     0.87   1.00   1.16   1.51   1.74
+/// half transactions, ms      28.9   17.5   15.2   14.0   13.5   (CPU time, a loaded machine)
+///             MiB/segment     1.62   1.66   1.84   2.21   2.45
+/// ```
+///
+/// Down to -1 each step saves a larger share of CPU than it adds in bytes (3 to 1: 22-39%
+/// less CPU for 3-15% more bytes; 1 to -1: 13-21% less for 11-16% more); the next, to -2,
+/// saves 8-11% for 20-30% more bytes, and below -2 the CPU hardly falls. An archiver runs
+/// beside the database it serves, whose CPU is dearer than the store's bytes, but not at any
+/// price in bytes (each is stored for the archive's whole retention): -1, where the bytes
+/// begin to grow faster than the CPU falls. pgBackRest's default is 3; restore reads any
+/// level, and `benches/archive-compare.sh` gives pgBackRest the same one.
+pub const DEFAULT_ZSTD_LEVEL: i32 = -1;
 
 /// The levels `archive_compression_level` takes: pgBackRest's range for zstd (2.45 refuses
 /// -8 and 23), so that a level chosen here can be given to it too. zstd's own fast levels go

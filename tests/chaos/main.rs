@@ -230,6 +230,8 @@ impl Acks {
 pub struct Load {
     /// In a cell so that a wait that gives up can ask whether it exited.
     child: std::cell::RefCell<std::process::Child>,
+    /// Its exit as an event, opened before anything could reap it.
+    exit: ExitWatch,
     /// Its stderr: why it stopped, when it does.
     log: std::path::PathBuf,
     pub ack_log: std::path::PathBuf,
@@ -280,8 +282,10 @@ impl Load {
             .stderr(stderr)
             .spawn()
             .expect("run walserver bench append");
+        let exit = ExitWatch::of(child.id()).expect("watch the load tool's exit");
         Load {
             child: std::cell::RefCell::new(child),
+            exit,
             log,
             ack_log,
             acks: std::cell::RefCell::new(acks),
@@ -310,10 +314,9 @@ impl Load {
     /// and by the load tool's exit (which ends the wait at once); returns how many, or says
     /// whether the load tool is still running and what it logged.
     pub fn wait_acks_beyond(&self, n: usize, deadline: Duration) -> anyhow::Result<usize> {
-        let writer = ExitWatch::of(self.child.borrow().id())?;
         self.acks
             .borrow_mut()
-            .wait_lines_or_exit(n + 1, deadline, Some(&writer))
+            .wait_lines_or_exit(n + 1, deadline, Some(&self.exit))
             .map_err(|e| {
                 let exited = self.child.borrow_mut().try_wait().ok().flatten();
                 let why = fault_harness::process::explain("the load tool", exited, &self.log);

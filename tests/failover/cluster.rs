@@ -344,9 +344,9 @@ impl Cluster {
     /// the load tool is still running and what it logged last.
     pub fn wait_more_acks(&mut self, n: usize, deadline: Duration) -> Result<(), String> {
         let now = self.acks.lines().map_err(|e| e.to_string())?;
-        let load = self.load.as_ref().and_then(|p| p.exit_watch().ok());
+        let load = self.load.as_ref().map(Process::exit_watch);
         self.acks
-            .wait_lines_or_exit(now + n, deadline, load.as_ref())
+            .wait_lines_or_exit(now + n, deadline, load)
             .map(|_| ())
             .map_err(|e| {
                 let why = self
@@ -382,9 +382,9 @@ impl Cluster {
                 return None;
             }
             // A load that exited writes no more: the wait ends then, not at the deadline.
-            let load = self.load.as_ref().and_then(|p| p.exit_watch().ok());
+            let load = self.load.as_ref().map(Process::exit_watch);
             if (self.acks)
-                .wait_lines_or_exit(read + 1, left, load.as_ref())
+                .wait_lines_or_exit(read + 1, left, load)
                 .is_err()
             {
                 return None;

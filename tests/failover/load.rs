@@ -65,8 +65,7 @@ fn the_load_finds_the_primary_and_logs_what_it_cannot_know() {
         .args(["--keep-going", "--request-timeout", "2", "--writers", "3"])
         .args(["--size", "64", "--durability", "on", "--seconds", "600"]);
     let mut load = Process::spawn("load", cmd, &dir.path().join("load.log")).expect("load");
-    let writer = load.exit_watch().expect("watch the load's exit");
-    acks.wait_lines_or_exit(100, DEADLINE, Some(&writer))
+    acks.wait_lines_or_exit(100, DEADLINE, Some(load.exit_watch()))
         .unwrap_or_else(|e| panic!("appends acknowledged: {e}; {}", load.explain()));
 
     // kill -9 under the load: whatever was in flight is not acknowledged.
@@ -75,7 +74,7 @@ fn the_load_finds_the_primary_and_logs_what_it_cannot_know() {
     p.wait_status("stream to s again", DEADLINE, |st| st.streams_to("s"))
         .expect("s streams again");
     let before = acks.lines().expect("count");
-    acks.wait_lines_or_exit(before + 100, DEADLINE, Some(&writer))
+    acks.wait_lines_or_exit(before + 100, DEADLINE, Some(load.exit_watch()))
         .unwrap_or_else(|e| {
             panic!(
                 "appends acknowledged after the restart: {e}; {}",

@@ -186,10 +186,8 @@ impl Cluster {
     /// Waits until `n` more appends than now are acknowledged; returns the count and when.
     pub fn wait_more_acks(&mut self, n: usize, deadline: Duration) -> (usize, Instant) {
         let now = self.acks.lines().expect("ack log");
-        let load = self.load.as_ref().and_then(|p| p.exit_watch().ok());
-        let more = self
-            .acks
-            .wait_lines_or_exit(now + n, deadline, load.as_ref());
+        let load = self.load.as_ref().map(Process::exit_watch);
+        let more = self.acks.wait_lines_or_exit(now + n, deadline, load);
         let count = more.unwrap_or_else(|e| {
             let why = self
                 .load
@@ -224,9 +222,9 @@ impl Cluster {
                 return None;
             }
             // A load that exited writes no more: the wait ends then, not at the deadline.
-            let load = self.load.as_ref().and_then(|p| p.exit_watch().ok());
+            let load = self.load.as_ref().map(Process::exit_watch);
             if (self.acks)
-                .wait_lines_or_exit(read + 1, left, load.as_ref())
+                .wait_lines_or_exit(read + 1, left, load)
                 .is_err()
             {
                 return None;

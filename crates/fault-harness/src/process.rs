@@ -38,6 +38,9 @@ pub struct Process {
     /// Ends (its sender dropped) when both output pipes are closed: the process has exited
     /// or closed them.
     eof: mpsc::Receiver<()>,
+    /// Its exit as an event, opened while it cannot have been reaped, so that its pid names
+    /// it and no later process.
+    exit: ExitWatch,
     paused: bool,
     /// Whether a test that panics prints the end of this process's log (see
     /// [`Process::quiet_on_failure`]).
@@ -69,6 +72,14 @@ impl Process {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(io(format!("spawn {name}: {cmd:?}")))?;
+        let exit = match ExitWatch::of(child.id()) {
+            Ok(exit) => exit,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
         let file = Arc::new(Mutex::new(file));
         let (eof_tx, eof) = mpsc::channel();
         watch.lock().expect("log watch").open_pipes = 2;
@@ -82,6 +93,7 @@ impl Process {
             log: log.to_path_buf(),
             watch: watch.clone(),
             eof,
+            exit,
             paused: false,
             print_on_panic: true,
         };
@@ -230,31 +242,25 @@ impl Process {
     /// `deadline`.
     pub fn wait_exit(&mut self, deadline: Duration) -> Result<ExitStatus> {
         let start = Instant::now();
-        // Both pipes close when the process exits (or a child it left holds them: then the
-        // deadline below still bounds the wait).
+        // Both pipes close when the process exits, once its last lines are in the log (or a
+        // child it left holds them: then the deadline below still bounds the wait).
         let _ = self.eof.recv_timeout(deadline);
-        loop {
-            if let Some(s) = self.child.try_wait().map_err(|e| Error::Io {
-                what: format!("wait for {}", self.name),
-                source: e,
-            })? {
-                return Ok(s);
-            }
-            if start.elapsed() > deadline {
-                return Err(Error::Timeout(format!(
-                    "{} did not exit within {deadline:?}",
-                    self.name
-                )));
-            }
-            // The pipes closed but the exit is not reaped yet: a few milliseconds at most.
-            std::thread::sleep(Duration::from_millis(2));
+        if !self.exit.wait(deadline.saturating_sub(start.elapsed())) {
+            return Err(Error::Timeout(format!(
+                "{} did not exit within {deadline:?}",
+                self.name
+            )));
         }
+        self.child.wait().map_err(|e| Error::Io {
+            what: format!("wait for {}", self.name),
+            source: e,
+        })
     }
 
     /// Its exit as an event ([`ExitWatch`]): a wait for what it should write can end when it
     /// exits ([`crate::watch::LineWatch::wait_lines_or_exit`]).
-    pub fn exit_watch(&self) -> Result<ExitWatch> {
-        ExitWatch::of(self.child.id())
+    pub fn exit_watch(&self) -> &ExitWatch {
+        &self.exit
     }
 
     /// The end of the log, for a failure message.

@@ -223,13 +223,32 @@ impl ExitWatch {
 
     /// Whether the process has exited (asked without waiting).
     pub fn exited(&self) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, no wait.
-        unsafe { libc::poll(&mut pfd, 1, 0) > 0 }
+        self.wait(Duration::ZERO)
+    }
+
+    /// Waits up to `timeout` for the process to exit; whether it has.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            let mut pfd = libc::pollfd {
+                fd: self.pidfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let left = timeout.saturating_sub(start.elapsed());
+            let ms = left.as_millis().min(i32::MAX as u128) as i32;
+            // SAFETY: one valid pollfd.
+            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if r > 0 {
+                return true;
+            }
+            // Interrupted by a signal: asked again for what is left; otherwise time is up.
+            let interrupted =
+                r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+            if !interrupted || start.elapsed() >= timeout {
+                return false;
+            }
+        }
     }
 }
 

@@ -9,7 +9,13 @@ use fault_harness::proxy::{Delay, DelayProxy};
 use fault_harness::tmpfs::Tmpfs;
 use fault_harness::{fault, Net, Process};
 
+/// How long a connection that must fail is given: a cut drops its packets, so this is only
+/// the wait before saying it failed.
 const SHORT: Duration = Duration::from_millis(500);
+/// How long a connection that must succeed is given: a new link's first SYN can be lost while
+/// the link comes up, and TCP sends it again only after a second, so a positive check given
+/// `SHORT` failed under load; the deadline is what a working link never needs.
+const LONG: Duration = Duration::from_secs(5);
 
 /// A listener on `host` at `port` that echoes what each connection sends, forever.
 fn echo_server(host: &fault_harness::Host, port: u16) -> SocketAddr {
@@ -31,24 +37,24 @@ fn echo_server(host: &fault_harness::Host, port: u16) -> SocketAddr {
     addr
 }
 
-/// Whether a TCP connection from `host` to `addr` is set up within `SHORT`.
-fn reaches(host: &fault_harness::Host, addr: SocketAddr) -> bool {
-    host.run(|| TcpStream::connect_timeout(&addr, SHORT).is_ok())
+/// Whether a TCP connection from `host` to `addr` is set up within `within`.
+fn reaches(host: &fault_harness::Host, addr: SocketAddr, within: Duration) -> bool {
+    host.run(|| TcpStream::connect_timeout(&addr, within).is_ok())
         .unwrap()
 }
 
-/// Whether a connection to `addr` made on the current thread echoes a byte.
-fn echoes_here(addr: SocketAddr) -> bool {
-    let Ok(mut c) = TcpStream::connect_timeout(&addr, SHORT) else {
+/// Whether a connection to `addr` made on the current thread echoes a byte within `within`.
+fn echoes_here(addr: SocketAddr, within: Duration) -> bool {
+    let Ok(mut c) = TcpStream::connect_timeout(&addr, within) else {
         return false;
     };
-    c.set_read_timeout(Some(SHORT)).unwrap();
+    c.set_read_timeout(Some(within)).unwrap();
     let mut b = [0u8; 1];
     c.write_all(b"e").is_ok() && matches!(c.read(&mut b), Ok(1)) && b[0] == b'e'
 }
 
 fn echoes(host: &fault_harness::Host, addr: SocketAddr) -> bool {
-    host.run(|| echoes_here(addr)).unwrap()
+    host.run(|| echoes_here(addr, LONG)).unwrap()
 }
 
 fn netns_list() -> String {
@@ -68,11 +74,11 @@ fn hosts_reach_each_other_and_everything_goes_with_the_net() {
     let a = net.add_host("a").unwrap();
     let b = net.add_host("b").unwrap();
     let echo = echo_server(&b, 7000);
-    assert!(reaches(&a, echo));
+    assert!(reaches(&a, echo, LONG));
     // The test's own namespace does not reach the hosts (a connect may still succeed, to
     // whatever the machine's default route leads to, but nothing echoes).
     assert!(echoes(&a, echo));
-    assert!(!echoes_here(echo));
+    assert!(!echoes_here(echo, SHORT));
     let names = [a.netns().to_string(), b.netns().to_string()];
     assert!(netns_list().contains(&names[0]));
     drop(net);
@@ -91,11 +97,11 @@ fn a_cut_stops_traffic_both_ways_until_healed() {
     let to_b = echo_server(&b, 7000);
     let to_a = echo_server(&a, 7000);
     let cut = fault::cut(&a, &b).unwrap();
-    assert!(!reaches(&a, to_b));
-    assert!(!reaches(&b, to_a));
+    assert!(!reaches(&a, to_b, SHORT));
+    assert!(!reaches(&b, to_a, SHORT));
     cut.heal().unwrap();
-    assert!(reaches(&a, to_b));
-    assert!(reaches(&b, to_a));
+    assert!(reaches(&a, to_b, LONG));
+    assert!(reaches(&b, to_a, LONG));
 }
 
 #[test]
@@ -106,7 +112,7 @@ fn a_one_way_drop_stops_one_direction() {
     let b_udp = b.run(|| UdpSocket::bind((b.addr, 7001))).unwrap().unwrap();
     let a_udp = a.run(|| UdpSocket::bind((a.addr, 7001))).unwrap().unwrap();
     b_udp.set_read_timeout(Some(SHORT)).unwrap();
-    a_udp.set_read_timeout(Some(SHORT)).unwrap();
+    a_udp.set_read_timeout(Some(LONG)).unwrap();
     let one_way = fault::drop_one_way(&a, &b).unwrap();
     let mut buf = [0u8; 16];
     a_udp.send_to(b"x", (b.addr, 7001)).unwrap();
@@ -114,6 +120,7 @@ fn a_one_way_drop_stops_one_direction() {
     b_udp.send_to(b"y", (a.addr, 7001)).unwrap();
     assert_eq!(a_udp.recv_from(&mut buf).unwrap().0, 1, "b -> a must pass");
     drop(one_way);
+    b_udp.set_read_timeout(Some(LONG)).unwrap();
     a_udp.send_to(b"x", (b.addr, 7001)).unwrap();
     assert_eq!(b_udp.recv_from(&mut buf).unwrap().0, 1, "healed on drop");
 }
@@ -167,7 +174,7 @@ fn the_proxy_delays_both_ways_and_keeps_the_order() {
     };
     let proxy = DelayProxy::start(&b, echo, delay).unwrap();
     let mut c = b
-        .run(|| TcpStream::connect_timeout(&proxy.addr(), SHORT))
+        .run(|| TcpStream::connect_timeout(&proxy.addr(), LONG))
         .unwrap()
         .unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -353,7 +360,7 @@ fn a_bandwidth_cap_slows_a_stream_until_removed() {
     });
     let send = |n: usize| {
         a.run(|| {
-            let mut c = TcpStream::connect_timeout(&addr, SHORT).unwrap();
+            let mut c = TcpStream::connect_timeout(&addr, LONG).unwrap();
             c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
             let t = Instant::now();
             c.write_all(&vec![7u8; n]).unwrap();

@@ -10,10 +10,12 @@
 //! puts them through [`UPLOADS_IN_FLIGHT`] threads, each reading, compressing, checksumming
 //! and putting one segment and then taking the next not yet started, so one segment's
 //! compression overlaps others' requests and the store's work on them, and no thread waits
-//! for the slowest of a batch. The job then stores the archived position once, at the end of
-//! the segments that succeeded in order, and reports every outcome in that order. After a
-//! failure, a stop or the loss of the leader's fence, it starts no further segment; the
-//! actor takes back those it did not start.
+//! for the slowest of a batch. Each thread reads and compresses into buffers (and a zstd
+//! context) it keeps from one segment to the next, for the round's life; a job of one upload
+//! runs on a blocking-pool thread, which keeps them while it lives. The job then stores the
+//! archived position once, at the end of the segments that succeeded in order, and reports
+//! every outcome in that order. After a failure, a stop or the loss of the leader's fence, it
+//! starts no further segment; the actor takes back those it did not start.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -138,10 +138,12 @@ impl ArchiveTarget {
         let object = compression.object_name(name);
         let stored = compression.encode(bytes)?;
         let created = match self {
-            ArchiveTarget::Directory(dir) => create_file(dir, &object, &stored)?,
-            ArchiveTarget::S3(s3) => s3.create(&object, stored)?,
+            ArchiveTarget::Directory(dir) => create_file(dir, &object, &stored),
+            ArchiveTarget::S3(s3) => s3.create(&object, stored.clone()),
             ArchiveTarget::Command(_) => return Err(unreadable()),
         };
+        compression.give_back(stored);
+        let created = created?;
         if created {
             return Ok(Put::Stored);
         }

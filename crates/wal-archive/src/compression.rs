@@ -12,19 +12,20 @@ use bytes::Bytes;
 use crate::error::{ArchiveError, Result};
 
 /// zstd's level when `archive_compression_level` is unset: -1, its first fast level. On
-/// PostgreSQL 15's WAL from pgbench (16 MiB segments, one core of this project's 2-core VM):
+/// PostgreSQL 15's WAL from pgbench (16 MiB segments, `zstd -b` on one core of this project's
+/// 2-core VM, quiet):
 ///
 /// ```text
-/// level                       3      1     -1     -2     -3
-/// pgbench -i, ms/segment     18.0   14.0   11.0    9.8    9.7   (zstd -b, a quiet machine)
-///             MiB/segment     0.87   1.00   1.16   1.51   1.74
-/// half transactions, ms      28.9   17.5   15.2   14.0   13.5   (CPU time, a loaded machine)
-///             MiB/segment     1.62   1.66   1.84   2.21   2.45
+/// level                          3      1     -1     -2     -3
+/// archive-compare's WAL  ms     46.3   29.7   23.7   21.8   21.9
+///                        MiB     3.04   3.10   3.43   3.94   4.24
+/// pgbench -i alone       ms     18.0   14.0   11.0    9.8    9.7
+///                        MiB     0.87   1.00   1.16   1.51   1.74
 /// ```
 ///
-/// Down to -1 each step saves a larger share of CPU than it adds in bytes (3 to 1: 22-39%
-/// less CPU for 3-15% more bytes; 1 to -1: 13-21% less for 11-16% more); the next, to -2,
-/// saves 8-11% for 20-30% more bytes, and below -2 the CPU hardly falls. An archiver runs
+/// Down to -1 each step saves a larger share of CPU than it adds in bytes (3 to 1: 22-36%
+/// less CPU for 2-15% more bytes; 1 to -1: 20-21% less for 11-16% more); the next, to -2,
+/// saves 8-11% for 15-30% more bytes, and below -2 the CPU hardly falls. An archiver runs
 /// beside the database it serves, whose CPU is dearer than the store's bytes, but not at any
 /// price in bytes (each is stored for the archive's whole retention): -1, where the bytes
 /// begin to grow faster than the CPU falls. pgBackRest's default is 3; restore reads any

@@ -9,7 +9,7 @@
 //! a timeline the leader never descended from) is refused: no WAL is dropped on a guess.
 
 use serde::Serialize;
-use wal_storage::{departs_from, HistoryEntry, Lsn, TimelineId, Wal};
+use wal_storage::{departs_from, describe_line, Lsn, TimelineId, Wal};
 use walreceiver_actor::UpstreamIdentity;
 
 use crate::error::FollowError;
@@ -62,19 +62,12 @@ pub fn fork_point(wal: &Wal, upstream: &UpstreamIdentity) -> Result<ForkPoint, F
     }
     let own = wal.history();
     if let Some(i) = departs_from(&own, &upstream.history) {
-        let line = |e: Option<&HistoryEntry>| match e {
-            Some(e) => format!(
-                "timeline {} switched at {} ({})",
-                e.parent, e.switch_lsn, e.reason
-            ),
-            None => "nothing more".to_string(),
-        };
         return Err(FollowError::TimelineClash {
             local: timeline,
             detail: format!(
                 "this node's history says {}, the leader's {}",
-                line(own.get(i)),
-                line(upstream.history.get(i))
+                describe_line(own.get(i)),
+                describe_line(upstream.history.get(i))
             ),
         });
     }

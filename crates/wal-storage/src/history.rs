@@ -90,6 +90,18 @@ pub fn departs_from(own: &[HistoryEntry], theirs: &[HistoryEntry]) -> Option<usi
     }
 }
 
+/// One line of an ancestry as an error names it where two ancestries depart
+/// ([`departs_from`]): the switch and its reason, or "nothing more" past the shorter one.
+pub fn describe_line(e: Option<&HistoryEntry>) -> String {
+    match e {
+        Some(e) => format!(
+            "timeline {} switched at {} ({})",
+            e.parent, e.switch_lsn, e.reason
+        ),
+        None => "nothing more".to_string(),
+    }
+}
+
 /// Checks that `entries` can be the history of timeline `tli`: every parent is older than `tli`.
 pub(crate) fn check_history_for(tli: TimelineId, entries: &[HistoryEntry]) -> Result<()> {
     if let Some(last) = entries.last() {

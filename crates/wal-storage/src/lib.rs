@@ -240,7 +240,7 @@ pub use config::{StorageConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_SEGMENT_SIZE};
 pub use error::{Result, WalError};
 pub use format::{Record, SegmentHeader, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE};
 pub use health::{StorageHealth, StorageState};
-pub use history::{departs_from, format_history, parse_history, HistoryEntry};
+pub use history::{departs_from, describe_line, format_history, parse_history, HistoryEntry};
 #[cfg(feature = "failpoints")]
 pub use io::Failpoints;
 pub use io::{

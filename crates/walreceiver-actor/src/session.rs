@@ -35,8 +35,8 @@ use protocol_codec::command::{quote_ident, ReplicationCommand};
 use protocol_codec::messages::{HotStandbyFeedback, StandbyStatusUpdate};
 use protocol_codec::{BackendMessage, FrontendMessage};
 use wal_storage::{
-    departs_from, parse_history, HistoryEntry, Lsn, PgTimestamp, SystemId, TimelineId, WalError,
-    WalPosition,
+    departs_from, describe_line, parse_history, HistoryEntry, Lsn, PgTimestamp, SystemId,
+    TimelineId, WalError, WalPosition,
 };
 
 use crate::cutback::{self, Floor, TailDecision, UpstreamRole};
@@ -510,17 +510,10 @@ impl Session {
     /// same LSNs, so no point of this node's timeline is known to be shared.
     fn clash(&self, theirs: &[HistoryEntry]) -> Option<ReceiverError> {
         let i = departs_from(&self.own_history, theirs)?;
-        let describe = |e: Option<&HistoryEntry>| match e {
-            Some(e) => format!(
-                "timeline {} switched at {} ({})",
-                e.parent, e.switch_lsn, e.reason
-            ),
-            None => "nothing more".to_string(),
-        };
         Some(ReceiverError::TimelineClash {
             timeline: self.timeline,
-            local: describe(self.own_history.get(i)),
-            upstream: describe(theirs.get(i)),
+            local: describe_line(self.own_history.get(i)),
+            upstream: describe_line(theirs.get(i)),
         })
     }
 

@@ -137,6 +137,41 @@ mod tests {
 
     use super::*;
 
+    /// A primary of system 7 with 1 MiB segments.
+    fn primary(dir: &std::path::Path) -> Wal {
+        let cfg = StorageConfig {
+            segment_size: 1 << 20,
+            ..StorageConfig::default()
+        };
+        let opts = InitOptions::primary(SystemId(7), WalFormat::Walserver);
+        Wal::init(dir, cfg, opts).expect("init")
+    }
+
+    /// A leader of system 7 on `timeline`, which switched from timeline `parent` at
+    /// `switch` for `reason`.
+    fn leader(
+        timeline: TimelineId,
+        parent: TimelineId,
+        switch: Lsn,
+        reason: &str,
+    ) -> UpstreamIdentity {
+        UpstreamIdentity {
+            system_id: SystemId(7),
+            timeline,
+            xlogpos: switch,
+            segment_size: 1 << 20,
+            format: WalFormat::Walserver,
+            server_version: String::new(),
+            history_files: Vec::new(),
+            history: vec![HistoryEntry {
+                parent,
+                switch_lsn: switch,
+                reason: reason.into(),
+            }],
+            slot_restart: None,
+        }
+    }
+
     /// A write queued before the cut (a stopped walreceiver's last one, still landing) is cut
     /// with the rest: the flushed end read before it landed says there is nothing to cut.
     #[test]
@@ -160,32 +195,13 @@ mod tests {
     #[test]
     fn a_leader_on_a_timeline_of_this_node_s_number_made_apart_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let cfg = StorageConfig {
-            segment_size: 1 << 20,
-            ..StorageConfig::default()
-        };
-        let opts = InitOptions::primary(SystemId(7), WalFormat::Walserver);
-        let wal = Wal::init(dir.path(), cfg, opts).expect("init");
+        let wal = primary(dir.path());
         let (tli, switch) = wal.promote("restarted after early sends").expect("promote");
         wal.append(vec![Bytes::from(vec![1u8; 512])])
             .expect("append")
             .wait()
             .expect("durable");
-        let leader = |reason: &str| UpstreamIdentity {
-            system_id: SystemId(7),
-            timeline: tli,
-            xlogpos: switch,
-            segment_size: 1 << 20,
-            format: WalFormat::Walserver,
-            server_version: String::new(),
-            history_files: Vec::new(),
-            history: vec![HistoryEntry {
-                parent: TimelineId(1),
-                switch_lsn: switch,
-                reason: reason.into(),
-            }],
-            slot_restart: None,
-        };
+        let leader = |reason: &str| leader(tli, TimelineId(1), switch, reason);
         let end = wal.flushed();
         match cut_back_to_fork(&wal, &leader("promoted by walserver at another moment")) {
             Err(FollowError::TimelineClash { local, detail }) => {
@@ -207,28 +223,14 @@ mod tests {
     #[test]
     fn a_write_still_landing_is_cut_back_to_the_fork() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let cfg = StorageConfig {
-            segment_size: 1 << 20,
-            ..StorageConfig::default()
-        };
-        let opts = InitOptions::primary(SystemId(7), WalFormat::Walserver);
-        let wal = Wal::init(dir.path(), cfg, opts).expect("init");
+        let wal = primary(dir.path());
         let fork = wal.flushed();
-        let leader = UpstreamIdentity {
-            system_id: SystemId(7),
-            timeline: TimelineId(2),
-            xlogpos: fork,
-            segment_size: 1 << 20,
-            format: WalFormat::Walserver,
-            server_version: String::new(),
-            history_files: Vec::new(),
-            history: vec![HistoryEntry {
-                parent: wal.timeline(),
-                switch_lsn: fork,
-                reason: "the leader's promotion".into(),
-            }],
-            slot_restart: None,
-        };
+        let leader = leader(
+            TimelineId(2),
+            wal.timeline(),
+            fork,
+            "the leader's promotion",
+        );
         for round in 0..20 {
             let landing = wal
                 .append(vec![Bytes::from(vec![round as u8; 512])])

@@ -41,7 +41,10 @@ use supervisor_actor::NodeStatus;
 use wal_storage::Lsn;
 use walserver_node::admin;
 
-use crate::lossy::{disk, node_on, power_off, pull_plugs, serial, Overlap, PRIMARY_SYNC_LATENCY};
+use crate::lossy::{
+    disk, node_on, power_off, pull_plugs, serial, standby_past_primary, Overlap,
+    PRIMARY_SYNC_LATENCY,
+};
 use crate::node::*;
 use crate::reader::Reader;
 use crate::relay::Relay;
@@ -451,20 +454,10 @@ fn a_leader_that_lost_a_tail_its_standby_holds_comes_back_in_a_new_term() {
     let before = m.status(leader).expect("the leader's status");
     // Early sends on the leader's timeline begin only once its early-send mark naming it is
     // durable, which nothing outside is told, and syncs held before that would keep it from
-    // ever being so. So the leader's disk is slow until an early send is seen: the standby
-    // durable past the leader, the standby asked first (the leader's flushed end only grows,
-    // so a standby past it as it was a moment later holds WAL sent early).
+    // ever being so. So the leader's disk is slow until an early send is seen.
     m.mounts[leader].set_sync_latency(PRIMARY_SYNC_LATENCY);
-    let early = wait_for(
-        "an early send on the leader's timeline",
-        DEADLINE,
-        Duration::from_millis(2),
-        || {
-            let s = m.status(sync).ok()?;
-            let l = m.status(leader).ok()?;
-            (s.timeline == l.timeline && s.flush_lsn > l.flush_lsn).then_some(())
-        },
-    );
+    let (l, s) = (&m.nodes[leader], &m.nodes[sync]);
+    let early = standby_past_primary("an early send on the leader's timeline", l, s, None);
     m.mounts[leader].set_sync_latency(Duration::ZERO);
     m.or_logs(early);
     // Dropped before the members if a wait below fails, so that the held syncs run and the
@@ -476,22 +469,13 @@ fn a_leader_that_lost_a_tail_its_standby_holds_comes_back_in_a_new_term() {
         "timed out after {DEADLINE:?} waiting for a write of n{leader} that waits for its sync\n{}",
         m.logs()
     );
-    // The standby's flush past the leader's is told only by the members' `/status`, which
-    // announces nothing: asked every 2 ms from that write on, up to the deadline. The mount
-    // is asked again with it, since a sync under way when the hold came may have covered
-    // that write.
-    let tail_end = m.or_logs(wait_for(
+    // From that write on; the mount is asked again with it, since a sync under way when the
+    // hold came may have covered that write.
+    let tail_end = m.or_logs(standby_past_primary(
         "the synchronous standby durable past the leader's own durable end",
-        DEADLINE,
-        Duration::from_millis(2),
-        || {
-            let l = m.status(leader).ok()?;
-            let s = m.status(sync).ok()?;
-            (m.mounts[leader].unsynced_changes() > 0
-                && s.timeline == l.timeline
-                && s.flush_lsn > l.flush_lsn)
-                .then_some(s.flush_lsn)
-        },
+        &m.nodes[leader],
+        &m.nodes[sync],
+        Some(&m.mounts[leader]),
     ));
     // Rule 1: once the leader has heard the standby's flush past its own durable end, it
     // still acknowledges nothing past that end (its own flush is always required).

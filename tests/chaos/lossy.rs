@@ -145,3 +145,28 @@ pub fn power_off(
     anyhow::ensure!(unsynced > 0, "the crash found no unsynced change");
     Ok(outage)
 }
+
+/// Waits until `standby` is durable past `primary` on the same timeline, which only WAL sent
+/// early gives it, and, with `disk` (the primary's), until that disk also holds an unsynced
+/// change; returns the standby's durable end. Their flushes are told only by `/status`, which
+/// announces nothing: asked every 2 ms up to the deadline. The standby is asked first: the
+/// primary's flushed end only grows, so a standby past the primary's end as it was a moment
+/// later holds WAL sent early. Asked the other way round, a flush of the primary's and its
+/// ordinary send between the two questions looked the same, and a test that then held the
+/// primary's syncs before its early-send mark was durable kept the mark (and every early
+/// send) from ever coming.
+pub fn standby_past_primary(
+    what: &str,
+    primary: &ChildNode,
+    standby: &ChildNode,
+    disk: Option<&LossyFs>,
+) -> anyhow::Result<wal_storage::Lsn> {
+    wait_for(what, DEADLINE, Duration::from_millis(2), || {
+        let s = standby.status().ok()?;
+        let p = primary.status().ok()?;
+        (disk.is_none_or(|d| d.unsynced_changes() > 0)
+            && s.timeline == p.timeline
+            && s.flush_lsn > p.flush_lsn)
+            .then_some(s.flush_lsn)
+    })
+}

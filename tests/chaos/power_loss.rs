@@ -33,7 +33,8 @@ use lossyfs::{LossyFs, Options, UnsyncedWatch};
 use wal_storage::Lsn;
 
 use crate::lossy::{
-    disk, node_on, power_off, pull_plugs, serial, Outage, Overlap, PRIMARY_SYNC_LATENCY,
+    disk, node_on, power_off, pull_plugs, serial, standby_past_primary, Outage, Overlap,
+    PRIMARY_SYNC_LATENCY,
 };
 use crate::node::*;
 use crate::reader::Reader;
@@ -317,23 +318,7 @@ impl Run {
 fn lose_a_tail_the_standby_holds(pair: &mut Pair) -> anyhow::Result<Outage> {
     let [p, s] = &pair.nodes;
     let disk = &pair.mounts[0];
-    // The standby's flush past the primary's is told only by their `/status`, which
-    // announces nothing: asked every 2 ms up to the deadline. The standby is asked first:
-    // the primary's flushed end only grows, so a standby seen past the primary's end as it
-    // was a moment later holds WAL sent early. Asked the other way round, a flush of the
-    // primary's and its ordinary send between the two questions looked the same, and the
-    // syncs below were then held before the early-send mark was durable, which kept it from
-    // ever being so.
-    let ahead = |what: &str| {
-        wait_for(what, DEADLINE, Duration::from_millis(2), || {
-            let ss = s.status().ok()?;
-            let ps = p.status().ok()?;
-            (disk.unsynced_changes() > 0
-                && ss.timeline == ps.timeline
-                && ss.flush_lsn > ps.flush_lsn)
-                .then_some(())
-        })
-    };
+    let ahead = |what: &str| standby_past_primary(what, p, s, Some(disk)).map(|_| ());
     // Early sends on a timeline begin only once the primary's early-send mark naming it is
     // durable (just after a restart it may not be yet), which nothing outside is told: the
     // primary's disk is slow until the standby has been seen durable past it, which only an

@@ -207,6 +207,9 @@ measure() { # LABEL COMPRESSION STORED_MIB NAME: times run_NAME (after prepare_N
     local label=$1 comp=$2 stored=$3 fn=$4 cg t0 t1 c0 c1 w0 w1
     cg="$(cg_make "$fn-$comp-$ROUND")"
     "prepare_$fn" "$comp"
+    # Each run starts with no dirty page left by the one before: SeaweedFS's writes of the
+    # last run would otherwise be flushed during this one, on the same disk and cores.
+    sync
     w0=$(cg_ns "$CG_WEED"); c0=$(cg_ns "$cg"); t0=$(now_ns)
     "run_$fn" "$cg" "$comp"
     t1=$(now_ns); c1=$(cg_ns "$cg"); w1=$(cg_ns "$CG_WEED")

@@ -12,10 +12,12 @@
 //! compression overlaps others' requests and the store's work on them, and no thread waits
 //! for the slowest of a batch. Each thread reads and compresses into buffers (and a zstd
 //! context) it keeps from one segment to the next, for the round's life; a job of one upload
-//! runs on a blocking-pool thread, which keeps them while it lives. The job then stores the
-//! archived position once, at the end of the segments that succeeded in order, and reports
-//! every outcome in that order. After a failure, a stop or the loss of the leader's fence, it
-//! starts no further segment; the actor takes back those it did not start.
+//! runs on a blocking-pool thread, which keeps them while it lives. Each time the segments
+//! archived in order reach further, the round stores the archived position there and tells
+//! the actor those segments ([`RoundProgressed`]), so retention, the backlog gate and
+//! `/status` move a segment at a time while the round runs; the job's outcome then carries
+//! the rest, up to and including a failure. After a failure, a stop or the loss of the
+//! leader's fence, it starts no further segment; the actor takes back those it did not start.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -72,10 +74,11 @@ pub struct ArchiveConfig {
 pub const UPLOADS_IN_FLIGHT: usize = 4;
 
 /// Segments one round of uploads takes at most. Each round ends in a wait for its last
-/// upload, with fewer threads busy, and the archived position (retention, the backlog gate,
-/// `/status`) moves only at a round's end: a guess between the two, about a second of
-/// uploads on a store that takes twenty segments a second.
-pub const ROUND_SEGMENTS: usize = 4 * UPLOADS_IN_FLIGHT;
+/// upload, with fewer threads busy, and while it runs the archiver starts nothing else (a
+/// history file, an `archive_timeout` prefix); the archived position moves a segment at a
+/// time either way. A guess between the two: a few seconds of uploads on a store that takes
+/// twenty segments a second, a gigabyte of 16 MiB segments.
+pub const ROUND_SEGMENTS: usize = 16 * UPLOADS_IN_FLIGHT;
 
 /// What a blocking job did.
 enum Done {
@@ -115,6 +118,11 @@ pub struct Archiver {
     known: Arc<Mutex<Known>>,
     /// Set when the archiver stops: the round in flight starts no further upload.
     halted: Arc<AtomicBool>,
+    /// The number of the upload job in flight (or the next one), which its
+    /// [`RoundProgressed`] messages carry.
+    round: u64,
+    /// How many of that job's outcomes the actor has taken, in order, from its progress.
+    taken: usize,
 }
 
 /// Whether a round of uploads may start its next one.
@@ -166,6 +174,8 @@ impl Archiver {
             fence,
             known: Arc::default(),
             halted: Arc::default(),
+            round: 0,
+            taken: 0,
         }
         .start();
         (addr, rx)
@@ -276,6 +286,14 @@ impl Archiver {
                                 .clone()
                                 .filter(|_| self.config.mode == ArchiveMode::On),
                         };
+                        let (addr, round) = (ctx.address(), self.round);
+                        let progressed = move |from, archived| {
+                            addr.do_send(RoundProgressed {
+                                round,
+                                from,
+                                archived,
+                            })
+                        };
                         self.run(ctx, move || {
                             Done::Uploads(upload_all(
                                 &wal,
@@ -284,6 +302,7 @@ impl Archiver {
                                 items,
                                 pos.timeline,
                                 &may_start,
+                                &progressed,
                             ))
                         })
                     }
@@ -408,7 +427,11 @@ impl Archiver {
                     .send_modify(|s| s.last_error = Some(e.to_string()));
             }
             Done::Uploads(outcomes) => {
-                for (item, outcome) in outcomes {
+                // Those the round's progress told are taken already; a progress message
+                // still on its way is stale from here on.
+                let taken = std::mem::take(&mut self.taken);
+                self.round += 1;
+                for (item, outcome) in outcomes.into_iter().skip(taken) {
                     match outcome {
                         Ok(put) => self.uploaded(item, put),
                         Err(e) => self.failed(item, e),
@@ -475,11 +498,16 @@ impl Archiver {
     }
 }
 
+/// What a round tells as it goes: `(from, archived)`, the outcomes `from..` of its items
+/// (`archived`, every one a success, in order), once the archived position is stored past
+/// them.
+pub(crate) type Progress<'a> = &'a (dyn Fn(usize, Vec<(Item, Put)>) + Sync);
+
 /// Puts `items` (one file, or consecutive segments through [`upload_round`]) and stores the
 /// archived position at the end of the segments that succeeded in order: the blocking job of
-/// one round of uploads. Returns the outcomes in order, up to and including the first
-/// failure, and only of the items the round started. `current` is the timeline whose view
-/// reads resolve through.
+/// one upload or one round. Returns the outcomes in order, up to and including the first
+/// failure, and only of the items the job started; a round has told some of them through
+/// `progress` already. `current` is the timeline whose view reads resolve through.
 pub(crate) fn upload_all(
     wal: &Wal,
     config: &ArchiveConfig,
@@ -487,6 +515,7 @@ pub(crate) fn upload_all(
     items: Vec<Item>,
     current: TimelineId,
     may_start: &MayStart,
+    progress: Progress<'_>,
 ) -> Vec<(Item, Result<Put>)> {
     // The store's create-if-absent, on which every put's never-overwrite rests (the identity's
     // own put included), is checked before this archiver's first upload.
@@ -504,39 +533,44 @@ pub(crate) fn upload_all(
         }
         lock(known).set_claimed();
     }
-    let mut outcomes: Vec<(Item, Result<Put>)> = match &items[..] {
-        [item] => vec![(*item, upload(wal, config, known, *item, current))],
-        _ => upload_round(wal, config, known, &items, current, may_start),
+    let seg = wal.segment_size();
+    let outcomes: Vec<(Item, Result<Put>)> = match &items[..] {
+        [item] => {
+            let outcome = upload(wal, config, known, *item, current).and_then(|put| {
+                // The object is durable; the position must be too before it counts. If it
+                // is not, the retry finds its own bytes in the archive.
+                match item.segment_end(seg) {
+                    Some(end) => wal.set_archived(end).map(|()| put).map_err(Into::into),
+                    None => Ok(put),
+                }
+            });
+            vec![(*item, outcome)]
+        }
+        _ => upload_round(wal, config, known, &items, current, may_start, progress),
     };
-    if let Some(failed) = outcomes.iter().position(|(_, o)| o.is_err()) {
-        outcomes.truncate(failed + 1);
+    if outcomes.iter().any(|(_, o)| o.is_err()) {
         // What failed may have half happened: look again.
         lock(known).forget();
-    }
-    let seg = wal.segment_size();
-    let archived = outcomes
-        .iter()
-        .filter(|(_, o)| o.is_ok())
-        .filter_map(|(item, _)| match item {
-            Item::Segment { segno, .. } => Some(Lsn((segno + 1) * seg)),
-            _ => None,
-        })
-        .max();
-    if let Some(upto) = archived {
-        if let Err(e) = wal.set_archived(upto) {
-            // The objects are durable but the position is not: the first segment fails, and
-            // its retry (and the others') finds its own bytes in the archive.
-            let first = outcomes[0].0;
-            return vec![(first, Err(e.into()))];
-        }
     }
     outcomes
 }
 
-/// Puts `items` through up to [`UPLOADS_IN_FLIGHT`] threads, each taking the next item not
-/// yet started as soon as its last one is done, until a failure, a stop or a closed fence
-/// ends the round. Returns the outcomes in the order of `items`, up to the first item without
-/// one (not started, or its thread panicked, which counts as its failure).
+/// A round's bookkeeping, shared by its threads.
+struct RoundState {
+    /// Each item's outcome, once its upload ended.
+    slots: Vec<Option<Result<Put>>>,
+    /// The items before this one succeeded, the archived position is stored past them, and
+    /// `progress` told them.
+    stored: usize,
+}
+
+/// Puts `items` (consecutive segments) through up to [`UPLOADS_IN_FLIGHT`] threads, each
+/// taking the next item not yet started as soon as its last one is done, until a failure, a
+/// stop or a closed fence ends the round. Each time the segments that succeeded in order
+/// reach further, the archived position is stored at their end and `progress` tells them.
+/// Returns the outcomes in the order of `items`, up to and including the first failure and
+/// up to the first item without one (not started, or its thread panicked, which counts as
+/// its failure).
 fn upload_round(
     wal: &Wal,
     config: &ArchiveConfig,
@@ -544,10 +578,15 @@ fn upload_round(
     items: &[Item],
     current: TimelineId,
     may_start: &MayStart,
+    progress: Progress<'_>,
 ) -> Vec<(Item, Result<Put>)> {
+    let seg = wal.segment_size();
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    let slots: Vec<Mutex<Option<Result<Put>>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    let state = Mutex::new(RoundState {
+        slots: items.iter().map(|_| None).collect(),
+        stored: 0,
+    });
     let worker = || {
         while !failed.load(Ordering::Relaxed) && may_start.now() {
             let i = next.fetch_add(1, Ordering::Relaxed);
@@ -558,7 +597,41 @@ fn upload_round(
             if outcome.is_err() {
                 failed.store(true, Ordering::Relaxed);
             }
-            *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+            let mut round = state.lock().unwrap_or_else(|p| p.into_inner());
+            round.slots[i] = Some(outcome);
+            let from = round.stored;
+            let reach = from
+                + round.slots[from..]
+                    .iter()
+                    .take_while(|o| matches!(o, Some(Ok(_))))
+                    .count();
+            if reach == from {
+                continue;
+            }
+            // A round holds segments only (`Schedule::more`).
+            let Some(end) = items[reach - 1].segment_end(seg) else {
+                continue;
+            };
+            // Stored under the lock, so positions go to storage in order; the other threads
+            // wait for it only as each finishes an upload.
+            match wal.set_archived(end) {
+                Ok(()) => {
+                    let archived = (from..reach)
+                        .filter_map(|k| match round.slots[k] {
+                            Some(Ok(put)) => Some((items[k], put)),
+                            _ => None,
+                        })
+                        .collect();
+                    round.stored = reach;
+                    progress(from, archived);
+                }
+                Err(e) => {
+                    // The objects are durable but the position is not: the first of them
+                    // fails, and its retry (and the others') finds its own bytes there.
+                    round.slots[from] = Some(Err(e.into()));
+                    failed.store(true, Ordering::Relaxed);
+                }
+            }
         }
     };
     std::thread::scope(|scope| {
@@ -571,13 +644,20 @@ fn upload_round(
         }
     });
     let started = next.into_inner().min(items.len());
+    let slots = state.into_inner().unwrap_or_else(|p| p.into_inner()).slots;
     let mut outcomes = Vec::with_capacity(started);
     for (i, (&item, slot)) in items.iter().zip(slots).enumerate() {
-        match slot.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(outcome) => outcomes.push((item, outcome)),
+        match slot {
+            Some(outcome) => {
+                let failed = outcome.is_err();
+                outcomes.push((item, outcome));
+                if failed {
+                    break;
+                }
+            }
             None if i < started => {
                 let e = ArchiveError::io(
-                    format!("archiving {}", item.file_name(wal.segment_size())),
+                    format!("archiving {}", item.file_name(seg)),
                     std::io::Error::other("the upload's thread panicked"),
                 );
                 outcomes.push((item, Err(e)));
@@ -830,6 +910,36 @@ impl StreamHandler<FenceChanged> for Archiver {
     fn finished(&mut self, _: &mut Context<Self>) {
         // The fence's sender goes with the node; without it nothing grants again, and the
         // last value read stays.
+    }
+}
+
+/// Segments a round archived, in order, with the archived position stored past them: its
+/// outcomes `from..` (`archived`, successes all). Sent by the round's threads as it goes.
+struct RoundProgressed {
+    round: u64,
+    from: usize,
+    archived: Vec<(Item, Put)>,
+}
+
+impl Message for RoundProgressed {
+    type Result = ();
+}
+
+impl Handler<RoundProgressed> for Archiver {
+    type Result = ();
+
+    fn handle(&mut self, msg: RoundProgressed, _: &mut Context<Self>) {
+        // A round's messages come in order; one that arrives after its round's outcome was
+        // taken is stale (the outcome carried its segments too).
+        if !self.busy || msg.round != self.round || msg.from != self.taken {
+            return;
+        }
+        self.taken += msg.archived.len();
+        for (item, put) in msg.archived {
+            self.uploaded(item, put);
+        }
+        self.time_backlog();
+        self.check_backlog();
     }
 }
 

@@ -862,19 +862,50 @@ async fn a_round_stops_at_a_failure_past_its_first_threads_and_goes_on_in_order(
     assert_segments_archived_as_kept(data.path(), archive.path(), n);
 }
 
+/// A round's inputs: `n` completed segments after the first, held for the archive, and the
+/// items that archive them.
+struct Round {
+    _data: tempfile::TempDir,
+    archive: tempfile::TempDir,
+    wal: Wal,
+    config: ArchiveConfig,
+    known: std::sync::Mutex<crate::known::Known>,
+    items: Vec<crate::schedule::Item>,
+}
+
+impl Round {
+    async fn of(n: u64) -> Round {
+        let (data, archive, wal) = setup(true);
+        fill(&wal, n).await;
+        wal.hold_for_archive().unwrap();
+        let tli = TimelineId(1);
+        Round {
+            config: config(archive.path()),
+            known: Default::default(),
+            items: (1..=n)
+                .map(|segno| crate::schedule::Item::Segment { tli, segno })
+                .collect(),
+            _data: data,
+            archive,
+            wal,
+        }
+    }
+}
+
 /// A round asked to stop, or whose node lost the leader's fence, starts no upload: it reports
 /// nothing, stores no position and puts nothing.
 #[actix_rt::test]
 async fn a_round_that_may_not_start_puts_nothing() {
     use crate::actor::{upload_all, MayStart};
-    use crate::schedule::Item;
-    let (_data, archive, wal) = setup(true);
-    fill(&wal, 6).await;
-    wal.hold_for_archive().unwrap();
-    let config = config(archive.path());
-    let known = std::sync::Mutex::new(crate::known::Known::default());
-    let tli = TimelineId(1);
-    let items: Vec<Item> = (1..=6).map(|segno| Item::Segment { tli, segno }).collect();
+    let round = Round::of(6).await;
+    let (archive, wal, config, known, items, tli) = (
+        &round.archive,
+        &round.wal,
+        &round.config,
+        &round.known,
+        &round.items,
+        TimelineId(1),
+    );
     let (_fence_tx, fence) = watch::channel(false);
     for may_start in [
         MayStart {
@@ -886,9 +917,73 @@ async fn a_round_that_may_not_start_puts_nothing() {
             fence: Some(fence),
         },
     ] {
-        let outcomes = upload_all(&wal, &config, &known, items.clone(), tli, &may_start);
+        let outcomes = upload_all(
+            wal,
+            config,
+            known,
+            items.clone(),
+            tli,
+            &may_start,
+            &|_, _| {},
+        );
         assert!(outcomes.is_empty(), "{outcomes:?}");
     }
     assert_eq!(names(archive.path()), Vec::<String>::new());
     assert_eq!(wal.archived(), Some(Lsn(SEG)));
+}
+
+/// A round stores the archived position and tells its segments as they are archived in
+/// order, not once at its end: each segment told once, in order, and only after the position
+/// past it is durable, so retention and the backlog gate follow each segment.
+#[actix_rt::test]
+async fn a_round_stores_the_position_and_tells_each_segment_in_order_as_it_goes() {
+    use crate::actor::{upload_all, MayStart};
+    use crate::schedule::Item;
+    use crate::target::Put;
+    let round = Round::of(12).await;
+    let (wal, config, known, items, tli) = (
+        &round.wal,
+        &round.config,
+        &round.known,
+        &round.items,
+        TimelineId(1),
+    );
+    let told = std::sync::Mutex::new(Vec::new());
+    let progress = |from: usize, archived: Vec<(Item, Put)>| {
+        let end = archived.last().and_then(|(item, _)| item.segment_end(SEG));
+        // A failed assertion here panics the upload's thread, which fails its segment.
+        assert_eq!(
+            wal.archived(),
+            end,
+            "the position is stored before it is told"
+        );
+        told.lock().unwrap().push((from, archived));
+    };
+    let may_start = MayStart {
+        halted: std::sync::Arc::default(),
+        fence: None,
+    };
+    let outcomes = upload_all(
+        wal,
+        config,
+        known,
+        items.clone(),
+        tli,
+        &may_start,
+        &progress,
+    );
+    assert_eq!(outcomes.len(), items.len());
+    assert!(outcomes.iter().all(|(_, o)| o.is_ok()), "{outcomes:?}");
+    let mut next = 0;
+    for (from, archived) in told.into_inner().unwrap() {
+        assert_eq!(from, next, "told in order, each once");
+        assert!(!archived.is_empty());
+        for (k, (item, put)) in archived.iter().enumerate() {
+            assert_eq!(*item, items[from + k]);
+            assert_eq!(*put, Put::Stored);
+        }
+        next += archived.len();
+    }
+    assert_eq!(next, items.len(), "every segment told");
+    assert_eq!(wal.archived(), Some(Lsn(13 * SEG)));
 }

@@ -58,9 +58,10 @@
 //! File I/O runs on the blocking pool, one job at a time: the actor's thread only decides.
 //! With a backlog, one job (a round) puts up to `ROUND_SEGMENTS` consecutive segments through
 //! `UPLOADS_IN_FLIGHT` threads, each taking the next segment as soon as it has put its last
-//! (one segment's compression overlaps others' requests and the store's work), then stores
-//! the archived position once, at the end of those that succeeded in order; after a failure,
-//! a stop or the loss of the leader's fence it starts no further segment.
+//! (one segment's compression overlaps others' requests and the store's work), and stores
+//! the archived position each time the segments that succeeded in order reach further, so
+//! retention and the backlog gate move a segment at a time; after a failure, a stop or the
+//! loss of the leader's fence it starts no further segment.
 //! An S3 target's requests run on a runtime of the target's own (`s3.rs`), which the
 //! blocking job waits for, so an upload is still one job that returns to the actor once;
 //! an object larger than `multipart_part_size` goes as a multipart upload, invisible until

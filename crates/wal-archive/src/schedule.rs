@@ -91,6 +91,15 @@ impl Item {
         }
     }
 
+    /// Where the archived position goes once it is archived: a whole segment's end; the
+    /// other kinds do not move it.
+    pub(crate) fn segment_end(&self, segment_size: u64) -> Option<Lsn> {
+        match *self {
+            Item::Segment { segno, .. } => Some(Lsn((segno + 1) * segment_size)),
+            _ => None,
+        }
+    }
+
     fn is_prefix(&self) -> bool {
         matches!(self, Item::Prefix { .. })
     }

@@ -87,7 +87,8 @@ enum Done {
     /// A standby under `on` moved its hold past what the archive holds, to here.
     Followed(Lsn),
     /// The outcome of each item of an upload job, in the order they were offered; the
-    /// items after a failure are not there.
+    /// items after a failure are not there. The first ones may have been told already by the
+    /// round's [`RoundProgressed`] messages; the actor takes each outcome once.
     Uploads(Vec<(Item, Result<Put>)>),
     /// Taking or releasing the hold failed.
     HoldFailed(ArchiveError),

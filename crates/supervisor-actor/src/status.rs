@@ -36,8 +36,8 @@ pub struct WalReceiverInfo {
     pub restart: RestartState,
     /// When a failed walreceiver is retried (`wal_retrieve_retry_interval` and the rest).
     pub retry_schedule: RetrySchedule,
-    /// Set while the walreceiver is stopped because the archive it would fill a gap from
-    /// names another system (it took nothing from it); cleared when a stream starts.
+    /// Set once the walreceiver refused to fill a gap from an archive that names another
+    /// system (it took nothing from it); cleared once the node's WAL passes the gap.
     #[serde(default)]
     pub archive_alarm: Option<String>,
 }

@@ -79,9 +79,11 @@ struct Receiver {
     /// The last walreceiver refused to cut this node's WAL below its commit point; cleared
     /// when a stream starts.
     tail_alarm: Option<String>,
-    /// The last walreceiver refused to fill a gap from an archive of another system;
-    /// cleared when a stream starts.
-    archive_alarm: Option<String>,
+    /// The last walreceiver refused to fill a gap from an archive of another system, when
+    /// storage ended at this point; cleared once storage's end passes it. Not when a stream
+    /// starts: an upstream that removed the WAL refuses it only after its stream started
+    /// (PostgreSQL's walsender does too), so the alarm would blink with every retry.
+    archive_alarm: Option<(String, Lsn)>,
 }
 
 impl Receiver {
@@ -400,7 +402,6 @@ impl Handler<StreamingStarted> for Supervisor {
         }
         r.streaming = true;
         r.tail_alarm = None;
-        r.archive_alarm = None;
         let recovered = r.restart.on_streaming(Instant::now());
         self.publish_state();
         match recovered {
@@ -423,6 +424,7 @@ impl Handler<ReceiverStopped> for Supervisor {
 
     fn handle(&mut self, msg: ReceiverStopped, ctx: &mut Context<Self>) {
         let policy = self.policy.clone();
+        let end = self.wal.as_ref().map(|w| w.flushed()).unwrap_or_default();
         let Some(r) = self.receiver.as_mut() else {
             return;
         };
@@ -449,7 +451,7 @@ impl Handler<ReceiverStopped> for Supervisor {
                     | ReceiverError::WroteAsPrimary { .. }
                     | ReceiverError::TimelineClash { .. } => r.tail_alarm = Some(e.to_string()),
                     ReceiverError::OtherSystemArchive { .. } => {
-                        r.archive_alarm = Some(e.to_string())
+                        r.archive_alarm = Some((e.to_string(), end))
                     }
                     _ => {}
                 }
@@ -622,6 +624,16 @@ impl Handler<GetNodeStatus> for Supervisor {
         let term = self.fence.term();
         let acknowledged_lsn = self.visibility.acknowledged();
         let tail_alarm = self.receiver.as_ref().and_then(|r| r.tail_alarm.clone());
+        let end = self.wal.as_ref().map(|w| w.flushed());
+        if let Some(r) = self.receiver.as_mut() {
+            // WAL past the gap came from somewhere: the refusal no longer holds the node back.
+            if r.archive_alarm
+                .as_ref()
+                .is_some_and(|(_, at)| end.is_some_and(|end| end > *at))
+            {
+                r.archive_alarm = None;
+            }
+        }
         let receiver = self.receiver.as_ref().map(|r| {
             let not_streaming_reason = if r.streaming {
                 None
@@ -640,7 +652,7 @@ impl Handler<GetNodeStatus> for Supervisor {
                 r.last_status.clone(),
                 r.restart.clone(),
                 not_streaming_reason,
-                r.archive_alarm.clone(),
+                r.archive_alarm.as_ref().map(|(alarm, _)| alarm.clone()),
             )
         });
         Box::pin(async move {

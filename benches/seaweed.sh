@@ -40,7 +40,7 @@ wait_for() { # WHAT SECONDS COMMAND...: runs COMMAND with a backoff until it suc
     until "$@" >/dev/null 2>&1; do
         if [ "$(date +%s)" -ge "$deadline" ]; then echo "$BENCH: timed out waiting for $what" >&2; exit 1; fi
         sleep "0.$(printf %03d "$ms")"
-        ms=$((ms * 2 > ${WAIT_FOR_MAX_MS:-200} ? ${WAIT_FOR_MAX_MS:-200} : ms * 2))
+        ms=$((ms * 2 > 200 ? 200 : ms * 2))
     done
 }
 

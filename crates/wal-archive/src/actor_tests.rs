@@ -890,22 +890,31 @@ impl Round {
             wal,
         }
     }
+
+    /// Runs the round's items as the archiver's upload job runs them.
+    fn upload(
+        &self,
+        may_start: &crate::actor::MayStart,
+        progress: crate::actor::Progress<'_>,
+    ) -> Vec<(crate::schedule::Item, crate::Result<crate::Put>)> {
+        crate::actor::upload_all(
+            &self.wal,
+            &self.config,
+            &self.known,
+            self.items.clone(),
+            TimelineId(1),
+            may_start,
+            progress,
+        )
+    }
 }
 
 /// A round asked to stop, or whose node lost the leader's fence, starts no upload: it reports
 /// nothing, stores no position and puts nothing.
 #[actix_rt::test]
 async fn a_round_that_may_not_start_puts_nothing() {
-    use crate::actor::{upload_all, MayStart};
+    use crate::actor::MayStart;
     let round = Round::of(6).await;
-    let (archive, wal, config, known, items, tli) = (
-        &round.archive,
-        &round.wal,
-        &round.config,
-        &round.known,
-        &round.items,
-        TimelineId(1),
-    );
     let (_fence_tx, fence) = watch::channel(false);
     for may_start in [
         MayStart {
@@ -917,19 +926,11 @@ async fn a_round_that_may_not_start_puts_nothing() {
             fence: Some(fence),
         },
     ] {
-        let outcomes = upload_all(
-            wal,
-            config,
-            known,
-            items.clone(),
-            tli,
-            &may_start,
-            &|_, _| {},
-        );
+        let outcomes = round.upload(&may_start, &|_, _| {});
         assert!(outcomes.is_empty(), "{outcomes:?}");
     }
-    assert_eq!(names(archive.path()), Vec::<String>::new());
-    assert_eq!(wal.archived(), Some(Lsn(SEG)));
+    assert_eq!(names(round.archive.path()), Vec::<String>::new());
+    assert_eq!(round.wal.archived(), Some(Lsn(SEG)));
 }
 
 /// A round stores the archived position and tells its segments as they are archived in
@@ -937,17 +938,11 @@ async fn a_round_that_may_not_start_puts_nothing() {
 /// past it is durable, so retention and the backlog gate follow each segment.
 #[actix_rt::test]
 async fn a_round_stores_the_position_and_tells_each_segment_in_order_as_it_goes() {
-    use crate::actor::{upload_all, MayStart};
+    use crate::actor::MayStart;
     use crate::schedule::Item;
     use crate::target::Put;
     let round = Round::of(12).await;
-    let (wal, config, known, items, tli) = (
-        &round.wal,
-        &round.config,
-        &round.known,
-        &round.items,
-        TimelineId(1),
-    );
+    let (wal, items) = (&round.wal, &round.items);
     let told = std::sync::Mutex::new(Vec::new());
     let progress = |from: usize, archived: Vec<(Item, Put)>| {
         let end = archived.last().and_then(|(item, _)| item.segment_end(SEG));
@@ -963,15 +958,7 @@ async fn a_round_stores_the_position_and_tells_each_segment_in_order_as_it_goes(
         halted: std::sync::Arc::default(),
         fence: None,
     };
-    let outcomes = upload_all(
-        wal,
-        config,
-        known,
-        items.clone(),
-        tli,
-        &may_start,
-        &progress,
-    );
+    let outcomes = round.upload(&may_start, &progress);
     assert_eq!(outcomes.len(), items.len());
     assert!(outcomes.iter().all(|(_, o)| o.is_ok()), "{outcomes:?}");
     let mut next = 0;
